@@ -1,0 +1,2 @@
+//! Benchmark: air graph operations (build, users, replace, topo sort) at 1k..1M nodes.
+fn main() {}

@@ -1,0 +1,427 @@
+//! Symbolic dimensions: each dim is a constant or an integer polynomial over named symbols
+//! (`seq`, `2*seq + 1`, `batch*seq`), kept in a canonical form so that equal dims compare equal.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+/// A named integer symbol (`seq`, `start_pos`). Symbols compare by name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Symbol(Arc<str>);
+
+impl Symbol {
+    pub fn new(name: &str) -> Symbol {
+        Symbol(Arc::from(name))
+    }
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Symbol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A product of symbols, sorted; empty means the constant term.
+type Monomial = SmallVec<[Symbol; 2]>;
+
+/// A canonical integer polynomial: monomial -> non-zero coefficient.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Poly {
+    terms: BTreeMap<Monomial, i64>,
+}
+
+/// One dimension of a shape. Constants are stored inline; symbolic dims share their polynomial.
+///
+/// `Dim` is 16 bytes: shapes are copied around a lot and nearly all dims are constants.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Dim {
+    Const(i64),
+    Sym(Arc<Poly>),
+}
+
+/// Values for the symbols of a graph, given when a program runs.
+pub type Bindings = BTreeMap<Symbol, i64>;
+
+/// Why a symbolic dim could not be evaluated.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DimError {
+    #[error("symbol `{0}` has no value bound")]
+    Unbound(Symbol),
+    #[error("dim expression overflowed i64")]
+    Overflow,
+}
+
+impl Dim {
+    /// The symbol `name` as a dim.
+    pub fn sym(name: &str) -> Dim {
+        let mut terms = BTreeMap::new();
+        terms.insert(smallvec::smallvec![Symbol::new(name)], 1);
+        Dim::from_poly(Poly { terms })
+    }
+
+    fn from_poly(p: Poly) -> Dim {
+        match p.terms.len() {
+            0 => Dim::Const(0),
+            1 => {
+                let (m, c) = p.terms.iter().next().unwrap();
+                if m.is_empty() { Dim::Const(*c) } else { Dim::Sym(Arc::new(p)) }
+            }
+            _ => Dim::Sym(Arc::new(p)),
+        }
+    }
+
+    fn to_poly(&self) -> Poly {
+        match self {
+            Dim::Const(c) => {
+                let mut terms = BTreeMap::new();
+                if *c != 0 {
+                    terms.insert(Monomial::new(), *c);
+                }
+                Poly { terms }
+            }
+            Dim::Sym(p) => (**p).clone(),
+        }
+    }
+
+    /// The value if this dim is a constant.
+    pub fn as_const(&self) -> Option<i64> {
+        match self {
+            Dim::Const(c) => Some(*c),
+            Dim::Sym(_) => None,
+        }
+    }
+
+    pub fn is_const(&self) -> bool {
+        matches!(self, Dim::Const(_))
+    }
+
+    /// Every symbol this dim mentions, sorted and deduplicated.
+    pub fn symbols(&self) -> Vec<Symbol> {
+        let mut out: Vec<Symbol> = match self {
+            Dim::Const(_) => Vec::new(),
+            Dim::Sym(p) => p.terms.keys().flat_map(|m| m.iter().cloned()).collect(),
+        };
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Evaluates this dim with the given symbol values.
+    pub fn eval(&self, bindings: &Bindings) -> Result<i64, DimError> {
+        match self {
+            Dim::Const(c) => Ok(*c),
+            Dim::Sym(p) => {
+                let mut total: i64 = 0;
+                for (m, c) in &p.terms {
+                    let mut v = *c;
+                    for s in m {
+                        let x = *bindings.get(s).ok_or_else(|| DimError::Unbound(s.clone()))?;
+                        v = v.checked_mul(x).ok_or(DimError::Overflow)?;
+                    }
+                    total = total.checked_add(v).ok_or(DimError::Overflow)?;
+                }
+                Ok(total)
+            }
+        }
+    }
+
+    /// `self / d` if the division is exact for every symbol value (every coefficient divides).
+    pub fn exact_div(&self, d: i64) -> Option<Dim> {
+        if d == 0 {
+            return None;
+        }
+        let p = self.to_poly();
+        let mut terms = BTreeMap::new();
+        for (m, c) in p.terms {
+            if c % d != 0 {
+                return None;
+            }
+            terms.insert(m, c / d);
+        }
+        Some(Dim::from_poly(Poly { terms }))
+    }
+
+    /// Parses the form `Display` prints: integers, symbols, `+`, `-`, `*` and parentheses.
+    pub fn parse(text: &str) -> Result<Dim, String> {
+        let mut p = DimParser { s: text.as_bytes(), i: 0 };
+        let d = p.sum()?;
+        p.ws();
+        if p.i != p.s.len() {
+            return Err(format!("unexpected `{}` in dim `{text}`", &text[p.i..]));
+        }
+        Ok(d)
+    }
+}
+
+impl From<i64> for Dim {
+    fn from(c: i64) -> Dim {
+        Dim::Const(c)
+    }
+}
+impl From<usize> for Dim {
+    fn from(c: usize) -> Dim {
+        Dim::Const(c as i64)
+    }
+}
+impl From<i32> for Dim {
+    fn from(c: i32) -> Dim {
+        Dim::Const(c as i64)
+    }
+}
+impl From<&str> for Dim {
+    fn from(name: &str) -> Dim {
+        Dim::sym(name)
+    }
+}
+
+fn add_polys(a: Poly, b: &Poly, sign: i64) -> Poly {
+    let mut terms = a.terms;
+    for (m, c) in &b.terms {
+        let e = terms.entry(m.clone()).or_insert(0);
+        *e += sign * c;
+        if *e == 0 {
+            terms.remove(m);
+        }
+    }
+    Poly { terms }
+}
+
+impl std::ops::Add for &Dim {
+    type Output = Dim;
+    fn add(self, rhs: &Dim) -> Dim {
+        match (self, rhs) {
+            (Dim::Const(a), Dim::Const(b)) => Dim::Const(a + b),
+            _ => Dim::from_poly(add_polys(self.to_poly(), &rhs.to_poly(), 1)),
+        }
+    }
+}
+impl std::ops::Sub for &Dim {
+    type Output = Dim;
+    fn sub(self, rhs: &Dim) -> Dim {
+        match (self, rhs) {
+            (Dim::Const(a), Dim::Const(b)) => Dim::Const(a - b),
+            _ => Dim::from_poly(add_polys(self.to_poly(), &rhs.to_poly(), -1)),
+        }
+    }
+}
+impl std::ops::Mul for &Dim {
+    type Output = Dim;
+    fn mul(self, rhs: &Dim) -> Dim {
+        match (self, rhs) {
+            (Dim::Const(a), Dim::Const(b)) => Dim::Const(a * b),
+            _ => {
+                let (a, b) = (self.to_poly(), rhs.to_poly());
+                let mut terms: BTreeMap<Monomial, i64> = BTreeMap::new();
+                for (ma, ca) in &a.terms {
+                    for (mb, cb) in &b.terms {
+                        let mut m: Monomial = ma.iter().chain(mb.iter()).cloned().collect();
+                        m.sort();
+                        let e = terms.entry(m.clone()).or_insert(0);
+                        *e += ca * cb;
+                        if *e == 0 {
+                            terms.remove(&m);
+                        }
+                    }
+                }
+                Dim::from_poly(Poly { terms })
+            }
+        }
+    }
+}
+macro_rules! owned_ops {
+    ($($tr:ident $f:ident),*) => {$(
+        impl std::ops::$tr for Dim {
+            type Output = Dim;
+            fn $f(self, rhs: Dim) -> Dim { std::ops::$tr::$f(&self, &rhs) }
+        }
+        impl std::ops::$tr<i64> for &Dim {
+            type Output = Dim;
+            fn $f(self, rhs: i64) -> Dim { std::ops::$tr::$f(self, &Dim::Const(rhs)) }
+        }
+        impl std::ops::$tr<i64> for Dim {
+            type Output = Dim;
+            fn $f(self, rhs: i64) -> Dim { std::ops::$tr::$f(&self, &Dim::Const(rhs)) }
+        }
+    )*};
+}
+owned_ops!(Add add, Sub sub, Mul mul);
+
+impl fmt::Display for Dim {
+    /// Terms print highest degree first, then by symbol name; the constant term comes last:
+    /// `batch*seq + 2*seq - 1`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Dim::Const(c) => write!(f, "{c}"),
+            Dim::Sym(p) => {
+                let mut terms: Vec<(&Monomial, i64)> = p.terms.iter().map(|(m, c)| (m, *c)).collect();
+                terms.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(b.0)));
+                for (i, (m, c)) in terms.into_iter().enumerate() {
+                    let (neg, mag) = (c < 0, c.unsigned_abs());
+                    match (i, neg) {
+                        (0, true) => f.write_str("-")?,
+                        (0, false) => {}
+                        (_, true) => f.write_str(" - ")?,
+                        (_, false) => f.write_str(" + ")?,
+                    }
+                    if m.is_empty() {
+                        write!(f, "{mag}")?;
+                        continue;
+                    }
+                    if mag != 1 {
+                        write!(f, "{mag}*")?;
+                    }
+                    for (j, s) in m.iter().enumerate() {
+                        if j > 0 {
+                            f.write_str("*")?;
+                        }
+                        write!(f, "{s}")?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+struct DimParser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl DimParser<'_> {
+    fn ws(&mut self) {
+        while self.i < self.s.len() && self.s[self.i].is_ascii_whitespace() {
+            self.i += 1;
+        }
+    }
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.s.get(self.i).copied()
+    }
+    fn sum(&mut self) -> Result<Dim, String> {
+        let mut acc = if self.peek() == Some(b'-') {
+            self.i += 1;
+            Dim::Const(0) - self.product()?
+        } else {
+            self.product()?
+        };
+        loop {
+            match self.peek() {
+                Some(b'+') => {
+                    self.i += 1;
+                    acc = acc + self.product()?;
+                }
+                Some(b'-') => {
+                    self.i += 1;
+                    acc = acc - self.product()?;
+                }
+                _ => return Ok(acc),
+            }
+        }
+    }
+    fn product(&mut self) -> Result<Dim, String> {
+        let mut acc = self.atom()?;
+        while self.peek() == Some(b'*') {
+            self.i += 1;
+            acc = acc * self.atom()?;
+        }
+        Ok(acc)
+    }
+    fn atom(&mut self) -> Result<Dim, String> {
+        match self.peek() {
+            Some(b'(') => {
+                self.i += 1;
+                let d = self.sum()?;
+                if self.peek() != Some(b')') {
+                    return Err("expected `)` in dim".into());
+                }
+                self.i += 1;
+                Ok(d)
+            }
+            Some(c) if c.is_ascii_digit() => {
+                let start = self.i;
+                while self.i < self.s.len() && self.s[self.i].is_ascii_digit() {
+                    self.i += 1;
+                }
+                let t = std::str::from_utf8(&self.s[start..self.i]).unwrap();
+                t.parse::<i64>().map(Dim::Const).map_err(|e| format!("bad dim `{t}`: {e}"))
+            }
+            Some(c) if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = self.i;
+                while self.i < self.s.len() && (self.s[self.i].is_ascii_alphanumeric() || self.s[self.i] == b'_') {
+                    self.i += 1;
+                }
+                Ok(Dim::sym(std::str::from_utf8(&self.s[start..self.i]).unwrap()))
+            }
+            _ => Err("expected a number, a symbol or `(` in dim".into()),
+        }
+    }
+}
+
+/// A shape: one `Dim` per axis. Four axes fit inline.
+pub type Shape = SmallVec<[Dim; 4]>;
+
+/// Builds a shape of constant dims.
+pub fn shape_of(dims: &[usize]) -> Shape {
+    dims.iter().map(|&d| Dim::Const(d as i64)).collect()
+}
+
+/// The number of elements of `shape` as a dim (the product of its dims).
+pub fn numel(shape: &[Dim]) -> Dim {
+    shape.iter().fold(Dim::Const(1), |acc, d| &acc * d)
+}
+
+/// Evaluates every dim of `shape`.
+pub fn eval_shape(shape: &[Dim], bindings: &Bindings) -> Result<Vec<usize>, DimError> {
+    shape.iter().map(|d| d.eval(bindings).map(|v| v.max(0) as usize)).collect()
+}
+
+/// Prints a shape as `[4, seq, 2*seq]`.
+pub struct ShapeDisplay<'a>(pub &'a [Dim]);
+
+impl fmt::Display for ShapeDisplay<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dims_are_canonical() {
+        let seq = Dim::sym("seq");
+        let b = Dim::sym("batch");
+        let a = &(&seq * 2) + &(&b * &seq);
+        let c = &(&seq * &b) + &(&seq + &seq);
+        assert_eq!(a, c);
+        assert_eq!(a.to_string(), "batch*seq + 2*seq");
+        assert_eq!(&a - &a, Dim::Const(0));
+        assert_eq!(Dim::parse(&a.to_string()).unwrap(), a);
+        assert_eq!(Dim::parse("-(seq - 1)*3").unwrap().to_string(), "-3*seq + 3");
+        let mut bind = Bindings::new();
+        bind.insert(Symbol::new("seq"), 7);
+        bind.insert(Symbol::new("batch"), 3);
+        assert_eq!(a.eval(&bind), Ok(35));
+        assert_eq!(std::mem::size_of::<Dim>(), 16);
+    }
+}

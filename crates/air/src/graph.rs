@@ -1,0 +1,346 @@
+//! The graph: nodes in a slotmap keyed by `NodeId`, a users side table kept in step with every
+//! edit, the program's outputs, and a topological order computed once and cached until an edit.
+
+use std::cell::OnceCell;
+use std::fmt;
+
+use slotmap::{SecondaryMap, SlotMap};
+use smallvec::SmallVec;
+
+use crate::error::{AirError, Result};
+use crate::op::{Op, TensorType};
+
+slotmap::new_key_type! {
+    /// A node of a `Graph`. Prints as `n12` (its slot index), like the text form.
+    pub struct NodeId;
+}
+
+impl NodeId {
+    /// The slot index, which the text form prints (`n12`). Unique among live nodes.
+    pub fn index(self) -> u32 {
+        use slotmap::Key;
+        (self.data().as_ffi() & 0xffff_ffff) as u32
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "n{}", self.index())
+    }
+}
+
+/// Inputs of a node; three fit inline (the largest arity, `where`, is three).
+pub type Inputs = SmallVec<[NodeId; 3]>;
+
+/// One node: an op with typed attributes, its inputs, and the type of its value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub inputs: Inputs,
+    pub ty: TensorType,
+}
+
+/// A tensor program: a DAG of nodes plus the list of outputs it computes.
+///
+/// Invariants, kept by every method: `users[n]` holds one entry per input edge that reads `n`
+/// (so a node reading `n` twice appears twice); every input of a live node is live; the cached
+/// topological order is dropped by every edit.
+#[derive(Clone, Default)]
+pub struct Graph {
+    nodes: SlotMap<NodeId, Node>,
+    users: SecondaryMap<NodeId, SmallVec<[NodeId; 4]>>,
+    outputs: Vec<NodeId>,
+    topo: OnceCell<Vec<NodeId>>,
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph::default()
+    }
+
+    pub fn with_capacity(n: usize) -> Graph {
+        Graph { nodes: SlotMap::with_capacity_and_key(n), users: SecondaryMap::with_capacity(n), ..Graph::default() }
+    }
+
+    /// Number of live nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.nodes.contains_key(id)
+    }
+
+    /// The node `id`. Panics if `id` was removed: holding a dead id is an internal bug.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id]
+    }
+
+    pub fn get(&self, id: NodeId) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    pub fn op(&self, id: NodeId) -> &Op {
+        &self.nodes[id].op
+    }
+
+    pub fn ty(&self, id: NodeId) -> &TensorType {
+        &self.nodes[id].ty
+    }
+
+    pub fn inputs(&self, id: NodeId) -> &[NodeId] {
+        &self.nodes[id].inputs
+    }
+
+    /// The nodes that read `id`, one entry per input edge, in no particular order.
+    pub fn users(&self, id: NodeId) -> &[NodeId] {
+        self.users.get(id).map_or(&[], |u| u.as_slice())
+    }
+
+    /// Every live node id, in slot order (not a topological order).
+    pub fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes.keys()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (NodeId, &Node)> + '_ {
+        self.nodes.iter()
+    }
+
+    pub fn outputs(&self) -> &[NodeId] {
+        &self.outputs
+    }
+
+    /// Marks `id` as an output of the program (outputs may repeat).
+    pub fn add_output(&mut self, id: NodeId) {
+        assert!(self.contains(id), "add_output of a dead node {id}");
+        self.outputs.push(id);
+    }
+
+    pub fn set_outputs(&mut self, outputs: Vec<NodeId>) {
+        assert!(outputs.iter().all(|&o| self.contains(o)), "set_outputs with a dead node");
+        self.outputs = outputs;
+    }
+
+    fn edited(&mut self) {
+        self.topo.take();
+    }
+
+    /// Adds a leaf (`input`, `const`, `iota`) of the given type.
+    pub fn add_leaf(&mut self, op: Op, ty: TensorType) -> Result<NodeId> {
+        op.check_leaf(&ty).map_err(AirError::Op)?;
+        Ok(self.insert(Node { op, inputs: Inputs::new(), ty }))
+    }
+
+    /// Adds a node, inferring its type from its inputs; a type error names the op and the types.
+    pub fn add(&mut self, op: Op, inputs: &[NodeId]) -> Result<NodeId> {
+        for &i in inputs {
+            if !self.contains(i) {
+                return Err(AirError::DeadNode(format!("{}: input {i} is not in the graph", op.mnemonic())));
+            }
+        }
+        let ty = {
+            let tys: SmallVec<[&TensorType; 3]> = inputs.iter().map(|&i| &self.nodes[i].ty).collect();
+            op.infer(&tys).map_err(AirError::Op)?
+        };
+        Ok(self.insert(Node { op, inputs: inputs.into(), ty }))
+    }
+
+    /// Adds a node as given, without type inference (the parser and the verifier's tests use this
+    /// to build graphs that may be wrong). Inputs must be live.
+    pub fn add_unchecked(&mut self, node: Node) -> NodeId {
+        assert!(node.inputs.iter().all(|&i| self.contains(i)), "add_unchecked with a dead input");
+        self.insert(node)
+    }
+
+    fn insert(&mut self, node: Node) -> NodeId {
+        self.edited();
+        let inputs = node.inputs.clone();
+        let id = self.nodes.insert(node);
+        self.users.insert(id, SmallVec::new());
+        for i in inputs {
+            self.users[i].push(id);
+        }
+        id
+    }
+
+    /// Removes a node that nobody reads and that is not an output. O(sum of its inputs' degrees).
+    pub fn remove(&mut self, id: NodeId) -> Result<Node> {
+        if !self.users(id).is_empty() || self.outputs.contains(&id) {
+            return Err(AirError::InUse(format!("{id} still has users or is an output")));
+        }
+        self.edited();
+        let node = self.nodes.remove(id).ok_or_else(|| AirError::DeadNode(format!("{id} is not in the graph")))?;
+        self.users.remove(id);
+        for &i in &node.inputs {
+            unlink(&mut self.users[i], id);
+        }
+        Ok(node)
+    }
+
+    /// Makes every reader of `old` (and every output slot holding it) read `new` instead.
+    /// O(degree of `old`). `old` stays in the graph, now without users.
+    pub fn replace_all_uses(&mut self, old: NodeId, new: NodeId) {
+        assert!(self.contains(old) && self.contains(new), "replace_all_uses with a dead node");
+        if old == new {
+            return;
+        }
+        self.edited();
+        let users = std::mem::take(&mut self.users[old]);
+        for &u in &users {
+            for inp in self.nodes[u].inputs.iter_mut() {
+                if *inp == old {
+                    *inp = new;
+                    // Each edge is recorded once in `users`, so rewrite one edge per entry.
+                    break;
+                }
+            }
+        }
+        self.users[new].extend(users);
+        for o in self.outputs.iter_mut() {
+            if *o == old {
+                *o = new;
+            }
+        }
+    }
+
+    /// Replaces the inputs of `id`, keeping the users table in step. The node's type is kept;
+    /// a pass that changes types runs the verifier afterwards.
+    pub fn set_inputs(&mut self, id: NodeId, inputs: &[NodeId]) {
+        assert!(inputs.iter().all(|&i| self.contains(i)), "set_inputs with a dead input");
+        self.edited();
+        let old = std::mem::replace(&mut self.nodes[id].inputs, inputs.into());
+        for i in old {
+            unlink(&mut self.users[i], id);
+        }
+        for &i in inputs {
+            self.users[i].push(id);
+        }
+    }
+
+    /// Replaces the op (and type) of `id`, keeping its inputs and users.
+    pub fn set_op(&mut self, id: NodeId, op: Op, ty: TensorType) {
+        self.edited();
+        let n = &mut self.nodes[id];
+        n.op = op;
+        n.ty = ty;
+    }
+
+    /// A topological order of every live node (inputs before users), computed once per edit
+    /// generation with Kahn's algorithm in O(N + E). Ties keep slot order, so the order is
+    /// deterministic for a given graph.
+    pub fn topo_order(&self) -> &[NodeId] {
+        self.topo.get_or_init(|| {
+            let mut pending: SecondaryMap<NodeId, u32> = SecondaryMap::with_capacity(self.nodes.len());
+            let mut ready: Vec<NodeId> = Vec::new();
+            for (id, n) in &self.nodes {
+                pending.insert(id, n.inputs.len() as u32);
+                if n.inputs.is_empty() {
+                    ready.push(id);
+                }
+            }
+            ready.reverse();
+            let mut order = Vec::with_capacity(self.nodes.len());
+            while let Some(id) = ready.pop() {
+                order.push(id);
+                for &u in &self.users[id] {
+                    let p = &mut pending[u];
+                    *p -= 1;
+                    if *p == 0 {
+                        ready.push(u);
+                    }
+                }
+            }
+            assert_eq!(order.len(), self.nodes.len(), "graph has a cycle");
+            order
+        })
+    }
+
+    /// The nodes the outputs depend on, in topological order. O(N).
+    pub fn live_order(&self) -> Vec<NodeId> {
+        let mut live: SecondaryMap<NodeId, ()> = SecondaryMap::new();
+        let mut stack: Vec<NodeId> = self.outputs.clone();
+        while let Some(id) = stack.pop() {
+            if live.insert(id, ()).is_none() {
+                stack.extend(self.nodes[id].inputs.iter().copied());
+            }
+        }
+        self.topo_order().iter().copied().filter(|id| live.contains_key(*id)).collect()
+    }
+
+    /// Removes every node the outputs do not depend on. O(N). Returns how many were removed.
+    pub fn remove_dead(&mut self) -> usize {
+        let live: std::collections::HashSet<NodeId> = self.live_order().into_iter().collect();
+        let dead: Vec<NodeId> = self.nodes.keys().filter(|id| !live.contains(id)).collect();
+        if dead.is_empty() {
+            return 0;
+        }
+        self.edited();
+        for &id in &dead {
+            self.nodes.remove(id);
+            self.users.remove(id);
+        }
+        for &id in &live {
+            self.users[id].retain(|u| live.contains(u));
+        }
+        dead.len()
+    }
+
+    /// The input nodes by slot.
+    pub fn input_nodes(&self) -> Vec<(u32, NodeId)> {
+        let mut v: Vec<(u32, NodeId)> = self
+            .nodes
+            .iter()
+            .filter_map(|(id, n)| match &n.op {
+                Op::Input(i) => Some((i.slot, id)),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|(s, _)| *s);
+        v
+    }
+}
+
+fn unlink(users: &mut SmallVec<[NodeId; 4]>, id: NodeId) {
+    if let Some(pos) = users.iter().position(|&u| u == id) {
+        users.swap_remove(pos);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dim::shape_of;
+    use crate::dtype::DType;
+    use crate::op::{BinaryOp, Input, UnaryOp};
+
+    #[test]
+    fn users_follow_edits() {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, shape_of(&[4]));
+        let a = g.add_leaf(Op::Input(Input { slot: 0 }), t.clone()).unwrap();
+        let b = g.add(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
+        let c = g.add(Op::Binary(BinaryOp::Add), &[b, b]).unwrap();
+        g.add_output(c);
+        assert_eq!(g.users(b), &[c, c]);
+        assert_eq!(g.topo_order(), &[a, b, c]);
+        g.replace_all_uses(b, a);
+        assert_eq!(g.inputs(c), &[a, a]);
+        assert!(g.users(b).is_empty());
+        assert_eq!(g.users(a).len(), 3);
+        g.remove(b).unwrap();
+        assert_eq!(g.users(a), &[c, c]);
+        assert_eq!(g.topo_order(), &[a, c]);
+        assert!(g.remove(c).is_err());
+        assert!(g.add(Op::Binary(BinaryOp::Add), &[a]).is_err());
+    }
+
+    #[test]
+    fn node_size_is_pinned() {
+        assert_eq!(std::mem::size_of::<NodeId>(), 8);
+        assert!(std::mem::size_of::<Node>() <= 192, "Node grew to {}", std::mem::size_of::<Node>());
+    }
+}

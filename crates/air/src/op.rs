@@ -1,0 +1,411 @@
+//! The primitive op set: one enum, one attribute struct per op kind, and the type rule of each op.
+//!
+//! Every higher-level op (sigmoid, softmax, matmul, layernorm, conv2d, ...) is built from these by
+//! the front end; later passes recognise the patterns they need (matmul is expand-mul-sum).
+
+use std::fmt;
+
+use smallvec::SmallVec;
+
+use crate::dim::{Dim, Shape, ShapeDisplay, numel};
+use crate::dtype::{DType, Scalar};
+
+/// The type of a node's value: element type and shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub shape: Shape,
+}
+
+impl TensorType {
+    pub fn new(dtype: DType, shape: impl Into<Shape>) -> TensorType {
+        TensorType { dtype, shape: shape.into() }
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    pub fn numel(&self) -> Dim {
+        numel(&self.shape)
+    }
+}
+
+impl fmt::Display for TensorType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.dtype, ShapeDisplay(&self.shape))
+    }
+}
+
+/// Element-wise ops of one operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp2,
+    Log2,
+    Sin,
+    Sqrt,
+    Recip,
+    /// The error function; a primitive so that exact GELU keeps PyTorch's accuracy.
+    Erf,
+    /// Logical not for bools, bitwise not for ints.
+    Not,
+    /// Rounds toward zero (floats only).
+    Trunc,
+}
+
+/// Element-wise ops of two operands of the same dtype and shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    /// Float division, or integer division rounding toward zero (C semantics).
+    Div,
+    Max,
+    Min,
+    /// Remainder with the sign of the dividend (C semantics), ints and floats.
+    Mod,
+    /// `a ** b` for floats.
+    Pow,
+    /// Comparisons produce `bool`.
+    CmpLt,
+    CmpEq,
+    CmpNe,
+    /// Logical and/or for bools, bitwise for ints.
+    And,
+    Or,
+}
+
+/// Reductions over axes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+}
+
+macro_rules! names {
+    ($ty:ident { $($v:ident => $s:literal),* $(,)? }) => {
+        impl $ty {
+            pub const ALL: &'static [$ty] = &[$($ty::$v),*];
+            /// The name used by the text form.
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$v => $s),* }
+            }
+            pub fn from_name(name: &str) -> Option<$ty> {
+                match name { $($s => Some($ty::$v),)* _ => None }
+            }
+        }
+    };
+}
+names!(UnaryOp { Neg => "neg", Exp2 => "exp2", Log2 => "log2", Sin => "sin", Sqrt => "sqrt",
+    Recip => "recip", Erf => "erf", Not => "not", Trunc => "trunc" });
+names!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Max => "max", Min => "min",
+    Mod => "mod", Pow => "pow", CmpLt => "cmplt", CmpEq => "cmpeq", CmpNe => "cmpne", And => "and",
+    Or => "or" });
+names!(ReduceOp { Sum => "sum", Max => "max" });
+
+impl BinaryOp {
+    pub fn is_comparison(self) -> bool {
+        matches!(self, BinaryOp::CmpLt | BinaryOp::CmpEq | BinaryOp::CmpNe)
+    }
+    pub fn is_commutative(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Add
+                | BinaryOp::Mul
+                | BinaryOp::Max
+                | BinaryOp::Min
+                | BinaryOp::CmpEq
+                | BinaryOp::CmpNe
+                | BinaryOp::And
+                | BinaryOp::Or
+        )
+    }
+}
+
+/// A program input (activation or parameter), bound to data when the program runs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Input {
+    /// Position in the program's input list.
+    pub slot: u32,
+}
+
+/// A tensor filled with one value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Const {
+    pub value: Scalar,
+}
+
+/// A tensor whose value at every index is the index along `axis` (arange, masks, one-hot).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Iota {
+    pub axis: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Cast {
+    pub to: DType,
+}
+
+/// Reduces `axes` (sorted, unique); the reduced axes stay in the shape with size 1.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Reduce {
+    pub op: ReduceOp,
+    pub axes: SmallVec<[usize; 4]>,
+}
+
+/// Same elements in row-major order, new shape of equal element count.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Reshape {
+    pub shape: Shape,
+}
+
+/// Output axis `i` is input axis `perm[i]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Permute {
+    pub perm: SmallVec<[usize; 4]>,
+}
+
+/// Broadcasts size-1 axes to `shape` (same rank).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Expand {
+    pub shape: Shape,
+}
+
+/// Adds `(before, after)` elements of `value` around each axis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Pad {
+    pub padding: Vec<(Dim, Dim)>,
+    pub value: Scalar,
+}
+
+/// Keeps `start..end` of each axis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Shrink {
+    pub ranges: Vec<(Dim, Dim)>,
+}
+
+/// An op with its typed attributes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    // Leaves: their type is given when they are created.
+    Input(Input),
+    Const(Const),
+    Iota(Iota),
+    // Element-wise.
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `where(cond, a, b)`: `cond` is bool, `a` and `b` share a dtype; all shapes equal.
+    Where,
+    Cast(Cast),
+    // Reduction.
+    Reduce(Reduce),
+    // Movement (views: backends turn them into index arithmetic).
+    Reshape(Reshape),
+    Permute(Permute),
+    Expand(Expand),
+    Pad(Pad),
+    Shrink(Shrink),
+}
+
+/// Coarse classes of ops, for passes that treat every member alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    Leaf,
+    Elementwise,
+    Reduce,
+    Movement,
+}
+
+impl Op {
+    /// The mnemonic of the text form (`input`, `neg`, `reduce`, `reshape`, ...).
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            Op::Input(_) => "input",
+            Op::Const(_) => "const",
+            Op::Iota(_) => "iota",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "where",
+            Op::Cast(_) => "cast",
+            Op::Reduce(_) => "reduce",
+            Op::Reshape(_) => "reshape",
+            Op::Permute(_) => "permute",
+            Op::Expand(_) => "expand",
+            Op::Pad(_) => "pad",
+            Op::Shrink(_) => "shrink",
+        }
+    }
+
+    pub fn class(&self) -> OpClass {
+        match self {
+            Op::Input(_) | Op::Const(_) | Op::Iota(_) => OpClass::Leaf,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => OpClass::Elementwise,
+            Op::Reduce(_) => OpClass::Reduce,
+            Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Pad(_) | Op::Shrink(_) => OpClass::Movement,
+        }
+    }
+
+    pub fn is_leaf(&self) -> bool {
+        self.class() == OpClass::Leaf
+    }
+
+    /// How many inputs the op takes.
+    pub fn arity(&self) -> usize {
+        match self {
+            Op::Input(_) | Op::Const(_) | Op::Iota(_) => 0,
+            Op::Binary(_) => 2,
+            Op::Where => 3,
+            _ => 1,
+        }
+    }
+
+    /// Checks the attributes of a leaf against the type it is created with.
+    pub fn check_leaf(&self, ty: &TensorType) -> Result<(), String> {
+        match self {
+            Op::Input(_) => Ok(()),
+            Op::Const(c) if !c.value.fits(ty.dtype) => {
+                Err(format!("const: value {} does not fit dtype {}", c.value, ty.dtype))
+            }
+            Op::Iota(i) if i.axis >= ty.rank() => {
+                Err(format!("iota: axis {} out of range for shape {}", i.axis, ShapeDisplay(&ty.shape)))
+            }
+            Op::Iota(_) if ty.dtype.is_bool() => Err("iota: dtype bool has no indices".into()),
+            Op::Const(_) | Op::Iota(_) => Ok(()),
+            _ => Err(format!("{}: not a leaf op", self.mnemonic())),
+        }
+    }
+
+    /// The output type of this (non-leaf) op applied to inputs of the given types, or a message
+    /// naming the op and the offending types.
+    pub fn infer(&self, inputs: &[&TensorType]) -> Result<TensorType, String> {
+        let name = self.mnemonic();
+        if inputs.len() != self.arity() {
+            return Err(format!("{name}: expects {} inputs, got {}", self.arity(), inputs.len()));
+        }
+        let types = || inputs.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
+        match self {
+            Op::Input(_) | Op::Const(_) | Op::Iota(_) => Err(format!("{name}: a leaf's type is given, not inferred")),
+            Op::Unary(u) => {
+                let t = inputs[0];
+                let ok = match u {
+                    UnaryOp::Neg => !t.dtype.is_bool(),
+                    UnaryOp::Not => !t.dtype.is_float(),
+                    _ => t.dtype.is_float(),
+                };
+                if !ok {
+                    return Err(format!("{name}: unsupported dtype {}", t.dtype));
+                }
+                Ok(t.clone())
+            }
+            Op::Binary(b) => {
+                let (x, y) = (inputs[0], inputs[1]);
+                if x != y {
+                    return Err(format!("{name}: operands must have equal types, got {}", types()));
+                }
+                let ok = match b {
+                    BinaryOp::And | BinaryOp::Or => !x.dtype.is_float(),
+                    BinaryOp::Pow => x.dtype.is_float(),
+                    BinaryOp::CmpEq | BinaryOp::CmpNe | BinaryOp::Max | BinaryOp::Min => true,
+                    _ => !x.dtype.is_bool(),
+                };
+                if !ok {
+                    return Err(format!("{name}: unsupported dtype {}", x.dtype));
+                }
+                let dtype = if b.is_comparison() { DType::Bool } else { x.dtype };
+                Ok(TensorType { dtype, shape: x.shape.clone() })
+            }
+            Op::Where => {
+                let (c, a, b) = (inputs[0], inputs[1], inputs[2]);
+                if c.dtype != DType::Bool || a != b || c.shape != a.shape {
+                    return Err(format!("where: needs (bool, T, T) of one shape, got {}", types()));
+                }
+                Ok(a.clone())
+            }
+            Op::Cast(c) => Ok(TensorType { dtype: c.to, shape: inputs[0].shape.clone() }),
+            Op::Reduce(r) => {
+                let t = inputs[0];
+                check_axes(name, &r.axes, t.rank(), true)?;
+                if t.dtype.is_bool() {
+                    return Err(format!("reduce: unsupported dtype {}", t.dtype));
+                }
+                let mut shape = t.shape.clone();
+                for &a in &r.axes {
+                    shape[a] = Dim::Const(1);
+                }
+                Ok(TensorType { dtype: t.dtype, shape })
+            }
+            Op::Reshape(r) => {
+                let t = inputs[0];
+                if numel(&r.shape) != t.numel() {
+                    return Err(format!(
+                        "reshape: cannot reshape {} to {} (element counts differ)",
+                        t,
+                        ShapeDisplay(&r.shape)
+                    ));
+                }
+                if r.shape.iter().any(|d| d.as_const().is_some_and(|c| c < 0)) {
+                    return Err(format!("reshape: negative dim in {}", ShapeDisplay(&r.shape)));
+                }
+                Ok(TensorType { dtype: t.dtype, shape: r.shape.clone() })
+            }
+            Op::Permute(p) => {
+                let t = inputs[0];
+                let mut seen = vec![false; t.rank()];
+                if p.perm.len() != t.rank()
+                    || p.perm.iter().any(|&a| a >= t.rank() || std::mem::replace(&mut seen[a], true))
+                {
+                    return Err(format!("permute: {:?} is not a permutation of the axes of {}", p.perm.as_slice(), t));
+                }
+                Ok(TensorType { dtype: t.dtype, shape: p.perm.iter().map(|&a| t.shape[a].clone()).collect() })
+            }
+            Op::Expand(e) => {
+                let t = inputs[0];
+                let ok = e.shape.len() == t.rank()
+                    && t.shape.iter().zip(&e.shape).all(|(a, b)| a == b || *a == Dim::Const(1));
+                if !ok {
+                    return Err(format!("expand: cannot expand {} to {}", t, ShapeDisplay(&e.shape)));
+                }
+                Ok(TensorType { dtype: t.dtype, shape: e.shape.clone() })
+            }
+            Op::Pad(p) => {
+                let t = inputs[0];
+                if p.padding.len() != t.rank() {
+                    return Err(format!("pad: {} pairs for {}", p.padding.len(), t));
+                }
+                if !p.value.fits(t.dtype) {
+                    return Err(format!("pad: value {} does not fit dtype {}", p.value, t.dtype));
+                }
+                if p.padding.iter().flat_map(|(a, b)| [a, b]).any(|d| d.as_const().is_some_and(|c| c < 0)) {
+                    return Err(format!("pad: negative padding on {}", t));
+                }
+                let shape = t.shape.iter().zip(&p.padding).map(|(d, (a, b))| &(d + a) + b).collect();
+                Ok(TensorType { dtype: t.dtype, shape })
+            }
+            Op::Shrink(s) => {
+                let t = inputs[0];
+                if s.ranges.len() != t.rank() {
+                    return Err(format!("shrink: {} ranges for {}", s.ranges.len(), t));
+                }
+                for ((start, end), d) in s.ranges.iter().zip(&t.shape) {
+                    let bad = match (start.as_const(), end.as_const(), d.as_const()) {
+                        (Some(a), Some(b), Some(n)) => a < 0 || a > b || b > n,
+                        (Some(a), Some(b), None) => a < 0 || a > b,
+                        _ => false,
+                    };
+                    if bad {
+                        return Err(format!("shrink: range {start}..{end} out of bounds for {t}"));
+                    }
+                }
+                let shape = s.ranges.iter().map(|(a, b)| b - a).collect();
+                Ok(TensorType { dtype: t.dtype, shape })
+            }
+        }
+    }
+}
+
+fn check_axes(name: &str, axes: &[usize], rank: usize, sorted: bool) -> Result<(), String> {
+    if axes.iter().any(|&a| a >= rank) || (sorted && axes.windows(2).any(|w| w[0] >= w[1])) {
+        return Err(format!("{name}: axes {axes:?} invalid for rank {rank} (need sorted, unique, in range)"));
+    }
+    Ok(())
+}

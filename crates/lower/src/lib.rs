@@ -1,0 +1,1 @@
+//! lower: rewrites, autodiff, fusion/scheduling into kernels, and memory planning.

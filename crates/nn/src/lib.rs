@@ -1,0 +1,1 @@
+//! nn: layers, models, losses and optimizers on the public `kiln` tensor API.

@@ -1,0 +1,1 @@
+//! runtime: devices, buffers, and the VM that runs a compiled program.
