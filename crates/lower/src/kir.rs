@@ -1,0 +1,405 @@
+//! kir: the kernel IR between the scheduled graph and the code generators (Cranelift, WGSL).
+//!
+//! A `LoopKernel` is a loop nest over index expressions with SSA registers, loads, stores and
+//! reduction accumulators. A `MatmulKernel` is a strided batched contraction that backends map to
+//! their fastest GEMM. Both are printable (golden tests) and structurally hashable (kernel caches).
+//!
+//! Conventions every producer and backend keeps:
+//! - Buffers are the kernel's parameters, addressed by position (`b0`, `b1`, ...). Indices are in
+//!   elements, not bytes.
+//! - Symbols (`seq`) are read from the `syms` array by position (`s0`, `s1`, ...), in the order of
+//!   `Program::symbols`; kernels are compiled once and run for any symbol values.
+//! - Registers (`r3`) are SSA: defined once by `Let`, used after, in the same or an inner scope.
+//! - A loop marked `parallel` must be the single top-level statement of the kernel body. The
+//!   runtime may split its range across threads, calling the kernel with `[start, end)`; backends
+//!   iterate that loop over `start..end` instead of `0..extent`. Kernels without a top-level
+//!   parallel loop are called once with `start = 0, end = 1` and ignore the range.
+//! - `IExpr::Div`/`Mod` are floor division/remainder on non-negative operands (indices).
+//! - F16/BF16 values may be computed in f32: loads widen, stores narrow.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
+
+/// A loop variable (`i0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Var(pub u32);
+
+/// An SSA register (`r0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reg(pub u32);
+
+/// A reduction accumulator (`acc0`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Acc(pub u32);
+
+impl fmt::Display for Var {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "i{}", self.0)
+    }
+}
+impl fmt::Display for Reg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "r{}", self.0)
+    }
+}
+impl fmt::Display for Acc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "acc{}", self.0)
+    }
+}
+
+/// An integer index expression over loop variables, symbols and constants (i64 arithmetic).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum IExpr {
+    Const(i64),
+    Var(Var),
+    /// The value of symbol number `n` (position in `Program::symbols`).
+    Sym(u32),
+    Add(Box<IExpr>, Box<IExpr>),
+    Mul(Box<IExpr>, Box<IExpr>),
+    /// Floor division (operands non-negative).
+    Div(Box<IExpr>, Box<IExpr>),
+    /// Remainder (operands non-negative).
+    Mod(Box<IExpr>, Box<IExpr>),
+    /// 1 if `a < b`, else 0.
+    Lt(Box<IExpr>, Box<IExpr>),
+    /// 1 if both are non-zero, else 0.
+    And(Box<IExpr>, Box<IExpr>),
+}
+
+impl IExpr {
+    pub fn var(v: Var) -> IExpr {
+        IExpr::Var(v)
+    }
+
+    /// `a + b`, folding constants and zeros.
+    pub fn add(a: IExpr, b: IExpr) -> IExpr {
+        match (a, b) {
+            (IExpr::Const(x), IExpr::Const(y)) => IExpr::Const(x + y),
+            (IExpr::Const(0), e) | (e, IExpr::Const(0)) => e,
+            (a, b) => IExpr::Add(Box::new(a), Box::new(b)),
+        }
+    }
+
+    /// `a * b`, folding constants, zeros and ones.
+    pub fn mul(a: IExpr, b: IExpr) -> IExpr {
+        match (a, b) {
+            (IExpr::Const(x), IExpr::Const(y)) => IExpr::Const(x * y),
+            (IExpr::Const(0), _) | (_, IExpr::Const(0)) => IExpr::Const(0),
+            (IExpr::Const(1), e) | (e, IExpr::Const(1)) => e,
+            (a, b) => IExpr::Mul(Box::new(a), Box::new(b)),
+        }
+    }
+
+    /// `a / b` (floor), folding constants and division by one.
+    pub fn div(a: IExpr, b: IExpr) -> IExpr {
+        match (a, b) {
+            (IExpr::Const(x), IExpr::Const(y)) if y != 0 => IExpr::Const(x.div_euclid(y)),
+            (e, IExpr::Const(1)) => e,
+            (a, b) => IExpr::Div(Box::new(a), Box::new(b)),
+        }
+    }
+
+    /// `a % b`, folding constants and modulo one.
+    pub fn rem(a: IExpr, b: IExpr) -> IExpr {
+        match (a, b) {
+            (IExpr::Const(x), IExpr::Const(y)) if y != 0 => IExpr::Const(x.rem_euclid(y)),
+            (_, IExpr::Const(1)) => IExpr::Const(0),
+            (a, b) => IExpr::Mod(Box::new(a), Box::new(b)),
+        }
+    }
+
+    pub fn lt(a: IExpr, b: IExpr) -> IExpr {
+        match (a, b) {
+            (IExpr::Const(x), IExpr::Const(y)) => IExpr::Const((x < y) as i64),
+            (a, b) => IExpr::Lt(Box::new(a), Box::new(b)),
+        }
+    }
+
+    pub fn and(a: IExpr, b: IExpr) -> IExpr {
+        match (a, b) {
+            (IExpr::Const(0), _) | (_, IExpr::Const(0)) => IExpr::Const(0),
+            (IExpr::Const(_), e) | (e, IExpr::Const(_)) => e,
+            (a, b) => IExpr::And(Box::new(a), Box::new(b)),
+        }
+    }
+
+    pub fn as_const(&self) -> Option<i64> {
+        match self {
+            IExpr::Const(c) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// Evaluates with loop variable values `vars[v]` and symbol values `syms[n]`.
+    pub fn eval(&self, vars: &[i64], syms: &[i64]) -> i64 {
+        match self {
+            IExpr::Const(c) => *c,
+            IExpr::Var(v) => vars[v.0 as usize],
+            IExpr::Sym(n) => syms[*n as usize],
+            IExpr::Add(a, b) => a.eval(vars, syms).wrapping_add(b.eval(vars, syms)),
+            IExpr::Mul(a, b) => a.eval(vars, syms).wrapping_mul(b.eval(vars, syms)),
+            IExpr::Div(a, b) => {
+                let d = b.eval(vars, syms);
+                if d == 0 { 0 } else { a.eval(vars, syms).div_euclid(d) }
+            }
+            IExpr::Mod(a, b) => {
+                let d = b.eval(vars, syms);
+                if d == 0 { 0 } else { a.eval(vars, syms).rem_euclid(d) }
+            }
+            IExpr::Lt(a, b) => (a.eval(vars, syms) < b.eval(vars, syms)) as i64,
+            IExpr::And(a, b) => (a.eval(vars, syms) != 0 && b.eval(vars, syms) != 0) as i64,
+        }
+    }
+
+    /// Whether `v` occurs in this expression.
+    pub fn uses(&self, v: Var) -> bool {
+        match self {
+            IExpr::Var(w) => *w == v,
+            IExpr::Const(_) | IExpr::Sym(_) => false,
+            IExpr::Add(a, b)
+            | IExpr::Mul(a, b)
+            | IExpr::Div(a, b)
+            | IExpr::Mod(a, b)
+            | IExpr::Lt(a, b)
+            | IExpr::And(a, b) => a.uses(v) || b.uses(v),
+        }
+    }
+
+    /// If this expression is `c * v + rest` with `rest` and `c` free of `v` (and `v` nowhere
+    /// under a div/mod/lt), returns `c` (0 when `v` does not occur). Backends use it to find
+    /// contiguous (c = 1) and broadcast (c = 0) accesses in the loop over `v`.
+    pub fn linear_coeff(&self, v: Var) -> Option<IExpr> {
+        if !self.uses(v) {
+            return Some(IExpr::Const(0));
+        }
+        match self {
+            IExpr::Var(_) => Some(IExpr::Const(1)),
+            IExpr::Add(a, b) => Some(IExpr::add(a.linear_coeff(v)?, b.linear_coeff(v)?)),
+            IExpr::Mul(a, b) => match (a.uses(v), b.uses(v)) {
+                (true, false) => Some(IExpr::mul(a.linear_coeff(v)?, (**b).clone())),
+                (false, true) => Some(IExpr::mul((**a).clone(), b.linear_coeff(v)?)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for IExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IExpr::Const(c) => write!(f, "{c}"),
+            IExpr::Var(v) => write!(f, "{v}"),
+            IExpr::Sym(n) => write!(f, "s{n}"),
+            IExpr::Add(a, b) => write!(f, "({a} + {b})"),
+            IExpr::Mul(a, b) => write!(f, "{a}*{b}"),
+            IExpr::Div(a, b) => write!(f, "({a} / {b})"),
+            IExpr::Mod(a, b) => write!(f, "({a} % {b})"),
+            IExpr::Lt(a, b) => write!(f, "({a} < {b})"),
+            IExpr::And(a, b) => write!(f, "({a} && {b})"),
+        }
+    }
+}
+
+/// The computation that defines a register.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Inst {
+    /// `buf[index]`; when `mask` is given and evaluates to 0, the value is `other` instead and
+    /// memory is not touched (padding).
+    Load { buf: u32, index: IExpr, mask: Option<IExpr>, other: Scalar },
+    Const(Scalar),
+    /// The integer value of an index expression, converted to the register's dtype (iota).
+    Index(IExpr),
+    Unary(UnaryOp, Reg),
+    Binary(BinaryOp, Reg, Reg),
+    Where(Reg, Reg, Reg),
+    /// Converts to the register's dtype.
+    Cast(Reg),
+    /// The current value of an accumulator.
+    ReadAcc(Acc),
+}
+
+/// One statement of a loop nest.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Stmt {
+    Let { reg: Reg, dtype: DType, inst: Inst },
+    Loop { var: Var, extent: IExpr, parallel: bool, body: Vec<Stmt> },
+    /// Declares `acc` and sets it to the identity of `op` (0 for sum, -inf/MIN for max).
+    AccInit { acc: Acc, dtype: DType, op: ReduceOp },
+    /// `acc = op(acc, value)`.
+    AccUpdate { acc: Acc, value: Reg },
+    /// `buf[index] = value`.
+    Store { buf: u32, index: IExpr, value: Reg },
+}
+
+/// How a kernel uses one of its buffer parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Param {
+    pub dtype: DType,
+    pub access: Access,
+}
+
+/// A loop-nest kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LoopKernel {
+    pub params: Vec<Param>,
+    /// Number of symbols the kernel may read (`s0 .. s{n-1}`).
+    pub n_syms: u32,
+    pub body: Vec<Stmt>,
+}
+
+/// One operand of a matmul: element `(batch, row, col)` lives at
+/// `offset + batch*batch_stride + row*row_stride + col*col_stride` in buffer `buf`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MatOperand {
+    pub buf: u32,
+    pub offset: IExpr,
+    pub batch_stride: IExpr,
+    pub row_stride: IExpr,
+    pub col_stride: IExpr,
+}
+
+/// `c[b] = a[b] @ bmat[b]` (+ `c[b]` if `accumulate`) for `b in 0..batch`, with `a` of shape
+/// `[m, k]`, `bmat` of shape `[k, n]` and `c` of shape `[m, n]`, all f32 (for now).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MatmulKernel {
+    pub params: Vec<Param>,
+    pub n_syms: u32,
+    pub dtype: DType,
+    pub batch: IExpr,
+    pub m: IExpr,
+    pub n: IExpr,
+    pub k: IExpr,
+    pub a: MatOperand,
+    pub b: MatOperand,
+    pub c: MatOperand,
+    /// Add the product to what `c` holds (a bias written into `c` by an earlier kernel).
+    pub accumulate: bool,
+}
+
+/// A kernel: what one launch computes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    Loops(LoopKernel),
+    Matmul(MatmulKernel),
+}
+
+impl Kernel {
+    pub fn params(&self) -> &[Param] {
+        match self {
+            Kernel::Loops(k) => &k.params,
+            Kernel::Matmul(k) => &k.params,
+        }
+    }
+
+    /// A structural hash: equal kernels hash equal, whatever program they come from.
+    pub fn structural_hash(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.hash(&mut h);
+        h.finish()
+    }
+}
+
+fn indent(f: &mut fmt::Formatter<'_>, depth: usize) -> fmt::Result {
+    for _ in 0..depth {
+        f.write_str("  ")?;
+    }
+    Ok(())
+}
+
+fn fmt_inst(f: &mut fmt::Formatter<'_>, inst: &Inst) -> fmt::Result {
+    match inst {
+        Inst::Load { buf, index, mask: None, .. } => write!(f, "load b{buf}[{index}]"),
+        Inst::Load { buf, index, mask: Some(m), other } => {
+            write!(f, "load b{buf}[{index}] if {m} else {other}")
+        }
+        Inst::Const(s) => write!(f, "const {s}"),
+        Inst::Index(e) => write!(f, "index {e}"),
+        Inst::Unary(op, r) => write!(f, "{} {r}", op.name()),
+        Inst::Binary(op, a, b) => write!(f, "{} {a}, {b}", op.name()),
+        Inst::Where(c, a, b) => write!(f, "where {c}, {a}, {b}"),
+        Inst::Cast(r) => write!(f, "cast {r}"),
+        Inst::ReadAcc(a) => write!(f, "read {a}"),
+    }
+}
+
+fn fmt_stmts(f: &mut fmt::Formatter<'_>, stmts: &[Stmt], depth: usize) -> fmt::Result {
+    for s in stmts {
+        indent(f, depth)?;
+        match s {
+            Stmt::Let { reg, dtype, inst } => {
+                write!(f, "{reg}: {dtype} = ")?;
+                fmt_inst(f, inst)?;
+                writeln!(f)?;
+            }
+            Stmt::Loop { var, extent, parallel, body } => {
+                let p = if *parallel { " parallel" } else { "" };
+                writeln!(f, "for {var} in 0..{extent}{p} {{")?;
+                fmt_stmts(f, body, depth + 1)?;
+                indent(f, depth)?;
+                writeln!(f, "}}")?;
+            }
+            Stmt::AccInit { acc, dtype, op } => writeln!(f, "{acc}: {dtype} = {}.init", op.name())?,
+            Stmt::AccUpdate { acc, value } => writeln!(f, "{acc} <- {value}")?,
+            Stmt::Store { buf, index, value } => writeln!(f, "store b{buf}[{index}] = {value}")?,
+        }
+    }
+    Ok(())
+}
+
+fn fmt_params(f: &mut fmt::Formatter<'_>, params: &[Param], n_syms: u32) -> fmt::Result {
+    for (i, p) in params.iter().enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        let a = match p.access {
+            Access::Read => "in",
+            Access::Write => "out",
+        };
+        write!(f, "b{i}: {a} {}", p.dtype)?;
+    }
+    if n_syms > 0 {
+        write!(f, "; syms {n_syms}")?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kernel::Loops(k) => {
+                f.write_str("kernel(")?;
+                fmt_params(f, &k.params, k.n_syms)?;
+                writeln!(f, ") {{")?;
+                fmt_stmts(f, &k.body, 1)?;
+                writeln!(f, "}}")
+            }
+            Kernel::Matmul(k) => {
+                f.write_str("matmul(")?;
+                fmt_params(f, &k.params, k.n_syms)?;
+                writeln!(f, ") {{")?;
+                writeln!(f, "  batch {}, m {}, n {}, k {}, {}", k.batch, k.m, k.n, k.k, k.dtype)?;
+                for (name, o) in [("a", &k.a), ("b", &k.b), ("c", &k.c)] {
+                    writeln!(
+                        f,
+                        "  {name} = b{}[{} + batch*{} + row*{} + col*{}]",
+                        o.buf, o.offset, o.batch_stride, o.row_stride, o.col_stride
+                    )?;
+                }
+                if k.accumulate {
+                    writeln!(f, "  accumulate")?;
+                }
+                writeln!(f, "}}")
+            }
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The output of lowering: kernels, the launch order, and the buffers they read and write.
+
+use std::fmt;
+
+use air::{DType, Dim, Symbol, TensorType};
+
+use crate::kir::Kernel;
+
+/// A buffer of the program (`buf3`): an input, an output, or a temporary placed by the planner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufId(pub u32);
+
+impl fmt::Display for BufId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "buf{}", self.0)
+    }
+}
+
+/// Where a buffer's memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BufferKind {
+    /// The program's input `slot`, read in place from the caller's memory.
+    Input(u32),
+    /// Output number `n`: a fresh allocation handed to the caller.
+    Output(u32),
+    /// An intermediate: placed in the arena by the memory planner.
+    Temp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BufferInfo {
+    pub dtype: DType,
+    /// Element count, possibly symbolic.
+    pub numel: Dim,
+    pub kind: BufferKind,
+}
+
+/// One kernel launch: `kernels[kernel]` with its parameters bound to `args` (one per param).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Step {
+    pub kernel: u32,
+    pub args: Vec<BufId>,
+}
+
+/// A compiled-to-kernels program, sorted once: `steps` run in order (steps that do not depend on
+/// each other may also run concurrently; see `Program::deps`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Program {
+    /// Symbol order of the `syms` array every kernel reads.
+    pub symbols: Vec<Symbol>,
+    /// Unique kernels: identical kernels appear once and are launched by several steps.
+    pub kernels: Vec<Kernel>,
+    pub steps: Vec<Step>,
+    pub buffers: Vec<BufferInfo>,
+    /// The buffer of each graph output, with its type (outputs may share a buffer).
+    pub outputs: Vec<(BufId, TensorType)>,
+}
+
+impl fmt::Display for Program {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if !self.symbols.is_empty() {
+            let names: Vec<&str> = self.symbols.iter().map(|s| s.name()).collect();
+            writeln!(f, "symbols {}", names.join(", "))?;
+        }
+        for (i, b) in self.buffers.iter().enumerate() {
+            let kind = match b.kind {
+                BufferKind::Input(s) => format!("input {s}"),
+                BufferKind::Output(n) => format!("output {n}"),
+                BufferKind::Temp => "temp".to_string(),
+            };
+            writeln!(f, "buf{i}: {}[{}] {kind}", b.dtype, b.numel)?;
+        }
+        for (i, k) in self.kernels.iter().enumerate() {
+            write!(f, "k{i} = {k}")?;
+        }
+        for s in &self.steps {
+            let args: Vec<String> = s.args.iter().map(|b| b.to_string()).collect();
+            writeln!(f, "launch k{}({})", s.kernel, args.join(", "))?;
+        }
+        let outs: Vec<String> = self.outputs.iter().map(|(b, t)| format!("{b}: {t}")).collect();
+        writeln!(f, "return {}", outs.join(", "))
+    }
+}
