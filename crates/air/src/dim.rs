@@ -138,17 +138,17 @@ impl Dim {
         let p = self.to_poly();
         let mut terms = BTreeMap::new();
         for (m, c) in p.terms {
-            if c % d != 0 {
+            if c.checked_rem(d)? != 0 {
                 return None;
             }
-            terms.insert(m, c / d);
+            terms.insert(m, c.checked_div(d)?);
         }
         Some(Dim::from_poly(Poly { terms }))
     }
 
     /// Parses the form `Display` prints: integers, symbols, `+`, `-`, `*` and parentheses.
     pub fn parse(text: &str) -> Result<Dim, String> {
-        let mut p = DimParser { s: text.as_bytes(), i: 0 };
+        let mut p = DimParser { s: text.as_bytes(), i: 0, depth: 0 };
         let d = p.sum()?;
         p.ws();
         if p.i != p.s.len() {
@@ -179,58 +179,106 @@ impl From<&str> for Dim {
     }
 }
 
-fn add_polys(a: Poly, b: &Poly, sign: i64) -> Poly {
+/// Coefficient arithmetic: checked (the parser reports overflow) or wrapping (the operators, so that
+/// a huge user-supplied dim never panics a debug build; release builds wrap the same way).
+#[derive(Clone, Copy)]
+enum Arith {
+    Checked,
+    Wrapping,
+}
+
+impl Arith {
+    fn add(self, a: i64, b: i64) -> Option<i64> {
+        match self {
+            Arith::Checked => a.checked_add(b),
+            Arith::Wrapping => Some(a.wrapping_add(b)),
+        }
+    }
+    fn mul(self, a: i64, b: i64) -> Option<i64> {
+        match self {
+            Arith::Checked => a.checked_mul(b),
+            Arith::Wrapping => Some(a.wrapping_mul(b)),
+        }
+    }
+}
+
+fn add_polys(a: Poly, b: &Poly, sign: i64, arith: Arith) -> Option<Poly> {
     let mut terms = a.terms;
     for (m, c) in &b.terms {
         let e = terms.entry(m.clone()).or_insert(0);
-        *e += sign * c;
+        *e = arith.add(*e, arith.mul(sign, *c)?)?;
         if *e == 0 {
             terms.remove(m);
         }
     }
-    Poly { terms }
+    Some(Poly { terms })
 }
 
+fn mul_polys(a: &Poly, b: &Poly, arith: Arith) -> Option<Poly> {
+    let mut terms: BTreeMap<Monomial, i64> = BTreeMap::new();
+    for (ma, ca) in &a.terms {
+        for (mb, cb) in &b.terms {
+            let mut m: Monomial = ma.iter().chain(mb.iter()).cloned().collect();
+            m.sort();
+            let e = terms.entry(m.clone()).or_insert(0);
+            *e = arith.add(*e, arith.mul(*ca, *cb)?)?;
+            if *e == 0 {
+                terms.remove(&m);
+            }
+        }
+    }
+    Some(Poly { terms })
+}
+
+fn combine(a: &Dim, b: &Dim, op: char, arith: Arith) -> Option<Dim> {
+    if let (Dim::Const(x), Dim::Const(y)) = (a, b) {
+        return match op {
+            '+' => arith.add(*x, *y),
+            '-' => arith.add(*x, arith.mul(*y, -1)?),
+            _ => arith.mul(*x, *y),
+        }
+        .map(Dim::Const);
+    }
+    let poly = match op {
+        '+' => add_polys(a.to_poly(), &b.to_poly(), 1, arith)?,
+        '-' => add_polys(a.to_poly(), &b.to_poly(), -1, arith)?,
+        _ => mul_polys(&a.to_poly(), &b.to_poly(), arith)?,
+    };
+    Some(Dim::from_poly(poly))
+}
+
+impl Dim {
+    /// `self + rhs`, or `None` if a coefficient overflows i64.
+    pub fn checked_add(&self, rhs: &Dim) -> Option<Dim> {
+        combine(self, rhs, '+', Arith::Checked)
+    }
+    /// `self - rhs`, or `None` if a coefficient overflows i64.
+    pub fn checked_sub(&self, rhs: &Dim) -> Option<Dim> {
+        combine(self, rhs, '-', Arith::Checked)
+    }
+    /// `self * rhs`, or `None` if a coefficient overflows i64.
+    pub fn checked_mul(&self, rhs: &Dim) -> Option<Dim> {
+        combine(self, rhs, '*', Arith::Checked)
+    }
+}
+
+/// Wrapping arithmetic never fails, so these `unwrap_or` fallbacks are never taken.
 impl std::ops::Add for &Dim {
     type Output = Dim;
     fn add(self, rhs: &Dim) -> Dim {
-        match (self, rhs) {
-            (Dim::Const(a), Dim::Const(b)) => Dim::Const(a + b),
-            _ => Dim::from_poly(add_polys(self.to_poly(), &rhs.to_poly(), 1)),
-        }
+        combine(self, rhs, '+', Arith::Wrapping).unwrap_or(Dim::Const(0))
     }
 }
 impl std::ops::Sub for &Dim {
     type Output = Dim;
     fn sub(self, rhs: &Dim) -> Dim {
-        match (self, rhs) {
-            (Dim::Const(a), Dim::Const(b)) => Dim::Const(a - b),
-            _ => Dim::from_poly(add_polys(self.to_poly(), &rhs.to_poly(), -1)),
-        }
+        combine(self, rhs, '-', Arith::Wrapping).unwrap_or(Dim::Const(0))
     }
 }
 impl std::ops::Mul for &Dim {
     type Output = Dim;
     fn mul(self, rhs: &Dim) -> Dim {
-        match (self, rhs) {
-            (Dim::Const(a), Dim::Const(b)) => Dim::Const(a * b),
-            _ => {
-                let (a, b) = (self.to_poly(), rhs.to_poly());
-                let mut terms: BTreeMap<Monomial, i64> = BTreeMap::new();
-                for (ma, ca) in &a.terms {
-                    for (mb, cb) in &b.terms {
-                        let mut m: Monomial = ma.iter().chain(mb.iter()).cloned().collect();
-                        m.sort();
-                        let e = terms.entry(m.clone()).or_insert(0);
-                        *e += ca * cb;
-                        if *e == 0 {
-                            terms.remove(&m);
-                        }
-                    }
-                }
-                Dim::from_poly(Poly { terms })
-            }
-        }
+        combine(self, rhs, '*', Arith::Wrapping).unwrap_or(Dim::Const(0))
     }
 }
 macro_rules! owned_ops {
@@ -294,9 +342,15 @@ impl fmt::Debug for Dim {
     }
 }
 
+fn overflow(d: Option<Dim>) -> Result<Dim, String> {
+    d.ok_or_else(|| "dim expression overflowed i64".to_string())
+}
+
 struct DimParser<'a> {
     s: &'a [u8],
     i: usize,
+    /// Parenthesis nesting, bounded so that hostile input cannot overflow the stack.
+    depth: u32,
 }
 
 impl DimParser<'_> {
@@ -312,7 +366,7 @@ impl DimParser<'_> {
     fn sum(&mut self) -> Result<Dim, String> {
         let mut acc = if self.peek() == Some(b'-') {
             self.i += 1;
-            Dim::Const(0) - self.product()?
+            overflow(Dim::Const(0).checked_sub(&self.product()?))?
         } else {
             self.product()?
         };
@@ -320,11 +374,11 @@ impl DimParser<'_> {
             match self.peek() {
                 Some(b'+') => {
                     self.i += 1;
-                    acc = acc + self.product()?;
+                    acc = overflow(acc.checked_add(&self.product()?))?;
                 }
                 Some(b'-') => {
                     self.i += 1;
-                    acc = acc - self.product()?;
+                    acc = overflow(acc.checked_sub(&self.product()?))?;
                 }
                 _ => return Ok(acc),
             }
@@ -334,7 +388,7 @@ impl DimParser<'_> {
         let mut acc = self.atom()?;
         while self.peek() == Some(b'*') {
             self.i += 1;
-            acc = acc * self.atom()?;
+            acc = overflow(acc.checked_mul(&self.atom()?))?;
         }
         Ok(acc)
     }
@@ -342,7 +396,12 @@ impl DimParser<'_> {
         match self.peek() {
             Some(b'(') => {
                 self.i += 1;
+                self.depth += 1;
+                if self.depth > 64 {
+                    return Err("dim nested too deeply".into());
+                }
                 let d = self.sum()?;
+                self.depth -= 1;
                 if self.peek() != Some(b')') {
                     return Err("expected `)` in dim".into());
                 }
@@ -423,5 +482,18 @@ mod tests {
         bind.insert(Symbol::new("batch"), 3);
         assert_eq!(a.eval(&bind), Ok(35));
         assert_eq!(std::mem::size_of::<Dim>(), 16);
+    }
+
+    #[test]
+    fn huge_dims_never_panic() {
+        assert!(Dim::parse("9223372036854775807 + 1").is_err());
+        assert!(Dim::parse("-(-9223372036854775807 - 1)").is_err());
+        assert!(Dim::parse("4294967296*4294967296*seq").is_err());
+        assert_eq!(Dim::parse("-9223372036854775807 - 1"), Ok(Dim::Const(i64::MIN)));
+        let big = Dim::Const(i64::MAX);
+        assert_eq!(&big + 1, Dim::Const(i64::MIN));
+        assert_eq!(big.checked_add(&Dim::Const(1)), None);
+        assert_eq!(Dim::Const(i64::MIN).exact_div(-1), None);
+        assert!(Dim::parse(&"(".repeat(100_000)).is_err());
     }
 }

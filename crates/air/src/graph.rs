@@ -16,10 +16,12 @@ slotmap::new_key_type! {
 }
 
 impl NodeId {
-    /// The slot index, which the text form prints (`n12`). Unique among live nodes.
+    /// The slot index, which the text form prints (`n12`). Unique among live nodes. Counts from 0:
+    /// slotmap keeps slot 0 as a sentinel, so the first node of a fresh graph is `n0`, the name the
+    /// text form's sequential numbering gives it too.
     pub fn index(self) -> u32 {
         use slotmap::Key;
-        (self.data().as_ffi() & 0xffff_ffff) as u32
+        ((self.data().as_ffi() & 0xffff_ffff) as u32).wrapping_sub(1)
     }
 }
 
@@ -230,51 +232,70 @@ impl Graph {
     }
 
     /// A topological order of every live node (inputs before users), computed once per edit
-    /// generation with Kahn's algorithm in O(N + E). Ties keep slot order, so the order is
-    /// deterministic for a given graph.
+    /// generation in O(N + E) by an iterative depth-first post-order over inputs, starting from the
+    /// nodes in slot order. Ties keep slot order: when slot order is already topological (a graph
+    /// built front to back, or one the text parser read), the topological order *is* slot order,
+    /// so printing, parsing and printing again gives the same text. Panics if the graph has a
+    /// cycle, which only a misuse of `set_inputs` can make; the verifier reports cycles instead.
     pub fn topo_order(&self) -> &[NodeId] {
         self.topo.get_or_init(|| {
-            let mut pending: SecondaryMap<NodeId, u32> = SecondaryMap::with_capacity(self.nodes.len());
-            let mut ready: Vec<NodeId> = Vec::new();
-            for (id, n) in &self.nodes {
-                pending.insert(id, n.inputs.len() as u32);
-                if n.inputs.is_empty() {
-                    ready.push(id);
-                }
-            }
-            ready.reverse();
+            const ON_STACK: bool = false;
+            const DONE: bool = true;
+            let mut state: SecondaryMap<NodeId, bool> = SecondaryMap::with_capacity(self.nodes.len());
             let mut order = Vec::with_capacity(self.nodes.len());
-            while let Some(id) = ready.pop() {
-                order.push(id);
-                for &u in &self.users[id] {
-                    let p = &mut pending[u];
-                    *p -= 1;
-                    if *p == 0 {
-                        ready.push(u);
+            // (node, how many of its inputs have been visited)
+            let mut stack: Vec<(NodeId, usize)> = Vec::new();
+            for root in self.nodes.keys() {
+                if state.contains_key(root) {
+                    continue;
+                }
+                state.insert(root, ON_STACK);
+                stack.push((root, 0));
+                while let Some((id, next)) = stack.last_mut() {
+                    let inputs = &self.nodes[*id].inputs;
+                    if let Some(&input) = inputs.get(*next) {
+                        *next += 1;
+                        match state.get(input) {
+                            None => {
+                                state.insert(input, ON_STACK);
+                                stack.push((input, 0));
+                            }
+                            Some(&ON_STACK) => panic!("graph has a cycle through {input}"),
+                            Some(_) => {}
+                        }
+                    } else {
+                        state.insert(*id, DONE);
+                        order.push(*id);
+                        stack.pop();
                     }
                 }
             }
-            assert_eq!(order.len(), self.nodes.len(), "graph has a cycle");
             order
         })
     }
 
     /// The nodes the outputs depend on, in topological order. O(N).
     pub fn live_order(&self) -> Vec<NodeId> {
-        let mut live: SecondaryMap<NodeId, ()> = SecondaryMap::new();
+        let live = self.live_set();
+        self.topo_order().iter().copied().filter(|id| live.contains_key(*id)).collect()
+    }
+
+    /// The nodes the outputs depend on, as a dense side table. O(live nodes + their edges).
+    fn live_set(&self) -> SecondaryMap<NodeId, ()> {
+        let mut live: SecondaryMap<NodeId, ()> = SecondaryMap::with_capacity(self.nodes.len());
         let mut stack: Vec<NodeId> = self.outputs.clone();
         while let Some(id) = stack.pop() {
             if live.insert(id, ()).is_none() {
                 stack.extend(self.nodes[id].inputs.iter().copied());
             }
         }
-        self.topo_order().iter().copied().filter(|id| live.contains_key(*id)).collect()
+        live
     }
 
     /// Removes every node the outputs do not depend on. O(N). Returns how many were removed.
     pub fn remove_dead(&mut self) -> usize {
-        let live: std::collections::HashSet<NodeId> = self.live_order().into_iter().collect();
-        let dead: Vec<NodeId> = self.nodes.keys().filter(|id| !live.contains(id)).collect();
+        let live = self.live_set();
+        let dead: Vec<NodeId> = self.nodes.keys().filter(|id| !live.contains_key(*id)).collect();
         if dead.is_empty() {
             return 0;
         }
@@ -283,8 +304,8 @@ impl Graph {
             self.nodes.remove(id);
             self.users.remove(id);
         }
-        for &id in &live {
-            self.users[id].retain(|u| live.contains(u));
+        for (_, users) in self.users.iter_mut() {
+            users.retain(|u| live.contains_key(*u));
         }
         dead.len()
     }
@@ -327,6 +348,7 @@ mod tests {
         g.add_output(c);
         assert_eq!(g.users(b), &[c, c]);
         assert_eq!(g.topo_order(), &[a, b, c]);
+        assert_eq!(a.to_string(), "n0");
         g.replace_all_uses(b, a);
         assert_eq!(g.inputs(c), &[a, a]);
         assert!(g.users(b).is_empty());
@@ -336,6 +358,22 @@ mod tests {
         assert_eq!(g.topo_order(), &[a, c]);
         assert!(g.remove(c).is_err());
         assert!(g.add(Op::Binary(BinaryOp::Add), &[a]).is_err());
+    }
+
+    #[test]
+    fn topo_order_keeps_slot_order_for_fan_out() {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, shape_of(&[4]));
+        let a = g.add_leaf(Op::Input(Input { slot: 0 }), t.clone()).unwrap();
+        let v = g.add(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
+        let u = g.add(Op::Unary(UnaryOp::Exp2), &[a]).unwrap();
+        let w = g.add(Op::Binary(BinaryOp::Add), &[u, v]).unwrap();
+        assert_eq!(g.topo_order(), &[a, v, u, w]);
+        // An edit that breaks slot order still gives a topological order.
+        let x = g.add_leaf(Op::Input(Input { slot: 1 }), t).unwrap();
+        let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+        g.replace_all_uses(v, y);
+        assert_eq!(g.topo_order(), &[a, v, u, x, y, w]);
     }
 
     #[test]

@@ -13,15 +13,23 @@
 #![allow(missing_docs)] // FIXME: document every public item, then drop this allow.
 
 pub mod dim;
+pub mod dot;
 pub mod dtype;
 pub mod error;
 pub mod graph;
 pub mod host;
+pub mod interp;
 pub mod op;
+pub mod text;
+pub mod verify;
 
 pub use dim::{Bindings, Dim, Shape, Symbol};
+pub use dot::to_dot;
 pub use dtype::{DType, Scalar};
 pub use error::{AirError, Result};
 pub use graph::{Graph, Node, NodeId};
 pub use host::{Element, HostData, HostTensor};
+pub use interp::eval;
 pub use op::{BinaryOp, Op, OpClass, ReduceOp, TensorType, UnaryOp};
+pub use text::{PrintOptions, parse, print, print_renumbered};
+pub use verify::verify;

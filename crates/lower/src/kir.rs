@@ -69,6 +69,9 @@ pub enum IExpr {
     And(Box<IExpr>, Box<IExpr>),
 }
 
+// The smart constructors are named after the operations they build; they fold constants, so
+// they are not the `std::ops` traits (which would hide the folding behind operators).
+#[allow(clippy::should_implement_trait)]
 impl IExpr {
     pub fn var(v: Var) -> IExpr {
         IExpr::Var(v)
@@ -288,6 +291,7 @@ pub struct MatmulKernel {
 
 /// A kernel: what one launch computes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[allow(clippy::large_enum_variant)] // Few kernels per program; boxing would only add indirection.
 pub enum Kernel {
     Loops(LoopKernel),
     Matmul(MatmulKernel),
