@@ -1,1 +1,55 @@
 //! Kiln: lazy tensors that compile to fast kernels. The user-facing facade over the air IR.
+//!
+//! A [`Tensor`] is a cheap handle to a node of a lazy DAG. Ops (PyTorch names and semantics)
+//! only record nodes; [`realize`], [`Tensor::to_vec`] or [`Tensor::item`] trace the DAG into an
+//! [`air::Graph`] and run it on the tensor's [`Device`]. Ops never return `Result`: invalid
+//! inputs give an error tensor whose [`Error`] (naming the op, the shapes and your source line)
+//! comes back from `realize`.
+//!
+//! ```
+//! use kiln::prelude::*;
+//!
+//! let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+//! let w = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2]);
+//! let y = (x.matmul(&w) + 1.0).relu();          // lazy: nothing has run yet
+//! assert!(!y.is_realized());
+//! assert_eq!(y.to_vec::<f32>()?, vec![5.0, 6.0, 11.0, 12.0]);
+//! assert_eq!(y.sum_all().item::<f32>()?, 34.0);
+//!
+//! // A shape error is reported when the result is asked for, with the op and the caller's line.
+//! let bad = x.matmul(&x);
+//! let err = bad.to_vec::<f32>().unwrap_err().to_string();
+//! assert!(err.starts_with("matmul: shapes [2, 3] and [2, 3] do not match"));
+//! # Ok::<(), kiln::Error>(())
+//! ```
+//!
+//! Where things live: `tensor` (the handle and the primitives), `ops/*` (every op, as compositions
+//! of air primitives; `ops/matmul.rs` holds the canonical matmul pattern), `realize` (tracing and
+//! running), `backend` (the one place that dispatches on a device).
+
+pub mod backend;
+pub mod device;
+pub mod error;
+mod ops;
+mod random;
+mod realize;
+mod scalar;
+mod shape;
+pub mod stats;
+mod tensor;
+
+pub use air::{Bindings, DType, Dim, Element, HostData, HostTensor, Scalar, Shape, TensorType};
+pub use device::Device;
+pub use error::{Error, Result};
+pub use ops::elementwise::{GeluApprox, where_};
+pub use ops::index::{cat, stack};
+pub use random::manual_seed;
+pub use realize::{Program, realize, trace};
+pub use scalar::{Arg, IntoScalar, Operand};
+pub use shape::{Axes, Axis, IntoShape};
+pub use tensor::Tensor;
+
+/// The usual imports: `use kiln::prelude::*;`.
+pub mod prelude {
+    pub use crate::{DType, Device, Dim, Error, GeluApprox, Tensor, cat, manual_seed, realize, stack, where_};
+}

@@ -1,0 +1,59 @@
+//! Devices a tensor program can run on. `backend::execute` is the one place that dispatches on a
+//! device; everything else only carries it around.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+/// Where a tensor's program runs.
+///
+/// Only the reference interpreter exists today; `Cpu` and `Wgpu` (the runtime crate's backends)
+/// join this enum later and `KILN_DEVICE` already reserves their names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Device {
+    /// `air::interp`, the reference interpreter: slow and obviously correct.
+    #[default]
+    Interp,
+}
+
+impl Device {
+    /// Every device this build can run on.
+    pub const ALL: &'static [Device] = &[Device::Interp];
+
+    /// The name `KILN_DEVICE` uses for this device.
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Interp => "interp",
+        }
+    }
+
+    /// Parses a device name (`interp`; `cpu` and `wgpu` are reserved and not built yet).
+    pub fn parse(name: &str) -> Result<Device> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "interp" => Ok(Device::Interp),
+            "cpu" | "wgpu" => {
+                Err(Error::Device(format!("device `{name}` is not available in this build (have: interp)")))
+            }
+            _ => Err(Error::Device(format!("unknown device `{name}` (expected interp, cpu or wgpu)"))),
+        }
+    }
+
+    /// The device new source tensors go to: `KILN_DEVICE` if set (read once per process), else
+    /// `Interp`. An unknown name is an error, which tensors created with it carry to `realize`.
+    pub fn default_device() -> Result<Device> {
+        static DEFAULT: OnceLock<Result<Device>> = OnceLock::new();
+        DEFAULT
+            .get_or_init(|| match std::env::var("KILN_DEVICE") {
+                Ok(name) if !name.trim().is_empty() => Device::parse(&name),
+                _ => Ok(Device::Interp),
+            })
+            .clone()
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}

@@ -1,0 +1,208 @@
+//! Constructors: tensors from host data (zero-copy), constants, `arange`.
+
+use air::{Bindings, DType, Dim, Element, HostTensor, Op, Scalar, Shape, TensorType};
+
+use crate::device::Device;
+use crate::realize::merge_bindings;
+use crate::scalar::IntoScalar;
+use crate::shape::{IntoShape, concrete, show};
+use crate::tensor::{Site, Tensor};
+
+/// Checks that `dims` are non-negative (symbolic dims pass).
+fn check_dims(site: Site, dims: &[Dim]) -> Result<Shape, Tensor> {
+    if dims.iter().any(|d| d.as_const().is_some_and(|c| c < 0)) {
+        return Err(site.fail(format!("negative dim in shape {}", show(dims))));
+    }
+    Ok(dims.iter().cloned().collect())
+}
+
+/// The default device, or an error tensor carrying why there is none.
+fn default_device() -> Result<Device, Tensor> {
+    Device::default_device().map_err(Tensor::failed)
+}
+
+impl Tensor {
+    /// A tensor holding `data` (row-major) with the given shape. The `Vec` is moved into the
+    /// tensor without a copy; `into_vec` on the untouched tensor gives the same `Vec` back.
+    #[track_caller]
+    pub fn from_vec<T: Element>(data: Vec<T>, shape: impl IntoShape) -> Tensor {
+        let site = Site::here("from_vec");
+        let dims = shape.into_dims();
+        let Some(dims) = concrete(&dims) else {
+            return site.fail(format!(
+                "shape {} must be concrete and non-negative (use from_host_symbolic for symbols)",
+                show(&dims)
+            ));
+        };
+        let n: usize = dims.iter().product();
+        if data.len() != n {
+            return site.fail(format!("{} elements do not fill shape {:?} ({n} elements)", data.len(), dims));
+        }
+        match HostTensor::from_vec(data, dims) {
+            Ok(host) => Tensor::from_host(host),
+            Err(message) => site.fail(message),
+        }
+    }
+
+    /// A tensor holding a copy of `data` with the given shape.
+    #[track_caller]
+    pub fn from_slice<T: Element>(data: &[T], shape: impl IntoShape) -> Tensor {
+        Tensor::from_vec(data.to_vec(), shape)
+    }
+
+    /// A rank-0 tensor holding `value`.
+    #[track_caller]
+    pub fn scalar<T: Element>(value: T) -> Tensor {
+        Tensor::from_vec(vec![value], &[0usize; 0])
+    }
+
+    /// A tensor holding `host` (shared, no copy) on the default device.
+    pub fn from_host(host: HostTensor) -> Tensor {
+        let device = match default_device() {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        let shape = host.shape.iter().map(|&d| Dim::from(d)).collect();
+        Tensor::source(host, shape, Bindings::new(), device)
+    }
+
+    /// A tensor holding `host` whose type uses `dims`, some of them symbolic
+    /// (`[Dim::sym("seq"), 64.into()]`). The symbols' values are read off the host shape and used
+    /// when the tensor's programs run; the programs themselves keep the symbols, so one program
+    /// serves every value. A symbol may appear in several dims (with equal sizes); a dim that is
+    /// an expression (`2*seq`) must be implied by plain-symbol dims of the same tensor.
+    #[track_caller]
+    pub fn from_host_symbolic(host: HostTensor, dims: impl IntoShape) -> Tensor {
+        Tensor::from_host(host).with_dims(dims)
+    }
+
+    /// This source tensor with some dims declared symbolic (see [`Tensor::from_host_symbolic`]).
+    /// Only tensors that hold data can be given symbolic dims.
+    #[track_caller]
+    pub fn with_dims(&self, dims: impl IntoShape) -> Tensor {
+        let site = Site::here("with_dims");
+        if self.error().is_some() {
+            return self.clone();
+        }
+        let dims = dims.into_dims();
+        let Some(realized) = self.inner.data.get() else {
+            return site.fail("only a tensor that holds data can be given symbolic dims (realize it first)");
+        };
+        let host = &realized.host;
+        if dims.len() != host.shape.len() {
+            return site.fail(format!("dims {} do not match the rank of shape {:?}", show(&dims), host.shape));
+        }
+        let mut bindings = self.bindings();
+        // Plain symbols first: they give the values.
+        for (d, &size) in dims.iter().zip(&host.shape) {
+            let symbols = d.symbols();
+            if symbols.len() == 1 && *d == Dim::sym(symbols[0].name()) {
+                let mut one = Bindings::new();
+                one.insert(symbols[0].clone(), size as i64);
+                if let Err(e) = merge_bindings(&mut bindings, &one) {
+                    return site.fail(e.to_string());
+                }
+            }
+        }
+        // Then every dim must evaluate to the host size.
+        for (d, &size) in dims.iter().zip(&host.shape) {
+            match d.eval(&bindings) {
+                Ok(v) if v == size as i64 => {}
+                Ok(v) => {
+                    return site
+                        .fail(format!("dim {d} is {v} but the data has {size} along it (shape {:?})", host.shape));
+                }
+                Err(e) => return site.fail(format!("dim {d}: {e}")),
+            }
+        }
+        let shape = dims.into_iter().collect();
+        Tensor::source(host.clone(), shape, bindings, self.device())
+    }
+
+    /// A tensor of `shape` filled with `value` (converted to `dtype`). Lazy: a single `const` node,
+    /// no memory until realized.
+    #[track_caller]
+    pub fn full(shape: impl IntoShape, value: impl IntoScalar, dtype: DType) -> Tensor {
+        let site = Site::here("full");
+        let shape = match check_dims(site, &shape.into_dims()) {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let device = match default_device() {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        Tensor::constant(site, value.into_scalar(), dtype, shape, device)
+    }
+
+    /// A tensor of `shape` filled with zeros.
+    #[track_caller]
+    pub fn zeros(shape: impl IntoShape, dtype: DType) -> Tensor {
+        Tensor::full(shape, Scalar::Int(0), dtype)
+    }
+
+    /// A tensor of `shape` filled with ones.
+    #[track_caller]
+    pub fn ones(shape: impl IntoShape, dtype: DType) -> Tensor {
+        Tensor::full(shape, Scalar::Int(1), dtype)
+    }
+
+    /// A tensor like `self` (shape, dtype, device) filled with `value`.
+    #[track_caller]
+    pub fn full_like(&self, value: impl IntoScalar) -> Tensor {
+        let site = Site::here("full_like");
+        if self.error().is_some() {
+            return self.clone();
+        }
+        self.const_like(site, value.into_scalar(), self.dtype(), self.shape().clone())
+    }
+
+    /// Zeros like `self`.
+    #[track_caller]
+    pub fn zeros_like(&self) -> Tensor {
+        self.full_like(Scalar::Int(0))
+    }
+
+    /// Ones like `self`.
+    #[track_caller]
+    pub fn ones_like(&self) -> Tensor {
+        self.full_like(Scalar::Int(1))
+    }
+
+    /// `[start, start + step, ...]` up to (excluding) `end`, like `torch.arange`: `i64` when all
+    /// three are integers, else `f32`. Built from an `iota`: `start + iota * step`.
+    #[track_caller]
+    pub fn arange(start: impl IntoScalar, end: impl IntoScalar, step: impl IntoScalar) -> Tensor {
+        let site = Site::here("arange");
+        let (start, end, step) = (start.into_scalar(), end.into_scalar(), step.into_scalar());
+        let is_float = [start, end, step].iter().any(|s| matches!(s, Scalar::Float(_)));
+        let dtype = if is_float { DType::F32 } else { DType::I64 };
+        let (a, b, s) = (start.as_f64(), end.as_f64(), step.as_f64());
+        if s == 0.0 || !s.is_finite() || !a.is_finite() || !b.is_finite() {
+            return site.fail(format!("invalid range {start}..{end} step {step}"));
+        }
+        let n = if is_float {
+            ((b - a) / s).ceil().max(0.0) as i64
+        } else {
+            let (a, b, s) = (start.as_i64(), end.as_i64(), step.as_i64());
+            let span = if s > 0 { b - a } else { a - b };
+            if span <= 0 { 0 } else { (span + s.abs() - 1) / s.abs() }
+        };
+        let device = match default_device() {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        let shape: Shape = smallvec::smallvec![Dim::Const(n)];
+        let mut t =
+            Tensor::leaf(site, Op::Iota(air::op::Iota { axis: 0 }), TensorType::new(dtype, shape.clone()), device);
+        if s != 1.0 {
+            let c = Tensor::constant(site, step, dtype, shape.clone(), device);
+            t = t.p_binary(site, air::BinaryOp::Mul, &c);
+        }
+        if a != 0.0 {
+            let c = Tensor::constant(site, start, dtype, shape, device);
+            t = t.p_binary(site, air::BinaryOp::Add, &c);
+        }
+        t
+    }
+}

@@ -1,0 +1,525 @@
+//! Element-wise ops: operand resolution (weak scalars, dtype promotion, numpy broadcasting), the
+//! binary and unary primitives, and the activations built from them.
+//!
+//! Float-only ops (`exp`, `sqrt`, `sigmoid`, ...) first cast integer and bool inputs to `f32`, as
+//! PyTorch does. Higher ops are compositions of air primitives: `exp(x) = exp2(x * log2 e)`,
+//! `log(x) = log2(x) * ln 2`, `cos(x) = sin(x + pi/2)`, and so on.
+
+use std::f64::consts::{FRAC_1_SQRT_2, FRAC_2_PI, FRAC_PI_2, LN_2, LOG2_E};
+
+use air::{BinaryOp, DType, Scalar, Shape, UnaryOp};
+
+use crate::scalar::{Arg, IntoScalar, Operand, default_dtype, weak_dtype};
+use crate::shape::broadcast_shapes;
+use crate::tensor::{Site, Tensor};
+
+/// Broadcasts `t` to `shape` numpy-style: a reshape that prepends 1s, then an expand. Each step
+/// is skipped when it would change nothing.
+pub(crate) fn broadcast_to(site: Site, t: &Tensor, shape: &Shape) -> Tensor {
+    if t.shape() == shape {
+        return t.clone();
+    }
+    let mut t = t.clone();
+    if t.ndim() < shape.len() {
+        let mut padded: Shape = std::iter::repeat_n(air::Dim::Const(1), shape.len() - t.ndim()).collect();
+        padded.extend(t.shape().iter().cloned());
+        t = t.p_reshape(site, padded);
+    }
+    if t.shape() != shape { t.p_expand(site, shape.clone()) } else { t }
+}
+
+/// Turns operands into tensors of one shape (the broadcast of the tensor operands) and, from
+/// index `skip` on, one dtype (promotion of the tensor operands, then weak scalars). Operands
+/// before `skip` keep their dtype (the condition of `where`). Returns the first error tensor.
+pub(crate) fn resolve(site: Site, args: Vec<Arg>, skip: usize) -> Result<Vec<Tensor>, Tensor> {
+    let mut shape: Option<Shape> = None;
+    let mut dtype: Option<DType> = None;
+    let mut first: Option<Tensor> = None;
+    for arg in &args {
+        if let Arg::Tensor(t) = arg
+            && t.error().is_some()
+        {
+            return Err(t.clone());
+        }
+    }
+    for (i, arg) in args.iter().enumerate() {
+        if let Arg::Tensor(t) = arg {
+            first.get_or_insert_with(|| t.clone());
+            shape = Some(match shape {
+                None => t.shape().clone(),
+                Some(s) => broadcast_shapes(&s, t.shape()).map_err(|m| site.fail(m))?,
+            });
+            if i >= skip {
+                dtype = Some(dtype.map_or(t.dtype(), |d| DType::promote(d, t.dtype())));
+            }
+        }
+    }
+    for arg in args.iter().skip(skip) {
+        if let Arg::Scalar(s) = arg {
+            dtype = Some(dtype.map_or(default_dtype(*s), |d| weak_dtype(*s, d)));
+        }
+    }
+    let (Some(first), Some(shape)) = (first, shape) else {
+        return Err(site.fail("needs at least one tensor operand"));
+    };
+    let dtype = dtype.unwrap_or(DType::F32);
+    let mut out = Vec::with_capacity(args.len());
+    for (i, arg) in args.into_iter().enumerate() {
+        out.push(match arg {
+            Arg::Tensor(t) => {
+                let t = if i >= skip { t.p_cast(site, dtype) } else { t };
+                broadcast_to(site, &t, &shape)
+            }
+            Arg::Scalar(s) => first.const_like(site, s, dtype, shape.clone()),
+        });
+    }
+    Ok(out)
+}
+
+/// `lhs op rhs` after resolution. `float` casts non-float operands to `f32` first (true division).
+fn binary(site: Site, op: BinaryOp, lhs: Arg, rhs: Arg, float: bool) -> Tensor {
+    match resolve(site, vec![lhs, rhs], 0) {
+        Ok(v) => {
+            let (mut a, mut b) = (v[0].clone(), v[1].clone());
+            if float && !a.dtype().is_float() {
+                a = a.p_cast(site, DType::F32);
+                b = b.p_cast(site, DType::F32);
+            }
+            a.p_binary(site, op, &b)
+        }
+        Err(e) => e,
+    }
+}
+
+/// Comparisons: bools compare as integers for the ordering ops.
+fn compare(site: Site, op: BinaryOp, lhs: Arg, rhs: Arg) -> Tensor {
+    match resolve(site, vec![lhs, rhs], 0) {
+        Ok(v) => {
+            let (mut a, mut b) = (v[0].clone(), v[1].clone());
+            if op == BinaryOp::CmpLt && a.dtype().is_bool() {
+                a = a.p_cast(site, DType::I32);
+                b = b.p_cast(site, DType::I32);
+            }
+            a.p_binary(site, op, &b)
+        }
+        Err(e) => e,
+    }
+}
+
+/// The public binary ops on `Tensor`, all taking any [`Operand`] (tensor or scalar).
+impl Tensor {
+    /// Element-wise `self + rhs` with broadcasting.
+    #[track_caller]
+    pub fn add(&self, rhs: impl Operand) -> Tensor {
+        binary(Site::here("add"), BinaryOp::Add, Arg::Tensor(self.clone()), rhs.into_arg(), false)
+    }
+
+    /// Element-wise `self - rhs`.
+    #[track_caller]
+    pub fn sub(&self, rhs: impl Operand) -> Tensor {
+        binary(Site::here("sub"), BinaryOp::Sub, Arg::Tensor(self.clone()), rhs.into_arg(), false)
+    }
+
+    /// Element-wise `self * rhs`.
+    #[track_caller]
+    pub fn mul(&self, rhs: impl Operand) -> Tensor {
+        binary(Site::here("mul"), BinaryOp::Mul, Arg::Tensor(self.clone()), rhs.into_arg(), false)
+    }
+
+    /// Element-wise true division (integers are divided as `f32`, like `torch.div`).
+    #[track_caller]
+    pub fn div(&self, rhs: impl Operand) -> Tensor {
+        binary(Site::here("div"), BinaryOp::Div, Arg::Tensor(self.clone()), rhs.into_arg(), true)
+    }
+
+    /// Element-wise maximum (NaN if either is NaN, like `torch.maximum`).
+    #[track_caller]
+    pub fn maximum(&self, rhs: impl Operand) -> Tensor {
+        binary(Site::here("maximum"), BinaryOp::Max, Arg::Tensor(self.clone()), rhs.into_arg(), false)
+    }
+
+    /// Element-wise minimum (NaN if either is NaN, like `torch.minimum`).
+    #[track_caller]
+    pub fn minimum(&self, rhs: impl Operand) -> Tensor {
+        binary(Site::here("minimum"), BinaryOp::Min, Arg::Tensor(self.clone()), rhs.into_arg(), false)
+    }
+
+    /// Element-wise `self ** rhs`, computed in floating point (integers become `f32`).
+    #[track_caller]
+    pub fn pow(&self, rhs: impl Operand) -> Tensor {
+        binary(Site::here("pow"), BinaryOp::Pow, Arg::Tensor(self.clone()), rhs.into_arg(), true)
+    }
+
+    /// Remainder with the sign of the dividend (`torch.fmod`, C `fmod`).
+    #[track_caller]
+    pub fn fmod(&self, rhs: impl Operand) -> Tensor {
+        binary(Site::here("fmod"), BinaryOp::Mod, Arg::Tensor(self.clone()), rhs.into_arg(), false)
+    }
+
+    /// Remainder with the sign of the divisor (`torch.remainder`, Python `%`).
+    #[track_caller]
+    pub fn remainder(&self, rhs: impl Operand) -> Tensor {
+        let site = Site::here("remainder");
+        let (a, b) = match resolve(site, vec![Arg::Tensor(self.clone()), rhs.into_arg()], 0) {
+            Ok(v) => (v[0].clone(), v[1].clone()),
+            Err(e) => return e,
+        };
+        let r = a.p_binary(site, BinaryOp::Mod, &b);
+        let zero = r.const_like(site, Scalar::Int(0), r.dtype(), r.shape().clone());
+        let r_neg = r.p_binary(site, BinaryOp::CmpLt, &zero);
+        let b_neg = b.p_binary(site, BinaryOp::CmpLt, &zero);
+        let signs_differ = r_neg.p_binary(site, BinaryOp::CmpNe, &b_neg);
+        let nonzero = r.p_binary(site, BinaryOp::CmpNe, &zero);
+        let fix = nonzero.p_binary(site, BinaryOp::And, &signs_differ);
+        let shifted = r.p_binary(site, BinaryOp::Add, &b);
+        Tensor::p_where(site, &fix, &shifted, &r)
+    }
+
+    /// `self < rhs` (bool).
+    #[track_caller]
+    pub fn lt(&self, rhs: impl Operand) -> Tensor {
+        compare(Site::here("lt"), BinaryOp::CmpLt, Arg::Tensor(self.clone()), rhs.into_arg())
+    }
+
+    /// `self > rhs` (bool).
+    #[track_caller]
+    pub fn gt(&self, rhs: impl Operand) -> Tensor {
+        compare(Site::here("gt"), BinaryOp::CmpLt, rhs.into_arg(), Arg::Tensor(self.clone()))
+    }
+
+    /// `self <= rhs` (bool): `lt or eq`, so NaN gives false.
+    #[track_caller]
+    pub fn le(&self, rhs: impl Operand) -> Tensor {
+        let site = Site::here("le");
+        let rhs = rhs.into_arg();
+        let lt = compare(site, BinaryOp::CmpLt, Arg::Tensor(self.clone()), rhs.clone());
+        let eq = compare(site, BinaryOp::CmpEq, Arg::Tensor(self.clone()), rhs);
+        Tensor::apply(site, air::Op::Binary(BinaryOp::Or), &[&lt, &eq])
+    }
+
+    /// `self >= rhs` (bool): `gt or eq`, so NaN gives false.
+    #[track_caller]
+    pub fn ge(&self, rhs: impl Operand) -> Tensor {
+        let site = Site::here("ge");
+        let rhs = rhs.into_arg();
+        let gt = compare(site, BinaryOp::CmpLt, rhs.clone(), Arg::Tensor(self.clone()));
+        let eq = compare(site, BinaryOp::CmpEq, Arg::Tensor(self.clone()), rhs);
+        Tensor::apply(site, air::Op::Binary(BinaryOp::Or), &[&gt, &eq])
+    }
+
+    /// `self == rhs` (bool), element-wise.
+    #[track_caller]
+    pub fn eq(&self, rhs: impl Operand) -> Tensor {
+        compare(Site::here("eq"), BinaryOp::CmpEq, Arg::Tensor(self.clone()), rhs.into_arg())
+    }
+
+    /// `self != rhs` (bool), element-wise.
+    #[track_caller]
+    pub fn ne(&self, rhs: impl Operand) -> Tensor {
+        compare(Site::here("ne"), BinaryOp::CmpNe, Arg::Tensor(self.clone()), rhs.into_arg())
+    }
+
+    /// Logical and (operands are read as `x != 0`).
+    #[track_caller]
+    pub fn logical_and(&self, rhs: impl Operand) -> Tensor {
+        logical(Site::here("logical_and"), BinaryOp::And, self, rhs.into_arg())
+    }
+
+    /// Logical or (operands are read as `x != 0`).
+    #[track_caller]
+    pub fn logical_or(&self, rhs: impl Operand) -> Tensor {
+        logical(Site::here("logical_or"), BinaryOp::Or, self, rhs.into_arg())
+    }
+
+    /// Logical not (bool result; numbers are read as `x != 0`).
+    #[track_caller]
+    pub fn logical_not(&self) -> Tensor {
+        let site = Site::here("logical_not");
+        self.p_cast(site, DType::Bool).p_unary(site, UnaryOp::Not)
+    }
+
+    /// `where(self, a, b)`: picks `a` where `self` (a bool tensor) is true, else `b`. All three
+    /// broadcast together; `a` and `b` may be scalars. PyTorch's `torch.where(cond, a, b)`; see
+    /// also [`where_`](crate::where_).
+    #[track_caller]
+    pub fn where_(&self, a: impl Operand, b: impl Operand) -> Tensor {
+        let site = Site::here("where");
+        if self.error().is_none() && !self.dtype().is_bool() {
+            return site.fail(format!("condition must be bool, got {}", self.dtype()));
+        }
+        match resolve(site, vec![Arg::Tensor(self.clone()), a.into_arg(), b.into_arg()], 1) {
+            Ok(v) => Tensor::p_where(site, &v[0], &v[1], &v[2]),
+            Err(e) => e,
+        }
+    }
+}
+
+fn logical(site: Site, op: BinaryOp, lhs: &Tensor, rhs: Arg) -> Tensor {
+    let rhs = match rhs {
+        Arg::Tensor(t) => t.p_cast(site, DType::Bool),
+        Arg::Scalar(s) => {
+            if lhs.error().is_some() {
+                return lhs.clone();
+            }
+            lhs.const_like(site, Scalar::Bool(s.as_bool()), DType::Bool, Shape::new())
+        }
+    };
+    match resolve(site, vec![Arg::Tensor(lhs.p_cast(site, DType::Bool)), Arg::Tensor(rhs)], 0) {
+        Ok(v) => v[0].p_binary(site, op, &v[1]),
+        Err(e) => e,
+    }
+}
+
+/// `where(cond, a, b)` as a free function (PyTorch's `torch.where`); the same as `cond.where_(a, b)`.
+#[track_caller]
+pub fn where_(cond: &Tensor, a: impl Operand, b: impl Operand) -> Tensor {
+    cond.where_(a, b)
+}
+
+/// Scalar-on-the-left helpers for the operator impls (`2.0 - &t`).
+pub(crate) fn scalar_lhs(site: Site, op: BinaryOp, lhs: Scalar, rhs: &Tensor) -> Tensor {
+    binary(site, op, Arg::Scalar(lhs), Arg::Tensor(rhs.clone()), op == BinaryOp::Div)
+}
+
+/// How `gelu` approximates (PyTorch's `approximate=` argument).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum GeluApprox {
+    /// The exact form `0.5 x (1 + erf(x / sqrt 2))`.
+    #[default]
+    None,
+    /// The tanh form `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    Tanh,
+}
+
+impl Tensor {
+    /// `self` as a float tensor: integers and bools become `f32`.
+    pub(crate) fn float_input(&self, site: Site) -> Tensor {
+        if self.error().is_some() || self.dtype().is_float() { self.clone() } else { self.p_cast(site, DType::F32) }
+    }
+
+    fn float_unary(&self, site: Site, op: UnaryOp) -> Tensor {
+        self.float_input(site).p_unary(site, op)
+    }
+
+    /// A scalar constant with `self`'s dtype and shape.
+    pub(crate) fn splat(&self, site: Site, value: impl IntoScalar) -> Tensor {
+        if self.error().is_some() {
+            return self.clone();
+        }
+        self.const_like(site, value.into_scalar(), self.dtype(), self.shape().clone())
+    }
+
+    /// Element-wise negation (not for bools).
+    #[track_caller]
+    pub fn neg(&self) -> Tensor {
+        self.p_unary(Site::here("neg"), UnaryOp::Neg)
+    }
+
+    /// `2 ** x`.
+    #[track_caller]
+    pub fn exp2(&self) -> Tensor {
+        self.float_unary(Site::here("exp2"), UnaryOp::Exp2)
+    }
+
+    /// `log2(x)`.
+    #[track_caller]
+    pub fn log2(&self) -> Tensor {
+        self.float_unary(Site::here("log2"), UnaryOp::Log2)
+    }
+
+    /// `e ** x`, as `exp2(x * log2(e))`.
+    #[track_caller]
+    pub fn exp(&self) -> Tensor {
+        let site = Site::here("exp");
+        let x = self.float_input(site);
+        x.p_binary(site, BinaryOp::Mul, &x.splat(site, LOG2_E)).p_unary(site, UnaryOp::Exp2)
+    }
+
+    /// The natural logarithm, as `log2(x) * ln(2)`.
+    #[track_caller]
+    pub fn log(&self) -> Tensor {
+        let site = Site::here("log");
+        let x = self.float_input(site).p_unary(site, UnaryOp::Log2);
+        x.p_binary(site, BinaryOp::Mul, &x.splat(site, LN_2))
+    }
+
+    /// Square root.
+    #[track_caller]
+    pub fn sqrt(&self) -> Tensor {
+        self.float_unary(Site::here("sqrt"), UnaryOp::Sqrt)
+    }
+
+    /// `1 / sqrt(x)`.
+    #[track_caller]
+    pub fn rsqrt(&self) -> Tensor {
+        let site = Site::here("rsqrt");
+        self.float_unary(site, UnaryOp::Sqrt).p_unary(site, UnaryOp::Recip)
+    }
+
+    /// `1 / x`.
+    #[track_caller]
+    pub fn reciprocal(&self) -> Tensor {
+        self.float_unary(Site::here("reciprocal"), UnaryOp::Recip)
+    }
+
+    /// `x * x`.
+    #[track_caller]
+    pub fn square(&self) -> Tensor {
+        let site = Site::here("square");
+        self.p_binary(site, BinaryOp::Mul, self)
+    }
+
+    /// Sine.
+    #[track_caller]
+    pub fn sin(&self) -> Tensor {
+        self.float_unary(Site::here("sin"), UnaryOp::Sin)
+    }
+
+    /// Cosine, as `sin(x + pi/2)`.
+    #[track_caller]
+    pub fn cos(&self) -> Tensor {
+        let site = Site::here("cos");
+        let x = self.float_input(site);
+        x.p_binary(site, BinaryOp::Add, &x.splat(site, FRAC_PI_2)).p_unary(site, UnaryOp::Sin)
+    }
+
+    /// The error function.
+    #[track_caller]
+    pub fn erf(&self) -> Tensor {
+        self.float_unary(Site::here("erf"), UnaryOp::Erf)
+    }
+
+    /// Rounds toward zero.
+    #[track_caller]
+    pub fn trunc(&self) -> Tensor {
+        self.float_unary(Site::here("trunc"), UnaryOp::Trunc)
+    }
+
+    /// Rounds toward negative infinity: `trunc(x) - (trunc(x) > x)`.
+    #[track_caller]
+    pub fn floor(&self) -> Tensor {
+        let site = Site::here("floor");
+        let x = self.float_input(site);
+        let t = x.p_unary(site, UnaryOp::Trunc);
+        let above = x.p_binary(site, BinaryOp::CmpLt, &t);
+        let lower = t.p_binary(site, BinaryOp::Sub, &t.splat(site, 1.0));
+        Tensor::p_where(site, &above, &lower, &t)
+    }
+
+    /// Rounds toward positive infinity: `trunc(x) + (trunc(x) < x)`.
+    #[track_caller]
+    pub fn ceil(&self) -> Tensor {
+        let site = Site::here("ceil");
+        let x = self.float_input(site);
+        let t = x.p_unary(site, UnaryOp::Trunc);
+        let below = t.p_binary(site, BinaryOp::CmpLt, &x);
+        let higher = t.p_binary(site, BinaryOp::Add, &t.splat(site, 1.0));
+        Tensor::p_where(site, &below, &higher, &t)
+    }
+
+    /// Absolute value: `where(x < 0, -x, x)`.
+    #[track_caller]
+    pub fn abs(&self) -> Tensor {
+        let site = Site::here("abs");
+        if self.error().is_some() || self.dtype().is_bool() {
+            return self.clone();
+        }
+        let negative = self.p_binary(site, BinaryOp::CmpLt, &self.splat(site, 0));
+        Tensor::p_where(site, &negative, &self.p_unary(site, UnaryOp::Neg), self)
+    }
+
+    /// Hyperbolic tangent in a form that never overflows:
+    /// `t = (1 - e) / (1 + e)` with `e = exp(-2|x|)`, then the sign of `x`.
+    #[track_caller]
+    pub fn tanh(&self) -> Tensor {
+        let site = Site::here("tanh");
+        let x = self.float_input(site);
+        let e = x.abs().mul(-2.0).exp();
+        let one = x.splat(site, 1.0);
+        let t =
+            one.p_binary(site, BinaryOp::Sub, &e).p_binary(site, BinaryOp::Div, &one.p_binary(site, BinaryOp::Add, &e));
+        let negative = x.p_binary(site, BinaryOp::CmpLt, &x.splat(site, 0.0));
+        Tensor::p_where(site, &negative, &t.p_unary(site, UnaryOp::Neg), &t)
+    }
+
+    /// `1 / (1 + exp(-x))`; saturates cleanly to 0 and 1.
+    #[track_caller]
+    pub fn sigmoid(&self) -> Tensor {
+        let site = Site::here("sigmoid");
+        let x = self.float_input(site);
+        let e = x.p_unary(site, UnaryOp::Neg).exp();
+        e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip)
+    }
+
+    /// `max(x, 0)` (NaN stays NaN).
+    #[track_caller]
+    pub fn relu(&self) -> Tensor {
+        let site = Site::here("relu");
+        self.p_binary(site, BinaryOp::Max, &self.splat(site, 0))
+    }
+
+    /// Exact GELU, `0.5 x (1 + erf(x / sqrt 2))` (PyTorch's default).
+    #[track_caller]
+    pub fn gelu(&self) -> Tensor {
+        self.gelu_with(GeluApprox::None)
+    }
+
+    /// GELU with the tanh approximation (PyTorch's `approximate="tanh"`).
+    #[track_caller]
+    pub fn gelu_tanh(&self) -> Tensor {
+        self.gelu_with(GeluApprox::Tanh)
+    }
+
+    /// GELU, exact or approximated.
+    #[track_caller]
+    pub fn gelu_with(&self, approximate: GeluApprox) -> Tensor {
+        let site = Site::here("gelu");
+        let x = self.float_input(site);
+        let inner = match approximate {
+            GeluApprox::None => x.mul(FRAC_1_SQRT_2).erf(),
+            GeluApprox::Tanh => {
+                let cube = x.p_binary(site, BinaryOp::Mul, &x).p_binary(site, BinaryOp::Mul, &x);
+                x.add(cube.mul(0.044715)).mul(FRAC_2_PI.sqrt()).tanh()
+            }
+        };
+        x.mul(0.5).mul(inner.add(1.0))
+    }
+
+    /// `x * sigmoid(x)`.
+    #[track_caller]
+    pub fn silu(&self) -> Tensor {
+        let site = Site::here("silu");
+        let x = self.float_input(site);
+        x.p_binary(site, BinaryOp::Mul, &x.sigmoid())
+    }
+
+    /// Clamps to `[min, max]`: `minimum(maximum(x, min), max)`.
+    #[track_caller]
+    pub fn clamp(&self, min: impl IntoScalar, max: impl IntoScalar) -> Tensor {
+        self.maximum(min.into_scalar()).minimum(max.into_scalar())
+    }
+
+    /// `maximum(x, min)`.
+    #[track_caller]
+    pub fn clamp_min(&self, min: impl IntoScalar) -> Tensor {
+        self.maximum(min.into_scalar())
+    }
+
+    /// `minimum(x, max)`.
+    #[track_caller]
+    pub fn clamp_max(&self, max: impl IntoScalar) -> Tensor {
+        self.minimum(max.into_scalar())
+    }
+
+    /// Converts to `dtype` (a no-op when it already is). See the interpreter docs for the rules.
+    #[track_caller]
+    pub fn cast(&self, dtype: DType) -> Tensor {
+        self.p_cast(Site::here("cast"), dtype)
+    }
+
+    /// The same as [`Tensor::cast`] (PyTorch's `.to(dtype)`).
+    #[track_caller]
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        self.p_cast(Site::here("to_dtype"), dtype)
+    }
+}

@@ -1,0 +1,232 @@
+//! Reductions over axes (`sum`, `max`, `min`, `mean`), `softmax`, `log_softmax`, `logsumexp`,
+//! `argmax` and `argmin`.
+//!
+//! Axes may be negative; an empty axis list reduces every axis (as PyTorch's `dim=[]` does).
+//! `keepdim = true` keeps the reduced axes with size 1, `false` removes them (a reshape after
+//! the air `reduce`, which always keeps them).
+
+use air::{BinaryOp, DType, Dim, ReduceOp, Scalar, Shape, UnaryOp};
+use smallvec::SmallVec;
+
+use crate::shape::{Axes, Axis, normalize_axes, normalize_axis};
+use crate::tensor::{Site, Tensor};
+
+type AxisList = SmallVec<[usize; 4]>;
+
+/// The normalized, sorted axes to reduce; empty means all.
+fn reduce_axes(site: Site, t: &Tensor, axes: &[isize]) -> Result<AxisList, Tensor> {
+    if t.error().is_some() {
+        return Err(t.clone());
+    }
+    if axes.is_empty() {
+        return Ok((0..t.ndim()).collect());
+    }
+    normalize_axes(axes, t.ndim()).map_err(|m| site.fail(format!("{m} (shape {})", crate::shape::show(t.shape()))))
+}
+
+/// Drops the reduced (size-1) axes unless `keepdim`.
+fn finish(site: Site, t: Tensor, axes: &AxisList, keepdim: bool) -> Tensor {
+    if keepdim || axes.is_empty() {
+        return t;
+    }
+    let shape: Shape =
+        t.shape().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect();
+    t.p_reshape(site, shape)
+}
+
+/// The maximum over `axes`, kept; bools reduce as `i32`.
+fn max_kept(site: Site, t: &Tensor, axes: &AxisList) -> Tensor {
+    if t.dtype().is_bool() {
+        return t.p_cast(site, DType::I32).p_reduce(site, ReduceOp::Max, axes.clone()).p_cast(site, DType::Bool);
+    }
+    t.p_reduce(site, ReduceOp::Max, axes.clone())
+}
+
+/// The minimum over `axes`, kept: `-max(-x)` for floats, `!max(!x)` for integers (bitwise not
+/// reverses the order without overflow).
+fn min_kept(site: Site, t: &Tensor, axes: &AxisList) -> Tensor {
+    if t.dtype().is_bool() {
+        return min_kept(site, &t.p_cast(site, DType::I32), axes).p_cast(site, DType::Bool);
+    }
+    let flip = if t.dtype().is_float() { UnaryOp::Neg } else { UnaryOp::Not };
+    t.p_unary(site, flip).p_reduce(site, ReduceOp::Max, axes.clone()).p_unary(site, flip)
+}
+
+/// The number of elements the axes cover, as a dim.
+fn count(t: &Tensor, axes: &AxisList) -> Dim {
+    axes.iter().fold(Dim::Const(1), |acc, &a| &acc * &t.shape()[a])
+}
+
+impl Tensor {
+    /// Sum over `axes` (negative allowed; empty = all). Integers and bools sum as `i64`, as in
+    /// PyTorch.
+    #[track_caller]
+    pub fn sum(&self, axes: impl Axes, keepdim: bool) -> Tensor {
+        let site = Site::here("sum");
+        let axes = match reduce_axes(site, self, &axes.to_axes()) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        let x = if self.dtype().is_float() { self.clone() } else { self.p_cast(site, DType::I64) };
+        finish(site, x.p_reduce(site, ReduceOp::Sum, axes.clone()), &axes, keepdim)
+    }
+
+    /// Maximum over `axes` (values only; see [`Tensor::argmax`] for indices).
+    #[track_caller]
+    pub fn max(&self, axes: impl Axes, keepdim: bool) -> Tensor {
+        let site = Site::here("max");
+        let axes = match reduce_axes(site, self, &axes.to_axes()) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        finish(site, max_kept(site, self, &axes), &axes, keepdim)
+    }
+
+    /// Minimum over `axes` (values only).
+    #[track_caller]
+    pub fn min(&self, axes: impl Axes, keepdim: bool) -> Tensor {
+        let site = Site::here("min");
+        let axes = match reduce_axes(site, self, &axes.to_axes()) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        finish(site, min_kept(site, self, &axes), &axes, keepdim)
+    }
+
+    /// Mean over `axes`: `sum * (1 / n)`. Integers become `f32` first. With symbolic dims `n` is
+    /// itself computed as a sum of ones.
+    #[track_caller]
+    pub fn mean(&self, axes: impl Axes, keepdim: bool) -> Tensor {
+        let site = Site::here("mean");
+        let axes = match reduce_axes(site, self, &axes.to_axes()) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        let x = self.float_input(site);
+        let sum = x.p_reduce(site, ReduceOp::Sum, axes.clone());
+        let mean = match count(&x, &axes).as_const() {
+            Some(n) => sum.p_binary(site, BinaryOp::Mul, &sum.splat(site, 1.0 / n as f64)),
+            None => {
+                let n = x.splat(site, 1.0).p_reduce(site, ReduceOp::Sum, axes.clone());
+                sum.p_binary(site, BinaryOp::Div, &n)
+            }
+        };
+        finish(site, mean, &axes, keepdim)
+    }
+
+    /// Sum of every element, shape `[]`.
+    #[track_caller]
+    pub fn sum_all(&self) -> Tensor {
+        self.sum(&[0usize; 0], false)
+    }
+
+    /// Maximum of every element, shape `[]`.
+    #[track_caller]
+    pub fn max_all(&self) -> Tensor {
+        self.max(&[0usize; 0], false)
+    }
+
+    /// Minimum of every element, shape `[]`.
+    #[track_caller]
+    pub fn min_all(&self) -> Tensor {
+        self.min(&[0usize; 0], false)
+    }
+
+    /// Mean of every element, shape `[]`.
+    #[track_caller]
+    pub fn mean_all(&self) -> Tensor {
+        self.mean(&[0usize; 0], false)
+    }
+
+    /// `exp(x) / sum(exp(x))` along `dim`, computed stably: `e = exp(x - max)`, `e / sum(e)`.
+    #[track_caller]
+    pub fn softmax(&self, dim: impl Axis) -> Tensor {
+        let site = Site::here("softmax");
+        let x = self.float_input(site);
+        let axes = match reduce_axes(site, &x, &[dim.to_isize()]) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        let shifted = x.sub(max_kept(site, &x, &axes));
+        let e = shifted.exp();
+        e.div(e.p_reduce(site, ReduceOp::Sum, axes))
+    }
+
+    /// `log(softmax(x))` along `dim`, computed stably: `(x - max) - log(sum(exp(x - max)))`.
+    #[track_caller]
+    pub fn log_softmax(&self, dim: impl Axis) -> Tensor {
+        let site = Site::here("log_softmax");
+        let x = self.float_input(site);
+        let axes = match reduce_axes(site, &x, &[dim.to_isize()]) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        let shifted = x.sub(max_kept(site, &x, &axes));
+        shifted.sub(shifted.exp().p_reduce(site, ReduceOp::Sum, axes).log())
+    }
+
+    /// `log(sum(exp(x)))` over `axes`, computed stably around the maximum.
+    #[track_caller]
+    pub fn logsumexp(&self, axes: impl Axes, keepdim: bool) -> Tensor {
+        let site = Site::here("logsumexp");
+        let x = self.float_input(site);
+        let axes = match reduce_axes(site, &x, &axes.to_axes()) {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        let m = max_kept(site, &x, &axes);
+        // An infinite maximum would give inf - inf = NaN; shift by 0 there instead.
+        let finite = m.abs().lt(f64::INFINITY);
+        let m = finite.where_(&m, 0.0);
+        let lse = x.sub(&m).exp().p_reduce(site, ReduceOp::Sum, axes.clone()).log().add(&m);
+        finish(site, lse, &axes, keepdim)
+    }
+
+    /// Index (`i64`) of the maximum along `dim`; the first one on ties and NaN counts as the
+    /// maximum, as in PyTorch. Built as `min(where(x == max(x), iota, i64::MAX))`.
+    #[track_caller]
+    pub fn argmax(&self, dim: impl Axis, keepdim: bool) -> Tensor {
+        arg_extreme(Site::here("argmax"), self, dim.to_isize(), keepdim, false)
+    }
+
+    /// Index (`i64`) of the minimum along `dim`; the first one on ties.
+    #[track_caller]
+    pub fn argmin(&self, dim: impl Axis, keepdim: bool) -> Tensor {
+        arg_extreme(Site::here("argmin"), self, dim.to_isize(), keepdim, true)
+    }
+
+    /// Index of the maximum of the flattened tensor, shape `[]` (PyTorch's `argmax()`).
+    #[track_caller]
+    pub fn argmax_all(&self) -> Tensor {
+        self.flatten(0, -1).argmax(0, false)
+    }
+
+    /// Index of the minimum of the flattened tensor, shape `[]`.
+    #[track_caller]
+    pub fn argmin_all(&self) -> Tensor {
+        self.flatten(0, -1).argmin(0, false)
+    }
+}
+
+fn arg_extreme(site: Site, t: &Tensor, dim: isize, keepdim: bool, min: bool) -> Tensor {
+    if t.error().is_some() {
+        return t.clone();
+    }
+    let axis = match normalize_axis(dim, t.ndim()) {
+        Ok(a) => a,
+        Err(m) => return site.fail(format!("{m} (shape {})", crate::shape::show(t.shape()))),
+    };
+    let axes: AxisList = smallvec::smallvec![axis];
+    let x = if t.dtype().is_bool() { t.p_cast(site, DType::I32) } else { t.clone() };
+    let best = if min { min_kept(site, &x, &axes) } else { max_kept(site, &x, &axes) };
+    let best = crate::ops::elementwise::broadcast_to(site, &best, x.shape());
+    let mut hit = x.p_binary(site, BinaryOp::CmpEq, &best);
+    if x.dtype().is_float() {
+        let nan = x.p_binary(site, BinaryOp::CmpNe, &x);
+        hit = hit.p_binary(site, BinaryOp::Or, &nan);
+    }
+    let index = x.iota_like(site, axis, DType::I64, x.shape().clone());
+    let none = index.splat(site, Scalar::Int(i64::MAX));
+    let candidates = Tensor::p_where(site, &hit, &index, &none);
+    finish(site, min_kept(site, &candidates, &axes), &axes, keepdim)
+}

@@ -1,0 +1,80 @@
+//! Random tensors, generated on the host: `rand` (uniform in `[0, 1)`) and `randn` (standard
+//! normal), from a global generator that `manual_seed` resets, or from an explicit seed.
+//!
+//! The global generator starts from a fixed seed, so a program is reproducible by default (as
+//! PyTorch's default generator is).
+
+use std::sync::{Mutex, PoisonError};
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use rand_distr::{Distribution, StandardNormal};
+
+use crate::shape::{IntoShape, concrete, show};
+use crate::tensor::{Site, Tensor};
+
+const DEFAULT_SEED: u64 = 0x4b69_6c6e; // "Kiln"
+
+static GLOBAL: Mutex<Option<StdRng>> = Mutex::new(None);
+
+/// Resets the global generator that `Tensor::rand` and `Tensor::randn` draw from.
+pub fn manual_seed(seed: u64) {
+    *GLOBAL.lock().unwrap_or_else(PoisonError::into_inner) = Some(StdRng::seed_from_u64(seed));
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Uniform,
+    Normal,
+}
+
+fn fill(rng: &mut StdRng, n: usize, kind: Kind) -> Vec<f32> {
+    match kind {
+        Kind::Uniform => (0..n).map(|_| rng.random::<f32>()).collect(),
+        Kind::Normal => (0..n).map(|_| StandardNormal.sample(rng)).collect(),
+    }
+}
+
+fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>) -> Tensor {
+    let Some(dims) = concrete(&shape) else {
+        return site.fail(format!("shape {} must be concrete and non-negative", show(&shape)));
+    };
+    let n = dims.iter().product();
+    let data = match seed {
+        Some(seed) => fill(&mut StdRng::seed_from_u64(seed), n, kind),
+        None => {
+            let mut global = GLOBAL.lock().unwrap_or_else(PoisonError::into_inner);
+            fill(global.get_or_insert_with(|| StdRng::seed_from_u64(DEFAULT_SEED)), n, kind)
+        }
+    };
+    match air::HostTensor::from_vec(data, dims) {
+        Ok(host) => Tensor::from_host(host),
+        Err(m) => site.fail(m),
+    }
+}
+
+impl Tensor {
+    /// `f32` samples uniform in `[0, 1)` from the global generator.
+    #[track_caller]
+    pub fn rand(shape: impl IntoShape) -> Tensor {
+        random(Site::here("rand"), shape.into_dims(), Kind::Uniform, None)
+    }
+
+    /// `f32` samples from the standard normal distribution, from the global generator.
+    #[track_caller]
+    pub fn randn(shape: impl IntoShape) -> Tensor {
+        random(Site::here("randn"), shape.into_dims(), Kind::Normal, None)
+    }
+
+    /// `f32` samples uniform in `[0, 1)` from a generator seeded with `seed`.
+    #[track_caller]
+    pub fn rand_seeded(shape: impl IntoShape, seed: u64) -> Tensor {
+        random(Site::here("rand"), shape.into_dims(), Kind::Uniform, Some(seed))
+    }
+
+    /// Standard normal `f32` samples from a generator seeded with `seed`.
+    #[track_caller]
+    pub fn randn_seeded(shape: impl IntoShape, seed: u64) -> Tensor {
+        random(Site::here("randn"), shape.into_dims(), Kind::Normal, Some(seed))
+    }
+}

@@ -1,0 +1,283 @@
+//! Realizing lazy tensors: trace the DAG into an air graph, run it on the device, keep the results.
+//!
+//! The walk starts at the requested tensors and stops at tensors that already hold data; those
+//! become `Input` nodes (slot = discovery order) and their host data, shared not copied, becomes
+//! the graph's inputs. A `HashMap` keyed by node pointer makes shared subexpressions one air node
+//! and keeps the walk O(nodes). The walk is iterative, so graph depth is bounded only by memory.
+//! Graph types keep their symbolic dims; the symbol values come from the source tensors and are
+//! passed to the backend as bindings, so one program realized with `seq = 3` and with `seq = 7`
+//! gives structurally identical graphs.
+
+use std::collections::HashMap;
+use std::panic::Location;
+use std::sync::{Arc, PoisonError};
+
+use air::graph::Node;
+use air::op::Input;
+use air::{Bindings, Element, Graph, HostTensor, NodeId, Op};
+
+use crate::backend;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::shape::show;
+use crate::tensor::{Inner, Realized, Tensor};
+
+/// A traced tensor program: what `realize` hands to a backend.
+#[derive(Clone)]
+pub struct Program {
+    /// The air graph; its outputs are the requested tensors, in request order (deduplicated).
+    pub graph: Graph,
+    /// Host data for `Input { slot }`, indexed by slot.
+    pub inputs: Vec<HostTensor>,
+    /// The value of every symbol the source tensors bind.
+    pub bindings: Bindings,
+    /// The device every tensor of the program lives on.
+    pub device: Device,
+}
+
+/// Adds `new` to `into`; a symbol bound to two different values is an error naming it.
+pub(crate) fn merge_bindings(into: &mut Bindings, new: &Bindings) -> Result<()> {
+    for (symbol, &value) in new {
+        match into.get(symbol) {
+            Some(&first) if first != value => {
+                return Err(Error::Binding { symbol: symbol.clone(), first, second: value });
+            }
+            Some(_) => {}
+            None => {
+                into.insert(symbol.clone(), value);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn key(t: &Tensor) -> *const Inner {
+    Arc::as_ptr(&t.inner)
+}
+
+/// Traces `roots` (error-free, one device, distinct) into a program whose outputs are `roots`.
+fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
+    let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
+    let mut graph = Graph::new();
+    let mut inputs: Vec<HostTensor> = Vec::new();
+    let mut bindings = Bindings::new();
+    // (tensor, its inputs once expanded): an entry is expanded first, then completed once every
+    // input has an id.
+    let mut stack: Vec<(Tensor, Option<Vec<Tensor>>)> = Vec::new();
+
+    for root in roots {
+        stack.push((root.clone(), None));
+        while let Some((t, children)) = stack.pop() {
+            if ids.contains_key(&key(&t)) {
+                continue;
+            }
+            if let Some(e) = t.error() {
+                return Err(e.clone());
+            }
+            if t.device() != device {
+                return Err(Error::Device(format!("one program mixes devices {device} and {}", t.device())));
+            }
+            let id = match children {
+                Some(children) => {
+                    let mut input_ids = air::graph::Inputs::new();
+                    for c in &children {
+                        input_ids.push(ids[&key(c)]);
+                    }
+                    graph.add_unchecked(Node { op: t.inner.op.clone(), inputs: input_ids, ty: t.inner.ty.clone() })
+                }
+                None => {
+                    if let Some(r) = t.inner.data.get() {
+                        let slot = inputs.len() as u32;
+                        merge_bindings(&mut bindings, &r.bindings)?;
+                        inputs.push(r.host.clone());
+                        graph.add_leaf(Op::Input(Input { slot }), t.inner.ty.clone())?
+                    } else if t.inner.op.is_leaf() {
+                        graph.add_leaf(t.inner.op.clone(), t.inner.ty.clone())?
+                    } else {
+                        let children = t.inputs();
+                        if children.is_empty() {
+                            // Realized by another thread between the two checks above.
+                            stack.push((t, None));
+                            continue;
+                        }
+                        let pending: Vec<Tensor> =
+                            children.iter().filter(|c| !ids.contains_key(&key(c))).cloned().collect();
+                        stack.push((t, Some(children)));
+                        // Reversed, so inputs are discovered (and slots numbered) left to right.
+                        for c in pending.into_iter().rev() {
+                            stack.push((c, None));
+                        }
+                        continue;
+                    }
+                }
+            };
+            ids.insert(key(&t), id);
+        }
+    }
+    for root in roots {
+        graph.add_output(ids[&key(root)]);
+    }
+    Ok(Program { graph, inputs, bindings, device })
+}
+
+/// The requested tensors that still need computing, deduplicated, or the first error.
+fn pending(tensors: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for t in tensors {
+        t.check()?;
+        if !t.is_realized() && seen.insert(key(t)) {
+            out.push((*t).clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Traces `tensors` into the air program `realize` would run (requested tensors that already
+/// hold data become plain `Input` outputs). All tensors must be on one device.
+pub fn trace(tensors: &[&Tensor]) -> Result<Program> {
+    let mut seen = std::collections::HashSet::new();
+    let mut roots = Vec::new();
+    for t in tensors {
+        t.check()?;
+        if seen.insert(key(t)) {
+            roots.push((*t).clone());
+        }
+    }
+    let device = roots.first().map_or_else(Device::default, Tensor::device);
+    trace_roots(&roots, device)
+}
+
+/// Computes every tensor in `tensors` that does not hold data yet, with one graph per device, and
+/// stores each result in its tensor. Later realizes reuse the stored data.
+pub fn realize(tensors: &[&Tensor]) -> Result<()> {
+    let todo = pending(tensors)?;
+    let mut devices: Vec<Device> = Vec::new();
+    for t in &todo {
+        if !devices.contains(&t.device()) {
+            devices.push(t.device());
+        }
+    }
+    for device in devices {
+        let roots: Vec<Tensor> = todo.iter().filter(|t| t.device() == device).cloned().collect();
+        let program = trace_roots(&roots, device)?;
+        let outputs = backend::execute(device, &program.graph, program.inputs, &program.bindings)?;
+        if outputs.len() != roots.len() {
+            return Err(Error::Backend(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));
+        }
+        for (t, host) in roots.iter().zip(outputs) {
+            store(t, host, &program.bindings)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks a backend result against the tensor's type and stores it; drops the tensor's inputs.
+fn store(t: &Tensor, host: HostTensor, bindings: &Bindings) -> Result<()> {
+    let ty = &t.inner.ty;
+    let dims = air::dim::eval_shape(&ty.shape, bindings).map_err(air::AirError::from)?;
+    if host.dtype() != ty.dtype || host.shape != dims {
+        return Err(Error::Backend(format!(
+            "result {}{:?} does not match the tensor's type {} (dims {:?})",
+            host.dtype(),
+            host.shape,
+            ty,
+            dims
+        )));
+    }
+    let mut own = Bindings::new();
+    for d in &ty.shape {
+        for s in d.symbols() {
+            if let Some(&v) = bindings.get(&s) {
+                own.insert(s, v);
+            }
+        }
+    }
+    let _ = t.inner.data.set(Realized { host, bindings: own });
+    let inputs = std::mem::take(&mut *t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner));
+    drop(inputs);
+    Ok(())
+}
+
+impl Tensor {
+    /// Computes this tensor (if it holds no data yet) and keeps the result. See [`realize`].
+    pub fn realize(&self) -> Result<&Self> {
+        realize(&[self])?;
+        Ok(self)
+    }
+
+    /// The realized data as a host tensor (shares the buffer, no copy).
+    pub fn to_host(&self) -> Result<HostTensor> {
+        self.realize()?;
+        match self.inner.data.get() {
+            Some(r) => Ok(r.host.clone()),
+            None => Err(Error::Backend("realize stored no data".into())),
+        }
+    }
+
+    /// The elements in row-major order, copied out. `T` must match the dtype exactly.
+    #[track_caller]
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        let loc = Location::caller();
+        let host = self.to_host()?;
+        match host.as_slice::<T>() {
+            Some(s) => Ok(s.to_vec()),
+            None => Err(dtype_error("to_vec", T::DTYPE, &host, loc)),
+        }
+    }
+
+    /// The elements in row-major order without a copy when this handle is the only owner of the
+    /// data (a source tensor built by `from_vec` gives back the very same `Vec`); copied otherwise.
+    #[track_caller]
+    pub fn into_vec<T: Element>(mut self) -> Result<Vec<T>> {
+        let loc = Location::caller();
+        self.realize()?;
+        let host = match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.data.take().map(|r| r.host),
+            None => self.inner.data.get().map(|r| r.host.clone()),
+        }
+        .ok_or_else(|| Error::Backend("realize stored no data".into()))?;
+        if host.dtype() != T::DTYPE {
+            return Err(dtype_error("into_vec", T::DTYPE, &host, loc));
+        }
+        host.into_vec::<T>().ok_or_else(|| Error::Backend("host data changed dtype".into()))
+    }
+
+    /// The single element of a one-element tensor (any shape with one element).
+    #[track_caller]
+    pub fn item<T: Element>(&self) -> Result<T> {
+        let loc = Location::caller();
+        let host = self.to_host()?;
+        if host.numel() != 1 {
+            return Err(Error::op(
+                "item",
+                format!("a tensor of shape {} has {} elements, not 1", show(self.shape()), host.numel()),
+                loc,
+            ));
+        }
+        match host.as_slice::<T>() {
+            Some(s) => Ok(s[0]),
+            None => Err(dtype_error("item", T::DTYPE, &host, loc)),
+        }
+    }
+
+    /// The air text of the program `realize` would run for this tensor, nodes numbered in order.
+    /// Two programs with equal text are structurally identical.
+    pub fn graph_text(&self) -> Result<String> {
+        Ok(air::print_renumbered(&trace(&[self])?.graph))
+    }
+
+    /// A source tensor on `device` holding this tensor's data (realizing it first; the data is
+    /// shared, not copied).
+    pub fn to_device(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let host = self.to_host()?;
+        Ok(Tensor::source(host, self.shape().clone(), self.bindings(), device))
+    }
+}
+
+fn dtype_error(op: &'static str, want: air::DType, host: &HostTensor, loc: &'static Location<'static>) -> Error {
+    Error::op(op, format!("asked for {want} elements of a tensor of dtype {}", host.dtype()), loc)
+}

@@ -1,0 +1,322 @@
+//! The lazy [`Tensor`] handle: an `Arc` to an immutable DAG node, plus the primitives every op
+//! is built from.
+//!
+//! A node records an air [`Op`], its input tensors and its [`TensorType`]; nothing computes until
+//! `realize`. A node that holds data (a source tensor, or a computed one after `realize`) keeps it
+//! in a `OnceLock` and becomes an `Input` of any later graph. A computed node drops its inputs once
+//! it is realized, so a long-running loop (`w = w - lr * g`) does not keep every old value alive.
+
+use std::fmt;
+use std::panic::Location;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use air::{Bindings, DType, Dim, HostTensor, Op, Scalar, Shape, TensorType};
+use smallvec::SmallVec;
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::shape::{concrete, show};
+
+/// A lazy tensor: a cheap-to-clone handle to a node of a computation DAG.
+///
+/// Building ops only records nodes; [`Tensor::realize`], [`Tensor::to_vec`], [`Tensor::item`] and
+/// [`Tensor::to_host`] compute. Ops never return `Result`: invalid inputs give an *error tensor*
+/// (see [`Tensor::error`]) whose error `realize` returns.
+#[must_use = "tensors are lazy: an unused tensor is never computed"]
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// Data a realized node holds, with the symbol values its shape was evaluated with.
+pub(crate) struct Realized {
+    pub(crate) host: HostTensor,
+    pub(crate) bindings: Bindings,
+}
+
+pub(crate) struct Inner {
+    pub(crate) op: Op,
+    /// The input tensors; emptied once the node is realized.
+    pub(crate) inputs: Mutex<Vec<Tensor>>,
+    pub(crate) ty: TensorType,
+    pub(crate) device: Device,
+    pub(crate) data: OnceLock<Realized>,
+    /// Set on error tensors only; such a node has no inputs and a placeholder type.
+    pub(crate) error: Option<Error>,
+}
+
+impl Drop for Inner {
+    /// Drops the input DAG iteratively: a recursive drop of a chain of a million nodes would
+    /// overflow the stack.
+    fn drop(&mut self) {
+        let mut stack = std::mem::take(self.inputs.get_mut().unwrap_or_else(PoisonError::into_inner));
+        while let Some(t) = stack.pop() {
+            if let Ok(mut inner) = Arc::try_unwrap(t.inner) {
+                stack.append(inner.inputs.get_mut().unwrap_or_else(PoisonError::into_inner));
+            }
+        }
+    }
+}
+
+/// The op name and the caller's location, threaded through the primitives that build an op so
+/// that an error names the op the user called and where.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Site {
+    pub(crate) name: &'static str,
+    pub(crate) loc: &'static Location<'static>,
+}
+
+impl Site {
+    #[track_caller]
+    pub(crate) fn here(name: &'static str) -> Site {
+        Site { name, loc: Location::caller() }
+    }
+
+    pub(crate) fn error(self, message: impl Into<String>) -> Error {
+        Error::op(self.name, message, self.loc)
+    }
+
+    /// An error tensor carrying `message`.
+    pub(crate) fn fail(self, message: impl Into<String>) -> Tensor {
+        Tensor::failed(self.error(message))
+    }
+}
+
+impl Tensor {
+    fn new_node(inner: Inner) -> Tensor {
+        Tensor { inner: Arc::new(inner) }
+    }
+
+    /// An error tensor.
+    pub(crate) fn failed(error: Error) -> Tensor {
+        Tensor::new_node(Inner {
+            op: Op::Const(air::op::Const { value: Scalar::Float(0.0) }),
+            inputs: Mutex::new(Vec::new()),
+            ty: TensorType::new(DType::F32, Shape::new()),
+            device: Device::default(),
+            data: OnceLock::new(),
+            error: Some(error),
+        })
+    }
+
+    /// A source tensor holding `host`, typed with `shape` (constant or symbolic dims that
+    /// `bindings` evaluate to `host.shape`).
+    pub(crate) fn source(host: HostTensor, shape: Shape, bindings: Bindings, device: Device) -> Tensor {
+        let ty = TensorType::new(host.dtype(), shape);
+        let data = OnceLock::new();
+        let _ = data.set(Realized { host, bindings });
+        Tensor::new_node(Inner {
+            op: Op::Input(air::op::Input { slot: 0 }),
+            inputs: Mutex::new(Vec::new()),
+            ty,
+            device,
+            data,
+            error: None,
+        })
+    }
+
+    /// A leaf (`const` or `iota`) of type `ty`.
+    pub(crate) fn leaf(site: Site, op: Op, ty: TensorType, device: Device) -> Tensor {
+        if let Err(message) = op.check_leaf(&ty) {
+            return site.fail(message);
+        }
+        Tensor::new_node(Inner { op, inputs: Mutex::new(Vec::new()), ty, device, data: OnceLock::new(), error: None })
+    }
+
+    /// A constant tensor of `shape` filled with `value` (converted to `dtype`).
+    pub(crate) fn constant(site: Site, value: Scalar, dtype: DType, shape: Shape, device: Device) -> Tensor {
+        let op = Op::Const(air::op::Const { value: value.cast(dtype) });
+        Tensor::leaf(site, op, TensorType::new(dtype, shape), device)
+    }
+
+    /// Applies the primitive `op` to `inputs`: passes on the first input error, rejects mixed
+    /// devices, and turns a failed type rule into an error tensor naming `site`.
+    pub(crate) fn apply(site: Site, op: Op, inputs: &[&Tensor]) -> Tensor {
+        for t in inputs {
+            if t.inner.error.is_some() {
+                return (*t).clone();
+            }
+        }
+        let device = inputs.first().map_or_else(Device::default, |t| t.device());
+        if let Some(other) = inputs.iter().find(|t| t.device() != device) {
+            return site.fail(format!("tensors are on different devices ({device} and {})", other.device()));
+        }
+        let types: SmallVec<[&TensorType; 3]> = inputs.iter().map(|t| &t.inner.ty).collect();
+        match op.infer(&types) {
+            Ok(ty) => Tensor::new_node(Inner {
+                op,
+                inputs: Mutex::new(inputs.iter().map(|t| (*t).clone()).collect()),
+                ty,
+                device,
+                data: OnceLock::new(),
+                error: None,
+            }),
+            Err(message) => {
+                let prefix = format!("{}: ", site.name);
+                let message = message.strip_prefix(&prefix).map(str::to_string).unwrap_or(message);
+                site.fail(message)
+            }
+        }
+    }
+
+    // ----- accessors -----
+
+    /// The shape; dims may be symbolic (`[seq, 64]`). An error tensor has shape `[]`.
+    pub fn shape(&self) -> &Shape {
+        &self.inner.ty.shape
+    }
+
+    /// The concrete dims. A symbolic dim is known only once the tensor holds data; before that
+    /// this is an [`Error::Shape`]. An error tensor returns its error.
+    pub fn dims(&self) -> Result<Vec<usize>> {
+        self.check()?;
+        if let Some(r) = self.inner.data.get() {
+            return Ok(r.host.shape.clone());
+        }
+        concrete(self.shape()).ok_or_else(|| {
+            Error::Shape(format!("shape {} is symbolic; realize the tensor to learn it", show(self.shape())))
+        })
+    }
+
+    /// Dim `axis` of the shape (negative counts from the end), or `None` if out of range.
+    pub fn dim(&self, axis: isize) -> Option<&Dim> {
+        crate::shape::normalize_axis(axis, self.ndim()).ok().map(|a| &self.shape()[a])
+    }
+
+    /// The number of axes.
+    pub fn ndim(&self) -> usize {
+        self.inner.ty.shape.len()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.inner.ty.dtype
+    }
+
+    /// The dtype and shape together.
+    pub fn ty(&self) -> &TensorType {
+        &self.inner.ty
+    }
+
+    /// The device this tensor's program runs on.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// The number of elements, as a (possibly symbolic) dim.
+    pub fn numel(&self) -> Dim {
+        self.inner.ty.numel()
+    }
+
+    /// Whether this tensor holds data (a source tensor, or a computed one after `realize`).
+    pub fn is_realized(&self) -> bool {
+        self.inner.data.get().is_some()
+    }
+
+    /// The error this tensor carries, if an op that built it had invalid inputs.
+    pub fn error(&self) -> Option<&Error> {
+        self.inner.error.as_ref()
+    }
+
+    /// `Err` with this tensor's error, if it has one. Computes nothing.
+    pub fn check(&self) -> Result<()> {
+        match &self.inner.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether two handles point to the same node.
+    pub fn ptr_eq(a: &Tensor, b: &Tensor) -> bool {
+        Arc::ptr_eq(&a.inner, &b.inner)
+    }
+
+    /// The symbol values recorded for this tensor's data (empty when it has none).
+    pub fn bindings(&self) -> Bindings {
+        self.inner.data.get().map(|r| r.bindings.clone()).unwrap_or_default()
+    }
+
+    /// The input tensors of this node (empty for sources, leaves and realized tensors).
+    pub(crate) fn inputs(&self) -> Vec<Tensor> {
+        self.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The primitive op this node records (`Input` for source tensors).
+    pub fn op(&self) -> &Op {
+        &self.inner.op
+    }
+
+    // ----- primitives: one air op each, without any shortcut -----
+
+    pub(crate) fn p_unary(&self, site: Site, op: air::UnaryOp) -> Tensor {
+        Tensor::apply(site, Op::Unary(op), &[self])
+    }
+
+    pub(crate) fn p_binary(&self, site: Site, op: air::BinaryOp, rhs: &Tensor) -> Tensor {
+        Tensor::apply(site, Op::Binary(op), &[self, rhs])
+    }
+
+    pub(crate) fn p_where(site: Site, cond: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+        Tensor::apply(site, Op::Where, &[cond, a, b])
+    }
+
+    /// A cast, or `self` when the dtype already matches.
+    pub(crate) fn p_cast(&self, site: Site, to: DType) -> Tensor {
+        if self.dtype() == to {
+            return self.clone();
+        }
+        Tensor::apply(site, Op::Cast(air::op::Cast { to }), &[self])
+    }
+
+    pub(crate) fn p_reduce(&self, site: Site, op: air::ReduceOp, axes: SmallVec<[usize; 4]>) -> Tensor {
+        Tensor::apply(site, Op::Reduce(air::op::Reduce { op, axes }), &[self])
+    }
+
+    pub(crate) fn p_reshape(&self, site: Site, shape: Shape) -> Tensor {
+        Tensor::apply(site, Op::Reshape(air::op::Reshape { shape }), &[self])
+    }
+
+    pub(crate) fn p_permute(&self, site: Site, perm: SmallVec<[usize; 4]>) -> Tensor {
+        Tensor::apply(site, Op::Permute(air::op::Permute { perm }), &[self])
+    }
+
+    pub(crate) fn p_expand(&self, site: Site, shape: Shape) -> Tensor {
+        Tensor::apply(site, Op::Expand(air::op::Expand { shape }), &[self])
+    }
+
+    pub(crate) fn p_pad(&self, site: Site, padding: Vec<(Dim, Dim)>, value: Scalar) -> Tensor {
+        Tensor::apply(site, Op::Pad(air::op::Pad { padding, value }), &[self])
+    }
+
+    pub(crate) fn p_shrink(&self, site: Site, ranges: Vec<(Dim, Dim)>) -> Tensor {
+        Tensor::apply(site, Op::Shrink(air::op::Shrink { ranges }), &[self])
+    }
+
+    /// A reshape, or `self` when the shape already matches.
+    pub(crate) fn reshape_to(&self, site: Site, shape: Shape) -> Tensor {
+        if *self.shape() == shape {
+            return self.clone();
+        }
+        self.p_reshape(site, shape)
+    }
+
+    /// A constant of `self`'s device with the given dtype and shape.
+    pub(crate) fn const_like(&self, site: Site, value: Scalar, dtype: DType, shape: Shape) -> Tensor {
+        Tensor::constant(site, value, dtype, shape, self.device())
+    }
+
+    /// An `iota` along `axis` of `self`'s device.
+    pub(crate) fn iota_like(&self, site: Site, axis: usize, dtype: DType, shape: Shape) -> Tensor {
+        Tensor::leaf(site, Op::Iota(air::op::Iota { axis }), TensorType::new(dtype, shape), self.device())
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(e) = &self.inner.error {
+            return write!(f, "Tensor(error: {e})");
+        }
+        let state = if self.is_realized() { "realized" } else { "lazy" };
+        write!(f, "Tensor({} {}, {}, {state})", self.inner.op.mnemonic(), self.inner.ty, self.inner.device)
+    }
+}

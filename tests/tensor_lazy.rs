@@ -1,0 +1,230 @@
+//! Laziness, caching of realized data, zero-copy host data and symbolic dims.
+
+use std::sync::Arc;
+
+use kiln::prelude::*;
+use kiln::{HostTensor, stats};
+
+fn t(data: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_slice(data, shape)
+}
+
+#[test]
+fn building_computes_nothing() {
+    let before = stats::graphs_executed();
+    let x = t(&[1.0, 2.0, 3.0], &[3]);
+    let y = (&x * 2.0).exp().sum(&[0], false);
+    let z = y.add(1.0).unsqueeze(0).matmul(&x.unsqueeze(0));
+    assert!(!y.is_realized());
+    assert!(!z.is_realized());
+    z.check().unwrap();
+    let _ = z.graph_text().unwrap();
+    let _ = kiln::trace(&[&z, &y]).unwrap();
+    assert_eq!(stats::graphs_executed(), before);
+    assert!(x.is_realized(), "a source tensor holds data from the start");
+}
+
+#[test]
+fn realize_once_then_reuse() {
+    let x = t(&[1.0, 2.0], &[2]);
+    let y = x.exp().mul(3.0);
+    let start = stats::graphs_executed();
+    y.realize().unwrap();
+    assert!(y.is_realized());
+    assert_eq!(stats::graphs_executed(), start + 1);
+    y.realize().unwrap();
+    let first = y.to_vec::<f32>().unwrap();
+    assert_eq!(y.to_vec::<f32>().unwrap(), first);
+    kiln::realize(&[&y, &y]).unwrap();
+    assert_eq!(stats::graphs_executed(), start + 1, "a realized tensor is never recomputed");
+
+    // A later program reads the realized tensor as an input instead of recomputing it.
+    let z = y.add(1.0);
+    let text = z.graph_text().unwrap();
+    assert!(!text.contains("exp2"), "{text}");
+    assert_eq!(text.matches("input").count(), 1, "{text}");
+    z.realize().unwrap();
+    assert_eq!(stats::graphs_executed(), start + 2);
+}
+
+#[test]
+fn one_graph_for_many_outputs_and_shared_nodes() {
+    let x = t(&[0.5, 1.5], &[2]);
+    let shared = x.sin();
+    let a = &shared + &shared;
+    let b = shared.mul(&shared);
+    let program = kiln::trace(&[&a, &b]).unwrap();
+    let sins = program.graph.iter().filter(|(_, n)| n.op.mnemonic() == "sin").count();
+    assert_eq!(sins, 1, "a shared subexpression is one air node");
+    assert_eq!(program.graph.outputs().len(), 2);
+    assert_eq!(program.inputs.len(), 1);
+
+    let start = stats::graphs_executed();
+    kiln::realize(&[&a, &b]).unwrap();
+    assert_eq!(stats::graphs_executed(), start + 1);
+    assert!(a.is_realized() && b.is_realized());
+    assert!(!shared.is_realized(), "intermediates are not kept");
+    let s = [0.5f32.sin(), 1.5f32.sin()];
+    let got = a.to_vec::<f32>().unwrap();
+    assert!((got[0] - 2.0 * s[0]).abs() < 1e-6 && (got[1] - 2.0 * s[1]).abs() < 1e-6);
+}
+
+#[test]
+fn inputs_are_numbered_left_to_right() {
+    let a = t(&[1.0], &[1]);
+    let b = t(&[2.0], &[1]);
+    let program = kiln::trace(&[&(&a - &b)]).unwrap();
+    assert_eq!(program.inputs[0].as_slice::<f32>().unwrap(), &[1.0]);
+    assert_eq!(program.inputs[1].as_slice::<f32>().unwrap(), &[2.0]);
+}
+
+#[test]
+fn from_vec_into_vec_is_zero_copy() {
+    let v: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+    let ptr = v.as_ptr();
+    let x = Tensor::from_vec(v, &[10, 100]);
+    let back = x.into_vec::<f32>().unwrap();
+    assert_eq!(back.as_ptr(), ptr, "the same allocation comes back");
+    assert_eq!(back[999], 999.0);
+
+    // Shared handles copy instead, and leave the tensor intact.
+    let v: Vec<i64> = vec![1, 2, 3];
+    let ptr = v.as_ptr();
+    let x = Tensor::from_vec(v, &[3]);
+    let y = x.clone();
+    let copy = y.into_vec::<i64>().unwrap();
+    assert_ne!(copy.as_ptr(), ptr);
+    assert_eq!(x.to_vec::<i64>().unwrap(), vec![1, 2, 3]);
+
+    // A computed result can be taken out without a copy too.
+    let r = x.mul(2).into_vec::<i64>().unwrap();
+    assert_eq!(r, vec![2, 4, 6]);
+}
+
+#[test]
+fn host_data_is_shared_and_released() {
+    let host = HostTensor::from_vec(vec![1.0f32, 2.0, 3.0], vec![3]).unwrap();
+    let x = Tensor::from_host(host.clone());
+    assert_eq!(Arc::strong_count(&host.data), 2);
+    assert!(Arc::ptr_eq(&x.to_host().unwrap().data, &host.data));
+    let y = x.exp();
+    drop(x);
+    assert_eq!(Arc::strong_count(&host.data), 2, "the lazy node still needs its input");
+    y.realize().unwrap();
+    assert_eq!(Arc::strong_count(&host.data), 1, "a realized node lets go of its inputs");
+    let z = Tensor::from_host(host.clone());
+    drop(z);
+    assert_eq!(Arc::strong_count(&host.data), 1);
+}
+
+#[test]
+fn deep_chains_build_realize_and_drop() {
+    let x = t(&[0.0], &[1]);
+    let mut y = x.clone();
+    for _ in 0..20_000 {
+        y = y.add(1.0);
+    }
+    assert_eq!(y.item::<f32>().unwrap(), 20_000.0);
+    let mut z = x.clone();
+    for _ in 0..200_000 {
+        z = z.neg();
+    }
+    drop(z); // Dropping a long lazy chain must not overflow the stack.
+}
+
+#[test]
+fn tensors_cross_threads() {
+    let x = t(&[1.0, 2.0, 3.0], &[3]);
+    let y = x.mul(2.0);
+    let handle = std::thread::spawn(move || y.sum_all().item::<f32>().unwrap());
+    assert_eq!(handle.join().unwrap(), 12.0);
+}
+
+fn seq_program(n: usize) -> (Tensor, Vec<f32>) {
+    let data: Vec<f32> = (0..n * 4).map(|i| (i % 7) as f32 * 0.5).collect();
+    let host = HostTensor::from_vec(data.clone(), vec![n, 4]).unwrap();
+    let x = Tensor::from_host_symbolic(host, &[Dim::sym("seq"), Dim::from(4)]);
+    let y = x.softmax(-1).mul(&x).sum(&[0], false).add(x.mean(&[0, 1], false));
+    // Reference on the host.
+    let mut want = [0.0f32; 4];
+    for r in 0..n {
+        let row = &data[r * 4..r * 4 + 4];
+        let m = row.iter().cloned().fold(f32::MIN, f32::max);
+        let z: f32 = row.iter().map(|v| (v - m).exp()).sum();
+        for c in 0..4 {
+            want[c] += (row[c] - m).exp() / z * row[c];
+        }
+    }
+    let mean = data.iter().sum::<f32>() / data.len() as f32;
+    (y, want.iter().map(|w| w + mean).collect())
+}
+
+#[test]
+fn symbolic_dims_share_one_program() {
+    let (y3, want3) = seq_program(3);
+    let (y7, want7) = seq_program(7);
+    assert_eq!(y3.shape(), y7.shape());
+    let program = kiln::trace(&[&y3]).unwrap();
+    assert_eq!(program.graph.ty(program.graph.input_nodes()[0].1).to_string(), "f32[seq, 4]");
+    let text3 = y3.graph_text().unwrap();
+    let text7 = y7.graph_text().unwrap();
+    assert!(text3.contains("seq"), "{text3}");
+    assert_eq!(text3, text7, "the same program for seq = 3 and seq = 7");
+    assert_eq!(kiln::trace(&[&y7]).unwrap().bindings.values().copied().collect::<Vec<_>>(), vec![7]);
+    for (y, want) in [(&y3, &want3), (&y7, &want7)] {
+        let got = y.to_vec::<f32>().unwrap();
+        for (g, w) in got.iter().zip(want.iter()) {
+            assert!((g - w).abs() < 1e-4, "got {got:?}, want {want:?}");
+        }
+    }
+}
+
+#[test]
+fn symbolic_shapes_and_dims() {
+    let host = HostTensor::from_vec(vec![0.0f32; 12], vec![3, 4]).unwrap();
+    let x = Tensor::from_host(host).with_dims(&["seq", "d"].map(Dim::sym));
+    assert_eq!(x.shape().iter().map(|d| d.to_string()).collect::<Vec<_>>(), vec!["seq", "d"]);
+    assert_eq!(x.dims().unwrap(), vec![3, 4], "a source tensor knows its concrete dims");
+    let y = x.reshape(&[-1]).exp();
+    assert_eq!(y.shape()[0].to_string(), "d*seq");
+    assert!(y.dims().is_err(), "a lazy symbolic shape has no concrete dims yet");
+    y.realize().unwrap();
+    assert_eq!(y.dims().unwrap(), vec![12]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![1.0; 12]);
+    // A realized symbolic tensor carries its bindings into later programs.
+    let z = y.add(1.0).sum_all();
+    assert_eq!(z.item::<f32>().unwrap(), 24.0);
+    // Symbolic narrow and cat.
+    let h = HostTensor::from_vec((0..5).map(|i| i as f32).collect(), vec![5]).unwrap();
+    let s = Tensor::from_host_symbolic(h, &[Dim::sym("n")]);
+    let head = s.narrow(0, 1, &Dim::sym("n") - 2);
+    assert_eq!(head.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+    let both = cat(&[&s, &head], 0);
+    assert_eq!(both.shape()[0].to_string(), "2*n - 2");
+    assert_eq!(both.to_vec::<f32>().unwrap(), vec![0.0, 1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0]);
+    assert_eq!(s.mean_all().item::<f32>().unwrap(), 2.0);
+}
+
+#[test]
+fn devices() {
+    assert_eq!(Device::parse("interp").unwrap(), Device::Interp);
+    assert_eq!(Device::parse(" INTERP ").unwrap(), Device::Interp);
+    assert!(Device::parse("bogus").unwrap_err().to_string().contains("unknown device `bogus`"));
+    assert!(Device::parse("cpu").is_err());
+    assert_eq!(Device::Interp.to_string(), "interp");
+    let x = t(&[1.0], &[1]);
+    let y = x.to_device(Device::Interp).unwrap();
+    assert!(Tensor::ptr_eq(&x, &y));
+    assert_eq!(
+        kiln::backend::execute(
+            Device::Interp,
+            &kiln::trace(&[&x.neg()]).unwrap().graph,
+            vec![x.to_host().unwrap()],
+            &Default::default()
+        )
+        .unwrap()[0]
+            .as_slice::<f32>()
+            .unwrap(),
+        &[-1.0]
+    );
+}
