@@ -3,7 +3,19 @@
 //! Input: an `air::Graph`. Output: a `Program` of kernels in the kernel IR (`kir`), sorted once,
 //! over buffers whose temporaries the memory planner places in one arena.
 
+pub mod autodiff;
+pub mod compile;
+pub mod error;
+pub mod exec;
 pub mod kir;
+pub mod memplan;
 pub mod program;
+pub mod rewrite;
+pub mod schedule;
+pub mod view;
 
+pub use autodiff::{AutodiffError, grad, grad_with_seed};
+pub use compile::{CompileOptions, PassObserver, compile, compile_observed};
+pub use error::LowerError;
+pub use memplan::MemoryPlan;
 pub use program::{BufId, BufferInfo, BufferKind, Program, Step};

@@ -1,0 +1,78 @@
+//! The entry point of lowering: `compile` turns an `air::Graph` into a kir `Program` through named
+//! passes (`verify`, `optimize`, `decide-fusion`, `emit-kernels`), each bracketed by an optional
+//! `PassObserver` so that a profiler can time them without touching the passes.
+
+use air::Graph;
+
+use crate::error::LowerError;
+use crate::program::Program;
+use crate::schedule::{self, FuseOptions};
+
+/// What `compile` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompileOptions {
+    /// Fuse element-wise chains, reductions and epilogues into shared kernels. `false` gives one
+    /// kernel per element-wise or reduce op (movement ops still become index arithmetic).
+    pub fuse: bool,
+    /// Recognise matmuls and emit `Kernel::Matmul` (only when fusing).
+    pub matmul: bool,
+    /// Run the graph rewrites (`rewrite::optimize`) first.
+    pub optimize: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> CompileOptions {
+        CompileOptions { fuse: true, matmul: true, optimize: true }
+    }
+}
+
+/// Watches the passes of a compilation: `begin` and `end` bracket each pass, with the number of
+/// graph nodes before and after it.
+pub trait PassObserver {
+    fn begin(&mut self, pass: &'static str, graph_nodes: usize);
+    fn end(&mut self, pass: &'static str, graph_nodes: usize);
+}
+
+/// An observer that does nothing.
+pub struct NoObserver;
+
+impl PassObserver for NoObserver {
+    fn begin(&mut self, _: &'static str, _: usize) {}
+    fn end(&mut self, _: &'static str, _: usize) {}
+}
+
+/// Compiles `graph` (which it does not change) into a program.
+pub fn compile(graph: &Graph, options: &CompileOptions) -> Result<Program, LowerError> {
+    compile_observed(graph, options, &mut NoObserver)
+}
+
+fn pass<T>(
+    observer: &mut dyn PassObserver,
+    name: &'static str,
+    graph: &mut Graph,
+    f: impl FnOnce(&mut Graph) -> Result<T, LowerError>,
+) -> Result<T, LowerError> {
+    observer.begin(name, graph.len());
+    let out = f(graph);
+    observer.end(name, graph.len());
+    out
+}
+
+/// `compile`, reporting every pass to `observer`.
+pub fn compile_observed(
+    graph: &Graph,
+    options: &CompileOptions,
+    observer: &mut dyn PassObserver,
+) -> Result<Program, LowerError> {
+    let mut g = graph.clone();
+    pass(observer, "verify", &mut g, |g| Ok(air::verify(g)?))?;
+    if options.optimize {
+        pass(observer, "optimize", &mut g, |g| {
+            crate::rewrite::optimize(g);
+            Ok(())
+        })?;
+    }
+    let fuse = FuseOptions { fuse: options.fuse, matmul: options.matmul };
+    let decisions = pass(observer, "decide-fusion", &mut g, |g| Ok(schedule::decide(g, fuse)))?;
+    pass(observer, "emit-kernels", &mut g, |g| schedule::emit(g, &decisions))
+}

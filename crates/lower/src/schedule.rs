@@ -1,0 +1,1063 @@
+//! Scheduling: decides which nodes of a graph get a buffer (kernel boundaries), then emits one
+//! kernel per such node, in topological order, over planned buffers.
+//!
+//! # Fusion heuristics (`decide`)
+//!
+//! A node is *materialized* (computed by its own kernel into a buffer) when
+//! - it is a graph output (outputs are always contiguous `Output` buffers; an output that is an
+//!   input, or a view of one, gets a copy kernel);
+//! - it is a reduce, unless its only consumer is an element-wise node reading it directly (then the
+//!   reduce loop runs inside that consumer's kernel and the consumer's other element-wise work
+//!   becomes the reduce's epilogue: `sum(x) * (1/n)` is one kernel);
+//! - it is a recognised matmul (`reduce-sum(mul(expand a, expand b))` with affine operand views),
+//!   which becomes a `Kernel::Matmul`; its operands' base nodes are materialized too. An `add`
+//!   consuming the matmul (through reshapes only) takes the matmul over: the other addend is
+//!   written into the result buffer first and the matmul accumulates onto it;
+//! - it is element-wise with several consumers and its fused expression costs more than
+//!   `RECOMPUTE_MAX` ops (else every consumer recomputes it: cheaper than a round trip through
+//!   memory), or it is read through a broadcasting `expand` and costs more than `BROADCAST_MAX`
+//!   (recomputing it per broadcast element would multiply the work);
+//! - it is element-wise and carries a fused reduce but has several consumers or is read through a
+//!   view (a reduce result cannot be recomputed or re-indexed inside another loop);
+//! - its fused expression tree would be deeper than `MAX_DEPTH` (bounds kernel size and the
+//!   recursion that builds it).
+//!
+//! Movement ops are never materialized (except as outputs or to give a matmul an affine operand):
+//! they become index arithmetic (`view::ViewStack`) in the kernels that read them. `const` and
+//! `iota` leaves are never buffers: they become `Inst::Const`/`Inst::Index`. With
+//! `fuse = false` every element-wise and reduce node is its own kernel (movement ops still fuse as
+//! views), which gives the memory planner the most buffers to place.
+//!
+//! # Kernel emission (`KernelBuilder`)
+//!
+//! The root's expression tree is built down to materialized nodes (loads through views), leaves
+//! and at most one fused reduce. The loop space is the root's shape (for a reduce kernel: the kept
+//! dims, then the reduced dims); adjacent loop dims are merged whenever every view of the kernel
+//! is contiguous across them, so element-wise kernels over contiguous data loop once over numel.
+//! Instructions are hash-consed (CSE) and placed at the outermost loop level their operands allow
+//! (loop-invariant loads of a reduce kernel sit outside the reduce loop). The outermost loop over
+//! independent output elements is marked `parallel`. Identical kernels are stored once.
+
+use std::collections::{HashMap, HashSet};
+
+use air::{BinaryOp, DType, Dim, Graph, NodeId, Op, OpClass, ReduceOp, Scalar, Symbol, UnaryOp};
+
+use crate::error::LowerError;
+use crate::kir::{Acc, Access, IExpr, Inst, Kernel, LoopKernel, MatOperand, MatmulKernel, Param, Reg, Stmt, Var};
+use crate::program::{BufId, BufferInfo, BufferKind, Program, Step};
+use crate::view::{IndexCx, Movement, View, ViewStack};
+
+/// Element-wise nodes with several consumers are recomputed by each while their fused expression
+/// has at most this many ops.
+pub const RECOMPUTE_MAX: u32 = 8;
+/// Element-wise nodes read through a broadcasting expand are recomputed while they cost at most
+/// this many ops.
+pub const BROADCAST_MAX: u32 = 4;
+
+/// Expression trees deeper than this are cut by a buffer, which bounds the recursion of kernel
+/// building (and the size of one kernel) for very long element-wise chains.
+pub const MAX_DEPTH: u32 = 64;
+
+/// What to fuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FuseOptions {
+    /// Fuse element-wise chains, reductions and epilogues (false: one kernel per non-view op).
+    pub fuse: bool,
+    /// Recognise matmuls (only when fusing).
+    pub matmul: bool,
+}
+
+/// One operand of a recognised matmul: `base`'s buffer seen through `chain` (top op first).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulOperand {
+    pub base: NodeId,
+    pub chain: Vec<Movement>,
+}
+
+/// How a materialized node is computed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// A loop kernel rooted at the node.
+    Loops,
+    /// A matmul kernel for the reduce node `reduce` (the node itself, or, with `bias`, the node is
+    /// `add(reshape*(reduce), bias)` and `bias` is written into the result first).
+    Matmul { reduce: NodeId, a: MatmulOperand, b: MatmulOperand, bias: Option<NodeId> },
+}
+
+/// The fusion decisions for a graph.
+#[derive(Clone, Debug, Default)]
+pub struct Decisions {
+    /// Materialized nodes and how each is computed.
+    pub plans: HashMap<NodeId, Plan>,
+    /// The live nodes in topological order.
+    pub order: Vec<NodeId>,
+    /// `base -> output`: the materialized `base` is written straight into the buffer of the graph
+    /// output, a reshape (chain) of it that nothing else reads, instead of being copied there.
+    pub aliases: HashMap<NodeId, NodeId>,
+}
+
+fn is_movement(op: &Op) -> bool {
+    op.class() == OpClass::Movement
+}
+
+/// The movement op of a node, if it is one.
+pub fn movement(op: &Op) -> Option<Movement> {
+    Some(match op {
+        Op::Reshape(r) => Movement::Reshape(r.shape.to_vec()),
+        Op::Permute(p) => Movement::Permute(p.perm.to_vec()),
+        Op::Expand(e) => Movement::Expand(e.shape.to_vec()),
+        Op::Pad(p) => Movement::Pad(p.padding.clone()),
+        Op::Shrink(s) => Movement::Shrink(s.ranges.clone()),
+        _ => return None,
+    })
+}
+
+/// Every symbol the graph's live nodes mention, sorted by name: `Program::symbols`.
+pub fn graph_symbols(g: &Graph, order: &[NodeId]) -> Vec<Symbol> {
+    let mut syms: Vec<Symbol> = Vec::new();
+    let mut add = |d: &Dim| syms.extend(d.symbols());
+    for &n in order {
+        let node = g.node(n);
+        node.ty.shape.iter().for_each(&mut add);
+        match &node.op {
+            Op::Reshape(r) => r.shape.iter().for_each(&mut add),
+            Op::Expand(e) => e.shape.iter().for_each(&mut add),
+            Op::Pad(p) => p.padding.iter().for_each(|(a, b)| {
+                add(a);
+                add(b)
+            }),
+            Op::Shrink(s) => s.ranges.iter().for_each(|(a, b)| {
+                add(a);
+                add(b)
+            }),
+            _ => {}
+        }
+    }
+    syms.sort();
+    syms.dedup();
+    syms
+}
+
+struct Decider<'a> {
+    g: &'a Graph,
+    opts: FuseOptions,
+    live: HashSet<NodeId>,
+    outputs: HashSet<NodeId>,
+    /// Consumers counted through movement ops, plus output uses.
+    consumers: HashMap<NodeId, u32>,
+    /// Whether some consumer reads the node through a numel-increasing expand.
+    broadcast: HashMap<NodeId, bool>,
+    /// The cost of reading a node inside a kernel (1 for a buffer).
+    cost: HashMap<NodeId, u32>,
+    /// The depth of a non-materialized node's expression tree (0 for a buffer).
+    depth: HashMap<NodeId, u32>,
+    /// The fused reduce a non-materialized node's expression contains.
+    carries: HashMap<NodeId, NodeId>,
+    plans: HashMap<NodeId, Plan>,
+}
+
+impl Decider<'_> {
+    fn users(&self, n: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.g.users(n).iter().copied().filter(|u| self.live.contains(u))
+    }
+
+    fn materialize(&mut self, n: NodeId) {
+        if matches!(self.g.op(n), Op::Input(_)) {
+            return;
+        }
+        self.plans.entry(n).or_insert(Plan::Loops);
+        self.cost.insert(n, 1);
+        self.depth.insert(n, 0);
+        self.carries.remove(&n);
+    }
+
+    fn is_buffer(&self, n: NodeId) -> bool {
+        self.plans.contains_key(&n) || matches!(self.g.op(n), Op::Input(_))
+    }
+
+    fn read_cost(&self, n: NodeId) -> u32 {
+        self.cost.get(&n).copied().unwrap_or(1)
+    }
+
+    fn run(&mut self, order: &[NodeId]) {
+        for &n in order.iter().rev() {
+            let mut count = self.g.outputs().iter().filter(|&&o| o == n).count() as u32;
+            let mut bcast = false;
+            for u in self.users(n).collect::<Vec<_>>() {
+                let op = self.g.op(u);
+                if is_movement(op) {
+                    count += self.consumers[&u];
+                    bcast |= self.broadcast[&u];
+                    if let Op::Expand(_) = op {
+                        bcast |= self.g.ty(u).numel() != self.g.ty(n).numel();
+                    }
+                } else {
+                    count += 1;
+                }
+            }
+            self.consumers.insert(n, count);
+            self.broadcast.insert(n, bcast);
+        }
+        for &n in order {
+            self.visit(n);
+            if !self.plans.contains_key(&n) {
+                let d = 1 + self.g.inputs(n).iter().map(|i| self.depth.get(i).copied().unwrap_or(0)).max().unwrap_or(0);
+                self.depth.insert(n, d);
+                if d > MAX_DEPTH {
+                    self.materialize(n);
+                }
+            }
+            if self.outputs.contains(&n) {
+                self.materialize(n);
+            }
+        }
+    }
+
+    fn visit(&mut self, n: NodeId) {
+        let g = self.g;
+        let inputs = g.inputs(n).to_vec();
+        match g.op(n).class() {
+            OpClass::Leaf => {
+                let c = if matches!(g.op(n), Op::Const(_)) { 0 } else { 1 };
+                self.cost.insert(n, c);
+            }
+            OpClass::Movement => {
+                if self.carries.contains_key(&inputs[0]) {
+                    self.materialize(inputs[0]);
+                }
+                self.cost.insert(n, self.read_cost(inputs[0]));
+            }
+            OpClass::Elementwise => {
+                if !self.opts.fuse {
+                    self.materialize(n);
+                    return;
+                }
+                let mut carried: Option<NodeId> = None;
+                for &i in &inputs {
+                    if let Some(&r) = self.carries.get(&i) {
+                        match carried {
+                            None => carried = Some(r),
+                            Some(c) if c == r => {}
+                            Some(_) => self.materialize(i),
+                        }
+                    }
+                }
+                let cost = 1 + inputs.iter().map(|&i| self.read_cost(i)).sum::<u32>();
+                self.cost.insert(n, cost);
+                if let Some(r) = carried {
+                    self.carries.insert(n, r);
+                }
+                if self.try_matmul_bias(n) {
+                    return;
+                }
+                let many = self.consumers[&n] > 1;
+                if (many && (carried.is_some() || cost > RECOMPUTE_MAX)) || (self.broadcast[&n] && cost > BROADCAST_MAX)
+                {
+                    self.materialize(n);
+                }
+            }
+            OpClass::Reduce => {
+                if self.carries.contains_key(&inputs[0]) {
+                    self.materialize(inputs[0]);
+                }
+                if self.opts.fuse && self.opts.matmul && self.try_matmul(n) {
+                    return;
+                }
+                let users: Vec<NodeId> = self.users(n).collect();
+                let fusable = self.opts.fuse
+                    && self.consumers[&n] == 1
+                    && users.len() == 1
+                    && g.op(users[0]).class() == OpClass::Elementwise
+                    && !self.outputs.contains(&n);
+                if fusable {
+                    self.cost.insert(n, 1);
+                    self.carries.insert(n, n);
+                } else {
+                    self.materialize(n);
+                }
+            }
+        }
+    }
+
+    /// The operand of a matmul: the longest chain of movement ops above a node that can be a
+    /// buffer whose composed view is affine (the caller materializes the chosen base).
+    fn matmul_operand(&mut self, top: NodeId) -> Option<(MatmulOperand, ViewStack)> {
+        let g = self.g;
+        let mut nodes = Vec::new();
+        let mut cur = top;
+        while is_movement(g.op(cur)) && !self.is_buffer(cur) {
+            nodes.push(cur);
+            cur = g.inputs(cur)[0];
+        }
+        for cut in (0..=nodes.len()).rev() {
+            let base = if cut == nodes.len() { cur } else { nodes[cut] };
+            if matches!(g.op(base), Op::Const(_) | Op::Iota(_)) {
+                continue;
+            }
+            let chain: Vec<Movement> = nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
+            let view = ViewStack::contiguous(&g.ty(base).shape).through(chain.iter().rev());
+            if view.is_affine() {
+                return Some((MatmulOperand { base, chain }, view));
+            }
+        }
+        None
+    }
+
+    fn try_matmul(&mut self, n: NodeId) -> bool {
+        let g = self.g;
+        let Op::Reduce(r) = g.op(n) else { return false };
+        let x = g.inputs(n)[0];
+        let rank = g.ty(x).rank();
+        let dtype = g.ty(n).dtype;
+        if r.op != ReduceOp::Sum || dtype != DType::F32 || rank < 3 || r.axes.as_slice() != [rank - 1] {
+            return false;
+        }
+        if g.op(x) != &Op::Binary(BinaryOp::Mul) {
+            return false;
+        }
+        let shape = g.ty(x).shape.clone();
+        let (m_ax, n_ax) = (rank - 3, rank - 2);
+        let stride = |v: &View, d: usize| -> Dim {
+            if shape[d].as_const() == Some(1) { Dim::Const(0) } else { v.strides[d].clone() }
+        };
+        // Check the shape of the pattern before materializing anything.
+        let probe = |s: &Self, top: NodeId| -> Option<ViewStack> {
+            let mut cur = top;
+            let mut chain = Vec::new();
+            while is_movement(g.op(cur)) && !s.is_buffer(cur) {
+                chain.extend(movement(g.op(cur)));
+                cur = g.inputs(cur)[0];
+            }
+            Some(ViewStack::contiguous(&g.ty(cur).shape).through(chain.iter().rev()))
+        };
+        let zero = Dim::Const(0);
+        let (Some(p0), Some(p1)) = (probe(self, g.inputs(x)[0]), probe(self, g.inputs(x)[1])) else {
+            return false;
+        };
+        // Broadcast pattern of the operands, read from their full views (an expand survives any
+        // cut, since the cut only happens below the expand).
+        let bcast = |s: &ViewStack, d: usize| s.top().strides[d] == zero || shape[d].as_const() == Some(1);
+        let swap = if bcast(&p0, n_ax) && bcast(&p1, m_ax) {
+            false
+        } else if bcast(&p0, m_ax) && bcast(&p1, n_ax) {
+            true
+        } else {
+            return false;
+        };
+        let (ta, tb) = if swap { (g.inputs(x)[1], g.inputs(x)[0]) } else { (g.inputs(x)[0], g.inputs(x)[1]) };
+        let Some((a, va)) = self.matmul_operand(ta) else { return false };
+        let Some((b, vb)) = self.matmul_operand(tb) else { return false };
+        let (va, vb) = (va.top().clone(), vb.top().clone());
+        if stride(&va, n_ax) != zero || stride(&vb, m_ax) != zero {
+            return false;
+        }
+        for d in 0..m_ax.saturating_sub(1) {
+            if !va.mergeable(d) || !vb.mergeable(d) {
+                return false;
+            }
+        }
+        for op in [&a, &b] {
+            if !matches!(g.op(op.base), Op::Input(_)) {
+                self.materialize(op.base);
+            }
+        }
+        self.plans.insert(n, Plan::Matmul { reduce: n, a, b, bias: None });
+        self.cost.insert(n, 1);
+        true
+    }
+
+    /// Outputs that are reshapes of a materialized node read nowhere else take that node's place.
+    fn alias_outputs(&mut self) -> HashMap<NodeId, NodeId> {
+        let g = self.g;
+        let mut aliases = HashMap::new();
+        for &o in g.outputs() {
+            if self.plans.get(&o) != Some(&Plan::Loops) || !matches!(g.op(o), Op::Reshape(_)) {
+                continue;
+            }
+            let mut cur = g.inputs(o)[0];
+            while matches!(g.op(cur), Op::Reshape(_))
+                && !self.plans.contains_key(&cur)
+                && !self.outputs.contains(&cur)
+                && self.users(cur).count() == 1
+            {
+                cur = g.inputs(cur)[0];
+            }
+            if self.plans.contains_key(&cur)
+                && !self.outputs.contains(&cur)
+                && self.users(cur).count() == 1
+                && !aliases.contains_key(&cur)
+            {
+                self.plans.remove(&o);
+                aliases.insert(cur, o);
+            }
+        }
+        aliases
+    }
+
+    /// `add(reshape*(matmul), bias)` with the matmul read only there: the add becomes the matmul,
+    /// accumulating onto `bias`.
+    fn try_matmul_bias(&mut self, n: NodeId) -> bool {
+        let g = self.g;
+        if g.op(n) != &Op::Binary(BinaryOp::Add) || g.ty(n).dtype != DType::F32 {
+            return false;
+        }
+        for (k, &start) in g.inputs(n).iter().enumerate() {
+            let mut cur = start;
+            let mut ok = true;
+            while matches!(g.op(cur), Op::Reshape(_)) && !self.plans.contains_key(&cur) {
+                ok &= self.users(cur).count() == 1;
+                cur = g.inputs(cur)[0];
+            }
+            let other = g.inputs(n)[1 - k];
+            if !ok || other == start || self.users(cur).count() != 1 || self.outputs.contains(&cur) {
+                continue;
+            }
+            if let Some(Plan::Matmul { reduce, a, b, bias: None }) = self.plans.get(&cur).cloned() {
+                self.plans.remove(&cur);
+                self.plans.insert(n, Plan::Matmul { reduce, a, b, bias: Some(other) });
+                self.cost.insert(n, 1);
+                self.carries.remove(&n);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Decides kernel boundaries (see the module docs).
+pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
+    let order = g.live_order();
+    let mut d = Decider {
+        g,
+        opts,
+        live: order.iter().copied().collect(),
+        outputs: g.outputs().iter().copied().collect(),
+        consumers: HashMap::new(),
+        broadcast: HashMap::new(),
+        cost: HashMap::new(),
+        depth: HashMap::new(),
+        carries: HashMap::new(),
+        plans: HashMap::new(),
+    };
+    d.run(&order);
+    let aliases = d.alias_outputs();
+    Decisions { plans: d.plans, order, aliases }
+}
+
+/// An expression of a loop kernel, with every read resolved to a view of a buffer.
+#[derive(Clone, Debug)]
+enum KExpr {
+    Load { buf: BufId, dtype: DType, view: ViewStack, other: Scalar, inner: bool },
+    Const { dtype: DType, value: Scalar },
+    Iota { dtype: DType, view: ViewStack, axis: usize, inner: bool },
+    Pad { dtype: DType, view: ViewStack, ranges: Vec<(Dim, Dim)>, value: Scalar, inner: bool, x: Box<KExpr> },
+    Unary { op: UnaryOp, dtype: DType, x: Box<KExpr> },
+    Binary { op: BinaryOp, dtype: DType, a: Box<KExpr>, b: Box<KExpr> },
+    Where { dtype: DType, c: Box<KExpr>, a: Box<KExpr>, b: Box<KExpr> },
+    Cast { dtype: DType, x: Box<KExpr> },
+    Reduce { op: ReduceOp, dtype: DType, x: Box<KExpr> },
+}
+
+impl KExpr {
+    fn for_each_view(&mut self, f: &mut dyn FnMut(&mut ViewStack, bool)) {
+        match self {
+            KExpr::Load { view, inner, .. } | KExpr::Iota { view, inner, .. } => f(view, *inner),
+            KExpr::Pad { view, inner, x, .. } => {
+                f(view, *inner);
+                x.for_each_view(f);
+            }
+            KExpr::Const { .. } => {}
+            KExpr::Unary { x, .. } | KExpr::Cast { x, .. } | KExpr::Reduce { x, .. } => x.for_each_view(f),
+            KExpr::Binary { a, b, .. } => {
+                a.for_each_view(f);
+                b.for_each_view(f);
+            }
+            KExpr::Where { c, a, b, .. } => {
+                c.for_each_view(f);
+                a.for_each_view(f);
+                b.for_each_view(f);
+            }
+        }
+    }
+}
+
+fn zero_of(dtype: DType) -> Scalar {
+    Scalar::Int(0).cast(dtype)
+}
+
+/// The fused reduce of a kernel.
+struct ReduceInfo {
+    axes: Vec<usize>,
+    in_shape: Vec<Dim>,
+}
+
+/// Builds the expression tree of one kernel root.
+struct TreeBuilder<'a> {
+    g: &'a Graph,
+    bufs: &'a HashMap<NodeId, BufId>,
+    reduce: Option<ReduceInfo>,
+}
+
+impl TreeBuilder<'_> {
+    fn view(&self, n: NodeId, pending: &[Movement]) -> ViewStack {
+        ViewStack::contiguous(&self.g.ty(n).shape).through(pending.iter().rev())
+    }
+
+    fn pad_foldable(&self, n: NodeId, value: Scalar, fold: Option<Scalar>) -> bool {
+        if fold.is_some_and(|f| f != value) {
+            return false;
+        }
+        let mut cur = self.g.inputs(n)[0];
+        loop {
+            if self.bufs.contains_key(&cur) {
+                return true;
+            }
+            match self.g.op(cur) {
+                Op::Pad(p) if p.value != value => return false,
+                op if is_movement(op) => cur = self.g.inputs(cur)[0],
+                _ => return false,
+            }
+        }
+    }
+
+    fn build(
+        &mut self,
+        n: NodeId,
+        pending: &mut Vec<Movement>,
+        fold: Option<Scalar>,
+        inner: bool,
+        expand: bool,
+    ) -> Result<KExpr, LowerError> {
+        let g = self.g;
+        let node = g.node(n);
+        let dtype = node.ty.dtype;
+        let load = |s: &Self, buf: BufId, pending: &[Movement]| KExpr::Load {
+            buf,
+            dtype,
+            view: s.view(n, pending),
+            other: fold.unwrap_or(zero_of(dtype)).cast(dtype),
+            inner,
+        };
+        if !expand && let Some(&buf) = self.bufs.get(&n) {
+            return Ok(load(self, buf, pending));
+        }
+        let sub =
+            |s: &mut Self, i: usize, pending: &mut Vec<Movement>| s.build(node.inputs[i], pending, None, inner, false);
+        Ok(match &node.op {
+            Op::Input(_) => match self.bufs.get(&n) {
+                Some(&buf) => load(self, buf, pending),
+                None => return Err(LowerError::InvalidGraph(format!("{n}: input has no buffer"))),
+            },
+            Op::Const(c) => KExpr::Const { dtype, value: c.value.cast(dtype) },
+            Op::Iota(i) => KExpr::Iota { dtype, view: self.view(n, pending), axis: i.axis, inner },
+            Op::Unary(op) => KExpr::Unary { op: *op, dtype, x: Box::new(sub(self, 0, pending)?) },
+            Op::Binary(op) => {
+                let a = Box::new(sub(self, 0, pending)?);
+                KExpr::Binary { op: *op, dtype, a, b: Box::new(sub(self, 1, pending)?) }
+            }
+            Op::Where => {
+                let c = Box::new(sub(self, 0, pending)?);
+                let a = Box::new(sub(self, 1, pending)?);
+                KExpr::Where { dtype, c, a, b: Box::new(sub(self, 2, pending)?) }
+            }
+            Op::Cast(_) => KExpr::Cast { dtype, x: Box::new(sub(self, 0, pending)?) },
+            Op::Reduce(r) => {
+                if inner || !pending.is_empty() || self.reduce.is_some() {
+                    return Err(LowerError::Unsupported(format!("{n}: a reduce read through a view inside a kernel")));
+                }
+                let in_shape = g.ty(node.inputs[0]).shape.to_vec();
+                let mut perm: Vec<usize> = (0..in_shape.len()).filter(|a| !r.axes.contains(a)).collect();
+                perm.extend(r.axes.iter().copied());
+                self.reduce = Some(ReduceInfo { axes: r.axes.to_vec(), in_shape });
+                let mut p = vec![Movement::Permute(perm)];
+                let x = self.build(node.inputs[0], &mut p, None, true, false)?;
+                KExpr::Reduce { op: r.op, dtype, x: Box::new(x) }
+            }
+            Op::Pad(p) => {
+                let m = Movement::Pad(p.padding.clone());
+                if self.pad_foldable(n, p.value, fold) {
+                    pending.push(m);
+                    let x = self.build(node.inputs[0], pending, Some(p.value), inner, false);
+                    pending.pop();
+                    return x;
+                }
+                let view = self.view(n, pending);
+                let in_shape = &g.ty(node.inputs[0]).shape;
+                let ranges = p.padding.iter().zip(in_shape).map(|((b, _), s)| (b.clone(), b + s)).collect();
+                pending.push(m);
+                let x = self.build(node.inputs[0], pending, fold, inner, false);
+                pending.pop();
+                KExpr::Pad { dtype, view, ranges, value: p.value.cast(dtype), inner, x: Box::new(x?) }
+            }
+            op => {
+                let m = movement(op).expect("the remaining ops are movement ops");
+                pending.push(m);
+                let x = self.build(node.inputs[0], pending, fold, inner, false);
+                pending.pop();
+                return x;
+            }
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    reg: Reg,
+    level: usize,
+    post: bool,
+}
+
+/// Emits kir statements for an expression tree into a loop nest, level by level.
+struct Emitter {
+    cx: IndexCx,
+    params: Vec<(BufId, Param)>,
+    pre: Vec<Vec<Stmt>>,
+    post: Vec<Vec<Stmt>>,
+    cse: HashMap<(DType, Inst), Slot>,
+    next_reg: u32,
+    next_acc: u32,
+    min_level: usize,
+    n_outer: usize,
+    n_total: usize,
+}
+
+fn var_level(e: &IExpr) -> usize {
+    match e {
+        IExpr::Var(v) => v.0 as usize + 1,
+        IExpr::Const(_) | IExpr::Sym(_) => 0,
+        IExpr::Add(a, b)
+        | IExpr::Mul(a, b)
+        | IExpr::Div(a, b)
+        | IExpr::Mod(a, b)
+        | IExpr::Lt(a, b)
+        | IExpr::And(a, b) => var_level(a).max(var_level(b)),
+    }
+}
+
+impl Emitter {
+    fn param(&mut self, buf: BufId, dtype: DType, access: Access) -> u32 {
+        if let Some(p) = self.params.iter().position(|(b, _)| *b == buf) {
+            return p as u32;
+        }
+        self.params.push((buf, Param { dtype, access }));
+        (self.params.len() - 1) as u32
+    }
+
+    fn vars(&self, inner: bool) -> Vec<IExpr> {
+        let n = if inner { self.n_total } else { self.n_outer };
+        (0..n as u32).map(|v| IExpr::Var(Var(v))).collect()
+    }
+
+    fn let_(&mut self, dtype: DType, inst: Inst, operands: &[Slot], exprs: &[&IExpr]) -> Slot {
+        let key = (dtype, inst);
+        if let Some(&s) = self.cse.get(&key) {
+            return s;
+        }
+        let mut level = self.min_level;
+        for e in exprs {
+            level = level.max(var_level(e));
+        }
+        for s in operands {
+            level = level.max(s.level);
+        }
+        let post = operands.iter().any(|s| s.post && s.level == level);
+        let reg = Reg(self.next_reg);
+        self.next_reg += 1;
+        let slot = Slot { reg, level, post };
+        let stmt = Stmt::Let { reg, dtype, inst: key.1.clone() };
+        if post {
+            self.post[level].push(stmt)
+        } else {
+            self.pre[level].push(stmt)
+        }
+        self.cse.insert(key, slot);
+        slot
+    }
+
+    fn emit(&mut self, e: &KExpr) -> Result<Slot, LowerError> {
+        Ok(match e {
+            KExpr::Load { buf, dtype, view, other, inner } => {
+                let (index, mask) = view.index(&self.vars(*inner), &self.cx)?;
+                let p = self.param(*buf, *dtype, Access::Read);
+                let exprs: Vec<IExpr> = std::iter::once(index.clone()).chain(mask.clone()).collect();
+                let refs: Vec<&IExpr> = exprs.iter().collect();
+                let other = if mask.is_some() { *other } else { zero_of(*dtype) };
+                self.let_(*dtype, Inst::Load { buf: p, index, mask, other }, &[], &refs)
+            }
+            KExpr::Const { dtype, value } => self.let_(*dtype, Inst::Const(*value), &[], &[]),
+            KExpr::Iota { dtype, view, axis, inner } => {
+                let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let e = idx[*axis].clone();
+                self.let_(*dtype, Inst::Index(e.clone()), &[], &[&e])
+            }
+            KExpr::Pad { dtype, view, ranges, value, inner, x } => {
+                let x = self.emit(x)?;
+                let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let mut cond: Option<IExpr> = None;
+                for (d, range) in ranges.iter().enumerate() {
+                    if let Some(c) = self.cx.range_cond(&idx[d], range, &view.base[d])? {
+                        cond = Some(match cond {
+                            None => c,
+                            Some(p) => IExpr::and(p, c),
+                        });
+                    }
+                }
+                match cond {
+                    None => x,
+                    Some(c) => {
+                        let c = self.let_(DType::Bool, Inst::Index(c.clone()), &[], &[&c]);
+                        let v = self.let_(*dtype, Inst::Const(*value), &[], &[]);
+                        self.let_(*dtype, Inst::Where(c.reg, x.reg, v.reg), &[c, x, v], &[])
+                    }
+                }
+            }
+            KExpr::Unary { op, dtype, x } => {
+                let x = self.emit(x)?;
+                self.let_(*dtype, Inst::Unary(*op, x.reg), &[x], &[])
+            }
+            KExpr::Binary { op, dtype, a, b } => {
+                let (a, b) = (self.emit(a)?, self.emit(b)?);
+                self.let_(*dtype, Inst::Binary(*op, a.reg, b.reg), &[a, b], &[])
+            }
+            KExpr::Where { dtype, c, a, b } => {
+                let (c, a, b) = (self.emit(c)?, self.emit(a)?, self.emit(b)?);
+                self.let_(*dtype, Inst::Where(c.reg, a.reg, b.reg), &[c, a, b], &[])
+            }
+            KExpr::Cast { dtype, x } => {
+                let x = self.emit(x)?;
+                self.let_(*dtype, Inst::Cast(x.reg), &[x], &[])
+            }
+            KExpr::Reduce { op, dtype, x } => {
+                let half = matches!(dtype, DType::F16 | DType::BF16);
+                let acc_dtype = if half { DType::F32 } else { *dtype };
+                let acc = Acc(self.next_acc);
+                self.next_acc += 1;
+                self.pre[self.n_outer].push(Stmt::AccInit { acc, dtype: acc_dtype, op: *op });
+                let mut v = self.emit(x)?;
+                if half {
+                    v = self.let_(DType::F32, Inst::Cast(v.reg), &[v], &[]);
+                }
+                self.pre[self.n_total].push(Stmt::AccUpdate { acc, value: v.reg });
+                let reg = Reg(self.next_reg);
+                self.next_reg += 1;
+                self.post[self.n_outer].push(Stmt::Let { reg, dtype: acc_dtype, inst: Inst::ReadAcc(acc) });
+                let read = Slot { reg, level: self.n_outer, post: true };
+                if half { self.let_(*dtype, Inst::Cast(read.reg), &[read], &[]) } else { read }
+            }
+        })
+    }
+
+    fn assemble(&mut self, level: usize, extents: &[IExpr]) -> Vec<Stmt> {
+        let mut body = std::mem::take(&mut self.pre[level]);
+        if level < self.n_total {
+            let inner = self.assemble(level + 1, extents);
+            body.push(Stmt::Loop {
+                var: Var(level as u32),
+                extent: extents[level].clone(),
+                parallel: level == 0 && self.n_outer > 0,
+                body: inner,
+            });
+        }
+        body.append(&mut self.post[level]);
+        body
+    }
+}
+
+/// Groups adjacent dims `lo..hi` that every view can merge; returns the group boundaries.
+fn merge_groups(lo: usize, hi: usize, can_merge: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let mut groups = Vec::new();
+    let mut start = lo;
+    for d in lo..hi {
+        if d + 1 == hi || !can_merge(d) {
+            groups.push((start, d + 1));
+            start = d + 1;
+        }
+    }
+    groups
+}
+
+fn product(dims: &[Dim]) -> Dim {
+    dims.iter().fold(Dim::Const(1), |a, d| &a * d)
+}
+
+fn max_sym_expr(e: &IExpr) -> Option<u32> {
+    match e {
+        IExpr::Sym(n) => Some(*n),
+        IExpr::Const(_) | IExpr::Var(_) => None,
+        IExpr::Add(a, b)
+        | IExpr::Mul(a, b)
+        | IExpr::Div(a, b)
+        | IExpr::Mod(a, b)
+        | IExpr::Lt(a, b)
+        | IExpr::And(a, b) => max_sym_expr(a).max(max_sym_expr(b)),
+    }
+}
+
+fn max_sym_stmts(stmts: &[Stmt]) -> Option<u32> {
+    let mut m = None;
+    for s in stmts {
+        let here = match s {
+            Stmt::Let { inst: Inst::Load { index, mask, .. }, .. } => {
+                max_sym_expr(index).max(mask.as_ref().and_then(max_sym_expr))
+            }
+            Stmt::Let { inst: Inst::Index(e), .. } => max_sym_expr(e),
+            Stmt::Loop { extent, body, .. } => max_sym_expr(extent).max(max_sym_stmts(body)),
+            Stmt::Store { index, .. } => max_sym_expr(index),
+            _ => None,
+        };
+        m = m.max(here);
+    }
+    m
+}
+
+/// Builds the loop kernel that computes `root` (expanded even if it has a buffer when `expand`)
+/// into the contiguous buffer `target`. Returns the kernel and its argument buffers.
+fn loop_kernel(
+    g: &Graph,
+    bufs: &HashMap<NodeId, BufId>,
+    symbols: &[Symbol],
+    root: NodeId,
+    expand: bool,
+    target: BufId,
+) -> Result<(Kernel, Vec<BufId>), LowerError> {
+    let mut tb = TreeBuilder { g, bufs, reduce: None };
+    let mut tree = tb.build(root, &mut Vec::new(), None, false, expand)?;
+    let root_shape: Vec<Dim> = g.ty(root).shape.to_vec();
+    let (outer, red): (Vec<Dim>, Vec<Dim>) = match &tb.reduce {
+        None => (root_shape.clone(), Vec::new()),
+        Some(r) => (
+            (0..r.in_shape.len()).filter(|a| !r.axes.contains(a)).map(|a| r.in_shape[a].clone()).collect(),
+            r.axes.iter().map(|&a| r.in_shape[a].clone()).collect(),
+        ),
+    };
+    let mut store = ViewStack::contiguous(&outer);
+    if tb.reduce.is_some() {
+        tree.for_each_view(&mut |v, inner| {
+            if !inner {
+                v.apply(&Movement::Reshape(outer.clone()));
+            }
+        });
+    }
+    // Merge adjacent loop dims that every view is contiguous across.
+    let (n_o, n_r) = (outer.len(), red.len());
+    let mut tops: Vec<(View, bool)> = vec![(store.top().clone(), false)];
+    tree.for_each_view(&mut |v, inner| tops.push((v.top().clone(), inner)));
+    let outer_groups = merge_groups(0, n_o, |d| tops.iter().all(|(v, _)| v.mergeable(d)));
+    let red_groups =
+        merge_groups(n_o, n_o + n_r, |d| tops.iter().filter(|(_, inner)| *inner).all(|(v, _)| v.mergeable(d)));
+    let full: Vec<Dim> = outer.iter().chain(&red).cloned().collect();
+    let sizes = |groups: &[(usize, usize)]| -> Vec<Dim> {
+        groups.iter().map(|&(a, b)| product(&full[a..b])).filter(|d| d.as_const() != Some(1)).collect()
+    };
+    let (outer_sizes, red_sizes) = (sizes(&outer_groups), sizes(&red_groups));
+    let all_sizes: Vec<Dim> = outer_sizes.iter().chain(&red_sizes).cloned().collect();
+    store.apply(&Movement::Reshape(outer_sizes.clone()));
+    tree.for_each_view(&mut |v, inner| {
+        v.apply(&Movement::Reshape(if inner { all_sizes.clone() } else { outer_sizes.clone() }));
+    });
+
+    let (n_outer, n_total) = (outer_sizes.len(), all_sizes.len());
+    let mut cx = IndexCx::new(symbols.to_vec());
+    cx.extents = all_sizes.iter().map(|d| d.as_const()).collect();
+    let extents: Vec<IExpr> = all_sizes.iter().map(|d| cx.dim(d)).collect::<Result<_, _>>()?;
+    let mut em = Emitter {
+        cx,
+        params: Vec::new(),
+        pre: vec![Vec::new(); n_total + 1],
+        post: vec![Vec::new(); n_total + 1],
+        cse: HashMap::new(),
+        next_reg: 0,
+        next_acc: 0,
+        min_level: usize::from(n_outer > 0),
+        n_outer,
+        n_total,
+    };
+    let dtype = g.ty(root).dtype;
+    em.param(target, dtype, Access::Write);
+    let value = em.emit(&tree)?;
+    let (index, _) = store.index(&em.vars(false), &em.cx)?;
+    em.post[n_outer].push(Stmt::Store { buf: 0, index, value: value.reg });
+    let mut body = em.assemble(0, &extents);
+    renumber(&mut body, &mut HashMap::new());
+    let n_syms = max_sym_stmts(&body).map_or(0, |m| m + 1);
+    let (args, params): (Vec<BufId>, Vec<Param>) = em.params.into_iter().unzip();
+    Ok((Kernel::Loops(LoopKernel { params, n_syms, body }), args))
+}
+
+/// Renumbers registers in statement order, so that dumps read top to bottom and equal kernels
+/// built in different orders compare equal.
+fn renumber(stmts: &mut [Stmt], map: &mut HashMap<Reg, Reg>) {
+    let get = |map: &HashMap<Reg, Reg>, r: &mut Reg| *r = map[r];
+    for s in stmts {
+        match s {
+            Stmt::Let { reg, inst, .. } => {
+                match inst {
+                    Inst::Unary(_, a) | Inst::Cast(a) => get(map, a),
+                    Inst::Binary(_, a, b) => {
+                        get(map, a);
+                        get(map, b);
+                    }
+                    Inst::Where(c, a, b) => {
+                        get(map, c);
+                        get(map, a);
+                        get(map, b);
+                    }
+                    Inst::Load { .. } | Inst::Const(_) | Inst::Index(_) | Inst::ReadAcc(_) => {}
+                }
+                let new = Reg(map.len() as u32);
+                map.insert(*reg, new);
+                *reg = new;
+            }
+            Stmt::Loop { body, .. } => renumber(body, map),
+            Stmt::AccUpdate { value, .. } | Stmt::Store { value, .. } => get(map, value),
+            Stmt::AccInit { .. } => {}
+        }
+    }
+}
+
+fn matmul_kernel(
+    g: &Graph,
+    bufs: &HashMap<NodeId, BufId>,
+    symbols: &[Symbol],
+    reduce: NodeId,
+    operands: [&MatmulOperand; 2],
+    target: BufId,
+    accumulate: bool,
+) -> Result<(Kernel, Vec<BufId>), LowerError> {
+    let cx = IndexCx::new(symbols.to_vec());
+    let space = g.ty(g.inputs(reduce)[0]).shape.to_vec();
+    let rank = space.len();
+    let (m_ax, n_ax, k_ax) = (rank - 3, rank - 2, rank - 1);
+    let dtype = g.ty(reduce).dtype;
+    let mut args = vec![target];
+    let mut params = vec![Param { dtype, access: Access::Write }];
+    let mut mats = Vec::new();
+    for (which, op) in operands.iter().enumerate() {
+        let buf = *bufs
+            .get(&op.base)
+            .ok_or_else(|| LowerError::InvalidGraph(format!("{}: matmul operand has no buffer", op.base)))?;
+        let p = match args.iter().position(|&b| b == buf) {
+            Some(p) => p,
+            None => {
+                args.push(buf);
+                params.push(Param { dtype, access: Access::Read });
+                args.len() - 1
+            }
+        };
+        let stack = ViewStack::contiguous(&g.ty(op.base).shape).through(op.chain.iter().rev());
+        let v = stack.top();
+        let stride = |d: usize| -> Result<IExpr, LowerError> {
+            if space[d].as_const() == Some(1) { Ok(IExpr::Const(0)) } else { cx.dim(&v.strides[d]) }
+        };
+        let batch_stride = match (0..m_ax).rev().find(|&d| space[d].as_const() != Some(1)) {
+            Some(d) => stride(d)?,
+            None => IExpr::Const(0),
+        };
+        let (row, col) = if which == 0 { (m_ax, k_ax) } else { (k_ax, n_ax) };
+        mats.push(MatOperand {
+            buf: p as u32,
+            offset: cx.dim(&v.offset)?,
+            batch_stride,
+            row_stride: stride(row)?,
+            col_stride: stride(col)?,
+        });
+    }
+    let (m, n) = (&space[m_ax], &space[n_ax]);
+    let c = MatOperand {
+        buf: 0,
+        offset: IExpr::Const(0),
+        batch_stride: cx.dim(&(m * n))?,
+        row_stride: cx.dim(n)?,
+        col_stride: IExpr::Const(1),
+    };
+    let b = mats.pop().expect("two operands");
+    let a = mats.pop().expect("two operands");
+    let exprs = [&a.offset, &a.batch_stride, &a.row_stride, &b.offset, &b.batch_stride, &b.row_stride, &c.batch_stride];
+    let dims = [product(&space[..m_ax]), m.clone(), n.clone(), space[k_ax].clone()];
+    let dim_exprs: Vec<IExpr> = dims.iter().map(|d| cx.dim(d)).collect::<Result<_, _>>()?;
+    let n_syms = exprs.iter().copied().chain(&dim_exprs).filter_map(max_sym_expr).max().map_or(0, |m| m + 1);
+    let [batch, m, n, k] = <[IExpr; 4]>::try_from(dim_exprs).expect("four dims");
+    Ok((Kernel::Matmul(MatmulKernel { params, n_syms, dtype, batch, m, n, k, a, b, c, accumulate }), args))
+}
+
+/// Emits the program for decided boundaries.
+pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
+    let symbols = graph_symbols(g, &dec.order);
+    let mut buffers: Vec<BufferInfo> = Vec::new();
+    let mut bufs: HashMap<NodeId, BufId> = HashMap::new();
+    let new_buf = |buffers: &mut Vec<BufferInfo>, n: NodeId, kind: BufferKind| {
+        let t = g.ty(n);
+        buffers.push(BufferInfo { dtype: t.dtype, numel: t.numel(), kind });
+        BufId(buffers.len() as u32 - 1)
+    };
+    let mut inputs: Vec<(u32, NodeId)> = dec
+        .order
+        .iter()
+        .filter_map(|&n| match g.op(n) {
+            Op::Input(i) => Some((i.slot, n)),
+            _ => None,
+        })
+        .collect();
+    inputs.sort();
+    for (slot, n) in inputs {
+        let b = new_buf(&mut buffers, n, BufferKind::Input(slot));
+        bufs.insert(n, b);
+    }
+    let mut outputs = Vec::new();
+    let mut out_bufs: HashMap<NodeId, BufId> = HashMap::new();
+    let mut copies = Vec::new();
+    for (i, &o) in g.outputs().iter().enumerate() {
+        let b = match out_bufs.get(&o) {
+            Some(&b) => b,
+            None => {
+                let b = new_buf(&mut buffers, o, BufferKind::Output(i as u32));
+                out_bufs.insert(o, b);
+                if matches!(g.op(o), Op::Input(_)) {
+                    copies.push((o, b));
+                } else {
+                    bufs.insert(o, b);
+                }
+                b
+            }
+        };
+        outputs.push((b, g.ty(o).clone()));
+    }
+    for &n in &dec.order {
+        if dec.plans.contains_key(&n) && !bufs.contains_key(&n) {
+            if let Some(o) = dec.aliases.get(&n) {
+                bufs.insert(n, out_bufs[o]);
+                continue;
+            }
+            let b = new_buf(&mut buffers, n, BufferKind::Temp);
+            bufs.insert(n, b);
+        }
+    }
+
+    let mut kernels: Vec<Kernel> = Vec::new();
+    let mut kernel_ids: HashMap<Kernel, u32> = HashMap::new();
+    let mut steps = Vec::new();
+    let mut launch = |(k, args): (Kernel, Vec<BufId>)| {
+        let id = *kernel_ids.entry(k.clone()).or_insert_with(|| {
+            kernels.push(k);
+            kernels.len() as u32 - 1
+        });
+        steps.push(Step { kernel: id, args });
+    };
+    for (o, b) in copies {
+        launch(loop_kernel(g, &bufs, &symbols, o, true, b)?);
+    }
+    for &n in &dec.order {
+        let Some(plan) = dec.plans.get(&n) else { continue };
+        let target = bufs[&n];
+        match plan {
+            Plan::Loops => launch(loop_kernel(g, &bufs, &symbols, n, true, target)?),
+            Plan::Matmul { reduce, a, b, bias } => {
+                if let Some(bias) = bias {
+                    launch(loop_kernel(g, &bufs, &symbols, *bias, false, target)?);
+                }
+                launch(matmul_kernel(g, &bufs, &symbols, *reduce, [a, b], target, bias.is_some())?);
+            }
+        }
+    }
+    Ok(Program { symbols, kernels, steps, buffers, outputs })
+}

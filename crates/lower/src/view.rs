@@ -1,0 +1,620 @@
+//! View tracking: how a kernel's loop indices map to element positions in a buffer, through any
+//! chain of movement ops (reshape, permute, expand, pad, shrink), without ever copying.
+//!
+//! A `View` is a strided window (shape, strides, offset, optional validity mask) over the linear
+//! positions of what lies below it. Movement ops compose into the top view of a `ViewStack` when
+//! they can (permute, expand, shrink and pad always can; reshape can when the dims it merges are
+//! contiguous with each other). A reshape that cannot be merged pushes a new contiguous view: the
+//! index of the view below is then recovered with div/mod, which is the only place div/mod index
+//! math comes from. Dims stay symbolic (`air::Dim`) while views compose, so that merging decisions
+//! compare canonical polynomials; `IndexCx` turns them into kir `IExpr`s at the end, with symbol
+//! `n` of `Program::symbols` as `IExpr::Sym(n)`, and simplifies div/mod of affine expressions with
+//! the known loop extents (`(i0*6 + i1) / 6` is `i0` when `i1 < 6`).
+
+use std::collections::BTreeMap;
+
+use air::{Dim, Symbol};
+
+use crate::error::LowerError;
+use crate::kir::IExpr;
+
+/// One movement op, with its attributes, as the view tracker applies it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Movement {
+    Reshape(Vec<Dim>),
+    Permute(Vec<usize>),
+    Expand(Vec<Dim>),
+    Pad(Vec<(Dim, Dim)>),
+    Shrink(Vec<(Dim, Dim)>),
+}
+
+/// A strided window: the element at multi-index `idx` is position
+/// `offset + sum(idx[d] * strides[d])` of what lies below, and exists only where every
+/// `mask[d] = (lo, hi)` holds `lo <= idx[d] < hi` (elsewhere it is padding).
+#[derive(Clone, Debug, PartialEq)]
+pub struct View {
+    pub shape: Vec<Dim>,
+    pub strides: Vec<Dim>,
+    pub offset: Dim,
+    pub mask: Option<Vec<(Dim, Dim)>>,
+}
+
+fn is_one(d: &Dim) -> bool {
+    d.as_const() == Some(1)
+}
+
+fn is_zero(d: &Dim) -> bool {
+    d.as_const() == Some(0)
+}
+
+/// Row-major strides of `shape`.
+pub fn row_major(shape: &[Dim]) -> Vec<Dim> {
+    let mut strides = vec![Dim::Const(1); shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = &strides[d + 1] * &shape[d + 1];
+    }
+    strides
+}
+
+/// A value to decide the order of symbolic sizes by; equality is always checked exactly.
+fn probe(d: &Dim) -> i64 {
+    let mut b = air::Bindings::new();
+    for s in d.symbols() {
+        b.insert(s, 7);
+    }
+    d.eval(&b).unwrap_or(i64::MAX)
+}
+
+impl View {
+    pub fn contiguous(shape: &[Dim]) -> View {
+        View { shape: shape.to_vec(), strides: row_major(shape), offset: Dim::Const(0), mask: None }
+    }
+
+    /// Whether the mask of dim `d` keeps every index of the dim.
+    pub fn mask_trivial(&self, d: usize) -> bool {
+        match &self.mask {
+            None => true,
+            Some(m) => range_covers(&m[d], &self.shape[d]),
+        }
+    }
+
+    fn normalize_mask(&mut self) {
+        if (0..self.shape.len()).all(|d| self.mask_trivial(d)) {
+            self.mask = None;
+        }
+    }
+
+    fn mask_or_full(&self) -> Vec<(Dim, Dim)> {
+        match &self.mask {
+            Some(m) => m.clone(),
+            None => self.shape.iter().map(|s| (Dim::Const(0), s.clone())).collect(),
+        }
+    }
+
+    /// Whether dims `d` and `d + 1` can become one dim of this view.
+    pub fn mergeable(&self, d: usize) -> bool {
+        if !self.mask_trivial(d) || !self.mask_trivial(d + 1) {
+            return false;
+        }
+        is_one(&self.shape[d])
+            || is_one(&self.shape[d + 1])
+            || self.strides[d] == &self.strides[d + 1] * &self.shape[d + 1]
+    }
+
+    fn permute(&self, perm: &[usize]) -> View {
+        View {
+            shape: perm.iter().map(|&p| self.shape[p].clone()).collect(),
+            strides: perm.iter().map(|&p| self.strides[p].clone()).collect(),
+            offset: self.offset.clone(),
+            mask: self.mask.as_ref().map(|m| perm.iter().map(|&p| m[p].clone()).collect()),
+        }
+    }
+
+    /// `None` when a broadcast size-1 dim carries a mask whose truth is not a constant.
+    fn expand(&self, shape: &[Dim]) -> Option<View> {
+        let mut v = self.clone();
+        let mut mask = self.mask_or_full();
+        for d in 0..shape.len() {
+            if shape[d] == self.shape[d] {
+                continue;
+            }
+            v.strides[d] = Dim::Const(0);
+            let (lo, hi) = &mask[d];
+            let valid = match (lo.as_const(), hi.as_const()) {
+                (Some(lo), Some(hi)) => lo <= 0 && 0 < hi,
+                _ => return None,
+            };
+            mask[d] = (Dim::Const(0), if valid { shape[d].clone() } else { Dim::Const(0) });
+        }
+        v.shape = shape.to_vec();
+        v.mask = Some(mask);
+        v.normalize_mask();
+        Some(v)
+    }
+
+    fn shrink(&self, ranges: &[(Dim, Dim)]) -> View {
+        let mut offset = self.offset.clone();
+        for (d, (start, _)) in ranges.iter().enumerate() {
+            offset = &offset + &(start * &self.strides[d]);
+        }
+        let mask =
+            self.mask.as_ref().map(|m| m.iter().zip(ranges).map(|((lo, hi), (s, _))| (lo - s, hi - s)).collect());
+        let mut v =
+            View { shape: ranges.iter().map(|(s, e)| e - s).collect(), strides: self.strides.clone(), offset, mask };
+        v.normalize_mask();
+        v
+    }
+
+    fn pad(&self, padding: &[(Dim, Dim)]) -> View {
+        let mut offset = self.offset.clone();
+        for (d, (before, _)) in padding.iter().enumerate() {
+            offset = &offset - &(before * &self.strides[d]);
+        }
+        let mask = self.mask_or_full().iter().zip(padding).map(|((lo, hi), (b, _))| (lo + b, hi + b)).collect();
+        let mut v = View {
+            shape: self.shape.iter().zip(padding).map(|(s, (b, a))| &(s + b) + a).collect(),
+            strides: self.strides.clone(),
+            offset,
+            mask: Some(mask),
+        };
+        v.normalize_mask();
+        v
+    }
+
+    /// Reshapes this view in place of pushing a new one, when every group of dims that the
+    /// reshape merges or splits is contiguous and unmasked. `None` otherwise.
+    fn reshape(&self, new: &[Dim]) -> Option<View> {
+        if self.shape.as_slice() == new {
+            return Some(self.clone());
+        }
+        // Size-1 dims carry nothing but their mask; a masked-out one (empty view) is not merged.
+        let mut old: Vec<usize> = Vec::new();
+        for d in 0..self.shape.len() {
+            if is_one(&self.shape[d]) {
+                if !self.mask_trivial(d) {
+                    return None;
+                }
+            } else {
+                old.push(d);
+            }
+        }
+        let new_dims: Vec<usize> = (0..new.len()).filter(|&d| !is_one(&new[d])).collect();
+        let mut strides = vec![Dim::Const(0); new.len()];
+        let mut mask: Vec<(Dim, Dim)> = new.iter().map(|s| (Dim::Const(0), s.clone())).collect();
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() && j < new_dims.len() {
+            let (i0, j0) = (i, j);
+            let mut po = self.shape[old[i]].clone();
+            let mut pn = new[new_dims[j]].clone();
+            i += 1;
+            j += 1;
+            while po != pn {
+                if probe(&po) < probe(&pn) {
+                    if i == old.len() {
+                        return None;
+                    }
+                    po = &po * &self.shape[old[i]];
+                    i += 1;
+                } else {
+                    if j == new_dims.len() {
+                        return None;
+                    }
+                    pn = &pn * &new[new_dims[j]];
+                    j += 1;
+                }
+            }
+            if i - i0 == 1 && j - j0 == 1 {
+                strides[new_dims[j0]] = self.strides[old[i0]].clone();
+                if let Some(m) = &self.mask {
+                    mask[new_dims[j0]] = m[old[i0]].clone();
+                }
+                continue;
+            }
+            for a in i0..i {
+                if !self.mask_trivial(old[a]) {
+                    return None;
+                }
+                if a + 1 < i && self.strides[old[a]] != &self.strides[old[a + 1]] * &self.shape[old[a + 1]] {
+                    return None;
+                }
+            }
+            let mut stride = self.strides[old[i - 1]].clone();
+            for b in (j0..j).rev() {
+                strides[new_dims[b]] = stride.clone();
+                stride = &stride * &new[new_dims[b]];
+            }
+        }
+        if i != old.len() || j != new_dims.len() {
+            return None;
+        }
+        let mut v = View { shape: new.to_vec(), strides, offset: self.offset.clone(), mask: Some(mask) };
+        v.normalize_mask();
+        Some(v)
+    }
+}
+
+/// Whether `lo <= i < hi` holds for every `i` in `0..size`.
+fn range_covers((lo, hi): &(Dim, Dim), size: &Dim) -> bool {
+    let lo_ok = lo.as_const().is_some_and(|l| l <= 0);
+    let hi_ok = hi == size || matches!((hi.as_const(), size.as_const()), (Some(h), Some(s)) if h >= s);
+    lo_ok && hi_ok
+}
+
+/// A stack of views: `views[0]` addresses the buffer (or, for index-only uses like `iota`, a
+/// virtual contiguous tensor of shape `base`); each later view addresses the linear positions of
+/// the one below it. The last view's shape is what the consumer sees.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ViewStack {
+    pub base: Vec<Dim>,
+    pub views: Vec<View>,
+}
+
+impl ViewStack {
+    pub fn contiguous(shape: &[Dim]) -> ViewStack {
+        ViewStack { base: shape.to_vec(), views: vec![View::contiguous(shape)] }
+    }
+
+    pub fn top(&self) -> &View {
+        self.views.last().expect("a view stack is never empty")
+    }
+
+    pub fn shape(&self) -> &[Dim] {
+        &self.top().shape
+    }
+
+    /// Whether the stack is one view with no mask: its index is affine in the loop variables.
+    pub fn is_affine(&self) -> bool {
+        self.views.len() == 1 && self.views[0].mask.is_none()
+    }
+
+    fn push_contiguous(&mut self) {
+        let shape = self.shape().to_vec();
+        self.views.push(View::contiguous(&shape));
+    }
+
+    /// Applies one movement op on top of the stack.
+    pub fn apply(&mut self, m: &Movement) {
+        let top = self.views.len() - 1;
+        match m {
+            Movement::Reshape(shape) => match self.views[top].reshape(shape) {
+                Some(v) => self.views[top] = v,
+                None => self.views.push(View::contiguous(shape)),
+            },
+            Movement::Permute(perm) => self.views[top] = self.views[top].permute(perm),
+            Movement::Expand(shape) => match self.views[top].expand(shape) {
+                Some(v) => self.views[top] = v,
+                None => {
+                    self.push_contiguous();
+                    let top = self.views.len() - 1;
+                    if let Some(v) = self.views[top].expand(shape) {
+                        self.views[top] = v;
+                    }
+                }
+            },
+            Movement::Pad(p) => self.views[top] = self.views[top].pad(p),
+            Movement::Shrink(r) => self.views[top] = self.views[top].shrink(r),
+        }
+    }
+
+    /// The stack seen through `ops`, applied first to last.
+    pub fn through<'a>(mut self, ops: impl IntoIterator<Item = &'a Movement>) -> ViewStack {
+        for m in ops {
+            self.apply(m);
+        }
+        self
+    }
+
+    /// The buffer index and validity mask of the element at `idx` (one expression per dim of
+    /// the top view).
+    pub fn index(&self, idx: &[IExpr], cx: &IndexCx) -> Result<(IExpr, Option<IExpr>), LowerError> {
+        let mut idx = idx.to_vec();
+        let mut valid: Option<IExpr> = None;
+        for k in (0..self.views.len()).rev() {
+            let v = &self.views[k];
+            if let Some(mask) = &v.mask {
+                for (d, range) in mask.iter().enumerate() {
+                    if let Some(c) = cx.range_cond(&idx[d], range, &v.shape[d])? {
+                        valid = Some(match valid {
+                            None => c,
+                            Some(p) => IExpr::and(p, c),
+                        });
+                    }
+                }
+            }
+            let mut lin = IExpr::Const(0);
+            for ((i, size), stride) in idx.iter().zip(&v.shape).zip(&v.strides) {
+                if is_one(size) || is_zero(stride) {
+                    continue;
+                }
+                lin = IExpr::add(lin, IExpr::mul(i.clone(), cx.dim(stride)?));
+            }
+            lin = cx.canon(IExpr::add(lin, cx.dim(&v.offset)?));
+            if k == 0 {
+                return Ok((lin, valid));
+            }
+            idx = cx.delinearize(&lin, &self.views[k - 1].shape)?;
+        }
+        unreachable!("a view stack is never empty")
+    }
+
+    /// The index along every dim of `base` of the element at `idx`, and the validity mask.
+    pub fn indices(&self, idx: &[IExpr], cx: &IndexCx) -> Result<(Vec<IExpr>, Option<IExpr>), LowerError> {
+        let (lin, valid) = self.index(idx, cx)?;
+        Ok((cx.delinearize(&lin, &self.base)?, valid))
+    }
+}
+
+/// Turns dims into index expressions and simplifies them with the loop extents.
+#[derive(Clone, Debug, Default)]
+pub struct IndexCx {
+    /// `Program::symbols`: symbol `n` is `IExpr::Sym(n)`.
+    pub symbols: Vec<Symbol>,
+    /// The extent of loop variable `v`, where it is a constant.
+    pub extents: Vec<Option<i64>>,
+}
+
+/// An affine form `sum(coef * var) + constant` with constant coefficients.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Affine {
+    terms: BTreeMap<u32, i64>,
+    constant: i64,
+}
+
+impl Affine {
+    fn of(e: &IExpr) -> Option<Affine> {
+        match e {
+            IExpr::Const(c) => Some(Affine { terms: BTreeMap::new(), constant: *c }),
+            IExpr::Var(v) => Some(Affine { terms: BTreeMap::from([(v.0, 1)]), constant: 0 }),
+            IExpr::Add(a, b) => {
+                let mut x = Affine::of(a)?;
+                let y = Affine::of(b)?;
+                for (v, c) in y.terms {
+                    *x.terms.entry(v).or_insert(0) += c;
+                }
+                x.terms.retain(|_, c| *c != 0);
+                x.constant = x.constant.checked_add(y.constant)?;
+                Some(x)
+            }
+            IExpr::Mul(a, b) => {
+                let (x, k) = match (a.as_const(), b.as_const()) {
+                    (Some(k), _) => (Affine::of(b)?, k),
+                    (_, Some(k)) => (Affine::of(a)?, k),
+                    _ => return None,
+                };
+                let mut terms = BTreeMap::new();
+                for (v, c) in x.terms {
+                    if c.checked_mul(k)? != 0 {
+                        terms.insert(v, c * k);
+                    }
+                }
+                Some(Affine { terms, constant: x.constant.checked_mul(k)? })
+            }
+            _ => None,
+        }
+    }
+
+    fn expr(&self) -> IExpr {
+        let mut e = IExpr::Const(0);
+        for (&v, &c) in &self.terms {
+            e = IExpr::add(e, IExpr::mul(IExpr::Var(crate::kir::Var(v)), IExpr::Const(c)));
+        }
+        IExpr::add(e, IExpr::Const(self.constant))
+    }
+}
+
+impl IndexCx {
+    pub fn new(symbols: Vec<Symbol>) -> IndexCx {
+        IndexCx { symbols, extents: Vec::new() }
+    }
+
+    /// A dim as an index expression: its polynomial over `IExpr::Sym`s.
+    pub fn dim(&self, d: &Dim) -> Result<IExpr, LowerError> {
+        if let Some(c) = d.as_const() {
+            return Ok(IExpr::Const(c));
+        }
+        // `Dim` keeps its polynomial private; its printed form (`2*seq*b - 3`) is canonical and
+        // documented, so read the terms back from it.
+        let text = d.to_string();
+        let bad = || LowerError::InvalidGraph(format!("cannot turn dim `{text}` into an index"));
+        let mut out = IExpr::Const(0);
+        let mut sign = 1i64;
+        for tok in text.split_whitespace() {
+            match tok {
+                "+" => sign = 1,
+                "-" => sign = -1,
+                _ => {
+                    let (neg, body) = match tok.strip_prefix('-') {
+                        Some(b) => (true, b),
+                        None => (false, tok),
+                    };
+                    let mut term = IExpr::Const(if neg { -sign } else { sign });
+                    for factor in body.split('*') {
+                        let f = if let Ok(c) = factor.parse::<i64>() {
+                            IExpr::Const(c)
+                        } else {
+                            let n = self.symbols.iter().position(|s| s.name() == factor).ok_or_else(bad)?;
+                            IExpr::Sym(n as u32)
+                        };
+                        term = IExpr::mul(f, term);
+                    }
+                    out = IExpr::add(out, term);
+                    sign = 1;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The smallest and largest value of `e`, where it is affine in variables of known extent.
+    fn bounds(&self, e: &IExpr) -> Option<(i64, i64)> {
+        let a = Affine::of(e)?;
+        let (mut lo, mut hi) = (a.constant, a.constant);
+        for (&v, &c) in &a.terms {
+            let ext = (*self.extents.get(v as usize)?)?;
+            let top = c.checked_mul(ext.max(1) - 1)?;
+            if c >= 0 {
+                hi = hi.checked_add(top)?;
+            } else {
+                lo = lo.checked_add(top)?;
+            }
+        }
+        Some((lo, hi))
+    }
+
+    /// An affine expression in canonical order (`i0*64 + i1 + 3`); others unchanged.
+    pub fn canon(&self, e: IExpr) -> IExpr {
+        match Affine::of(&e) {
+            Some(a) => a.expr(),
+            None => e,
+        }
+    }
+
+    /// `e / d` and `e % d` where `e`'s terms split cleanly at `d`: `(quotient, remainder)`.
+    fn split(&self, e: &IExpr, d: i64) -> Option<(IExpr, IExpr)> {
+        if d <= 0 {
+            return None;
+        }
+        let a = Affine::of(e)?;
+        let mut q = Affine { terms: BTreeMap::new(), constant: a.constant.div_euclid(d) };
+        let mut r = Affine { terms: BTreeMap::new(), constant: a.constant.rem_euclid(d) };
+        for (&v, &c) in &a.terms {
+            if c % d == 0 {
+                q.terms.insert(v, c / d);
+            } else {
+                r.terms.insert(v, c);
+            }
+        }
+        let (lo, hi) = self.bounds(&r.expr())?;
+        (lo >= 0 && hi < d).then(|| (q.expr(), r.expr()))
+    }
+
+    pub fn div(&self, e: IExpr, d: &Dim) -> Result<IExpr, LowerError> {
+        if let Some(c) = d.as_const()
+            && let Some((q, _)) = self.split(&e, c)
+        {
+            return Ok(q);
+        }
+        Ok(IExpr::div(e, self.dim(d)?))
+    }
+
+    pub fn rem(&self, e: IExpr, d: &Dim) -> Result<IExpr, LowerError> {
+        if let Some(c) = d.as_const() {
+            if let Some((lo, hi)) = self.bounds(&e)
+                && lo >= 0
+                && hi < c
+            {
+                return Ok(e);
+            }
+            if let Some((_, r)) = self.split(&e, c) {
+                return Ok(r);
+            }
+        }
+        Ok(IExpr::rem(e, self.dim(d)?))
+    }
+
+    /// The row-major multi-index of linear position `lin` in `shape`. The first dim needs no
+    /// remainder: positions of valid elements are below the element count.
+    pub fn delinearize(&self, lin: &IExpr, shape: &[Dim]) -> Result<Vec<IExpr>, LowerError> {
+        let strides = row_major(shape);
+        let mut out = Vec::with_capacity(shape.len());
+        for d in 0..shape.len() {
+            if is_one(&shape[d]) {
+                out.push(IExpr::Const(0));
+                continue;
+            }
+            let q = self.div(lin.clone(), &strides[d])?;
+            let first_real = (0..d).all(|e| is_one(&shape[e]));
+            out.push(if first_real { q } else { self.rem(q, &shape[d])? });
+        }
+        Ok(out)
+    }
+
+    /// The condition `lo <= e < hi`, or `None` where it always holds for `e` in `0..size`.
+    pub fn range_cond(&self, e: &IExpr, range: &(Dim, Dim), size: &Dim) -> Result<Option<IExpr>, LowerError> {
+        let (lo, hi) = range;
+        let bounds = self.bounds(e);
+        let mut cond: Option<IExpr> = None;
+        let lo_needed = match lo.as_const() {
+            Some(l) => l > 0 && bounds.is_none_or(|(min, _)| min < l),
+            None => true,
+        };
+        if lo_needed {
+            cond = Some(IExpr::lt(self.dim(&(lo - 1))?, e.clone()));
+        }
+        let hi_needed = !range_covers(&(Dim::Const(0), hi.clone()), size)
+            && match hi.as_const() {
+                Some(h) => bounds.is_none_or(|(_, max)| max >= h),
+                None => true,
+            };
+        if hi_needed {
+            let c = IExpr::lt(e.clone(), self.dim(hi)?);
+            cond = Some(match cond {
+                None => c,
+                Some(p) => IExpr::and(p, c),
+            });
+        }
+        Ok(cond)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kir::Var;
+
+    fn dims(v: &[i64]) -> Vec<Dim> {
+        v.iter().map(|&c| Dim::Const(c)).collect()
+    }
+
+    fn cx(extents: &[i64]) -> IndexCx {
+        IndexCx { symbols: vec![Symbol::new("seq")], extents: extents.iter().map(|&e| Some(e)).collect() }
+    }
+
+    fn vars(n: u32) -> Vec<IExpr> {
+        (0..n).map(|v| IExpr::Var(Var(v))).collect()
+    }
+
+    #[test]
+    fn transpose_then_flatten_needs_div_mod() {
+        let s = ViewStack::contiguous(&dims(&[2, 3]))
+            .through(&[Movement::Permute(vec![1, 0]), Movement::Reshape(dims(&[6]))]);
+        assert_eq!(s.views.len(), 2);
+        let (i, m) = s.index(&vars(1), &cx(&[6])).unwrap();
+        assert_eq!(i.to_string(), "((i0 / 2) + (i0 % 2)*3)");
+        assert!(m.is_none());
+    }
+
+    #[test]
+    fn contiguous_reshapes_merge() {
+        let s = ViewStack::contiguous(&dims(&[4, 6]))
+            .through(&[Movement::Reshape(dims(&[2, 2, 3, 2])), Movement::Reshape(dims(&[24]))]);
+        assert_eq!(s.views.len(), 1);
+        let (i, _) = s.index(&vars(1), &cx(&[24])).unwrap();
+        assert_eq!(i.to_string(), "i0");
+    }
+
+    #[test]
+    fn symbolic_dims_become_syms() {
+        let seq = Dim::sym("seq");
+        let s = ViewStack::contiguous(&[seq.clone(), Dim::Const(4)]).through(&[Movement::Permute(vec![1, 0])]);
+        let (i, _) = s.index(&vars(2), &cx(&[4])).unwrap();
+        assert_eq!(i.to_string(), "(i0 + i1*4)");
+        let t = ViewStack::contiguous(&[Dim::Const(4), seq.clone()]);
+        let (j, _) = t.index(&vars(2), &IndexCx::new(vec![Symbol::new("seq")])).unwrap();
+        assert_eq!(j.to_string(), "(i0*s0 + i1)");
+        let c = IndexCx::new(vec![Symbol::new("seq")]);
+        assert_eq!(c.dim(&(&(&seq * 2) - 3)).unwrap().to_string(), "(s0*2 + -3)");
+    }
+
+    #[test]
+    fn pad_masks_and_shrink_offsets() {
+        let s = ViewStack::contiguous(&dims(&[3])).through(&[Movement::Pad(vec![(Dim::Const(1), Dim::Const(2))])]);
+        let (i, m) = s.index(&vars(1), &cx(&[6])).unwrap();
+        assert_eq!(i.to_string(), "(i0 + -1)");
+        assert_eq!(m.unwrap().to_string(), "((0 < i0) && (i0 < 4))");
+        let t = ViewStack::contiguous(&dims(&[5, 4]))
+            .through(&[Movement::Shrink(vec![(Dim::Const(1), Dim::Const(3)), (Dim::Const(0), Dim::Const(4))])]);
+        let (j, _) = t.index(&vars(2), &cx(&[2, 4])).unwrap();
+        assert_eq!(j.to_string(), "((i0*4 + i1) + 4)");
+    }
+}

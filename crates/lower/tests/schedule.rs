@@ -1,0 +1,876 @@
+//! Scheduling tests: golden kir dumps of fused programs, and a property test that
+//! `exec::run(compile(g))` agrees with `air::interp::eval(g)` on random graphs, fused and not.
+
+use air::op::{Cast, Const, Expand, Input, Iota, Pad, Permute, Reduce, Reshape, Shrink};
+use air::{
+    BinaryOp, Bindings, DType, Dim, Graph, HostData, HostTensor, NodeId, Op, ReduceOp, Scalar, Symbol, TensorType,
+    UnaryOp,
+};
+use expect_test::{Expect, expect};
+use kiln_lower::exec;
+use kiln_lower::{CompileOptions, Program, compile};
+use proptest::prelude::*;
+
+/// Builds graphs tersely.
+#[derive(Default)]
+struct B {
+    g: Graph,
+    slots: u32,
+}
+
+fn dims(v: &[i64]) -> Vec<Dim> {
+    v.iter().map(|&d| Dim::Const(d)).collect()
+}
+
+impl B {
+    fn input(&mut self, dtype: DType, shape: &[Dim]) -> NodeId {
+        let n = self.g.add_leaf(Op::Input(Input { slot: self.slots }), TensorType::new(dtype, shape.to_vec())).unwrap();
+        self.slots += 1;
+        n
+    }
+    fn f32(&mut self, shape: &[i64]) -> NodeId {
+        self.input(DType::F32, &dims(shape))
+    }
+    fn konst(&mut self, v: f32, shape: &[Dim]) -> NodeId {
+        let ty = TensorType::new(DType::F32, shape.to_vec());
+        self.g.add_leaf(Op::Const(Const { value: Scalar::Float(v as f64) }), ty).unwrap()
+    }
+    fn op(&mut self, op: Op, inputs: &[NodeId]) -> NodeId {
+        self.g.add(op, inputs).unwrap()
+    }
+    fn un(&mut self, op: UnaryOp, x: NodeId) -> NodeId {
+        self.op(Op::Unary(op), &[x])
+    }
+    fn bin(&mut self, op: BinaryOp, a: NodeId, b: NodeId) -> NodeId {
+        self.op(Op::Binary(op), &[a, b])
+    }
+    fn reduce(&mut self, op: ReduceOp, x: NodeId, axes: &[usize]) -> NodeId {
+        self.op(Op::Reduce(Reduce { op, axes: axes.into() }), &[x])
+    }
+    fn shape(&self, x: NodeId) -> Vec<Dim> {
+        self.g.ty(x).shape.to_vec()
+    }
+    fn reshape(&mut self, x: NodeId, shape: &[Dim]) -> NodeId {
+        self.op(Op::Reshape(Reshape { shape: shape.into() }), &[x])
+    }
+    fn permute(&mut self, x: NodeId, perm: &[usize]) -> NodeId {
+        self.op(Op::Permute(Permute { perm: perm.into() }), &[x])
+    }
+    fn expand(&mut self, x: NodeId, shape: &[Dim]) -> NodeId {
+        self.op(Op::Expand(Expand { shape: shape.into() }), &[x])
+    }
+    /// Broadcasts `x` (with size-1 dims where needed) to the shape of `like`.
+    fn expand_like(&mut self, x: NodeId, like: NodeId) -> NodeId {
+        let s = self.shape(like);
+        self.expand(x, &s)
+    }
+    /// The front end's canonical matmul: expand-mul-sum over `[..., M, N, K]`.
+    fn matmul(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        let (sa, sb) = (self.shape(a), self.shape(b));
+        let r = sa.len();
+        let (m, k, n) = (sa[r - 2].clone(), sa[r - 1].clone(), sb[r - 1].clone());
+        let batch = &sa[..r - 2];
+        let with = |tail: &[Dim]| -> Vec<Dim> { batch.iter().chain(tail).cloned().collect() };
+        let a1 = self.reshape(a, &with(&[m.clone(), Dim::Const(1), k.clone()]));
+        let a2 = self.expand(a1, &with(&[m.clone(), n.clone(), k.clone()]));
+        let mut perm: Vec<usize> = (0..r).collect();
+        perm.swap(r - 2, r - 1);
+        let bt = self.permute(b, &perm);
+        let b1 = self.reshape(bt, &with(&[Dim::Const(1), n.clone(), k.clone()]));
+        let b2 = self.expand(b1, &with(&[m.clone(), n.clone(), k.clone()]));
+        let p = self.bin(BinaryOp::Mul, a2, b2);
+        let s = self.reduce(ReduceOp::Sum, p, &[r]);
+        self.reshape(s, &with(&[m, n]))
+    }
+    fn out(mut self, outs: &[NodeId]) -> Graph {
+        for &o in outs {
+            self.g.add_output(o);
+        }
+        self.g
+    }
+}
+
+fn fused() -> CompileOptions {
+    CompileOptions { optimize: false, ..CompileOptions::default() }
+}
+
+fn unfused() -> CompileOptions {
+    CompileOptions { fuse: false, optimize: false, ..CompileOptions::default() }
+}
+
+/// Deterministic pseudo-random inputs for every input node of `g`.
+fn inputs_for(g: &Graph, bindings: &Bindings, seed: u64) -> Vec<HostTensor> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
+    };
+    g.input_nodes()
+        .into_iter()
+        .map(|(_, n)| {
+            let ty = g.ty(n);
+            let shape = air::dim::eval_shape(&ty.shape, bindings).unwrap();
+            let numel: usize = shape.iter().product();
+            let vals: Vec<f64> = (0..numel).map(|_| next()).collect();
+            let data = match ty.dtype {
+                DType::F32 => HostData::F32(vals.iter().map(|&v| v as f32).collect()),
+                DType::F64 => HostData::F64(vals),
+                DType::I32 => HostData::I32(vals.iter().map(|&v| (v * 10.0) as i32).collect()),
+                DType::I64 => HostData::I64(vals.iter().map(|&v| (v * 10.0) as i64).collect()),
+                DType::Bool => HostData::Bool(vals.iter().map(|&v| v > 0.0).collect()),
+                DType::F16 => HostData::F16(vals.iter().map(|&v| half::f16::from_f64(v)).collect()),
+                DType::BF16 => HostData::BF16(vals.iter().map(|&v| half::bf16::from_f64(v)).collect()),
+            };
+            HostTensor::new(data, shape).unwrap()
+        })
+        .collect()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    if a.is_nan() || b.is_nan() {
+        return a.is_nan() && b.is_nan();
+    }
+    if a.is_infinite() || b.is_infinite() {
+        return a == b || (a - b).abs() <= 1e-3 * a.abs().max(b.abs());
+    }
+    (a - b).abs() <= 1e-3 * (1.0 + a.abs().max(b.abs()))
+}
+
+/// Compares `exec::run(program)` with `air::interp::eval(g)`.
+fn agree(g: &Graph, program: &Program, bindings: &Bindings, seed: u64) -> Result<(), String> {
+    let inputs = inputs_for(g, bindings, seed);
+    let want = air::eval(g, &inputs, bindings).map_err(|e| format!("interp: {e}"))?;
+    let got = exec::run(program, &inputs, bindings).map_err(|e| format!("exec: {e}\n{program}"))?;
+    if want.len() != got.len() {
+        return Err(format!("{} outputs, expected {}", got.len(), want.len()));
+    }
+    for (i, (w, o)) in want.iter().zip(&got).enumerate() {
+        if w.shape != o.shape || w.dtype() != o.dtype() {
+            return Err(format!("output {i}: {:?} {} vs {:?} {}", o.shape, o.dtype(), w.shape, w.dtype()));
+        }
+        let (wv, ov) = (w.data.to_f64_vec(), o.data.to_f64_vec());
+        for (e, (x, y)) in wv.iter().zip(&ov).enumerate() {
+            if !close(*x, *y) {
+                return Err(format!("output {i}[{e}]: got {y}, expected {x}\n{}\n{program}", air::print(g)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Compiles fused, checks the dump and checks the result against the interpreter (fused and not).
+fn check(g: Graph, want: Expect) {
+    let p = compile(&g, &fused()).unwrap();
+    want.assert_eq(&p.to_string());
+    agree(&g, &p, &Bindings::new(), 1).unwrap();
+    agree(&g, &compile(&g, &unfused()).unwrap(), &Bindings::new(), 1).unwrap();
+}
+
+fn count_kernels(p: &Program, matmul: bool) -> usize {
+    p.steps
+        .iter()
+        .filter(|s| matches!(p.kernels[s.kernel as usize], kiln_lower::kir::Kernel::Matmul(_)) == matmul)
+        .count()
+}
+
+#[test]
+fn elementwise_chain_fuses_into_one_flat_kernel() {
+    let mut b = B::default();
+    let x = b.f32(&[4, 8]);
+    let y = b.un(UnaryOp::Neg, x);
+    let z = b.un(UnaryOp::Exp2, y);
+    let w = b.un(UnaryOp::Neg, z);
+    check(
+        b.out(&[w]),
+        expect![[r#"
+            buf0: f32[32] input 0
+            buf1: f32[32] output 0
+            k0 = kernel(b0: out f32, b1: in f32) {
+              for i0 in 0..32 parallel {
+                r0: f32 = load b1[i0]
+                r1: f32 = neg r0
+                r2: f32 = exp2 r1
+                r3: f32 = neg r2
+                store b0[i0] = r3
+              }
+            }
+            launch k0(buf1, buf0)
+            return buf1: f32[4, 8]
+        "#]],
+    );
+}
+
+#[test]
+fn elementwise_producers_fuse_into_a_full_reduction() {
+    let mut b = B::default();
+    let x = b.f32(&[3, 5]);
+    let y = b.un(UnaryOp::Neg, x);
+    let z = b.un(UnaryOp::Exp2, y);
+    let w = b.un(UnaryOp::Recip, z);
+    let s = b.reduce(ReduceOp::Sum, w, &[0, 1]);
+    check(
+        b.out(&[s]),
+        expect![[r#"
+        buf0: f32[15] input 0
+        buf1: f32[1] output 0
+        k0 = kernel(b0: out f32, b1: in f32) {
+          acc0: f32 = sum.init
+          for i0 in 0..15 {
+            r0: f32 = load b1[i0]
+            r1: f32 = neg r0
+            r2: f32 = exp2 r1
+            r3: f32 = recip r2
+            acc0 <- r3
+          }
+          r4: f32 = read acc0
+          store b0[0] = r4
+        }
+        launch k0(buf1, buf0)
+        return buf1: f32[1, 1]
+    "#]],
+    );
+}
+
+/// softmax over the last axis, as the front end builds it.
+fn softmax(b: &mut B, x: NodeId, axis: usize) -> NodeId {
+    let m = b.reduce(ReduceOp::Max, x, &[axis]);
+    let me = b.expand_like(m, x);
+    let d = b.bin(BinaryOp::Sub, x, me);
+    let shape = b.shape(x);
+    let c = b.konst(std::f32::consts::LOG2_E, &shape);
+    let t = b.bin(BinaryOp::Mul, d, c);
+    let e = b.un(UnaryOp::Exp2, t);
+    let s = b.reduce(ReduceOp::Sum, e, &[axis]);
+    let se = b.expand_like(s, x);
+    b.bin(BinaryOp::Div, e, se)
+}
+
+#[test]
+fn softmax_is_three_kernels() {
+    let mut b = B::default();
+    let x = b.f32(&[4, 6]);
+    let y = softmax(&mut b, x, 1);
+    check(
+        b.out(&[y]),
+        expect![[r#"
+        buf0: f32[24] input 0
+        buf1: f32[24] output 0
+        buf2: f32[4] temp
+        buf3: f32[4] temp
+        k0 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..4 parallel {
+            acc0: f32 = max.init
+            for i1 in 0..6 {
+              r0: f32 = load b1[(i0*6 + i1)]
+              acc0 <- r0
+            }
+            r1: f32 = read acc0
+            store b0[i0] = r1
+          }
+        }
+        k1 = kernel(b0: out f32, b1: in f32, b2: in f32) {
+          for i0 in 0..4 parallel {
+            acc0: f32 = sum.init
+            r0: f32 = load b2[i0]
+            r1: f32 = const 1.4426950216293335
+            for i1 in 0..6 {
+              r2: f32 = load b1[(i0*6 + i1)]
+              r3: f32 = sub r2, r0
+              r4: f32 = mul r3, r1
+              r5: f32 = exp2 r4
+              acc0 <- r5
+            }
+            r6: f32 = read acc0
+            store b0[i0] = r6
+          }
+        }
+        k2 = kernel(b0: out f32, b1: in f32, b2: in f32, b3: in f32) {
+          for i0 in 0..4 parallel {
+            r0: f32 = load b2[i0]
+            r1: f32 = const 1.4426950216293335
+            r2: f32 = load b3[i0]
+            for i1 in 0..6 {
+              r3: f32 = load b1[(i0*6 + i1)]
+              r4: f32 = sub r3, r0
+              r5: f32 = mul r4, r1
+              r6: f32 = exp2 r5
+              r7: f32 = div r6, r2
+              store b0[(i0*6 + i1)] = r7
+            }
+          }
+        }
+        launch k0(buf2, buf0)
+        launch k1(buf3, buf0, buf2)
+        launch k2(buf1, buf0, buf2, buf3)
+        return buf1: f32[4, 6]
+    "#]],
+    );
+}
+
+#[test]
+fn matmul_2d() {
+    let mut b = B::default();
+    let x = b.f32(&[3, 4]);
+    let w = b.f32(&[4, 5]);
+    let y = b.matmul(x, w);
+    check(
+        b.out(&[y]),
+        expect![[r#"
+        buf0: f32[12] input 0
+        buf1: f32[20] input 1
+        buf2: f32[15] output 0
+        k0 = matmul(b0: out f32, b1: in f32, b2: in f32) {
+          batch 1, m 3, n 5, k 4, f32
+          a = b1[0 + batch*0 + row*4 + col*1]
+          b = b2[0 + batch*0 + row*5 + col*1]
+          c = b0[0 + batch*15 + row*5 + col*1]
+        }
+        launch k0(buf2, buf0, buf1)
+        return buf2: f32[3, 5]
+    "#]],
+    );
+}
+
+#[test]
+fn matmul_batched_with_transposed_operand() {
+    let mut b = B::default();
+    let q = b.f32(&[2, 3, 4]);
+    let k = b.f32(&[2, 5, 4]);
+    let kt = b.permute(k, &[0, 2, 1]);
+    let y = b.matmul(q, kt);
+    let g = b.out(&[y]);
+    let p = compile(&g, &fused()).unwrap();
+    assert_eq!(count_kernels(&p, true), 1);
+    check(
+        g,
+        expect![[r#"
+        buf0: f32[24] input 0
+        buf1: f32[40] input 1
+        buf2: f32[30] output 0
+        k0 = matmul(b0: out f32, b1: in f32, b2: in f32) {
+          batch 2, m 3, n 5, k 4, f32
+          a = b1[0 + batch*12 + row*4 + col*1]
+          b = b2[0 + batch*20 + row*1 + col*4]
+          c = b0[0 + batch*15 + row*5 + col*1]
+        }
+        launch k0(buf2, buf0, buf1)
+        return buf2: f32[2, 3, 5]
+    "#]],
+    );
+}
+
+#[test]
+fn matmul_bias_relu() {
+    let mut b = B::default();
+    let x = b.f32(&[3, 4]);
+    let w = b.f32(&[4, 5]);
+    let bias = b.f32(&[1, 5]);
+    let y = b.matmul(x, w);
+    let be = b.expand_like(bias, y);
+    let z = b.bin(BinaryOp::Add, y, be);
+    let zero = b.konst(0.0, &dims(&[3, 5]));
+    let r = b.bin(BinaryOp::Max, z, zero);
+    check(
+        b.out(&[r]),
+        expect![[r#"
+        buf0: f32[12] input 0
+        buf1: f32[20] input 1
+        buf2: f32[5] input 2
+        buf3: f32[15] output 0
+        buf4: f32[15] temp
+        k0 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..3 parallel {
+            for i1 in 0..5 {
+              r0: f32 = load b1[i1]
+              store b0[(i0*5 + i1)] = r0
+            }
+          }
+        }
+        k1 = matmul(b0: out f32, b1: in f32, b2: in f32) {
+          batch 1, m 3, n 5, k 4, f32
+          a = b1[0 + batch*0 + row*4 + col*1]
+          b = b2[0 + batch*0 + row*5 + col*1]
+          c = b0[0 + batch*15 + row*5 + col*1]
+          accumulate
+        }
+        k2 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..15 parallel {
+            r0: f32 = load b1[i0]
+            r1: f32 = const 0.0
+            r2: f32 = max r0, r1
+            store b0[i0] = r2
+          }
+        }
+        launch k0(buf4, buf2)
+        launch k1(buf4, buf0, buf1)
+        launch k2(buf3, buf4)
+        return buf3: f32[3, 5]
+    "#]],
+    );
+}
+
+#[test]
+fn permute_then_reshape_uses_div_mod() {
+    let mut b = B::default();
+    let x = b.f32(&[2, 3, 4]);
+    let t = b.permute(x, &[2, 0, 1]);
+    let r = b.reshape(t, &dims(&[8, 3]));
+    let y = b.un(UnaryOp::Neg, r);
+    check(
+        b.out(&[y]),
+        expect![[r#"
+        buf0: f32[24] input 0
+        buf1: f32[24] output 0
+        k0 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..24 parallel {
+            r0: f32 = load b1[(((i0 / 6) + ((i0 / 3) % 2)*12) + (i0 % 3)*4)]
+            r1: f32 = neg r0
+            store b0[i0] = r1
+          }
+        }
+        launch k0(buf1, buf0)
+        return buf1: f32[8, 3]
+    "#]],
+    );
+}
+
+#[test]
+fn pad_becomes_a_masked_load() {
+    let mut b = B::default();
+    let x = b.f32(&[3, 4]);
+    let p = b.op(
+        Op::Pad(Pad {
+            padding: vec![(Dim::Const(1), Dim::Const(0)), (Dim::Const(0), Dim::Const(2))],
+            value: Scalar::Float(-1.0),
+        }),
+        &[x],
+    );
+    let y = b.un(UnaryOp::Sqrt, p);
+    check(
+        b.out(&[y]),
+        expect![[r#"
+        buf0: f32[12] input 0
+        buf1: f32[24] output 0
+        k0 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..4 parallel {
+            for i1 in 0..6 {
+              r0: f32 = load b1[((i0*4 + i1) + -4)] if ((0 < i0) && (i1 < 4)) else -1.0
+              r1: f32 = sqrt r0
+              store b0[(i0*6 + i1)] = r1
+            }
+          }
+        }
+        launch k0(buf1, buf0)
+        return buf1: f32[4, 6]
+    "#]],
+    );
+}
+
+#[test]
+fn symbolic_dims_read_syms() {
+    let mut b = B::default();
+    let seq = Dim::sym("seq");
+    let x = b.input(DType::F32, &[seq.clone(), Dim::Const(4)]);
+    let m = b.reduce(ReduceOp::Max, x, &[1]);
+    let me = b.expand_like(m, x);
+    let y = b.bin(BinaryOp::Sub, x, me);
+    let g = b.out(&[y]);
+    let p = compile(&g, &fused()).unwrap();
+    expect![[r#"
+        symbols seq
+        buf0: f32[4*seq] input 0
+        buf1: f32[4*seq] output 0
+        buf2: f32[seq] temp
+        k0 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0 parallel {
+            acc0: f32 = max.init
+            for i1 in 0..4 {
+              r0: f32 = load b1[(i0*4 + i1)]
+              acc0 <- r0
+            }
+            r1: f32 = read acc0
+            store b0[i0] = r1
+          }
+        }
+        k1 = kernel(b0: out f32, b1: in f32, b2: in f32; syms 1) {
+          for i0 in 0..s0 parallel {
+            r0: f32 = load b2[i0]
+            for i1 in 0..4 {
+              r1: f32 = load b1[(i0*4 + i1)]
+              r2: f32 = sub r1, r0
+              store b0[(i0*4 + i1)] = r2
+            }
+          }
+        }
+        launch k0(buf2, buf0)
+        launch k1(buf1, buf0, buf2)
+        return buf1: f32[seq, 4]
+    "#]]
+    .assert_eq(&p.to_string());
+    for s in [3, 7] {
+        let bind = Bindings::from([(Symbol::new("seq"), s)]);
+        agree(&g, &p, &bind, s as u64).unwrap();
+    }
+}
+
+#[test]
+fn reduce_epilogue_fuses_into_the_reduce_kernel() {
+    // mean over the last axis, then x - mean: the scale runs after the reduce loop.
+    let mut b = B::default();
+    let x = b.f32(&[4, 6]);
+    let s = b.reduce(ReduceOp::Sum, x, &[1]);
+    let c = b.konst(1.0 / 6.0, &dims(&[4, 1]));
+    let mean = b.bin(BinaryOp::Mul, s, c);
+    let me = b.expand_like(mean, x);
+    let y = b.bin(BinaryOp::Sub, x, me);
+    check(
+        b.out(&[y]),
+        expect![[r#"
+        buf0: f32[24] input 0
+        buf1: f32[24] output 0
+        buf2: f32[4] temp
+        k0 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..4 parallel {
+            acc0: f32 = sum.init
+            r0: f32 = const 0.1666666716337204
+            for i1 in 0..6 {
+              r1: f32 = load b1[(i0*6 + i1)]
+              acc0 <- r1
+            }
+            r2: f32 = read acc0
+            r3: f32 = mul r2, r0
+            store b0[i0] = r3
+          }
+        }
+        k1 = kernel(b0: out f32, b1: in f32, b2: in f32) {
+          for i0 in 0..4 parallel {
+            r0: f32 = load b2[i0]
+            for i1 in 0..6 {
+              r1: f32 = load b1[(i0*6 + i1)]
+              r2: f32 = sub r1, r0
+              store b0[(i0*6 + i1)] = r2
+            }
+          }
+        }
+        launch k0(buf2, buf0)
+        launch k1(buf1, buf0, buf2)
+        return buf1: f32[4, 6]
+    "#]],
+    );
+}
+
+#[test]
+fn symbolic_attention_runs_for_two_lengths() {
+    let mut b = B::default();
+    let seq = Dim::sym("seq");
+    let d = Dim::Const(4);
+    let q = b.input(DType::F32, &[seq.clone(), d.clone()]);
+    let k = b.input(DType::F32, &[seq.clone(), d.clone()]);
+    let v = b.input(DType::F32, &[seq.clone(), d.clone()]);
+    let kt = b.permute(k, &[1, 0]);
+    let scores = b.matmul(q, kt);
+    let p = softmax(&mut b, scores, 1);
+    let y = b.matmul(p, v);
+    let g = b.out(&[y]);
+    let prog = compile(&g, &fused()).unwrap();
+    assert_eq!(count_kernels(&prog, true), 2, "{prog}");
+    for s in [3, 7] {
+        let bind = Bindings::from([(Symbol::new("seq"), s)]);
+        agree(&g, &prog, &bind, s as u64).unwrap();
+        agree(&g, &compile(&g, &unfused()).unwrap(), &bind, s as u64).unwrap();
+    }
+}
+
+#[test]
+fn outputs_that_are_inputs_or_views_get_copies() {
+    let mut b = B::default();
+    let x = b.f32(&[2, 3]);
+    let t = b.permute(x, &[1, 0]);
+    let y = b.un(UnaryOp::Neg, x);
+    check(
+        b.out(&[x, t, y, y]),
+        expect![[r#"
+        buf0: f32[6] input 0
+        buf1: f32[6] output 0
+        buf2: f32[6] output 1
+        buf3: f32[6] output 2
+        k0 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..6 parallel {
+            r0: f32 = load b1[i0]
+            store b0[i0] = r0
+          }
+        }
+        k1 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..3 parallel {
+            for i1 in 0..2 {
+              r0: f32 = load b1[(i0 + i1*3)]
+              store b0[(i0*2 + i1)] = r0
+            }
+          }
+        }
+        k2 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..6 parallel {
+            r0: f32 = load b1[i0]
+            r1: f32 = neg r0
+            store b0[i0] = r1
+          }
+        }
+        launch k0(buf1, buf0)
+        launch k1(buf2, buf0)
+        launch k2(buf3, buf0)
+        return buf1: f32[2, 3], buf2: f32[3, 2], buf3: f32[2, 3], buf3: f32[2, 3]
+    "#]],
+    );
+}
+
+#[test]
+fn long_chains_are_cut_into_bounded_kernels() {
+    let mut b = B::default();
+    let mut x = b.f32(&[7]);
+    for i in 0..1000 {
+        x = b.un(if i % 2 == 0 { UnaryOp::Neg } else { UnaryOp::Sin }, x);
+    }
+    let g = b.out(&[x]);
+    let p = compile(&g, &fused()).unwrap();
+    assert_eq!(p.steps.len(), 1000usize.div_ceil(65));
+    agree(&g, &p, &Bindings::new(), 3).unwrap();
+}
+
+/// A small deterministic generator (xorshift), so that a failing seed replays exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+    fn pick<T: Clone>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len())].clone()
+    }
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+}
+
+fn consts(shape: &[Dim]) -> Vec<i64> {
+    shape.iter().map(|d| d.as_const().unwrap()).collect()
+}
+
+/// A random shape of `numel` elements (prime factors in random groups, size-1 dims sprinkled in).
+fn random_reshape(rng: &mut Rng, numel: i64) -> Vec<Dim> {
+    if numel == 0 {
+        return dims(&[rng.pick(&[1, 2]), 0]);
+    }
+    let mut factors = Vec::new();
+    let mut n = numel;
+    let mut p = 2;
+    while n > 1 {
+        while n % p == 0 {
+            factors.push(p);
+            n /= p;
+        }
+        p += 1;
+    }
+    let mut out: Vec<i64> = Vec::new();
+    for f in factors {
+        if out.is_empty() || rng.chance(50) {
+            out.push(f);
+        } else {
+            let i = rng.below(out.len());
+            out[i] *= f;
+        }
+    }
+    if out.is_empty() || rng.chance(30) {
+        let i = rng.below(out.len() + 1);
+        out.insert(i, 1);
+    }
+    out.truncate(4.max(out.len()));
+    dims(&out)
+}
+
+/// Builds a random graph of about `n_ops` ops over f32 (or i32) tensors.
+fn random_graph(seed: u64, n_ops: usize) -> Graph {
+    let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
+    let int = rng.chance(20);
+    let dtype = if int { DType::I32 } else { DType::F32 };
+    let mut b = B::default();
+    let sizes = [1, 2, 3, 5];
+    let mut pool: Vec<NodeId> = Vec::new();
+    for _ in 0..1 + rng.below(2) {
+        let rank = 1 + rng.below(3);
+        let shape: Vec<i64> = (0..rank).map(|_| rng.pick(&sizes)).collect();
+        pool.push(b.input(dtype, &dims(&shape)));
+    }
+    let leaf = |b: &mut B, rng: &mut Rng, shape: &[Dim]| -> NodeId {
+        if rng.chance(50) {
+            let value =
+                if int { Scalar::Int(rng.below(5) as i64 - 2) } else { Scalar::Float(rng.pick(&[0.5, -1.0, 2.0])) };
+            b.g.add_leaf(Op::Const(Const { value }), TensorType::new(dtype, shape.to_vec())).unwrap()
+        } else if !shape.is_empty() && rng.chance(70) {
+            let axis = rng.below(shape.len());
+            b.g.add_leaf(Op::Iota(Iota { axis }), TensorType::new(dtype, shape.to_vec())).unwrap()
+        } else {
+            b.input(dtype, shape)
+        }
+    };
+    for _ in 0..n_ops {
+        let x = rng.pick(&pool);
+        let shape = b.shape(x);
+        let rank = shape.len();
+        let numel: i64 = consts(&shape).iter().product();
+        let partner = |b: &mut B, rng: &mut Rng, pool: &[NodeId]| -> NodeId {
+            let same: Vec<NodeId> = pool.iter().copied().filter(|&n| b.shape(n) == shape).collect();
+            if !same.is_empty() && rng.chance(70) { rng.pick(&same) } else { leaf(b, rng, &shape) }
+        };
+        let y = match rng.below(15) {
+            0 | 1 => {
+                let ops: &[UnaryOp] = if int {
+                    &[UnaryOp::Neg, UnaryOp::Not]
+                } else {
+                    &[
+                        UnaryOp::Neg,
+                        UnaryOp::Exp2,
+                        UnaryOp::Sin,
+                        UnaryOp::Sqrt,
+                        UnaryOp::Recip,
+                        UnaryOp::Log2,
+                        UnaryOp::Erf,
+                        UnaryOp::Trunc,
+                    ]
+                };
+                let op = rng.pick(ops);
+                b.un(op, x)
+            }
+            2 | 3 => {
+                let ops: &[BinaryOp] = if int {
+                    &[
+                        BinaryOp::Add,
+                        BinaryOp::Sub,
+                        BinaryOp::Mul,
+                        BinaryOp::Div,
+                        BinaryOp::Max,
+                        BinaryOp::Min,
+                        BinaryOp::Mod,
+                        BinaryOp::And,
+                        BinaryOp::Or,
+                    ]
+                } else {
+                    &[
+                        BinaryOp::Add,
+                        BinaryOp::Sub,
+                        BinaryOp::Mul,
+                        BinaryOp::Div,
+                        BinaryOp::Max,
+                        BinaryOp::Min,
+                        BinaryOp::Mod,
+                    ]
+                };
+                let y = partner(&mut b, &mut rng, &pool);
+                let op = rng.pick(ops);
+                b.bin(op, x, y)
+            }
+            4 => {
+                let y = partner(&mut b, &mut rng, &pool);
+                let c = b.bin(rng.pick(&[BinaryOp::CmpLt, BinaryOp::CmpEq, BinaryOp::CmpNe]), x, y);
+                b.op(Op::Where, &[c, x, y])
+            }
+            5 => {
+                let to = if int { DType::F32 } else { rng.pick(&[DType::I32, DType::F64]) };
+                let c = b.op(Op::Cast(Cast { to }), &[x]);
+                b.op(Op::Cast(Cast { to: dtype }), &[c])
+            }
+            6 | 7 if rank > 0 => {
+                let axes: Vec<usize> = (0..rank).filter(|_| rng.chance(50)).collect();
+                b.reduce(rng.pick(&[ReduceOp::Sum, ReduceOp::Max]), x, &axes)
+            }
+            8 => {
+                let s = random_reshape(&mut rng, numel);
+                b.reshape(x, &s)
+            }
+            9 if rank > 1 => {
+                let mut perm: Vec<usize> = (0..rank).collect();
+                for i in (1..rank).rev() {
+                    perm.swap(i, rng.below(i + 1));
+                }
+                b.permute(x, &perm)
+            }
+            10 => {
+                let (x, shape) = if shape.iter().any(|d| d.as_const() == Some(1)) || rank >= 4 {
+                    (x, shape)
+                } else {
+                    let mut s = shape.clone();
+                    s.insert(rng.below(rank + 1), Dim::Const(1));
+                    (b.reshape(x, &s), s)
+                };
+                let target: Vec<Dim> = shape
+                    .iter()
+                    .map(|d| if d.as_const() == Some(1) { Dim::Const(rng.pick(&[1, 2, 3])) } else { d.clone() })
+                    .collect();
+                b.expand(x, &target)
+            }
+            11 => {
+                let padding =
+                    shape.iter().map(|_| (Dim::Const(rng.below(3) as i64), Dim::Const(rng.below(2) as i64))).collect();
+                let value = if int { Scalar::Int(7) } else { Scalar::Float(rng.pick(&[0.0, 1.5, -1.0])) };
+                b.op(Op::Pad(Pad { padding, value }), &[x])
+            }
+            12 => {
+                let ranges = consts(&shape)
+                    .iter()
+                    .map(|&n| {
+                        let s = rng.below(n as usize + 1) as i64;
+                        let e = s + rng.below((n - s) as usize + 1) as i64;
+                        (Dim::Const(s), Dim::Const(e))
+                    })
+                    .collect();
+                b.op(Op::Shrink(Shrink { ranges }), &[x])
+            }
+            13 | 14 if rank == 2 && !int => {
+                // A matmul with a fresh weight, sometimes with a bias.
+                let n = rng.pick(&sizes);
+                let k = shape[1].clone();
+                let w = b.input(dtype, &[k, Dim::Const(n)]);
+                let y = b.matmul(x, w);
+                if rng.chance(50) {
+                    let bias = b.input(dtype, &[Dim::Const(1), Dim::Const(n)]);
+                    let be = b.expand_like(bias, y);
+                    b.bin(BinaryOp::Add, y, be)
+                } else {
+                    y
+                }
+            }
+            _ => b.un(if int { UnaryOp::Neg } else { UnaryOp::Sin }, x),
+        };
+        pool.push(y);
+    }
+    let mut outs = vec![*pool.last().unwrap()];
+    for _ in 0..rng.below(3) {
+        outs.push(rng.pick(&pool));
+    }
+    b.out(&outs)
+}
+
+fn check_random(seed: u64, n_ops: usize) -> Result<(), String> {
+    let g = random_graph(seed, n_ops);
+    for opts in [fused(), unfused(), CompileOptions::default()] {
+        let p = compile(&g, &opts).map_err(|e| format!("compile: {e}\n{}", air::print(&g)))?;
+        agree(&g, &p, &Bindings::new(), seed)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn compiled_programs_match_the_interpreter(seed in any::<u64>(), n_ops in 1usize..30) {
+        if let Err(e) = check_random(seed, n_ops) {
+            prop_assert!(false, "seed {seed}, {n_ops} ops: {e}");
+        }
+    }
+}
