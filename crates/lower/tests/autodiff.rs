@@ -9,7 +9,9 @@ use kiln_lower::autodiff::{AutodiffError, grad, grad_with_seed};
 use proptest::prelude::*;
 
 const EPS: f64 = 1e-6;
-const TOL: f64 = 1e-6;
+/// Central differences of deep random chains (exp2 of exp2, pow) carry truncation error near 1e-6;
+/// a wrong VJP rule gives errors of order one, so 1e-5 still catches every broken rule.
+const TOL: f64 = 1e-5;
 
 /// A small deterministic generator (splitmix64), so that the tests need no extra crate.
 struct Rng(u64);
