@@ -213,6 +213,12 @@ fn check(mut net: Net, out: NodeId) -> f64 {
                 eval1(&mut net.g, loss, &d)[0]
             };
             let fd = (at(EPS) - at(-EPS)) / (2.0 * EPS);
+            // Where the loss is too curved for central differences (two step sizes disagree),
+            // finite differences are no reference: skip that element rather than the rule.
+            let fd_wide = (at(4.0 * EPS) - at(-4.0 * EPS)) / (8.0 * EPS);
+            if (fd - fd_wide).abs() / (1.0 + fd.abs()) > TOL / 4.0 {
+                continue;
+            }
             for a in [got[j], got_seeded[j]] {
                 let err = (a - fd).abs() / (1.0 + fd.abs());
                 assert!(
