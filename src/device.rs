@@ -8,33 +8,37 @@ use crate::error::{Error, Result};
 
 /// Where a tensor's program runs.
 ///
-/// Only the reference interpreter exists today; `Cpu` and `Wgpu` (the runtime crate's backends)
-/// join this enum later and `KILN_DEVICE` already reserves their names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     /// `air::interp`, the reference interpreter: slow and obviously correct.
     #[default]
     Interp,
+    /// Native kernels JIT-compiled with Cranelift (the runtime's `CpuDevice`).
+    Cpu,
+    /// WGSL compute shaders on a GPU through wgpu (the runtime's `WgpuDevice`). f32, i32 and
+    /// bool only: WGSL has no 64-bit types, and f16/bf16 storage is not implemented yet.
+    Wgpu,
 }
 
 impl Device {
     /// Every device this build can run on.
-    pub const ALL: &'static [Device] = &[Device::Interp];
+    pub const ALL: &'static [Device] = &[Device::Interp, Device::Cpu, Device::Wgpu];
 
     /// The name `KILN_DEVICE` uses for this device.
     pub fn name(self) -> &'static str {
         match self {
             Device::Interp => "interp",
+            Device::Cpu => "cpu",
+            Device::Wgpu => "wgpu",
         }
     }
 
-    /// Parses a device name (`interp`; `cpu` and `wgpu` are reserved and not built yet).
+    /// Parses a device name (`interp`, `cpu`, `wgpu`).
     pub fn parse(name: &str) -> Result<Device> {
         match name.trim().to_ascii_lowercase().as_str() {
             "interp" => Ok(Device::Interp),
-            "cpu" | "wgpu" => {
-                Err(Error::Device(format!("device `{name}` is not available in this build (have: interp)")))
-            }
+            "cpu" => Ok(Device::Cpu),
+            "wgpu" => Ok(Device::Wgpu),
             _ => Err(Error::Device(format!("unknown device `{name}` (expected interp, cpu or wgpu)"))),
         }
     }

@@ -1,0 +1,634 @@
+//! Loop kernels as WGSL: expressions, statements, helper functions, and the three launch shapes
+//! (grid-stride, workgroup reduction, single invocation).
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write as _;
+
+use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
+use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Param, Reg, Stmt, Var};
+
+use super::{Dispatch, ELEMENTWISE_WG, REDUCE_WG, WG_REDUCE_MIN, WgslKernel, unsupported_dtype};
+use crate::error::{CodegenError, Result};
+
+/// Helper functions a shader may need; each is emitted once, only when used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Helper {
+    IsNan,
+    MaxF,
+    MinF,
+    DivI,
+    ModI,
+    IndexDiv,
+    IndexMod,
+    Pow,
+    Erf,
+    F2I,
+}
+
+impl Helper {
+    fn source(self) -> &'static str {
+        match self {
+            Helper::IsNan => {
+                "fn k_isnan(x: f32) -> bool {\n    return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;\n}\n"
+            }
+            Helper::MaxF => {
+                "fn k_maxf(a: f32, b: f32) -> f32 {\n    if (k_isnan(a) || k_isnan(b)) { return bitcast<f32>(0x7fc00000u); }\n    if (a == b) { return bitcast<f32>(bitcast<u32>(a) & bitcast<u32>(b)); }\n    return select(b, a, a > b);\n}\n"
+            }
+            Helper::MinF => {
+                "fn k_minf(a: f32, b: f32) -> f32 {\n    if (k_isnan(a) || k_isnan(b)) { return bitcast<f32>(0x7fc00000u); }\n    if (a == b) { return bitcast<f32>(bitcast<u32>(a) | bitcast<u32>(b)); }\n    return select(b, a, a < b);\n}\n"
+            }
+            Helper::DivI => {
+                "fn k_divi(a: i32, b: i32) -> i32 {\n    if (b == 0) { return 0; }\n    if (b == -1) { return -a; }\n    return a / b;\n}\n"
+            }
+            Helper::ModI => {
+                "fn k_modi(a: i32, b: i32) -> i32 {\n    if (b == 0 || b == -1) { return 0; }\n    return a % b;\n}\n"
+            }
+            Helper::IndexDiv => "fn k_idx_div(a: i32, b: i32) -> i32 {\n    return select(a / b, 0, b == 0);\n}\n",
+            Helper::IndexMod => "fn k_idx_mod(a: i32, b: i32) -> i32 {\n    return select(a % b, 0, b == 0);\n}\n",
+            Helper::Pow => {
+                "fn k_pow(a: f32, b: f32) -> f32 {\n    if (b == 0.0 || a == 1.0) { return 1.0; }\n    if (k_isnan(a) || k_isnan(b)) { return bitcast<f32>(0x7fc00000u); }\n    let m = exp2(b * log2(abs(a)));\n    if (a < 0.0) {\n        if (trunc(b) != b) { return bitcast<f32>(0x7fc00000u); }\n        let odd = (b - 2.0 * floor(b * 0.5)) == 1.0;\n        return select(m, -m, odd);\n    }\n    return m;\n}\n"
+            }
+            Helper::Erf => {
+                "fn k_erf(x: f32) -> f32 {\n    let a = abs(x);\n    if (a < 0.5) {\n        let z = x * x;\n        return x * (1.1283791671 + z * (-0.3761263890 + z * (0.1128379167 + z * (-0.0268661707 + z * (0.0052239776 + z * -0.0008548327)))));\n    }\n    let t = 1.0 / (1.0 + 0.3275911 * a);\n    let p = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;\n    let y = 1.0 - p * exp(-a * a);\n    return select(y, -y, x < 0.0);\n}\n"
+            }
+            Helper::F2I => {
+                "fn k_f2i(x: f32) -> i32 {\n    if (k_isnan(x)) { return 0; }\n    if (x >= 2147483648.0) { return 2147483647; }\n    if (x <= -2147483648.0) { return bitcast<i32>(0x80000000u); }\n    return i32(x);\n}\n"
+            }
+        }
+    }
+
+    fn deps(self) -> &'static [Helper] {
+        match self {
+            Helper::MaxF | Helper::MinF | Helper::F2I | Helper::Pow => &[Helper::IsNan],
+            _ => &[],
+        }
+    }
+}
+
+/// The WGSL type of a register of `dtype`.
+pub(super) fn reg_type(dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::I32 => Ok("i32"),
+        DType::Bool => Ok("bool"),
+        other => Err(unsupported_dtype(other)),
+    }
+}
+
+/// The WGSL element type of a buffer of `dtype`.
+pub(super) fn storage_type(dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::I32 => Ok("i32"),
+        DType::Bool => Ok("u32"),
+        other => Err(unsupported_dtype(other)),
+    }
+}
+
+/// A constant of `dtype` as a WGSL expression (non-finite and subnormal floats as bit casts).
+pub(super) fn constant(value: Scalar, dtype: DType) -> Result<String> {
+    Ok(match dtype {
+        DType::F32 => {
+            let x = value.as_f64() as f32;
+            if x.is_finite() && (x == 0.0 || x.abs() >= f32::MIN_POSITIVE) {
+                let text = format!("{x:?}");
+                if text.contains(['.', 'e']) { format!("{text}f") } else { format!("{text}.0f") }
+            } else {
+                format!("bitcast<f32>(0x{:08x}u)", x.to_bits())
+            }
+        }
+        DType::I32 => {
+            let v = value.as_i64() as i32;
+            if v == i32::MIN { "bitcast<i32>(0x80000000u)".to_string() } else { format!("{v}i") }
+        }
+        DType::Bool => value.as_bool().to_string(),
+        other => return Err(unsupported_dtype(other)),
+    })
+}
+
+fn identity(op: ReduceOp, dtype: DType) -> Result<String> {
+    match (op, dtype) {
+        (ReduceOp::Sum, DType::F32 | DType::I32) => constant(Scalar::Int(0), dtype),
+        (ReduceOp::Max, DType::F32) => Ok("bitcast<f32>(0xff800000u)".to_string()),
+        (ReduceOp::Max, DType::I32) => constant(Scalar::Int(i32::MIN as i64), dtype),
+        (_, other) => Err(CodegenError::Unsupported(format!("{} reduction of {other} on wgpu", op.name()))),
+    }
+}
+
+/// The name of symbol `n` in the `syms` uniform array.
+fn sym(n: u32) -> String {
+    format!("syms[{}][{}]", n / 4, n % 4)
+}
+
+/// Renders index expressions and code for one shader.
+pub(super) struct Writer<'a> {
+    params: &'a [Param],
+    /// Per parameter: declared `read_write` (written, or forced by the caller).
+    pub(super) read_write: Vec<bool>,
+    regs: HashMap<Reg, DType>,
+    accs: HashMap<Acc, (DType, ReduceOp)>,
+    helpers: BTreeSet<Helper>,
+    pub(super) body: String,
+}
+
+impl<'a> Writer<'a> {
+    pub(super) fn new(params: &'a [Param], force_read_write: &[bool]) -> Writer<'a> {
+        let read_write = params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| p.access == Access::Write || force_read_write.get(i).copied().unwrap_or(false))
+            .collect();
+        Writer {
+            params,
+            read_write,
+            regs: HashMap::new(),
+            accs: HashMap::new(),
+            helpers: BTreeSet::new(),
+            body: String::new(),
+        }
+    }
+
+    fn helper(&mut self, h: Helper) {
+        self.helpers.insert(h);
+        for &d in h.deps() {
+            self.helpers.insert(d);
+        }
+    }
+
+    pub(super) fn line(&mut self, depth: usize, text: &str) {
+        for _ in 0..depth {
+            self.body.push_str("    ");
+        }
+        self.body.push_str(text);
+        self.body.push('\n');
+    }
+
+    /// An index expression as an `i32` WGSL expression.
+    pub(super) fn iexpr(&mut self, e: &IExpr) -> Result<String> {
+        Ok(match e {
+            IExpr::Const(c) => {
+                let v = i32::try_from(*c).map_err(|_| {
+                    CodegenError::Unsupported(format!("index constant {c} does not fit in i32 on wgpu"))
+                })?;
+                if v == i32::MIN { "bitcast<i32>(0x80000000u)".to_string() } else { v.to_string() }
+            }
+            IExpr::Var(v) => v.to_string(),
+            IExpr::Sym(n) => sym(*n),
+            IExpr::Add(a, b) => format!("({} + {})", self.iexpr(a)?, self.iexpr(b)?),
+            IExpr::Mul(a, b) => format!("{} * {}", self.iexpr_factor(a)?, self.iexpr_factor(b)?),
+            IExpr::Div(a, b) | IExpr::Mod(a, b) => {
+                let is_div = matches!(e, IExpr::Div(..));
+                let (x, y) = (self.iexpr(a)?, self.iexpr(b)?);
+                match b.as_const() {
+                    Some(c) if c > 0 => format!("({x} {} {y})", if is_div { "/" } else { "%" }),
+                    _ => {
+                        let h = if is_div { Helper::IndexDiv } else { Helper::IndexMod };
+                        self.helper(h);
+                        format!("{}({x}, {y})", if is_div { "k_idx_div" } else { "k_idx_mod" })
+                    }
+                }
+            }
+            IExpr::Lt(..) | IExpr::And(..) => format!("select(0, 1, {})", self.cond(e)?),
+        })
+    }
+
+    /// A factor of a product: parenthesized unless it is atomic.
+    fn iexpr_factor(&mut self, e: &IExpr) -> Result<String> {
+        let s = self.iexpr(e)?;
+        Ok(match e {
+            IExpr::Add(..) | IExpr::Const(_) | IExpr::Var(_) | IExpr::Sym(_) | IExpr::Mul(..) => s,
+            _ => format!("({s})"),
+        })
+    }
+
+    /// An index expression used as a condition (`!= 0`), as a WGSL `bool`.
+    fn cond(&mut self, e: &IExpr) -> Result<String> {
+        Ok(match e {
+            IExpr::Const(c) => (*c != 0).to_string(),
+            IExpr::Lt(a, b) => format!("({} < {})", self.iexpr(a)?, self.iexpr(b)?),
+            IExpr::And(a, b) => format!("({} && {})", self.cond(a)?, self.cond(b)?),
+            other => format!("({} != 0)", self.iexpr(other)?),
+        })
+    }
+
+    fn reg(&self, r: Reg) -> Result<DType> {
+        self.regs.get(&r).copied().ok_or_else(|| CodegenError::Invalid(format!("{r} is used before it is defined")))
+    }
+
+    fn param(&self, buf: u32) -> Result<&'a Param> {
+        self.params.get(buf as usize).ok_or_else(|| CodegenError::Invalid(format!("buffer b{buf} is not a parameter")))
+    }
+
+    fn load(&mut self, buf: u32, index: &IExpr, dtype: DType) -> Result<String> {
+        let p = self.param(buf)?;
+        if p.dtype != dtype {
+            return Err(CodegenError::Invalid(format!("load of {dtype} from b{buf}, a {} buffer", p.dtype)));
+        }
+        let idx = self.iexpr(index)?;
+        Ok(match dtype {
+            DType::Bool => format!("(b{buf}[{idx}] != 0u)"),
+            _ => format!("b{buf}[{idx}]"),
+        })
+    }
+
+    fn inst(&mut self, dtype: DType, inst: &Inst) -> Result<String> {
+        Ok(match inst {
+            Inst::Load { buf, index, mask, other } => {
+                let value = self.load(*buf, index, dtype)?;
+                match mask {
+                    None => value,
+                    Some(m) => format!("select({}, {value}, {})", constant(*other, dtype)?, self.cond(m)?),
+                }
+            }
+            Inst::Const(s) => constant(*s, dtype)?,
+            Inst::Index(e) => {
+                let i = self.iexpr(e)?;
+                match dtype {
+                    DType::F32 => format!("f32({i})"),
+                    DType::I32 => i,
+                    DType::Bool => self.cond(e)?,
+                    other => return Err(unsupported_dtype(other)),
+                }
+            }
+            Inst::Unary(op, r) => self.unary(*op, *r)?,
+            Inst::Binary(op, a, b) => self.binary(*op, *a, *b)?,
+            Inst::Where(c, a, b) => {
+                if self.reg(*c)? != DType::Bool {
+                    return Err(CodegenError::Invalid(format!("where condition {c} is not bool")));
+                }
+                format!("select({b}, {a}, {c})")
+            }
+            Inst::Cast(r) => self.cast(*r, dtype)?,
+            Inst::ReadAcc(acc) => {
+                self.accs.get(acc).ok_or_else(|| CodegenError::Invalid(format!("{acc} is read before it is set")))?;
+                acc.to_string()
+            }
+        })
+    }
+
+    fn unary(&mut self, op: UnaryOp, r: Reg) -> Result<String> {
+        let t = self.reg(r)?;
+        let bad = || CodegenError::Unsupported(format!("{} of {t} on wgpu", op.name()));
+        Ok(match (op, t) {
+            (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{r})"),
+            (UnaryOp::Not, DType::I32) => format!("(~{r})"),
+            (UnaryOp::Not, DType::Bool) => format!("(!{r})"),
+            (_, DType::F32) => match op {
+                UnaryOp::Exp2 => format!("exp2({r})"),
+                UnaryOp::Log2 => format!("log2({r})"),
+                UnaryOp::Sin => format!("sin({r})"),
+                UnaryOp::Sqrt => format!("sqrt({r})"),
+                UnaryOp::Recip => format!("(1.0f / {r})"),
+                UnaryOp::Trunc => format!("trunc({r})"),
+                UnaryOp::Erf => {
+                    self.helper(Helper::Erf);
+                    format!("k_erf({r})")
+                }
+                _ => return Err(bad()),
+            },
+            _ => return Err(bad()),
+        })
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: Reg, b: Reg) -> Result<String> {
+        let t = self.reg(a)?;
+        if self.reg(b)? != t {
+            return Err(CodegenError::Invalid(format!("{} of {a} and {b} with different dtypes", op.name())));
+        }
+        let bad = || CodegenError::Unsupported(format!("{} of {t} on wgpu", op.name()));
+        let mut call = |h: Helper, name: &str| {
+            self.helper(h);
+            format!("{name}({a}, {b})")
+        };
+        use BinaryOp::*;
+        use DType::{Bool, F32, I32};
+        Ok(match (op, t) {
+            (Add, F32 | I32) => format!("({a} + {b})"),
+            (Sub, F32 | I32) => format!("({a} - {b})"),
+            (Mul, F32 | I32) => format!("({a} * {b})"),
+            (Div, F32) => format!("({a} / {b})"),
+            (Div, I32) => call(Helper::DivI, "k_divi"),
+            (Mod, F32) => format!("({a} % {b})"),
+            (Mod, I32) => call(Helper::ModI, "k_modi"),
+            (Max, F32) => call(Helper::MaxF, "k_maxf"),
+            (Min, F32) => call(Helper::MinF, "k_minf"),
+            (Max, I32) => format!("max({a}, {b})"),
+            (Min, I32) => format!("min({a}, {b})"),
+            (Max, Bool) | (Or, Bool) => format!("({a} || {b})"),
+            (Min, Bool) | (And, Bool) => format!("({a} && {b})"),
+            (And, I32) => format!("({a} & {b})"),
+            (Or, I32) => format!("({a} | {b})"),
+            (Pow, F32) => call(Helper::Pow, "k_pow"),
+            (CmpLt, F32 | I32) => format!("({a} < {b})"),
+            (CmpLt, Bool) => format!("(!{a} && {b})"),
+            (CmpEq, _) => format!("({a} == {b})"),
+            (CmpNe, F32) => format!("(!({a} == {b}))"),
+            (CmpNe, _) => format!("({a} != {b})"),
+            _ => return Err(bad()),
+        })
+    }
+
+    fn cast(&mut self, r: Reg, to: DType) -> Result<String> {
+        let from = self.reg(r)?;
+        use DType::{Bool, F32, I32};
+        Ok(match (from, to) {
+            (a, b) if a == b => r.to_string(),
+            (I32, F32) => format!("f32({r})"),
+            (Bool, F32) => format!("select(0.0f, 1.0f, {r})"),
+            (Bool, I32) => format!("select(0i, 1i, {r})"),
+            (F32, I32) => {
+                self.helper(Helper::F2I);
+                format!("k_f2i({r})")
+            }
+            (F32, Bool) => format!("((bitcast<u32>({r}) & 0x7fffffffu) != 0u)"),
+            (I32, Bool) => format!("({r} != 0i)"),
+            (a, b) => return Err(unsupported_dtype(if reg_type(a).is_err() { a } else { b })),
+        })
+    }
+
+    /// `acc op value` for an accumulator of `dtype`.
+    fn combine(&mut self, op: ReduceOp, dtype: DType, acc: &str, value: &str) -> Result<String> {
+        Ok(match (op, dtype) {
+            (ReduceOp::Sum, DType::F32 | DType::I32) => format!("{acc} + {value}"),
+            (ReduceOp::Max, DType::F32) => {
+                self.helper(Helper::MaxF);
+                format!("k_maxf({acc}, {value})")
+            }
+            (ReduceOp::Max, DType::I32) => format!("max({acc}, {value})"),
+            (_, other) => return Err(CodegenError::Unsupported(format!("{} reduction of {other} on wgpu", op.name()))),
+        })
+    }
+
+    fn stmt(&mut self, s: &Stmt, depth: usize) -> Result<()> {
+        match s {
+            Stmt::Let { reg, dtype, inst } => {
+                let ty = reg_type(*dtype)?;
+                let value = self.inst(*dtype, inst)?;
+                if self.regs.insert(*reg, *dtype).is_some() {
+                    return Err(CodegenError::Invalid(format!("{reg} is defined twice")));
+                }
+                self.line(depth, &format!("let {reg}: {ty} = {value};"));
+            }
+            Stmt::Loop { var, extent, body, .. } => {
+                let e = self.iexpr(extent)?;
+                self.line(depth, &format!("for (var {var}: i32 = 0; {var} < {e}; {var} += 1) {{"));
+                self.stmts(body, depth + 1)?;
+                self.line(depth, "}");
+            }
+            Stmt::AccInit { acc, dtype, op } => {
+                let init = identity(*op, *dtype)?;
+                self.accs.insert(*acc, (*dtype, *op));
+                self.line(depth, &format!("var {acc}: {} = {init};", reg_type(*dtype)?));
+            }
+            Stmt::AccUpdate { acc, value } => {
+                let &(dtype, op) =
+                    self.accs.get(acc).ok_or_else(|| CodegenError::Invalid(format!("{acc} is updated before init")))?;
+                if self.reg(*value)? != dtype {
+                    return Err(CodegenError::Invalid(format!("{acc} ({dtype}) updated with {value}")));
+                }
+                let v = self.combine(op, dtype, &acc.to_string(), &value.to_string())?;
+                self.line(depth, &format!("{acc} = {v};"));
+            }
+            Stmt::Store { buf, index, value } => {
+                let p = self.param(*buf)?;
+                if p.access != Access::Write {
+                    return Err(CodegenError::Invalid(format!("store to b{buf}, a read-only parameter")));
+                }
+                let t = self.reg(*value)?;
+                if t != p.dtype {
+                    return Err(CodegenError::Invalid(format!("store of {t} into b{buf}, a {} buffer", p.dtype)));
+                }
+                let idx = self.iexpr(index)?;
+                let v = if t == DType::Bool { format!("select(0u, 1u, {value})") } else { value.to_string() };
+                self.line(depth, &format!("b{buf}[{idx}] = {v};"));
+            }
+        }
+        Ok(())
+    }
+
+    fn stmts(&mut self, stmts: &[Stmt], depth: usize) -> Result<()> {
+        stmts.iter().try_for_each(|s| self.stmt(s, depth))
+    }
+
+    /// The module text: bindings, workgroup arrays, helpers, then `entry` (already in `body`).
+    pub(super) fn finish(&self, n_syms: u32, shared: &str) -> Result<(String, u32)> {
+        let vec4s = n_syms.div_ceil(4).max(1);
+        let mut out = String::new();
+        let _ = writeln!(out, "@group(0) @binding(0) var<uniform> syms: array<vec4<i32>, {vec4s}>;");
+        for (i, p) in self.params.iter().enumerate() {
+            let access = if self.read_write[i] { "read_write" } else { "read" };
+            let _ = writeln!(
+                out,
+                "@group(0) @binding({}) var<storage, {access}> b{i}: array<{}>;",
+                i + 1,
+                storage_type(p.dtype)?
+            );
+        }
+        out.push_str(shared);
+        for h in &self.helpers {
+            out.push('\n');
+            out.push_str(h.source());
+        }
+        out.push('\n');
+        out.push_str(&self.body);
+        Ok((out, vec4s))
+    }
+}
+
+/// A block of the form "accumulator inits and loop-invariant lets, one reduce loop nest, epilogue".
+struct ReduceShape<'s> {
+    pre: &'s [Stmt],
+    /// The reduce loops, outermost first: variable, extent, and the non-loop statements of its body.
+    levels: Vec<(Var, &'s IExpr, Vec<&'s Stmt>)>,
+    post: &'s [Stmt],
+    /// The accumulators the nest updates (all initialized in `pre`).
+    accs: Vec<(Acc, DType, ReduceOp)>,
+}
+
+impl ReduceShape<'_> {
+    /// Elements reduced per output, when constant.
+    fn const_len(&self) -> Option<i64> {
+        self.levels.iter().try_fold(1i64, |n, (_, e, _)| e.as_const().map(|c| n.saturating_mul(c)))
+    }
+}
+
+fn reduce_shape(stmts: &[Stmt]) -> Option<ReduceShape<'_>> {
+    let loops: Vec<usize> =
+        stmts.iter().enumerate().filter(|(_, s)| matches!(s, Stmt::Loop { .. })).map(|(i, _)| i).collect();
+    let [at] = loops[..] else { return None };
+    let (pre, post) = (&stmts[..at], &stmts[at + 1..]);
+    if pre.iter().any(|s| matches!(s, Stmt::Store { .. } | Stmt::AccUpdate { .. })) {
+        return None;
+    }
+    let inits: HashMap<Acc, (DType, ReduceOp)> = pre
+        .iter()
+        .filter_map(|s| match s {
+            Stmt::AccInit { acc, dtype, op } => Some((*acc, (*dtype, *op))),
+            _ => None,
+        })
+        .collect();
+    let mut levels = Vec::new();
+    let mut accs = Vec::new();
+    let mut current = &stmts[at];
+    loop {
+        let Stmt::Loop { var, extent, body, .. } = current else { return None };
+        if levels.iter().any(|(v, _, _)| extent.uses(*v)) {
+            return None;
+        }
+        let mut plain = Vec::new();
+        let mut inner = None;
+        for (i, s) in body.iter().enumerate() {
+            match s {
+                Stmt::Let { .. } => plain.push(s),
+                Stmt::AccUpdate { acc, .. } => {
+                    let &(dtype, op) = inits.get(acc)?;
+                    accs.push((*acc, dtype, op));
+                    plain.push(s);
+                }
+                // A nested loop must close its level (nothing after it may run per outer step).
+                Stmt::Loop { .. } if i + 1 == body.len() => inner = Some(s),
+                _ => return None,
+            }
+        }
+        let has_update = plain.iter().any(|s| matches!(s, Stmt::AccUpdate { .. }));
+        levels.push((*var, extent, plain));
+        match inner {
+            Some(s) if !has_update => current = s,
+            Some(_) => return None,
+            None => break,
+        }
+    }
+    if accs.is_empty() {
+        return None;
+    }
+    accs.sort_by_key(|a| a.0);
+    accs.dedup_by_key(|a| a.0);
+    Some(ReduceShape { pre, levels, post, accs })
+}
+
+fn long_enough(shape: &ReduceShape<'_>) -> bool {
+    shape.const_len().is_none_or(|n| n >= WG_REDUCE_MIN)
+}
+
+/// Emits a workgroup reduction of `shape` at `depth` (inside the row loop, if any).
+fn emit_wg_reduce(w: &mut Writer<'_>, shape: &ReduceShape<'_>, depth: usize) -> Result<()> {
+    w.stmts(shape.pre, depth)?;
+    let wg = REDUCE_WG;
+    if let [(var, extent, body)] = &shape.levels[..] {
+        let e = w.iexpr(extent)?;
+        w.line(depth, &format!("for (var {var}: i32 = lid; {var} < {e}; {var} += {wg}) {{"));
+        for s in body {
+            w.stmt(s, depth + 1)?;
+        }
+        w.line(depth, "}");
+    } else {
+        let mut names = Vec::new();
+        for (var, extent, _) in &shape.levels {
+            let e = w.iexpr(extent)?;
+            let name = format!("n_{var}");
+            w.line(depth, &format!("let {name}: i32 = {e};"));
+            names.push(name);
+        }
+        w.line(depth, &format!("let n_reduce: i32 = {};", names.join(" * ")));
+        w.line(depth, &format!("for (var f: i32 = lid; f < n_reduce; f += {wg}) {{"));
+        for (l, (var, _, _)) in shape.levels.iter().enumerate() {
+            let inner: Vec<&str> = names[l + 1..].iter().map(|s| s.as_str()).collect();
+            let quotient = if inner.is_empty() { "f".to_string() } else { format!("(f / ({}))", inner.join(" * ")) };
+            let value = if l == 0 { quotient } else { format!("({quotient} % {})", names[l]) };
+            w.line(depth + 1, &format!("let {var}: i32 = {value};"));
+        }
+        for (_, _, body) in &shape.levels {
+            for s in body {
+                w.stmt(s, depth + 1)?;
+            }
+        }
+        w.line(depth, "}");
+    }
+    for &(acc, dtype, op) in &shape.accs {
+        w.line(depth, &format!("red_{acc}[lid] = {acc};"));
+        w.line(depth, "workgroupBarrier();");
+        w.line(depth, &format!("for (var s: i32 = {}; s > 0; s = s >> 1u) {{", wg / 2));
+        let v = w.combine(op, dtype, &format!("red_{acc}[lid]"), &format!("red_{acc}[lid + s]"))?;
+        w.line(depth + 1, &format!("if (lid < s) {{ red_{acc}[lid] = {v}; }}"));
+        w.line(depth + 1, "workgroupBarrier();");
+        w.line(depth, "}");
+    }
+    w.line(depth, "if (lid == 0) {");
+    for &(acc, _, _) in &shape.accs {
+        w.line(depth + 1, &format!("{acc} = red_{acc}[0];"));
+    }
+    w.stmts(shape.post, depth + 1)?;
+    w.line(depth, "}");
+    Ok(())
+}
+
+fn shared_arrays(shape: &ReduceShape<'_>) -> Result<String> {
+    let mut s = String::new();
+    for &(acc, dtype, _) in &shape.accs {
+        let _ = writeln!(s, "var<workgroup> red_{acc}: array<{}, {REDUCE_WG}>;", reg_type(dtype)?);
+    }
+    Ok(s)
+}
+
+pub(super) fn loop_kernel(k: &LoopKernel, force_read_write: &[bool]) -> Result<WgslKernel> {
+    let mut w = Writer::new(&k.params, force_read_write);
+    let (shared, dispatch, workgroup_size, strategy) = match k.body.as_slice() {
+        [Stmt::Loop { var, extent, parallel: true, body }] => {
+            if extent.uses(*var) {
+                return Err(CodegenError::Invalid(format!("the extent of {var} uses {var}")));
+            }
+            match reduce_shape(body).filter(long_enough) {
+                Some(shape) => {
+                    let e = w.iexpr(extent)?;
+                    w.line(0, &format!("@compute @workgroup_size({REDUCE_WG})"));
+                    w.line(0, "fn main(@builtin(local_invocation_id) lid3: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {");
+                    w.line(1, "let lid = i32(lid3.x);");
+                    w.line(1, &format!("for (var {var}: i32 = i32(wid.x); {var} < {e}; {var} += i32(nwg.x)) {{"));
+                    emit_wg_reduce(&mut w, &shape, 2)?;
+                    w.line(1, "}");
+                    w.line(0, "}");
+                    (shared_arrays(&shape)?, Dispatch::Rows { rows: extent.clone() }, REDUCE_WG, "workgroup-reduce")
+                }
+                None => {
+                    let e = w.iexpr(extent)?;
+                    let wg = ELEMENTWISE_WG;
+                    w.line(0, &format!("@compute @workgroup_size({wg})"));
+                    w.line(0, "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {");
+                    w.line(1, &format!("let stride = i32(nwg.x) * {wg};"));
+                    w.line(1, &format!("for (var {var}: i32 = i32(gid.x); {var} < {e}; {var} += stride) {{"));
+                    w.stmts(body, 2)?;
+                    w.line(1, "}");
+                    w.line(0, "}");
+                    (String::new(), Dispatch::Grid { extent: extent.clone(), per_workgroup: wg }, wg, "grid")
+                }
+            }
+        }
+        body => match reduce_shape(body).filter(long_enough) {
+            Some(shape) => {
+                w.line(0, &format!("@compute @workgroup_size({REDUCE_WG})"));
+                w.line(0, "fn main(@builtin(local_invocation_id) lid3: vec3<u32>) {");
+                w.line(1, "let lid = i32(lid3.x);");
+                emit_wg_reduce(&mut w, &shape, 1)?;
+                w.line(0, "}");
+                (shared_arrays(&shape)?, Dispatch::Single, REDUCE_WG, "workgroup-reduce")
+            }
+            None => {
+                w.line(0, "@compute @workgroup_size(1)");
+                w.line(0, "fn main() {");
+                w.stmts(body, 1)?;
+                w.line(0, "}");
+                (String::new(), Dispatch::Single, 1, "single")
+            }
+        },
+    };
+    let (source, sym_vec4s) = w.finish(k.n_syms, &shared)?;
+    Ok(WgslKernel {
+        source,
+        entry: "main",
+        sym_vec4s,
+        read_write: w.read_write.clone(),
+        dispatch,
+        workgroup_size: [workgroup_size, 1, 1],
+        strategy,
+    })
+}

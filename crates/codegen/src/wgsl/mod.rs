@@ -1,0 +1,175 @@
+//! kir kernels as WGSL compute shaders, for the wgpu device of the runtime.
+//!
+//! [`generate`] turns one [`Kernel`] into a [`WgslKernel`]: the shader text, its entry point, its
+//! bind-group layout in kir terms, and how many workgroups a launch needs for given symbol values
+//! ([`Dispatch::workgroups`]). The generator never talks to a GPU; the runtime compiles the text.
+//!
+//! # Bindings
+//!
+//! `@group(0) @binding(0)` is `syms: array<vec4<i32>, K>` (uniform; symbol `n` is
+//! `syms[n / 4][n % 4]`, so symbol values must fit in `i32`). Buffer parameter `p` is
+//! `@binding(p + 1)`, a `storage` array, `read` for `Access::Read` and `read_write` for
+//! `Access::Write`. Index arithmetic is `i32` (a storage binding holds far fewer than 2^31
+//! elements on every device wgpu supports).
+//!
+//! # Dtypes
+//!
+//! | kir dtype | in a buffer            | in registers | notes                                      |
+//! |-----------|------------------------|--------------|--------------------------------------------|
+//! | `f32`     | `f32`                  | `f32`        | native                                     |
+//! | `i32`     | `i32`                  | `i32`        | native, wrapping                           |
+//! | `bool`    | `u32` holding 0 or 1   | `bool`       | 4 bytes per element on the device          |
+//! | `f16`     | -                      | -            | unsupported: `CodegenError::Unsupported`   |
+//! | `bf16`    | -                      | -            | unsupported: `CodegenError::Unsupported`   |
+//! | `i64`     | -                      | -            | unsupported (WGSL has no 64-bit integers)  |
+//! | `f64`     | -                      | -            | unsupported (WGSL has no 64-bit floats)    |
+//!
+//! `f16`/`bf16` are refused rather than emulated: two halves share a 32-bit word, so a store needs
+//! atomics (or one thread per word) to avoid racing with the neighbour's store; that, and the
+//! `shader-f16` path, are left for later. [`device_elem_bytes`] is what the runtime sizes buffers
+//! with.
+//!
+//! # Kernel shapes
+//!
+//! - A kernel whose body is one top-level `parallel` loop becomes a grid-stride loop over
+//!   `global_invocation_id.x` (workgroup size [`ELEMENTWISE_WG`]), so any extent works with at most
+//!   [`MAX_WORKGROUPS`] workgroups.
+//! - When that loop's body (or, without a parallel loop, the kernel body) is "accumulators, one
+//!   reduce loop nest, epilogue" and the reduction is long (at least [`WG_REDUCE_MIN`] elements, or
+//!   symbolic), it becomes a workgroup reduction: one workgroup per output row (rows grid-strided
+//!   over workgroups), the reduce nest flattened and strided over the [`REDUCE_WG`] threads, a tree
+//!   reduction in `var<workgroup>` memory, and the epilogue run by thread 0.
+//! - Any other kernel runs its whole body in one invocation (correct, not fast).
+//! - `Kernel::Matmul` becomes a tiled GEMM: 64x64 output tiles per 16x16 workgroup, each thread a
+//!   4x4 register block, 16-deep K slices staged through `var<workgroup>` memory, with the
+//!   operands' strides (transposes) and batch strides applied in the loads.
+//!
+//! # Semantics (against `air::interp`)
+//!
+//! Matched: integer `div`/`mod` by zero give 0 and `MIN / -1` wraps; `max`/`min` of floats
+//! propagate NaN and order `-0 < +0` (NaN tests read the bits, so fast-math drivers keep them);
+//! float-to-int casts truncate, saturate, and give 0 for NaN; a float is `true` as a bool when its
+//! bits (sign aside) are non-zero; `cmpne` is `!(a == b)`; `erf` is a polynomial (Taylor series
+//! below 0.5, Abramowitz-Stegun 7.1.26 above: absolute error under 2e-7); `pow` handles negative
+//! bases with integer exponents, `pow(x, 0) = 1` and `pow(1, y) = 1`.
+//! Deviations: float sums accumulate in `f32` in the kernel's order (a tree order in workgroup
+//! reductions), where the interpreter sums in `f64`; `exp2`/`log2`/`sin`/`sqrt`/`/` have the
+//! driver's precision (Vulkan allows a few ULP; `sin` is only absolutely accurate to about 2^-11
+//! on `[-pi, pi]`); `pow` is `exp2(y * log2(|x|))` (relative error grows with `|y * log2 x|`);
+//! float `mod` is the driver's `OpFRem`; `pow(-0, y)` ignores the sign of zero.
+
+mod emit;
+mod matmul;
+
+use lower::kir::{IExpr, Kernel};
+
+use crate::error::{CodegenError, Result};
+use air::DType;
+
+/// Threads per workgroup of element-wise (grid-stride) kernels.
+pub const ELEMENTWISE_WG: u32 = 256;
+/// Threads per workgroup of workgroup reductions (a power of two).
+pub const REDUCE_WG: u32 = 256;
+/// Reductions with at least this many elements per output (or a symbolic count) use a workgroup
+/// per output; shorter ones use a thread per output.
+pub const WG_REDUCE_MIN: i64 = 128;
+/// The most workgroups one dispatch dimension gets (WebGPU's guaranteed limit); grid-stride loops
+/// cover the rest.
+pub const MAX_WORKGROUPS: u32 = 65535;
+/// Output tile of the matmul shader (rows and columns per workgroup).
+pub const MATMUL_TILE: i64 = 64;
+
+/// How many workgroups one launch of a kernel needs, as a function of the symbol values.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Dispatch {
+    /// `ceil(extent / per_workgroup)` workgroups (grid-stride loop over `extent`).
+    Grid { extent: IExpr, per_workgroup: u32 },
+    /// One workgroup per row (`rows` of them).
+    Rows { rows: IExpr },
+    /// Exactly one workgroup.
+    Single,
+    /// `(ceil(n / tile), ceil(m / tile), batch)` workgroups.
+    Matmul { m: IExpr, n: IExpr, batch: IExpr },
+}
+
+impl Dispatch {
+    /// The workgroup counts for symbol values `syms`, each clamped to [`MAX_WORKGROUPS`] (the
+    /// shaders grid-stride over the rest). `None` when there is nothing to do (a zero extent).
+    pub fn workgroups(&self, syms: &[i64]) -> Option<[u32; 3]> {
+        let clamp = |x: i64| x.clamp(0, MAX_WORKGROUPS as i64) as u32;
+        let wg = match self {
+            Dispatch::Grid { extent, per_workgroup } => {
+                let e = extent.eval(&[], syms);
+                [clamp(div_ceil(e, *per_workgroup as i64)), 1, 1]
+            }
+            Dispatch::Rows { rows } => [clamp(rows.eval(&[], syms)), 1, 1],
+            Dispatch::Single => [1, 1, 1],
+            Dispatch::Matmul { m, n, batch } => {
+                let (m, n, b) = (m.eval(&[], syms), n.eval(&[], syms), batch.eval(&[], syms));
+                [clamp(div_ceil(n, MATMUL_TILE)), clamp(div_ceil(m, MATMUL_TILE)), clamp(b)]
+            }
+        };
+        if wg.contains(&0) { None } else { Some(wg) }
+    }
+}
+
+fn div_ceil(a: i64, b: i64) -> i64 {
+    if a <= 0 { 0 } else { (a + b - 1) / b }
+}
+
+/// One kernel as WGSL, with what the runtime needs to launch it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WgslKernel {
+    /// The shader module's text.
+    pub source: String,
+    /// The compute entry point's name.
+    pub entry: &'static str,
+    /// Number of `vec4<i32>` the `syms` uniform array declares (at least 1).
+    pub sym_vec4s: u32,
+    /// Per buffer parameter (binding `p + 1`): whether it is declared `read_write` (else `read`);
+    /// the bind-group layout must say the same.
+    pub read_write: Vec<bool>,
+    /// The workgroup counts of a launch.
+    pub dispatch: Dispatch,
+    /// Threads per workgroup (for reports).
+    pub workgroup_size: [u32; 3],
+    /// How the kernel was mapped, for reports and tests (`grid`, `workgroup-reduce`, `single`,
+    /// `matmul`).
+    pub strategy: &'static str,
+}
+
+/// Bytes one element of `dtype` takes in a device buffer (`bool` is a 32-bit word), or
+/// `Unsupported` for dtypes WGSL kernels do not handle.
+pub fn device_elem_bytes(dtype: DType) -> Result<usize> {
+    match dtype {
+        DType::F32 | DType::I32 | DType::Bool => Ok(4),
+        other => Err(unsupported_dtype(other)),
+    }
+}
+
+pub(crate) fn unsupported_dtype(dtype: DType) -> CodegenError {
+    let why = match dtype {
+        DType::I64 | DType::F64 => "WGSL has no 64-bit types",
+        _ => "half-precision storage is not implemented in the WGSL backend",
+    };
+    CodegenError::Unsupported(format!("dtype {dtype} on wgpu ({why}); use f32, i32 or bool"))
+}
+
+/// Generates the WGSL shader of `kernel` (read parameters declared `read`).
+pub fn generate(kernel: &Kernel) -> Result<WgslKernel> {
+    generate_with_access(kernel, &[])
+}
+
+/// Generates the WGSL shader of `kernel`, declaring parameter `p` `read_write` when it is written
+/// or `force_read_write[p]` is true. A runtime that binds several parameters to ranges of one
+/// buffer needs that: wgpu tracks usage per buffer, and a buffer bound both `read` and
+/// `read_write` in one dispatch is a usage conflict.
+pub fn generate_with_access(kernel: &Kernel, force_read_write: &[bool]) -> Result<WgslKernel> {
+    for p in kernel.params() {
+        device_elem_bytes(p.dtype)?;
+    }
+    match kernel {
+        Kernel::Loops(k) => emit::loop_kernel(k, force_read_write),
+        Kernel::Matmul(m) => matmul::matmul_kernel(m, force_read_write),
+    }
+}
