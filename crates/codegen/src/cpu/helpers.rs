@@ -1,0 +1,114 @@
+//! Tiny Rust functions the generated code calls where an inline sequence is not worth it: f64
+//! transcendentals (from `libm`, bit-identical to the reference interpreter), f32 `pow`/`fmod`,
+//! the slow path of f32 `sin`, and f32 -> f16 rounding.
+//!
+//! Each is registered with `JITBuilder::symbol` under a `kiln_` name, so nothing is looked up with
+//! `dlsym`.
+
+use cranelift_codegen::ir::{AbiParam, Signature, types};
+use cranelift_codegen::isa::CallConv;
+
+/// A helper the generated code may call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Helper {
+    F32ToF16,
+    PowF32,
+    FmodF32,
+    SinF32,
+    Exp2F64,
+    Log2F64,
+    SinF64,
+    ErfF64,
+    PowF64,
+    FmodF64,
+}
+
+impl Helper {
+    pub(crate) const ALL: [Helper; 10] = [
+        Helper::F32ToF16,
+        Helper::PowF32,
+        Helper::FmodF32,
+        Helper::SinF32,
+        Helper::Exp2F64,
+        Helper::Log2F64,
+        Helper::SinF64,
+        Helper::ErfF64,
+        Helper::PowF64,
+        Helper::FmodF64,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Helper::F32ToF16 => "kiln_f32_to_f16",
+            Helper::PowF32 => "kiln_powf",
+            Helper::FmodF32 => "kiln_fmodf",
+            Helper::SinF32 => "kiln_sinf",
+            Helper::Exp2F64 => "kiln_exp2",
+            Helper::Log2F64 => "kiln_log2",
+            Helper::SinF64 => "kiln_sin",
+            Helper::ErfF64 => "kiln_erf",
+            Helper::PowF64 => "kiln_pow",
+            Helper::FmodF64 => "kiln_fmod",
+        }
+    }
+
+    pub(crate) fn address(self) -> *const u8 {
+        match self {
+            Helper::F32ToF16 => f32_to_f16 as *const u8,
+            Helper::PowF32 => powf as *const u8,
+            Helper::FmodF32 => fmodf as *const u8,
+            Helper::SinF32 => sinf as *const u8,
+            Helper::Exp2F64 => exp2 as *const u8,
+            Helper::Log2F64 => log2 as *const u8,
+            Helper::SinF64 => sin as *const u8,
+            Helper::ErfF64 => erf as *const u8,
+            Helper::PowF64 => pow as *const u8,
+            Helper::FmodF64 => fmod as *const u8,
+        }
+    }
+
+    pub(crate) fn signature(self, call_conv: CallConv) -> Signature {
+        let mut sig = Signature::new(call_conv);
+        let (params, ret) = match self {
+            Helper::F32ToF16 => (&[types::F32][..], types::I32),
+            Helper::SinF32 => (&[types::F32][..], types::F32),
+            Helper::PowF32 | Helper::FmodF32 => (&[types::F32, types::F32][..], types::F32),
+            Helper::Exp2F64 | Helper::Log2F64 | Helper::SinF64 | Helper::ErfF64 => (&[types::F64][..], types::F64),
+            Helper::PowF64 | Helper::FmodF64 => (&[types::F64, types::F64][..], types::F64),
+        };
+        sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+        sig.returns.push(AbiParam::new(ret));
+        sig
+    }
+}
+
+extern "C" fn f32_to_f16(x: f32) -> u32 {
+    half::f16::from_f32(x).to_bits() as u32
+}
+extern "C" fn powf(x: f32, y: f32) -> f32 {
+    libm::powf(x, y)
+}
+extern "C" fn fmodf(x: f32, y: f32) -> f32 {
+    x % y
+}
+extern "C" fn sinf(x: f32) -> f32 {
+    libm::sinf(x)
+}
+extern "C" fn exp2(x: f64) -> f64 {
+    libm::exp2(x)
+}
+extern "C" fn log2(x: f64) -> f64 {
+    libm::log2(x)
+}
+extern "C" fn sin(x: f64) -> f64 {
+    libm::sin(x)
+}
+extern "C" fn erf(x: f64) -> f64 {
+    libm::erf(x)
+}
+extern "C" fn pow(x: f64, y: f64) -> f64 {
+    libm::pow(x, y)
+}
+extern "C" fn fmod(x: f64, y: f64) -> f64 {
+    x % y
+}

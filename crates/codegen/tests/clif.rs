@@ -1,0 +1,139 @@
+//! Golden CLIF dump of one small kernel, the vectorization decisions as seen in the dumps, and
+//! the kernel cache.
+
+mod common;
+
+use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
+use common::*;
+use expect_test::expect;
+use kiln_codegen::{CpuCompiler, clif_text};
+use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Stmt};
+
+#[test]
+fn golden_clif_of_a_small_scalar_kernel() {
+    // i64 is not vectorized, so the dump stays small: out[i] = in[i] + 1 for i in 0..3.
+    let k = LoopKernel {
+        params: vec![p(DType::I64, Access::Read), p(DType::I64, Access::Write)],
+        n_syms: 0,
+        body: vec![for_(
+            0,
+            c(3),
+            false,
+            vec![
+                load(0, DType::I64, 0, i(0)),
+                let_(1, DType::I64, Inst::Const(Scalar::Int(1))),
+                let_(2, DType::I64, Inst::Binary(BinaryOp::Add, r(0), r(1))),
+                store(1, i(0), 2),
+            ],
+        )],
+    };
+    expect![[r#"
+        function u0:0(i64, i64, i64, i64) system_v {
+        block0(v0: i64, v1: i64, v2: i64, v3: i64):
+            v4 = load.i64 notrap v0
+            v5 = load.i64 notrap v0+8
+            v6 = iconst.i64 3
+            v7 = iconst.i64 0
+            v8 = icmp slt v7, v6  ; v7 = 0, v6 = 3
+            brif v8, block1(v7), block2  ; v7 = 0
+
+        block1(v9: i64):
+            v10 = iconst.i64 3
+            v11 = ishl v9, v10  ; v10 = 3
+            v12 = iadd.i64 v4, v11
+            v13 = load.i64 notrap v12
+            v14 = iconst.i64 1
+            v15 = iadd v13, v14  ; v14 = 1
+            v16 = iconst.i64 3
+            v17 = ishl v9, v16  ; v16 = 3
+            v18 = iadd.i64 v5, v17
+            store notrap v15, v18
+            v19 = iconst.i64 1
+            v20 = iadd v9, v19  ; v19 = 1
+            v21 = icmp slt v20, v6  ; v6 = 3
+            brif v21, block1(v20), block2
+
+        block2:
+            return
+        }
+    "#]]
+    .assert_eq(&clif_text(&k).unwrap());
+}
+
+#[test]
+fn vectorization_decisions() {
+    let neg = unary_kernel(UnaryOp::Neg, DType::F32, DType::F32, IExpr::Sym(0));
+    assert!(clif_text(&neg).unwrap().contains("f32x4"));
+    let neg64 = unary_kernel(UnaryOp::Neg, DType::F64, DType::F64, IExpr::Sym(0));
+    assert!(!clif_text(&neg64).unwrap().contains("x4"));
+    // Strided (coefficient 2) loads stay scalar.
+    let strided = LoopKernel {
+        params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
+        n_syms: 0,
+        body: vec![for_(0, c(8), true, vec![load(0, DType::F32, 0, IExpr::mul(i(0), c(2))), store(1, i(0), 0)])],
+    };
+    assert!(!clif_text(&strided).unwrap().contains("x4"));
+    // An f32 sum reduction gets f64x2 partial accumulators.
+    let sum = LoopKernel {
+        params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
+        n_syms: 0,
+        body: vec![
+            Stmt::AccInit { acc: Acc(0), dtype: DType::F32, op: ReduceOp::Sum },
+            for_(0, c(64), false, vec![load(0, DType::F32, 0, i(0)), Stmt::AccUpdate { acc: Acc(0), value: r(0) }]),
+            let_(1, DType::F32, Inst::ReadAcc(Acc(0))),
+            store(1, c(0), 1),
+        ],
+    };
+    let text = clif_text(&sum).unwrap();
+    assert!(text.contains("f64x2") && text.contains("fvpromote_low"), "{text}");
+}
+
+#[test]
+fn identical_kernels_compile_once() {
+    let compiler = CpuCompiler::new().unwrap();
+    let a = unary_kernel(UnaryOp::Sqrt, DType::F32, DType::F32, IExpr::Sym(0));
+    let b = a.clone();
+    let ka = compiler.compile(&a).unwrap();
+    let kb = compiler.compile(&b).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&ka, &kb));
+    let other = unary_kernel(UnaryOp::Neg, DType::F32, DType::F32, IExpr::Sym(0));
+    compiler.compile(&other).unwrap();
+    let s = compiler.stats();
+    assert_eq!((s.hits, s.misses, s.compiled, s.failures, s.arenas), (1, 2, 2, 0, 1));
+    assert!(s.compile_time > std::time::Duration::ZERO);
+    assert_eq!(compiler.cached(), 2);
+    // Cached kernels stay callable after the cache is cleared.
+    compiler.clear_cache();
+    let mut bufs = [Buf::f32s(&[4.0, 9.0]), Buf::f32s(&[0.0, 0.0])];
+    let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.bytes.as_mut_ptr()).collect();
+    unsafe { ka.run(&ptrs, &[2], 0, 2).unwrap() };
+    assert_eq!(bufs[1].vals(), vec![V::F(2.0), V::F(3.0)]);
+    compiler.compile(&a).unwrap();
+    assert_eq!(compiler.stats().misses, 3);
+}
+
+#[test]
+fn compiled_kernels_are_send_and_sync_and_run_from_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<kiln_codegen::CompiledKernel>();
+    assert_send_sync::<CpuCompiler>();
+    let compiler = std::sync::Arc::new(CpuCompiler::new().unwrap());
+    let n = 10_000usize;
+    let k = unary_kernel(UnaryOp::Neg, DType::F32, DType::F32, IExpr::Sym(0));
+    let compiled = compiler.compile(&k).unwrap();
+    let input: Vec<f32> = (0..n).map(|j| j as f32).collect();
+    let mut out = vec![0f32; n];
+    let (inp, outp) = (input.as_ptr() as usize, out.as_mut_ptr() as usize);
+    std::thread::scope(|s| {
+        for t in 0..4i64 {
+            let compiled = compiled.clone();
+            s.spawn(move || {
+                let ptrs = [inp as *mut u8, outp as *mut u8];
+                let chunk = n as i64 / 4;
+                // SAFETY: the threads write disjoint ranges of `out`.
+                unsafe { compiled.run(&ptrs, &[n as i64], t * chunk, (t + 1) * chunk).unwrap() };
+            });
+        }
+    });
+    assert!(out.iter().enumerate().all(|(j, &x)| x == -(j as f32)));
+}
