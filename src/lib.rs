@@ -27,18 +27,23 @@
 //! of air primitives; `ops/matmul.rs` holds the canonical matmul pattern), `realize` (tracing and
 //! running), `backend` (the one place that dispatches on a device).
 
+mod autograd;
 pub mod backend;
 pub mod device;
 pub mod error;
 mod ops;
+pub mod profile;
 mod random;
 mod realize;
 mod scalar;
 mod shape;
 pub mod stats;
 mod tensor;
+pub mod tree;
+pub use tree::Tree;
 
 pub use air::{Bindings, DType, Dim, Element, HostData, HostTensor, Scalar, Shape, TensorType};
+pub use autograd::{grad, is_grad_enabled, no_grad};
 pub use device::Device;
 pub use error::{Error, Result};
 pub use ops::elementwise::{GeluApprox, where_};

@@ -1,1 +1,50 @@
-//! nn: layers, models, losses and optimizers on the public `kiln` tensor API.
+//! nn: layers, models, losses, optimizers and training on the public `kiln` tensor API.
+//!
+//! Every layer is a [`Module`]: a `forward` from a lazy [`Tensor`] to a lazy tensor, plus a tree
+//! of named parameters (`blocks.0.attn.q.weight`) that optimizers, [`save_safetensors`] and
+//! [`load_safetensors`] visit. Layers only record ops; nothing runs until a tensor is realized,
+//! and a training step (forward, `kiln::grad`, optimizer update) is realized as one graph whose
+//! structure is the same every step, so a device's program cache compiles it once.
+//!
+//! ```
+//! use kiln::prelude::*;
+//! use kiln_nn::{Linear, Module};
+//!
+//! kiln::manual_seed(0);
+//! let layer = Linear::new(3, 2, true);
+//! let y = layer.forward(&Tensor::ones(&[4, 3], DType::F32));
+//! assert_eq!(y.dims()?, vec![4, 2]);
+//! assert_eq!(layer.named_parameters().iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["weight", "bias"]);
+//! # Ok::<(), kiln::Error>(())
+//! ```
+
+mod activation;
+mod attention;
+mod conv;
+mod error;
+mod init;
+mod linear;
+mod loss;
+mod mobilenet;
+mod module;
+mod norm;
+mod optim;
+mod rnn;
+mod serialize;
+mod train;
+mod transformer;
+
+pub use activation::{Activation, Dropout, Flatten};
+pub use attention::CausalSelfAttention;
+pub use conv::{AvgPool2d, Conv2d, MaxPool2d};
+pub use error::{NnError, Result};
+pub use linear::{Embedding, Linear};
+pub use loss::{Loss, cross_entropy, mse_loss};
+pub use mobilenet::MobileNet;
+pub use module::{Module, ParamKind, Sequential};
+pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};
+pub use optim::{Adam, AdamW, Optimizer, Sgd};
+pub use rnn::{Gru, Lstm, SimpleRnn};
+pub use serialize::{load_safetensors, load_state_dict, read_safetensors, save_safetensors, to_safetensors_bytes};
+pub use train::{Trainer, predict};
+pub use transformer::{Block, Mlp, Transformer, TransformerConfig};

@@ -1,0 +1,115 @@
+//! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
+
+use std::sync::{Mutex, PoisonError};
+
+use kiln::{Device, Dim, Tensor};
+
+use crate::error::{NnError, Result};
+use crate::linear::Linear;
+use crate::module::{Module, ParamKind, visit_child, visit_child_mut};
+
+/// `o(softmax(q k^T / sqrt(head_dim) + causal mask) v)` over `n_heads` heads, for input
+/// `[batch, seq, dim]` (the GPT-2 attention, written out: no fused kernel). `seq` may be
+/// symbolic up to `max_seq_len`: the mask is a lazy `[max_seq_len, max_seq_len]` constant narrowed
+/// to `[seq, seq]`.
+pub struct CausalSelfAttention {
+    /// Query projection `dim -> dim` (with bias).
+    pub q: Linear,
+    /// Key projection.
+    pub k: Linear,
+    /// Value projection.
+    pub v: Linear,
+    /// Output projection.
+    pub o: Linear,
+    /// The number of heads; `dim / n_heads` is the head size.
+    pub n_heads: usize,
+    /// The longest sequence the mask covers.
+    pub max_seq_len: usize,
+    /// The full mask realized on a device other than the default one, kept for reuse.
+    mask_on_device: Mutex<Option<Tensor>>,
+}
+
+impl CausalSelfAttention {
+    /// An attention layer of width `dim` with `n_heads` heads; `dim` must be a multiple of
+    /// `n_heads`.
+    pub fn new(dim: usize, n_heads: usize, max_seq_len: usize) -> Result<CausalSelfAttention> {
+        if n_heads == 0 || !dim.is_multiple_of(n_heads) {
+            return Err(NnError::Config(format!("dim {dim} is not a multiple of n_heads {n_heads}")));
+        }
+        Ok(CausalSelfAttention {
+            q: Linear::new(dim, dim, true),
+            k: Linear::new(dim, dim, true),
+            v: Linear::new(dim, dim, true),
+            o: Linear::new(dim, dim, true),
+            n_heads,
+            max_seq_len,
+            mask_on_device: Mutex::new(None),
+        })
+    }
+
+    /// `true` above the diagonal of a `[seq, seq]` block on `device`: the positions a query may
+    /// not see. On the default device it is a lazy constant (iota compare); on another device the
+    /// full mask is realized once and moved there.
+    fn mask(&self, seq: &Dim, device: Device) -> Tensor {
+        let n = self.max_seq_len as i64;
+        let full = || {
+            let rows = Tensor::arange(0i64, n, 1i64).reshape(&[n, 1]);
+            let cols = Tensor::arange(0i64, n, 1i64).reshape(&[1, n]);
+            cols.gt(&rows)
+        };
+        let mut full = full();
+        if full.device() != device {
+            let mut cached = self.mask_on_device.lock().unwrap_or_else(PoisonError::into_inner);
+            match cached.as_ref().filter(|m| m.device() == device) {
+                Some(m) => full = m.clone(),
+                None => {
+                    if let Ok(moved) = full.to_device(device) {
+                        *cached = Some(moved.clone());
+                        full = moved;
+                    }
+                }
+            }
+        }
+        full.narrow(0, 0, seq.clone()).narrow(1, 0, seq.clone())
+    }
+}
+
+impl Module for CausalSelfAttention {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let shape = x.shape().to_vec();
+        let [batch, seq, dim] = match shape.as_slice() {
+            [b, s, d] => [b.clone(), s.clone(), d.clone()],
+            // Not `[batch, seq, dim]`: let the reshape below report the shape.
+            _ => [Dim::Const(-1), Dim::Const(1), Dim::Const(1)],
+        };
+        let h = self.n_heads as i64;
+        let head_dim = match dim.as_const() {
+            Some(d) => d / h,
+            None => -1,
+        };
+        let heads = |t: Tensor| {
+            t.reshape(vec![batch.clone(), seq.clone(), Dim::Const(h), Dim::Const(head_dim)]).transpose(1, 2)
+        };
+        let q = heads(self.q.forward(x));
+        let k = heads(self.k.forward(x));
+        let v = heads(self.v.forward(x));
+        let scores = q.matmul(&k.transpose(-2, -1)).div((head_dim.max(1) as f64).sqrt());
+        let scores = self.mask(&seq, x.device()).where_(f64::NEG_INFINITY, &scores);
+        let y = scores.softmax(-1).matmul(&v).transpose(1, 2).reshape(vec![batch, seq, dim]);
+        self.o.forward(&y)
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        visit_child(&self.q, "q", f);
+        visit_child(&self.k, "k", f);
+        visit_child(&self.v, "v", f);
+        visit_child(&self.o, "o", f);
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        visit_child_mut(&mut self.q, "q", f);
+        visit_child_mut(&mut self.k, "k", f);
+        visit_child_mut(&mut self.v, "v", f);
+        visit_child_mut(&mut self.o, "o", f);
+    }
+}

@@ -1,0 +1,125 @@
+//! Normalisation layers: `LayerNorm`, `RmsNorm` (over the last axis) and `BatchNorm2d`
+//! (inference form, over the channel axis of `[N, C, H, W]`).
+
+use kiln::Tensor;
+
+use crate::init;
+use crate::module::{Module, ParamKind};
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias` over the last axis, with the biased variance
+/// (PyTorch's `nn.LayerNorm` with one normalized dim).
+pub struct LayerNorm {
+    /// `[dim]`, initially ones.
+    pub weight: Tensor,
+    /// `[dim]`, initially zeros.
+    pub bias: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// A layer over a last axis of size `dim`.
+    pub fn new(dim: usize, eps: f64) -> LayerNorm {
+        LayerNorm { weight: init::filled(&[dim], 1.0), bias: init::filled(&[dim], 0.0), eps }
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let centered = x.sub(x.mean(-1, true));
+        let var = centered.square().mean(-1, true);
+        centered.mul(var.add(self.eps).rsqrt()).mul(&self.weight).add(&self.bias)
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        f("weight", &self.weight, ParamKind::Weight);
+        f("bias", &self.bias, ParamKind::Weight);
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        f("weight", &mut self.weight, ParamKind::Weight);
+        f("bias", &mut self.bias, ParamKind::Weight);
+    }
+}
+
+/// `x / sqrt(mean(x^2) + eps) * weight` over the last axis (PyTorch's `nn.RMSNorm`).
+pub struct RmsNorm {
+    /// `[dim]`, initially ones.
+    pub weight: Tensor,
+    /// Added to the mean square.
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    /// A layer over a last axis of size `dim`.
+    pub fn new(dim: usize, eps: f64) -> RmsNorm {
+        RmsNorm { weight: init::filled(&[dim], 1.0), eps }
+    }
+}
+
+impl Module for RmsNorm {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        x.mul(x.square().mean(-1, true).add(self.eps).rsqrt()).mul(&self.weight)
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        f("weight", &self.weight, ParamKind::Weight);
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        f("weight", &mut self.weight, ParamKind::Weight);
+    }
+}
+
+/// Batch normalisation of `[N, C, H, W]` with the running statistics (PyTorch's
+/// `nn.BatchNorm2d` in `eval()` mode): `(x - running_mean) / sqrt(running_var + eps) * weight +
+/// bias` per channel. The statistics are buffers: saved and loaded, never trained. Training mode
+/// also uses them (a frozen BatchNorm); batch statistics are not computed.
+pub struct BatchNorm2d {
+    /// `[C]`, initially ones.
+    pub weight: Tensor,
+    /// `[C]`, initially zeros.
+    pub bias: Tensor,
+    /// `[C]` buffer, initially zeros.
+    pub running_mean: Tensor,
+    /// `[C]` buffer, initially ones.
+    pub running_var: Tensor,
+    /// Added to the variance.
+    pub eps: f64,
+}
+
+impl BatchNorm2d {
+    /// A layer over `channels` channels.
+    pub fn new(channels: usize, eps: f64) -> BatchNorm2d {
+        BatchNorm2d {
+            weight: init::filled(&[channels], 1.0),
+            bias: init::filled(&[channels], 0.0),
+            running_mean: init::filled_buffer(&[channels], 0.0),
+            running_var: init::filled_buffer(&[channels], 1.0),
+            eps,
+        }
+    }
+}
+
+impl Module for BatchNorm2d {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let per_channel = |t: &Tensor| t.reshape(&[-1, 1, 1]);
+        let scale = self.running_var.add(self.eps).rsqrt().mul(&self.weight);
+        let shift = self.bias.sub(self.running_mean.mul(&scale));
+        x.mul(per_channel(&scale)).add(per_channel(&shift))
+    }
+
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        f("weight", &self.weight, ParamKind::Weight);
+        f("bias", &self.bias, ParamKind::Weight);
+        f("running_mean", &self.running_mean, ParamKind::Buffer);
+        f("running_var", &self.running_var, ParamKind::Buffer);
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        f("weight", &mut self.weight, ParamKind::Weight);
+        f("bias", &mut self.bias, ParamKind::Weight);
+        f("running_mean", &mut self.running_mean, ParamKind::Buffer);
+        f("running_var", &mut self.running_var, ParamKind::Buffer);
+    }
+}

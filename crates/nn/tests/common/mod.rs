@@ -1,0 +1,63 @@
+//! Shared helpers of the `kiln-nn` tests: the PyTorch fixtures of `tests/fixtures/gen_nn.py` and
+//! comparisons.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+use kiln::Tensor;
+use kiln_nn::{Module, load_state_dict, read_safetensors};
+
+/// The tensors of a fixture file under the repository's `tests/fixtures`.
+pub fn fixture_file(file: &str) -> HashMap<String, Tensor> {
+    let path = format!("{}/../../tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    read_safetensors(&bytes).expect("fixture parses")
+}
+
+/// One fixture: the tensors named `<name>.*`, with the prefix removed.
+pub struct Fixture {
+    pub name: String,
+    pub tensors: HashMap<String, Tensor>,
+}
+
+impl Fixture {
+    pub fn new(all: &HashMap<String, Tensor>, name: &str) -> Fixture {
+        let prefix = format!("{name}.");
+        let tensors: HashMap<String, Tensor> =
+            all.iter().filter_map(|(k, v)| k.strip_prefix(&prefix).map(|k| (k.to_string(), v.clone()))).collect();
+        assert!(!tensors.is_empty(), "no fixture `{name}`");
+        Fixture { name: name.to_string(), tensors }
+    }
+
+    pub fn get(&self, role: &str) -> Tensor {
+        self.tensors.get(role).unwrap_or_else(|| panic!("{}: no `{role}`", self.name)).clone()
+    }
+
+    /// The tensors under `<group>.`, prefix removed (`param`, `grad`, `step3`).
+    pub fn group(&self, group: &str) -> HashMap<String, Tensor> {
+        let prefix = format!("{group}.");
+        self.tensors.iter().filter_map(|(k, v)| k.strip_prefix(&prefix).map(|k| (k.to_string(), v.clone()))).collect()
+    }
+
+    /// Loads `param.*` into `module` (strictly: every name must match).
+    pub fn load(&self, module: &mut dyn Module) {
+        load_state_dict(module, &self.group("param"), true).unwrap_or_else(|e| panic!("{}: {e}", self.name));
+    }
+}
+
+/// The largest `|a - b| / (1 + |b|)` over all elements (absolute near 0, relative for large
+/// values); panics on a shape mismatch.
+pub fn max_err(what: &str, got: &Tensor, want: &Tensor) -> f64 {
+    let g = got.cast(kiln::DType::F64).to_vec::<f64>().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let w = want.cast(kiln::DType::F64).to_vec::<f64>().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(got.dims().unwrap(), want.dims().unwrap(), "{what}: shapes differ");
+    g.iter().zip(&w).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0.0, f64::max)
+}
+
+/// Asserts `got` is within `tol` of `want` (see [`max_err`]) and returns the error.
+pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) -> f64 {
+    let err = max_err(what, got, want);
+    assert!(err <= tol, "{what}: max error {err:.3e} > {tol:.1e}");
+    err
+}

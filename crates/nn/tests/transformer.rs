@@ -1,0 +1,93 @@
+//! The GPT-style decoder against PyTorch (tests/fixtures/nn_transformer.safetensors: the anchor
+//! model of /work/shared/anchors/bench_transformer.py, dim 64, 8 heads, 2 layers, vocab 64,
+//! tokens [10, 3]): logits, gradients of the cross-entropy, and three Adam steps.
+
+mod common;
+
+use common::{Fixture, assert_close, fixture_file};
+use kiln::Tensor;
+use kiln_nn::*;
+
+fn model_and_fixture() -> (Transformer, Fixture) {
+    let f = Fixture::new(&fixture_file("nn_transformer.safetensors"), "transformer");
+    let mut model = Transformer::new(64, 8, 2, 1e-5, 64).unwrap();
+    f.load(&mut model);
+    (model, f)
+}
+
+#[test]
+fn logits_and_gradients_match_pytorch() {
+    let (model, f) = model_and_fixture();
+    let logits = model.forward(&f.get("x"));
+    let loss = cross_entropy(&logits, &f.get("targets"));
+    let params = model.named_parameters();
+    assert_eq!(params.len(), 5 + 2 * 16, "wte, wpe, ln_f (2), head, and 16 per block");
+    let refs: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
+    let grads = kiln::grad(&loss, &refs).unwrap();
+    let mut all = vec![&logits, &loss];
+    all.extend(grads.iter());
+    kiln::realize(&all).unwrap();
+    // Logits within 1e-4 (absolute: logits are O(1)).
+    let got = logits.to_vec::<f32>().unwrap();
+    let want = f.get("out").to_vec::<f32>().unwrap();
+    let abs = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    eprintln!("transformer logits: max abs error {abs:.2e}");
+    assert!(abs < 1e-4, "logits differ by {abs}");
+    let mut worst = 0f64;
+    for ((name, _), g) in params.iter().zip(&grads) {
+        worst = worst.max(assert_close(&format!("grad.{name}"), g, &f.get(&format!("grad.{name}")), 1e-4));
+    }
+    eprintln!("transformer gradients: max error {worst:.2e}");
+}
+
+#[test]
+fn three_adam_steps_match_pytorch_and_reuse_one_graph() {
+    let (model, f) = model_and_fixture();
+    let mut trainer = Trainer::new(model, Adam::new(1e-3), Loss::CrossEntropy);
+    trainer.track_graphs(true);
+    let (x, y) = (f.get("x"), f.get("targets"));
+    let before = kiln::stats::graphs_executed();
+    let losses = trainer.fit(&[(x, y)], 3).unwrap();
+    // One graph per step (forward + backward + update), and all three have one structure: the
+    // program cache key is the same, so only step 1 compiles.
+    assert_eq!(kiln::stats::graphs_executed() - before, 3);
+    assert_eq!(trainer.distinct_step_graphs(), 1);
+    let want = f.get("losses").to_vec::<f32>().unwrap();
+    eprintln!("losses {losses:?} (PyTorch {want:?})");
+    assert!(losses[2] < losses[0], "the loss goes down");
+    assert_close("losses", &Tensor::from_vec(losses, &[3]), &f.get("losses"), 1e-5);
+    // Adam divides by sqrt(v): where a gradient is tiny, float rounding of the gradient moves the
+    // update by a visible fraction of the step (lr = 1e-3), hence 5e-5 rather than 1e-5.
+    let mut worst = 0f64;
+    for (name, p) in trainer.model.named_parameters() {
+        worst = worst.max(assert_close(&format!("step3.{name}"), &p, &f.get(&format!("step3.{name}")), 5e-5));
+    }
+    eprintln!("transformer after 3 Adam steps: max parameter error {worst:.2e}");
+}
+
+/// The same training on the CPU device (the runtime's program cache): step 1 compiles the step
+/// graph, steps 2 and 3 compile nothing.
+#[test]
+fn training_on_the_cpu_device_compiles_once() {
+    let (mut model, f) = model_and_fixture();
+    model.to_device(kiln::Device::Cpu).unwrap();
+    let x = f.get("x").to_device(kiln::Device::Cpu).unwrap();
+    let y = f.get("targets").to_device(kiln::Device::Cpu).unwrap();
+    let cpu = kiln::backend::cpu_device().unwrap();
+    let mut trainer = Trainer::new(model, Adam::new(1e-3), Loss::CrossEntropy);
+    let mut losses = Vec::new();
+    let mut compiled = Vec::new();
+    for _ in 0..3 {
+        let before = cpu.stats().programs_compiled;
+        losses.push(trainer.step(&x, &y).unwrap());
+        compiled.push(cpu.stats().programs_compiled - before);
+    }
+    eprintln!("cpu: losses {losses:?}, programs compiled per step {compiled:?}");
+    assert_eq!(&compiled[1..], &[0, 0], "steps 2 and 3 reuse step 1's program");
+    assert_close("cpu losses", &Tensor::from_vec(losses, &[3]), &f.get("losses"), 1e-4);
+    let mut worst = 0f64;
+    for (name, p) in trainer.model.named_parameters() {
+        worst = worst.max(assert_close(&format!("cpu step3.{name}"), &p, &f.get(&format!("step3.{name}")), 5e-5));
+    }
+    eprintln!("cpu: max parameter error after 3 Adam steps {worst:.2e}");
+}

@@ -1,0 +1,379 @@
+//! Autograd on lazy tensors: gradients are more lazy tensors, built by `lower::autodiff` on the
+//! air graph of the forward computation.
+//!
+//! [`grad`] traces the DAG behind `output` into an air graph (every tensor that holds data, and
+//! every tensor cut off by [`Tensor::stop_gradient`], becomes an `input`), asks
+//! [`lower::autodiff::grad`] for the gradient nodes, and turns those nodes back into facade tensors
+//! whose inputs are the *original* forward tensors. Nothing runs: realizing the loss and its
+//! gradients together (`kiln::realize(&[&loss, &g0, &g1])`) traces one graph in which forward and
+//! backward share their nodes, so the forward pass is computed once.
+//!
+//! On top of that sits PyTorch's stateful surface: [`Tensor::requires_grad_`] marks a tensor,
+//! [`Tensor::backward`] differentiates a one-element tensor with respect to every marked tensor it
+//! depends on and accumulates into [`Tensor::grad`], and [`no_grad`] runs a closure with gradients
+//! disabled. The marks and the accumulated gradients live in a side table keyed by node (the
+//! tensor handle itself has no room for them); an entry holds a `Weak` to its node, so a dropped
+//! tensor's entry is recognised as stale and swept, and its address can never be reused by another
+//! node while the entry exists.
+//!
+//! Caveat of a lazy design: `realize` drops a computed tensor's inputs, so a loss that was
+//! realized on its own before `backward` has no graph left to differentiate; `backward` reports
+//! that instead of returning zero gradients.
+
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::panic::Location;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+
+use air::op::Input;
+use air::{Graph, NodeId, Op};
+
+use crate::error::{Error, Result};
+use crate::tensor::{Inner, Site, Tensor};
+
+/// One tensor's autograd state.
+struct Entry {
+    node: Weak<Inner>,
+    requires_grad: bool,
+    stop: bool,
+    grad: Option<Tensor>,
+}
+
+/// The side table: node address -> state. Entries whose node is gone are swept when the table
+/// has doubled since the last sweep.
+struct Registry {
+    entries: HashMap<usize, Entry>,
+    sweep_at: usize,
+}
+
+static REGISTRY: LazyLock<Mutex<Registry>> =
+    LazyLock::new(|| Mutex::new(Registry { entries: HashMap::new(), sweep_at: 64 }));
+
+thread_local! {
+    static NO_GRAD_DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+fn addr(t: &Tensor) -> usize {
+    Arc::as_ptr(&t.inner) as usize
+}
+
+fn with_registry<R>(f: impl FnOnce(&mut Registry) -> R) -> R {
+    let mut registry = REGISTRY.lock().unwrap_or_else(PoisonError::into_inner);
+    f(&mut registry)
+}
+
+impl Registry {
+    /// The live entry of `t`, if any.
+    fn get(&self, t: &Tensor) -> Option<&Entry> {
+        self.entries.get(&addr(t)).filter(|e| e.node.strong_count() > 0)
+    }
+
+    /// The entry of `t`, created (or reset, if stale) as needed.
+    fn entry(&mut self, t: &Tensor) -> &mut Entry {
+        if self.entries.len() >= self.sweep_at {
+            self.entries.retain(|_, e| e.node.strong_count() > 0);
+            self.sweep_at = (2 * self.entries.len()).max(64);
+        }
+        let e = self.entries.entry(addr(t)).or_insert_with(|| Entry {
+            node: Arc::downgrade(&t.inner),
+            requires_grad: false,
+            stop: false,
+            grad: None,
+        });
+        if e.node.strong_count() == 0 {
+            *e = Entry { node: Arc::downgrade(&t.inner), requires_grad: false, stop: false, grad: None };
+        }
+        e
+    }
+}
+
+/// Whether gradients are enabled on this thread (false inside [`no_grad`]).
+pub fn is_grad_enabled() -> bool {
+    NO_GRAD_DEPTH.with(Cell::get) == 0
+}
+
+/// Runs `f` with gradients disabled on this thread, like `with torch.no_grad():`. Inside,
+/// [`Tensor::requires_grad_`] marks nothing and [`Tensor::backward`] and [`grad`] return an error.
+/// Lazy tensors record no tape, so inference needs no `no_grad` to be cheap; the scope is for code
+/// that must not build gradients (optimizer updates, evaluation).
+pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_GRAD_DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+    NO_GRAD_DEPTH.with(|d| d.set(d.get() + 1));
+    let _restore = Restore;
+    f()
+}
+
+/// What to differentiate with respect to.
+enum Wrt<'a> {
+    /// These tensors, in order.
+    Given(&'a [&'a Tensor]),
+    /// Every tensor marked `requires_grad` that the output depends on.
+    Marked,
+}
+
+/// The gradients of `output` with respect to each tensor of `wrt`, as lazy tensors of the same
+/// types, in order. For an `output` with more than one element this is the gradient of its sum. A
+/// tensor `output` does not depend on gets zeros. Gradients flow through every op except into
+/// tensors cut off by [`Tensor::stop_gradient`] and through tensors that already hold data (a
+/// realized tensor is a constant of the graph).
+#[track_caller]
+pub fn grad(output: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
+    let loc = Location::caller();
+    if !is_grad_enabled() {
+        return Err(Error::op("grad", "gradients are disabled inside no_grad", loc));
+    }
+    Ok(differentiate(output, Wrt::Given(wrt), loc)?.into_iter().map(|(_, g)| g).collect())
+}
+
+/// The traced forward graph: node of each tensor and tensor of each node.
+struct Traced {
+    graph: Graph,
+    ids: HashMap<usize, NodeId>,
+    tensors: HashMap<NodeId, Tensor>,
+}
+
+/// Traces `output`, differentiates, and returns `(wrt tensor, gradient)` pairs.
+fn differentiate(output: &Tensor, wrt: Wrt<'_>, loc: &'static Location<'static>) -> Result<Vec<(Tensor, Tensor)>> {
+    output.check()?;
+    if !output.dtype().is_float() {
+        return Err(Error::op(
+            "grad",
+            format!("the output has dtype {}; only float outputs have gradients", output.dtype()),
+            loc,
+        ));
+    }
+    if let Wrt::Given(list) = wrt {
+        for t in list {
+            t.check()?;
+            if !t.dtype().is_float() {
+                let message = format!("cannot differentiate with respect to a tensor of dtype {}", t.dtype());
+                return Err(Error::op("grad", message, loc));
+            }
+        }
+    }
+    // Snapshot the marks once: one lock for the whole walk.
+    let (marked, stops): (HashSet<usize>, HashSet<usize>) = with_registry(|r| {
+        let live = r.entries.iter().filter(|(_, e)| e.node.strong_count() > 0);
+        let marked = live.clone().filter(|(_, e)| e.requires_grad).map(|(&k, _)| k).collect();
+        let stops = live.filter(|(_, e)| e.stop).map(|(&k, _)| k).collect();
+        (marked, stops)
+    });
+    let given: HashSet<usize> = match wrt {
+        Wrt::Given(list) => list.iter().map(|t| addr(t)).collect(),
+        Wrt::Marked => HashSet::new(),
+    };
+    let output_is_wrt = given.contains(&addr(output)) || marked.contains(&addr(output));
+    if output.is_realized() && !output_is_wrt && !output.op().is_leaf() && output.inputs().is_empty() {
+        let message = "the output was realized on its own, which dropped its graph; \
+                       differentiate before realizing it (realize it together with its gradients)";
+        return Err(Error::op("grad", message, loc));
+    }
+    let traced = trace(output, &stops)?;
+    let wrt_tensors: Vec<Tensor> = match wrt {
+        Wrt::Given(list) => list.iter().map(|t| (*t).clone()).collect(),
+        Wrt::Marked => {
+            let mut found: Vec<(NodeId, Tensor)> = traced
+                .tensors
+                .iter()
+                .filter(|(_, t)| marked.contains(&addr(t)) && t.dtype().is_float())
+                .map(|(&id, t)| (id, t.clone()))
+                .collect();
+            found.sort_by_key(|(id, _)| id.index());
+            found.into_iter().map(|(_, t)| t).collect()
+        }
+    };
+    let mut traced = traced;
+    let out_id = traced.ids[&addr(output)];
+    // A `wrt` tensor the output does not reach gets a fresh (unconnected) input node: zeros.
+    let mut wrt_ids = Vec::with_capacity(wrt_tensors.len());
+    for t in &wrt_tensors {
+        let id = match traced.ids.get(&addr(t)) {
+            Some(&id) => id,
+            None => {
+                let slot = traced.tensors.len() as u32;
+                let id = traced.graph.add_leaf(Op::Input(Input { slot }), t.ty().clone())?;
+                traced.ids.insert(addr(t), id);
+                traced.tensors.insert(id, t.clone());
+                id
+            }
+        };
+        wrt_ids.push(id);
+    }
+    let grad_ids = lower::autodiff::grad(&mut traced.graph, out_id, &wrt_ids)
+        .map_err(|e| Error::op("grad", e.to_string(), loc))?;
+    let site = Site { name: "grad", loc };
+    let mut built = traced.tensors;
+    let mut out = Vec::with_capacity(grad_ids.len());
+    for (t, id) in wrt_tensors.into_iter().zip(grad_ids) {
+        let g = rebuild(&traced.graph, id, &mut built, site, output.device());
+        g.check()?;
+        out.push((t, g));
+    }
+    Ok(out)
+}
+
+/// Traces the DAG behind `output` into an air graph for autodiff only: tensors that hold data and
+/// stopped tensors become `input` leaves (their slots only need to be distinct).
+fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
+    let mut traced = Traced { graph: Graph::new(), ids: HashMap::new(), tensors: HashMap::new() };
+    let mut stack: Vec<(Tensor, Option<Vec<Tensor>>)> = vec![(output.clone(), None)];
+    while let Some((t, children)) = stack.pop() {
+        if traced.ids.contains_key(&addr(&t)) {
+            continue;
+        }
+        t.check()?;
+        let id = match children {
+            Some(children) => {
+                let inputs: Vec<NodeId> = children.iter().map(|c| traced.ids[&addr(c)]).collect();
+                traced.graph.add(t.op().clone(), &inputs)?
+            }
+            None => {
+                let opaque = t.is_realized() || stops.contains(&addr(&t));
+                if opaque {
+                    let slot = traced.tensors.len() as u32;
+                    traced.graph.add_leaf(Op::Input(Input { slot }), t.ty().clone())?
+                } else if t.op().is_leaf() {
+                    traced.graph.add_leaf(t.op().clone(), t.ty().clone())?
+                } else {
+                    let children = t.inputs();
+                    if children.is_empty() {
+                        // Realized by another thread between the checks above.
+                        stack.push((t, None));
+                        continue;
+                    }
+                    let pending: Vec<Tensor> =
+                        children.iter().filter(|c| !traced.ids.contains_key(&addr(c))).cloned().collect();
+                    stack.push((t, Some(children)));
+                    for c in pending.into_iter().rev() {
+                        stack.push((c, None));
+                    }
+                    continue;
+                }
+            }
+        };
+        traced.ids.insert(addr(&t), id);
+        traced.tensors.insert(id, t);
+    }
+    Ok(traced)
+}
+
+/// The facade tensor of node `root` of `graph`: a forward tensor from `built`, or a new lazy
+/// tensor applying the node's op to the tensors of its inputs. Iterative, memoized in `built`.
+fn rebuild(
+    graph: &Graph,
+    root: NodeId,
+    built: &mut HashMap<NodeId, Tensor>,
+    site: Site,
+    device: crate::Device,
+) -> Tensor {
+    let mut stack: Vec<(NodeId, bool)> = vec![(root, false)];
+    while let Some((id, expanded)) = stack.pop() {
+        if built.contains_key(&id) {
+            continue;
+        }
+        let node = graph.node(id);
+        let t = if node.op.is_leaf() {
+            Tensor::leaf(site, node.op.clone(), node.ty.clone(), device)
+        } else if expanded {
+            let inputs: Vec<&Tensor> = node.inputs.iter().map(|i| &built[i]).collect();
+            Tensor::apply(site, node.op.clone(), &inputs)
+        } else {
+            stack.push((id, true));
+            for &i in node.inputs.iter().rev() {
+                if !built.contains_key(&i) {
+                    stack.push((i, false));
+                }
+            }
+            continue;
+        };
+        built.insert(id, t);
+    }
+    built[&root].clone()
+}
+
+impl Tensor {
+    /// Marks this tensor as a leaf whose gradient [`Tensor::backward`] computes (PyTorch's
+    /// `requires_grad_()`), and returns it. Does nothing inside [`no_grad`].
+    pub fn requires_grad_(&self) -> Tensor {
+        self.set_requires_grad(true);
+        self.clone()
+    }
+
+    /// Sets or clears the `requires_grad` mark. Setting it does nothing inside [`no_grad`].
+    pub fn set_requires_grad(&self, requires_grad: bool) {
+        if self.error().is_some() || (requires_grad && !is_grad_enabled()) {
+            return;
+        }
+        with_registry(|r| {
+            if requires_grad || r.get(self).is_some() {
+                r.entry(self).requires_grad = requires_grad;
+            }
+        });
+    }
+
+    /// Whether this tensor is marked `requires_grad`.
+    pub fn requires_grad(&self) -> bool {
+        with_registry(|r| r.get(self).is_some_and(|e| e.requires_grad))
+    }
+
+    /// The same values, with the gradient stopped: [`grad`] and [`Tensor::backward`] treat the
+    /// result as a constant (JAX's `stop_gradient`; PyTorch's `detach`).
+    #[track_caller]
+    pub fn stop_gradient(&self) -> Tensor {
+        if self.error().is_some() {
+            return self.clone();
+        }
+        let site = Site::here("stop_gradient");
+        let t = self.p_reshape(site, self.shape().clone());
+        with_registry(|r| r.entry(&t).stop = true);
+        t
+    }
+
+    /// Computes the gradient of this one-element tensor with respect to every tensor marked
+    /// [`Tensor::requires_grad_`] that it depends on, and adds it to that tensor's
+    /// [`Tensor::grad`] (lazily: realize the gradients, ideally together with the loss).
+    #[track_caller]
+    pub fn backward(&self) -> Result<()> {
+        let loc = Location::caller();
+        if !is_grad_enabled() {
+            return Err(Error::op("backward", "gradients are disabled inside no_grad", loc));
+        }
+        self.check()?;
+        let n = self.numel();
+        if n.as_const() != Some(1) {
+            let message =
+                format!("needs a one-element output (a loss), got shape {}", crate::shape::show(self.shape()));
+            return Err(Error::op("backward", message, loc));
+        }
+        let pairs = differentiate(self, Wrt::Marked, loc)?;
+        with_registry(|r| {
+            for (t, g) in pairs {
+                let e = r.entry(&t);
+                e.grad = Some(match e.grad.take() {
+                    Some(previous) => previous.add(&g),
+                    None => g,
+                });
+            }
+        });
+        Ok(())
+    }
+
+    /// The gradient accumulated by [`Tensor::backward`], if any (a lazy tensor).
+    pub fn grad(&self) -> Option<Tensor> {
+        with_registry(|r| r.get(self).and_then(|e| e.grad.clone()))
+    }
+
+    /// Clears the accumulated gradient (PyTorch's `x.grad = None`).
+    pub fn zero_grad(&self) {
+        with_registry(|r| {
+            if let Some(e) = r.entries.get_mut(&addr(self)) {
+                e.grad = None;
+            }
+        });
+    }
+}
