@@ -228,3 +228,12 @@ fn devices() {
         &[-1.0]
     );
 }
+
+#[test]
+fn detach_stops_the_gradient() {
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]);
+    x.requires_grad_();
+    let y = (&x * &x).sum_all() + (&x.detach() * &x.detach()).sum_all();
+    let g = kiln::grad(&y, &[&x]).unwrap();
+    assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
+}

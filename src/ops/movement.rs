@@ -305,8 +305,9 @@ impl Tensor {
         self.clone()
     }
 
-    /// Returns `self`: there is no autograd tape to detach from at this level.
+    /// The same values with no gradient flowing back through them (PyTorch's `detach`).
+    #[track_caller]
     pub fn detach(&self) -> Tensor {
-        self.clone()
+        self.stop_gradient()
     }
 }
