@@ -1,0 +1,55 @@
+//! `kiln bench matmul`: `f32` (512x1024)@(1024x2048) and 1024^3 through the facade (steady state:
+//! the program is compiled once), in ms and GFLOP/s, the anchors' matmul shapes.
+
+use kiln::Tensor;
+
+use crate::output::{SuiteOutput, Table, progress};
+use crate::runner::Runner;
+use crate::svg::{Plot, Series};
+use crate::timing::{Budget, measure_ms};
+
+/// `(m, k, n)` of each product measured.
+pub const SHAPES: [(usize, usize, usize); 2] = [(512, 1024, 2048), (1024, 1024, 1024)];
+
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub shapes: Vec<(usize, usize, usize)>,
+    pub budget: Budget,
+}
+
+fn filled(rows: usize, cols: usize, seed: usize) -> Tensor {
+    let data: Vec<f32> = (0..rows * cols).map(|i| (((i * 13 + seed) % 53) as f32 - 26.0) / 32.0).collect();
+    Tensor::from_vec(data, &[rows, cols])
+}
+
+/// Runs the suite on `runner`.
+pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
+    let bar = progress(args.shapes.len() as u64, "matmul");
+    let mut out = SuiteOutput::new("matmul");
+    out.meta("device", runner.describe());
+    let mut table = Table::new("ms", "Matmul, f32", &["shape", "ms (median)", "GFLOP/s"]);
+    let mut points = Vec::new();
+    for &(m, k, n) in &args.shapes {
+        let a = runner.place(filled(m, k, 1))?;
+        let b = runner.place(filled(k, n, 2))?;
+        let ms = measure_ms(args.budget, || runner.realize(&[&a.matmul(&b)]))?;
+        let gflops = 2.0 * (m * k * n) as f64 / 1e9 / (ms / 1e3);
+        table.push(vec![format!("({m}x{k})@({k}x{n})").into(), ms.into(), gflops.into()]);
+        points.push((2.0 * (m * k * n) as f64 / 1e9, gflops));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    out.tables.push(table);
+    out.plots.push((
+        "gflops".into(),
+        Plot {
+            title: "Matmul throughput".into(),
+            x_label: "GFLOP per product".into(),
+            y_label: "GFLOP/s".into(),
+            log_x: false,
+            log_y: false,
+            series: vec![Series { name: "kiln".into(), points }],
+        },
+    ));
+    Ok(out)
+}

@@ -1,0 +1,90 @@
+//! `kiln bench tree-matmul`: 32 independent `(128x256)@(256x512)` products, three ways:
+//! (a) a loop realizing each product separately, (b) one realize of all 32
+//! (`kiln::realize(&[..])`: one program, 32 matmul kernels), (c) one batched matmul of the
+//! pre-stacked operands. The anchors' torch and numpy rows measure the same three shapes of work.
+
+use kiln::Tensor;
+
+use crate::output::{SuiteOutput, Table, progress};
+use crate::runner::Runner;
+use crate::svg::{Plot, Series};
+use crate::timing::{Budget, measure_ms};
+
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub pairs: usize,
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub budget: Budget,
+}
+
+impl Default for Args {
+    fn default() -> Args {
+        Args { pairs: 32, m: 128, k: 256, n: 512, budget: Budget::STEADY }
+    }
+}
+
+fn filled(rows: usize, cols: usize, seed: usize) -> Tensor {
+    let data: Vec<f32> = (0..rows * cols).map(|i| (((i * 31 + seed * 17) % 61) as f32 - 30.0) / 64.0).collect();
+    Tensor::from_vec(data, &[rows, cols])
+}
+
+/// Runs the suite on `runner`.
+pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
+    let (m, k, n, pairs) = (args.m, args.k, args.n, args.pairs);
+    let a: Vec<Tensor> = (0..pairs).map(|i| runner.place(filled(m, k, 2 * i))).collect::<anyhow::Result<_>>()?;
+    let b: Vec<Tensor> = (0..pairs).map(|i| runner.place(filled(k, n, 2 * i + 1))).collect::<anyhow::Result<_>>()?;
+    let a_refs: Vec<&Tensor> = a.iter().collect();
+    let b_refs: Vec<&Tensor> = b.iter().collect();
+    let stacked_a = runner.realize(&[&kiln::stack(&a_refs, 0)])?.remove(0);
+    let stacked_b = runner.realize(&[&kiln::stack(&b_refs, 0)])?.remove(0);
+
+    let bar = progress(3, "tree-matmul");
+    let loop_ms = measure_ms(args.budget, || {
+        for (x, y) in a.iter().zip(&b) {
+            runner.realize(&[&x.matmul(y)])?;
+        }
+        Ok(())
+    })?;
+    bar.inc(1);
+    let many_ms = measure_ms(args.budget, || {
+        let products: Vec<Tensor> = a.iter().zip(&b).map(|(x, y)| x.matmul(y)).collect();
+        let refs: Vec<&Tensor> = products.iter().collect();
+        runner.realize(&refs)
+    })?;
+    bar.inc(1);
+    let batched_ms = measure_ms(args.budget, || runner.realize(&[&stacked_a.matmul(&stacked_b)]))?;
+    bar.finish_and_clear();
+
+    let gflop = 2.0 * (pairs * m * k * n) as f64 / 1e9;
+    let mut out = SuiteOutput::new("tree-matmul");
+    out.meta("device", runner.describe());
+    out.meta("work", format!("N={pairs} pairs of ({m}x{k})@({k}x{n}) f32, {gflop:.3} GFLOP per call"));
+    let mut table = Table::new("ms", "Tree of matmuls", &["impl", "ms (median)", "GFLOP/s"]);
+    let rows = [
+        ("(a) loop, realize each product", loop_ms),
+        ("(b) one realize of all products", many_ms),
+        ("(c) batched matmul, pre-stacked", batched_ms),
+    ];
+    for (name, ms) in rows {
+        table.push(vec![name.into(), ms.into(), (gflop / (ms / 1e3)).into()]);
+    }
+    out.tables.push(table);
+    out.plots.push((
+        "time".into(),
+        Plot {
+            title: "Tree of matmuls: ms per call".into(),
+            x_label: "variant (a, b, c)".into(),
+            y_label: "ms".into(),
+            log_x: false,
+            log_y: false,
+            series: rows
+                .iter()
+                .enumerate()
+                .map(|(i, (name, ms))| Series { name: name.to_string(), points: vec![(i as f64 + 1.0, *ms)] })
+                .collect(),
+        },
+    ));
+    Ok(out)
+}

@@ -1,0 +1,124 @@
+//! `kiln bench unary`: `neg` and `sigmoid` on 1-D `f32` tensors of the anchor sizes, three ways:
+//! one op realized per call (the anchors' "realize() steady"), a chain of ops realized after
+//! every op (eager), and the same chain realized once (lazy: the compiler fuses it). Times are
+//! milliseconds per op, steady state (programs already compiled).
+//!
+//! `neg` chains of even length fold away (`neg-neg`), so the lazy `neg` row shows what the
+//! rewriter saves rather than a kernel's speed.
+
+use kiln::Tensor;
+
+use crate::output::{Cell, SuiteOutput, Table, progress};
+use crate::runner::Runner;
+use crate::svg::{Plot, Series};
+use crate::timing::{Budget, measure_ms};
+
+/// The anchor sizes (powers of three).
+pub const SIZES: [usize; 7] = [1, 729, 2187, 59049, 177147, 531441, 1594323];
+
+/// Ops in each chain.
+pub const CHAIN: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnaryOp {
+    Neg,
+    Sigmoid,
+}
+
+impl UnaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Sigmoid => "sigmoid",
+        }
+    }
+
+    fn apply(self, x: &Tensor) -> Tensor {
+        match self {
+            UnaryOp::Neg => x.neg(),
+            UnaryOp::Sigmoid => x.sigmoid(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub sizes: Vec<usize>,
+    pub budget: Budget,
+}
+
+const MODES: [&str; 3] = ["single op, realized", "eager chain (realize every op)", "lazy chain (realize once)"];
+
+/// Runs the suite on `runner`.
+pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
+    let ops = [UnaryOp::Neg, UnaryOp::Sigmoid];
+    let bar = progress((ops.len() * MODES.len() * args.sizes.len()) as u64, "unary");
+    // results[op][mode][size] = ms per op
+    let mut results = vec![vec![Vec::new(); MODES.len()]; ops.len()];
+    for (oi, &op) in ops.iter().enumerate() {
+        for &n in &args.sizes {
+            let data: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
+            let x = runner.place(Tensor::from_vec(data, &[n]))?;
+            bar.set_message(format!("{} n={n}", op.name()));
+            let single = measure_ms(args.budget, || runner.realize(&[&op.apply(&x)]))?;
+            bar.inc(1);
+            let eager = measure_ms(args.budget, || {
+                let mut y = x.clone();
+                for _ in 0..CHAIN {
+                    y = runner.realize(&[&op.apply(&y)])?.remove(0);
+                }
+                Ok(y)
+            })? / CHAIN as f64;
+            bar.inc(1);
+            let lazy = measure_ms(args.budget, || {
+                let mut y = x.clone();
+                for _ in 0..CHAIN {
+                    y = op.apply(&y);
+                }
+                runner.realize(&[&y])
+            })? / CHAIN as f64;
+            bar.inc(1);
+            results[oi][0].push(single);
+            results[oi][1].push(eager);
+            results[oi][2].push(lazy);
+        }
+    }
+    bar.finish_and_clear();
+
+    let mut out = SuiteOutput::new("unary");
+    out.meta("device", runner.describe());
+    out.meta("chain", format!("{CHAIN} ops; times are ms per op (chain time / {CHAIN}), median, steady state"));
+    let size_cols: Vec<String> = args.sizes.iter().map(|n| n.to_string()).collect();
+    let mut columns = vec!["op", "mode"];
+    columns.extend(size_cols.iter().map(String::as_str));
+    let mut table = Table::new("ms", "Unary ops, ms per op (columns: n)", &columns);
+    let mut series = Vec::new();
+    for (oi, op) in ops.iter().enumerate() {
+        for (mi, mode) in MODES.iter().enumerate() {
+            let mut row: Vec<Cell> = vec![op.name().into(), (*mode).into()];
+            row.extend(results[oi][mi].iter().map(|&ms| Cell::Num(ms)));
+            table.push(row);
+            series.push(Series {
+                name: format!("{} {}", op.name(), mode.split(' ').next().unwrap_or(mode)),
+                points: args.sizes.iter().zip(&results[oi][mi]).map(|(&n, &ms)| (n as f64, ms)).collect(),
+            });
+        }
+    }
+    out.tables.push(table);
+    out.plots.push((
+        "time".into(),
+        Plot {
+            title: "Unary ops: ms per op vs size".into(),
+            x_label: "elements".into(),
+            y_label: "ms per op".into(),
+            log_x: true,
+            log_y: true,
+            series,
+        },
+    ));
+    out.notes.push(
+        "neg chains of even length fold to nothing (rule neg-neg): the lazy neg row measures the rewriter's saving"
+            .into(),
+    );
+    Ok(out)
+}

@@ -1,0 +1,17 @@
+//! The library behind the `kiln` command: the profiled CPU compile pipeline, the benchmark
+//! suites, and their outputs (tables, CSV, JSON, SVG plots).
+//!
+//! - `kiln profile transformer`: [`profile_cmd`] over [`pipeline`] (each compile step in a
+//!   `kiln::profile` span) and [`model`] (`nn::Transformer` in the anchor configuration).
+//! - `kiln bench <suite>`: [`bench`], run through a [`runner::Runner`], written by [`output`] and
+//!   plotted by [`svg`].
+
+pub mod bench;
+pub mod dump;
+pub mod model;
+pub mod output;
+pub mod pipeline;
+pub mod profile_cmd;
+pub mod runner;
+pub mod svg;
+pub mod timing;

@@ -1,0 +1,265 @@
+//! `kiln`: profile a compilation pass by pass, and run the benchmark suites.
+//!
+//! ```text
+//! kiln profile transformer --layers 2 [--trace t.json] [--dump dir]
+//! kiln bench transformer-compile [--layers 1,2,4,8,16,32] [--out dir] [--smoke]
+//! kiln bench unary | models | tree-matmul | matmul [--device cpu] [--out dir] [--smoke]
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use kiln_cli::bench;
+use kiln_cli::model::GptConfig;
+use kiln_cli::output::SuiteOutput;
+use kiln_cli::runner::Runner;
+use kiln_cli::timing::Budget;
+use kiln_cli::{dump, profile_cmd};
+
+#[global_allocator]
+static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;
+
+#[derive(Parser)]
+#[command(name = "kiln", version, about = "Kiln: profile compilations and run the benchmark suites")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile a model once under the profiler and print the per-pass table.
+    #[command(subcommand)]
+    Profile(ProfileTarget),
+    /// Run a benchmark suite.
+    #[command(subcommand)]
+    Bench(Suite),
+}
+
+#[derive(Subcommand)]
+enum ProfileTarget {
+    /// The GPT-style decoder of `nn` (the anchor benchmark's model).
+    Transformer(ProfileArgs),
+}
+
+#[derive(Args, Clone)]
+struct ModelArgs {
+    /// Model width.
+    #[arg(long, default_value_t = 64)]
+    dim: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 8)]
+    heads: usize,
+    /// Vocabulary size.
+    #[arg(long, default_value_t = 64)]
+    vocab: usize,
+    /// Learned positions.
+    #[arg(long, default_value_t = 64)]
+    max_seq: usize,
+    /// Sequences per batch.
+    #[arg(long, default_value_t = 10)]
+    batch: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 3)]
+    seq: usize,
+}
+
+impl ModelArgs {
+    fn config(&self, layers: usize) -> GptConfig {
+        GptConfig {
+            layers,
+            dim: self.dim,
+            heads: self.heads,
+            vocab: self.vocab,
+            max_seq: self.max_seq,
+            batch: self.batch,
+            seq: self.seq,
+        }
+    }
+}
+
+#[derive(Args)]
+struct ProfileArgs {
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 2)]
+    layers: usize,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Write the spans as a Chrome trace-event file (opens in Perfetto).
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
+    /// Write the graph after each pass (air text, DOT), the kernel IR and the CLIF into DIR.
+    #[arg(long, value_name = "DIR")]
+    dump: Option<PathBuf>,
+    /// Compile without fusion (one kernel per element-wise or reduce op).
+    #[arg(long)]
+    no_fuse: bool,
+    /// Profile the first compilation of the process, with its one-time start-up costs (by
+    /// default an untimed 1-layer compilation runs first; the profiled one is still uncached).
+    #[arg(long)]
+    cold: bool,
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// Write CSV, JSON and SVG files into DIR.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Tiny sizes and few repeats: a CI check that the suite runs (seconds).
+    #[arg(long)]
+    smoke: bool,
+}
+
+#[derive(Args, Clone)]
+struct DeviceArg {
+    /// Device: cpu (default), interp, or wgpu where built.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+#[derive(Subcommand)]
+enum Suite {
+    /// Compile time of the decoder per depth in fresh caches, ratio to depth 1, steady forward.
+    TransformerCompile {
+        /// Depths to measure, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16,32")]
+        layers: Vec<usize>,
+        /// Compilations per depth (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+        #[command(flatten)]
+        model: ModelArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// neg and sigmoid per size: one op, eager chain, lazy chain.
+    Unary {
+        /// Sizes (elements), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        sizes: Option<Vec<usize>>,
+        #[command(flatten)]
+        device: DeviceArg,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Predict and fit for nn's model suite.
+    Models {
+        #[command(flatten)]
+        device: DeviceArg,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// 32 independent matmuls: a loop of realizes, one realize of all, one batched matmul.
+    TreeMatmul {
+        #[command(flatten)]
+        device: DeviceArg,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// (512x1024)@(1024x2048) and 1024^3, GFLOP/s.
+    Matmul {
+        #[command(flatten)]
+        device: DeviceArg,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kiln: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Profile(ProfileTarget::Transformer(args)) => profile_transformer(args),
+        Command::Bench(suite) => run_suite(suite),
+    }
+}
+
+fn profile_transformer(args: ProfileArgs) -> anyhow::Result<()> {
+    let config = args.model.config(args.layers);
+    let options = lower::CompileOptions { fuse: !args.no_fuse, ..lower::CompileOptions::default() };
+    if !args.cold {
+        profile_cmd::profile_transformer(GptConfig { layers: 1, ..config }, &options)?;
+    }
+    let profiled = profile_cmd::profile_transformer(config, &options)?;
+    print!("{}", profile_cmd::render(&config, &profiled));
+    if args.cold {
+        println!("(cold: the first compilation of this process, start-up costs included)");
+    } else {
+        println!(
+            "(after one untimed 1-layer compilation, so process start-up costs are left out; --cold includes them)"
+        );
+    }
+    if let Some(path) = &args.trace {
+        std::fs::write(path, profiled.report.chrome_trace())?;
+        println!("trace: {} (open in https://ui.perfetto.dev)", path.display());
+    }
+    if let Some(dir) = &args.dump {
+        let files = dump::write(dir, &profiled.traced.graph, profiled.compiled.program())?;
+        println!("dump: {} files in {}", files.len(), dir.display());
+    }
+    Ok(())
+}
+
+fn finish(output: SuiteOutput, common: &Common) -> anyhow::Result<()> {
+    print!("{output}");
+    if let Some(dir) = &common.out {
+        let files = output.write(dir)?;
+        println!("\nwrote {} files to {}", files.len(), dir.display());
+    }
+    Ok(())
+}
+
+fn budget(smoke: bool) -> Budget {
+    if smoke { Budget::SMOKE } else { Budget::STEADY }
+}
+
+fn run_suite(suite: Suite) -> anyhow::Result<()> {
+    match suite {
+        Suite::TransformerCompile { layers, repeats, model, common } => {
+            let args = bench::transformer::Args {
+                layers: if common.smoke { vec![1, 2] } else { layers },
+                repeats: if common.smoke { 2 } else { repeats.max(1) },
+                base: model.config(1),
+                steady: budget(common.smoke),
+            };
+            args.base.validate().map_err(anyhow::Error::msg)?;
+            finish(bench::transformer::run(&args)?, &common)
+        }
+        Suite::Unary { sizes, device, common } => {
+            let sizes = match (sizes, common.smoke) {
+                (Some(s), _) => s,
+                (None, true) => vec![1, 729],
+                (None, false) => bench::unary::SIZES.to_vec(),
+            };
+            let runner = Runner::for_device(&device.device)?;
+            finish(bench::unary::run(&bench::unary::Args { sizes, budget: budget(common.smoke) }, &runner)?, &common)
+        }
+        Suite::Models { device, common } => {
+            let runner = Runner::for_device(&device.device)?;
+            finish(bench::models::run(common.smoke, &runner)?, &common)
+        }
+        Suite::TreeMatmul { device, common } => {
+            let runner = Runner::for_device(&device.device)?;
+            let args = if common.smoke {
+                bench::tree::Args { pairs: 4, m: 16, k: 32, n: 64, budget: Budget::SMOKE }
+            } else {
+                bench::tree::Args::default()
+            };
+            finish(bench::tree::run(&args, &runner)?, &common)
+        }
+        Suite::Matmul { device, common } => {
+            let runner = Runner::for_device(&device.device)?;
+            let shapes = if common.smoke { vec![(64, 128, 256)] } else { bench::matmul::SHAPES.to_vec() };
+            finish(bench::matmul::run(&bench::matmul::Args { shapes, budget: budget(common.smoke) }, &runner)?, &common)
+        }
+    }
+}

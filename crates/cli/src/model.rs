@@ -1,0 +1,84 @@
+//! The GPT-style decoder the `kiln` command profiles and benchmarks: `nn::Transformer` in the
+//! configuration of the anchor benchmark (`shared/anchors/bench_transformer.py`: dim 64, 8 heads,
+//! vocab 64, 64 positions, token ids of shape (10, 3)), with weights from a fixed seed.
+
+use kiln::Tensor;
+use nn::{Module, Transformer, TransformerConfig};
+
+/// Sizes of the model and of its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GptConfig {
+    pub layers: usize,
+    pub dim: usize,
+    pub heads: usize,
+    pub vocab: usize,
+    pub max_seq: usize,
+    pub batch: usize,
+    pub seq: usize,
+}
+
+impl Default for GptConfig {
+    /// The anchor benchmark's configuration with 2 layers.
+    fn default() -> GptConfig {
+        GptConfig { layers: 2, dim: 64, heads: 8, vocab: 64, max_seq: 64, batch: 10, seq: 3 }
+    }
+}
+
+impl GptConfig {
+    /// Checks the sizes fit together (the heads divide the width, the sequence fits).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.dim == 0 || self.heads == 0 || !self.dim.is_multiple_of(self.heads) {
+            return Err(format!("--dim {} must be a positive multiple of --heads {}", self.dim, self.heads));
+        }
+        if self.seq == 0 || self.seq > self.max_seq {
+            return Err(format!("--seq {} must be in 1..={}", self.seq, self.max_seq));
+        }
+        if self.batch == 0 || self.vocab == 0 {
+            return Err("--batch and --vocab must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// The decoder with its weights (realized source tensors), ready to record forward passes.
+pub struct Gpt {
+    pub config: GptConfig,
+    pub model: Transformer,
+}
+
+impl Gpt {
+    /// Builds the weights from the facade's generator reset to `seed`.
+    pub fn new(config: GptConfig, seed: u64) -> anyhow::Result<Gpt> {
+        kiln::manual_seed(seed);
+        let model = Transformer::from_config(TransformerConfig {
+            dim: config.dim,
+            n_heads: config.heads,
+            n_layers: config.layers,
+            norm_eps: 1e-5,
+            vocab_size: config.vocab,
+            max_seq_len: config.max_seq,
+        })?;
+        Ok(Gpt { config, model })
+    }
+
+    /// Token ids `(batch, seq)` as `i32`, from `seed` (splitmix64).
+    pub fn tokens(&self, seed: u64) -> Tensor {
+        let c = &self.config;
+        let mut state = seed;
+        let ids: Vec<i32> = (0..c.batch * c.seq)
+            .map(|_| {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                ((z ^ (z >> 31)) % c.vocab as u64) as i32
+            })
+            .collect();
+        Tensor::from_vec(ids, &[c.batch, c.seq])
+    }
+
+    /// Records the forward pass (nothing runs): logits `(batch, seq, vocab)`, without gradients.
+    pub fn forward(&self, tokens: &Tensor) -> Tensor {
+        kiln::no_grad(|| self.model.forward(tokens))
+    }
+}

@@ -1,0 +1,101 @@
+//! `kiln profile transformer`: build the decoder, compile it, run it once, all inside
+//! `kiln::profile`, and report the per-pass table, the totals and the planned memory.
+
+use std::time::Instant;
+
+use kiln::profile::{self, Report};
+use lower::CompileOptions;
+use lower::rewrite::RewriteStats;
+
+use crate::model::{Gpt, GptConfig};
+use crate::pipeline::{self, Compiled, Traced};
+
+/// The result of one profiled build + compile + first run.
+pub struct Profiled {
+    pub report: Report,
+    pub traced: Traced,
+    pub compiled: Compiled,
+    pub rewrite: RewriteStats,
+    /// Milliseconds of a second run (the program already compiled and its memory planned).
+    pub second_run_ms: f64,
+}
+
+/// Profiles any tensor program: `build` (run inside the profile, so its own spans count) returns
+/// lazy tensors, which are then traced, compiled with a fresh code generator (nothing cached) and
+/// run once, each step a span. The report also gets the rewriter's counters.
+///
+/// ```no_run
+/// use kiln::Tensor;
+/// let p = kiln_cli::profile_cmd::profile_tensors(
+///     || {
+///         let x = Tensor::from_vec(vec![1.0f32; 6], &[2, 3]);
+///         Ok(vec![(x.exp() + 1.0).sum_all()])
+///     },
+///     &lower::CompileOptions::default(),
+/// )?;
+/// println!("{}", p.report);
+/// # Ok::<(), anyhow::Error>(())
+/// ```
+pub fn profile_tensors(
+    build: impl FnOnce() -> anyhow::Result<Vec<kiln::Tensor>>,
+    options: &CompileOptions,
+) -> anyhow::Result<Profiled> {
+    let (result, mut report) = profile::profile(|| -> anyhow::Result<(Traced, Compiled)> {
+        let outputs = build()?;
+        let refs: Vec<&kiln::Tensor> = outputs.iter().collect();
+        profile::begin("trace", None);
+        let traced = Traced::of(&refs);
+        profile::end(traced.as_ref().ok().map(|t| t.graph.len()));
+        let traced = traced?;
+        let compiled = pipeline::compile(&traced.graph, &traced.bindings, options)?;
+        pipeline::first_run(&compiled, &traced)?;
+        Ok((traced, compiled))
+    });
+    let (traced, compiled) = result?;
+    let t0 = Instant::now();
+    compiled.exe.run(&traced.inputs, &traced.bindings)?;
+    let second_run_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // Outside the profile: the same rewrite work again, for its counters.
+    let rewrite = pipeline::rewrite_stats(&traced.graph);
+    report.counters.push(("rewrite visits".into(), rewrite.visits));
+    report.counters.push(("attempts".into(), rewrite.attempts));
+    report.counters.push(("rewrites".into(), rewrite.rewrites));
+    report.counters.push(("cse merged".into(), rewrite.cse_merged));
+    report.counters.push(("dead removed".into(), rewrite.dead_removed));
+    Ok(Profiled { report, traced, compiled, rewrite, second_run_ms })
+}
+
+/// Builds, compiles and runs the decoder of `config` once under the profiler: weights
+/// (`init-weights`, outside every phase), the forward pass, then [`profile_tensors`].
+pub fn profile_transformer(config: GptConfig, options: &CompileOptions) -> anyhow::Result<Profiled> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    profile_tensors(
+        || {
+            let model = profile::span("init-weights", || Gpt::new(config, 0))?;
+            let tokens = model.tokens(1);
+            Ok(vec![profile::span("forward", || model.forward(&tokens))])
+        },
+        options,
+    )
+}
+
+/// The text `kiln profile transformer` prints.
+pub fn render(config: &GptConfig, p: &Profiled) -> String {
+    format!(
+        "kiln profile transformer: layers {} dim {} heads {} vocab {} tokens ({}, {}) on cpu\n\
+         graph: {} nodes traced -> {} kernels ({} loop kernels compiled), {} launches per run\n\n\
+         {}second run: {:.3} ms\n",
+        config.layers,
+        config.dim,
+        config.heads,
+        config.vocab,
+        config.batch,
+        config.seq,
+        p.traced.graph.len(),
+        p.compiled.kernels,
+        p.compiled.loop_kernels,
+        p.compiled.launches,
+        p.report,
+        p.second_run_ms
+    )
+}

@@ -1,0 +1,144 @@
+//! Runs the `kiln` binary for each suite with `--smoke --out <tmpdir>` and checks that the CSV,
+//! JSON and SVG files exist and parse; and runs `kiln profile transformer` with a trace and a dump.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn kiln(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("the kiln binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "kiln {args:?} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("smoke-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn files_with(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("the output folder exists")
+        .map(|e| e.expect("a readable entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == ext))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Checks the files of one suite: every CSV has a header and rows of its width, the JSON parses
+/// and holds every table, every SVG is one `<svg>` document with at least one curve point.
+fn check_suite(suite: &str, extra: &[&str]) {
+    let dir = fresh_dir(suite);
+    let mut args = vec!["bench", suite, "--smoke", "--out"];
+    let dir_str = dir.to_str().expect("a UTF-8 path");
+    args.push(dir_str);
+    args.extend_from_slice(extra);
+    let stdout = kiln(&args);
+    assert!(stdout.contains(&format!("# kiln bench {suite}")), "{stdout}");
+
+    let csvs = files_with(&dir, "csv");
+    assert!(!csvs.is_empty(), "{suite}: no CSV in {}", dir.display());
+    for csv in &csvs {
+        let text = std::fs::read_to_string(csv).expect("CSV readable");
+        let mut lines = text.lines();
+        let header = lines.next().expect("a header line");
+        let width = header.split(',').count();
+        let rows: Vec<&str> = lines.collect();
+        assert!(!rows.is_empty(), "{}: no rows", csv.display());
+        for row in rows {
+            // Cells never hold commas in these suites except quoted names; count outside quotes.
+            let mut cells = 1;
+            let mut quoted = false;
+            for c in row.chars() {
+                match c {
+                    '"' => quoted = !quoted,
+                    ',' if !quoted => cells += 1,
+                    _ => {}
+                }
+            }
+            assert_eq!(cells, width, "{}: row {row:?} has {cells} cells, header {width}", csv.display());
+        }
+    }
+
+    let json_path = dir.join(format!("{suite}.json"));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json_path).expect("JSON readable")).expect("JSON parses");
+    assert_eq!(json["suite"], suite);
+    let tables = json["tables"].as_object().expect("a tables object");
+    assert_eq!(tables.len(), csvs.len());
+    for table in tables.values() {
+        assert!(!table["rows"].as_array().expect("rows").is_empty());
+    }
+
+    let svgs = files_with(&dir, "svg");
+    assert!(!svgs.is_empty(), "{suite}: no SVG");
+    for svg in &svgs {
+        let text = std::fs::read_to_string(svg).expect("SVG readable");
+        assert!(text.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""), "{}", svg.display());
+        assert!(text.trim_end().ends_with("</svg>"));
+        assert_eq!(text.matches("<svg").count(), 1);
+        assert!(text.contains("<circle"), "{}: no data point", svg.display());
+    }
+}
+
+#[test]
+fn transformer_compile_smoke() {
+    check_suite("transformer-compile", &[]);
+}
+
+#[test]
+fn unary_smoke() {
+    check_suite("unary", &[]);
+}
+
+#[test]
+fn models_smoke() {
+    check_suite("models", &[]);
+}
+
+#[test]
+fn tree_matmul_smoke() {
+    check_suite("tree-matmul", &[]);
+}
+
+#[test]
+fn matmul_smoke() {
+    check_suite("matmul", &[]);
+}
+
+#[test]
+fn profile_transformer_prints_one_table_and_writes_trace_and_dump() {
+    let dir = fresh_dir("profile");
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let trace = dir.join("trace.json");
+    let dump = dir.join("dump");
+    let stdout = kiln(&[
+        "profile",
+        "transformer",
+        "--layers",
+        "1",
+        "--trace",
+        trace.to_str().expect("UTF-8"),
+        "--dump",
+        dump.to_str().expect("UTF-8"),
+    ]);
+    for needle in ["pass", "optimize", "emit-kernels", "codegen", "first-run", "totals:", "peak memory planned:"] {
+        assert!(stdout.contains(needle), "missing {needle:?} in:\n{stdout}");
+    }
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).expect("trace written")).expect("trace parses");
+    let events = trace["traceEvents"].as_array().expect("traceEvents");
+    assert!(events.len() >= 8);
+    for e in events {
+        assert_eq!(e["ph"], "X");
+        assert!(e["ts"].as_f64().is_some() && e["dur"].as_f64().is_some());
+        assert_eq!((e["pid"].as_u64(), e["tid"].as_u64()), (Some(1), Some(1)));
+    }
+    for name in ["00-traced.air", "00-traced.dot", "01-optimize.air", "01-optimize.dot", "02-program.kir"] {
+        let text = std::fs::read_to_string(dump.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!text.is_empty(), "{name} is empty");
+    }
+    assert!(!files_with(&dump, "clif").is_empty(), "no CLIF dumped");
+}
