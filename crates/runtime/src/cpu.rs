@@ -1,0 +1,132 @@
+//! The CPU device: lowers a graph, compiles its loop kernels to native code, and caches the
+//! result by the graph's structure.
+//!
+//! A `CpuDevice` is a cheap handle (`Clone` shares the caches); it is `Send + Sync`, and any thread
+//! may compile or run through it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use air::{Bindings, Graph, HostTensor};
+use codegen::cpu::{CompiledKernel, CpuCompiler};
+use lower::Program;
+use lower::kir::Kernel;
+
+use crate::error::Result;
+use crate::key::GraphKey;
+use crate::vm::{Executable, KernelFn, MemoryStats, Placement};
+
+/// How much work a device has done: what its caches saved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuStats {
+    /// Graphs lowered and compiled (program cache misses).
+    pub programs_compiled: u64,
+    /// `compile` calls answered from the program cache.
+    pub cache_hits: u64,
+    /// Loop kernels compiled to native code (the code generator's own cache catches repeats).
+    pub kernels_compiled: u64,
+}
+
+struct Inner {
+    options: lower::CompileOptions,
+    compiler: CpuCompiler,
+    programs: Mutex<HashMap<GraphKey, Arc<Executable>>>,
+    programs_compiled: AtomicU64,
+    cache_hits: AtomicU64,
+}
+
+/// The CPU: native loop kernels from `codegen`, GEMM for matmuls, rayon's pool for threads.
+#[derive(Clone)]
+pub struct CpuDevice {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CpuDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuDevice").field("stats", &self.stats()).finish()
+    }
+}
+
+/// The memory planner of `lower`, in the VM's terms.
+fn plan_memory(program: &Program, bindings: &Bindings) -> Result<Placement> {
+    let plan = lower::memplan::plan(program, bindings)?;
+    Ok(Placement {
+        offsets: plan.offsets,
+        stats: MemoryStats {
+            arena_bytes: plan.arena_bytes,
+            naive_bytes: plan.naive_bytes,
+            peak_live_bytes: plan.peak_live_bytes,
+        },
+    })
+}
+
+impl CpuDevice {
+    /// A device with the default lowering options.
+    pub fn new() -> Result<CpuDevice> {
+        CpuDevice::with_options(lower::CompileOptions::default())
+    }
+
+    /// A device that lowers every graph with `options`.
+    pub fn with_options(options: lower::CompileOptions) -> Result<CpuDevice> {
+        let compiler = CpuCompiler::new()?;
+        Ok(CpuDevice {
+            inner: Arc::new(Inner {
+                options,
+                compiler,
+                programs: Mutex::new(HashMap::new()),
+                programs_compiled: AtomicU64::new(0),
+                cache_hits: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The executable for `graph`: from the cache when a graph of the same structure was compiled
+    /// before (whatever its symbol values will be), else lowered and compiled now.
+    pub fn compile(&self, graph: &Graph) -> Result<Arc<Executable>> {
+        let key = GraphKey::of(graph);
+        if let Some(exe) = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
+            self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(exe.clone());
+        }
+        let program = lower::compile(graph, &self.inner.options)?;
+        let mut loop_fns: Vec<Option<KernelFn>> = Vec::with_capacity(program.kernels.len());
+        let mut code: Vec<Arc<CompiledKernel>> = Vec::new();
+        for kernel in &program.kernels {
+            loop_fns.push(match kernel {
+                Kernel::Loops(k) => {
+                    let compiled = self.inner.compiler.compile(k)?;
+                    let func = compiled.as_fn();
+                    code.push(compiled);
+                    Some(func)
+                }
+                Kernel::Matmul(_) => None,
+            });
+        }
+        let exe = Arc::new(Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory)?);
+        self.inner.programs_compiled.fetch_add(1, Ordering::Relaxed);
+        let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
+        // Another thread may have compiled the same graph meanwhile: keep the first.
+        Ok(programs.entry(key).or_insert(exe).clone())
+    }
+
+    /// Compiles (or finds) `graph` and runs it once.
+    pub fn run(&self, graph: &Graph, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
+        self.compile(graph)?.run(inputs, bindings)
+    }
+
+    /// What the caches saved so far.
+    pub fn stats(&self) -> CpuStats {
+        let kernels_compiled = self.inner.compiler.stats().compiled;
+        CpuStats {
+            programs_compiled: self.inner.programs_compiled.load(Ordering::Relaxed),
+            cache_hits: self.inner.cache_hits.load(Ordering::Relaxed),
+            kernels_compiled,
+        }
+    }
+
+    /// Number of distinct programs in the cache.
+    pub fn cached_programs(&self) -> usize {
+        self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}

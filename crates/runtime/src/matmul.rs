@@ -1,0 +1,278 @@
+//! `Kernel::Matmul` on the CPU: strided, batched GEMM through the `gemm` crate (f32 and f64), and a
+//! plain loop for the other dtypes.
+//!
+//! Why `gemm`: on this project's 2-core AVX-512 machine it beat `matrixmultiply` 0.3.11 (both with
+//! 2 threads; see the crate docs for the numbers), it takes arbitrary row and column strides (so a
+//! transposed operand costs nothing), and it threads through rayon, the pool the VM already uses.
+//!
+//! Everything a launch needs is evaluated once per binding set ([`MatmulLaunch::new`]), including
+//! a bounds check of every operand against its buffer: a launch never reads or writes outside the
+//! buffers it was given.
+
+use air::DType;
+use half::{bf16, f16};
+use lower::kir::{MatOperand, MatmulKernel};
+
+use crate::error::{Result, RuntimeError};
+use crate::parallel::{self, SendPtr};
+
+/// Below this many multiply-adds in one batch entry, a batched matmul splits its batch over the
+/// threads (each entry single-threaded) instead of threading inside each GEMM.
+const SPLIT_BATCH_BELOW: u128 = 1 << 20;
+
+/// Below this many multiply-adds in total, a batched matmul runs on the calling thread.
+const PARALLEL_MIN_MACS: u128 = 1 << 16;
+
+/// One operand, evaluated: element `(b, r, c)` is at `offset + b*batch + r*row + c*col`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    /// Parameter position of the buffer.
+    pub param: usize,
+    pub offset: isize,
+    pub batch: isize,
+    pub row: isize,
+    pub col: isize,
+}
+
+/// A matmul launch with its sizes and strides evaluated for one binding set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulLaunch {
+    pub dtype: DType,
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Strides,
+    pub b: Strides,
+    pub c: Strides,
+    pub accumulate: bool,
+}
+
+fn eval_size(name: &str, e: &lower::kir::IExpr, syms: &[i64]) -> Result<usize> {
+    let v = e.eval(&[], syms);
+    usize::try_from(v).map_err(|_| RuntimeError::BadSize(format!("matmul {name} = {v} (from `{e}`)")))
+}
+
+fn eval_operand(name: &str, o: &MatOperand, syms: &[i64], n_params: usize) -> Result<Strides> {
+    let param = o.buf as usize;
+    if param >= n_params {
+        return Err(RuntimeError::InvalidProgram(format!(
+            "matmul operand {name} reads parameter b{param} of {n_params}"
+        )));
+    }
+    let conv = |v: i64| {
+        isize::try_from(v).map_err(|_| RuntimeError::BadSize(format!("matmul operand {name}: stride {v} too large")))
+    };
+    Ok(Strides {
+        param,
+        offset: conv(o.offset.eval(&[], syms))?,
+        batch: conv(o.batch_stride.eval(&[], syms))?,
+        row: conv(o.row_stride.eval(&[], syms))?,
+        col: conv(o.col_stride.eval(&[], syms))?,
+    })
+}
+
+/// Checks that every element of a `[batch, rows, cols]` operand lies in `0..numel`.
+fn check_bounds(name: &str, s: &Strides, batch: usize, rows: usize, cols: usize, numel: usize) -> Result<()> {
+    if batch == 0 || rows == 0 || cols == 0 {
+        return Ok(());
+    }
+    let (mut lo, mut hi) = (s.offset as i128, s.offset as i128);
+    for (extent, stride) in [(batch, s.batch), (rows, s.row), (cols, s.col)] {
+        let span = (extent as i128 - 1) * stride as i128;
+        if span < 0 {
+            lo += span;
+        } else {
+            hi += span;
+        }
+    }
+    if lo < 0 || hi >= numel as i128 {
+        return Err(RuntimeError::InvalidProgram(format!(
+            "matmul operand {name} spans elements {lo}..={hi} of a buffer of {numel}"
+        )));
+    }
+    Ok(())
+}
+
+impl MatmulLaunch {
+    /// Evaluates `kernel` with symbol values `syms`; `numel[p]` is the element count of the buffer
+    /// bound to parameter `p`.
+    pub fn new(kernel: &MatmulKernel, syms: &[i64], numel: &[usize]) -> Result<MatmulLaunch> {
+        let np = kernel.params.len();
+        let launch = MatmulLaunch {
+            dtype: kernel.dtype,
+            batch: eval_size("batch", &kernel.batch, syms)?,
+            m: eval_size("m", &kernel.m, syms)?,
+            n: eval_size("n", &kernel.n, syms)?,
+            k: eval_size("k", &kernel.k, syms)?,
+            a: eval_operand("a", &kernel.a, syms, np)?,
+            b: eval_operand("b", &kernel.b, syms, np)?,
+            c: eval_operand("c", &kernel.c, syms, np)?,
+            accumulate: kernel.accumulate,
+        };
+        let (batch, m, n, k) = (launch.batch, launch.m, launch.n, launch.k);
+        for (p, name) in [(&kernel.a, "a"), (&kernel.b, "b"), (&kernel.c, "c")] {
+            let dtype = kernel.params[p.buf as usize].dtype;
+            if dtype != kernel.dtype {
+                return Err(RuntimeError::InvalidProgram(format!(
+                    "matmul of {} has operand {name} of dtype {dtype}",
+                    kernel.dtype
+                )));
+            }
+        }
+        let len = |s: &Strides| numel.get(s.param).copied().unwrap_or(0);
+        check_bounds("a", &launch.a, batch, m, k, len(&launch.a))?;
+        check_bounds("b", &launch.b, batch, k, n, len(&launch.b))?;
+        check_bounds("c", &launch.c, batch, m, n, len(&launch.c))?;
+        match launch.dtype {
+            DType::F32 | DType::F64 | DType::F16 | DType::BF16 | DType::I32 | DType::I64 => Ok(launch),
+            DType::Bool => Err(RuntimeError::unsupported_dtype("matmul", DType::Bool)),
+        }
+    }
+
+    /// Multiply-adds the launch performs.
+    pub fn macs(&self) -> u128 {
+        self.batch as u128 * self.m as u128 * self.n as u128 * self.k as u128
+    }
+
+    /// Runs the launch on the buffers `args[param]`.
+    ///
+    /// # Safety
+    /// `args` must point to one valid buffer pointer per kernel parameter, each buffer holding at
+    /// least the element count `new` was given for it, with `c`'s buffer writable and not read
+    /// through `a` or `b` elsewhere during the call.
+    pub unsafe fn run(&self, args: *const *mut u8) {
+        // SAFETY: the caller guarantees one pointer per parameter; `new` checked `param < len`.
+        let (a, b, c) = unsafe { (*args.add(self.a.param), *args.add(self.b.param), *args.add(self.c.param)) };
+        let ptrs = (SendPtr(a), SendPtr(b), SendPtr(c));
+        let macs_per_entry = self.m as u128 * self.n as u128 * self.k as u128;
+        let threads = parallel::threads();
+        if self.batch > 1 && macs_per_entry < SPLIT_BATCH_BELOW && self.macs() >= PARALLEL_MIN_MACS && threads > 1 {
+            parallel::for_chunks(self.batch, threads, &|lo, hi| {
+                // SAFETY: batch entries `lo..hi` are within the checked bounds; distinct chunks
+                // write distinct entries of `c` (the lowering never aliases c's batch entries).
+                unsafe { self.run_entries(ptrs, lo, hi, false) }
+            });
+        } else {
+            // SAFETY: as above, on the calling thread (GEMM may thread internally).
+            unsafe { self.run_entries(ptrs, 0, self.batch, threads > 1) }
+        }
+    }
+
+    /// Runs batch entries `lo..hi` one after another.
+    unsafe fn run_entries(&self, ptrs: (SendPtr, SendPtr, SendPtr), lo: usize, hi: usize, threaded: bool) {
+        for entry in lo..hi {
+            let at = |p: &SendPtr, s: &Strides, size: usize| {
+                (p.get() as isize + (s.offset + entry as isize * s.batch) * size as isize) as *mut u8
+            };
+            let size = self.dtype.size_bytes();
+            let (a, b, c) = (at(&ptrs.0, &self.a, size), at(&ptrs.1, &self.b, size), at(&ptrs.2, &self.c, size));
+            // SAFETY: the entry's operands lie inside their buffers (checked in `new`).
+            unsafe {
+                match self.dtype {
+                    DType::F32 => self.gemm::<f32>(a, b, c, threaded),
+                    DType::F64 => self.gemm::<f64>(a, b, c, threaded),
+                    DType::F16 => self.naive::<f16>(a, b, c),
+                    DType::BF16 => self.naive::<bf16>(a, b, c),
+                    DType::I32 => self.naive::<i32>(a, b, c),
+                    DType::I64 => self.naive::<i64>(a, b, c),
+                    DType::Bool => {}
+                }
+            }
+        }
+    }
+
+    /// One entry through `gemm` (`T` is f32 or f64).
+    unsafe fn gemm<T: Copy + 'static + From<f32>>(&self, a: *mut u8, b: *mut u8, c: *mut u8, threaded: bool) {
+        let parallelism = if threaded { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+        // SAFETY: the pointers and strides describe in-bounds [m,k], [k,n] and [m,n] matrices of
+        // `T` (checked in `new`); gemm computes dst = alpha*dst + beta*lhs*rhs, reading dst only
+        // when `read_dst` is set.
+        unsafe {
+            gemm::gemm::<T>(
+                self.m,
+                self.n,
+                self.k,
+                c as *mut T,
+                self.c.col,
+                self.c.row,
+                self.accumulate,
+                a as *const T,
+                self.a.col,
+                self.a.row,
+                b as *const T,
+                self.b.col,
+                self.b.row,
+                T::from(if self.accumulate { 1.0 } else { 0.0 }),
+                T::from(1.0),
+                false,
+                false,
+                false,
+                parallelism,
+            )
+        }
+    }
+
+    /// One entry by the definition, with the interpreter's rounding (see [`NaiveElement`]).
+    unsafe fn naive<T: NaiveElement>(&self, a: *mut u8, b: *mut u8, c: *mut u8) {
+        let (a, b, c) = (a as *const T, b as *const T, c as *mut T);
+        for i in 0..self.m as isize {
+            for j in 0..self.n as isize {
+                let mut acc = T::Acc::default();
+                for p in 0..self.k as isize {
+                    // SAFETY: in bounds by the check in `new`.
+                    let (x, y) = unsafe {
+                        (*a.offset(i * self.a.row + p * self.a.col), *b.offset(p * self.b.row + j * self.b.col))
+                    };
+                    acc = T::mul_add(acc, x, y);
+                }
+                // SAFETY: in bounds by the check in `new`.
+                unsafe {
+                    let dst = c.offset(i * self.c.row + j * self.c.col);
+                    *dst = T::finish(acc, if self.accumulate { Some(*dst) } else { None });
+                }
+            }
+        }
+    }
+}
+
+/// Element types the plain-loop matmul handles, with the interpreter's arithmetic for
+/// `sum(a * b)`: ints wrap; f16/bf16 round each product to storage and sum in f64.
+trait NaiveElement: Copy {
+    type Acc: Copy + Default;
+    fn mul_add(acc: Self::Acc, a: Self, b: Self) -> Self::Acc;
+    fn finish(acc: Self::Acc, add_to: Option<Self>) -> Self;
+}
+
+macro_rules! naive_int {
+    ($t:ty) => {
+        impl NaiveElement for $t {
+            type Acc = $t;
+            fn mul_add(acc: $t, a: $t, b: $t) -> $t {
+                acc.wrapping_add(a.wrapping_mul(b))
+            }
+            fn finish(acc: $t, add_to: Option<$t>) -> $t {
+                add_to.map_or(acc, |c| c.wrapping_add(acc))
+            }
+        }
+    };
+}
+naive_int!(i32);
+naive_int!(i64);
+
+macro_rules! naive_half {
+    ($t:ty) => {
+        impl NaiveElement for $t {
+            type Acc = f64;
+            fn mul_add(acc: f64, a: $t, b: $t) -> f64 {
+                acc + <$t>::from_f32(a.to_f32() * b.to_f32()).to_f64()
+            }
+            fn finish(acc: f64, add_to: Option<$t>) -> $t {
+                let sum = <$t>::from_f32(acc as f32);
+                add_to.map_or(sum, |c| <$t>::from_f32(c.to_f32() + sum.to_f32()))
+            }
+        }
+    };
+}
+naive_half!(f16);
+naive_half!(bf16);

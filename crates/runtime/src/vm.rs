@@ -1,0 +1,654 @@
+//! The VM: runs a lowered `Program` whose loop kernels are native functions.
+//!
+//! Everything that does not depend on the inputs' data is prepared ahead of the hot loop:
+//! - once per `Executable`: the launch list (function pointer or GEMM, and where each step's
+//!   arguments sit in one flat pointer table), the input and output layout;
+//! - once per binding set (cached): symbol values, buffer sizes, the memory plan, each loop's
+//!   range and how many threads split it, each matmul's sizes and strides (bounds-checked).
+//!
+//! A run then only validates the inputs, makes sure the arena is big enough, allocates the outputs,
+//! fills the pointer table (one store per step argument) and walks the launch list: no hashing and
+//! no allocation per step.
+//!
+//! Memory: inputs are read in place from the caller's `Vec`s (their `Arc`s are borrowed for the
+//! run, never cloned, except when a graph output *is* an input); each output buffer is a fresh
+//! zeroed `Vec` of its dtype that becomes the returned `HostTensor` as is; temporaries live in one
+//! 64-byte-aligned arena owned by the executable, reused by every run and grown only when a
+//! binding set needs more.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use air::{Bindings, HostData, HostTensor, Symbol, TensorType};
+use lower::kir::{IExpr, Kernel, LoopKernel, Stmt};
+use lower::{BufferKind, Program};
+use smallvec::SmallVec;
+
+use crate::error::{Result, RuntimeError};
+use crate::matmul::MatmulLaunch;
+use crate::memory::{self, Arena};
+use crate::parallel::{self, SendPtr};
+
+/// The native entry point of a loop kernel (`codegen`'s ABI): buffer pointers, symbol values, and
+/// the `[start, end)` range of its top-level parallel loop.
+pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, syms: *const i64, start: i64, end: i64);
+
+/// Loop kernels with fewer elements than this (summed over the loop nest) run on the calling
+/// thread; larger ones split their parallel loop over rayon's pool.
+///
+/// Measured on the 2-core development machine (busy with other builds at the time, so these are
+/// pessimistic): handing one chunk to a pool thread and waiting for it costs about 11 us
+/// (`for_chunks` with no work, 10th percentile), while one core negates f32 at about 12 elements
+/// per ns (2.2 us for 32k, 21 us for 256k). A split saves half the kernel's time, so it pays off
+/// past about 20 us of single-core work: ~256k elements for the cheapest element-wise kernels,
+/// far fewer for transcendental ones. 128k elements is the compromise.
+pub const PARALLEL_MIN_WORK: u128 = 1 << 17;
+
+/// Sizes of the memory the program uses for one binding set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes of the arena that holds every temporary (after the planner's reuse).
+    pub arena_bytes: usize,
+    /// Bytes the temporaries would take with one allocation each.
+    pub naive_bytes: usize,
+    /// The most temporary bytes live at one point of the program.
+    pub peak_live_bytes: usize,
+}
+
+/// Where a temporary lives: the output of the memory planner for one binding set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Byte offset of each buffer in the arena (`Some` for temporaries).
+    pub offsets: Vec<Option<usize>>,
+    pub stats: MemoryStats,
+}
+
+/// Places the temporaries of `program` for one binding set (`lower::memplan::plan` on the CPU).
+pub type Planner = fn(&Program, &Bindings) -> Result<Placement>;
+
+/// How one step runs, fixed per executable.
+#[derive(Clone, Copy)]
+enum Code {
+    Loop { func: KernelFn, parallel: bool },
+    Matmul,
+}
+
+struct StepCode {
+    code: Code,
+    kernel: u32,
+    /// Where this step's arguments start in the pointer table.
+    arg_start: u32,
+}
+
+/// One step, ready to launch for one binding set.
+enum Launch {
+    Loop { func: KernelFn, arg_start: u32, end: i64, chunks: u32 },
+    Matmul { arg_start: u32, mm: Box<MatmulLaunch> },
+}
+
+/// Where a graph output's data comes from.
+#[derive(Clone, Copy, Debug)]
+enum OutputSource {
+    /// A fresh output buffer: index into `Executable::output_bufs`.
+    Fresh(usize),
+    /// A graph output that is an input, returned by sharing the input's `Arc`.
+    Input(u32),
+    /// A temporary (not expected from the lowering): copied out of the arena.
+    Temp(u32),
+}
+
+/// Everything that depends on the symbol values, computed once per binding set.
+struct Sized {
+    syms: Vec<i64>,
+    input_shapes: Vec<Option<Vec<usize>>>,
+    buf_numel: Vec<usize>,
+    offsets: Vec<Option<usize>>,
+    stats: MemoryStats,
+    output_shapes: Vec<Vec<usize>>,
+    launches: Vec<Launch>,
+}
+
+/// Per-run scratch, reused across runs.
+#[derive(Default)]
+struct RunState {
+    arena: Arena,
+    buf_ptrs: Vec<*mut u8>,
+    table: Vec<*mut u8>,
+    fresh: Vec<HostData>,
+}
+
+// SAFETY: the raw pointers in a `RunState` are only dereferenced during a run, by the thread
+// holding the state's lock (and the pool threads it waits for); between runs they are stale values
+// that nobody reads, so moving the state to another thread is sound.
+unsafe impl Send for RunState {}
+
+/// The values of an executable's size symbols, in order: the key of its binding-set cache.
+type SizeKey = SmallVec<[i64; 4]>;
+
+/// Recently used binding sets, most recent first.
+type SizedCache = Vec<(SizeKey, Arc<Sized>)>;
+
+/// How many binding sets an executable remembers.
+const SIZED_CACHE: usize = 16;
+
+/// A compiled program, ready to run on the CPU for any symbol values.
+pub struct Executable {
+    program: Program,
+    planner: Planner,
+    input_types: Vec<Option<TensorType>>,
+    /// Every symbol a size depends on, sorted: the binding-set cache is keyed by their values.
+    size_symbols: Vec<Symbol>,
+    steps: Vec<StepCode>,
+    /// The buffer of each step argument, flat, in step order.
+    table_bufs: Vec<u32>,
+    /// The buffers of kind `Output`, in the order fresh outputs are allocated.
+    output_bufs: Vec<u32>,
+    outputs: Vec<OutputSource>,
+    sized: Mutex<SizedCache>,
+    state: Mutex<RunState>,
+    /// Keeps the native code of the loop kernels alive.
+    _code: Arc<dyn Send + Sync>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn collect_symbols(out: &mut Vec<Symbol>, dims: &[air::Dim]) {
+    for d in dims {
+        out.extend(d.symbols());
+    }
+}
+
+/// The largest loop variable id used in `stmts` plus one (the size of a `vars` array).
+fn var_count(stmts: &[Stmt]) -> usize {
+    stmts
+        .iter()
+        .map(|s| match s {
+            Stmt::Loop { var, body, .. } => (var.0 as usize + 1).max(var_count(body)),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether `e` only reads symbols below `n_syms` and variables below `n_vars` (so `eval` cannot
+/// index out of bounds).
+fn expr_ok(e: &IExpr, n_syms: usize, n_vars: usize) -> bool {
+    match e {
+        IExpr::Const(_) => true,
+        IExpr::Var(v) => (v.0 as usize) < n_vars,
+        IExpr::Sym(s) => (*s as usize) < n_syms,
+        IExpr::Add(a, b)
+        | IExpr::Mul(a, b)
+        | IExpr::Div(a, b)
+        | IExpr::Mod(a, b)
+        | IExpr::Lt(a, b)
+        | IExpr::And(a, b) => expr_ok(a, n_syms, n_vars) && expr_ok(b, n_syms, n_vars),
+    }
+}
+
+fn loop_extents_ok(stmts: &[Stmt], n_syms: usize, n_vars: usize) -> bool {
+    stmts.iter().all(|s| match s {
+        Stmt::Loop { extent, body, .. } => expr_ok(extent, n_syms, n_vars) && loop_extents_ok(body, n_syms, n_vars),
+        _ => true,
+    })
+}
+
+/// Elements the loop nest visits (inner extents evaluated with outer variables at 0).
+fn nest_work(stmts: &[Stmt], vars: &[i64], syms: &[i64]) -> u128 {
+    let mut total: u128 = 0;
+    for s in stmts {
+        if let Stmt::Loop { extent, body, .. } = s {
+            let e = extent.eval(vars, syms).max(0) as u128;
+            total = total.saturating_add(e.saturating_mul(nest_work(body, vars, syms).max(1)));
+        }
+    }
+    total
+}
+
+/// The extent of the kernel's top-level parallel loop, if it has one.
+fn parallel_loop(k: &LoopKernel) -> Option<&IExpr> {
+    match k.body.as_slice() {
+        [Stmt::Loop { extent, parallel: true, .. }] => Some(extent),
+        _ => None,
+    }
+}
+
+impl Executable {
+    /// Prepares `program` to run. `loop_fns[k]` is the native code of kernel `k` (`None` for
+    /// matmul kernels); `code` keeps that code alive; `input_types` are the graph's input slots.
+    pub fn new(
+        program: Program,
+        input_types: Vec<Option<TensorType>>,
+        loop_fns: Vec<Option<KernelFn>>,
+        code: Arc<dyn Send + Sync>,
+        planner: Planner,
+    ) -> Result<Executable> {
+        let invalid = |msg: String| Err(RuntimeError::InvalidProgram(msg));
+        let n_syms = program.symbols.len();
+        if loop_fns.len() != program.kernels.len() {
+            return invalid(format!("{} kernels but {} compiled functions", program.kernels.len(), loop_fns.len()));
+        }
+        for (i, k) in program.kernels.iter().enumerate() {
+            let ok = match k {
+                Kernel::Loops(l) => {
+                    l.n_syms as usize <= n_syms
+                        && loop_fns[i].is_some()
+                        && loop_extents_ok(&l.body, n_syms, var_count(&l.body))
+                }
+                Kernel::Matmul(m) => {
+                    let ops = [&m.a, &m.b, &m.c];
+                    let exprs = [&m.batch, &m.m, &m.n, &m.k]
+                        .into_iter()
+                        .chain(ops.iter().flat_map(|o| [&o.offset, &o.batch_stride, &o.row_stride, &o.col_stride]));
+                    m.n_syms as usize <= n_syms
+                        && exprs.into_iter().all(|e| expr_ok(e, n_syms, 0))
+                        && ops.iter().all(|o| (o.buf as usize) < m.params.len())
+                }
+            };
+            if !ok {
+                return invalid(format!("kernel k{i} reads symbols, loop variables or parameters it does not have"));
+            }
+        }
+
+        let mut steps = Vec::with_capacity(program.steps.len());
+        let mut table_bufs = Vec::new();
+        for (i, step) in program.steps.iter().enumerate() {
+            let Some(kernel) = program.kernels.get(step.kernel as usize) else {
+                return invalid(format!("step {i} launches missing kernel k{}", step.kernel));
+            };
+            let params = kernel.params();
+            if step.args.len() != params.len() {
+                return invalid(format!(
+                    "step {i}: k{} takes {} buffers, given {}",
+                    step.kernel,
+                    params.len(),
+                    step.args.len()
+                ));
+            }
+            for (p, (arg, param)) in step.args.iter().zip(params).enumerate() {
+                let Some(buf) = program.buffers.get(arg.0 as usize) else {
+                    return invalid(format!("step {i}: argument {p} is missing buffer {arg}"));
+                };
+                if buf.dtype != param.dtype {
+                    return invalid(format!("step {i}: {arg} is {} but parameter b{p} is {}", buf.dtype, param.dtype));
+                }
+                if param.access == lower::kir::Access::Write && matches!(buf.kind, BufferKind::Input(_)) {
+                    return invalid(format!("step {i}: writes input buffer {arg}"));
+                }
+            }
+            let code = match (kernel, loop_fns[step.kernel as usize]) {
+                (Kernel::Loops(l), Some(func)) => Code::Loop { func, parallel: parallel_loop(l).is_some() },
+                _ => Code::Matmul,
+            };
+            steps.push(StepCode { code, kernel: step.kernel, arg_start: table_bufs.len() as u32 });
+            table_bufs.extend(step.args.iter().map(|b| b.0));
+        }
+
+        let mut output_bufs = Vec::new();
+        for (i, b) in program.buffers.iter().enumerate() {
+            match b.kind {
+                BufferKind::Output(_) => output_bufs.push(i as u32),
+                BufferKind::Input(slot) => match input_types.get(slot as usize) {
+                    Some(Some(t)) if t.dtype == b.dtype => {}
+                    _ => {
+                        return invalid(format!(
+                            "buf{i} reads input slot {slot}, which the graph has no {} input for",
+                            b.dtype
+                        ));
+                    }
+                },
+                BufferKind::Temp => {}
+            }
+        }
+        let mut outputs = Vec::with_capacity(program.outputs.len());
+        for (buf, ty) in &program.outputs {
+            let Some(info) = program.buffers.get(buf.0 as usize) else {
+                return invalid(format!("output reads missing buffer {buf}"));
+            };
+            if info.dtype != ty.dtype {
+                return invalid(format!("output {buf} is {} but its type is {ty}", info.dtype));
+            }
+            outputs.push(match info.kind {
+                BufferKind::Output(_) => {
+                    OutputSource::Fresh(output_bufs.iter().position(|&b| b == buf.0).unwrap_or_default())
+                }
+                BufferKind::Input(slot) => OutputSource::Input(slot),
+                BufferKind::Temp => OutputSource::Temp(buf.0),
+            });
+        }
+
+        let mut size_symbols = program.symbols.clone();
+        for t in input_types.iter().flatten() {
+            collect_symbols(&mut size_symbols, &t.shape);
+        }
+        for (_, t) in &program.outputs {
+            collect_symbols(&mut size_symbols, &t.shape);
+        }
+        for b in &program.buffers {
+            collect_symbols(&mut size_symbols, std::slice::from_ref(&b.numel));
+        }
+        size_symbols.sort();
+        size_symbols.dedup();
+
+        Ok(Executable {
+            program,
+            planner,
+            input_types,
+            size_symbols,
+            steps,
+            table_bufs,
+            output_bufs,
+            outputs,
+            sized: Mutex::new(Vec::new()),
+            state: Mutex::new(RunState::default()),
+            _code: code,
+        })
+    }
+
+    /// The lowered program this executable runs.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// The graph's input slots and their types (`None` for a slot no input node uses).
+    pub fn input_types(&self) -> &[Option<TensorType>] {
+        &self.input_types
+    }
+
+    /// Number of kernel launches per run.
+    pub fn launches(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Memory sizes for one binding set (from the memory planner).
+    pub fn memory(&self, bindings: &Bindings) -> Result<MemoryStats> {
+        Ok(self.sized(bindings)?.stats)
+    }
+
+    /// Bytes of arena this executable holds now (its largest binding set so far).
+    pub fn arena_capacity(&self) -> usize {
+        lock(&self.state).arena.capacity_bytes()
+    }
+
+    /// The address of every buffer in the last run (index = `BufId`), for tests that check that
+    /// inputs were read in place and outputs handed back without a copy.
+    pub fn last_buffer_addresses(&self) -> Vec<usize> {
+        lock(&self.state).buf_ptrs.iter().map(|&p| p as usize).collect()
+    }
+
+    /// The cached sizes for `bindings`, computing them on first use.
+    fn sized(&self, bindings: &Bindings) -> Result<Arc<Sized>> {
+        let mut key: SizeKey = SmallVec::with_capacity(self.size_symbols.len());
+        for s in &self.size_symbols {
+            key.push(*bindings.get(s).ok_or_else(|| RuntimeError::Unbound(s.clone()))?);
+        }
+        {
+            let mut cache = lock(&self.sized);
+            if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+                if i != 0 {
+                    let hit = cache.remove(i);
+                    cache.insert(0, hit);
+                }
+                return Ok(cache[0].1.clone());
+            }
+        }
+        let sized = Arc::new(self.size_for(bindings)?);
+        let mut cache = lock(&self.sized);
+        cache.insert(0, (key, sized.clone()));
+        cache.truncate(SIZED_CACHE);
+        Ok(sized)
+    }
+
+    fn size_for(&self, bindings: &Bindings) -> Result<Sized> {
+        let p = &self.program;
+        let eval = |d: &air::Dim, what: &dyn Fn() -> String| -> Result<usize> {
+            let v = d.eval(bindings).map_err(|e| match e {
+                air::dim::DimError::Unbound(s) => RuntimeError::Unbound(s),
+                other => RuntimeError::BadSize(format!("{}: {other}", what())),
+            })?;
+            usize::try_from(v).map_err(|_| RuntimeError::BadSize(format!("{} is {v}", what())))
+        };
+        let eval_shape = |t: &TensorType, what: &dyn Fn() -> String| -> Result<Vec<usize>> {
+            t.shape.iter().map(|d| eval(d, what)).collect()
+        };
+        let numel = |shape: &[usize], what: &dyn Fn() -> String| -> Result<usize> {
+            shape
+                .iter()
+                .try_fold(1usize, |a, &b| a.checked_mul(b))
+                .ok_or_else(|| RuntimeError::BadSize(format!("{} overflows", what())))
+        };
+
+        let syms = p
+            .symbols
+            .iter()
+            .map(|s| bindings.get(s).copied().ok_or_else(|| RuntimeError::Unbound(s.clone())))
+            .collect::<Result<Vec<i64>>>()?;
+        let mut buf_numel = Vec::with_capacity(p.buffers.len());
+        for (i, b) in p.buffers.iter().enumerate() {
+            let n = eval(&b.numel, &|| format!("the size of buf{i}"))?;
+            n.checked_mul(b.dtype.size_bytes())
+                .filter(|&bytes| bytes <= isize::MAX as usize)
+                .ok_or_else(|| RuntimeError::BadSize(format!("buf{i} of {n} elements is too large")))?;
+            buf_numel.push(n);
+        }
+        let mut input_shapes = Vec::with_capacity(self.input_types.len());
+        for (slot, t) in self.input_types.iter().enumerate() {
+            input_shapes.push(match t {
+                Some(t) => Some(eval_shape(t, &|| format!("input slot {slot} ({t})"))?),
+                None => None,
+            });
+        }
+        for (i, b) in p.buffers.iter().enumerate() {
+            if let BufferKind::Input(slot) = b.kind {
+                let shape = input_shapes[slot as usize].as_deref().unwrap_or_default();
+                if numel(shape, &|| format!("input slot {slot}"))? != buf_numel[i] {
+                    return Err(RuntimeError::InvalidProgram(format!(
+                        "buf{i} holds {} elements but input slot {slot} has shape {shape:?}",
+                        buf_numel[i]
+                    )));
+                }
+            }
+        }
+        let mut output_shapes = Vec::with_capacity(p.outputs.len());
+        for (i, (buf, t)) in p.outputs.iter().enumerate() {
+            let shape = eval_shape(t, &|| format!("output {i} ({t})"))?;
+            if numel(&shape, &|| format!("output {i}"))? != buf_numel[buf.0 as usize] {
+                return Err(RuntimeError::InvalidProgram(format!(
+                    "output {i} of shape {shape:?} is read from {buf} of {} elements",
+                    buf_numel[buf.0 as usize]
+                )));
+            }
+            output_shapes.push(shape);
+        }
+
+        let placement = (self.planner)(p, bindings)?;
+        if placement.offsets.len() != p.buffers.len() {
+            return Err(RuntimeError::InvalidProgram("the memory plan does not cover every buffer".into()));
+        }
+        for (i, b) in p.buffers.iter().enumerate() {
+            if b.kind != BufferKind::Temp {
+                continue;
+            }
+            let bytes = buf_numel[i] * b.dtype.size_bytes();
+            let fits = match placement.offsets[i] {
+                Some(o) => o.checked_add(bytes).is_some_and(|end| end <= placement.stats.arena_bytes),
+                None => bytes == 0,
+            };
+            if !fits {
+                return Err(RuntimeError::InvalidProgram(format!("buf{i} is placed outside the arena")));
+            }
+        }
+
+        let threads = parallel::threads();
+        let mut launches = Vec::with_capacity(self.steps.len());
+        for (step, code) in p.steps.iter().zip(&self.steps) {
+            let kernel = &p.kernels[code.kernel as usize];
+            launches.push(match (code.code, kernel) {
+                (Code::Loop { func, parallel }, Kernel::Loops(k)) => {
+                    let (end, chunks) = if parallel {
+                        let extent = parallel_loop(k).map_or(0, |e| e.eval(&[], &syms));
+                        if extent < 0 {
+                            return Err(RuntimeError::BadSize(format!("kernel k{} loops {extent} times", code.kernel)));
+                        }
+                        let vars = vec![0i64; var_count(&k.body)];
+                        let work = nest_work(&k.body, &vars, &syms);
+                        let chunks = if work >= PARALLEL_MIN_WORK { threads.min(extent as usize).max(1) } else { 1 };
+                        (extent, chunks as u32)
+                    } else {
+                        (1, 1)
+                    };
+                    Launch::Loop { func, arg_start: code.arg_start, end, chunks }
+                }
+                (_, Kernel::Matmul(m)) => {
+                    let numel: Vec<usize> = step.args.iter().map(|b| buf_numel[b.0 as usize]).collect();
+                    Launch::Matmul { arg_start: code.arg_start, mm: Box::new(MatmulLaunch::new(m, &syms, &numel)?) }
+                }
+                (Code::Matmul, Kernel::Loops(_)) => {
+                    return Err(RuntimeError::InvalidProgram(format!("loop kernel k{} has no code", code.kernel)));
+                }
+            });
+        }
+        Ok(Sized {
+            syms,
+            input_shapes,
+            buf_numel,
+            offsets: placement.offsets,
+            stats: placement.stats,
+            output_shapes,
+            launches,
+        })
+    }
+
+    fn check_inputs(&self, inputs: &[HostTensor], sized: &Sized) -> Result<()> {
+        if inputs.len() != self.input_types.len() {
+            return Err(RuntimeError::InputCount { expected: self.input_types.len(), got: inputs.len() });
+        }
+        for (slot, (given, ty)) in inputs.iter().zip(&self.input_types).enumerate() {
+            let (Some(ty), Some(shape)) = (ty, &sized.input_shapes[slot]) else { continue };
+            let numel: usize = shape.iter().product();
+            if given.dtype() != ty.dtype || given.shape != *shape || given.numel() != numel {
+                return Err(RuntimeError::InputMismatch {
+                    slot: slot as u32,
+                    expected: format!("{ty} (= {}{shape:?})", ty.dtype),
+                    got: format!("{}{:?} with {} elements", given.dtype(), given.shape, given.numel()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the program on `inputs` (one per input slot, read in place) with the symbol values in
+    /// `bindings`, returning the graph's outputs in order.
+    pub fn run(&self, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
+        let sized = self.sized(bindings)?;
+        self.check_inputs(inputs, &sized)?;
+        // Concurrent runs of one executable each get scratch space: the first takes the shared
+        // state, the others make their own for the run.
+        let mut own;
+        let mut guard;
+        let state: &mut RunState = match self.state.try_lock() {
+            Ok(g) => {
+                guard = g;
+                &mut guard
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                guard = p.into_inner();
+                &mut guard
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                own = RunState::default();
+                &mut own
+            }
+        };
+        self.run_with(state, inputs, &sized)
+    }
+
+    fn run_with(&self, state: &mut RunState, inputs: &[HostTensor], sized: &Sized) -> Result<Vec<HostTensor>> {
+        state.arena.ensure(sized.stats.arena_bytes)?;
+        let base = state.arena.base();
+
+        state.fresh.clear();
+        for &b in &self.output_bufs {
+            let b = b as usize;
+            state.fresh.push(memory::zeroed_host_data(self.program.buffers[b].dtype, sized.buf_numel[b])?);
+        }
+
+        state.buf_ptrs.clear();
+        let mut next_fresh = 0;
+        for (i, b) in self.program.buffers.iter().enumerate() {
+            let ptr = match b.kind {
+                BufferKind::Input(slot) => memory::data_ptr(&inputs[slot as usize].data),
+                BufferKind::Output(_) => {
+                    next_fresh += 1;
+                    memory::data_ptr_mut(&mut state.fresh[next_fresh - 1])
+                }
+                // SAFETY: the offset lies inside the arena (checked against the plan in `size_for`,
+                // and the arena holds `arena_bytes`).
+                BufferKind::Temp => unsafe { base.add(sized.offsets[i].unwrap_or(0)) },
+            };
+            state.buf_ptrs.push(ptr);
+        }
+        state.table.clear();
+        state.table.extend(self.table_bufs.iter().map(|&b| state.buf_ptrs[b as usize]));
+
+        let table = state.table.as_ptr();
+        let syms = sized.syms.as_ptr();
+        for launch in &sized.launches {
+            match *launch {
+                Launch::Loop { func, arg_start, end, chunks } => {
+                    // SAFETY: `arg_start` indexes this step's arguments in the table, one valid
+                    // buffer pointer per kernel parameter, each buffer as large as the program
+                    // says (inputs checked, outputs and arena allocated to size); `syms` holds
+                    // every symbol the kernel reads (checked in `new`).
+                    let args = unsafe { table.add(arg_start as usize) };
+                    if chunks <= 1 {
+                        // SAFETY: see above; the kernel's contract is to touch only its buffers.
+                        unsafe { func(args, syms, 0, end) };
+                    } else {
+                        let (args, syms) = (SendPtr(args as *mut u8), SendPtr(syms as *mut u8));
+                        parallel::for_chunks(end as usize, chunks as usize, &|lo, hi| {
+                            // SAFETY: as above; disjoint ranges of the parallel loop write
+                            // disjoint elements (the kir contract for `parallel` loops).
+                            unsafe {
+                                func(args.get() as *const *mut u8, syms.get() as *const i64, lo as i64, hi as i64)
+                            }
+                        });
+                    }
+                }
+                Launch::Matmul { arg_start, ref mm } => {
+                    // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes.
+                    unsafe { mm.run(table.add(arg_start as usize)) }
+                }
+            }
+        }
+
+        let fresh: Vec<Arc<HostData>> = state.fresh.drain(..).map(Arc::new).collect();
+        let mut results = Vec::with_capacity(self.outputs.len());
+        for (i, source) in self.outputs.iter().enumerate() {
+            let shape = sized.output_shapes[i].clone();
+            let data = match *source {
+                OutputSource::Fresh(j) => fresh[j].clone(),
+                OutputSource::Input(slot) => inputs[slot as usize].data.clone(),
+                OutputSource::Temp(b) => {
+                    let info = &self.program.buffers[b as usize];
+                    let n = sized.buf_numel[b as usize];
+                    let mut data = memory::zeroed_host_data(info.dtype, n)?;
+                    // SAFETY: the temporary holds `n` elements of its dtype inside the arena, and
+                    // `data` is a fresh array of the same dtype and length: both ranges are in
+                    // bounds and do not overlap. Kernels store only valid values (bools as 0/1).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            state.buf_ptrs[b as usize],
+                            memory::data_ptr_mut(&mut data),
+                            n * info.dtype.size_bytes(),
+                        )
+                    };
+                    Arc::new(data)
+                }
+            };
+            results.push(HostTensor { data, shape });
+        }
+        Ok(results)
+    }
+}

@@ -1,0 +1,374 @@
+//! Graphs built by hand, run on the CPU device and compared with the reference interpreter; plus
+//! the device's caches, zero-copy and memory behaviour.
+
+mod common;
+
+use std::sync::Arc;
+
+use air::dim::shape_of;
+use air::op::{Cast, Pad, Shrink};
+use air::{BinaryOp, Bindings, DType, Dim, Graph, HostTensor, Op, ReduceOp, Scalar, Symbol, UnaryOp};
+use common::*;
+use kiln_runtime::{CpuDevice, Device, RuntimeError};
+
+#[test]
+fn elementwise_chain() {
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[4, 5]);
+    let y = input_f32(&mut g, 1, &[4, 5]);
+    let a = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+    let b = g.add(Op::Unary(UnaryOp::Exp2), &[a]).unwrap();
+    let c = g.add(Op::Binary(BinaryOp::Mul), &[b, y]).unwrap();
+    let one = constant(&mut g, 1.5, c);
+    let d = g.add(Op::Binary(BinaryOp::Add), &[c, one]).unwrap();
+    let e = g.add(Op::Binary(BinaryOp::Max), &[d, x]).unwrap();
+    let lt = g.add(Op::Binary(BinaryOp::CmpLt), &[x, y]).unwrap();
+    let w = g.add(Op::Where, &[lt, e, y]).unwrap();
+    g.add_output(w);
+    g.add_output(lt);
+    check(&g, &[tensor(&[4, 5], 1), tensor(&[4, 5], 2)]);
+}
+
+#[test]
+fn reductions() {
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[6, 7, 8]);
+    let s = reduce(&mut g, ReduceOp::Sum, x, &[1]);
+    let m = reduce(&mut g, ReduceOp::Max, x, &[0, 2]);
+    let all = reduce(&mut g, ReduceOp::Sum, x, &[0, 1, 2]);
+    g.add_output(s);
+    g.add_output(m);
+    g.add_output(all);
+    check(&g, &[tensor(&[6, 7, 8], 3)]);
+}
+
+#[test]
+fn softmax_like() {
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[5, 33]);
+    let m = reduce(&mut g, ReduceOp::Max, x, &[1]);
+    let m = expand(&mut g, m, &[5, 33]);
+    let d = g.add(Op::Binary(BinaryOp::Sub), &[x, m]).unwrap();
+    let e = g.add(Op::Unary(UnaryOp::Exp2), &[d]).unwrap();
+    let s = reduce(&mut g, ReduceOp::Sum, e, &[1]);
+    let s = expand(&mut g, s, &[5, 33]);
+    let r = g.add(Op::Unary(UnaryOp::Recip), &[s]).unwrap();
+    let y = g.add(Op::Binary(BinaryOp::Mul), &[e, r]).unwrap();
+    g.add_output(y);
+    check(&g, &[tensor(&[5, 33], 4)]);
+}
+
+#[test]
+fn views() {
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[3, 4, 5]);
+    let p = permute(&mut g, x, &[2, 0, 1]);
+    let n = g.add(Op::Unary(UnaryOp::Neg), &[p]).unwrap();
+    let r = reshape(&mut g, n, &[5, 12]);
+    let sh = g
+        .add(Op::Shrink(Shrink { ranges: vec![(Dim::Const(1), Dim::Const(4)), (Dim::Const(2), Dim::Const(11))] }), &[r])
+        .unwrap();
+    let pad = g
+        .add(
+            Op::Pad(Pad {
+                padding: vec![(Dim::Const(2), Dim::Const(1)), (Dim::Const(0), Dim::Const(3))],
+                value: Scalar::Float(0.5),
+            }),
+            &[sh],
+        )
+        .unwrap();
+    let col = input_f32(&mut g, 1, &[1, 12]);
+    let col = expand(&mut g, col, &[6, 12]);
+    let out = g.add(Op::Binary(BinaryOp::Add), &[pad, col]).unwrap();
+    let i = g.add(Op::Cast(Cast { to: DType::I32 }), &[out]).unwrap();
+    g.add_output(out);
+    g.add_output(i);
+    g.add_output(p);
+    check(&g, &[tensor(&[3, 4, 5], 5), tensor(&[1, 12], 6)]);
+}
+
+#[test]
+fn matmul_plain_batched_and_transposed() {
+    // Plain.
+    let mut g = Graph::new();
+    let a = input_f32(&mut g, 0, &[33, 20]);
+    let b = input_f32(&mut g, 1, &[20, 17]);
+    let c = matmul(&mut g, a, b, &[], 33, 20, 17);
+    g.add_output(c);
+    check_rtol(&g, &[tensor(&[33, 20], 7), tensor(&[20, 17], 8)]);
+    assert_eq!(matmul_kernels(&g), 1, "the lowering recognised the matmul");
+
+    // Batched.
+    let mut g = Graph::new();
+    let a = input_f32(&mut g, 0, &[3, 9, 16]);
+    let b = input_f32(&mut g, 1, &[3, 16, 5]);
+    let c = matmul(&mut g, a, b, &[3], 9, 16, 5);
+    g.add_output(c);
+    check_rtol(&g, &[tensor(&[3, 9, 16], 9), tensor(&[3, 16, 5], 10)]);
+    assert_eq!(matmul_kernels(&g), 1);
+
+    // Transposed operand: a @ b^T with b stored [n, k].
+    let mut g = Graph::new();
+    let a = input_f32(&mut g, 0, &[12, 24]);
+    let bt = input_f32(&mut g, 1, &[10, 24]);
+    let b = permute(&mut g, bt, &[1, 0]);
+    let c = matmul(&mut g, a, b, &[], 12, 24, 10);
+    g.add_output(c);
+    check_rtol(&g, &[tensor(&[12, 24], 11), tensor(&[10, 24], 12)]);
+    assert_eq!(matmul_kernels(&g), 1);
+
+    // Big enough for the threaded GEMM, with a bias epilogue.
+    let mut g = Graph::new();
+    let a = input_f32(&mut g, 0, &[96, 128]);
+    let b = input_f32(&mut g, 1, &[128, 80]);
+    let c = matmul(&mut g, a, b, &[], 96, 128, 80);
+    let bias = input_f32(&mut g, 2, &[1, 80]);
+    let bias = expand(&mut g, bias, &[96, 80]);
+    let y = g.add(Op::Binary(BinaryOp::Add), &[c, bias]).unwrap();
+    g.add_output(y);
+    check_rtol(&g, &[tensor(&[96, 128], 13), tensor(&[128, 80], 14), tensor(&[1, 80], 15)]);
+}
+
+fn matmul_kernels(g: &Graph) -> usize {
+    let exe = CpuDevice::new().unwrap().compile(g).unwrap();
+    exe.program().kernels.iter().filter(|k| matches!(k, lower::kir::Kernel::Matmul(_))).count()
+}
+
+/// GEMM sums in a different order than the interpreter's f64 sum.
+fn check_rtol(g: &Graph, inputs: &[HostTensor]) {
+    check_with(&CpuDevice::new().unwrap(), g, inputs, &Bindings::new(), 1e-4);
+}
+
+#[test]
+fn f64_matmul() {
+    let mut g = Graph::new();
+    let a =
+        g.add_leaf(Op::Input(air::op::Input { slot: 0 }), air::TensorType::new(DType::F64, shape_of(&[7, 9]))).unwrap();
+    let b =
+        g.add_leaf(Op::Input(air::op::Input { slot: 1 }), air::TensorType::new(DType::F64, shape_of(&[9, 4]))).unwrap();
+    let c = matmul(&mut g, a, b, &[], 7, 9, 4);
+    g.add_output(c);
+    check_with(
+        &CpuDevice::new().unwrap(),
+        &g,
+        &[f64_tensor(&[7, 9], 1), f64_tensor(&[9, 4], 2)],
+        &Bindings::new(),
+        1e-12,
+    );
+}
+
+fn seq_graph() -> Graph {
+    let seq = Dim::sym("seq");
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, &[seq.clone(), Dim::Const(4)]);
+    let w = input_f32(&mut g, 1, &[1, 4]);
+    let w = expand_dims(&mut g, w, &[seq.clone(), Dim::Const(4)]);
+    let y = g.add(Op::Binary(BinaryOp::Mul), &[x, w]).unwrap();
+    let s = reduce(&mut g, ReduceOp::Sum, y, &[1]);
+    let s = g.add(Op::Unary(UnaryOp::Neg), &[s]).unwrap();
+    g.add_output(s);
+    g
+}
+
+#[test]
+fn symbolic_dims_compile_once() {
+    let dev = CpuDevice::new().unwrap();
+    let g = seq_graph();
+    for seq in [3usize, 7, 3, 1000] {
+        let b: Bindings = [(Symbol::new("seq"), seq as i64)].into_iter().collect();
+        let inputs = [tensor(&[seq, 4], seq as u64), tensor(&[1, 4], 99)];
+        let before = dev.stats();
+        check_with(&dev, &g, &inputs, &b, 1e-5);
+        let after = dev.stats();
+        if seq == 3 && before.programs_compiled == 0 {
+            assert_eq!(after.programs_compiled, 1);
+            assert!(after.kernels_compiled >= 1);
+        } else {
+            assert_eq!(after.programs_compiled, before.programs_compiled, "seq={seq} recompiled");
+            assert_eq!(after.kernels_compiled, before.kernels_compiled, "seq={seq} compiled kernels");
+            assert_eq!(after.cache_hits, before.cache_hits + 1);
+        }
+    }
+    // A missing binding is an error naming the symbol.
+    let e = dev.run(&g, &[tensor(&[3, 4], 1), tensor(&[1, 4], 2)], &Bindings::new()).unwrap_err();
+    assert!(matches!(&e, RuntimeError::Unbound(s) if s.name() == "seq"), "{e}");
+}
+
+#[test]
+fn same_graph_built_twice_compiles_once() {
+    let dev = CpuDevice::new().unwrap();
+    let (g1, g2) = (seq_graph(), seq_graph());
+    let e1 = dev.compile(&g1).unwrap();
+    let e2 = dev.compile(&g2).unwrap();
+    assert!(Arc::ptr_eq(&e1, &e2));
+    let s = dev.stats();
+    assert_eq!((s.programs_compiled, s.cache_hits), (1, 1));
+    assert_eq!(dev.cached_programs(), 1);
+    // A different graph is a different program, but reuses the kernel cache.
+    let mut g3 = seq_graph();
+    let out = g3.outputs()[0];
+    let n = g3.add(Op::Unary(UnaryOp::Neg), &[out]).unwrap();
+    g3.set_outputs(vec![n]);
+    dev.compile(&g3).unwrap();
+    assert_eq!(dev.stats().programs_compiled, 2);
+    // The device is a cheap shared handle, usable from other threads.
+    let dev2 = dev.clone();
+    std::thread::spawn(move || dev2.compile(&seq_graph()).unwrap()).join().unwrap();
+    assert_eq!(dev.stats().programs_compiled, 2);
+}
+
+#[test]
+fn inputs_zero_copy_outputs_owned_and_released() {
+    let dev = CpuDevice::new().unwrap();
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[1000]);
+    let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+    g.add_output(y);
+    let exe = dev.compile(&g).unwrap();
+    let xs = tensor(&[1000], 1);
+    let x_ptr = xs.as_slice::<f32>().unwrap().as_ptr() as usize;
+    let out = exe.run(std::slice::from_ref(&xs), &Bindings::new()).unwrap();
+    let addrs = exe.last_buffer_addresses();
+    let program = exe.program();
+    let in_buf = program.buffers.iter().position(|b| b.kind == lower::BufferKind::Input(0)).unwrap();
+    let out_buf = program.outputs[0].0.0 as usize;
+    assert_eq!(addrs[in_buf], x_ptr, "the kernel read the caller's Vec in place");
+    let out_ptr = out[0].as_slice::<f32>().unwrap().as_ptr() as usize;
+    assert_ne!(out_ptr, x_ptr);
+    assert_eq!(addrs[out_buf], out_ptr, "the returned Vec is what the kernel wrote");
+    assert_eq!(Arc::strong_count(&xs.data), 1, "the run kept no reference to the input");
+    assert_eq!(Arc::strong_count(&out[0].data), 1);
+    let v = out.into_iter().next().unwrap().into_vec::<f32>().unwrap();
+    assert_eq!(v.as_ptr() as usize, out_ptr, "the output is taken back without a copy");
+    assert_eq!(v[3], -xs.as_slice::<f32>().unwrap()[3]);
+    let weak = Arc::downgrade(&xs.data);
+    drop(xs);
+    assert!(weak.upgrade().is_none(), "the input was released");
+}
+
+#[test]
+fn output_that_is_an_input_shares_it() {
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[3]);
+    let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+    g.add_output(x);
+    g.add_output(y);
+    let xs = tensor(&[3], 2);
+    let out = CpuDevice::new().unwrap().run(&g, std::slice::from_ref(&xs), &Bindings::new()).unwrap();
+    assert_eq!(out[0], xs);
+    check(&g, &[xs]);
+}
+
+#[test]
+fn unfused_chain_reuses_arena_memory() {
+    let options = lower::CompileOptions { fuse: false, ..lower::CompileOptions::default() };
+    let options = lower::CompileOptions { optimize: false, ..options };
+    let dev = CpuDevice::with_options(options).unwrap();
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[256]);
+    let mut v = x;
+    for i in 0..100 {
+        let op = if i % 2 == 0 { UnaryOp::Neg } else { UnaryOp::Sqrt };
+        let op = if i % 2 == 1 { UnaryOp::Neg } else { op };
+        v = g.add(Op::Unary(op), &[v]).unwrap();
+        let c = constant(&mut g, 0.001, v);
+        v = g.add(Op::Binary(BinaryOp::Add), &[v, c]).unwrap();
+    }
+    g.add_output(v);
+    let exe = dev.compile(&g).unwrap();
+    assert!(exe.launches() >= 100, "unfused: {} launches", exe.launches());
+    let mem = exe.memory(&Bindings::new()).unwrap();
+    assert!(mem.arena_bytes < mem.naive_bytes, "{mem:?}");
+    assert!(mem.arena_bytes <= 4 * 256 * 4, "{mem:?}");
+    check_with(&dev, &g, &[tensor(&[256], 3)], &Bindings::new(), 1e-5);
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let dev = CpuDevice::new().unwrap();
+    let g = seq_graph();
+    let b: Bindings = [(Symbol::new("seq"), 3)].into_iter().collect();
+    let e = dev.run(&g, &[tensor(&[3, 4], 1)], &b).unwrap_err();
+    assert!(matches!(e, RuntimeError::InputCount { expected: 2, got: 1 }), "{e}");
+    let e = dev.run(&g, &[tensor(&[4, 4], 1), tensor(&[1, 4], 2)], &b).unwrap_err();
+    assert!(matches!(e, RuntimeError::InputMismatch { slot: 0, .. }), "{e}");
+    assert!(e.to_string().contains("f32[seq, 4]") || e.to_string().contains("[3, 4]"), "{e}");
+    let wrong = HostTensor::from_vec(vec![1i32; 4], vec![1, 4]).unwrap();
+    let e = dev.run(&g, &[tensor(&[3, 4], 1), wrong], &b).unwrap_err();
+    assert!(matches!(e, RuntimeError::InputMismatch { slot: 1, .. }), "{e}");
+}
+
+#[test]
+fn device_enum_runs_on_the_cpu() {
+    let dev = Device::cpu().unwrap();
+    assert_eq!(dev.name(), "cpu");
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[2]);
+    let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+    g.add_output(y);
+    let out = dev.run(&g, &[tensor(&[2], 1)], &Bindings::new()).unwrap();
+    let compiled = dev.compile(&g).unwrap();
+    assert_eq!(compiled.run(&[tensor(&[2], 1)], &Bindings::new()).unwrap(), out);
+}
+
+#[test]
+fn large_elementwise_runs_split_over_threads() {
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[300, 1000]);
+    let y = g.add(Op::Unary(UnaryOp::Exp2), &[x]).unwrap();
+    let s = reduce(&mut g, ReduceOp::Sum, y, &[1]);
+    g.add_output(y);
+    g.add_output(s);
+    check(&g, &[tensor(&[300, 1000], 4)]);
+}
+
+#[test]
+fn symbolic_matmul() {
+    let seq = Dim::sym("seq");
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, &[seq.clone(), Dim::Const(16)]);
+    let w = input_f32(&mut g, 1, &[16, 8]);
+    // x[seq, 16] @ w[16, 8], spelled with symbolic shapes.
+    let x4 = reshape_dims(&mut g, x, &[seq.clone(), Dim::Const(1), Dim::Const(16)]);
+    let x4 = expand_dims(&mut g, x4, &[seq.clone(), Dim::Const(8), Dim::Const(16)]);
+    let wt = permute(&mut g, w, &[1, 0]);
+    let w4 = reshape(&mut g, wt, &[1, 8, 16]);
+    let w4 = expand_dims(&mut g, w4, &[seq.clone(), Dim::Const(8), Dim::Const(16)]);
+    let p = g.add(Op::Binary(BinaryOp::Mul), &[x4, w4]).unwrap();
+    let s = reduce(&mut g, ReduceOp::Sum, p, &[2]);
+    let y = reshape_dims(&mut g, s, &[seq, Dim::Const(8)]);
+    g.add_output(y);
+    let dev = CpuDevice::new().unwrap();
+    for n in [3usize, 7, 130] {
+        let b: Bindings = [(Symbol::new("seq"), n as i64)].into_iter().collect();
+        check_with(&dev, &g, &[tensor(&[n, 16], n as u64), tensor(&[16, 8], 5)], &b, 1e-4);
+    }
+    assert_eq!(dev.stats().programs_compiled, 1);
+}
+
+#[test]
+fn devices_and_executables_are_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<CpuDevice>();
+    send_sync::<kiln_runtime::Executable>();
+    let dev = CpuDevice::new().unwrap();
+    let g = seq_graph();
+    let exe = dev.compile(&g).unwrap();
+    // Concurrent runs of one executable (with different binding sets) each get scratch memory.
+    std::thread::scope(|s| {
+        for t in 0..4usize {
+            let exe = exe.clone();
+            s.spawn(move || {
+                let g = seq_graph();
+                for i in 0..20usize {
+                    let seq = 1 + (t * 7 + i) % 9;
+                    let b: Bindings = [(Symbol::new("seq"), seq as i64)].into_iter().collect();
+                    let inputs = [tensor(&[seq, 4], i as u64), tensor(&[1, 4], t as u64)];
+                    let want = air::eval(&g, &inputs, &b).unwrap();
+                    let got = exe.run(&inputs, &b).unwrap();
+                    close(&got[0], &want[0], 1e-5).unwrap();
+                }
+            });
+        }
+    });
+}

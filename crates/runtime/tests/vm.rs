@@ -1,0 +1,342 @@
+//! The VM on hand-written programs whose loop kernels are Rust functions with the codegen ABI:
+//! pointer tables, zero-copy inputs and outputs, the arena, range splitting, matmul launches and
+//! input validation, independent of the lowering and the code generator.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kiln_runtime as runtime;
+
+use air::dim::shape_of;
+use air::{Bindings, DType, Dim, HostData, HostTensor, Scalar, Symbol, TensorType, UnaryOp};
+use lower::kir::{Access, IExpr, Inst, Kernel, LoopKernel, MatOperand, MatmulKernel, Param, Reg, Stmt, Var};
+use lower::{BufId, BufferInfo, BufferKind, Program, Step};
+use runtime::vm::{KernelFn, MemoryStats, Placement};
+use runtime::{Executable, RuntimeError};
+
+/// Places every temporary after the previous one, 64-byte aligned (no reuse).
+fn naive_planner(p: &Program, b: &Bindings) -> runtime::Result<Placement> {
+    let mut offsets = Vec::new();
+    let mut end = 0usize;
+    for buf in &p.buffers {
+        if buf.kind == BufferKind::Temp {
+            let bytes = buf.numel.eval(b).unwrap() as usize * buf.dtype.size_bytes();
+            offsets.push(Some(end));
+            end += bytes.div_ceil(64) * 64;
+        } else {
+            offsets.push(None);
+        }
+    }
+    Ok(Placement { offsets, stats: MemoryStats { arena_bytes: end, naive_bytes: end, peak_live_bytes: end } })
+}
+
+static NEG_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// `b1[i] = -b0[i]` for `i in start..end` (f32).
+unsafe extern "C" fn neg_f32(bufs: *const *mut u8, _syms: *const i64, start: i64, end: i64) {
+    NEG_CALLS.fetch_add(1, Ordering::Relaxed);
+    unsafe {
+        let (x, y) = (*bufs as *const f32, *bufs.add(1) as *mut f32);
+        for i in start..end {
+            *y.offset(i as isize) = -*x.offset(i as isize);
+        }
+    }
+}
+
+fn neg_kernel(extent: IExpr, n_syms: u32) -> Kernel {
+    let i = Var(0);
+    Kernel::Loops(LoopKernel {
+        params: vec![
+            Param { dtype: DType::F32, access: Access::Read },
+            Param { dtype: DType::F32, access: Access::Write },
+        ],
+        n_syms,
+        body: vec![Stmt::Loop {
+            var: i,
+            extent,
+            parallel: true,
+            body: vec![
+                Stmt::Let {
+                    reg: Reg(0),
+                    dtype: DType::F32,
+                    inst: Inst::Load { buf: 0, index: IExpr::Var(i), mask: None, other: Scalar::Float(0.0) },
+                },
+                Stmt::Let { reg: Reg(1), dtype: DType::F32, inst: Inst::Unary(UnaryOp::Neg, Reg(0)) },
+                Stmt::Store { buf: 1, index: IExpr::Var(i), value: Reg(1) },
+            ],
+        }],
+    })
+}
+
+fn buf(dtype: DType, numel: Dim, kind: BufferKind) -> BufferInfo {
+    BufferInfo { dtype, numel, kind }
+}
+
+/// `x -> neg -> t -> neg -> t2 -> neg -> out`, all with `n` elements (`n` may be symbolic).
+fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
+    let (extent, symbols, n_syms) = match n.as_const() {
+        Some(c) => (IExpr::Const(c), vec![], 0),
+        None => (IExpr::Sym(0), vec![Symbol::new("n")], 1),
+    };
+    let ty = TensorType::new(DType::F32, vec![n.clone()]);
+    let program = Program {
+        symbols,
+        kernels: vec![neg_kernel(extent, n_syms)],
+        steps: vec![
+            Step { kernel: 0, args: vec![BufId(0), BufId(1)] },
+            Step { kernel: 0, args: vec![BufId(1), BufId(2)] },
+            Step { kernel: 0, args: vec![BufId(2), BufId(3)] },
+        ],
+        buffers: vec![
+            buf(DType::F32, n.clone(), BufferKind::Input(0)),
+            buf(DType::F32, n.clone(), BufferKind::Temp),
+            buf(DType::F32, n.clone(), BufferKind::Temp),
+            buf(DType::F32, n, BufferKind::Output(0)),
+        ],
+        outputs: vec![(BufId(3), ty.clone())],
+    };
+    (program, vec![Some(ty)])
+}
+
+fn exe(program: Program, inputs: Vec<Option<TensorType>>) -> Executable {
+    let fns: Vec<Option<KernelFn>> =
+        program.kernels.iter().map(|k| matches!(k, Kernel::Loops(_)).then_some(neg_f32 as KernelFn)).collect();
+    Executable::new(program, inputs, fns, Arc::new(()), naive_planner).unwrap()
+}
+
+fn f32s(t: &HostTensor) -> &[f32] {
+    t.as_slice::<f32>().unwrap()
+}
+
+fn no_bindings() -> Bindings {
+    Bindings::new()
+}
+
+#[test]
+fn chain_reads_inputs_in_place_and_hands_outputs_back() {
+    let (p, tys) = neg_chain(Dim::Const(5));
+    let exe = exe(p, tys);
+    let x = HostTensor::from_vec(vec![1f32, 2., 3., 4., 5.], vec![5]).unwrap();
+    let before = Arc::strong_count(&x.data);
+    let out = exe.run(std::slice::from_ref(&x), &no_bindings()).unwrap();
+    assert_eq!(f32s(&out[0]), &[-1., -2., -3., -4., -5.]);
+    assert_eq!(out[0].shape, vec![5]);
+    let addrs = exe.last_buffer_addresses();
+    // The kernel read the caller's Vec, not a copy.
+    assert_eq!(addrs[0], f32s(&x).as_ptr() as usize);
+    // The returned Vec is the memory the last kernel wrote, and it is the only reference.
+    assert_eq!(addrs[3], f32s(&out[0]).as_ptr() as usize);
+    assert_eq!(Arc::strong_count(&out[0].data), 1);
+    let ptr = f32s(&out[0]).as_ptr();
+    let v = out.into_iter().next().unwrap().into_vec::<f32>().unwrap();
+    assert_eq!(v.as_ptr(), ptr, "taking the output back copies nothing");
+    // Temporaries are in the 64-byte-aligned arena.
+    assert_eq!(addrs[1] % 64, 0);
+    assert_eq!(addrs[2] % 64, 0);
+    // The input is released by refcount: the run kept no reference.
+    assert_eq!(Arc::strong_count(&x.data), before);
+    let weak = Arc::downgrade(&x.data);
+    drop(x);
+    assert!(weak.upgrade().is_none());
+}
+
+#[test]
+fn arena_is_reused_across_runs_and_grows_for_bigger_bindings() {
+    let (p, tys) = neg_chain(Dim::sym("n"));
+    let exe = exe(p, tys);
+    let run = |n: usize| {
+        let x = HostTensor::from_vec((0..n).map(|i| i as f32).collect::<Vec<_>>(), vec![n]).unwrap();
+        let b: Bindings = [(Symbol::new("n"), n as i64)].into_iter().collect();
+        let out = exe.run(&[x], &b).unwrap();
+        assert_eq!(f32s(&out[0]), (0..n).map(|i| -(i as f32)).collect::<Vec<_>>().as_slice());
+        exe.last_buffer_addresses()[1]
+    };
+    let a = run(100);
+    let cap = exe.arena_capacity();
+    assert_eq!(run(50), a, "a smaller run reuses the arena");
+    assert_eq!(run(100), a);
+    assert_eq!(exe.arena_capacity(), cap);
+    run(1000);
+    assert!(exe.arena_capacity() >= 2 * 1000 * 4);
+}
+
+#[test]
+fn large_kernels_split_their_range() {
+    let n = 1usize << 20;
+    let (p, tys) = neg_chain(Dim::Const(n as i64));
+    let exe = exe(p, tys);
+    let x = HostTensor::from_vec((0..n).map(|i| i as f32).collect::<Vec<_>>(), vec![n]).unwrap();
+    let calls = NEG_CALLS.load(Ordering::Relaxed);
+    let out = exe.run(&[x], &no_bindings()).unwrap();
+    let made = NEG_CALLS.load(Ordering::Relaxed) - calls;
+    assert!(f32s(&out[0]).iter().enumerate().all(|(i, &v)| v == -(i as f32)));
+    if runtime::parallel::threads() > 1 {
+        assert!(made >= 6, "3 launches over {} threads made {made} calls", runtime::parallel::threads());
+    }
+}
+
+#[test]
+fn inputs_are_validated() {
+    let (p, tys) = neg_chain(Dim::sym("n"));
+    let exe = exe(p, tys);
+    let b: Bindings = [(Symbol::new("n"), 3)].into_iter().collect();
+    let x = HostTensor::from_vec(vec![1f32, 2., 3.], vec![3]).unwrap();
+    assert!(matches!(exe.run(&[], &b), Err(RuntimeError::InputCount { expected: 1, got: 0 })));
+    assert!(matches!(exe.run(std::slice::from_ref(&x), &no_bindings()), Err(RuntimeError::Unbound(_))));
+    let wrong_len = HostTensor::from_vec(vec![1f32, 2.], vec![2]).unwrap();
+    let e = exe.run(&[wrong_len], &b).unwrap_err();
+    assert!(matches!(e, RuntimeError::InputMismatch { slot: 0, .. }), "{e}");
+    assert!(e.to_string().contains("f32[n]"), "{e}");
+    let wrong_dtype = HostTensor::from_vec(vec![1f64, 2., 3.], vec![3]).unwrap();
+    assert!(exe.run(&[wrong_dtype], &b).is_err());
+    // A tensor whose data does not fill its shape (fields are public) is refused, not read.
+    let lying = HostTensor { data: Arc::new(HostData::F32(vec![1.0])), shape: vec![3] };
+    assert!(exe.run(&[lying], &b).is_err());
+    let negative: Bindings = [(Symbol::new("n"), -1)].into_iter().collect();
+    assert!(matches!(exe.run(std::slice::from_ref(&x), &negative), Err(RuntimeError::BadSize(_))));
+    assert_eq!(f32s(&exe.run(&[x], &b).unwrap()[0]), &[-1., -2., -3.]);
+}
+
+fn operand(buf: u32, offset: i64, batch: i64, row: i64, col: i64) -> MatOperand {
+    MatOperand {
+        buf,
+        offset: IExpr::Const(offset),
+        batch_stride: IExpr::Const(batch),
+        row_stride: IExpr::Const(row),
+        col_stride: IExpr::Const(col),
+    }
+}
+
+/// A program of one matmul kernel over inputs `a` (numel `na`) and `b` (numel `nb`).
+#[allow(clippy::too_many_arguments)]
+fn matmul_program(
+    dtype: DType,
+    (batch, m, n, k): (i64, i64, i64, i64),
+    a: MatOperand,
+    b: MatOperand,
+    na: i64,
+    nb: i64,
+) -> (Program, Vec<Option<TensorType>>) {
+    let params = vec![
+        Param { dtype, access: Access::Read },
+        Param { dtype, access: Access::Read },
+        Param { dtype, access: Access::Write },
+    ];
+    let kernel = Kernel::Matmul(MatmulKernel {
+        params,
+        n_syms: 0,
+        dtype,
+        batch: IExpr::Const(batch),
+        m: IExpr::Const(m),
+        n: IExpr::Const(n),
+        k: IExpr::Const(k),
+        a,
+        b,
+        c: operand(2, 0, m * n, n, 1),
+        accumulate: false,
+    });
+    let out_ty = TensorType::new(dtype, shape_of(&[batch as usize, m as usize, n as usize]));
+    let program = Program {
+        symbols: vec![],
+        kernels: vec![kernel],
+        steps: vec![Step { kernel: 0, args: vec![BufId(0), BufId(1), BufId(2)] }],
+        buffers: vec![
+            buf(dtype, Dim::Const(na), BufferKind::Input(0)),
+            buf(dtype, Dim::Const(nb), BufferKind::Input(1)),
+            buf(dtype, Dim::Const(batch * m * n), BufferKind::Output(0)),
+        ],
+        outputs: vec![(BufId(2), out_ty)],
+    };
+    let tys = vec![
+        Some(TensorType::new(dtype, shape_of(&[na as usize]))),
+        Some(TensorType::new(dtype, shape_of(&[nb as usize]))),
+    ];
+    (program, tys)
+}
+
+fn values(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) % 17) as f64 - 8.0
+        })
+        .collect()
+}
+
+/// `(batch, m, n, k)` matmuls with `a` plain or transposed, checked against a triple loop.
+#[test]
+fn matmul_launches_match_the_definition() {
+    for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::F16] {
+        for &(batch, m, n, k) in &[(1i64, 3i64, 5i64, 4i64), (3, 7, 2, 9), (2, 64, 80, 70)] {
+            for transposed in [false, true] {
+                let (na, nb) = (batch * m * k, batch * k * n);
+                // a's logical (b, i, p) element lives at b*m*k + i*k + p, or (transposed) p*m + i.
+                let a_op = if transposed { operand(0, 0, m * k, 1, m) } else { operand(0, 0, m * k, k, 1) };
+                let (p, tys) = matmul_program(dtype, (batch, m, n, k), a_op, operand(1, 0, k * n, n, 1), na, nb);
+                let exe = exe(p, tys);
+                let (av, bv) = (values(na as usize, 1), values(nb as usize, 2));
+                let tensor = |v: &[f64], dtype| {
+                    let data = match dtype {
+                        DType::F32 => HostData::F32(v.iter().map(|&x| x as f32).collect()),
+                        DType::F64 => HostData::F64(v.to_vec()),
+                        DType::I32 => HostData::I32(v.iter().map(|&x| x as i32).collect()),
+                        DType::I64 => HostData::I64(v.iter().map(|&x| x as i64).collect()),
+                        _ => HostData::F16(v.iter().map(|&x| half::f16::from_f64(x)).collect()),
+                    };
+                    HostTensor::new(data, vec![v.len()]).unwrap()
+                };
+                let out = exe.run(&[tensor(&av, dtype), tensor(&bv, dtype)], &no_bindings()).unwrap();
+                let got = out[0].data.to_f64_vec();
+                for bi in 0..batch {
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mut want = 0.0;
+                            for q in 0..k {
+                                let ai = if transposed { bi * m * k + q * m + i } else { bi * m * k + i * k + q };
+                                want += av[ai as usize] * bv[(bi * k * n + q * n + j) as usize];
+                            }
+                            let g = got[(bi * m * n + i * n + j) as usize];
+                            // Small integers: exact in every dtype except f16 sums past 2048.
+                            let tol = if dtype == DType::F16 { want.abs() * 1e-3 + 1.0 } else { 0.0 };
+                            assert!(
+                                (g - want).abs() <= tol,
+                                "{dtype} {batch}x{m}x{n}x{k} t={transposed}: {g} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn out_of_bounds_matmul_is_refused() {
+    // `b` claims 4 rows of stride 5 in a buffer of 12 elements.
+    let (p, tys) = matmul_program(DType::F32, (1, 2, 5, 4), operand(0, 0, 8, 4, 1), operand(1, 0, 20, 5, 1), 8, 12);
+    let exe = exe(p, tys);
+    let a = HostTensor::from_vec(vec![0f32; 8], vec![8]).unwrap();
+    let b = HostTensor::from_vec(vec![0f32; 12], vec![12]).unwrap();
+    let e = exe.run(&[a, b], &no_bindings()).unwrap_err();
+    assert!(matches!(e, RuntimeError::InvalidProgram(_)), "{e}");
+}
+
+#[test]
+fn malformed_programs_are_refused() {
+    let (mut p, tys) = neg_chain(Dim::Const(4));
+    p.steps[0].args.pop();
+    let fns = vec![Some(neg_f32 as KernelFn)];
+    assert!(matches!(
+        Executable::new(p, tys.clone(), fns.clone(), Arc::new(()), naive_planner),
+        Err(RuntimeError::InvalidProgram(_))
+    ));
+    let (mut p, _) = neg_chain(Dim::Const(4));
+    p.steps[0].args[1] = BufId(0); // writes the input
+    assert!(Executable::new(p, tys.clone(), fns.clone(), Arc::new(()), naive_planner).is_err());
+    let (mut p, _) = neg_chain(Dim::Const(4));
+    if let Kernel::Loops(k) = &mut p.kernels[0] {
+        k.n_syms = 3; // reads symbols the program does not have
+    }
+    assert!(Executable::new(p, tys, fns, Arc::new(()), naive_planner).is_err());
+}
