@@ -1,13 +1,15 @@
 //! Microbenchmarks of JIT-compiled element-wise kernels (single thread) and of compilation.
 //!
-//! `cargo bench -p kiln-codegen --bench codegen_unary -- --quick`
+//! `cargo bench -p kiln-codegen --bench codegen_unary -- --quick` (all), `... -- --quick compile`
+//! (compile times of neg, sigmoid, softmax rows and layer norm, each a fresh compile).
 
 use std::hint::black_box;
 
+use air::ReduceOp;
 use air::{BinaryOp, DType, Scalar, UnaryOp};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kiln_codegen::CpuCompiler;
-use lower::kir::{Access, IExpr, Inst, LoopKernel, Param, Reg, Stmt, Var};
+use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Param, Reg, Stmt, Var};
 
 const SIZES: [usize; 7] = [1, 729, 2187, 59049, 177147, 531441, 1594323];
 
@@ -50,6 +52,136 @@ fn sigmoid() -> LoopKernel {
     )
 }
 
+fn l(n: u32, inst: Inst) -> Stmt {
+    Stmt::Let { reg: Reg(n), dtype: DType::F32, inst }
+}
+fn ld(n: u32, buf: u32, index: IExpr) -> Stmt {
+    l(n, Inst::Load { buf, index, mask: None, other: Scalar::Float(0.0) })
+}
+fn cst(n: u32, x: f64) -> Stmt {
+    l(n, Inst::Const(Scalar::Float(x)))
+}
+fn bin(n: u32, op: BinaryOp, a: u32, b: u32) -> Stmt {
+    l(n, Inst::Binary(op, Reg(a), Reg(b)))
+}
+fn un(n: u32, op: UnaryOp, a: u32) -> Stmt {
+    l(n, Inst::Unary(op, Reg(a)))
+}
+fn lp(v: u32, ext: IExpr, parallel: bool, body: Vec<Stmt>) -> Stmt {
+    Stmt::Loop { var: Var(v), extent: ext, parallel, body }
+}
+fn pf(n: usize) -> Vec<Param> {
+    let mut v = vec![Param { dtype: DType::F32, access: Access::Read }; n - 1];
+    v.push(Param { dtype: DType::F32, access: Access::Write });
+    v
+}
+fn row() -> IExpr {
+    IExpr::add(IExpr::mul(IExpr::Var(Var(0)), IExpr::Sym(0)), IExpr::Var(Var(1)))
+}
+/// Softmax of rows of `s0` (max, sum of exp2, normalise), as the front end lowers it.
+fn softmax() -> LoopKernel {
+    let acc = |a: u32, op| Stmt::AccInit { acc: Acc(a), dtype: DType::F32, op };
+    let upd = |a: u32, r: u32| Stmt::AccUpdate { acc: Acc(a), value: Reg(r) };
+    LoopKernel {
+        params: pf(2),
+        n_syms: 2,
+        body: vec![lp(
+            0,
+            IExpr::Sym(1),
+            true,
+            vec![
+                acc(0, ReduceOp::Max),
+                lp(1, IExpr::Sym(0), false, vec![ld(0, 0, row()), upd(0, 0)]),
+                l(1, Inst::ReadAcc(Acc(0))),
+                acc(1, ReduceOp::Sum),
+                lp(
+                    2,
+                    IExpr::Sym(0),
+                    false,
+                    vec![
+                        ld(2, 0, IExpr::add(IExpr::mul(IExpr::Var(Var(0)), IExpr::Sym(0)), IExpr::Var(Var(2)))),
+                        bin(3, BinaryOp::Sub, 2, 1),
+                        cst(4, std::f64::consts::LOG2_E),
+                        bin(5, BinaryOp::Mul, 3, 4),
+                        un(6, UnaryOp::Exp2, 5),
+                        upd(1, 6),
+                    ],
+                ),
+                l(7, Inst::ReadAcc(Acc(1))),
+                un(8, UnaryOp::Recip, 7),
+                lp(
+                    3,
+                    IExpr::Sym(0),
+                    false,
+                    vec![
+                        ld(9, 0, IExpr::add(IExpr::mul(IExpr::Var(Var(0)), IExpr::Sym(0)), IExpr::Var(Var(3)))),
+                        bin(10, BinaryOp::Sub, 9, 1),
+                        cst(11, std::f64::consts::LOG2_E),
+                        bin(12, BinaryOp::Mul, 10, 11),
+                        un(13, UnaryOp::Exp2, 12),
+                        bin(14, BinaryOp::Mul, 13, 8),
+                        Stmt::Store {
+                            buf: 1,
+                            index: IExpr::add(IExpr::mul(IExpr::Var(Var(0)), IExpr::Sym(0)), IExpr::Var(Var(3))),
+                            value: Reg(14),
+                        },
+                    ],
+                ),
+            ],
+        )],
+    }
+}
+/// Layer norm over rows of 64 (mean, variance, scale and shift).
+fn layernorm() -> LoopKernel {
+    let acc = |a: u32| Stmt::AccInit { acc: Acc(a), dtype: DType::F32, op: ReduceOp::Sum };
+    let upd = |a: u32, r: u32| Stmt::AccUpdate { acc: Acc(a), value: Reg(r) };
+    let ix = |v: u32| IExpr::add(IExpr::mul(IExpr::Var(Var(0)), IExpr::Sym(0)), IExpr::Var(Var(v)));
+    LoopKernel {
+        params: pf(4),
+        n_syms: 2,
+        body: vec![lp(
+            0,
+            IExpr::Sym(1),
+            true,
+            vec![
+                acc(0),
+                lp(1, IExpr::Sym(0), false, vec![ld(0, 0, ix(1)), upd(0, 0)]),
+                l(1, Inst::ReadAcc(Acc(0))),
+                cst(2, 1.0 / 64.0),
+                bin(3, BinaryOp::Mul, 1, 2),
+                acc(1),
+                lp(
+                    2,
+                    IExpr::Sym(0),
+                    false,
+                    vec![ld(4, 0, ix(2)), bin(5, BinaryOp::Sub, 4, 3), bin(6, BinaryOp::Mul, 5, 5), upd(1, 6)],
+                ),
+                l(7, Inst::ReadAcc(Acc(1))),
+                bin(8, BinaryOp::Mul, 7, 2),
+                cst(9, 1e-5),
+                bin(10, BinaryOp::Add, 8, 9),
+                un(11, UnaryOp::Sqrt, 10),
+                un(12, UnaryOp::Recip, 11),
+                lp(
+                    3,
+                    IExpr::Sym(0),
+                    false,
+                    vec![
+                        ld(13, 0, ix(3)),
+                        bin(14, BinaryOp::Sub, 13, 3),
+                        bin(15, BinaryOp::Mul, 14, 12),
+                        ld(16, 1, IExpr::Var(Var(3))),
+                        bin(17, BinaryOp::Mul, 15, 16),
+                        ld(18, 2, IExpr::Var(Var(3))),
+                        bin(19, BinaryOp::Add, 17, 18),
+                        Stmt::Store { buf: 3, index: ix(3), value: Reg(19) },
+                    ],
+                ),
+            ],
+        )],
+    }
+}
+
 fn bench_kernels(c: &mut Criterion) {
     let compiler = CpuCompiler::new().expect("host ISA");
     for (name, k) in [("neg", neg()), ("sigmoid", sigmoid())] {
@@ -72,20 +204,18 @@ fn bench_kernels(c: &mut Criterion) {
 
 fn bench_compile(c: &mut Criterion) {
     let compiler = CpuCompiler::new().expect("host ISA");
-    let (neg, sigmoid) = (neg(), sigmoid());
-    c.bench_function("compile/neg", |b| {
-        b.iter(|| {
-            compiler.clear_cache();
-            compiler.compile(black_box(&neg)).unwrap()
-        })
-    });
-    c.bench_function("compile/sigmoid", |b| {
-        b.iter(|| {
-            compiler.clear_cache();
-            compiler.compile(black_box(&sigmoid)).unwrap()
-        })
-    });
-    c.bench_function("compile/cache_hit", |b| b.iter(|| compiler.compile(black_box(&neg)).unwrap()));
+    let mut group = c.benchmark_group("compile");
+    for (name, k) in [("neg", neg()), ("sigmoid", sigmoid()), ("softmax", softmax()), ("layernorm", layernorm())] {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                compiler.clear_cache();
+                compiler.compile(black_box(&k)).unwrap()
+            })
+        });
+    }
+    let k = neg();
+    group.bench_function("cache_hit", |b| b.iter(|| compiler.compile(black_box(&k)).unwrap()));
+    group.finish();
 }
 
 criterion_group!(benches, bench_kernels, bench_compile);

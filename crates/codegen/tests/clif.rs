@@ -35,6 +35,7 @@ fn golden_clif_of_a_small_scalar_kernel() {
             v6 = iconst.i64 3
             v7 = iconst.i64 0
             v8 = icmp slt v7, v6  ; v7 = 0, v6 = 3
+            v14 = iconst.i64 1
             brif v8, block1(v7), block2  ; v7 = 0
 
         block1(v9: i64):
@@ -42,7 +43,6 @@ fn golden_clif_of_a_small_scalar_kernel() {
             v11 = ishl v9, v10  ; v10 = 3
             v12 = iadd.i64 v4, v11
             v13 = load.i64 notrap v12
-            v14 = iconst.i64 1
             v15 = iadd v13, v14  ; v14 = 1
             v16 = iconst.i64 3
             v17 = ishl v9, v16  ; v16 = 3

@@ -14,7 +14,6 @@ use std::collections::HashMap;
 
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::immediates::Ieee64;
 use cranelift_codegen::ir::{
     ConstantData, Endianness, FuncRef, Function, InstBuilder, MemFlagsData, Type, Value, types,
 };
@@ -24,7 +23,7 @@ use lower::kir::{Acc, IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 use super::analysis::{KernelInfo, VecPlan, vector_plan};
 use super::helpers::Helper;
 use super::jit::Jit;
-use super::math::{Math, SIN_FAST_LIMIT};
+use super::math::{ConstPool, Math, SIN_FAST_LIMIT};
 use crate::error::{CodegenError, Result};
 
 /// Lanes of a vector register (Cranelift's x86 vectors are 128 bits).
@@ -132,8 +131,10 @@ pub(crate) fn emit_kernel(
         vec_var: None,
         partials: HashMap::new(),
         copy: 0,
+        lane_offset: 0,
         flags,
         fma,
+        consts: ConstPool::new(entry),
     };
     match k.body.as_slice() {
         [Stmt::Loop { var, extent, parallel: true, body }] => e.emit_loop(*var, extent, body, Some((start, end)))?,
@@ -162,8 +163,13 @@ struct Emitter<'a, 'f> {
     partials: HashMap<Acc, Vec<Vec<Variable>>>,
     /// Which unrolled copy of a vector body is being emitted.
     copy: usize,
+    /// In a vector loop, elements between the loop variable's value and the copy being emitted
+    /// (applied as an immediate offset to contiguous accesses).
+    lane_offset: i64,
     flags: MemFlagsData,
     fma: bool,
+    /// Constants, emitted once in the entry block.
+    consts: ConstPool,
 }
 
 impl<'f> Emitter<'_, 'f> {
@@ -185,22 +191,15 @@ impl<'f> Emitter<'_, 'f> {
     }
 
     fn iconst(&mut self, ty: Type, c: i64) -> Value {
-        if ty.is_vector() {
-            let s = self.b.ins().iconst(ty.lane_type(), c);
-            self.b.ins().splat(ty, s)
-        } else {
-            self.b.ins().iconst(ty, c)
-        }
+        self.consts.get(&mut self.b, ty, c as u64)
     }
 
     fn fconst(&mut self, ty: Type, c: f64) -> Value {
-        let lane = ty.lane_type();
-        let s = if lane == types::F64 { self.b.ins().f64const(c) } else { self.b.ins().f32const(c as f32) };
-        if ty.is_vector() { self.b.ins().splat(ty, s) } else { s }
+        self.consts.float(&mut self.b, ty, c)
     }
 
     fn math(&mut self, ty: Type) -> Math<'_, 'f> {
-        Math { b: &mut self.b, ty, fma: self.fma }
+        Math { b: &mut self.b, consts: &mut self.consts, ty, fma: self.fma }
     }
 
     fn sel(&mut self, cond: Value, a: Value, b: Value) -> Value {
@@ -313,6 +312,12 @@ impl<'f> Emitter<'_, 'f> {
         Ok(self.b.ins().iadd(base, off))
     }
 
+    /// The byte offset of the current unrolled copy for a contiguous access of dtype `d` (every
+    /// store, and every load that uses the vector variable, in a vector loop has coefficient 1).
+    fn contiguous_offset(&self, d: DType) -> i32 {
+        (self.lane_offset * d.size_bytes() as i64) as i32
+    }
+
     fn param_dtype(&self, buf: u32) -> Result<DType> {
         self.k
             .params
@@ -328,7 +333,8 @@ impl<'f> Emitter<'_, 'f> {
         let addr = self.addr(buf, index, pd)?;
         let flags = self.flags;
         if self.vector() {
-            self.b.ins().store(flags, val.v, addr, 0);
+            let off = self.contiguous_offset(pd);
+            self.b.ins().store(flags, val.v, addr, off);
             return Ok(());
         }
         let v = if vd != pd { self.cast(vd, pd, val.v)? } else { val.v };
@@ -402,9 +408,13 @@ impl<'f> Emitter<'_, 'f> {
         Ok(())
     }
 
-    /// Main loop of `unroll` vector bodies, a one-vector loop, then a scalar tail.
+    /// Main loop of `unroll` vector bodies, then a scalar tail (fewer than `4 * unroll`
+    /// iterations). There is no one-vector loop between them: each body costs compile time
+    /// (about a third of a kernel's, for sigmoid), and the tail is short.
     fn vector_loop(&mut self, var: Var, lo: Value, hi: Value, body: &[Stmt], plan: &VecPlan) -> Result<()> {
-        let unroll: i64 = if plan.size <= 24 { 4 } else { 2 };
+        // Two copies hide most of the loop overhead and give reductions two independent chains;
+        // a body of a load, one op and a store needs four to keep up with memory.
+        let unroll: i64 = if plan.size <= 3 { 4 } else { 2 };
         let step = LANES * unroll;
         let i = self.b.declare_var(types::I64);
         self.b.def_var(i, lo);
@@ -440,21 +450,17 @@ impl<'f> Emitter<'_, 'f> {
         let outer_regs = self.regs.clone();
         let result = (|| {
             self.counted_loop(i, main_limit, step, |s, iv| {
+                s.vars.insert(var, iv);
                 for u in 0..unroll {
-                    let at = if u == 0 { iv } else { s.b.ins().iadd_imm_s(iv, u * LANES) };
-                    s.vars.insert(var, at);
                     s.copy = u as usize;
+                    s.lane_offset = u * LANES;
                     s.emit_stmts(body)?;
                 }
                 Ok(())
             })?;
-            let last = self.b.ins().iadd_imm_s(hi, -(LANES - 1));
-            self.counted_loop(i, last, LANES, |s, iv| {
-                s.vars.insert(var, iv);
-                s.copy = 0;
-                s.emit_stmts(body)
-            })
+            Ok(())
         })();
+        self.lane_offset = 0;
         self.vec_var = None;
         self.copy = 0;
         result?;
@@ -606,20 +612,25 @@ impl<'f> Emitter<'_, 'f> {
     fn scalar_constant(&mut self, s: Scalar, d: DType) -> Value {
         let ty = scalar_ty(d);
         match const_for(s, d) {
-            ConstVal::Int(i) => self.b.ins().iconst(ty, i),
-            ConstVal::F32(x) => self.b.ins().f32const(x),
-            ConstVal::F64(x) => self.b.ins().f64const(Ieee64::with_float(x)),
+            ConstVal::Int(i) => self.iconst(ty, i),
+            ConstVal::F32(x) => self.consts.get(&mut self.b, ty, x.to_bits() as u64),
+            ConstVal::F64(x) => self.consts.get(&mut self.b, ty, x.to_bits()),
         }
     }
 
     fn constant(&mut self, s: Scalar, d: DType) -> Result<Val> {
-        let v = self.scalar_constant(s, d);
-        if self.vector() {
-            let v = self.splat(d, v)?;
-            Ok(Val { v, vector: true })
-        } else {
-            Ok(Val { v, vector: false })
+        if !self.vector() {
+            return Ok(Val { v: self.scalar_constant(s, d), vector: false });
         }
+        let ty = vector_ty(d)?;
+        let bits = match const_for(s, d) {
+            // A bool lane is a mask: all ones or zero.
+            ConstVal::Int(i) if d == DType::Bool => (-i) as u64,
+            ConstVal::Int(i) => i as u64,
+            ConstVal::F32(x) => x.to_bits() as u64,
+            ConstVal::F64(x) => x.to_bits(),
+        };
+        Ok(Val { v: self.consts.get(&mut self.b, ty, bits), vector: true })
     }
 
     fn emit_inst(&mut self, d: DType, inst: &Inst) -> Result<Val> {
@@ -636,6 +647,7 @@ impl<'f> Emitter<'_, 'f> {
                 };
                 if contiguous {
                     // Coefficient 1 (checked by the plan): lanes x, x+1, x+2, x+3.
+                    let x = if self.lane_offset != 0 { self.b.ins().iadd_imm_s(x, self.lane_offset) } else { x };
                     let x32 = self.b.ins().ireduce(types::I32, x);
                     let base = self.b.ins().splat(types::I32X4, x32);
                     let bytes: Vec<u8> = (0..4i32).flat_map(|l| l.to_le_bytes()).collect();
@@ -740,7 +752,8 @@ impl<'f> Emitter<'_, 'f> {
             let addr = self.addr(buf, index, pd)?;
             let ty = vector_ty(pd)?;
             let flags = self.flags;
-            let v = self.b.ins().load(ty, flags, addr, 0);
+            let off = self.contiguous_offset(pd);
+            let v = self.b.ins().load(ty, flags, addr, off);
             return Ok(Val { v, vector: true });
         }
         let v = self.scalar_load(d, pd, buf, index)?;
@@ -909,6 +922,12 @@ impl<'f> Emitter<'_, 'f> {
         if d.is_float() {
             let f64 = ty.lane_type() == types::F64;
             return Ok(match op {
+                // x86 has no vector negation: Cranelift builds the sign mask at each `fneg`
+                // (three instructions); a shared constant makes it one `xorps`.
+                UnaryOp::Neg if ty == types::F32X4 => {
+                    let sign = self.consts.get(&mut self.b, ty, 0x8000_0000);
+                    self.b.ins().bxor(x, sign)
+                }
                 UnaryOp::Neg => self.b.ins().fneg(x),
                 UnaryOp::Sqrt => self.b.ins().sqrt(x),
                 UnaryOp::Trunc => self.b.ins().trunc(x),

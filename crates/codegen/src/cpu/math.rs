@@ -17,13 +17,69 @@
 //! Polynomials use fused multiply-add where the host has it (`has_fma`).
 //! Measured errors are in `tests/approx.rs` and the crate's report.
 
+use std::collections::HashMap;
+
+use cranelift_codegen::cursor::{Cursor, FuncCursor};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::ir::immediates::{Ieee32, Ieee64};
+use cranelift_codegen::ir::{Block, InstBuilder, MemFlagsData, Type, Value, types};
 use cranelift_frontend::FunctionBuilder;
+
+/// Constants (scalar or splatted), each emitted once, in the entry block, so that loop bodies
+/// and their unrolled copies share them. This saves Cranelift the work of deduplicating and
+/// hoisting hundreds of identical constants (most of a small kernel's IR), and gives the same
+/// code at `opt_level = "none"`.
+pub(crate) struct ConstPool {
+    entry: Block,
+    map: HashMap<(Type, u64), Value>,
+}
+
+impl ConstPool {
+    pub(crate) fn new(entry: Block) -> ConstPool {
+        ConstPool { entry, map: HashMap::new() }
+    }
+
+    /// The constant of type `ty` (a lane type or a vector of it) whose lanes have bit pattern
+    /// `bits` (an integer is its value, sign-extended).
+    pub(crate) fn get(&mut self, b: &mut FunctionBuilder, ty: Type, bits: u64) -> Value {
+        if let Some(v) = self.map.get(&(ty, bits)) {
+            return *v;
+        }
+        let lane = ty.lane_type();
+        // A vector constant is the splat of the scalar one (shared with scalar code).
+        let scalar = if ty.is_vector() { Some(self.get(b, lane, bits)) } else { None };
+        let v = if b.current_block() == Some(self.entry) {
+            match (scalar, lane) {
+                (Some(s), _) => b.ins().splat(ty, s),
+                (None, types::F32) => b.ins().f32const(Ieee32::with_bits(bits as u32)),
+                (None, types::F64) => b.ins().f64const(Ieee64::with_bits(bits)),
+                (None, _) => b.ins().iconst(lane, bits as i64),
+            }
+        } else {
+            let mut pos = FuncCursor::new(b.func);
+            pos.goto_last_inst(self.entry);
+            match (scalar, lane) {
+                (Some(s), _) => pos.ins().splat(ty, s),
+                (None, types::F32) => pos.ins().f32const(Ieee32::with_bits(bits as u32)),
+                (None, types::F64) => pos.ins().f64const(Ieee64::with_bits(bits)),
+                (None, _) => pos.ins().iconst(lane, bits as i64),
+            }
+        };
+        self.map.insert((ty, bits), v);
+        v
+    }
+
+    /// `c` as `ty` (`f32`/`f64` or vectors of them).
+    pub(crate) fn float(&mut self, b: &mut FunctionBuilder, ty: Type, c: f64) -> Value {
+        let bits = if ty.lane_type() == types::F64 { c.to_bits() } else { (c as f32).to_bits() as u64 };
+        self.get(b, ty, bits)
+    }
+}
 
 /// Emits f32 math for one type: `F32` or `F32X4`.
 pub(crate) struct Math<'a, 'b> {
     pub(crate) b: &'a mut FunctionBuilder<'b>,
+    pub(crate) consts: &'a mut ConstPool,
     pub(crate) ty: Type,
     /// Whether the target has fused multiply-add (else `fma` would become a libcall).
     pub(crate) fma: bool,
@@ -37,12 +93,12 @@ impl Math<'_, '_> {
         if self.ty.is_vector() { types::I32X4 } else { types::I32 }
     }
     pub(crate) fn f(&mut self, c: f32) -> Value {
-        let s = self.b.ins().f32const(c);
-        if self.ty.is_vector() { self.b.ins().splat(self.ty, s) } else { s }
+        let ty = self.ty;
+        self.consts.get(self.b, ty, c.to_bits() as u64)
     }
     fn i(&mut self, c: i32) -> Value {
-        let s = self.b.ins().iconst(types::I32, c as i64);
-        if self.ty.is_vector() { self.b.ins().splat(types::I32X4, s) } else { s }
+        let ity = self.ity();
+        self.consts.get(self.b, ity, c as i64 as u64)
     }
     fn int_bits(&mut self, x: Value) -> Value {
         let ity = self.ity();

@@ -140,6 +140,9 @@ struct Inner {
     cache: HashMap<LoopKernel, Arc<CompiledKernel>>,
     stats: CacheStats,
     fctx: FunctionBuilderContext,
+    /// Reused across compilations: it holds the register allocator's and the code buffers'
+    /// allocations, which are most of the cost of compiling a small kernel when made afresh.
+    ctx: Context,
 }
 
 /// Compiles kir loop kernels to native code and caches them. Shareable across threads.
@@ -164,6 +167,7 @@ impl CpuCompiler {
                 cache: HashMap::new(),
                 stats: CacheStats::default(),
                 fctx: FunctionBuilderContext::new(),
+                ctx: Context::new(),
             }),
         })
     }
@@ -238,18 +242,24 @@ impl Inner {
 
     fn compile_uncached(&mut self, k: &LoopKernel) -> Result<Arc<CompiledKernel>> {
         let arena = self.arena()?;
-        let fctx = &mut self.fctx;
+        let (fctx, ctx) = (&mut self.fctx, &mut self.ctx);
         let outcome = {
             let mut guard = arena.jit.lock().map_err(|_| CodegenError::Cranelift("JIT module poisoned".into()))?;
             let jit = guard.as_mut().ok_or_else(|| CodegenError::Cranelift("JIT module gone".into()))?;
-            catch_unwind(AssertUnwindSafe(|| define(jit, fctx, k)))
+            catch_unwind(AssertUnwindSafe(|| define(jit, fctx, ctx, k)))
         };
         let func = match outcome {
-            Ok(r) => r?,
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => {
+                // Emission may have stopped half-way, leaving the builder context dirty.
+                self.fctx = FunctionBuilderContext::new();
+                return Err(e);
+            }
             Err(panic) => {
                 // The module may be inconsistent now: later kernels go to a fresh one.
                 self.arena = None;
-                *fctx = FunctionBuilderContext::new();
+                self.fctx = FunctionBuilderContext::new();
+                self.ctx = Context::new();
                 let msg = panic
                     .downcast_ref::<String>()
                     .cloned()
@@ -270,28 +280,32 @@ impl Inner {
 }
 
 /// Declares, emits, defines and finalizes one kernel in `jit`.
-fn define(jit: &mut Jit, fctx: &mut FunctionBuilderContext, k: &LoopKernel) -> Result<KernelFn> {
+fn define(jit: &mut Jit, fctx: &mut FunctionBuilderContext, ctx: &mut Context, k: &LoopKernel) -> Result<KernelFn> {
     let sig = kernel_signature(jit.module.isa().default_call_conv());
     let name = format!("kiln_kernel_{}", jit.count);
     jit.count += 1;
     let cl = |e: cranelift_module::ModuleError| CodegenError::Cranelift(e.to_string());
     let id = jit.module.declare_function(&name, Linkage::Local, &sig).map_err(cl)?;
-    let mut ctx: Context = jit.module.make_context();
+    jit.module.clear_context(ctx);
     ctx.func.signature = sig;
     ctx.func.name = UserFuncName::user(0, id.as_u32());
     emit::emit_kernel(&mut ctx.func, fctx, jit, k)?;
     let disasm = std::env::var_os("KILN_DISASM").is_some();
     ctx.set_disasm(disasm);
-    jit.module.define_function(id, &mut ctx).map_err(|e| match e {
+    let defined = jit.module.define_function(id, ctx).map_err(|e| match e {
         cranelift_module::ModuleError::Compilation(c) => {
             CodegenError::Cranelift(cranelift_codegen::print_errors::pretty_error(&ctx.func, c).to_string())
         }
         e => cl(e),
-    })?;
+    });
+    if defined.is_err() {
+        jit.module.clear_context(ctx);
+    }
+    defined?;
     if let Some(vcode) = ctx.compiled_code().and_then(|c| c.vcode.as_ref()).filter(|_| disasm) {
         eprintln!("; {name}\n{vcode}");
     }
-    jit.module.clear_context(&mut ctx);
+    jit.module.clear_context(ctx);
     jit.module.finalize_definitions().map_err(cl)?;
     let ptr = jit.module.get_finalized_function(id);
     // SAFETY: `ptr` is the entry of a function just defined with `kernel_signature`.

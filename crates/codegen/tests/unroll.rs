@@ -1,0 +1,105 @@
+//! The vector loop's shape: unrolled copies addressed by immediate offsets, the scalar tail,
+//! constants shared across copies (emitted once), and a compiler that reuses its Cranelift
+//! context across compilations, failed ones included.
+
+mod common;
+
+use air::{BinaryOp, DType, Scalar, UnaryOp};
+use common::*;
+use kiln_codegen::{CpuCompiler, clif_text};
+use lower::kir::{Access, IExpr, Inst, LoopKernel};
+
+/// `out[i] = exp2(a[i] * 0.25 + b[0]) + float(i) - a[i] * 0.25`: a body of more than three
+/// statements (two unrolled copies) with an iota, a broadcast load and a repeated constant.
+fn mixed() -> LoopKernel {
+    let f = DType::F32;
+    LoopKernel {
+        params: vec![p(f, Access::Read), p(f, Access::Read), p(f, Access::Write)],
+        n_syms: 1,
+        body: vec![for_(
+            0,
+            IExpr::Sym(0),
+            true,
+            vec![
+                load(0, f, 0, i(0)),
+                let_(1, f, Inst::Const(Scalar::Float(0.25))),
+                let_(2, f, Inst::Binary(BinaryOp::Mul, r(0), r(1))),
+                load(3, f, 1, c(0)),
+                let_(4, f, Inst::Binary(BinaryOp::Add, r(2), r(3))),
+                let_(5, f, Inst::Unary(UnaryOp::Exp2, r(4))),
+                let_(6, DType::I32, Inst::Index(i(0))),
+                let_(7, f, Inst::Cast(r(6))),
+                let_(8, f, Inst::Binary(BinaryOp::Add, r(5), r(7))),
+                let_(9, f, Inst::Const(Scalar::Float(0.25))),
+                let_(10, f, Inst::Binary(BinaryOp::Mul, r(0), r(9))),
+                let_(11, f, Inst::Binary(BinaryOp::Sub, r(8), r(10))),
+                store(2, i(0), 11),
+            ],
+        )],
+    }
+}
+
+#[test]
+fn unrolled_copies_and_tails_match_the_interpreter() {
+    let compiler = CpuCompiler::new().unwrap();
+    let neg = unary_kernel(UnaryOp::Neg, DType::F32, DType::F32, IExpr::Sym(0));
+    let mixed = mixed();
+    for n in 0..=41usize {
+        let a: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin() * 8.0).collect();
+        for start in [0, 1, 3, 5] {
+            let (start, end) = (start.min(n as i64), n as i64);
+            let mut bufs = [Buf::f32s(&a), Buf::zeros(DType::F32, n)];
+            let mut want = bufs.clone();
+            jit_with(&compiler, &neg, &mut bufs, &[n as i64], start, end);
+            eval(&neg, &mut want, &[n as i64], start, end);
+            assert_bufs_close(&bufs[1], &want[1], 0.0, &format!("neg n={n} start={start}"));
+
+            let mut bufs = [Buf::f32s(&a), Buf::f32s(&[-1.5]), Buf::zeros(DType::F32, n)];
+            let mut want = bufs.clone();
+            jit_with(&compiler, &mixed, &mut bufs, &[n as i64], start, end);
+            eval(&mixed, &mut want, &[n as i64], start, end);
+            assert_bufs_close(&bufs[2], &want[2], 1e-6, &format!("mixed n={n} start={start}"));
+        }
+    }
+    assert_eq!(compiler.stats().compiled, 2);
+}
+
+#[test]
+fn constants_are_emitted_once_per_kernel() {
+    let text = clif_text(&mixed()).unwrap();
+    let consts: Vec<&str> = text.lines().filter(|l| l.contains("f32const")).map(|l| l.trim()).collect();
+    let mut values: Vec<&str> = consts.iter().map(|l| l.rsplit(' ').next().unwrap_or("")).collect();
+    let all = values.len();
+    values.sort_unstable();
+    values.dedup();
+    assert_eq!(values.len(), all, "a constant emitted twice:\n{text}");
+    // 0.25 appears in the kernel twice and in both the vector and the scalar bodies.
+    assert_eq!(consts.iter().filter(|l| l.ends_with("0x1.000000p-2")).count(), 1, "{text}");
+    // Vector accesses of the second unrolled copy use an immediate offset, not a new index.
+    assert!(text.contains("+16"), "{text}");
+}
+
+#[test]
+fn compiler_recovers_after_errors_and_reuses_its_context() {
+    let compiler = CpuCompiler::new().unwrap();
+    let bad = LoopKernel {
+        params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
+        n_syms: 1,
+        body: vec![for_(0, IExpr::Sym(0), true, vec![load(0, DType::F32, 0, IExpr::Sym(3)), store(1, i(0), 0)])],
+    };
+    let ops = [UnaryOp::Neg, UnaryOp::Sqrt, UnaryOp::Exp2, UnaryOp::Log2, UnaryOp::Recip];
+    for (round, op) in ops.iter().enumerate() {
+        assert!(compiler.compile(&bad).is_err());
+        let k = unary_kernel(*op, DType::F32, DType::F32, IExpr::Sym(0));
+        let n = 23 + round;
+        let a: Vec<f32> = (0..n).map(|j| 0.5 + j as f32 * 0.75).collect();
+        check(&k, &[Buf::f32s(&a), Buf::zeros(DType::F32, n)], &[n as i64], 0, n as i64, 2.5e-7, &format!("{op:?}"));
+        let mut bufs = [Buf::f32s(&a), Buf::zeros(DType::F32, n)];
+        let mut want = bufs.clone();
+        jit_with(&compiler, &k, &mut bufs, &[n as i64], 0, n as i64);
+        eval(&k, &mut want, &[n as i64], 0, n as i64);
+        assert_bufs_close(&bufs[1], &want[1], 2.5e-7, &format!("{op:?} after an error"));
+    }
+    let s = compiler.stats();
+    assert_eq!((s.compiled, s.failures), (5, 5));
+}
