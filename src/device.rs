@@ -6,14 +6,13 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 
-/// Where a tensor's program runs.
-///
+/// Where a tensor's program runs. The default is `Cpu`; `KILN_DEVICE` picks another.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     /// `air::interp`, the reference interpreter: slow and obviously correct.
-    #[default]
     Interp,
     /// Native kernels JIT-compiled with Cranelift (the runtime's `CpuDevice`).
+    #[default]
     Cpu,
     /// WGSL compute shaders on a GPU through wgpu (the runtime's `WgpuDevice`). f32, i32 and
     /// bool only: WGSL has no 64-bit types, and f16/bf16 storage is not implemented yet.
@@ -44,13 +43,13 @@ impl Device {
     }
 
     /// The device new source tensors go to: `KILN_DEVICE` if set (read once per process), else
-    /// `Interp`. An unknown name is an error, which tensors created with it carry to `realize`.
+    /// `Cpu`. An unknown name is an error, which tensors created with it carry to `realize`.
     pub fn default_device() -> Result<Device> {
         static DEFAULT: OnceLock<Result<Device>> = OnceLock::new();
         DEFAULT
             .get_or_init(|| match std::env::var("KILN_DEVICE") {
                 Ok(name) if !name.trim().is_empty() => Device::parse(&name),
-                _ => Ok(Device::Interp),
+                _ => Ok(Device::Cpu),
             })
             .clone()
     }

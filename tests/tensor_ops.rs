@@ -46,7 +46,7 @@ fn from_vec_and_metadata() {
     assert_eq!(x.dtype(), DType::I64);
     assert_eq!(dims(&x), vec![2, 3]);
     assert_eq!(x.ndim(), 2);
-    assert_eq!(x.device(), Device::Interp);
+    assert_eq!(x.device(), Device::Cpu);
     assert!(x.is_realized());
     assert_eq!(i64s(&x), vec![1, 2, 3, 4, 5, 6]);
     assert_eq!(Tensor::scalar(2.5f32).item::<f32>().unwrap(), 2.5);
