@@ -3,7 +3,6 @@
 //! The wgpu device is skipped with a printed reason when this machine has no GPU adapter, unless
 //! `KILN_REQUIRE_GPU=1` (CI sets it), which turns a missing adapter into a failure.
 
-use kiln::prelude::*;
 use kiln::{Device, Tensor};
 
 /// Builds a few f32 programs (fusion, reductions, views, matmul) from the same seeded data.

@@ -232,7 +232,7 @@ fn devices() {
 #[test]
 fn detach_stops_the_gradient() {
     let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]);
-    x.requires_grad_();
+    let x = x.requires_grad_();
     let y = (&x * &x).sum_all() + (&x.detach() * &x.detach()).sum_all();
     let g = kiln::grad(&y, &[&x]).unwrap();
     assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
