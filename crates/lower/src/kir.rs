@@ -212,7 +212,12 @@ impl fmt::Display for IExpr {
 pub enum Inst {
     /// `buf[index]`; when `mask` is given and evaluates to 0, the value is `other` instead and
     /// memory is not touched (padding).
-    Load { buf: u32, index: IExpr, mask: Option<IExpr>, other: Scalar },
+    Load {
+        buf: u32,
+        index: IExpr,
+        mask: Option<IExpr>,
+        other: Scalar,
+    },
     Const(Scalar),
     /// The integer value of an index expression, converted to the register's dtype (iota).
     Index(IExpr),
@@ -228,14 +233,34 @@ pub enum Inst {
 /// One statement of a loop nest.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Stmt {
-    Let { reg: Reg, dtype: DType, inst: Inst },
-    Loop { var: Var, extent: IExpr, parallel: bool, body: Vec<Stmt> },
+    Let {
+        reg: Reg,
+        dtype: DType,
+        inst: Inst,
+    },
+    Loop {
+        var: Var,
+        extent: IExpr,
+        parallel: bool,
+        body: Vec<Stmt>,
+    },
     /// Declares `acc` and sets it to the identity of `op` (0 for sum, -inf/MIN for max).
-    AccInit { acc: Acc, dtype: DType, op: ReduceOp },
+    AccInit {
+        acc: Acc,
+        dtype: DType,
+        op: ReduceOp,
+    },
     /// `acc = op(acc, value)`.
-    AccUpdate { acc: Acc, value: Reg },
+    AccUpdate {
+        acc: Acc,
+        value: Reg,
+    },
     /// `buf[index] = value`.
-    Store { buf: u32, index: IExpr, value: Reg },
+    Store {
+        buf: u32,
+        index: IExpr,
+        value: Reg,
+    },
 }
 
 /// How a kernel uses one of its buffer parameters.
