@@ -1,6 +1,15 @@
-//! 2-D convolution and pooling over `[N, C, H, W]`, built from views: pad, strided windows taken
-//! with `narrow` + reshape (a stride `s` window is `narrow(s * out)`, reshaped to `[out, s]`, of
-//! which index 0 is kept), stacked into columns and contracted with one matmul (im2col).
+//! 2-D convolution and pooling over `[N, C, H, W]`, built from views only.
+//!
+//! Each kernel offset's window is one strided, masked view of the input (see [`pick`]): pad for
+//! the border, a split `[len / s, s]` for the stride. No view needs div/mod index math when the
+//! spatial dims are multiples of the stride. On top of the windows:
+//! - a convolution with several input channels per group stacks the windows into im2col columns
+//!   `[G, Cg * K, N * OH * OW]` (one copy kernel) and contracts them with one matmul, run as GEMM;
+//! - a depthwise convolution (one input channel per group) is the sum of each window times its
+//!   weight: one element-wise kernel, no columns;
+//! - a 1x1 convolution is a matmul on the input itself;
+//! - pooling whose windows tile the input (stride = kernel, no padding) is a reshape and one
+//!   reduce; overlapping max pooling reduces the stacked windows, average pooling sums them.
 //!
 //! The spatial dims and channels must be concrete; the batch may be symbolic.
 
@@ -24,50 +33,106 @@ fn nchw(x: &Tensor) -> Option<(Dim, usize, usize, usize)> {
     }
 }
 
-/// The `[N, C, OH, OW]` windows of `x` for each kernel offset `(i, j)`, row-major in `(i, j)`,
-/// after padding with `pad_value`; `None` if the kernel does not fit.
-fn windows(
-    x: &Tensor,
+/// The output size of a window of `kernel` elements with `stride` over `size + 2 * padding`
+/// elements, or `None` if the window does not fit.
+fn out_size(size: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
+    let padded = size + 2 * padding;
+    (kernel > 0 && stride > 0 && kernel <= padded).then(|| (padded - kernel) / stride + 1)
+}
+
+/// `x[.., q + s * o, ..]` along `axis` for `o` in `0..out`, where positions outside
+/// `0..len` read `pad_value` (PyTorch's padding).
+///
+/// Every step is a view that composes into one strided window with a validity mask, so the
+/// kernels reading it index with affine arithmetic only: the stride is taken by splitting the axis
+/// into `[len / s, s]` and keeping phase `q mod s` (the axis is padded at its end to a multiple of
+/// `s` first when it is not one already; that padding is the one case that costs a div/mod), and
+/// the out-of-range positions come from a pad of the axis.
+fn pick(x: &Tensor, axis: usize, q: i64, s: usize, out: usize, pad_value: f64) -> Tensor {
+    let len = x.shape()[axis].as_const().unwrap_or(0) as usize;
+    let pad_axis = |t: &Tensor, axis: usize, before: usize, after: usize| -> Tensor {
+        if before == 0 && after == 0 {
+            return t.clone();
+        }
+        let mut pads = vec![(0, 0); t.ndim()];
+        pads[axis] = (before, after);
+        t.pad(&pads, pad_value)
+    };
+    // Rows `q..q + out` of an axis of `len` elements: the part inside `0..len`, then the padding.
+    let rows = |t: &Tensor, axis: usize, len: usize, q: i64, out: usize| -> Tensor {
+        let (lo, hi) = (q.clamp(0, len as i64), (q + out as i64).clamp(0, len as i64));
+        if hi <= lo {
+            // The whole range is padding: an empty slice padded to `out`.
+            return pad_axis(&t.narrow(axis as i64, 0, 0), axis, out, 0);
+        }
+        let inside = t.narrow(axis as i64, lo, hi - lo);
+        pad_axis(&inside, axis, (lo - q) as usize, (q + out as i64 - hi) as usize)
+    };
+    if s == 1 {
+        return rows(x, axis, len, q, out);
+    }
+    let full = len.div_ceil(s) * s;
+    let x = pad_axis(x, axis, 0, full - len);
+    let mut split: Vec<Dim> = x.shape().to_vec();
+    split[axis] = Dim::from(full / s);
+    split.insert(axis + 1, Dim::from(s));
+    let phase = q.rem_euclid(s as i64);
+    let x = x.reshape(split).narrow(axis as i64 + 1, phase, 1).squeeze(axis as i64 + 1);
+    rows(&x, axis, full / s, q.div_euclid(s as i64), out)
+}
+
+/// The `[N, C, OH, OW]` window of `x` for kernel offset `(i, j)`: element `(oh, ow)` is
+/// `x[.., sh * oh + i - ph, sw * ow + j - pw]`, `pad_value` outside the input.
+fn window(x: &Tensor, offset: (usize, usize), geometry: &Geometry, pad_value: f64) -> Tensor {
+    let g = geometry;
+    let rows = pick(x, 2, offset.0 as i64 - g.padding.0 as i64, g.stride.0, g.out.0, pad_value);
+    pick(&rows, 3, offset.1 as i64 - g.padding.1 as i64, g.stride.1, g.out.1, pad_value)
+}
+
+/// The sizes of a sliding-window layer applied to one input.
+struct Geometry {
+    n: Dim,
+    c: usize,
     kernel: (usize, usize),
     stride: (usize, usize),
     padding: (usize, usize),
-    pad_value: f64,
-) -> Option<(Vec<Tensor>, usize, usize)> {
-    let (n, c, h, w) = nchw(x)?;
-    let (kh, kw) = kernel;
-    let (sh, sw) = (stride.0.max(1), stride.1.max(1));
-    let (hp, wp) = (h + 2 * padding.0, w + 2 * padding.1);
-    if kh == 0 || kw == 0 || kh > hp || kw > wp {
-        return None;
+    out: (usize, usize),
+}
+
+impl Geometry {
+    /// `None` if `x` is not `[N, C, H, W]` with concrete `C, H, W` or the kernel does not fit.
+    fn new(x: &Tensor, kernel: (usize, usize), stride: (usize, usize), padding: (usize, usize)) -> Option<Geometry> {
+        let (n, c, h, w) = nchw(x)?;
+        let stride = (stride.0.max(1), stride.1.max(1));
+        let out = (out_size(h, kernel.0, stride.0, padding.0)?, out_size(w, kernel.1, stride.1, padding.1)?);
+        Some(Geometry { n, c, kernel, stride, padding, out })
     }
-    let (oh, ow) = ((hp - kh) / sh + 1, (wp - kw) / sw + 1);
-    // Extra zeros at the end so every strided window of length `s * out` fits.
-    let extra_h = (kh - 1 + sh * oh).saturating_sub(hp);
-    let extra_w = (kw - 1 + sw * ow).saturating_sub(wp);
-    let padded = if padding == (0, 0) && extra_h == 0 && extra_w == 0 {
-        x.clone()
-    } else {
-        x.pad(&[(0, 0), (0, 0), (padding.0, padding.0 + extra_h), (padding.1, padding.1 + extra_w)], pad_value)
-    };
-    let mut out = Vec::with_capacity(kh * kw);
-    for i in 0..kh {
-        for j in 0..kw {
-            let win = padded.narrow(2, i as i64, (sh * oh) as i64).narrow(3, j as i64, (sw * ow) as i64);
-            let win = if sh == 1 && sw == 1 {
-                win
-            } else {
-                let split = vec![n.clone(), Dim::from(c), Dim::from(oh), Dim::from(sh), Dim::from(ow), Dim::from(sw)];
-                win.reshape(split).narrow(3, 0, 1).narrow(5, 0, 1).reshape(vec![
-                    n.clone(),
-                    Dim::from(c),
-                    Dim::from(oh),
-                    Dim::from(ow),
-                ])
-            };
-            out.push(win);
-        }
+
+    /// Every kernel offset's window, row-major in `(i, j)`.
+    fn windows(&self, x: &Tensor, pad_value: f64) -> Vec<Tensor> {
+        let (kh, kw) = self.kernel;
+        (0..kh * kw).map(|k| window(x, (k / kw, k % kw), self, pad_value)).collect()
     }
-    Some((out, oh, ow))
+
+    /// Whether the windows tile the input exactly: stride = kernel, no padding. Then they are a
+    /// reshape of the input: `[N, C, OH, KH, OW, KW]`.
+    fn tiles(&self) -> bool {
+        self.stride == self.kernel && self.padding == (0, 0)
+    }
+
+    /// The windows as `[N, C, OH, KH, OW, KW]` when they tile the input (see [`Geometry::tiles`]).
+    fn tiled(&self, x: &Tensor) -> Tensor {
+        let (kh, kw) = self.kernel;
+        let (oh, ow) = self.out;
+        x.narrow(2, 0, (oh * kh) as i64).narrow(3, 0, (ow * kw) as i64).reshape(vec![
+            self.n.clone(),
+            Dim::from(self.c),
+            Dim::from(oh),
+            Dim::from(kh),
+            Dim::from(ow),
+            Dim::from(kw),
+        ])
+    }
 }
 
 /// 2-D convolution (PyTorch's `nn.Conv2d`, cross-correlation): `weight` is
@@ -116,6 +181,77 @@ impl Conv2d {
     }
 }
 
+impl Conv2d {
+    /// One channel per group (depthwise, with `out / groups` filters per channel): the sum over
+    /// kernel offsets of each offset's window times its weight, one fused element-wise kernel.
+    fn depthwise(&self, x: &Tensor, geo: &Geometry) -> Tensor {
+        let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
+        let (g, per) = (self.groups, o / self.groups);
+        let (oh, ow) = geo.out;
+        let (kh, kw) = geo.kernel;
+        let weight = self.weight.reshape(&[o, kh * kw]);
+        let mut acc: Option<Tensor> = None;
+        for (k, win) in geo.windows(x, 0.0).into_iter().enumerate() {
+            let win = if per == 1 {
+                win
+            } else {
+                let shape = |d: Vec<usize>| -> Vec<Dim> {
+                    std::iter::once(geo.n.clone()).chain(d.into_iter().map(Dim::from)).collect()
+                };
+                win.unsqueeze(2).expand(shape(vec![g, per, oh, ow])).reshape(shape(vec![o, oh, ow]))
+            };
+            let term = win.mul(weight.narrow(1, k as i64, 1).reshape(&[o, 1, 1]));
+            acc = Some(match acc {
+                Some(a) => a.add(term),
+                None => term,
+            });
+        }
+        acc.unwrap_or_else(|| bad_input(x, "conv2d_empty_kernel"))
+    }
+
+    /// A 1x1 convolution with stride 1 and no padding: a batched matmul on the input as it is,
+    /// `[G, Og, Cg] @ [N, G, Cg, H * W]`.
+    fn pointwise(&self, x: &Tensor, geo: &Geometry) -> Tensor {
+        let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
+        let (g, cg) = (self.groups, geo.c / self.groups);
+        let (oh, ow) = geo.out;
+        let cols = x.reshape(vec![geo.n.clone(), Dim::from(g), Dim::from(cg), Dim::from(oh * ow)]);
+        let y = self.weight.reshape(&[g, o / g, cg]).matmul(&cols);
+        let y = match &self.bias {
+            Some(b) => y.add(b.reshape(&[g, o / g, 1])),
+            None => y,
+        };
+        y.reshape(vec![geo.n.clone(), Dim::from(o), Dim::from(oh), Dim::from(ow)])
+    }
+
+    /// im2col: the windows stacked into columns `[G, Cg * KH * KW, N * OH * OW]` (one copy kernel,
+    /// whose every load is affine with a mask) and one matmul `[G, Og, Cg * K] @ columns`, which
+    /// the compiler runs as GEMM. The batch sits in the matmul's N dim, so the weight gradient is
+    /// a plain GEMM too.
+    fn im2col(&self, x: &Tensor, geo: &Geometry) -> Tensor {
+        let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
+        let (g, cg) = (self.groups, geo.c / self.groups);
+        let (oh, ow) = geo.out;
+        let k = geo.kernel.0 * geo.kernel.1;
+        // Each window as [C, 1, N, OH, OW], stacked on axis 1: [C, K, N, OH, OW].
+        let wins: Vec<Tensor> = geo.windows(x, 0.0).iter().map(|w| w.permute(&[1, 0, 2, 3]).unsqueeze(1)).collect();
+        let cols = if k == 1 {
+            wins[0].clone()
+        } else {
+            let refs: Vec<&Tensor> = wins.iter().collect();
+            Tensor::cat(&refs, 1)
+        };
+        let np = &geo.n * &Dim::from(oh * ow);
+        let cols = cols.reshape(vec![Dim::from(g), Dim::from(cg * k), np]);
+        let y = self.weight.reshape(&[g, o / g, cg * k]).matmul(&cols);
+        let y = match &self.bias {
+            Some(b) => y.add(b.reshape(&[g, o / g, 1])),
+            None => y,
+        };
+        y.reshape(vec![Dim::from(o), geo.n.clone(), Dim::from(oh), Dim::from(ow)]).permute(&[1, 0, 2, 3])
+    }
+}
+
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Tensor {
         let [o, cg, kh, kw] = match self.weight.dims().as_deref() {
@@ -123,24 +259,24 @@ impl Module for Conv2d {
             _ => return bad_input(&self.weight, "conv2d_weight_O_Cg_KH_KW"),
         };
         let g = self.groups;
-        let Some((n, c, _, _)) = nchw(x) else { return bad_input(x, "conv2d_input_N_C_H_W") };
-        if c != cg * g {
+        let Some((_, c, _, _)) = nchw(x) else { return bad_input(x, "conv2d_input_N_C_H_W") };
+        if c != cg * g || o % g != 0 {
             return bad_input(x, "conv2d_input_channels_mismatch");
         }
-        let Some((wins, oh, ow)) = windows(x, (kh, kw), self.stride, self.padding, 0.0) else {
+        let Some(geo) = Geometry::new(x, (kh, kw), self.stride, self.padding) else {
             return bad_input(x, "conv2d_kernel_larger_than_input");
         };
-        let k = kh * kw;
-        let refs: Vec<&Tensor> = wins.iter().collect();
-        let cols = if k == 1 { wins[0].clone() } else { Tensor::stack(&refs, 2) };
-        // cols: [N, C, K, OH, OW] -> [N, G, Cg * K, OH * OW]; weight -> [G, Og, Cg * K].
-        let cols = cols.reshape(vec![n.clone(), Dim::from(g), Dim::from(cg * k), Dim::from(oh * ow)]);
-        let w = self.weight.reshape(&[g, o / g, cg * k]);
-        let y = w.matmul(&cols).reshape(vec![n, Dim::from(o), Dim::from(oh), Dim::from(ow)]);
-        match &self.bias {
-            Some(b) => y.add(b.reshape(&[o, 1, 1])),
-            None => y,
+        if cg == 1 {
+            let y = self.depthwise(x, &geo);
+            return match &self.bias {
+                Some(b) => y.add(b.reshape(&[o, 1, 1])),
+                None => y,
+            };
         }
+        if (kh, kw) == (1, 1) && geo.stride == (1, 1) && geo.padding == (0, 0) {
+            return self.pointwise(x, &geo);
+        }
+        self.im2col(x, &geo)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
@@ -179,10 +315,20 @@ impl MaxPool2d {
 
 impl Module for MaxPool2d {
     fn forward(&self, x: &Tensor) -> Tensor {
-        match windows(x, self.kernel, self.stride, self.padding, f64::NEG_INFINITY) {
-            Some((wins, _, _)) => wins.iter().skip(1).fold(wins[0].clone(), |acc, w| acc.maximum(w)),
-            None => bad_input(x, "maxpool2d_input_N_C_H_W_at_least_kernel"),
+        let Some(geo) = Geometry::new(x, self.kernel, self.stride, self.padding) else {
+            return bad_input(x, "maxpool2d_input_N_C_H_W_at_least_kernel");
+        };
+        if geo.tiles() {
+            return geo.tiled(x).max(&[3, 5], false);
         }
+        // Overlapping windows: stacked on a new axis and reduced, so the backward pass is one
+        // reduce-max gradient rather than a chain of pairwise ones.
+        let wins: Vec<Tensor> = geo.windows(x, f64::NEG_INFINITY);
+        if wins.len() == 1 {
+            return wins[0].clone();
+        }
+        let refs: Vec<&Tensor> = wins.iter().collect();
+        Tensor::stack(&refs, 2).max(2, false)
     }
 
     fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}
@@ -211,13 +357,15 @@ impl AvgPool2d {
 
 impl Module for AvgPool2d {
     fn forward(&self, x: &Tensor) -> Tensor {
-        match windows(x, self.kernel, self.stride, self.padding, 0.0) {
-            Some((wins, _, _)) => {
-                let k = wins.len() as f64;
-                wins.iter().skip(1).fold(wins[0].clone(), |acc, w| acc.add(w)).div(k)
-            }
-            None => bad_input(x, "avgpool2d_input_N_C_H_W_at_least_kernel"),
+        let Some(geo) = Geometry::new(x, self.kernel, self.stride, self.padding) else {
+            return bad_input(x, "avgpool2d_input_N_C_H_W_at_least_kernel");
+        };
+        if geo.tiles() {
+            return geo.tiled(x).mean(&[3, 5], false);
         }
+        let wins = geo.windows(x, 0.0);
+        let k = wins.len() as f64;
+        wins.iter().skip(1).fold(wins[0].clone(), |acc, w| acc.add(w)).div(k)
     }
 
     fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}

@@ -40,6 +40,26 @@ impl Cell {
         Some((x.matmul(&self.weight_ih.transpose(0, 1)).add(&self.bias_ih), seq))
     }
 
+    /// `x W_ih^T + b_ih + b_hh` for every step at once: the input part with the hidden bias folded
+    /// in, for cells whose gates only ever use the sum `x_t W_ih^T + h W_hh^T + b_ih + b_hh` (so
+    /// no step adds a bias of its own).
+    fn input_part_both_biases(&self, x: &Tensor) -> Option<(Tensor, usize)> {
+        let seq = match x.shape().as_ref() {
+            [_, s, _] => s.as_const()? as usize,
+            _ => return None,
+        };
+        let bias = self.bias_ih.add(&self.bias_hh);
+        Some((x.matmul(&self.weight_ih.transpose(0, 1)).add(bias), seq))
+    }
+
+    /// `xw_t + h W_hh^T` (the biases are in `xw_t`), or `xw_t` for the zero initial state.
+    fn pre_activation(&self, xw_t: Tensor, h: Option<&Tensor>) -> Tensor {
+        match h {
+            Some(h) => xw_t.add(h.matmul(&self.weight_hh.transpose(0, 1))),
+            None => xw_t,
+        }
+    }
+
     /// Step `t` of the input part, `[batch, gates * hidden]`.
     fn at(xw: &Tensor, t: usize) -> Tensor {
         xw.narrow(1, t as i64, 1).squeeze(1)
@@ -120,13 +140,15 @@ impl SimpleRnn {
     }
 
     fn run(&self, x: &Tensor) -> Tensor {
-        let Some((xw, seq)) = self.cell.input_part(x) else { return bad_input(x, "rnn_input_batch_seq_input") };
+        let Some((xw, seq)) = self.cell.input_part_both_biases(x) else {
+            return bad_input(x, "rnn_input_batch_seq_input");
+        };
         if seq == 0 {
             return empty(x);
         }
         let mut states: Vec<Tensor> = Vec::with_capacity(seq);
         for t in 0..seq {
-            let h = Cell::at(&xw, t).add(self.cell.hidden_part(states.last())).tanh();
+            let h = self.cell.pre_activation(Cell::at(&xw, t), states.last()).tanh();
             states.push(h);
         }
         output(&states, self.return_sequences)
@@ -188,7 +210,9 @@ impl Lstm {
     }
 
     fn run(&self, x: &Tensor) -> Tensor {
-        let Some((xw, seq)) = self.cell.input_part(x) else { return bad_input(x, "lstm_input_batch_seq_input") };
+        let Some((xw, seq)) = self.cell.input_part_both_biases(x) else {
+            return bad_input(x, "lstm_input_batch_seq_input");
+        };
         if seq == 0 {
             return empty(x);
         }
@@ -196,7 +220,7 @@ impl Lstm {
         let mut states: Vec<Tensor> = Vec::with_capacity(seq);
         let mut cell_state: Option<Tensor> = None;
         for t in 0..seq {
-            let pre = Cell::at(&xw, t).add(c.hidden_part(states.last()));
+            let pre = c.pre_activation(Cell::at(&xw, t), states.last());
             let i = c.gate(&pre, 0).sigmoid();
             let f = c.gate(&pre, 1).sigmoid();
             let g = c.gate(&pre, 2).tanh();

@@ -24,6 +24,7 @@ const GRAD_TOL: f64 = 1e-4;
 fn check(name: &str, mut module: impl Module) -> f64 {
     let f = Fixture::new(fixtures(), name);
     f.load(&mut module);
+    module.to_device(Device::Interp).unwrap();
     let on_interp = check_on(&f, &module, Device::Interp);
     module.to_device(Device::Cpu).unwrap();
     let on_cpu = check_on(&f, &module, Device::Cpu);

@@ -1,0 +1,65 @@
+//! How many kernels the CPU device launches for convolutions, pooling and MobileNet: windows are
+//! views, so a convolution is an im2col copy plus one GEMM (a depthwise one a single fused
+//! element-wise kernel), and tiled pooling fuses into one reduce.
+
+use kiln::{Device, Tensor};
+use kiln_nn::*;
+
+/// Kernel launches of the program that realizes `outputs` on the CPU device.
+fn launches(outputs: &[&Tensor]) -> usize {
+    let program = kiln::trace(outputs).expect("trace");
+    let device = kiln::backend::cpu_device().expect("cpu device");
+    device.compile(&program.graph).expect("compile").launches()
+}
+
+/// Launches of `module`'s forward pass and of its forward + backward (loss, every gradient).
+fn forward_and_backward(mut module: impl Module, input: &[usize]) -> (usize, usize) {
+    module.to_device(Device::Cpu).expect("to cpu");
+    kiln::manual_seed(0);
+    let x = Tensor::randn(input).to_device(Device::Cpu).expect("input");
+    let y = kiln::no_grad(|| module.forward(&x));
+    let forward = launches(&[&y]);
+    let loss = module.forward(&x).square().sum_all();
+    let params = module.parameters();
+    let refs: Vec<&Tensor> = params.iter().collect();
+    let grads = kiln::grad(&loss, &refs).expect("grad");
+    let mut outputs = vec![&loss];
+    outputs.extend(grads.iter());
+    (forward, launches(&outputs))
+}
+
+#[test]
+fn convolution_is_im2col_and_one_gemm() {
+    // im2col copy, bias written into the result, GEMM accumulating onto it, and (only because the
+    // result is a graph output) a copy from the GEMM's `[O, N, OH, OW]` to `[N, O, OH, OW]`.
+    let conv = Conv2d::new(3, 32, (3, 3), (1, 1), (1, 1), 1, true).unwrap();
+    assert_eq!(forward_and_backward(conv, &[8, 3, 16, 16]), (4, 7));
+    let strided = Conv2d::new(3, 8, (3, 3), (2, 2), (1, 1), 1, false).unwrap();
+    assert_eq!(forward_and_backward(strided, &[2, 3, 16, 16]).0, 3);
+}
+
+#[test]
+fn depthwise_convolution_is_one_kernel() {
+    let conv = Conv2d::new(8, 8, (3, 3), (2, 2), (1, 1), 8, false).unwrap();
+    assert_eq!(forward_and_backward(conv, &[4, 8, 16, 16]).0, 1);
+}
+
+#[test]
+fn pointwise_convolution_reads_its_input_in_place() {
+    let conv = Conv2d::new(8, 16, (1, 1), (1, 1), (0, 0), 1, false).unwrap();
+    assert_eq!(forward_and_backward(conv, &[4, 8, 16, 16]).0, 1);
+}
+
+#[test]
+fn tiled_pooling_is_one_reduce() {
+    assert_eq!(forward_and_backward(MaxPool2d::new((4, 4)), &[8, 32, 16, 16]).0, 1);
+    assert_eq!(forward_and_backward(AvgPool2d::new((2, 2)), &[8, 32, 16, 16]).0, 1);
+}
+
+#[test]
+fn mobilenet_kernel_budget() {
+    let model = MobileNet::new(3, 8, &[(16, 1), (32, 2), (32, 1)], 10).unwrap();
+    let (forward, backward) = forward_and_backward(model, &[4, 3, 32, 32]);
+    assert!(forward <= 25, "mobilenet forward: {forward} launches");
+    assert!(backward <= 110, "mobilenet forward + backward: {backward} launches");
+}
