@@ -9,8 +9,13 @@
 //! - it is a reduce, unless its only consumer is an element-wise node reading it directly (then the
 //!   reduce loop runs inside that consumer's kernel and the consumer's other element-wise work
 //!   becomes the reduce's epilogue: `sum(x) * (1/n)` is one kernel);
-//! - it is a recognised matmul (`reduce-sum(mul(expand a, expand b))` with affine operand views),
-//!   which becomes a `Kernel::Matmul`; its operands' base nodes are materialized too. An `add`
+//! - it is a recognised contraction, which becomes a `Kernel::Matmul`: a `reduce sum` of
+//!   `mul(x, y)` with `x` and `y` affine views (broadcast, permuted, reshaped) of buffers, whose
+//!   product-space axes split into batch (kept, both operands vary or neither), M (kept, only `x`
+//!   varies), N (kept, only `y` varies) and K (reduced, both vary) groups that each collapse into
+//!   one strided dim (see `contraction`). This covers the front end's matmul, its gradients (a sum
+//!   over the first or a middle axis) and einsum-style contractions. The result is written in the
+//!   reduce's own row-major layout; its operands' base nodes are materialized too. An `add`
 //!   consuming the matmul (through reshapes only) takes the matmul over: the other addend is
 //!   written into the result buffer first and the matmul accumulates onto it;
 //! - it is element-wise with several consumers and its fused expression costs more than
@@ -22,9 +27,9 @@
 //! - its fused expression tree would be deeper than `MAX_DEPTH` (bounds kernel size and the
 //!   recursion that builds it).
 //!
-//! Movement ops are never materialized (except as outputs or to give a matmul an affine operand):
-//! they become index arithmetic (`view::ViewStack`) in the kernels that read them. `const` and
-//! `iota` leaves are never buffers: they become `Inst::Const`/`Inst::Index`. With
+//! Movement ops are never materialized (except as outputs or to give a matmul an affine operand
+//! that fits a GEMM): they become index arithmetic (`view::ViewStack`) in the kernels that read
+//! them. `const` and `iota` leaves are never buffers: they become `Inst::Const`/`Inst::Index`. With
 //! `fuse = false` every element-wise and reduce node is its own kernel (movement ops still fuse as
 //! views), which gives the memory planner the most buffers to place.
 //!
@@ -45,7 +50,7 @@ use air::{BinaryOp, DType, Dim, Graph, NodeId, Op, OpClass, ReduceOp, Scalar, Sy
 use crate::error::LowerError;
 use crate::kir::{Acc, Access, IExpr, Inst, Kernel, LoopKernel, MatOperand, MatmulKernel, Param, Reg, Stmt, Var};
 use crate::program::{BufId, BufferInfo, BufferKind, Program, Step};
-use crate::view::{IndexCx, Movement, View, ViewStack};
+use crate::view::{IndexCx, Movement, View, ViewStack, row_major};
 
 /// Element-wise nodes with several consumers are recomputed by each while their fused expression
 /// has at most this many ops.
@@ -279,9 +284,13 @@ impl Decider<'_> {
         }
     }
 
-    /// The operand of a matmul: the longest chain of movement ops above a node that can be a
-    /// buffer whose composed view is affine (the caller materializes the chosen base).
-    fn matmul_operand(&mut self, top: NodeId) -> Option<(MatmulOperand, ViewStack)> {
+    /// The candidate operands of a matmul read through `top`, fewest copies first: each is a node
+    /// to be a buffer (the caller materializes it) and the chain of movement ops above it, whose
+    /// composed view is affine. The first keeps the longest chain; later ones cut it lower, so
+    /// that a movement node gets a buffer in its own row-major layout (a copy) where the longer
+    /// view does not fit a GEMM. No cut lands above a broadcasting expand, which would
+    /// materialize the broadcast.
+    fn matmul_operands(&self, top: NodeId) -> Vec<(MatmulOperand, ViewStack)> {
         let g = self.g;
         let mut nodes = Vec::new();
         let mut cur = top;
@@ -289,73 +298,61 @@ impl Decider<'_> {
             nodes.push(cur);
             cur = g.inputs(cur)[0];
         }
-        for cut in (0..=nodes.len()).rev() {
+        let view_at = |cut: usize| {
             let base = if cut == nodes.len() { cur } else { nodes[cut] };
-            if matches!(g.op(base), Op::Const(_) | Op::Iota(_)) {
-                continue;
-            }
             let chain: Vec<Movement> = nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
             let view = ViewStack::contiguous(&g.ty(base).shape).through(chain.iter().rev());
-            if view.is_affine() {
-                return Some((MatmulOperand { base, chain }, view));
+            (MatmulOperand { base, chain }, view)
+        };
+        let shape = &g.ty(top).shape;
+        let (_, full) = view_at(nodes.len());
+        let broadcast = |v: &ViewStack, d: usize| !is_one(&shape[d]) && is_zero(&v.top().strides[d]);
+        let mut out = Vec::new();
+        for cut in (0..=nodes.len()).rev() {
+            let (op, view) = view_at(cut);
+            let lost = (0..shape.len()).any(|d| broadcast(&full, d) && !broadcast(&view, d));
+            if lost {
+                break;
+            }
+            if !matches!(g.op(op.base), Op::Const(_) | Op::Iota(_)) && view.is_affine() {
+                out.push((op, view));
             }
         }
-        None
+        out
     }
 
+    /// `reduce sum(mul(x, y))` over affine views of buffers whose axes split into GEMM groups
+    /// (see `contraction`) becomes a matmul; its operands' bases are materialized. Where the
+    /// longest views do not fit, an operand is read from a copy of a movement node in between.
     fn try_matmul(&mut self, n: NodeId) -> bool {
         let g = self.g;
         let Op::Reduce(r) = g.op(n) else { return false };
         let x = g.inputs(n)[0];
-        let rank = g.ty(x).rank();
-        let dtype = g.ty(n).dtype;
-        if r.op != ReduceOp::Sum || dtype != DType::F32 || rank < 3 || r.axes.as_slice() != [rank - 1] {
+        if r.op != ReduceOp::Sum || g.ty(n).dtype != DType::F32 || g.op(x) != &Op::Binary(BinaryOp::Mul) {
             return false;
         }
-        if g.op(x) != &Op::Binary(BinaryOp::Mul) {
-            return false;
-        }
-        let shape = g.ty(x).shape.clone();
-        let (m_ax, n_ax) = (rank - 3, rank - 2);
-        let stride = |v: &View, d: usize| -> Dim {
-            if shape[d].as_const() == Some(1) { Dim::Const(0) } else { v.strides[d].clone() }
-        };
-        // Check the shape of the pattern before materializing anything.
-        let probe = |s: &Self, top: NodeId| -> Option<ViewStack> {
-            let mut cur = top;
-            let mut chain = Vec::new();
-            while is_movement(g.op(cur)) && !s.is_buffer(cur) {
-                chain.extend(movement(g.op(cur)));
-                cur = g.inputs(cur)[0];
-            }
-            Some(ViewStack::contiguous(&g.ty(cur).shape).through(chain.iter().rev()))
-        };
-        let zero = Dim::Const(0);
-        let (Some(p0), Some(p1)) = (probe(self, g.inputs(x)[0]), probe(self, g.inputs(x)[1])) else {
-            return false;
-        };
-        // Broadcast pattern of the operands, read from their full views (an expand survives any
-        // cut, since the cut only happens below the expand).
-        let bcast = |s: &ViewStack, d: usize| s.top().strides[d] == zero || shape[d].as_const() == Some(1);
-        let swap = if bcast(&p0, n_ax) && bcast(&p1, m_ax) {
-            false
-        } else if bcast(&p0, m_ax) && bcast(&p1, n_ax) {
-            true
-        } else {
-            return false;
-        };
-        let (ta, tb) = if swap { (g.inputs(x)[1], g.inputs(x)[0]) } else { (g.inputs(x)[0], g.inputs(x)[1]) };
-        let Some((a, va)) = self.matmul_operand(ta) else { return false };
-        let Some((b, vb)) = self.matmul_operand(tb) else { return false };
-        let (va, vb) = (va.top().clone(), vb.top().clone());
-        if stride(&va, n_ax) != zero || stride(&vb, m_ax) != zero {
-            return false;
-        }
-        for d in 0..m_ax.saturating_sub(1) {
-            if !va.mergeable(d) || !vb.mergeable(d) {
-                return false;
+        let space = g.ty(x).shape.to_vec();
+        let (cands_p, cands_q) = (self.matmul_operands(g.inputs(x)[0]), self.matmul_operands(g.inputs(x)[1]));
+        let mut pairs: Vec<(usize, usize)> =
+            (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
+        pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
+        let mut plan = None;
+        for (i, j) in pairs {
+            let ((op_p, vp), (op_q, vq)) = (&cands_p[i], &cands_q[j]);
+            let (sp, sq) = (&vp.top().strides, &vq.top().strides);
+            plan = match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
+                (Some(c), Some(swapped)) if !c.row_major_c(&space, &r.axes) && swapped.row_major_c(&space, &r.axes) => {
+                    Some((op_q.clone(), op_p.clone()))
+                }
+                (Some(_), _) => Some((op_p.clone(), op_q.clone())),
+                (None, Some(_)) => Some((op_q.clone(), op_p.clone())),
+                (None, None) => None,
+            };
+            if plan.is_some() {
+                break;
             }
         }
+        let Some((a, b)) = plan else { return false };
         for op in [&a, &b] {
             if !matches!(g.op(op.base), Op::Input(_)) {
                 self.materialize(op.base);
@@ -409,6 +406,11 @@ impl Decider<'_> {
                 cur = g.inputs(cur)[0];
             }
             let other = g.inputs(n)[1 - k];
+            // Only a matmul can take the bias; test that first, since counting the users of a
+            // widely shared node (a constant read by every add) per add would be O(N^2).
+            if !matches!(self.plans.get(&cur), Some(Plan::Matmul { bias: None, .. })) {
+                continue;
+            }
             if !ok || other == start || self.users(cur).count() != 1 || self.outputs.contains(&cur) {
                 continue;
             }
@@ -915,6 +917,137 @@ fn renumber(stmts: &mut [Stmt], map: &mut HashMap<Reg, Reg>) {
     }
 }
 
+fn is_one(d: &Dim) -> bool {
+    d.as_const() == Some(1)
+}
+
+fn is_zero(d: &Dim) -> bool {
+    d.as_const() == Some(0)
+}
+
+/// The GEMM groups of a recognised contraction: axes of the product space (the shape of the
+/// `mul` under the reduce), each group outermost first. A group collapses into one strided dim of
+/// every view that reads it; an empty group is a dim of size 1.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Contraction {
+    /// Kept axes both operands may vary along.
+    batch: Vec<usize>,
+    /// Kept axes only `a` varies along.
+    m: Vec<usize>,
+    /// Kept axes only `b` varies along.
+    n: Vec<usize>,
+    /// Reduced axes; both operands vary along them.
+    k: Vec<usize>,
+}
+
+/// The row-major strides of a reduce's (keepdim) output, indexed by product-space axis.
+fn output_strides(space: &[Dim], reduced: &[usize]) -> Vec<Dim> {
+    let out: Vec<Dim> =
+        space.iter().enumerate().map(|(d, s)| if reduced.contains(&d) { Dim::Const(1) } else { s.clone() }).collect();
+    row_major(&out)
+}
+
+impl Contraction {
+    /// Whether the output's innermost dim (of size > 1) is `n`'s innermost axis: `c` is then
+    /// written row by row with unit column stride.
+    fn row_major_c(&self, space: &[Dim], reduced: &[usize]) -> bool {
+        let inner = (0..space.len()).rev().find(|d| !reduced.contains(d) && !is_one(&space[*d]));
+        inner.is_some() && self.n.last() == inner.as_ref()
+    }
+}
+
+/// The stride of `axes` (outermost first) collapsed into one dim of a view with `strides`, 0 for
+/// no axes; `None` when they do not collapse.
+fn collapse(space: &[Dim], strides: &[Dim], axes: &[usize]) -> Option<Dim> {
+    for w in axes.windows(2) {
+        if strides[w[0]] != &strides[w[1]] * &space[w[1]] {
+            return None;
+        }
+    }
+    Some(axes.last().map_or(Dim::Const(0), |&d| strides[d].clone()))
+}
+
+/// Steps `v` to its next permutation in lexicographic order; false after the last one.
+fn next_permutation(v: &mut [usize]) -> bool {
+    let Some(i) = (1..v.len()).rev().find(|&i| v[i - 1] < v[i]) else { return false };
+    let j = (i..v.len()).rev().find(|&j| v[j] > v[i - 1]).expect("v[i] is larger than v[i - 1]");
+    v.swap(i - 1, j);
+    v[i..].reverse();
+    true
+}
+
+/// An order of the (ascending) `axes` in which they collapse in every view of `views`: the space
+/// order first, then, for at most `MAX_PERMUTED` axes, every other order.
+fn collapse_order(space: &[Dim], views: &[&[Dim]], axes: &[usize]) -> Option<Vec<usize>> {
+    const MAX_PERMUTED: usize = 5;
+    let mut order = axes.to_vec();
+    loop {
+        if views.iter().all(|s| collapse(space, s, &order).is_some()) {
+            return Some(order);
+        }
+        if axes.len() > MAX_PERMUTED || !next_permutation(&mut order) {
+            return None;
+        }
+    }
+}
+
+/// Splits the product space of `reduce sum(mul(a, b))` over `reduced` (operands read through
+/// affine views with strides `sa` and `sb`) into GEMM groups, or `None` when it is no GEMM.
+///
+/// Size-1 axes belong to no group. A reduced axis is K and both operands must vary along it. A
+/// kept axis only `a` varies along is M, one only `b` varies along is N, any other kept axis is
+/// batch. The output is written in its own row-major layout, so the kept groups collapse in space
+/// order, and K in any order both operands agree on. Where a group does not collapse, the fewest M
+/// and N axes possible move to the batch group. A contraction with neither M nor N axes (a batch
+/// of dot products) or without K axes is left to loop kernels.
+fn contraction(space: &[Dim], reduced: &[usize], sa: &[Dim], sb: &[Dim]) -> Option<Contraction> {
+    const MAX_MOVABLE: usize = 8;
+    let sc = output_strides(space, reduced);
+    let mut base = Contraction::default();
+    let mut movable = Vec::new();
+    for d in (0..space.len()).filter(|&d| !is_one(&space[d])) {
+        let (va, vb) = (!is_zero(&sa[d]), !is_zero(&sb[d]));
+        if reduced.contains(&d) {
+            if !(va && vb) {
+                return None;
+            }
+            base.k.push(d);
+            continue;
+        }
+        match (va, vb) {
+            (true, false) => base.m.push(d),
+            (false, true) => base.n.push(d),
+            _ => {
+                base.batch.push(d);
+                continue;
+            }
+        }
+        movable.push(d);
+    }
+    if base.k.is_empty() || (base.m.is_empty() && base.n.is_empty()) {
+        return None;
+    }
+    let k = collapse_order(space, &[sa, sb], &base.k)?;
+    let subsets = if movable.len() <= MAX_MOVABLE { 1u32 << movable.len() } else { 1 };
+    let mut masks: Vec<u32> = (0..subsets).collect();
+    masks.sort_by_key(|m| m.count_ones());
+    for mask in masks {
+        let moved = |d: &usize| movable.iter().position(|x| x == d).is_some_and(|i| mask >> i & 1 == 1);
+        let mut batch: Vec<usize> = base.batch.iter().chain(movable.iter().filter(|d| moved(d))).copied().collect();
+        batch.sort_unstable();
+        let m: Vec<usize> = base.m.iter().filter(|d| !moved(d)).copied().collect();
+        let n: Vec<usize> = base.n.iter().filter(|d| !moved(d)).copied().collect();
+        if m.is_empty() && n.is_empty() {
+            continue;
+        }
+        let fits = |axes: &[usize], views: &[&[Dim]]| views.iter().all(|s| collapse(space, s, axes).is_some());
+        if fits(&batch, &[sa, sb, &sc]) && fits(&m, &[sa, &sc]) && fits(&n, &[sb, &sc]) {
+            return Some(Contraction { batch, m, n, k });
+        }
+    }
+    None
+}
+
 fn matmul_kernel(
     g: &Graph,
     bufs: &HashMap<NodeId, BufId>,
@@ -926,13 +1059,16 @@ fn matmul_kernel(
 ) -> Result<(Kernel, Vec<BufId>), LowerError> {
     let cx = IndexCx::new(symbols.to_vec());
     let space = g.ty(g.inputs(reduce)[0]).shape.to_vec();
-    let rank = space.len();
-    let (m_ax, n_ax, k_ax) = (rank - 3, rank - 2, rank - 1);
+    let reduced: Vec<usize> = match g.op(reduce) {
+        Op::Reduce(r) => r.axes.to_vec(),
+        _ => return Err(LowerError::InvalidGraph(format!("{reduce}: a matmul root is not a reduce"))),
+    };
     let dtype = g.ty(reduce).dtype;
     let mut args = vec![target];
     let mut params = vec![Param { dtype, access: Access::Write }];
-    let mut mats = Vec::new();
-    for (which, op) in operands.iter().enumerate() {
+    let mut slots = Vec::new();
+    let mut views = Vec::new();
+    for op in operands {
         let buf = *bufs
             .get(&op.base)
             .ok_or_else(|| LowerError::InvalidGraph(format!("{}: matmul operand has no buffer", op.base)))?;
@@ -944,38 +1080,51 @@ fn matmul_kernel(
                 args.len() - 1
             }
         };
-        let stack = ViewStack::contiguous(&g.ty(op.base).shape).through(op.chain.iter().rev());
-        let v = stack.top();
-        let stride = |d: usize| -> Result<IExpr, LowerError> {
-            if space[d].as_const() == Some(1) { Ok(IExpr::Const(0)) } else { cx.dim(&v.strides[d]) }
-        };
-        let batch_stride = match (0..m_ax).rev().find(|&d| space[d].as_const() != Some(1)) {
-            Some(d) => stride(d)?,
-            None => IExpr::Const(0),
-        };
-        let (row, col) = if which == 0 { (m_ax, k_ax) } else { (k_ax, n_ax) };
-        mats.push(MatOperand {
-            buf: p as u32,
-            offset: cx.dim(&v.offset)?,
-            batch_stride,
-            row_stride: stride(row)?,
-            col_stride: stride(col)?,
-        });
+        slots.push(p as u32);
+        views.push(ViewStack::contiguous(&g.ty(op.base).shape).through(op.chain.iter().rev()).top().clone());
     }
-    let (m, n) = (&space[m_ax], &space[n_ax]);
+    let (va, vb) = (&views[0], &views[1]);
+    let plan = contraction(&space, &reduced, &va.strides, &vb.strides)
+        .ok_or_else(|| LowerError::InvalidGraph(format!("{reduce}: the matmul's operands are no contraction")))?;
+    let sc = output_strides(&space, &reduced);
+    let collapsed = |strides: &[Dim], axes: &[usize]| -> Result<Dim, LowerError> {
+        collapse(&space, strides, axes)
+            .ok_or_else(|| LowerError::InvalidGraph(format!("{reduce}: matmul axes {axes:?} do not collapse")))
+    };
+    let stride = |strides: &[Dim], axes: &[usize]| -> Result<IExpr, LowerError> { cx.dim(&collapsed(strides, axes)?) };
+    let size = |axes: &[usize]| product(&axes.iter().map(|&d| space[d].clone()).collect::<Vec<_>>());
+    let (batch, m, n, k) = (size(&plan.batch), size(&plan.m), size(&plan.n), size(&plan.k));
+    let a = MatOperand {
+        buf: slots[0],
+        offset: cx.dim(&va.offset)?,
+        batch_stride: stride(&va.strides, &plan.batch)?,
+        row_stride: stride(&va.strides, &plan.m)?,
+        col_stride: stride(&va.strides, &plan.k)?,
+    };
+    let b = MatOperand {
+        buf: slots[1],
+        offset: cx.dim(&vb.offset)?,
+        batch_stride: stride(&vb.strides, &plan.batch)?,
+        row_stride: stride(&vb.strides, &plan.k)?,
+        col_stride: stride(&vb.strides, &plan.n)?,
+    };
+    // `c` is the reduce's row-major output; an empty group gets the stride it would have in a
+    // row-major `[batch, m, n]` (any value would do for a dim of size 1).
+    let c_col = if plan.n.is_empty() { Dim::Const(1) } else { collapsed(&sc, &plan.n)? };
+    let c_row = if plan.m.is_empty() { &c_col * &n } else { collapsed(&sc, &plan.m)? };
+    let c_batch = if plan.batch.is_empty() { &m * &n } else { collapsed(&sc, &plan.batch)? };
     let c = MatOperand {
         buf: 0,
         offset: IExpr::Const(0),
-        batch_stride: cx.dim(&(m * n))?,
-        row_stride: cx.dim(n)?,
-        col_stride: IExpr::Const(1),
+        batch_stride: cx.dim(&c_batch)?,
+        row_stride: cx.dim(&c_row)?,
+        col_stride: cx.dim(&c_col)?,
     };
-    let b = mats.pop().expect("two operands");
-    let a = mats.pop().expect("two operands");
-    let exprs = [&a.offset, &a.batch_stride, &a.row_stride, &b.offset, &b.batch_stride, &b.row_stride, &c.batch_stride];
-    let dims = [product(&space[..m_ax]), m.clone(), n.clone(), space[k_ax].clone()];
-    let dim_exprs: Vec<IExpr> = dims.iter().map(|d| cx.dim(d)).collect::<Result<_, _>>()?;
-    let n_syms = exprs.iter().copied().chain(&dim_exprs).filter_map(max_sym_expr).max().map_or(0, |m| m + 1);
+    let exprs = [&a.offset, &a.batch_stride, &a.row_stride, &a.col_stride, &b.offset, &b.batch_stride]
+        .into_iter()
+        .chain([&b.row_stride, &b.col_stride, &c.batch_stride, &c.row_stride, &c.col_stride]);
+    let dim_exprs: Vec<IExpr> = [batch, m, n, k].iter().map(|d| cx.dim(d)).collect::<Result<_, _>>()?;
+    let n_syms = exprs.chain(&dim_exprs).filter_map(max_sym_expr).max().map_or(0, |m| m + 1);
     let [batch, m, n, k] = <[IExpr; 4]>::try_from(dim_exprs).expect("four dims");
     Ok((Kernel::Matmul(MatmulKernel { params, n_syms, dtype, batch, m, n, k, a, b, c, accumulate }), args))
 }
