@@ -4,22 +4,15 @@
 
 mod common;
 
-use common::{Fixture, assert_close, fixture_file};
+use common::{assert_close, transformer_and_fixture};
 use kiln::Tensor;
 use kiln_nn::*;
-
-fn model_and_fixture() -> (Transformer, Fixture) {
-    let f = Fixture::new(&fixture_file("nn_transformer.safetensors"), "transformer");
-    let mut model = Transformer::new(64, 8, 2, 1e-5, 64).unwrap();
-    f.load(&mut model);
-    (model, f)
-}
 
 /// The same training on the CPU device (the runtime's program cache): step 1 compiles the step
 /// graph, steps 2 and 3 compile nothing.
 #[test]
 fn training_on_the_cpu_device_compiles_once() {
-    let (mut model, f) = model_and_fixture();
+    let (mut model, f) = transformer_and_fixture();
     model.to_device(kiln::Device::Cpu).unwrap();
     let x = f.get("x").to_device(kiln::Device::Cpu).unwrap();
     let y = f.get("targets").to_device(kiln::Device::Cpu).unwrap();

@@ -4,20 +4,13 @@
 
 mod common;
 
-use common::{Fixture, assert_close, fixture_file};
+use common::{assert_close, transformer_and_fixture};
 use kiln::Tensor;
 use kiln_nn::*;
 
-fn model_and_fixture() -> (Transformer, Fixture) {
-    let f = Fixture::new(&fixture_file("nn_transformer.safetensors"), "transformer");
-    let mut model = Transformer::new(64, 8, 2, 1e-5, 64).unwrap();
-    f.load(&mut model);
-    (model, f)
-}
-
 #[test]
 fn logits_and_gradients_match_pytorch() {
-    let (model, f) = model_and_fixture();
+    let (model, f) = transformer_and_fixture();
     let logits = model.forward(&f.get("x"));
     let loss = cross_entropy(&logits, &f.get("targets"));
     let params = model.named_parameters();
@@ -42,7 +35,7 @@ fn logits_and_gradients_match_pytorch() {
 
 #[test]
 fn three_adam_steps_match_pytorch_and_reuse_one_graph() {
-    let (model, f) = model_and_fixture();
+    let (model, f) = transformer_and_fixture();
     let mut trainer = Trainer::new(model, Adam::new(1e-3), Loss::CrossEntropy);
     trainer.track_graphs(true);
     let (x, y) = (f.get("x"), f.get("targets"));

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use kiln::Tensor;
-use kiln_nn::{Module, load_state_dict, read_safetensors};
+use kiln_nn::{Module, Transformer, load_state_dict, read_safetensors};
 
 /// The tensors of a fixture file under the repository's `tests/fixtures`.
 pub fn fixture_file(file: &str) -> HashMap<String, Tensor> {
@@ -60,4 +60,13 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) -> f64 {
     let err = max_err(what, got, want);
     assert!(err <= tol, "{what}: max error {err:.3e} > {tol:.1e}");
     err
+}
+
+/// The anchor Transformer (dim 64, 8 heads, 2 layers, vocab 64) with the fixture's weights.
+#[allow(dead_code)] // Used by some of the test binaries that include this module.
+pub fn transformer_and_fixture() -> (Transformer, Fixture) {
+    let f = Fixture::new(&fixture_file("nn_transformer.safetensors"), "transformer");
+    let mut model = Transformer::new(64, 8, 2, 1e-5, 64).unwrap();
+    f.load(&mut model);
+    (model, f)
 }
