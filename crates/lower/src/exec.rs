@@ -332,6 +332,33 @@ pub fn run_planned(
     bindings: &Bindings,
     plan: &MemoryPlan,
 ) -> Result<Vec<HostTensor>, LowerError> {
+    let order: Vec<usize> = (0..program.steps.len()).collect();
+    run_ordered(program, inputs, bindings, plan, &order)
+}
+
+/// Runs the steps group by group, in the order `groups` lists them, with temps planned by
+/// `memplan::plan_with_groups(groups)`: what a runtime that runs each group's steps at the same
+/// time does. With groups that break a dependency (a group whose steps depend on each other, or a
+/// step before one it depends on) the results are wrong; tests use that to check dependency levels
+/// and the planner against the in-order run.
+pub fn run_grouped(
+    program: &Program,
+    inputs: &[HostTensor],
+    bindings: &Bindings,
+    groups: &[Vec<usize>],
+) -> Result<Vec<HostTensor>, LowerError> {
+    let plan = memplan::plan_with_groups(program, bindings, groups)?;
+    let order: Vec<usize> = groups.iter().flatten().copied().collect();
+    run_ordered(program, inputs, bindings, &plan, &order)
+}
+
+fn run_ordered(
+    program: &Program,
+    inputs: &[HostTensor],
+    bindings: &Bindings,
+    plan: &MemoryPlan,
+    order: &[usize],
+) -> Result<Vec<HostTensor>, LowerError> {
     let syms: Vec<i64> = program
         .symbols
         .iter()
@@ -382,7 +409,8 @@ pub fn run_planned(
             }
         }
     }
-    for (s, step) in program.steps.iter().enumerate() {
+    for &s in order {
+        let step = program.steps.get(s).ok_or_else(|| LowerError::Malformed(format!("no step {s}")))?;
         let kernel = program
             .kernels
             .get(step.kernel as usize)

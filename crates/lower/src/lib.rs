@@ -4,6 +4,7 @@
 //! over buffers whose temporaries the memory planner places in one arena.
 
 pub mod autodiff;
+pub mod batch;
 pub mod compile;
 pub mod error;
 pub mod exec;

@@ -30,6 +30,7 @@ pub struct CpuStats {
 
 struct Inner {
     options: lower::CompileOptions,
+    level_min_work: Option<u128>,
     compiler: CpuCompiler,
     programs: Mutex<HashMap<GraphKey, Arc<Executable>>>,
     programs_compiled: AtomicU64,
@@ -61,6 +62,19 @@ fn plan_memory(program: &Program, bindings: &Bindings) -> Result<Placement> {
     })
 }
 
+/// The memory planner of `lower` for steps that run together (`slots`: time slots).
+fn plan_memory_groups(program: &Program, bindings: &Bindings, slots: &[Vec<usize>]) -> Result<Placement> {
+    let plan = lower::memplan::plan_with_groups(program, bindings, slots)?;
+    Ok(Placement {
+        offsets: plan.offsets,
+        stats: MemoryStats {
+            arena_bytes: plan.arena_bytes,
+            naive_bytes: plan.naive_bytes,
+            peak_live_bytes: plan.peak_live_bytes,
+        },
+    })
+}
+
 impl CpuDevice {
     /// A device with the default lowering options.
     pub fn new() -> Result<CpuDevice> {
@@ -69,10 +83,18 @@ impl CpuDevice {
 
     /// A device that lowers every graph with `options`.
     pub fn with_options(options: lower::CompileOptions) -> Result<CpuDevice> {
+        CpuDevice::with_level_threshold(options, Some(crate::levels::LEVEL_PARALLEL_MIN_WORK))
+    }
+
+    /// A device whose executables run a dependency level's steps at the same time when the level
+    /// has at least `min_work` work (see [`crate::levels`]); `None` runs every step in program
+    /// order.
+    pub fn with_level_threshold(options: lower::CompileOptions, min_work: Option<u128>) -> Result<CpuDevice> {
         let compiler = CpuCompiler::new()?;
         Ok(CpuDevice {
             inner: Arc::new(Inner {
                 options,
+                level_min_work: min_work,
                 compiler,
                 programs: Mutex::new(HashMap::new()),
                 programs_compiled: AtomicU64::new(0),
@@ -103,7 +125,11 @@ impl CpuDevice {
                 Kernel::Matmul(_) => None,
             });
         }
-        let exe = Arc::new(Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory)?);
+        let mut exe = Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory)?;
+        if let Some(min_work) = self.inner.level_min_work {
+            exe = exe.with_concurrency(plan_memory_groups, min_work)?;
+        }
+        let exe = Arc::new(exe);
         self.inner.programs_compiled.fetch_add(1, Ordering::Relaxed);
         let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
         // Another thread may have compiled the same graph meanwhile: keep the first.

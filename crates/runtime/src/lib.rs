@@ -26,10 +26,13 @@
 //!   in 0.8-1.4 us (8-14 ns per launch); a cached one-kernel graph takes 0.17-0.22 us through
 //!   `Executable::run` and 0.45-0.74 us through `CpuDevice::run` (which also computes the graph key).
 //! - **Parallel threshold**: see [`vm::PARALLEL_MIN_WORK`].
+//! - **Independent steps at the same time**: a dependency level whose steps are worth it runs
+//!   concurrently, one step per thread (N equal matmuls: a grouped GEMM); see [`levels`].
 
 pub mod cpu;
 pub mod error;
 pub mod key;
+pub mod levels;
 pub mod matmul;
 pub mod memory;
 pub mod parallel;

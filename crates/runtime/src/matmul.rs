@@ -135,6 +135,28 @@ impl MatmulLaunch {
         self.batch as u128 * self.m as u128 * self.n as u128 * self.k as u128
     }
 
+    /// Whether [`MatmulLaunch::run`] spreads this launch over the threads.
+    pub fn threads_itself(&self) -> bool {
+        parallel::threads() > 1 && self.macs() >= PARALLEL_MIN_MACS
+    }
+
+    /// [`MatmulLaunch::run`] when `threads`, else the whole launch on the calling thread, each GEMM
+    /// single-threaded (a step of a level whose steps run at the same time).
+    ///
+    /// # Safety
+    /// As for [`MatmulLaunch::run`].
+    pub unsafe fn run_threads(&self, args: *const *mut u8, threads: bool) {
+        if threads {
+            // SAFETY: the caller keeps `run`'s contract.
+            unsafe { self.run(args) }
+        } else {
+            // SAFETY: as in `run`: one pointer per parameter, `new` checked `param < len`.
+            let (a, b, c) = unsafe { (*args.add(self.a.param), *args.add(self.b.param), *args.add(self.c.param)) };
+            // SAFETY: every entry lies inside its buffers (checked in `new`).
+            unsafe { self.run_entries((SendPtr(a), SendPtr(b), SendPtr(c)), 0, self.batch, false) }
+        }
+    }
+
     /// Runs the launch on the buffers `args[param]`.
     ///
     /// # Safety

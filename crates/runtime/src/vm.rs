@@ -24,6 +24,7 @@ use lower::{BufferKind, Program};
 use smallvec::SmallVec;
 
 use crate::error::{Result, RuntimeError};
+use crate::levels::{self, LevelSchedule, Phase, StepCost};
 use crate::matmul::MatmulLaunch;
 use crate::memory::{self, Arena};
 use crate::parallel::{self, SendPtr};
@@ -65,6 +66,19 @@ pub struct Placement {
 /// Places the temporaries of `program` for one binding set (`lower::memplan::plan` on the CPU).
 pub type Planner = fn(&Program, &Bindings) -> Result<Placement>;
 
+/// Places the temporaries of `program` when steps run together: `slots[t]` are the steps of time
+/// slot `t`, in run order (`lower::memplan::plan_with_groups`).
+pub type GroupPlanner = fn(&Program, &Bindings, &[Vec<usize>]) -> Result<Placement>;
+
+/// Running independent steps at the same time (see [`crate::levels`]).
+struct Concurrency {
+    planner: GroupPlanner,
+    /// The dependency levels of the program (`lower::batch`), computed once.
+    levels: Vec<Vec<usize>>,
+    /// A level with less work runs one step after another.
+    min_work: u128,
+}
+
 /// How one step runs, fixed per executable.
 #[derive(Clone, Copy)]
 enum Code {
@@ -105,6 +119,8 @@ struct Sized {
     stats: MemoryStats,
     output_shapes: Vec<Vec<usize>>,
     launches: Vec<Launch>,
+    /// `Some` when some dependency level runs concurrently: the program then runs by levels.
+    schedule: Option<LevelSchedule>,
 }
 
 /// Per-run scratch, reused across runs.
@@ -147,6 +163,8 @@ pub struct Executable {
     state: Mutex<RunState>,
     /// Keeps the native code of the loop kernels alive.
     _code: Arc<dyn Send + Sync>,
+    /// `None`: steps always run one after another, in program order.
+    concurrency: Option<Concurrency>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -343,7 +361,24 @@ impl Executable {
             sized: Mutex::new(Vec::new()),
             state: Mutex::new(RunState::default()),
             _code: code,
+            concurrency: None,
         })
+    }
+
+    /// Lets the executable run the steps of a dependency level at the same time when the level
+    /// has enough work (see [`crate::levels`]; `min_work` is the level threshold, normally
+    /// [`levels::LEVEL_PARALLEL_MIN_WORK`]), placing temporaries with `planner` for those runs.
+    pub fn with_concurrency(mut self, planner: GroupPlanner, min_work: u128) -> Result<Executable> {
+        let levels = lower::batch::levels(&self.program)?;
+        self.concurrency = Some(Concurrency { planner, levels, min_work });
+        self.sized = Mutex::new(Vec::new());
+        Ok(self)
+    }
+
+    /// How the program runs for `bindings`: `None` when every step runs in program order, else
+    /// the level-by-level schedule (which steps run together, on which thread).
+    pub fn level_schedule(&self, bindings: &Bindings) -> Result<Option<LevelSchedule>> {
+        Ok(self.sized(bindings)?.schedule.clone())
     }
 
     /// The lowered program this executable runs.
@@ -462,24 +497,6 @@ impl Executable {
             output_shapes.push(shape);
         }
 
-        let placement = (self.planner)(p, bindings)?;
-        if placement.offsets.len() != p.buffers.len() {
-            return Err(RuntimeError::InvalidProgram("the memory plan does not cover every buffer".into()));
-        }
-        for (i, b) in p.buffers.iter().enumerate() {
-            if b.kind != BufferKind::Temp {
-                continue;
-            }
-            let bytes = buf_numel[i] * b.dtype.size_bytes();
-            let fits = match placement.offsets[i] {
-                Some(o) => o.checked_add(bytes).is_some_and(|end| end <= placement.stats.arena_bytes),
-                None => bytes == 0,
-            };
-            if !fits {
-                return Err(RuntimeError::InvalidProgram(format!("buf{i} is placed outside the arena")));
-            }
-        }
-
         let threads = parallel::threads();
         let mut launches = Vec::with_capacity(self.steps.len());
         for (step, code) in p.steps.iter().zip(&self.steps) {
@@ -509,6 +526,34 @@ impl Executable {
                 }
             });
         }
+        let schedule = match &self.concurrency {
+            Some(c) => {
+                let costs = launch_costs(p, &launches, &syms);
+                levels::schedule(&c.levels, &costs, threads, c.min_work)
+            }
+            None => None,
+        };
+        let placement = match (&schedule, &self.concurrency) {
+            (Some(sch), Some(c)) => (c.planner)(p, bindings, &sch.slots)?,
+            _ => (self.planner)(p, bindings)?,
+        };
+        if placement.offsets.len() != p.buffers.len() {
+            return Err(RuntimeError::InvalidProgram("the memory plan does not cover every buffer".into()));
+        }
+        for (i, b) in p.buffers.iter().enumerate() {
+            if b.kind != BufferKind::Temp {
+                continue;
+            }
+            let bytes = buf_numel[i] * b.dtype.size_bytes();
+            let fits = match placement.offsets[i] {
+                Some(o) => o.checked_add(bytes).is_some_and(|end| end <= placement.stats.arena_bytes),
+                None => bytes == 0,
+            };
+            if !fits {
+                return Err(RuntimeError::InvalidProgram(format!("buf{i} is placed outside the arena")));
+            }
+        }
+
         Ok(Sized {
             syms,
             input_shapes,
@@ -517,6 +562,7 @@ impl Executable {
             stats: placement.stats,
             output_shapes,
             launches,
+            schedule,
         })
     }
 
@@ -594,31 +640,40 @@ impl Executable {
 
         let table = state.table.as_ptr();
         let syms = sized.syms.as_ptr();
-        for launch in &sized.launches {
-            match *launch {
-                Launch::Loop { func, arg_start, end, chunks } => {
-                    // SAFETY: `arg_start` indexes this step's arguments in the table, one valid
-                    // buffer pointer per kernel parameter, each buffer as large as the program
-                    // says (inputs checked, outputs and arena allocated to size); `syms` holds
-                    // every symbol the kernel reads (checked in `new`).
-                    let args = unsafe { table.add(arg_start as usize) };
-                    if chunks <= 1 {
-                        // SAFETY: see above; the kernel's contract is to touch only its buffers.
-                        unsafe { func(args, syms, 0, end) };
-                    } else {
-                        let (args, syms) = (SendPtr(args as *mut u8), SendPtr(syms as *mut u8));
-                        parallel::for_chunks(end as usize, chunks as usize, &|lo, hi| {
-                            // SAFETY: as above; disjoint ranges of the parallel loop write
-                            // disjoint elements (the kir contract for `parallel` loops).
-                            unsafe {
-                                func(args.get() as *const *mut u8, syms.get() as *const i64, lo as i64, hi as i64)
-                            }
-                        });
-                    }
+        match &sized.schedule {
+            None => {
+                for launch in &sized.launches {
+                    // SAFETY: the table holds every step's buffers (see `run_launch`).
+                    unsafe { run_launch(launch, table, syms, false) };
                 }
-                Launch::Matmul { arg_start, ref mm } => {
-                    // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes.
-                    unsafe { mm.run(table.add(arg_start as usize)) }
+            }
+            Some(schedule) => {
+                for phase in &schedule.phases {
+                    match phase {
+                        // SAFETY: as above.
+                        Phase::Step(s) => unsafe { run_launch(&sized.launches[*s as usize], table, syms, false) },
+                        Phase::Concurrent { bins } => {
+                            let (table, syms) = (SendPtr(table as *mut u8), SendPtr(syms as *mut u8));
+                            parallel::for_chunks(bins.len(), bins.len(), &|lo, hi| {
+                                for bin in &bins[lo..hi] {
+                                    for &s in bin {
+                                        // SAFETY: as above; the steps of one level touch no
+                                        // common bytes where one of them writes (`lower::batch`
+                                        // levels, planned with the level as one time slot), so
+                                        // they may run at the same time, each on one thread.
+                                        unsafe {
+                                            run_launch(
+                                                &sized.launches[s as usize],
+                                                table.get() as *const *mut u8,
+                                                syms.get() as *const i64,
+                                                true,
+                                            )
+                                        };
+                                    }
+                                }
+                            });
+                        }
+                    }
                 }
             }
         }
@@ -650,5 +705,55 @@ impl Executable {
             results.push(HostTensor { data, shape });
         }
         Ok(results)
+    }
+}
+
+/// The work estimate of every launch, for the level schedule.
+fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Vec<StepCost> {
+    launches
+        .iter()
+        .zip(&p.steps)
+        .map(|(launch, step)| match (launch, &p.kernels[step.kernel as usize]) {
+            (Launch::Loop { chunks, .. }, Kernel::Loops(k)) => {
+                let vars = vec![0i64; var_count(&k.body)];
+                StepCost { work: nest_work(&k.body, &vars, syms).max(1), splits: *chunks > 1 }
+            }
+            (Launch::Matmul { mm, .. }, _) => {
+                StepCost { work: (mm.macs() / levels::MACS_PER_WORK).max(1), splits: mm.threads_itself() }
+            }
+            _ => StepCost { work: 1, splits: false },
+        })
+        .collect()
+}
+
+/// Runs one launch; `alone` runs it on the calling thread only (a step of a concurrent level).
+///
+/// # Safety
+/// `table` holds one valid pointer per argument of every step, each buffer as large as the
+/// program says; `syms` holds every symbol value; no other thread writes what this step touches.
+unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, alone: bool) {
+    match *launch {
+        Launch::Loop { func, arg_start, end, chunks } => {
+            // SAFETY: `arg_start` indexes this step's arguments in the table, one valid
+            // buffer pointer per kernel parameter, each buffer as large as the program
+            // says (inputs checked, outputs and arena allocated to size); `syms` holds
+            // every symbol the kernel reads (checked in `new`).
+            let args = unsafe { table.add(arg_start as usize) };
+            if chunks <= 1 || alone {
+                // SAFETY: see above; the kernel's contract is to touch only its buffers.
+                unsafe { func(args, syms, 0, end) };
+            } else {
+                let (args, syms) = (SendPtr(args as *mut u8), SendPtr(syms as *mut u8));
+                parallel::for_chunks(end as usize, chunks as usize, &|lo, hi| {
+                    // SAFETY: as above; disjoint ranges of the parallel loop write
+                    // disjoint elements (the kir contract for `parallel` loops).
+                    unsafe { func(args.get() as *const *mut u8, syms.get() as *const i64, lo as i64, hi as i64) }
+                });
+            }
+        }
+        Launch::Matmul { arg_start, ref mm } => {
+            // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes.
+            unsafe { mm.run_threads(table.add(arg_start as usize), !alone) }
+        }
     }
 }

@@ -1,0 +1,544 @@
+//! Tree tensors: nested maps with string keys whose leaves are tensors (or any `T`).
+//!
+//! A [`Tree`] is either a leaf or a node: an ordered list of `(key, subtree)` entries with
+//! distinct keys. Order is insertion order (as in a Python dict or `nn`'s `named_parameters`), so
+//! `layers.2` stays before `layers.10`. A leaf is addressed by its *key path*, the keys from the
+//! root joined with `.` (`encoder.layers.0.weight`); the root leaf of a one-leaf tree has path `""`.
+//! Keys are therefore non-empty and contain no `.`.
+//!
+//! Structure-preserving combinators ([`Tree::map`], [`Tree::zip_with`], [`Tree::fold`]) work for
+//! any `T`. On `Tree<Tensor>` the tensor ops are lifted leaf by leaf (`a.matmul(&b)`, `&a + &b`,
+//! `a.sigmoid()`), and [`Tree::realize`] computes every leaf with one call of [`crate::realize`]:
+//! one traced graph, one compiled program, in which the lowering may batch equal ops across
+//! leaves (one grouped GEMM for N equal matmuls) and the runtime may run independent kernels
+//! concurrently.
+//!
+//! Two trees combined leaf by leaf must have the same structure: the same key paths, each a leaf
+//! in both or a node in both. Key order may differ (the left tree's order is kept). A mismatch is
+//! an [`Error::Op`] naming the first differing key path and the caller's line.
+//!
+//! ```
+//! use kiln::{Tensor, Tree};
+//!
+//! let x = |v: f32| Tensor::from_vec(vec![v, v, v, v], &[2, 2]);
+//! let a = Tree::from_pairs([("enc.w", x(1.0)), ("enc.b", x(2.0)), ("head", x(3.0))])?;
+//! let b = a.map(|t| t * 2.0);
+//! let c = a.matmul(&b)?.sigmoid();
+//! c.realize()?; // every leaf in one program
+//! assert_eq!(c.paths(), ["enc.w", "enc.b", "head"]);
+//! let w = c.get_leaf("enc.w").unwrap().to_vec::<f32>()?;
+//! assert!((w[0] - 0.982).abs() < 1e-3); // sigmoid(1*2 + 1*2)
+//! # Ok::<(), kiln::Error>(())
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::{Add, Div, Mul, Neg, Sub};
+use std::panic::Location;
+
+use air::DType;
+
+use crate::error::{Error, Result};
+use crate::scalar::{IntoScalar, Operand};
+use crate::tensor::Tensor;
+
+/// A nested map with string keys whose leaves are `T`. See the [module docs](self).
+#[derive(Clone, PartialEq)]
+pub struct Tree<T> {
+    kind: Kind<T>,
+}
+
+#[derive(Clone, PartialEq)]
+enum Kind<T> {
+    Leaf(T),
+    /// Entries in insertion order; keys are distinct, non-empty and free of `.`.
+    Node(Vec<(String, Tree<T>)>),
+}
+
+fn tree_error(op: &'static str, message: impl Into<String>, location: &'static Location<'static>) -> Error {
+    Error::op(op, message, location)
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    if prefix.is_empty() { key.to_string() } else { format!("{prefix}.{key}") }
+}
+
+/// Shows a key path for an error message (`<root>` for the empty path).
+fn show_path(path: &str) -> String {
+    if path.is_empty() { "<root>".to_string() } else { format!("`{path}`") }
+}
+
+fn check_key(key: &str) -> std::result::Result<(), String> {
+    if key.is_empty() {
+        Err("a key is empty".to_string())
+    } else if key.contains('.') {
+        Err(format!("key `{key}` contains `.`, the key path separator"))
+    } else {
+        Ok(())
+    }
+}
+
+impl<T> Default for Tree<T> {
+    fn default() -> Tree<T> {
+        Tree::new()
+    }
+}
+
+impl<T> From<T> for Tree<T> {
+    fn from(value: T) -> Tree<T> {
+        Tree::leaf(value)
+    }
+}
+
+impl<T> Tree<T> {
+    /// An empty node (no entries).
+    pub fn new() -> Tree<T> {
+        Tree { kind: Kind::Node(Vec::new()) }
+    }
+
+    /// A tree that is one leaf.
+    pub fn leaf(value: T) -> Tree<T> {
+        Tree { kind: Kind::Leaf(value) }
+    }
+
+    /// A node with the given `(key, subtree)` entries, in order. Keys must be distinct, non-empty
+    /// and free of `.`.
+    #[track_caller]
+    pub fn from_entries(entries: impl IntoIterator<Item = (impl Into<String>, Tree<T>)>) -> Result<Tree<T>> {
+        let loc = Location::caller();
+        let mut out: Vec<(String, Tree<T>)> = Vec::new();
+        let mut seen: HashMap<String, ()> = HashMap::new();
+        for (key, sub) in entries {
+            let key = key.into();
+            check_key(&key).map_err(|m| tree_error("Tree::from_entries", m, loc))?;
+            if seen.insert(key.clone(), ()).is_some() {
+                return Err(tree_error("Tree::from_entries", format!("key `{key}` appears twice"), loc));
+            }
+            out.push((key, sub));
+        }
+        Ok(Tree { kind: Kind::Node(out) })
+    }
+
+    /// A tree from `(key path, leaf)` pairs, e.g. a module's `named_parameters()`: `"a.b"` puts a
+    /// leaf under key `b` of the node under key `a`. Entries keep the order of first appearance. A
+    /// path given twice, a path through a leaf, a leaf where a node is, or an empty key is an error.
+    /// A single pair with the empty path `""` gives a one-leaf tree.
+    #[track_caller]
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (impl AsRef<str>, T)>) -> Result<Tree<T>> {
+        let loc = Location::caller();
+        let mut tree = Tree::new();
+        let mut any = false;
+        for (path, value) in pairs {
+            let path = path.as_ref();
+            if path.is_empty() {
+                if any {
+                    return Err(tree_error("Tree::from_pairs", "the root path `` next to other paths", loc));
+                }
+                tree = Tree::leaf(value);
+                any = true;
+                continue;
+            }
+            if matches!(tree.kind, Kind::Leaf(_)) {
+                return Err(tree_error("Tree::from_pairs", format!("path `{path}` next to the root path ``"), loc));
+            }
+            any = true;
+            if tree.get(path).is_some() {
+                return Err(tree_error("Tree::from_pairs", format!("key path `{path}` appears twice"), loc));
+            }
+            tree.insert_at(path, Tree::leaf(value)).map_err(|m| tree_error("Tree::from_pairs", m, loc))?;
+        }
+        Ok(tree)
+    }
+
+    /// Inverse of [`Tree::flatten`]: the same as [`Tree::from_pairs`].
+    #[track_caller]
+    pub fn unflatten(pairs: impl IntoIterator<Item = (impl AsRef<str>, T)>) -> Result<Tree<T>> {
+        Tree::from_pairs(pairs)
+    }
+
+    /// Puts `value` (a leaf or a subtree) at `path`, creating the nodes on the way; returns the
+    /// subtree it replaces. Errors if `self` is a leaf, a key on the way is a leaf, or a key is
+    /// empty or holds a `.`.
+    #[track_caller]
+    pub fn insert(&mut self, path: &str, value: impl Into<Tree<T>>) -> Result<Option<Tree<T>>> {
+        let loc = Location::caller();
+        self.insert_at(path, value.into()).map_err(|m| tree_error("Tree::insert", m, loc))
+    }
+
+    fn insert_at(&mut self, path: &str, value: Tree<T>) -> std::result::Result<Option<Tree<T>>, String> {
+        let keys: Vec<&str> = path.split('.').collect();
+        for k in &keys {
+            check_key(k).map_err(|m| format!("key path `{path}`: {m}"))?;
+        }
+        let mut cur = self;
+        for (depth, key) in keys.iter().enumerate() {
+            let Kind::Node(entries) = &mut cur.kind else {
+                let at = keys[..depth].join(".");
+                return Err(format!("key path `{path}` goes through the leaf at {}", show_path(&at)));
+            };
+            let last = depth + 1 == keys.len();
+            let pos = match entries.iter().position(|(k, _)| k == key) {
+                Some(p) => p,
+                None if last => {
+                    entries.push((key.to_string(), value));
+                    return Ok(None);
+                }
+                None => {
+                    entries.push((key.to_string(), Tree::new()));
+                    entries.len() - 1
+                }
+            };
+            if last {
+                return Ok(Some(std::mem::replace(&mut entries[pos].1, value)));
+            }
+            cur = &mut entries[pos].1;
+        }
+        Err(format!("key path `{path}` is empty"))
+    }
+
+    /// The subtree at `path` (`""` is the whole tree), if there is one.
+    pub fn get(&self, path: &str) -> Option<&Tree<T>> {
+        if path.is_empty() {
+            return Some(self);
+        }
+        let mut cur = self;
+        for key in path.split('.') {
+            match &cur.kind {
+                Kind::Node(entries) => cur = &entries.iter().find(|(k, _)| k == key)?.1,
+                Kind::Leaf(_) => return None,
+            }
+        }
+        Some(cur)
+    }
+
+    /// The leaf value at `path`, if `path` names a leaf.
+    pub fn get_leaf(&self, path: &str) -> Option<&T> {
+        self.get(path)?.as_leaf()
+    }
+
+    /// The value, if this tree is a leaf.
+    pub fn as_leaf(&self) -> Option<&T> {
+        match &self.kind {
+            Kind::Leaf(v) => Some(v),
+            Kind::Node(_) => None,
+        }
+    }
+
+    /// Whether this tree is a single leaf.
+    pub fn is_leaf(&self) -> bool {
+        matches!(self.kind, Kind::Leaf(_))
+    }
+
+    /// The `(key, subtree)` entries of a node, in order (none for a leaf).
+    pub fn entries(&self) -> impl Iterator<Item = (&str, &Tree<T>)> {
+        let entries: &[(String, Tree<T>)] = match &self.kind {
+            Kind::Node(e) => e,
+            Kind::Leaf(_) => &[],
+        };
+        entries.iter().map(|(k, t)| (k.as_str(), t))
+    }
+
+    /// The number of leaves.
+    pub fn num_leaves(&self) -> usize {
+        self.fold(0, |n, _| n + 1)
+    }
+
+    /// The leaves in depth-first order (the order of [`Tree::flatten`]).
+    pub fn leaves(&self) -> Vec<&T> {
+        let mut out = Vec::new();
+        self.visit("", &mut |_, v| out.push(v));
+        out
+    }
+
+    /// The key path of every leaf, in order.
+    pub fn paths(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        self.visit("", &mut |p, _| out.push(p.to_string()));
+        out
+    }
+
+    /// `(key path, leaf)` for every leaf, depth-first in entry order. An empty node has none.
+    pub fn flatten(&self) -> Vec<(String, &T)> {
+        let mut out = Vec::new();
+        self.visit("", &mut |p, v| out.push((p.to_string(), v)));
+        out
+    }
+
+    /// [`Tree::flatten`], taking the leaves by value.
+    pub fn into_flat(self) -> Vec<(String, T)> {
+        let mut out = Vec::new();
+        self.into_visit(String::new(), &mut out);
+        out
+    }
+
+    /// A tree with this structure whose leaves are `leaves`, in flatten order (the inverse of
+    /// [`Tree::leaves`]). The count must match.
+    #[track_caller]
+    pub fn with_leaves<U>(&self, leaves: impl IntoIterator<Item = U>) -> Result<Tree<U>> {
+        let loc = Location::caller();
+        let mut it = leaves.into_iter();
+        let out = self.try_map(|_| it.next().ok_or_else(|| Error::Shape(String::new())));
+        let n = self.num_leaves();
+        match out {
+            Ok(t) if it.next().is_none() => Ok(t),
+            Ok(_) => Err(tree_error("Tree::with_leaves", format!("more values than the tree's {n} leaves"), loc)),
+            Err(_) => Err(tree_error("Tree::with_leaves", format!("fewer values than the tree's {n} leaves"), loc)),
+        }
+    }
+
+    fn visit<'a>(&'a self, path: &str, f: &mut impl FnMut(&str, &'a T)) {
+        match &self.kind {
+            Kind::Leaf(v) => f(path, v),
+            Kind::Node(entries) => {
+                for (k, t) in entries {
+                    t.visit(&join(path, k), f);
+                }
+            }
+        }
+    }
+
+    fn into_visit(self, path: String, out: &mut Vec<(String, T)>) {
+        match self.kind {
+            Kind::Leaf(v) => out.push((path, v)),
+            Kind::Node(entries) => {
+                for (k, t) in entries {
+                    let p = join(&path, &k);
+                    t.into_visit(p, out);
+                }
+            }
+        }
+    }
+
+    /// The same structure with `f` applied to every leaf.
+    pub fn map<U>(&self, mut f: impl FnMut(&T) -> U) -> Tree<U> {
+        self.map_with_path(|_, v| f(v))
+    }
+
+    /// [`Tree::map`], with the leaf's key path passed to `f`.
+    pub fn map_with_path<U>(&self, mut f: impl FnMut(&str, &T) -> U) -> Tree<U> {
+        self.map_inner("", &mut f)
+    }
+
+    fn map_inner<U>(&self, path: &str, f: &mut impl FnMut(&str, &T) -> U) -> Tree<U> {
+        Tree {
+            kind: match &self.kind {
+                Kind::Leaf(v) => Kind::Leaf(f(path, v)),
+                Kind::Node(entries) => {
+                    Kind::Node(entries.iter().map(|(k, t)| (k.clone(), t.map_inner(&join(path, k), f))).collect())
+                }
+            },
+        }
+    }
+
+    /// [`Tree::map`] with a fallible `f`: the first error (in flatten order) is returned.
+    pub fn try_map<U>(&self, mut f: impl FnMut(&T) -> Result<U>) -> Result<Tree<U>> {
+        self.try_map_inner(&mut f)
+    }
+
+    fn try_map_inner<U>(&self, f: &mut impl FnMut(&T) -> Result<U>) -> Result<Tree<U>> {
+        Ok(Tree {
+            kind: match &self.kind {
+                Kind::Leaf(v) => Kind::Leaf(f(v)?),
+                Kind::Node(entries) => Kind::Node(
+                    entries.iter().map(|(k, t)| Ok((k.clone(), t.try_map_inner(f)?))).collect::<Result<_>>()?,
+                ),
+            },
+        })
+    }
+
+    /// Combines two trees of the same structure leaf by leaf. Key order may differ; the result
+    /// has `self`'s order. A structure mismatch is an error naming the first differing key path.
+    #[track_caller]
+    pub fn zip_with<U, V>(&self, other: &Tree<U>, mut f: impl FnMut(&T, &U) -> V) -> Result<Tree<V>> {
+        self.zip_named("zip_with", Location::caller(), other, &mut f)
+    }
+
+    fn zip_named<U, V>(
+        &self,
+        op: &'static str,
+        loc: &'static Location<'static>,
+        other: &Tree<U>,
+        f: &mut impl FnMut(&T, &U) -> V,
+    ) -> Result<Tree<V>> {
+        self.check_same_structure(other).map_err(|m| tree_error(op, m, loc))?;
+        Ok(self.zip_unchecked(other, f))
+    }
+
+    /// Whether `other` has the same structure; the message names the first differing key path.
+    fn check_same_structure<U>(&self, other: &Tree<U>) -> std::result::Result<(), String> {
+        fn describe<X>(t: &Tree<X>) -> String {
+            match &t.kind {
+                Kind::Leaf(_) => "a leaf".to_string(),
+                Kind::Node(e) => {
+                    let keys: Vec<&str> = e.iter().map(|(k, _)| k.as_str()).collect();
+                    format!("a node with keys [{}]", keys.join(", "))
+                }
+            }
+        }
+        fn walk<X, Y>(a: &Tree<X>, b: &Tree<Y>, path: &str) -> std::result::Result<(), String> {
+            match (&a.kind, &b.kind) {
+                (Kind::Leaf(_), Kind::Leaf(_)) => Ok(()),
+                (Kind::Node(ea), Kind::Node(eb)) => {
+                    for (k, ta) in ea {
+                        let p = join(path, k);
+                        match eb.iter().find(|(kb, _)| kb == k) {
+                            Some((_, tb)) => walk(ta, tb, &p)?,
+                            None => return Err(format!("tree structures differ at `{p}`: only the left tree has it")),
+                        }
+                    }
+                    if let Some((k, _)) = eb.iter().find(|(k, _)| !ea.iter().any(|(ka, _)| ka == k)) {
+                        let p = join(path, k);
+                        return Err(format!("tree structures differ at `{p}`: only the right tree has it"));
+                    }
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "tree structures differ at {}: the left tree has {}, the right tree {}",
+                    show_path(path),
+                    describe(a),
+                    describe(b)
+                )),
+            }
+        }
+        walk(self, other, "")
+    }
+
+    fn zip_unchecked<U, V>(&self, other: &Tree<U>, f: &mut impl FnMut(&T, &U) -> V) -> Tree<V> {
+        Tree {
+            kind: match (&self.kind, &other.kind) {
+                (Kind::Leaf(a), Kind::Leaf(b)) => Kind::Leaf(f(a, b)),
+                (Kind::Node(ea), Kind::Node(eb)) => Kind::Node(
+                    ea.iter()
+                        .filter_map(|(k, ta)| {
+                            let tb = &eb.iter().find(|(kb, _)| kb == k)?.1;
+                            Some((k.clone(), ta.zip_unchecked(tb, f)))
+                        })
+                        .collect(),
+                ),
+                // Checked by `check_same_structure` before.
+                _ => Kind::Node(Vec::new()),
+            },
+        }
+    }
+
+    /// Whether `other` has the same structure (key paths, leaf or node at each).
+    pub fn same_structure<U>(&self, other: &Tree<U>) -> bool {
+        self.check_same_structure(other).is_ok()
+    }
+
+    /// Folds every leaf into `init`, in flatten order.
+    pub fn fold<A>(&self, init: A, mut f: impl FnMut(A, &T) -> A) -> A {
+        self.fold_inner(init, &mut f)
+    }
+
+    fn fold_inner<A>(&self, init: A, f: &mut impl FnMut(A, &T) -> A) -> A {
+        match &self.kind {
+            Kind::Leaf(v) => f(init, v),
+            Kind::Node(entries) => entries.iter().fold(init, |acc, (_, t)| t.fold_inner(acc, f)),
+        }
+    }
+
+    /// Combines all leaves pairwise in flatten order (`f(f(l0, l1), l2)...`); `None` when the tree
+    /// has no leaves.
+    pub fn reduce(&self, mut f: impl FnMut(&T, &T) -> T) -> Option<T>
+    where
+        T: Clone,
+    {
+        self.fold(None, |acc: Option<T>, v| {
+            Some(match acc {
+                None => v.clone(),
+                Some(a) => f(&a, v),
+            })
+        })
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Tree<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::Leaf(v) => v.fmt(f),
+            Kind::Node(entries) => f.debug_map().entries(entries.iter().map(|(k, t)| (k, t))).finish(),
+        }
+    }
+}
+
+// ----- tensor ops lifted over trees -----
+
+macro_rules! lift_unary {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
+        $(#[$doc])*
+        pub fn $name(&self) -> Tree<Tensor> {
+            self.map(Tensor::$name)
+        }
+    )*};
+}
+
+macro_rules! lift_binary {
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`Tensor::", stringify!($name), "` leaf by leaf; the trees must have the same structure.")]
+        #[track_caller]
+        pub fn $name(&self, rhs: &Tree<Tensor>) -> Result<Tree<Tensor>> {
+            self.zip_named(stringify!($name), Location::caller(), rhs, &mut |a: &Tensor, b: &Tensor| a.$name(b))
+        }
+    )*};
+}
+
+impl Tree<Tensor> {
+    lift_unary!(
+        neg, exp, exp2, log, log2, sqrt, rsqrt, reciprocal, square, sin, cos, abs, tanh, sigmoid, relu, gelu, silu,
+        sum_all, mean_all,
+    );
+
+    lift_binary!(matmul, add, sub, mul, div, maximum, minimum, pow);
+
+    /// `Tensor::cast` on every leaf.
+    pub fn cast(&self, dtype: DType) -> Tree<Tensor> {
+        self.map(|t| t.cast(dtype))
+    }
+
+    /// Computes every leaf that holds no data yet, all in one program (one call of
+    /// [`crate::realize`]), and keeps the results in the leaves.
+    pub fn realize(&self) -> Result<&Self> {
+        crate::realize(&self.leaves())?;
+        Ok(self)
+    }
+
+    /// Realizes the tree (one program) and copies every leaf out.
+    pub fn to_vecs<E: air::Element>(&self) -> Result<Tree<Vec<E>>> {
+        self.realize()?;
+        self.try_map(|t| t.to_vec::<E>())
+    }
+
+    /// The first error any leaf carries, if an op that built it had invalid inputs.
+    pub fn check(&self) -> Result<()> {
+        self.leaves().into_iter().try_for_each(Tensor::check)
+    }
+}
+
+macro_rules! tree_operators {
+    ($($tr:ident $f:ident),*) => {$(
+        impl $tr<&Tree<Tensor>> for &Tree<Tensor> {
+            type Output = Result<Tree<Tensor>>;
+            #[track_caller]
+            fn $f(self, rhs: &Tree<Tensor>) -> Result<Tree<Tensor>> {
+                self.zip_named(stringify!($f), Location::caller(), rhs, &mut |a: &Tensor, b: &Tensor| a.$f(b))
+            }
+        }
+        impl<S: IntoScalar + Operand> $tr<S> for &Tree<Tensor> {
+            type Output = Tree<Tensor>;
+            #[track_caller]
+            fn $f(self, rhs: S) -> Tree<Tensor> {
+                self.map(|a| a.$f(rhs))
+            }
+        }
+    )*};
+}
+
+tree_operators!(Add add, Sub sub, Mul mul, Div div);
+
+impl Neg for &Tree<Tensor> {
+    type Output = Tree<Tensor>;
+    fn neg(self) -> Tree<Tensor> {
+        self.map(Tensor::neg)
+    }
+}
