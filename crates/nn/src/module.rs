@@ -50,6 +50,13 @@ pub trait Module {
         self.named_parameters().into_iter().map(|(_, t)| t).collect()
     }
 
+    /// The trainable parameters as a [`kiln::Tree`] keyed by their dotted names, so that tree ops
+    /// (`map`, `zip_with`, lifted tensor ops) apply to every parameter at once and realize as one
+    /// program: `model.parameter_tree()?.get("blocks.0.attn.q.weight")`.
+    fn parameter_tree(&self) -> kiln::Result<kiln::Tree<Tensor>> {
+        kiln::Tree::from_pairs(self.named_parameters())
+    }
+
     /// Every parameter and buffer with its name and kind (what a weights file holds).
     fn state_dict(&self) -> Vec<(String, Tensor, ParamKind)> {
         let mut out = Vec::new();
