@@ -4,6 +4,7 @@
 //! kiln profile transformer --layers 2 [--trace t.json] [--dump dir]
 //! kiln bench transformer-compile [--layers 1,2,4,8,16,32] [--out dir] [--smoke]
 //! kiln bench unary | models | tree-matmul | matmul [--device cpu] [--out dir] [--smoke]
+//! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--out dir] [--smoke]
 //! ```
 
 use std::path::PathBuf;
@@ -164,6 +165,21 @@ enum Suite {
         #[command(flatten)]
         common: Common,
     },
+    /// Planned arena vs one allocation per temporary: a chain of unary ops (unfused, fused) and
+    /// the 2-layer Transformer forward; on wgpu also buffers created per run.
+    Memory {
+        /// Unary ops in the chain.
+        #[arg(long, default_value_t = bench::memory::CHAIN)]
+        chain: usize,
+        /// Elements of the chain's f32 vector.
+        #[arg(long, default_value_t = bench::memory::ELEMENTS)]
+        elements: usize,
+        /// Device: cpu (default) or wgpu.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
 fn main() -> ExitCode {
@@ -260,6 +276,15 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
             let runner = Runner::for_device(&device.device)?;
             let shapes = if common.smoke { vec![(64, 128, 256)] } else { bench::matmul::SHAPES.to_vec() };
             finish(bench::matmul::run(&bench::matmul::Args { shapes, budget: budget(common.smoke) }, &runner)?, &common)
+        }
+        Suite::Memory { chain, elements, device, common } => {
+            let args = bench::memory::Args {
+                chain: chain.max(1),
+                elements: if common.smoke { 729 } else { elements.max(1) },
+                model: GptConfig::default(),
+                device: bench::memory::MemDevice::parse(&device)?,
+            };
+            finish(bench::memory::run(&args)?, &common)
         }
     }
 }

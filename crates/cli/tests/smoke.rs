@@ -1,5 +1,6 @@
 //! Runs the `kiln` binary for each suite with `--smoke --out <tmpdir>` and checks that the CSV,
-//! JSON and SVG files exist and parse; and runs `kiln profile transformer` with a trace and a dump.
+//! JSON and SVG files exist and parse (the memory, unary and matmul suites on wgpu too, where an
+//! adapter exists); and runs `kiln profile transformer` with a trace and a dump.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,7 +31,8 @@ fn files_with(dir: &Path, ext: &str) -> Vec<PathBuf> {
 /// Checks the files of one suite: every CSV has a header and rows of its width, the JSON parses
 /// and holds every table, every SVG is one `<svg>` document with at least one curve point.
 fn check_suite(suite: &str, extra: &[&str]) {
-    let dir = fresh_dir(suite);
+    // One folder per suite and flags, so runs of one suite on two devices do not collide.
+    let dir = fresh_dir(&[suite].iter().chain(extra).copied().collect::<Vec<_>>().join("-").replace("--", ""));
     let mut args = vec!["bench", suite, "--smoke", "--out"];
     let dir_str = dir.to_str().expect("a UTF-8 path");
     args.push(dir_str);
@@ -106,6 +108,48 @@ fn tree_matmul_smoke() {
 #[test]
 fn matmul_smoke() {
     check_suite("matmul", &[]);
+}
+
+#[test]
+fn memory_smoke() {
+    check_suite("memory", &[]);
+}
+
+/// Whether a wgpu adapter exists; prints why a test is skipped when not, and fails instead when
+/// `KILN_REQUIRE_GPU=1`.
+fn have_wgpu() -> bool {
+    match runtime::wgpu::WgpuDevice::new() {
+        Ok(_) => true,
+        Err(e) => {
+            let required = std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "KILN_REQUIRE_GPU=1 but no wgpu device: {e}");
+            eprintln!("skipped: no wgpu device ({e})");
+            false
+        }
+    }
+}
+
+/// The memory suite on wgpu (with its buffer counts).
+#[test]
+fn memory_wgpu_smoke() {
+    if have_wgpu() {
+        check_suite("memory", &["--device", "wgpu"]);
+    }
+}
+
+/// The unary suite on wgpu: single, eager and lazy rows.
+#[test]
+fn unary_wgpu_smoke() {
+    if have_wgpu() {
+        check_suite("unary", &["--device", "wgpu"]);
+    }
+}
+
+#[test]
+fn matmul_wgpu_smoke() {
+    if have_wgpu() {
+        check_suite("matmul", &["--device", "wgpu"]);
+    }
 }
 
 #[test]

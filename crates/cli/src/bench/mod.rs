@@ -1,6 +1,7 @@
 //! The benchmark suites of `kiln bench`.
 
 pub mod matmul;
+pub mod memory;
 pub mod models;
 pub mod transformer;
 pub mod tree;

@@ -1,7 +1,16 @@
-//! `kiln bench unary`: `neg` and `sigmoid` on 1-D `f32` tensors of the anchor sizes, three ways:
-//! one op realized per call (the anchors' "realize() steady"), a chain of ops realized after
-//! every op (eager), and the same chain realized once (lazy: the compiler fuses it). Times are
-//! milliseconds per op, steady state (programs already compiled).
+//! `kiln bench unary`: `neg` and `sigmoid` on 1-D `f32` tensors of the anchor sizes, on any
+//! device (`--device cpu|wgpu|interp`). Three quantities, the same the criterion bench
+//! `benches/unary.rs` measures (`cargo bench --bench unary`, CPU device):
+//!
+//! - single: one fresh op on a realized source, realized (`x.neg()` then `realize`): the time of
+//!   one `realize` of a one-op program (the anchors' "realize() steady").
+//! - eager: a chain of [`CHAIN`] ops realized after every op (each op reads the previous op's
+//!   realized result), in ms per op (chain time / [`CHAIN`]).
+//! - lazy: the same chain recorded lazily and realized once (the compiler fuses it into one
+//!   kernel), in ms per op (chain time / [`CHAIN`]).
+//!
+//! Steady state (programs already compiled during warm-up). This suite reports the median of its
+//! runs, criterion its own estimate; the quantities are the same.
 //!
 //! `neg` chains of even length fold away (`neg-neg`), so the lazy `neg` row shows what the
 //! rewriter saves rather than a kernel's speed.
@@ -47,6 +56,8 @@ pub struct Args {
     pub budget: Budget,
 }
 
+/// The three quantities (see the module docs); the first word names the plot's series and
+/// matches the criterion bench's function names.
 const MODES: [&str; 3] = ["single op, realized", "eager chain (realize every op)", "lazy chain (realize once)"];
 
 /// Runs the suite on `runner`.

@@ -1,0 +1,298 @@
+//! `kiln bench memory`: what the memory planner saves. For each program, the bytes of the one
+//! arena holding every temporary (planned: liveness + best-fit placement, `lower::memplan`), the
+//! most temporary bytes live at one step (no placement can beat it), and the bytes one allocation
+//! per temporary would take (naive). Inputs are read in place and outputs handed back, so neither
+//! counts as a temporary.
+//!
+//! Programs:
+//! - a chain of [`CHAIN`] unary primitives (`sin`, `neg` alternating, so no rewrite cancels any)
+//!   on an `f32` vector, compiled without fusion: one kernel per op, as if realized one op at a
+//!   time, and [`CHAIN`] - 1 temporaries of which only two are ever live;
+//! - the same chain fused (kernels of up to `lower::schedule::MAX_DEPTH` ops, so 100 ops make
+//!   two kernels and one temporary);
+//! - the 2-layer `nn::Transformer` forward of the anchors (dim 64, 8 heads, vocab 64, tokens
+//!   10x3).
+//!
+//! With `--device wgpu` the same programs compile for the wgpu device, and the suite also counts
+//! the GPU buffers created by the first run (compile included) and by the second run of the
+//! cached program (the target: zero).
+
+use anyhow::bail;
+use kiln::Tensor;
+use lower::CompileOptions;
+use runtime::CpuDevice;
+use runtime::wgpu::WgpuDevice;
+
+use crate::model::{Gpt, GptConfig};
+use crate::output::{Cell, SuiteOutput, Table, progress};
+use crate::pipeline::Traced;
+use crate::svg::{Plot, Series};
+
+/// Ops in the chain.
+pub const CHAIN: usize = 100;
+
+/// Elements of the chain's vector.
+pub const ELEMENTS: usize = 65536;
+
+/// Where the programs compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemDevice {
+    Cpu,
+    Wgpu,
+}
+
+impl MemDevice {
+    /// Parses `--device` (`cpu` or `wgpu`).
+    pub fn parse(name: &str) -> anyhow::Result<MemDevice> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(MemDevice::Cpu),
+            "wgpu" => Ok(MemDevice::Wgpu),
+            other => bail!("kiln bench memory runs on cpu or wgpu, not `{other}`"),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Args {
+    /// Ops in the chain.
+    pub chain: usize,
+    /// Elements of the chain's vector.
+    pub elements: usize,
+    /// The Transformer's sizes.
+    pub model: GptConfig,
+    pub device: MemDevice,
+}
+
+impl Default for Args {
+    fn default() -> Args {
+        Args { chain: CHAIN, elements: ELEMENTS, model: GptConfig::default(), device: MemDevice::Cpu }
+    }
+}
+
+/// What one program plans and, on wgpu, how many buffers its runs create.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Measured {
+    /// Unique kernels of the program.
+    pub kernels: usize,
+    /// Launches (dispatches) per run.
+    pub launches: usize,
+    /// Bytes of the planned arena.
+    pub arena_bytes: u64,
+    /// The most temporary bytes live at one step.
+    pub peak_live_bytes: u64,
+    /// Bytes of one allocation per temporary.
+    pub naive_bytes: u64,
+    /// GPU buffers created by compile + first run, and by the second run (wgpu only).
+    pub buffers_first_run: Option<u64>,
+    pub buffers_second_run: Option<u64>,
+}
+
+impl Measured {
+    /// naive / planned, `None` when nothing is planned (no temporaries).
+    pub fn ratio(&self) -> Option<f64> {
+        (self.arena_bytes > 0).then(|| self.naive_bytes as f64 / self.arena_bytes as f64)
+    }
+}
+
+/// `x` through `len` unary primitives, `sin` and `neg` alternating (nothing folds).
+pub fn chain(x: &Tensor, len: usize) -> Tensor {
+    let mut y = x.clone();
+    for i in 0..len {
+        y = if i % 2 == 0 { y.sin() } else { y.neg() };
+    }
+    y
+}
+
+/// The traced chain of `len` ops on a vector of `elements` `f32`s.
+pub fn chain_program(elements: usize, len: usize) -> anyhow::Result<Traced> {
+    let data: Vec<f32> = (0..elements).map(|i| ((i % 89) as f32 - 44.0) / 32.0).collect();
+    let x = Tensor::from_vec(data, &[elements]);
+    Traced::of(&[&chain(&x, len)])
+}
+
+/// The traced Transformer forward of `config` (weights from seed 0, tokens from seed 1) as it
+/// runs on `device`: its weights and tokens are moved there first, so the program is the one
+/// `realize` would hand that device (on wgpu, for one, the causal mask arrives as a realized
+/// `bool` input instead of an `i64` iota comparison, which WGSL cannot compute).
+pub fn transformer_program(config: GptConfig, device: kiln::Device) -> anyhow::Result<Traced> {
+    config.validate().map_err(anyhow::Error::msg)?;
+    let mut gpt = Gpt::new(config, 0)?;
+    let mut failure = None;
+    nn::Module::visit_mut(&mut gpt.model, &mut |_, t, _| match t.to_device(device) {
+        Ok(moved) => *t = moved,
+        Err(e) => failure = Some(e),
+    });
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    let tokens = gpt.tokens(1).to_device(device)?;
+    Traced::of(&[&gpt.forward(&tokens)])
+}
+
+/// Lowering options with fusion on or off (everything else default).
+pub fn options(fuse: bool) -> CompileOptions {
+    CompileOptions { fuse, ..CompileOptions::default() }
+}
+
+/// Compiles `traced` on `device`, runs it twice, and reads the plan for its bindings.
+pub fn measure_cpu(device: &CpuDevice, traced: &Traced) -> anyhow::Result<Measured> {
+    let exe = device.compile(&traced.graph)?;
+    for _ in 0..2 {
+        exe.run(&traced.inputs, &traced.bindings)?;
+    }
+    let m = exe.memory(&traced.bindings)?;
+    Ok(Measured {
+        kernels: exe.program().kernels.len(),
+        launches: exe.launches(),
+        arena_bytes: m.arena_bytes as u64,
+        peak_live_bytes: m.peak_live_bytes as u64,
+        naive_bytes: m.naive_bytes as u64,
+        buffers_first_run: None,
+        buffers_second_run: None,
+    })
+}
+
+/// Compiles `traced` on `device`, runs it twice counting the buffers each run creates (compile
+/// counts with the first), and reads the plan for its bindings.
+pub fn measure_wgpu(device: &WgpuDevice, traced: &Traced) -> anyhow::Result<Measured> {
+    let before = device.buffers_created();
+    let exe = device.compile(&traced.graph)?;
+    exe.run(&traced.inputs, &traced.bindings)?;
+    let after_first = device.buffers_created();
+    exe.run(&traced.inputs, &traced.bindings)?;
+    let after_second = device.buffers_created();
+    let m = exe.memory(&traced.bindings)?;
+    Ok(Measured {
+        kernels: exe.program().kernels.len(),
+        launches: exe.launches(),
+        arena_bytes: m.arena_bytes,
+        peak_live_bytes: m.peak_live_bytes,
+        naive_bytes: m.naive_bytes,
+        buffers_first_run: Some(after_first - before),
+        buffers_second_run: Some(after_second - after_first),
+    })
+}
+
+/// Runs the suite.
+pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
+    let cases: [(String, bool); 3] = [
+        (format!("chain of {} unary ops, unfused", args.chain), false),
+        (format!("chain of {} unary ops, fused", args.chain), true),
+        (format!("transformer forward, {} layers", args.model.layers), true),
+    ];
+    let bar = progress(cases.len() as u64, "memory");
+    let chain = chain_program(args.elements, args.chain)?;
+    let facade_device = match args.device {
+        MemDevice::Cpu => kiln::Device::Cpu,
+        MemDevice::Wgpu => kiln::Device::Wgpu,
+    };
+    let transformer = transformer_program(args.model, facade_device)?;
+    let programs = [&chain, &chain, &transformer];
+
+    let mut out = SuiteOutput::new("memory");
+    let mut results = Vec::new();
+    match args.device {
+        MemDevice::Cpu => {
+            let unfused = CpuDevice::with_options(options(false))?;
+            let fused = CpuDevice::with_options(options(true))?;
+            out.meta("device", "cpu (runtime::CpuDevice, one device per fusion setting)");
+            for ((name, fuse), traced) in cases.iter().zip(programs) {
+                bar.set_message(name.clone());
+                results.push(measure_cpu(if *fuse { &fused } else { &unfused }, traced)?);
+                bar.inc(1);
+            }
+        }
+        MemDevice::Wgpu => {
+            let unfused = WgpuDevice::with_options(options(false))?;
+            let fused = WgpuDevice::with_options(options(true))?;
+            out.meta("device", format!("wgpu: {}", fused.adapter()));
+            for ((name, fuse), traced) in cases.iter().zip(programs) {
+                bar.set_message(name.clone());
+                results.push(measure_wgpu(if *fuse { &fused } else { &unfused }, traced)?);
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+
+    let c = &args.model;
+    out.meta(
+        "chain",
+        format!(
+            "{} ops (sin, neg alternating) on f32[{}]: {} bytes per buffer",
+            args.chain,
+            args.elements,
+            4 * args.elements
+        ),
+    );
+    out.meta(
+        "transformer",
+        format!(
+            "{} layers, dim {}, {} heads, vocab {}, tokens ({}, {}), forward without gradients",
+            c.layers, c.dim, c.heads, c.vocab, c.batch, c.seq
+        ),
+    );
+    let wgpu = args.device == MemDevice::Wgpu;
+    let mut columns = vec![
+        "program",
+        "unique kernels",
+        "launches",
+        "arena (planned) bytes",
+        "peak live bytes",
+        "naive bytes",
+        "naive/planned",
+    ];
+    if wgpu {
+        columns.extend(["buffers created (run 1)", "buffers created (run 2)"]);
+    }
+    let mut table = Table::new("plan", "Temporaries: planned arena vs one allocation each", &columns);
+    for ((name, _), m) in cases.iter().zip(&results) {
+        let mut row: Vec<Cell> = vec![
+            name.clone().into(),
+            m.kernels.into(),
+            m.launches.into(),
+            m.arena_bytes.into(),
+            m.peak_live_bytes.into(),
+            m.naive_bytes.into(),
+            m.ratio().into(),
+        ];
+        if wgpu {
+            row.push(m.buffers_first_run.map_or(Cell::Missing, Cell::Int));
+            row.push(m.buffers_second_run.map_or(Cell::Missing, Cell::Int));
+        }
+        table.push(row);
+    }
+    out.tables.push(table);
+
+    let series = |name: &str, f: fn(&Measured) -> u64| Series {
+        name: name.into(),
+        points: results.iter().enumerate().map(|(i, m)| ((i + 1) as f64, f(m) as f64)).collect(),
+    };
+    out.plots.push((
+        "bytes".into(),
+        Plot {
+            title: "Temporary bytes per program".into(),
+            x_label: "program: 1 chain unfused, 2 chain fused, 3 transformer".into(),
+            y_label: "bytes".into(),
+            log_x: false,
+            log_y: true,
+            series: vec![
+                series("naive", |m| m.naive_bytes),
+                series("arena (planned)", |m| m.arena_bytes),
+                series("peak live", |m| m.peak_live_bytes),
+            ],
+        },
+    ));
+    if results.iter().any(|m| m.arena_bytes == 0) {
+        out.notes.push("zero bytes (a program without temporaries) are left off the log-scale plot".into());
+    }
+    if wgpu {
+        let second: u64 = results.iter().filter_map(|m| m.buffers_second_run).sum();
+        out.notes.push(if second == 0 {
+            "target met: the second run of every cached program created no buffer".into()
+        } else {
+            format!("target missed: second runs created {second} buffers (target 0)")
+        });
+    }
+    Ok(out)
+}
