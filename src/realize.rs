@@ -9,6 +9,7 @@
 //! gives structurally identical graphs.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::Location;
 use std::sync::{Arc, PoisonError};
 
@@ -55,9 +56,32 @@ fn key(t: &Tensor) -> *const Inner {
     Arc::as_ptr(&t.inner)
 }
 
+/// Hashes a node pointer (the only key `trace_roots` hashes): one multiply, where SipHash was a
+/// visible part of a cached realize of a 473-node graph. Pointers are not attacker-chosen.
+#[derive(Default)]
+struct PtrHasher(u64);
+
+impl Hasher for PtrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_usize(&mut self, i: usize) {
+        // Allocations are 16-byte aligned: fold the high bits down so the table's low bits vary.
+        let x = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = x ^ (x >> 29);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type PtrMap<V> = HashMap<*const Inner, V, BuildHasherDefault<PtrHasher>>;
+
 /// Traces `roots` (error-free, one device, distinct) into a program whose outputs are `roots`.
 fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
-    let mut ids: HashMap<*const Inner, NodeId> = HashMap::new();
+    let mut ids: PtrMap<NodeId> = PtrMap::default();
     let mut graph = Graph::new();
     let mut inputs: Vec<HostTensor> = Vec::new();
     let mut bindings = Bindings::new();
@@ -100,13 +124,15 @@ fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
                             stack.push((t, None));
                             continue;
                         }
-                        let pending: Vec<Tensor> =
-                            children.iter().filter(|c| !ids.contains_key(&key(c))).cloned().collect();
-                        stack.push((t, Some(children)));
+                        let at = stack.len();
+                        stack.push((t, None));
                         // Reversed, so inputs are discovered (and slots numbered) left to right.
-                        for c in pending.into_iter().rev() {
-                            stack.push((c, None));
+                        for c in children.iter().rev() {
+                            if !ids.contains_key(&key(c)) {
+                                stack.push((c.clone(), None));
+                            }
                         }
+                        stack[at].1 = Some(children);
                         continue;
                     }
                 }

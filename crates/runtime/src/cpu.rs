@@ -28,11 +28,15 @@ pub struct CpuStats {
     pub kernels_compiled: u64,
 }
 
+/// The programs whose graphs share one structural hash (almost always one).
+type Bucket = Vec<(GraphKey, Arc<Executable>)>;
+
 struct Inner {
     options: lower::CompileOptions,
     level_min_work: Option<u128>,
     compiler: CpuCompiler,
-    programs: Mutex<HashMap<GraphKey, Arc<Executable>>>,
+    /// Compiled programs by structural hash; a hit compares the graph with the stored key in full.
+    programs: Mutex<HashMap<u64, Bucket>>,
     programs_compiled: AtomicU64,
     cache_hits: AtomicU64,
 }
@@ -89,7 +93,11 @@ impl CpuDevice {
     /// A device whose executables run a dependency level's steps at the same time when the level
     /// has at least `min_work` work (see [`crate::levels`]); `None` runs every step in program
     /// order.
+    ///
+    /// The first device of the process tunes glibc's `malloc` so that freed outputs are reused
+    /// warm (see [`crate::memory::tune_host_allocator`]; `KILN_MALLOC_TUNING=0` opts out).
     pub fn with_level_threshold(options: lower::CompileOptions, min_work: Option<u128>) -> Result<CpuDevice> {
+        crate::memory::tune_host_allocator();
         let compiler = CpuCompiler::new()?;
         Ok(CpuDevice {
             inner: Arc::new(Inner {
@@ -105,12 +113,19 @@ impl CpuDevice {
 
     /// The executable for `graph`: from the cache when a graph of the same structure was compiled
     /// before (whatever its symbol values will be), else lowered and compiled now.
+    ///
+    /// A hit costs one hashing pass and one comparison pass over the graph, with no allocation
+    /// beyond a position table: the key itself is only built on a miss.
     pub fn compile(&self, graph: &Graph) -> Result<Arc<Executable>> {
-        let key = GraphKey::of(graph);
-        if let Some(exe) = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).get(&key) {
-            self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
-            return Ok(exe.clone());
+        let hash = GraphKey::structural_hash(graph);
+        {
+            let programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, exe)) = programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(graph))) {
+                self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(exe.clone());
+            }
         }
+        let key = GraphKey::of(graph);
         let program = lower::compile(graph, &self.inner.options)?;
         let mut loop_fns: Vec<Option<KernelFn>> = Vec::with_capacity(program.kernels.len());
         let mut code: Vec<Arc<CompiledKernel>> = Vec::new();
@@ -132,8 +147,13 @@ impl CpuDevice {
         let exe = Arc::new(exe);
         self.inner.programs_compiled.fetch_add(1, Ordering::Relaxed);
         let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
+        let bucket = programs.entry(key.hash_value()).or_default();
         // Another thread may have compiled the same graph meanwhile: keep the first.
-        Ok(programs.entry(key).or_insert(exe).clone())
+        if let Some((_, first)) = bucket.iter().find(|(k, _)| *k == key) {
+            return Ok(first.clone());
+        }
+        bucket.push((key, exe.clone()));
+        Ok(exe)
     }
 
     /// Compiles (or finds) `graph` and runs it once.
@@ -153,6 +173,6 @@ impl CpuDevice {
 
     /// Number of distinct programs in the cache.
     pub fn cached_programs(&self) -> usize {
-        self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).values().map(Vec::len).sum()
     }
 }

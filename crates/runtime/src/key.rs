@@ -5,7 +5,7 @@
 //! order and refer to their inputs by position in that list, so a graph built twice by the same
 //! code has one key. Symbol *values* are not part of the key: one program serves every binding.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 
 use air::{Graph, NodeId, Op, TensorType};
 use smallvec::SmallVec;
@@ -26,25 +26,129 @@ pub struct GraphKey {
     hash: u64,
 }
 
+/// A fast, non-cryptographic hasher (the multiply-rotate scheme of rustc's `FxHasher`): the cache
+/// compares keys in full on a hash match, so only speed and spread matter, not resistance to
+/// crafted collisions. SipHash made hashing a third of a cache hit.
+#[derive(Default)]
+struct StructHasher(u64);
+
+const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+
+impl StructHasher {
+    #[inline]
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
+    }
+}
+
+impl Hasher for StructHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
+        }
+    }
+    #[inline]
+    fn write_u8(&mut self, i: u8) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u32(&mut self, i: u32) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+    #[inline]
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The position of every node of `order` in it, indexed by `NodeId::index` (`u32::MAX`: absent).
+fn positions(order: &[NodeId]) -> Vec<u32> {
+    let len = order.iter().map(|id| id.index() as usize + 1).max().unwrap_or(0);
+    let mut position = vec![u32::MAX; len];
+    for (i, id) in order.iter().enumerate() {
+        position[id.index() as usize] = i as u32;
+    }
+    position
+}
+
+/// Feeds one node (op, type, input positions) to the hasher; `of` and `structural_hash` agree.
+fn hash_node(h: &mut StructHasher, op: &Op, ty: &TensorType, inputs: impl ExactSizeIterator<Item = u32>) {
+    op.hash(h);
+    ty.hash(h);
+    h.write_usize(inputs.len());
+    for i in inputs {
+        h.write_u32(i);
+    }
+}
+
 impl GraphKey {
     /// The key of `graph`: O(N) over every node of the graph (dead nodes included, so that the
     /// input slots a program expects are the graph's input nodes).
     pub fn of(graph: &Graph) -> GraphKey {
         let order = graph.topo_order();
-        let mut position: std::collections::HashMap<NodeId, u32> =
-            std::collections::HashMap::with_capacity(order.len());
+        let position = positions(order);
         let mut nodes = Vec::with_capacity(order.len());
-        for (i, &id) in order.iter().enumerate() {
-            position.insert(id, i as u32);
+        let mut h = StructHasher::default();
+        h.write_usize(order.len());
+        for &id in order {
             let node = graph.node(id);
-            let inputs = node.inputs.iter().map(|input| position[input]).collect();
+            let inputs: SmallVec<[u32; 3]> = node.inputs.iter().map(|input| position[input.index() as usize]).collect();
+            hash_node(&mut h, &node.op, &node.ty, inputs.iter().copied());
             nodes.push(KeyNode { op: node.op.clone(), ty: node.ty.clone(), inputs });
         }
-        let outputs: Vec<u32> = graph.outputs().iter().map(|o| position[o]).collect();
-        let mut hasher = DefaultHasher::new();
-        nodes.hash(&mut hasher);
-        outputs.hash(&mut hasher);
-        GraphKey { nodes, outputs, hash: hasher.finish() }
+        let outputs: Vec<u32> = graph.outputs().iter().map(|o| position[o.index() as usize]).collect();
+        h.write_usize(outputs.len());
+        outputs.iter().for_each(|&o| h.write_u32(o));
+        GraphKey { nodes, outputs, hash: h.finish() }
+    }
+
+    /// `GraphKey::of(graph).hash_value()` without building the key (no clone of any op or type):
+    /// what a cache lookup needs before [`GraphKey::matches`].
+    pub fn structural_hash(graph: &Graph) -> u64 {
+        let order = graph.topo_order();
+        let position = positions(order);
+        let mut h = StructHasher::default();
+        h.write_usize(order.len());
+        for &id in order {
+            let node = graph.node(id);
+            hash_node(&mut h, &node.op, &node.ty, node.inputs.iter().map(|input| position[input.index() as usize]));
+        }
+        h.write_usize(graph.outputs().len());
+        graph.outputs().iter().for_each(|o| h.write_u32(position[o.index() as usize]));
+        h.finish()
+    }
+
+    /// Whether `graph` has this key (`GraphKey::of(graph) == *self`), without building its key.
+    pub fn matches(&self, graph: &Graph) -> bool {
+        let order = graph.topo_order();
+        if order.len() != self.nodes.len() || graph.outputs().len() != self.outputs.len() {
+            return false;
+        }
+        let position = positions(order);
+        let same_nodes = order.iter().zip(&self.nodes).all(|(&id, key)| {
+            let node = graph.node(id);
+            node.inputs.len() == key.inputs.len()
+                && node.inputs.iter().zip(&key.inputs).all(|(i, &k)| position[i.index() as usize] == k)
+                && node.op == key.op
+                && node.ty == key.ty
+        });
+        same_nodes && graph.outputs().iter().zip(&self.outputs).all(|(o, &k)| position[o.index() as usize] == k)
     }
 
     /// The precomputed structural hash.
@@ -125,6 +229,21 @@ mod tests {
         let (g1, g2) = (build(false), build(true));
         assert_eq!(GraphKey::of(&g1), GraphKey::of(&g2));
         assert_eq!(GraphKey::of(&g1).hash_value(), GraphKey::of(&g2).hash_value());
+    }
+
+    #[test]
+    fn hash_and_match_agree_with_the_key() {
+        let (g1, g2) = (build(false), build(true));
+        let key = GraphKey::of(&g1);
+        assert_eq!(GraphKey::structural_hash(&g1), key.hash_value());
+        assert_eq!(GraphKey::structural_hash(&g2), key.hash_value());
+        assert!(key.matches(&g1) && key.matches(&g2));
+        let mut g3 = build(false);
+        let out = g3.outputs()[0];
+        let extra = g3.add(Op::Unary(UnaryOp::Neg), &[out]).unwrap();
+        g3.add_output(extra);
+        assert!(!key.matches(&g3));
+        assert_ne!(GraphKey::structural_hash(&g3), key.hash_value());
     }
 
     #[test]

@@ -46,7 +46,7 @@ use air::{Bindings, Graph, HostTensor};
 pub use cpu::{CpuDevice, CpuStats};
 pub use error::{Result, RuntimeError};
 pub use key::GraphKey;
-pub use vm::{Executable, MemoryStats};
+pub use vm::{Executable, LaunchTime, MemoryStats};
 
 /// A device programs run on. One variant per backend; a `Wgpu` device joins later.
 #[derive(Clone, Debug)]

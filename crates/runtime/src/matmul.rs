@@ -130,6 +130,21 @@ impl MatmulLaunch {
         }
     }
 
+    /// Whether the launch stores every element of a `c` buffer of `numel` elements without reading
+    /// it first: it does not accumulate, `k > 0` (so every product is computed, not skipped), and
+    /// `c` is the whole buffer in row-major `[batch, m, n]` order.
+    pub fn writes_all_of_c(&self, numel: usize) -> bool {
+        let (m, n) = (self.m as isize, self.n as isize);
+        let c = &self.c;
+        !self.accumulate
+            && self.k > 0
+            && self.batch.checked_mul(self.m).and_then(|x| x.checked_mul(self.n)) == Some(numel)
+            && c.offset == 0
+            && (c.col == 1 || self.n <= 1)
+            && (c.row == n || self.m <= 1)
+            && (c.batch == m * n || self.batch <= 1)
+    }
+
     /// Multiply-adds the launch performs.
     pub fn macs(&self) -> u128 {
         self.batch as u128 * self.m as u128 * self.n as u128 * self.k as u128

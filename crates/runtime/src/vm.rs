@@ -12,10 +12,25 @@
 //!
 //! Memory: inputs are read in place from the caller's `Vec`s (their `Arc`s are borrowed for the
 //! run, never cloned, except when a graph output *is* an input); each output buffer is a fresh
-//! zeroed `Vec` of its dtype that becomes the returned `HostTensor` as is; temporaries live in one
+//! `Vec` of its dtype that becomes the returned `HostTensor` as is; temporaries live in one
 //! 64-byte-aligned arena owned by the executable, reused by every run and grown only when a
 //! binding set needs more.
+//!
+//! Outputs are not zeroed: the first step touching an output buffer writes every element of it
+//! when it is a loop kernel (its loop space is the shape of the node it materializes, which the
+//! output buffer holds exactly: `lower::schedule`) or a non-accumulating matmul whose `c` is the
+//! whole buffer in row-major order (checked per binding set, `MatmulLaunch::writes_all_of_c`); an
+//! accumulating matmul reads `c`, so the bias kernel before it is the first toucher. Any other
+//! output (first touched by a read, or by a matmul that does not cover it) is zeroed as before.
+//! Debug builds fill unzeroed outputs with NaN/`MIN`/`true`, so a kernel that skipped elements
+//! fails the interpreter comparisons instead of passing on a lucky zero page. Freed outputs are
+//! recycled warm by the C allocator (`memory::tune_host_allocator`).
+//!
+//! Threads: a loop kernel splits over rayon's pool when its work estimate reaches
+//! [`PARALLEL_MIN_WORK`], or when calibration ([`CALIBRATION_RUNS`]) measured it slow enough and
+//! faster split. [`Executable::launch_times`] reports where a run's time goes, launch by launch.
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use air::{Bindings, HostData, HostTensor, Symbol, TensorType};
@@ -43,6 +58,25 @@ pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, syms: *const i64,
 /// past about 20 us of single-core work: ~256k elements for the cheapest element-wise kernels,
 /// far fewer for transcendental ones. 128k elements is the compromise.
 pub const PARALLEL_MIN_WORK: u128 = 1 << 17;
+
+/// A loop kernel below [`PARALLEL_MIN_WORK`] but with at least this much work is timed during the
+/// calibration runs of a binding set (see [`CALIBRATION_RUNS`]): elements alone do not say what
+/// a kernel costs (a strided, unvectorized reduce can take 0.8 ns per element where `neg` takes
+/// 0.08 ns), so the work estimate misses slow kernels.
+pub const CALIBRATE_MIN_WORK: u128 = 1 << 13;
+
+/// A calibrated loop kernel whose shortest single-thread time reaches this many nanoseconds is
+/// tried split over the threads: about twice the fork-join cost measured on the 2-core
+/// development machine (11 us, see [`PARALLEL_MIN_WORK`]), where a split saves half the time.
+pub const SPLIT_MIN_NS: u64 = 25_000;
+
+/// Calibration of a binding set: runs `1..=CALIBRATION_RUNS` (the first run is left out: it pays
+/// for cold caches and fresh pages) time each candidate loop kernel on the calling thread; a
+/// candidate that took at least [`SPLIT_MIN_NS`] then runs split for the next `CALIBRATION_RUNS`
+/// runs, and stays split only if that was at least 15% faster (the other cores may be busy with
+/// other work: a split then only adds the fork-join). Splitting a parallel loop never changes
+/// results (its iterations write disjoint elements and compute them the same way).
+pub const CALIBRATION_RUNS: u32 = 2;
 
 /// Sizes of the memory the program uses for one binding set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,8 +129,22 @@ struct StepCode {
 
 /// One step, ready to launch for one binding set.
 enum Launch {
-    Loop { func: KernelFn, arg_start: u32, end: i64, chunks: u32 },
-    Matmul { arg_start: u32, mm: Box<MatmulLaunch> },
+    /// `chunks`: how many parts the parallel loop is cut into (1: the calling thread alone); it
+    /// starts from the work estimate and calibration may raise it to `split` (0: not a candidate).
+    /// `calib_ns`: the shortest time seen in a calibration run on one thread; `split_ns`: split.
+    Loop {
+        func: KernelFn,
+        arg_start: u32,
+        end: i64,
+        chunks: AtomicU32,
+        split: u32,
+        calib_ns: AtomicU64,
+        split_ns: AtomicU64,
+    },
+    Matmul {
+        arg_start: u32,
+        mm: Box<MatmulLaunch>,
+    },
 }
 
 /// Where a graph output's data comes from.
@@ -118,9 +166,14 @@ struct Sized {
     offsets: Vec<Option<usize>>,
     stats: MemoryStats,
     output_shapes: Vec<Vec<usize>>,
+    /// Per entry of `Executable::output_bufs`: whether the first step touching the buffer writes
+    /// every element of it, so that it is allocated without zeroing (see `first_writes_all`).
+    unwritten_ok: Vec<bool>,
     launches: Vec<Launch>,
     /// `Some` when some dependency level runs concurrently: the program then runs by levels.
     schedule: Option<LevelSchedule>,
+    /// Runs started with this binding set (saturates at `CALIBRATION_RUNS + 1`).
+    runs: AtomicU32,
 }
 
 /// Per-run scratch, reused across runs.
@@ -158,6 +211,9 @@ pub struct Executable {
     table_bufs: Vec<u32>,
     /// The buffers of kind `Output`, in the order fresh outputs are allocated.
     output_bufs: Vec<u32>,
+    /// Per entry of `output_bufs`: the first step whose arguments include the buffer, if every
+    /// such argument of that step is written (not read) by the kernel.
+    output_writer: Vec<Option<u32>>,
     outputs: Vec<OutputSource>,
     sized: Mutex<SizedCache>,
     state: Mutex<RunState>,
@@ -319,6 +375,25 @@ impl Executable {
                 BufferKind::Temp => {}
             }
         }
+        // The first step touching each output buffer, and whether it only writes it there.
+        let mut output_index = vec![usize::MAX; program.buffers.len()];
+        for (j, &b) in output_bufs.iter().enumerate() {
+            output_index[b as usize] = j;
+        }
+        let mut first_touch: Vec<Option<(u32, bool)>> = vec![None; output_bufs.len()];
+        for (i, step) in program.steps.iter().enumerate() {
+            let params = program.kernels[step.kernel as usize].params();
+            for (arg, param) in step.args.iter().zip(params) {
+                let Some(touch) = first_touch.get_mut(output_index[arg.0 as usize]) else { continue };
+                let writes = param.access == lower::kir::Access::Write;
+                match touch {
+                    None => *touch = Some((i as u32, writes)),
+                    Some((first, only_writes)) if *first == i as u32 => *only_writes &= writes,
+                    Some(_) => {}
+                }
+            }
+        }
+        let output_writer = first_touch.iter().map(|t| t.and_then(|(s, w)| w.then_some(s))).collect();
         let mut outputs = Vec::with_capacity(program.outputs.len());
         for (buf, ty) in &program.outputs {
             let Some(info) = program.buffers.get(buf.0 as usize) else {
@@ -357,6 +432,7 @@ impl Executable {
             steps,
             table_bufs,
             output_bufs,
+            output_writer,
             outputs,
             sized: Mutex::new(Vec::new()),
             state: Mutex::new(RunState::default()),
@@ -503,19 +579,33 @@ impl Executable {
             let kernel = &p.kernels[code.kernel as usize];
             launches.push(match (code.code, kernel) {
                 (Code::Loop { func, parallel }, Kernel::Loops(k)) => {
-                    let (end, chunks) = if parallel {
+                    let (end, chunks, split) = if parallel {
                         let extent = parallel_loop(k).map_or(0, |e| e.eval(&[], &syms));
                         if extent < 0 {
                             return Err(RuntimeError::BadSize(format!("kernel k{} loops {extent} times", code.kernel)));
                         }
                         let vars = vec![0i64; var_count(&k.body)];
                         let work = nest_work(&k.body, &vars, &syms);
-                        let chunks = if work >= PARALLEL_MIN_WORK { threads.min(extent as usize).max(1) } else { 1 };
-                        (extent, chunks as u32)
+                        let most = threads.min(extent as usize).max(1) as u32;
+                        if work >= PARALLEL_MIN_WORK {
+                            (extent, most, 0)
+                        } else if work >= CALIBRATE_MIN_WORK && most > 1 {
+                            (extent, 1, most)
+                        } else {
+                            (extent, 1, 0)
+                        }
                     } else {
-                        (1, 1)
+                        (1, 1, 0)
                     };
-                    Launch::Loop { func, arg_start: code.arg_start, end, chunks }
+                    Launch::Loop {
+                        func,
+                        arg_start: code.arg_start,
+                        end,
+                        chunks: AtomicU32::new(chunks),
+                        split,
+                        calib_ns: AtomicU64::new(u64::MAX),
+                        split_ns: AtomicU64::new(u64::MAX),
+                    }
                 }
                 (_, Kernel::Matmul(m)) => {
                     let numel: Vec<usize> = step.args.iter().map(|b| buf_numel[b.0 as usize]).collect();
@@ -526,6 +616,18 @@ impl Executable {
                 }
             });
         }
+        let unwritten_ok = self
+            .output_bufs
+            .iter()
+            .zip(&self.output_writer)
+            .map(|(&b, writer)| match writer.map(|s| &launches[s as usize]) {
+                // A loop kernel's loop space is the shape of the node it materializes, and an
+                // output buffer holds exactly that node (`lower::schedule`): it stores every element.
+                Some(Launch::Loop { .. }) => true,
+                Some(Launch::Matmul { mm, .. }) => mm.writes_all_of_c(buf_numel[b as usize]),
+                None => false,
+            })
+            .collect();
         let schedule = match &self.concurrency {
             Some(c) => {
                 let costs = launch_costs(p, &launches, &syms);
@@ -561,8 +663,10 @@ impl Executable {
             offsets: placement.offsets,
             stats: placement.stats,
             output_shapes,
+            unwritten_ok,
             launches,
             schedule,
+            runs: AtomicU32::new(0),
         })
     }
 
@@ -611,47 +715,24 @@ impl Executable {
     }
 
     fn run_with(&self, state: &mut RunState, inputs: &[HostTensor], sized: &Sized) -> Result<Vec<HostTensor>> {
-        state.arena.ensure(sized.stats.arena_bytes)?;
-        let base = state.arena.base();
-
-        state.fresh.clear();
-        for &b in &self.output_bufs {
-            let b = b as usize;
-            state.fresh.push(memory::zeroed_host_data(self.program.buffers[b].dtype, sized.buf_numel[b])?);
-        }
-
-        state.buf_ptrs.clear();
-        let mut next_fresh = 0;
-        for (i, b) in self.program.buffers.iter().enumerate() {
-            let ptr = match b.kind {
-                BufferKind::Input(slot) => memory::data_ptr(&inputs[slot as usize].data),
-                BufferKind::Output(_) => {
-                    next_fresh += 1;
-                    memory::data_ptr_mut(&mut state.fresh[next_fresh - 1])
-                }
-                // SAFETY: the offset lies inside the arena (checked against the plan in `size_for`,
-                // and the arena holds `arena_bytes`).
-                BufferKind::Temp => unsafe { base.add(sized.offsets[i].unwrap_or(0)) },
-            };
-            state.buf_ptrs.push(ptr);
-        }
-        state.table.clear();
-        state.table.extend(self.table_bufs.iter().map(|&b| state.buf_ptrs[b as usize]));
-
+        self.prepare(state, inputs, sized)?;
         let table = state.table.as_ptr();
         let syms = sized.syms.as_ptr();
+        let run = sized.runs.load(Ordering::Relaxed);
+        let calibrating = (1..=2 * CALIBRATION_RUNS).contains(&run);
+        if run <= 2 * CALIBRATION_RUNS {
+            sized.runs.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY (both closures): the table holds every step's buffers (see `run_launch`).
+        let in_order = |launch: &Launch| unsafe {
+            if calibrating { run_calibrating(launch, table, syms) } else { run_launch(launch, table, syms, false) }
+        };
         match &sized.schedule {
-            None => {
-                for launch in &sized.launches {
-                    // SAFETY: the table holds every step's buffers (see `run_launch`).
-                    unsafe { run_launch(launch, table, syms, false) };
-                }
-            }
+            None => sized.launches.iter().for_each(in_order),
             Some(schedule) => {
                 for phase in &schedule.phases {
                     match phase {
-                        // SAFETY: as above.
-                        Phase::Step(s) => unsafe { run_launch(&sized.launches[*s as usize], table, syms, false) },
+                        Phase::Step(s) => in_order(&sized.launches[*s as usize]),
                         Phase::Concurrent { bins } => {
                             let (table, syms) = (SendPtr(table as *mut u8), SendPtr(syms as *mut u8));
                             parallel::for_chunks(bins.len(), bins.len(), &|lo, hi| {
@@ -677,8 +758,76 @@ impl Executable {
                 }
             }
         }
+        if calibrating && (run == CALIBRATION_RUNS || run == 2 * CALIBRATION_RUNS) {
+            for launch in &sized.launches {
+                if let Launch::Loop { chunks, split, calib_ns, split_ns, .. } = launch
+                    && *split > 1
+                {
+                    let one = calib_ns.load(Ordering::Relaxed);
+                    let decided = if run == CALIBRATION_RUNS {
+                        if one >= SPLIT_MIN_NS { *split } else { 1 }
+                    } else if split_ns.load(Ordering::Relaxed) < one / 20 * 17 {
+                        *split
+                    } else {
+                        1
+                    };
+                    chunks.store(decided, Ordering::Relaxed);
+                }
+            }
+        }
+        // SAFETY: every launch ran.
+        unsafe { self.finish(state, inputs, sized) }
+    }
 
-        let fresh: Vec<Arc<HostData>> = state.fresh.drain(..).map(Arc::new).collect();
+    /// Makes the arena big enough, allocates the fresh outputs and fills the pointer table.
+    fn prepare(&self, state: &mut RunState, inputs: &[HostTensor], sized: &Sized) -> Result<()> {
+        state.arena.ensure(sized.stats.arena_bytes)?;
+        let base = state.arena.base();
+
+        state.fresh.clear();
+        for (j, &b) in self.output_bufs.iter().enumerate() {
+            let b = b as usize;
+            let (dtype, n) = (self.program.buffers[b].dtype, sized.buf_numel[b]);
+            state.fresh.push(if sized.unwritten_ok[j] {
+                memory::unwritten_host_data(dtype, n)?
+            } else {
+                memory::zeroed_host_data(dtype, n)?
+            });
+        }
+
+        state.buf_ptrs.clear();
+        let mut next_fresh = 0;
+        for (i, b) in self.program.buffers.iter().enumerate() {
+            let ptr = match b.kind {
+                BufferKind::Input(slot) => memory::data_ptr(&inputs[slot as usize].data),
+                BufferKind::Output(_) => {
+                    next_fresh += 1;
+                    memory::data_ptr_mut(&mut state.fresh[next_fresh - 1])
+                }
+                // SAFETY: the offset lies inside the arena (checked against the plan in `size_for`,
+                // and the arena holds `arena_bytes`).
+                BufferKind::Temp => unsafe { base.add(sized.offsets[i].unwrap_or(0)) },
+            };
+            state.buf_ptrs.push(ptr);
+        }
+        state.table.clear();
+        state.table.extend(self.table_bufs.iter().map(|&b| state.buf_ptrs[b as usize]));
+        Ok(())
+    }
+
+    /// Hands the fresh outputs out as the graph's outputs.
+    ///
+    /// # Safety
+    /// Every launch of `sized` ran on the pointers `prepare` set up, so every fresh output whose
+    /// `unwritten_ok` flag is set has had every element written.
+    unsafe fn finish(&self, state: &mut RunState, inputs: &[HostTensor], sized: &Sized) -> Result<Vec<HostTensor>> {
+        let mut fresh: SmallVec<[Arc<HostData>; 4]> = SmallVec::with_capacity(state.fresh.len());
+        for (&b, mut data) in self.output_bufs.iter().zip(state.fresh.drain(..)) {
+            // SAFETY: the buffer's first writer stored every element (`unwritten_ok`), or it was
+            // zeroed; it has room for exactly `buf_numel` elements.
+            unsafe { memory::mark_written(&mut data, sized.buf_numel[b as usize]) };
+            fresh.push(Arc::new(data));
+        }
         let mut results = Vec::with_capacity(self.outputs.len());
         for (i, source) in self.outputs.iter().enumerate() {
             let shape = sized.output_shapes[i].clone();
@@ -688,17 +837,19 @@ impl Executable {
                 OutputSource::Temp(b) => {
                     let info = &self.program.buffers[b as usize];
                     let n = sized.buf_numel[b as usize];
-                    let mut data = memory::zeroed_host_data(info.dtype, n)?;
+                    let mut data = memory::unwritten_host_data(info.dtype, n)?;
                     // SAFETY: the temporary holds `n` elements of its dtype inside the arena, and
-                    // `data` is a fresh array of the same dtype and length: both ranges are in
-                    // bounds and do not overlap. Kernels store only valid values (bools as 0/1).
+                    // `data` is a fresh array of the same dtype with room for `n`: both ranges are
+                    // in bounds and do not overlap. Kernels store only valid values (bools as 0/1),
+                    // so after the copy all `n` elements are initialized.
                     unsafe {
                         std::ptr::copy_nonoverlapping(
                             state.buf_ptrs[b as usize],
                             memory::data_ptr_mut(&mut data),
                             n * info.dtype.size_bytes(),
-                        )
-                    };
+                        );
+                        memory::mark_written(&mut data, n);
+                    }
                     Arc::new(data)
                 }
             };
@@ -706,6 +857,62 @@ impl Executable {
         }
         Ok(results)
     }
+
+    /// Runs the program `repeats` times (at least once) one launch at a time, in program order on
+    /// the calling thread's schedule (each launch split over the threads as in a normal run, levels
+    /// not run concurrently), and returns the median time of every launch: where a run's time
+    /// goes. The outputs are dropped.
+    pub fn launch_times(&self, inputs: &[HostTensor], bindings: &Bindings, repeats: usize) -> Result<Vec<LaunchTime>> {
+        let sized = self.sized(bindings)?;
+        self.check_inputs(inputs, &sized)?;
+        let mut state = RunState::default();
+        let mut samples: Vec<Vec<u64>> = vec![Vec::with_capacity(repeats.max(1)); sized.launches.len()];
+        for _ in 0..repeats.max(1) {
+            self.prepare(&mut state, inputs, &sized)?;
+            let table = state.table.as_ptr();
+            for (launch, times) in sized.launches.iter().zip(&mut samples) {
+                let t0 = std::time::Instant::now();
+                // SAFETY: as in `run_with`; running a level's steps one after another is valid.
+                unsafe { run_launch(launch, table, sized.syms.as_ptr(), false) };
+                times.push(t0.elapsed().as_nanos() as u64);
+            }
+            // SAFETY: every launch ran.
+            drop(unsafe { self.finish(&mut state, inputs, &sized) }?);
+        }
+        Ok(sized
+            .launches
+            .iter()
+            .zip(&self.steps)
+            .zip(&mut samples)
+            .enumerate()
+            .map(|(step, ((launch, code), times))| {
+                times.sort_unstable();
+                let (matmul, threads) = match launch {
+                    Launch::Loop { chunks, .. } => (None, chunks.load(Ordering::Relaxed)),
+                    Launch::Matmul { mm, .. } => (
+                        Some((mm.batch, mm.m, mm.n, mm.k)),
+                        if mm.threads_itself() { parallel::threads() as u32 } else { 1 },
+                    ),
+                };
+                LaunchTime { step, kernel: code.kernel, matmul, threads, median_ns: times[times.len() / 2] }
+            })
+            .collect())
+    }
+}
+
+/// The time of one launch (see [`Executable::launch_times`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchTime {
+    /// The step's index in the program.
+    pub step: usize,
+    /// The kernel it launches.
+    pub kernel: u32,
+    /// `(batch, m, n, k)` for a matmul, `None` for a loop kernel.
+    pub matmul: Option<(usize, usize, usize, usize)>,
+    /// Threads the launch may use (1: the calling thread only).
+    pub threads: u32,
+    /// Median wall time, nanoseconds.
+    pub median_ns: u64,
 }
 
 /// The work estimate of every launch, for the level schedule.
@@ -716,7 +923,7 @@ fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Vec<StepCost>
         .map(|(launch, step)| match (launch, &p.kernels[step.kernel as usize]) {
             (Launch::Loop { chunks, .. }, Kernel::Loops(k)) => {
                 let vars = vec![0i64; var_count(&k.body)];
-                StepCost { work: nest_work(&k.body, &vars, syms).max(1), splits: *chunks > 1 }
+                StepCost { work: nest_work(&k.body, &vars, syms).max(1), splits: chunks.load(Ordering::Relaxed) > 1 }
             }
             (Launch::Matmul { mm, .. }, _) => {
                 StepCost { work: (mm.macs() / levels::MACS_PER_WORK).max(1), splits: mm.threads_itself() }
@@ -726,6 +933,29 @@ fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Vec<StepCost>
         .collect()
 }
 
+/// Runs one launch as [`run_launch`] does, timing it when it is a calibration candidate.
+///
+/// # Safety
+/// As for [`run_launch`].
+unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, syms: *const i64) {
+    match launch {
+        Launch::Loop { split, chunks, calib_ns, split_ns, .. } if *split > 1 => {
+            let was_split = chunks.load(Ordering::Relaxed) > 1;
+            let t0 = std::time::Instant::now();
+            // SAFETY: the caller keeps `run_launch`'s contract.
+            unsafe { run_launch(launch, table, syms, false) };
+            let ns = t0.elapsed().as_nanos() as u64;
+            if was_split {
+                split_ns.fetch_min(ns, Ordering::Relaxed)
+            } else {
+                calib_ns.fetch_min(ns, Ordering::Relaxed)
+            };
+        }
+        // SAFETY: as above.
+        _ => unsafe { run_launch(launch, table, syms, false) },
+    }
+}
+
 /// Runs one launch; `alone` runs it on the calling thread only (a step of a concurrent level).
 ///
 /// # Safety
@@ -733,7 +963,8 @@ fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Vec<StepCost>
 /// program says; `syms` holds every symbol value; no other thread writes what this step touches.
 unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, alone: bool) {
     match *launch {
-        Launch::Loop { func, arg_start, end, chunks } => {
+        Launch::Loop { func, arg_start, end, ref chunks, .. } => {
+            let chunks = chunks.load(Ordering::Relaxed);
             // SAFETY: `arg_start` indexes this step's arguments in the table, one valid
             // buffer pointer per kernel parameter, each buffer as large as the program
             // says (inputs checked, outputs and arena allocated to size); `syms` holds
