@@ -1,7 +1,8 @@
 //! Microbenchmarks of JIT-compiled element-wise kernels (single thread) and of compilation.
 //!
 //! `cargo bench -p kiln-codegen --bench codegen_unary -- --quick` (all), `... -- --quick compile`
-//! (compile times of neg, sigmoid, softmax rows and layer norm, each a fresh compile).
+//! (compile times of neg, sigmoid, softmax rows and layer norm, each a fresh compile, and of 30
+//! distinct such kernels one `compile` at a time vs one `compile_many` batch).
 
 use std::hint::black_box;
 
@@ -38,10 +39,15 @@ fn neg() -> LoopKernel {
 
 /// `1 / (1 + exp2(-x * log2(e)))`, as the front end lowers sigmoid.
 fn sigmoid() -> LoopKernel {
+    sigmoid_with(std::f64::consts::LOG2_E)
+}
+
+/// Sigmoid with another scale, for distinct kernels.
+fn sigmoid_with(scale: f64) -> LoopKernel {
     kernel(
         vec![
             let_(1, Inst::Unary(UnaryOp::Neg, Reg(0))),
-            let_(2, Inst::Const(Scalar::Float(std::f64::consts::LOG2_E))),
+            let_(2, Inst::Const(Scalar::Float(scale))),
             let_(3, Inst::Binary(BinaryOp::Mul, Reg(1), Reg(2))),
             let_(4, Inst::Unary(UnaryOp::Exp2, Reg(3))),
             let_(5, Inst::Const(Scalar::Float(1.0))),
@@ -80,6 +86,11 @@ fn row() -> IExpr {
 }
 /// Softmax of rows of `s0` (max, sum of exp2, normalise), as the front end lowers it.
 fn softmax() -> LoopKernel {
+    softmax_with(std::f64::consts::LOG2_E)
+}
+
+/// Softmax with another scale of its exponent, for distinct kernels.
+fn softmax_with(scale: f64) -> LoopKernel {
     let acc = |a: u32, op| Stmt::AccInit { acc: Acc(a), dtype: DType::F32, op };
     let upd = |a: u32, r: u32| Stmt::AccUpdate { acc: Acc(a), value: Reg(r) };
     LoopKernel {
@@ -101,7 +112,7 @@ fn softmax() -> LoopKernel {
                     vec![
                         ld(2, 0, IExpr::add(IExpr::mul(IExpr::Var(Var(0)), IExpr::Sym(0)), IExpr::Var(Var(2)))),
                         bin(3, BinaryOp::Sub, 2, 1),
-                        cst(4, std::f64::consts::LOG2_E),
+                        cst(4, scale),
                         bin(5, BinaryOp::Mul, 3, 4),
                         un(6, UnaryOp::Exp2, 5),
                         upd(1, 6),
@@ -116,7 +127,7 @@ fn softmax() -> LoopKernel {
                     vec![
                         ld(9, 0, IExpr::add(IExpr::mul(IExpr::Var(Var(0)), IExpr::Sym(0)), IExpr::Var(Var(3)))),
                         bin(10, BinaryOp::Sub, 9, 1),
-                        cst(11, std::f64::consts::LOG2_E),
+                        cst(11, scale),
                         bin(12, BinaryOp::Mul, 10, 11),
                         un(13, UnaryOp::Exp2, 12),
                         bin(14, BinaryOp::Mul, 13, 8),
@@ -133,6 +144,11 @@ fn softmax() -> LoopKernel {
 }
 /// Layer norm over rows of 64 (mean, variance, scale and shift).
 fn layernorm() -> LoopKernel {
+    layernorm_with(1e-5)
+}
+
+/// Layer norm with another epsilon, for distinct kernels.
+fn layernorm_with(eps: f64) -> LoopKernel {
     let acc = |a: u32| Stmt::AccInit { acc: Acc(a), dtype: DType::F32, op: ReduceOp::Sum };
     let upd = |a: u32, r: u32| Stmt::AccUpdate { acc: Acc(a), value: Reg(r) };
     let ix = |v: u32| IExpr::add(IExpr::mul(IExpr::Var(Var(0)), IExpr::Sym(0)), IExpr::Var(Var(v)));
@@ -158,7 +174,7 @@ fn layernorm() -> LoopKernel {
                 ),
                 l(7, Inst::ReadAcc(Acc(1))),
                 bin(8, BinaryOp::Mul, 7, 2),
-                cst(9, 1e-5),
+                cst(9, eps),
                 bin(10, BinaryOp::Add, 8, 9),
                 un(11, UnaryOp::Sqrt, 10),
                 un(12, UnaryOp::Recip, 11),
@@ -218,5 +234,50 @@ fn bench_compile(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_kernels, bench_compile);
+/// 30 distinct kernels, a mix like a small transformer's: element-wise, softmax, layer norm.
+fn thirty_kernels() -> Vec<LoopKernel> {
+    (0..30)
+        .map(|j| {
+            let x = 1.0 + j as f64 * 1e-3;
+            match j % 4 {
+                0 => kernel(vec![un(1, UnaryOp::Neg, 0), cst(2, x), bin(3, BinaryOp::Mul, 1, 2)], 3),
+                1 => sigmoid_with(x),
+                2 => softmax_with(x),
+                _ => layernorm_with(x * 1e-5),
+            }
+        })
+        .collect()
+}
+
+fn bench_compile_many(c: &mut Criterion) {
+    let kernels = thirty_kernels();
+    let refs: Vec<&LoopKernel> = kernels.iter().collect();
+    let mut group = c.benchmark_group("compile_many");
+    let compiler = CpuCompiler::new().expect("host ISA");
+    group.bench_function("sequential_30", |b| {
+        b.iter(|| {
+            compiler.clear_cache();
+            for k in &refs {
+                black_box(compiler.compile(k).unwrap());
+            }
+        })
+    });
+    group.bench_function("batch_30", |b| {
+        b.iter(|| {
+            compiler.clear_cache();
+            black_box(compiler.compile_many(black_box(&refs)))
+        })
+    });
+    let one_thread = CpuCompiler::new().expect("host ISA");
+    one_thread.set_compile_threads(1);
+    group.bench_function("batch_30_one_thread", |b| {
+        b.iter(|| {
+            one_thread.clear_cache();
+            black_box(one_thread.compile_many(black_box(&refs)))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_kernels, bench_compile, bench_compile_many);
 criterion_main!(benches);

@@ -17,12 +17,12 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{
     ConstantData, Endianness, FuncRef, Function, InstBuilder, MemFlagsData, Type, Value, types,
 };
+use cranelift_codegen::isa::{CallConv, TargetIsa};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use lower::kir::{Acc, IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 
 use super::analysis::{KernelInfo, VecPlan, vector_plan};
 use super::helpers::Helper;
-use super::jit::Jit;
 use super::math::{ConstPool, Math, SIN_FAST_LIMIT};
 use crate::error::{CodegenError, Result};
 
@@ -95,19 +95,17 @@ fn const_for(s: Scalar, d: DType) -> ConstVal {
     }
 }
 
-/// Emits the whole kernel into `func` (whose signature the caller has set).
+/// Emits the whole kernel into `func` (whose signature the caller has set). Needs no JIT module:
+/// helpers are named by their fixed index (see `helpers`), so this runs on any thread.
 pub(crate) fn emit_kernel(
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
-    jit: &mut Jit,
+    isa: &dyn TargetIsa,
     k: &LoopKernel,
 ) -> Result<()> {
     let info = KernelInfo::new(k)?;
-    let target = cranelift_module::Module::target_config(&jit.module);
-    let fma = cranelift_module::Module::isa(&jit.module)
-        .isa_flags()
-        .iter()
-        .any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
+    let target = isa.frontend_config();
+    let fma = isa.isa_flags().iter().any(|f| f.name == "has_fma" && f.as_bool() == Some(true));
     let mut b = FunctionBuilder::new(func, fctx);
     let entry = b.create_block();
     b.append_block_params_for_function_params(entry);
@@ -119,7 +117,7 @@ pub(crate) fn emit_kernel(
     let syms = (0..k.n_syms).map(|i| b.ins().load(types::I64, flags, syms_ptr, (8 * i) as i32)).collect();
     let mut e = Emitter {
         b,
-        jit,
+        call_conv: isa.default_call_conv(),
         helper_refs: HashMap::new(),
         k,
         info: &info,
@@ -148,7 +146,7 @@ pub(crate) fn emit_kernel(
 
 struct Emitter<'a, 'f> {
     b: FunctionBuilder<'f>,
-    jit: &'a mut Jit,
+    call_conv: CallConv,
     helper_refs: HashMap<Helper, FuncRef>,
     k: &'a LoopKernel,
     info: &'a KernelInfo,
@@ -181,7 +179,7 @@ impl<'f> Emitter<'_, 'f> {
         let fref = match self.helper_refs.get(&h) {
             Some(f) => *f,
             None => {
-                let f = self.jit.import(h, self.b.func);
+                let f = h.import(self.b.func, self.call_conv);
                 self.helper_refs.insert(h, f);
                 f
             }

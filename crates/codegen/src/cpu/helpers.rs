@@ -3,9 +3,13 @@
 //! the slow path of f32 `sin`, and f32 -> f16 rounding.
 //!
 //! Each is registered with `JITBuilder::symbol` under a `kiln_` name, so nothing is looked up with
-//! `dlsym`.
+//! `dlsym`. Every JIT module declares them first, in [`Helper::ALL`]'s order, so helper `h` is
+//! function `h.index()` of every module: kernels are emitted and compiled without a module (on any
+//! thread) and name their helpers by that index, which the module resolves when it links them.
 
-use cranelift_codegen::ir::{AbiParam, Signature, types};
+use cranelift_codegen::ir::{
+    AbiParam, ExtFuncData, ExternalName, FuncRef, Function, Signature, UserExternalName, types,
+};
 use cranelift_codegen::isa::CallConv;
 
 /// A helper the generated code may call.
@@ -36,6 +40,25 @@ impl Helper {
         Helper::PowF64,
         Helper::FmodF64,
     ];
+
+    /// The helper's function index in every JIT module (its position in [`Helper::ALL`]).
+    pub(crate) fn index(self) -> u32 {
+        self as u32
+    }
+
+    /// Imports the helper into `func`, as `cranelift_module::Module::declare_func_in_func` would
+    /// for function `self.index()` of a module (once per function; the caller caches the ref).
+    pub(crate) fn import(self, func: &mut Function, call_conv: CallConv) -> FuncRef {
+        let signature = func.import_signature(self.signature(call_conv));
+        let name = func.declare_imported_user_function(UserExternalName { namespace: 0, index: self.index() });
+        func.import_function(ExtFuncData {
+            name: ExternalName::user(name),
+            signature,
+            // Imported, so not colocated: the call loads the helper's absolute address.
+            colocated: false,
+            patchable: false,
+        })
+    }
 
     pub(crate) fn name(self) -> &'static str {
         match self {

@@ -5,15 +5,18 @@
 //! which is several times the cost of compiling a small kernel. Why rotate: code memory is freed
 //! only when a whole module goes, so the compiler starts a new arena every
 //! [`KERNELS_PER_ARENA`] kernels and old ones disappear once their last kernel is dropped.
+//!
+//! The module only links: kernels arrive as machine code with relocations ([`Code`], compiled
+//! without a module, possibly on another thread), and [`Jit::link`] copies a batch of them into
+//! the module's memory, patches the relocations (helper addresses) and makes the memory
+//! executable once for the whole batch.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
-use cranelift_codegen::ir::{FuncRef, Function};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{FuncId, Linkage, Module, default_libcall_names};
+use cranelift_module::{FuncId, Linkage, Module, ModuleError, ModuleReloc, ModuleRelocTarget, default_libcall_names};
 
 use super::helpers::Helper;
 use crate::error::{CodegenError, Result};
@@ -44,10 +47,31 @@ pub(crate) fn host_isa() -> Result<OwnedTargetIsa> {
     isa_builder.finish(settings::Flags::new(flags)).map_err(|e| CodegenError::Isa(e.to_string()))
 }
 
+/// Machine code of one kernel, ready to be linked into any [`Jit`].
+pub(crate) struct Code {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) alignment: u64,
+    /// Relocations; a `FunctionOffset` target names [`Code::self_id`], replaced by the kernel's
+    /// id once it has one.
+    pub(crate) relocs: Vec<ModuleReloc>,
+    /// The register-allocated machine code as text, when `KILN_DISASM` asked for it.
+    pub(crate) disasm: Option<String>,
+}
+
+impl Code {
+    /// The placeholder id of the function being compiled, in relocations made before linking
+    /// (no module declares that many functions).
+    pub(crate) fn self_id() -> FuncId {
+        FuncId::from_u32(u32::MAX - 1)
+    }
+}
+
+/// The entry point of a kernel linked into a module.
+pub(crate) type Linked = Result<*const u8>;
+
 /// A JIT module with the helpers declared in it.
 pub(crate) struct Jit {
     pub(crate) module: JITModule,
-    helpers: HashMap<Helper, FuncId>,
     /// Kernels defined in this module so far (also used to name them uniquely).
     pub(crate) count: usize,
 }
@@ -60,21 +84,61 @@ impl Jit {
         }
         let mut module = JITModule::new(builder);
         let call_conv = module.isa().default_call_conv();
-        let mut helpers = HashMap::new();
         for h in Helper::ALL {
-            let id = module
-                .declare_function(h.name(), Linkage::Import, &h.signature(call_conv))
-                .map_err(|e| CodegenError::Cranelift(e.to_string()))?;
-            helpers.insert(h, id);
+            let id = module.declare_function(h.name(), Linkage::Import, &h.signature(call_conv)).map_err(cl)?;
+            // Compiled kernels name helpers by index (see `helpers`): the ids must match.
+            if id.as_u32() != h.index() {
+                return Err(CodegenError::Cranelift(format!("helper {} declared as {id}", h.name())));
+            }
         }
-        Ok(Jit { module, helpers, count: 0 })
+        Ok(Jit { module, count: 0 })
     }
 
-    /// Imports helper `h` into `func` (once per function; the caller caches the `FuncRef`).
-    pub(crate) fn import(&mut self, h: Helper, func: &mut Function) -> FuncRef {
-        let id = self.helpers[&h];
-        self.module.declare_func_in_func(id, func)
+    /// Room left in this module, in kernels.
+    pub(crate) fn room(&self) -> usize {
+        KERNELS_PER_ARENA.saturating_sub(self.count)
     }
+
+    /// Defines every kernel of `codes` in the module and finalizes them together (one
+    /// relocation pass, one change of page protection). Returns the entry points in order; an
+    /// error in defining one kernel fails only that one, an error in finalizing fails them all.
+    /// The caller keeps `codes.len() <= self.room()` and catches panics (an unresolvable symbol
+    /// panics in `cranelift-jit`).
+    pub(crate) fn link(&mut self, codes: &[Code]) -> Vec<Linked> {
+        let sig = super::kernel_signature(self.module.isa().default_call_conv());
+        let mut ids = Vec::with_capacity(codes.len());
+        for code in codes {
+            let name = format!("kiln_kernel_{}", self.count);
+            self.count += 1;
+            if let Some(text) = &code.disasm {
+                eprintln!("; {name}\n{text}");
+            }
+            ids.push(self.define(&name, &sig, code));
+        }
+        if let Err(e) = self.module.finalize_definitions() {
+            let msg = e.to_string();
+            return codes.iter().map(|_| Err(CodegenError::Cranelift(msg.clone()))).collect();
+        }
+        ids.into_iter().map(|id| id.map(|id| self.module.get_finalized_function(id))).collect()
+    }
+
+    fn define(&mut self, name: &str, sig: &cranelift_codegen::ir::Signature, code: &Code) -> Result<FuncId> {
+        let id = self.module.declare_function(name, Linkage::Local, sig).map_err(cl)?;
+        let mut relocs = code.relocs.clone();
+        for r in &mut relocs {
+            if let ModuleRelocTarget::FunctionOffset(f, _) = &mut r.name
+                && *f == Code::self_id()
+            {
+                *f = id;
+            }
+        }
+        self.module.define_function_bytes(id, code.alignment, &code.bytes, &relocs).map_err(cl)?;
+        Ok(id)
+    }
+}
+
+fn cl(e: ModuleError) -> CodegenError {
+    CodegenError::Cranelift(e.to_string())
 }
 
 /// A `Jit` shared by the kernels compiled into it. Its code memory is freed when the last of them

@@ -11,6 +11,18 @@
 //! kernel that appears in many programs compiles once, and counts hits, misses and compile time
 //! for the runtime's profiler. Kernels share JIT modules (see `jit`), which [`CompiledKernel`]
 //! keeps alive.
+//!
+//! Compiling a kernel has two steps:
+//! 1. *compile* (nearly all the cost): emit Cranelift IR (`emit`), then `Context::compile` it to
+//!    machine code bytes and relocations. This needs only the ISA and a `Context` +
+//!    `FunctionBuilderContext` pair (a [`Worker`]), no JIT module: helper calls name their callee
+//!    by a fixed index (see `helpers`). [`CpuCompiler::compile_many`] runs this step for the
+//!    batch's cache misses on several threads at once, one `Worker` each.
+//! 2. *link* (cheap, serial): `Jit::link` copies the bytes into the current JIT module, patches
+//!    the relocations and makes the memory executable, once per batch.
+//!
+//! The compiler's mutex is held across both steps, so concurrent callers never compile the same
+//! kernel twice; they wait (the batch already uses every core).
 
 mod analysis;
 mod emit;
@@ -20,18 +32,24 @@ mod math;
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cranelift_codegen::Context;
+use cranelift_codegen::control::ControlPlane;
 use cranelift_codegen::ir::{AbiParam, Function, Signature, UserFuncName, types};
-use cranelift_codegen::isa::{CallConv, OwnedTargetIsa};
+use cranelift_codegen::isa::{CallConv, OwnedTargetIsa, TargetIsa};
 use cranelift_frontend::FunctionBuilderContext;
-use cranelift_module::{Linkage, Module};
+use cranelift_module::ModuleReloc;
 use lower::kir::{Kernel, LoopKernel, Stmt};
 
 use crate::error::{CodegenError, Result};
-use jit::{Arena, Jit, KERNELS_PER_ARENA};
+use jit::{Arena, Code, Jit, Linked};
+
+/// A batch compiles on one thread unless each thread gets at least this many kernels: a thread
+/// costs tens of microseconds to start, about one small kernel's compile.
+const MIN_KERNELS_PER_THREAD: usize = 2;
 
 /// The machine-code signature of every kernel.
 pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, syms: *const i64, start: i64, end: i64);
@@ -120,15 +138,17 @@ impl CompiledKernel {
 /// Counters of the kernel cache, for the runtime's profiler.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
-    /// `compile` calls answered from the cache.
+    /// Kernels answered from the cache (by `compile`, or by `compile_many`, which also counts a
+    /// kernel that appears again later in its batch as a hit).
     pub hits: u64,
-    /// `compile` calls that had to compile.
+    /// Kernels that had to be compiled.
     pub misses: u64,
     /// Kernels compiled successfully.
     pub compiled: u64,
     /// Compilations that returned an error.
     pub failures: u64,
-    /// Time spent compiling (emission, Cranelift, linking), over all misses.
+    /// Time spent compiling (emission, Cranelift, linking), over all misses: wall-clock time, so
+    /// a batch compiled on several threads counts once, not once per thread.
     pub compile_time: Duration,
     /// JIT modules created so far.
     pub arenas: u64,
@@ -139,9 +159,18 @@ struct Inner {
     arena: Option<Arc<Arena>>,
     cache: HashMap<LoopKernel, Arc<CompiledKernel>>,
     stats: CacheStats,
+    /// Per-thread compilation state, reused across compilations; `workers[0]` serves
+    /// single compiles and the calling thread of a batch.
+    workers: Vec<Worker>,
+    /// The most threads a batch compiles on.
+    max_threads: usize,
+}
+
+/// What one thread needs to compile kernels. Reused: the contexts hold the register allocator's
+/// and the code buffers' allocations, which are most of the cost of compiling a small kernel
+/// when made afresh.
+struct Worker {
     fctx: FunctionBuilderContext,
-    /// Reused across compilations: it holds the register allocator's and the code buffers'
-    /// allocations, which are most of the cost of compiling a small kernel when made afresh.
     ctx: Context,
 }
 
@@ -156,20 +185,35 @@ impl std::fmt::Debug for CpuCompiler {
     }
 }
 
+/// Where a kernel of a batch gets its result.
+enum Slot {
+    Hit(Arc<CompiledKernel>),
+    /// The `n`th distinct miss of the batch.
+    Miss(usize),
+}
+
 impl CpuCompiler {
-    /// A compiler for the host CPU.
+    /// A compiler for the host CPU. Batches compile on up to as many threads as the host has
+    /// cores (see [`set_compile_threads`](Self::set_compile_threads)).
     pub fn new() -> Result<CpuCompiler> {
         let isa = jit::host_isa()?;
+        let max_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(CpuCompiler {
             inner: Mutex::new(Inner {
                 isa,
                 arena: None,
                 cache: HashMap::new(),
                 stats: CacheStats::default(),
-                fctx: FunctionBuilderContext::new(),
-                ctx: Context::new(),
+                workers: vec![Worker::new()],
+                max_threads,
             }),
         })
+    }
+
+    /// Sets the most threads [`compile_many`](Self::compile_many) uses (at least 1; 1 compiles
+    /// every batch on the calling thread).
+    pub fn set_compile_threads(&self, n: usize) {
+        self.lock().max_threads = n.max(1);
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -193,21 +237,51 @@ impl CpuCompiler {
             inner.stats.hits += 1;
             return Ok(c);
         }
-        inner.stats.misses += 1;
-        let t0 = Instant::now();
-        let result = inner.compile_uncached(k);
-        inner.stats.compile_time += t0.elapsed();
-        match result {
-            Ok(c) => {
-                inner.stats.compiled += 1;
-                inner.cache.insert(k.clone(), c.clone());
-                Ok(c)
-            }
-            Err(e) => {
-                inner.stats.failures += 1;
-                Err(e)
+        let mut results = inner.compile_misses(&[k]);
+        results.pop().unwrap_or_else(|| Err(CodegenError::Cranelift("kernel lost".into())))
+    }
+
+    /// Compiles a batch of loop kernels, or fetches them from the cache, and returns one result
+    /// per kernel, in order: a kernel that fails to compile gets its error without affecting the
+    /// others (collect into `Result<Vec<_>>` to stop at the first error).
+    ///
+    /// Same cache as [`compile`](Self::compile), same counters: each cached kernel is a hit; each
+    /// distinct uncached kernel is a miss and is compiled once, and a repeat of it later in the
+    /// batch is a hit that shares its result (its error too). The misses compile concurrently,
+    /// on up to [`set_compile_threads`](Self::set_compile_threads) threads (the caller's and
+    /// scoped threads, never rayon's pool, so this may be called from a rayon task), each thread
+    /// given at least two kernels; the result is placed in executable memory serially, once for
+    /// the batch. The compiler stays locked meanwhile: concurrent callers wait, then find the
+    /// batch's kernels cached.
+    pub fn compile_many(&self, kernels: &[&LoopKernel]) -> Vec<Result<Arc<CompiledKernel>>> {
+        let mut inner = self.lock();
+        let mut slots = Vec::with_capacity(kernels.len());
+        let mut misses: Vec<&LoopKernel> = Vec::new();
+        let mut first: HashMap<&LoopKernel, usize> = HashMap::new();
+        for &k in kernels {
+            if let Some(c) = inner.cache.get(k) {
+                slots.push(Slot::Hit(c.clone()));
+                inner.stats.hits += 1;
+            } else if let Some(&m) = first.get(k) {
+                slots.push(Slot::Miss(m));
+                inner.stats.hits += 1;
+            } else {
+                first.insert(k, misses.len());
+                slots.push(Slot::Miss(misses.len()));
+                misses.push(k);
             }
         }
+        let compiled = if misses.is_empty() { Vec::new() } else { inner.compile_misses(&misses) };
+        slots
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Hit(c) => Ok(c),
+                Slot::Miss(m) => match &compiled[m] {
+                    Ok(c) => Ok(c.clone()),
+                    Err(e) => Err(duplicate(e)),
+                },
+            })
+            .collect()
     }
 
     /// The cache counters so far.
@@ -226,10 +300,31 @@ impl CpuCompiler {
     }
 }
 
+/// A copy of an error, for each repeat of a failed kernel in a batch.
+fn duplicate(e: &CodegenError) -> CodegenError {
+    match e {
+        CodegenError::Isa(m) => CodegenError::Isa(m.clone()),
+        CodegenError::Cranelift(m) => CodegenError::Cranelift(m.clone()),
+        CodegenError::Matmul => CodegenError::Matmul,
+        CodegenError::Unsupported(m) => CodegenError::Unsupported(m.clone()),
+        CodegenError::Invalid(m) => CodegenError::Invalid(m.clone()),
+        CodegenError::Arity { what, expected, got } => CodegenError::Arity { what, expected: *expected, got: *got },
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
 impl Inner {
+    /// The arena to link into: the current one unless it is full (or broken).
     fn arena(&mut self) -> Result<Arc<Arena>> {
         if let Some(a) = &self.arena {
-            let full = a.jit.lock().map(|j| j.as_ref().is_none_or(|j| j.count >= KERNELS_PER_ARENA)).unwrap_or(true);
+            let full = a.jit.lock().map(|j| j.as_ref().is_none_or(|j| j.room() == 0)).unwrap_or(true);
             if !full {
                 return Ok(a.clone());
             }
@@ -240,86 +335,190 @@ impl Inner {
         Ok(arena)
     }
 
-    fn compile_uncached(&mut self, k: &LoopKernel) -> Result<Arc<CompiledKernel>> {
-        let arena = self.arena()?;
-        let (fctx, ctx) = (&mut self.fctx, &mut self.ctx);
-        let outcome = {
-            let mut guard = arena.jit.lock().map_err(|_| CodegenError::Cranelift("JIT module poisoned".into()))?;
-            let jit = guard.as_mut().ok_or_else(|| CodegenError::Cranelift("JIT module gone".into()))?;
-            catch_unwind(AssertUnwindSafe(|| define(jit, fctx, ctx, k)))
-        };
-        let func = match outcome {
-            Ok(Ok(f)) => f,
-            Ok(Err(e)) => {
-                // Emission may have stopped half-way, leaving the builder context dirty.
-                self.fctx = FunctionBuilderContext::new();
-                return Err(e);
+    /// Compiles distinct kernels that are not in the cache, caches the successes and counts
+    /// everything; one result per kernel, in order.
+    fn compile_misses(&mut self, kernels: &[&LoopKernel]) -> Vec<Result<Arc<CompiledKernel>>> {
+        self.stats.misses += kernels.len() as u64;
+        let t0 = Instant::now();
+        let threads = self.max_threads.min(kernels.len() / MIN_KERNELS_PER_THREAD).max(1);
+        while self.workers.len() < threads {
+            self.workers.push(Worker::new());
+        }
+        let disasm = std::env::var_os("KILN_DISASM").is_some();
+        let codes = compile_all(&*self.isa, &mut self.workers[..threads], kernels, disasm);
+        let results = self.link(codes, kernels);
+        self.stats.compile_time += t0.elapsed();
+        for (k, r) in kernels.iter().zip(&results) {
+            match r {
+                Ok(c) => {
+                    self.stats.compiled += 1;
+                    self.cache.insert((*k).clone(), c.clone());
+                }
+                Err(_) => self.stats.failures += 1,
             }
-            Err(panic) => {
+        }
+        results
+    }
+
+    /// Links the compiled kernels into arenas (starting new ones as they fill up).
+    fn link(&mut self, codes: Vec<Result<Code>>, kernels: &[&LoopKernel]) -> Vec<Result<Arc<CompiledKernel>>> {
+        let mut results: Vec<Option<Result<Arc<CompiledKernel>>>> = Vec::with_capacity(codes.len());
+        let mut ready: Vec<(usize, Code)> = Vec::new();
+        for (i, c) in codes.into_iter().enumerate() {
+            match c {
+                Ok(c) => {
+                    results.push(None);
+                    ready.push((i, c));
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let mut ready = ready.into_iter().peekable();
+        while ready.peek().is_some() {
+            let arena = match self.arena() {
+                Ok(a) => a,
+                Err(e) => {
+                    for (i, _) in ready.by_ref() {
+                        results[i] = Some(Err(duplicate(&e)));
+                    }
+                    break;
+                }
+            };
+            let (linked, group) = {
+                let mut guard = arena.jit.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(jit) = guard.as_mut() else {
+                    // Only a dropped arena has no module; start another.
+                    self.arena = None;
+                    continue;
+                };
+                let (indices, group): (Vec<usize>, Vec<Code>) = ready.by_ref().take(jit.room()).unzip();
+                (catch_unwind(AssertUnwindSafe(|| jit.link(&group))), indices)
+            };
+            let linked: Vec<Linked> = linked.unwrap_or_else(|panic| {
                 // The module may be inconsistent now: later kernels go to a fresh one.
                 self.arena = None;
-                self.fctx = FunctionBuilderContext::new();
-                self.ctx = Context::new();
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                return Err(CodegenError::Cranelift(format!("internal error while compiling: {msg}")));
+                let msg = format!("internal error while linking: {}", panic_message(&*panic));
+                group.iter().map(|_| Err(CodegenError::Cranelift(msg.clone()))).collect()
+            });
+            for (i, l) in group.into_iter().zip(linked) {
+                results[i] = Some(l.map(|ptr| {
+                    let k = kernels[i];
+                    Arc::new(CompiledKernel {
+                        // SAFETY: `ptr` is the entry of a function just defined (and finalized)
+                        // with `kernel_signature`.
+                        func: unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) },
+                        n_params: k.params.len(),
+                        n_syms: k.n_syms as usize,
+                        parallel: matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]),
+                        _arena: arena.clone(),
+                    })
+                }));
             }
-        };
-        let parallel = matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]);
-        Ok(Arc::new(CompiledKernel {
-            func,
-            n_params: k.params.len(),
-            n_syms: k.n_syms as usize,
-            parallel,
-            _arena: arena,
-        }))
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(CodegenError::Cranelift("kernel not linked".into()))))
+            .collect()
     }
 }
 
-/// Declares, emits, defines and finalizes one kernel in `jit`.
-fn define(jit: &mut Jit, fctx: &mut FunctionBuilderContext, ctx: &mut Context, k: &LoopKernel) -> Result<KernelFn> {
-    let sig = kernel_signature(jit.module.isa().default_call_conv());
-    let name = format!("kiln_kernel_{}", jit.count);
-    jit.count += 1;
-    let cl = |e: cranelift_module::ModuleError| CodegenError::Cranelift(e.to_string());
-    let id = jit.module.declare_function(&name, Linkage::Local, &sig).map_err(cl)?;
-    jit.module.clear_context(ctx);
-    ctx.func.signature = sig;
-    ctx.func.name = UserFuncName::user(0, id.as_u32());
-    emit::emit_kernel(&mut ctx.func, fctx, jit, k)?;
-    let disasm = std::env::var_os("KILN_DISASM").is_some();
-    ctx.set_disasm(disasm);
-    let defined = jit.module.define_function(id, ctx).map_err(|e| match e {
-        cranelift_module::ModuleError::Compilation(c) => {
-            CodegenError::Cranelift(cranelift_codegen::print_errors::pretty_error(&ctx.func, c).to_string())
+/// Compiles `kernels` to machine code on the workers' threads (the caller's thread is
+/// `workers[0]`; the others are scoped threads). Threads take the next kernel as they finish
+/// one, so a big kernel does not hold up the rest. One result per kernel, in order.
+fn compile_all(
+    isa: &dyn TargetIsa,
+    workers: &mut [Worker],
+    kernels: &[&LoopKernel],
+    disasm: bool,
+) -> Vec<Result<Code>> {
+    let Some((own, others)) = workers.split_first_mut() else {
+        return Vec::new();
+    };
+    if others.is_empty() {
+        return kernels.iter().map(|k| own.compile(isa, k, disasm)).collect();
+    }
+    let next = AtomicUsize::new(0);
+    let work = |w: &mut Worker| {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(k) = kernels.get(i) else { break done };
+            done.push((i, w.compile(isa, k, disasm)));
         }
-        e => cl(e),
+    };
+    let mut results: Vec<Option<Result<Code>>> = kernels.iter().map(|_| None).collect();
+    std::thread::scope(|s| {
+        let work = &work;
+        let handles: Vec<_> = others.iter_mut().map(|w| s.spawn(move || work(w))).collect();
+        let mine = work(own);
+        // A thread that panicked (outside the per-kernel `catch_unwind`) loses its kernels,
+        // which then report an error below.
+        for done in std::iter::once(mine).chain(handles.into_iter().filter_map(|h| h.join().ok())) {
+            for (i, r) in done {
+                results[i] = Some(r);
+            }
+        }
     });
-    if defined.is_err() {
-        jit.module.clear_context(ctx);
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(CodegenError::Cranelift("compile thread failed".into()))))
+        .collect()
+}
+
+impl Worker {
+    fn new() -> Worker {
+        Worker { fctx: FunctionBuilderContext::new(), ctx: Context::new() }
     }
-    defined?;
-    if let Some(vcode) = ctx.compiled_code().and_then(|c| c.vcode.as_ref()).filter(|_| disasm) {
-        eprintln!("; {name}\n{vcode}");
+
+    /// Emits and compiles `k` to machine code; a failure leaves the worker ready for the next.
+    fn compile(&mut self, isa: &dyn TargetIsa, k: &LoopKernel, disasm: bool) -> Result<Code> {
+        match catch_unwind(AssertUnwindSafe(|| self.try_compile(isa, k, disasm))) {
+            Ok(Ok(code)) => Ok(code),
+            Ok(Err(e)) => {
+                // Emission may have stopped half-way, leaving the builder context dirty.
+                self.fctx = FunctionBuilderContext::new();
+                Err(e)
+            }
+            Err(panic) => {
+                *self = Worker::new();
+                Err(CodegenError::Cranelift(format!("internal error while compiling: {}", panic_message(&*panic))))
+            }
+        }
     }
-    jit.module.clear_context(ctx);
-    jit.module.finalize_definitions().map_err(cl)?;
-    let ptr = jit.module.get_finalized_function(id);
-    // SAFETY: `ptr` is the entry of a function just defined with `kernel_signature`.
-    Ok(unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) })
+
+    fn try_compile(&mut self, isa: &dyn TargetIsa, k: &LoopKernel, disasm: bool) -> Result<Code> {
+        let ctx = &mut self.ctx;
+        ctx.clear();
+        ctx.func.signature = kernel_signature(isa.default_call_conv());
+        ctx.func.name = UserFuncName::default();
+        emit::emit_kernel(&mut ctx.func, &mut self.fctx, isa, k)?;
+        ctx.set_disasm(disasm);
+        ctx.compile(isa, &mut ControlPlane::default()).map_err(|e| {
+            CodegenError::Cranelift(cranelift_codegen::print_errors::pretty_error(e.func, e.inner).to_string())
+        })?;
+        let compiled = ctx.compiled_code().ok_or_else(|| CodegenError::Cranelift("no code".into()))?;
+        let relocs = compiled
+            .buffer
+            .relocs()
+            .iter()
+            .map(|r| ModuleReloc::from_mach_reloc(r, &ctx.func, Code::self_id()))
+            .collect();
+        Ok(Code {
+            bytes: compiled.code_buffer().to_vec(),
+            alignment: u64::from(compiled.buffer.alignment),
+            relocs,
+            disasm: compiled.vcode.clone().filter(|_| disasm),
+        })
+    }
 }
 
 /// The Cranelift IR that [`CpuCompiler`] would compile for `k`, as text (before Cranelift's own
 /// optimisations), for `--dump` and golden tests.
 pub fn clif_text(k: &LoopKernel) -> Result<String> {
-    let mut jit = Jit::new(jit::host_isa()?)?;
-    let mut func =
-        Function::with_name_signature(UserFuncName::user(0, 0), kernel_signature(jit.module.isa().default_call_conv()));
+    let isa = jit::host_isa()?;
+    let mut func = Function::with_name_signature(UserFuncName::user(0, 0), kernel_signature(isa.default_call_conv()));
     let mut fctx = FunctionBuilderContext::new();
-    catch_unwind(AssertUnwindSafe(|| emit::emit_kernel(&mut func, &mut fctx, &mut jit, k)))
+    catch_unwind(AssertUnwindSafe(|| emit::emit_kernel(&mut func, &mut fctx, &*isa, k)))
         .map_err(|_| CodegenError::Cranelift("internal error while emitting".into()))??;
     Ok(func.display().to_string())
 }
