@@ -607,3 +607,14 @@ fn composite_pipeline() {
     let want = [s + 3.0 * (1.0 - s), 2.0 * s + 4.0 * (1.0 - s), (1.0 - s) + 3.0 * s, 2.0 * (1.0 - s) + 4.0 * s];
     close(&f32s(&out), &want.map(|x| x as f32));
 }
+
+#[test]
+fn one_hot_marks_each_index() {
+    let ids = Tensor::from_vec(vec![2i64, 0, 5, 1], &[2, 2]);
+    let hot = ids.one_hot(3);
+    assert_eq!(hot.dims().unwrap(), vec![2, 2, 3]);
+    // Index 5 is out of range: an all-zero row.
+    assert_eq!(hot.to_vec::<i64>().unwrap(), vec![0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0]);
+    let err = Tensor::from_vec(vec![1.0f32], &[1]).one_hot(3).to_vec::<i64>().unwrap_err();
+    assert!(err.to_string().contains("one_hot: indices must be integers"), "{err}");
+}

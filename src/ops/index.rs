@@ -141,6 +141,33 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// `torch.nn.functional.one_hot`: a new last axis of `num_classes` entries, 1 where the
+    /// entry's position equals the index and 0 elsewhere (i64, like PyTorch). Out-of-range
+    /// indices give an all-zero row. `ids.one_hot(v).cast(f32).matmul(&table)` is an embedding
+    /// lookup that the compiler runs as one GEMM (and whose gradient is one GEMM too).
+    #[track_caller]
+    pub fn one_hot(&self, num_classes: impl Into<Dim>) -> Tensor {
+        let site = Site::here("one_hot");
+        if self.error().is_some() {
+            return self.clone();
+        }
+        if !self.dtype().is_int() {
+            return site.fail(format!("indices must be integers, got {}", self.ty()));
+        }
+        let n: Dim = num_classes.into();
+        let mut expanded: Shape = self.shape().clone();
+        expanded.push(Dim::Const(1));
+        let mut full = self.shape().clone();
+        full.push(n);
+        let last = full.len() - 1;
+        let index = self.p_reshape(site, expanded);
+        let index = crate::ops::elementwise::broadcast_to(site, &index, &full);
+        let positions = index.iota_like(site, last, index.dtype(), full);
+        index.p_binary(site, BinaryOp::CmpEq, &positions).p_cast(site, DType::I64)
+    }
+}
+
 /// `values: [.., n]` and `index: [.., 1]` (both broadcastable to `out + [n]`): picks
 /// `values[.., index]` by a one-hot mask over the last axis, giving shape `out`.
 fn one_hot_select(site: Site, values: &Tensor, index: &Tensor, out: Shape, n: Dim) -> Tensor {

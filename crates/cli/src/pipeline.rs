@@ -11,7 +11,7 @@ use std::sync::Arc;
 use air::{Bindings, Graph, HostTensor};
 use codegen::{CompiledKernel, CpuCompiler};
 use kiln::profile::{self, PlannedMemory};
-use lower::kir::Kernel;
+use lower::kir::{Kernel, LoopKernel};
 use lower::rewrite::RewriteStats;
 use lower::{CompileOptions, PassObserver, Program};
 use runtime::vm::{Executable, KernelFn, Placement};
@@ -84,18 +84,26 @@ pub fn compile(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> 
     let key = profile::span("graph-key", || GraphKey::of(graph));
     let program = lower::compile_observed(graph, options, &mut SpanObserver)?;
     let compiler = Arc::new(profile::span("codegen-init", CpuCompiler::new)?);
-    let mut loop_fns: Vec<Option<KernelFn>> = Vec::with_capacity(program.kernels.len());
-    let mut code: Vec<Arc<CompiledKernel>> = Vec::new();
-    for kernel in &program.kernels {
-        match kernel {
-            Kernel::Loops(k) => {
-                let compiled = profile::span("codegen", || compiler.compile(k))?;
-                loop_fns.push(Some(compiled.as_fn()));
-                code.push(compiled);
-            }
-            Kernel::Matmul(_) => loop_fns.push(None),
-        }
-    }
+    // One batch, as `CpuDevice::compile` does: cache misses compile concurrently on all cores.
+    let loops: Vec<&LoopKernel> = program
+        .kernels
+        .iter()
+        .filter_map(|k| match k {
+            Kernel::Loops(k) => Some(k),
+            Kernel::Matmul(_) => None,
+        })
+        .collect();
+    let code: Vec<Arc<CompiledKernel>> =
+        profile::span("codegen", || compiler.compile_many(&loops).into_iter().collect::<Result<_, _>>())?;
+    let mut fns = code.iter().map(|c| c.as_fn());
+    let loop_fns: Vec<Option<KernelFn>> = program
+        .kernels
+        .iter()
+        .map(|k| match k {
+            Kernel::Loops(_) => fns.next(),
+            Kernel::Matmul(_) => None,
+        })
+        .collect();
     let (kernels, loop_kernels) = (program.kernels.len(), code.len());
     let exe = profile::span("prepare", || {
         Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory)

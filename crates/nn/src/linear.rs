@@ -67,7 +67,11 @@ impl Module for Embedding {
         let mut out_shape = ids.shape().to_vec();
         let dim = self.weight.shape().get(1).cloned().unwrap_or(kiln::Dim::Const(0));
         out_shape.push(dim);
-        self.weight.index_select(0, &ids.reshape(&[-1])).reshape(out_shape)
+        // A one-hot matmul rather than a gather: the compiler turns it into one GEMM forward and
+        // one GEMM for the weight gradient. Exact for finite weights (a row times 1, plus zeros).
+        let vocab = self.weight.shape().first().cloned().unwrap_or(kiln::Dim::Const(0));
+        let one_hot = ids.reshape(&[-1]).one_hot(vocab).cast(self.weight.dtype());
+        one_hot.matmul(&self.weight).reshape(out_shape)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use air::{Bindings, Graph, HostTensor};
 use codegen::cpu::{CompiledKernel, CpuCompiler};
 use lower::Program;
-use lower::kir::Kernel;
+use lower::kir::{Kernel, LoopKernel};
 
 use crate::error::Result;
 use crate::key::GraphKey;
@@ -127,19 +127,26 @@ impl CpuDevice {
         }
         let key = GraphKey::of(graph);
         let program = lower::compile(graph, &self.inner.options)?;
-        let mut loop_fns: Vec<Option<KernelFn>> = Vec::with_capacity(program.kernels.len());
-        let mut code: Vec<Arc<CompiledKernel>> = Vec::new();
-        for kernel in &program.kernels {
-            loop_fns.push(match kernel {
-                Kernel::Loops(k) => {
-                    let compiled = self.inner.compiler.compile(k)?;
-                    let func = compiled.as_fn();
-                    code.push(compiled);
-                    Some(func)
-                }
+        let loops: Vec<&LoopKernel> = program
+            .kernels
+            .iter()
+            .filter_map(|k| match k {
+                Kernel::Loops(k) => Some(k),
                 Kernel::Matmul(_) => None,
-            });
-        }
+            })
+            .collect();
+        // Every loop kernel in one batch: the cache misses compile concurrently on all cores.
+        let code: Vec<Arc<CompiledKernel>> =
+            self.inner.compiler.compile_many(&loops).into_iter().collect::<Result<_, codegen::CodegenError>>()?;
+        let mut fns = code.iter().map(|c| c.as_fn());
+        let loop_fns: Vec<Option<KernelFn>> = program
+            .kernels
+            .iter()
+            .map(|k| match k {
+                Kernel::Loops(_) => fns.next(),
+                Kernel::Matmul(_) => None,
+            })
+            .collect();
         let mut exe = Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory)?;
         if let Some(min_work) = self.inner.level_min_work {
             exe = exe.with_concurrency(plan_memory_groups, min_work)?;
