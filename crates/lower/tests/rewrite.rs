@@ -170,6 +170,7 @@ const CASES: &[(&str, &str)] = &[
     ("cmpne-self", "x = input 0 : bool[4]; y = cmpne x, x : bool[4]; return y"),
     ("cast-same", "x = input 0 : f32[4]; y = cast f32 x : f32[4]; return y"),
     ("cast-cast-lossless", "x = input 0 : f16[4]; a = cast f32 x : f32[4]; y = cast f16 a : f16[4]; return y"),
+    ("cast-cast-widening", "x = input 0 : bool[4]; a = cast i64 x : i64[4]; y = cast f32 a : f32[4]; return y"),
     ("reduce-size-one", "x = input 0 : f32[4, 1]; y = reduce max axes=[1] x : f32[4, 1]; return y"),
     ("reshape-same", "x = input 0 : f32[2, 3]; y = reshape [2, 3] x : f32[2, 3]; return y"),
     ("expand-same", "x = input 0 : f32[2, 3]; y = expand [2, 3] x : f32[2, 3]; return y"),
@@ -249,6 +250,7 @@ fn every_rule_fires_on_its_case() {
         cmpne-self: n0 = const false : bool[4]; return n0
         cast-same: n0 = input 0 : f32[4]; return n0
         cast-cast-lossless: n0 = input 0 : f16[4]; return n0
+        cast-cast-widening: n0 = input 0 : bool[4]; n1 = cast f32 n0 : f32[4]; return n1
         reduce-size-one: n0 = input 0 : f32[4, 1]; return n0
         reshape-same: n0 = input 0 : f32[2, 3]; return n0
         expand-same: n0 = input 0 : f32[2, 3]; return n0

@@ -144,6 +144,7 @@ const COMPOSE_PAD: Compute = Compute { name: "compose-pad", f: compose_pad };
 
 const SAME_TYPE: Guard = Guard { name: "same-type", f: same_type };
 const LOSSLESS_ROUNDTRIP: Guard = Guard { name: "lossless-roundtrip", f: lossless_roundtrip };
+const LOSSLESS_INNER: Guard = Guard { name: "lossless-inner", f: lossless_inner };
 const IDENTITY_PERM: Guard = Guard { name: "identity-perm", f: identity_perm };
 const ZERO_PADDING: Guard = Guard { name: "zero-padding", f: zero_padding };
 const FULL_RANGE: Guard = Guard { name: "full-range", f: full_range };
@@ -187,6 +188,7 @@ pub static RULES: &[Rule] = &[
     exact("cmpne-self", "(cmpne ?x:notfloat ?x)", "(const false)"),
     exact("cast-same", "(cast ?x)", "?x").when(SAME_TYPE),
     exact("cast-cast-lossless", "(cast (cast ?x))", "?x").when(LOSSLESS_ROUNDTRIP),
+    exact("cast-cast-widening", "(cast (cast ?x))", "(root ?x)").when(LOSSLESS_INNER),
     exact("reduce-size-one", "(reduce ?x)", "?x").when(SIZE_ONE_EXACT),
     // Movement ops that do nothing.
     exact("reshape-same", "(reshape ?x)", "?x").when(SAME_TYPE),
@@ -297,6 +299,15 @@ fn lossless_roundtrip(g: &Graph, root: NodeId, m: &Match<'_>) -> bool {
     let Some(x) = m.get("x") else { return false };
     let middle = g.ty(g.inputs(root)[0]).dtype;
     g.ty(x) == g.ty(root) && holds_every_value(g.ty(x).dtype, middle)
+}
+
+/// `cast(cast(x, A), B)` equals `cast(x, B)` when `A` holds every value of `x`'s dtype: the inner
+/// cast is then exact, and every conversion is a function of the value alone (bool -> i64 -> f32,
+/// i32 -> i64 -> f32, f16 -> f32 -> i32; conversions to f16/bf16 go through f32 either way).
+fn lossless_inner(g: &Graph, root: NodeId, m: &Match<'_>) -> bool {
+    let Some(x) = m.get("x") else { return false };
+    let middle = g.ty(g.inputs(root)[0]).dtype;
+    holds_every_value(g.ty(x).dtype, middle)
 }
 
 fn identity_perm(g: &Graph, root: NodeId, _: &Match<'_>) -> bool {
