@@ -6,6 +6,7 @@ use air::{Bindings, Graph, HostTensor};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::profile::{self, PlannedMemory};
 
 /// The process-wide GPU device (first use picks the adapter and logs it).
 pub fn wgpu_device() -> Result<&'static runtime::wgpu::WgpuDevice> {
@@ -27,11 +28,73 @@ pub fn cpu_device() -> Result<&'static runtime::CpuDevice> {
 /// Runs `graph` on `device`. `inputs[slot]` feeds the `Input { slot }` node, `bindings` gives the
 /// value of every symbol in the graph's shapes, and the result holds one host tensor per entry of
 /// `graph.outputs()`, in order.
+///
+/// Inside [`profile::profile`] the CPU device reports every step of compiling (see
+/// [`runtime::CpuDevice::compile_observed`]), the memory plan for `bindings` and the run
+/// (`first-run` when the program was compiled by this call, `run` when it came from the cache);
+/// other devices report one `run` span. Outside a profile this costs one thread-local read.
 pub fn execute(device: Device, graph: &Graph, inputs: Vec<HostTensor>, bindings: &Bindings) -> Result<Vec<HostTensor>> {
     crate::stats::record_execution(graph.len());
+    if profile::is_active() {
+        return execute_profiled(device, graph, inputs, bindings);
+    }
     match device {
         Device::Interp => Ok(air::interp::eval(graph, &inputs, bindings)?),
         Device::Cpu => cpu_device()?.run(graph, &inputs, bindings).map_err(|e| Error::Backend(format!("cpu: {e}"))),
         Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| Error::Backend(format!("wgpu: {e}"))),
     }
+}
+
+/// Forwards the CPU device's compile steps to profiling spans (phases by name, as
+/// [`profile::Phase::of`] gives them) and notes whether the program came from the cache.
+#[derive(Default)]
+struct SpanObserver {
+    cache_hit: bool,
+}
+
+impl runtime::CompileObserver for SpanObserver {
+    fn begin(&mut self, step: &'static str, nodes: Option<usize>) {
+        self.cache_hit |= step == "cache-hit";
+        profile::begin(step, nodes);
+    }
+
+    fn end(&mut self, _step: &'static str, nodes: Option<usize>) {
+        profile::end(nodes);
+    }
+
+    fn counter(&mut self, name: &'static str, value: u64) {
+        profile::add_counter(name, value);
+    }
+}
+
+/// [`execute`] inside a profile: every step a span.
+fn execute_profiled(
+    device: Device,
+    graph: &Graph,
+    inputs: Vec<HostTensor>,
+    bindings: &Bindings,
+) -> Result<Vec<HostTensor>> {
+    let cpu = match device {
+        Device::Interp => return profile::span("run", || Ok(air::interp::eval(graph, &inputs, bindings)?)),
+        Device::Wgpu => {
+            let gpu = wgpu_device()?;
+            return profile::span("run", || gpu.run(graph, &inputs, bindings))
+                .map_err(|e| Error::Backend(format!("wgpu: {e}")));
+        }
+        Device::Cpu => cpu_device()?,
+    };
+    let backend = |e: runtime::RuntimeError| Error::Backend(format!("cpu: {e}"));
+    let mut observer = SpanObserver::default();
+    let exe = cpu.compile_observed(graph, &mut observer).map_err(backend)?;
+    profile::begin("memory-plan", None);
+    let memory = exe.memory(bindings);
+    profile::end(None);
+    let memory = memory.map_err(backend)?;
+    profile::set_memory(PlannedMemory {
+        arena_bytes: memory.arena_bytes,
+        peak_live_bytes: memory.peak_live_bytes,
+        naive_bytes: memory.naive_bytes,
+    });
+    let run = if observer.cache_hit { "run" } else { "first-run" };
+    profile::span(run, || exe.run(&inputs, bindings)).map_err(backend)
 }

@@ -186,7 +186,14 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     }
     for device in devices {
         let roots: Vec<Tensor> = todo.iter().filter(|t| t.device() == device).cloned().collect();
-        let program = trace_roots(&roots, device)?;
+        let program = if crate::profile::is_active() {
+            crate::profile::begin("trace", None);
+            let program = trace_roots(&roots, device);
+            crate::profile::end(program.as_ref().ok().map(|p| p.graph.len()));
+            program?
+        } else {
+            trace_roots(&roots, device)?
+        };
         let outputs = backend::execute(device, &program.graph, program.inputs, &program.bindings)?;
         if outputs.len() != roots.len() {
             return Err(Error::Backend(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));

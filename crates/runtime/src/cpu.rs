@@ -28,6 +28,42 @@ pub struct CpuStats {
     pub kernels_compiled: u64,
 }
 
+/// Hears the steps of [`CpuDevice::compile_observed`], for a profiler: each step is bracketed by
+/// `begin` and `end` (in LIFO order, with the graph's node count where the step is a graph pass),
+/// and `counter` reports sizes of the result. The runtime knows nothing of who listens.
+pub trait CompileObserver {
+    /// A step named `step` starts; `nodes` is the graph's size before it, for a graph pass.
+    fn begin(&mut self, step: &'static str, nodes: Option<usize>);
+    /// The step that began last ends; `nodes` is the graph's size after it.
+    fn end(&mut self, step: &'static str, nodes: Option<usize>);
+    /// A count about the compiled program (`kernels`, `loop kernels`, `launches`).
+    fn counter(&mut self, name: &'static str, value: u64) {
+        let _ = (name, value);
+    }
+}
+
+/// A [`CompileObserver`] that ignores everything: what [`CpuDevice::compile`] uses.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoCompileObserver;
+
+impl CompileObserver for NoCompileObserver {
+    fn begin(&mut self, _: &'static str, _: Option<usize>) {}
+    fn end(&mut self, _: &'static str, _: Option<usize>) {}
+}
+
+/// Forwards `lower`'s pass brackets to a [`CompileObserver`].
+struct Passes<'a>(&'a mut dyn CompileObserver);
+
+impl lower::PassObserver for Passes<'_> {
+    fn begin(&mut self, pass: &'static str, graph_nodes: usize) {
+        self.0.begin(pass, Some(graph_nodes));
+    }
+
+    fn end(&mut self, pass: &'static str, graph_nodes: usize) {
+        self.0.end(pass, Some(graph_nodes));
+    }
+}
+
 /// The programs whose graphs share one structural hash (almost always one).
 type Bucket = Vec<(GraphKey, Arc<Executable>)>;
 
@@ -117,16 +153,34 @@ impl CpuDevice {
     /// A hit costs one hashing pass and one comparison pass over the graph, with no allocation
     /// beyond a position table: the key itself is only built on a miss.
     pub fn compile(&self, graph: &Graph) -> Result<Arc<Executable>> {
+        self.compile_observed(graph, &mut NoCompileObserver)
+    }
+
+    /// [`compile`](CpuDevice::compile), reporting each step to `observer`: `graph-key` (hashing
+    /// the graph and looking it up, plus building the key on a miss), then either `cache-hit` (a
+    /// marker: the program was found) or every pass of `lower` (`verify`, `optimize`,
+    /// `decide-fusion`, `emit-kernels`), `codegen` (the one batch of loop kernels) and `prepare`
+    /// (the executable), with the counters `kernels`, `loop kernels` and `launches`.
+    pub fn compile_observed(&self, graph: &Graph, observer: &mut dyn CompileObserver) -> Result<Arc<Executable>> {
+        let nodes = Some(graph.len());
+        observer.begin("graph-key", nodes);
         let hash = GraphKey::structural_hash(graph);
-        {
+        let hit = {
             let programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some((_, exe)) = programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(graph))) {
+            programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(graph))).map(|(_, exe)| exe.clone())
+        };
+        let key = match hit {
+            Some(exe) => {
+                observer.end("graph-key", nodes);
+                observer.begin("cache-hit", nodes);
                 self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
-                return Ok(exe.clone());
+                observer.end("cache-hit", nodes);
+                return Ok(exe);
             }
-        }
-        let key = GraphKey::of(graph);
-        let program = lower::compile(graph, &self.inner.options)?;
+            None => GraphKey::of(graph),
+        };
+        observer.end("graph-key", nodes);
+        let program = lower::compile_observed(graph, &self.inner.options, &mut Passes(&mut *observer))?;
         let loops: Vec<&LoopKernel> = program
             .kernels
             .iter()
@@ -136,8 +190,13 @@ impl CpuDevice {
             })
             .collect();
         // Every loop kernel in one batch: the cache misses compile concurrently on all cores.
-        let code: Vec<Arc<CompiledKernel>> =
-            self.inner.compiler.compile_many(&loops).into_iter().collect::<Result<_, codegen::CodegenError>>()?;
+        observer.begin("codegen", None);
+        let code =
+            self.inner.compiler.compile_many(&loops).into_iter().collect::<Result<Vec<Arc<CompiledKernel>>, _>>();
+        observer.end("codegen", None);
+        let code = code?;
+        observer.counter("kernels", program.kernels.len() as u64);
+        observer.counter("loop kernels", code.len() as u64);
         let mut fns = code.iter().map(|c| c.as_fn());
         let loop_fns: Vec<Option<KernelFn>> = program
             .kernels
@@ -147,11 +206,17 @@ impl CpuDevice {
                 Kernel::Matmul(_) => None,
             })
             .collect();
-        let mut exe = Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory)?;
-        if let Some(min_work) = self.inner.level_min_work {
-            exe = exe.with_concurrency(plan_memory_groups, min_work)?;
-        }
-        let exe = Arc::new(exe);
+        observer.begin("prepare", None);
+        let exe =
+            Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory).and_then(
+                |exe| match self.inner.level_min_work {
+                    Some(min_work) => exe.with_concurrency(plan_memory_groups, min_work),
+                    None => Ok(exe),
+                },
+            );
+        observer.end("prepare", None);
+        let exe = Arc::new(exe?);
+        observer.counter("launches", exe.launches() as u64);
         self.inner.programs_compiled.fetch_add(1, Ordering::Relaxed);
         let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
         let bucket = programs.entry(key.hash_value()).or_default();

@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use air::{Bindings, Graph, HostTensor};
 
-pub use cpu::{CpuDevice, CpuStats};
+pub use cpu::{CompileObserver, CpuDevice, CpuStats, NoCompileObserver};
 pub use error::{Result, RuntimeError};
 pub use key::GraphKey;
 pub use vm::{Executable, LaunchTime, MemoryStats};
