@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p kiln-codegen --bench codegen_unary -- --quick` (all), `... -- --quick compile`
 //! (compile times of neg, sigmoid, softmax rows and layer norm, each a fresh compile, and of 30
-//! distinct such kernels one `compile` at a time vs one `compile_many` batch).
+//! distinct such kernels one `compile` at a time vs one `compile_many` batch). `sigmoid_chain8`
+//! is 8 sigmoids fused into one kernel (divide its time by 8 to compare with `sigmoid`).
 
 use std::hint::black_box;
 
@@ -56,6 +57,26 @@ fn sigmoid_with(scale: f64) -> LoopKernel {
         ],
         7,
     )
+}
+
+/// `chain` sigmoids applied one after another in one kernel, as the fuser emits a chain of
+/// element-wise ops (no memory traffic between them).
+fn sigmoid_chain(chain: u32) -> LoopKernel {
+    let mut body = Vec::new();
+    let mut x = 0;
+    for _ in 0..chain {
+        body.extend([
+            un(x + 1, UnaryOp::Neg, x),
+            cst(x + 2, std::f64::consts::LOG2_E),
+            bin(x + 3, BinaryOp::Mul, x + 1, x + 2),
+            un(x + 4, UnaryOp::Exp2, x + 3),
+            cst(x + 5, 1.0),
+            bin(x + 6, BinaryOp::Add, x + 5, x + 4),
+            un(x + 7, UnaryOp::Recip, x + 6),
+        ]);
+        x += 7;
+    }
+    kernel(body, x)
 }
 
 fn l(n: u32, inst: Inst) -> Stmt {
@@ -200,7 +221,9 @@ fn layernorm_with(eps: f64) -> LoopKernel {
 
 fn bench_kernels(c: &mut Criterion) {
     let compiler = CpuCompiler::new().expect("host ISA");
-    for (name, k) in [("neg", neg()), ("sigmoid", sigmoid())] {
+    // `sigmoid_chain8` runs 8 sigmoids per element: its time over 8 is the time per op, to
+    // compare with `sigmoid` (fusion must not be slower per op than one sigmoid kernel).
+    for (name, k) in [("neg", neg()), ("sigmoid", sigmoid()), ("sigmoid_chain8", sigmoid_chain(8))] {
         let compiled = compiler.compile(&k).expect("compile");
         let mut group = c.benchmark_group(name);
         for n in SIZES {

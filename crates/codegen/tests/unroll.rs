@@ -4,10 +4,10 @@
 
 mod common;
 
-use air::{BinaryOp, DType, Scalar, UnaryOp};
+use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use common::*;
 use kiln_codegen::{CpuCompiler, clif_text};
-use lower::kir::{Access, IExpr, Inst, LoopKernel};
+use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Stmt};
 
 /// `out[i] = exp2(a[i] * 0.25 + b[0]) + float(i) - a[i] * 0.25`: a body of more than three
 /// statements (two unrolled copies) with an iota, a broadcast load and a repeated constant.
@@ -102,4 +102,89 @@ fn compiler_recovers_after_errors_and_reuses_its_context() {
     }
     let s = compiler.stats();
     assert_eq!((s.compiled, s.failures), (5, 5));
+}
+
+/// `count` sigmoids applied in turn to `x`, registers from `first` on; returns the last register.
+fn sigmoids(body: &mut Vec<Stmt>, x: u32, first: u32, count: u32) -> u32 {
+    let f = DType::F32;
+    let mut x = x;
+    let mut n = first;
+    for _ in 0..count {
+        body.extend([
+            let_(n, f, Inst::Unary(UnaryOp::Neg, r(x))),
+            let_(n + 1, f, Inst::Const(Scalar::Float(std::f64::consts::LOG2_E))),
+            let_(n + 2, f, Inst::Binary(BinaryOp::Mul, r(n), r(n + 1))),
+            let_(n + 3, f, Inst::Unary(UnaryOp::Exp2, r(n + 2))),
+            let_(n + 4, f, Inst::Const(Scalar::Float(1.0))),
+            let_(n + 5, f, Inst::Binary(BinaryOp::Add, r(n + 4), r(n + 3))),
+            let_(n + 6, f, Inst::Unary(UnaryOp::Recip, r(n + 5))),
+        ]);
+        x = n + 6;
+        n += 7;
+    }
+    x
+}
+
+/// A fused chain of sigmoids is a long body: four copies, interleaved statement by statement.
+#[test]
+fn long_bodies_interleave_four_copies_and_match_the_interpreter() {
+    let f = DType::F32;
+    let compiler = CpuCompiler::new().unwrap();
+    let mut body = vec![load(0, f, 0, i(0))];
+    let out = sigmoids(&mut body, 0, 1, 3);
+    body.push(store(1, i(0), out));
+    let chain = LoopKernel {
+        params: vec![p(f, Access::Read), p(f, Access::Write)],
+        n_syms: 1,
+        body: vec![for_(0, IExpr::Sym(0), true, body)],
+    };
+    // Four interleaved copies: the second copy's first load (+16 bytes) comes before the first
+    // copy's second statement, and the fourth copy's store is at +48.
+    let text = clif_text(&chain).unwrap();
+    assert!(text.contains("+48"), "{text}");
+    for n in [0usize, 1, 15, 16, 17, 33, 47, 100] {
+        let a: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin() * 8.0).collect();
+        for start in [0, 3] {
+            let (start, end) = (start.min(n as i64), n as i64);
+            let mut bufs = [Buf::f32s(&a), Buf::zeros(f, n)];
+            let mut want = bufs.clone();
+            jit_with(&compiler, &chain, &mut bufs, &[n as i64], start, end);
+            eval(&chain, &mut want, &[n as i64], start, end);
+            assert_bufs_close(&bufs[1], &want[1], 1e-5, &format!("chain n={n} start={start}"));
+        }
+    }
+}
+
+/// A long body that ends in a reduction: one partial sum per interleaved copy.
+#[test]
+fn long_bodies_with_a_reduction_match_the_interpreter() {
+    let f = DType::F32;
+    let mut inner = vec![load(0, f, 0, IExpr::add(IExpr::mul(i(0), IExpr::Sym(0)), i(1)))];
+    let out = sigmoids(&mut inner, 0, 1, 3);
+    inner.push(Stmt::AccUpdate { acc: Acc(0), value: r(out) });
+    let k = LoopKernel {
+        params: vec![p(f, Access::Read), p(f, Access::Write)],
+        n_syms: 2,
+        body: vec![for_(
+            0,
+            IExpr::Sym(1),
+            true,
+            vec![
+                Stmt::AccInit { acc: Acc(0), dtype: f, op: ReduceOp::Sum },
+                for_(1, IExpr::Sym(0), false, inner),
+                let_(100, f, Inst::ReadAcc(Acc(0))),
+                store(1, i(0), 100),
+            ],
+        )],
+    };
+    for cols in [1usize, 7, 16, 37] {
+        let rows = 3;
+        let a: Vec<f32> = (0..rows * cols).map(|j| (j as f32 * 0.61).cos() * 6.0).collect();
+        let mut bufs = [Buf::f32s(&a), Buf::zeros(f, rows)];
+        let mut want = bufs.clone();
+        let syms = [cols as i64, rows as i64];
+        jit(&k, &mut bufs, &syms, 0, rows as i64);
+        eval(&k, &mut want, &syms, 0, rows as i64);
+        assert_bufs_close(&bufs[1], &want[1], 1e-5, &format!("reduction cols={cols}"));
+    }
 }

@@ -144,6 +144,23 @@ pub(crate) fn emit_kernel(
     Ok(())
 }
 
+/// Unrolled copies of a vector loop body of `size` statements.
+///
+/// Two copies hide most of the loop overhead and give reductions two independent chains; a body
+/// of a load, one op and a store needs four to keep up with memory. A long body (a fused chain
+/// of element-wise ops) is one long dependency chain per copy: with two copies the loop is
+/// latency-bound (a fused chain of 8 sigmoids ran 3x slower per op than one sigmoid kernel),
+/// since the out-of-order window does not reach the next iteration. The copies are interleaved
+/// statement by statement, so four give four chains in flight; their constants then spill, but
+/// a reload is one cheap load. Past `UNROLLED_STMTS` statements in all, long bodies keep two
+/// copies (compile time grows with the unrolled size).
+fn unroll_factor(size: usize) -> i64 {
+    const LONG_BODY: usize = 16;
+    const UNROLLED_STMTS: usize = 256;
+    let long = size >= LONG_BODY && 4 * size <= UNROLLED_STMTS;
+    if size <= 3 || long { 4 } else { 2 }
+}
+
 struct Emitter<'a, 'f> {
     b: FunctionBuilder<'f>,
     call_conv: CallConv,
@@ -410,9 +427,7 @@ impl<'f> Emitter<'_, 'f> {
     /// iterations). There is no one-vector loop between them: each body costs compile time
     /// (about a third of a kernel's, for sigmoid), and the tail is short.
     fn vector_loop(&mut self, var: Var, lo: Value, hi: Value, body: &[Stmt], plan: &VecPlan) -> Result<()> {
-        // Two copies hide most of the loop overhead and give reductions two independent chains;
-        // a body of a load, one op and a store needs four to keep up with memory.
-        let unroll: i64 = if plan.size <= 3 { 4 } else { 2 };
+        let unroll = unroll_factor(plan.size);
         let step = LANES * unroll;
         let i = self.b.declare_var(types::I64);
         self.b.def_var(i, lo);
@@ -449,10 +464,19 @@ impl<'f> Emitter<'_, 'f> {
         let result = (|| {
             self.counted_loop(i, main_limit, step, |s, iv| {
                 s.vars.insert(var, iv);
-                for u in 0..unroll {
-                    s.copy = u as usize;
-                    s.lane_offset = u * LANES;
-                    s.emit_stmts(body)?;
+                // The copies are interleaved statement by statement, each with its own
+                // registers, so that their independent dependency chains sit side by side
+                // in the instruction stream (see `unroll_factor`).
+                let mut copy_regs = vec![s.regs.clone(); unroll as usize];
+                for stmt in body {
+                    for (u, regs) in copy_regs.iter_mut().enumerate() {
+                        s.copy = u;
+                        s.lane_offset = u as i64 * LANES;
+                        std::mem::swap(&mut s.regs, regs);
+                        let r = s.emit_stmts(std::slice::from_ref(stmt));
+                        std::mem::swap(&mut s.regs, regs);
+                        r?;
+                    }
                 }
                 Ok(())
             })?;
