@@ -12,9 +12,11 @@ use smallvec::SmallVec;
 pub struct Symbol(Arc<str>);
 
 impl Symbol {
+    /// The symbol called `name`.
     pub fn new(name: &str) -> Symbol {
         Symbol(Arc::from(name))
     }
+    /// The symbol's name.
     pub fn name(&self) -> &str {
         &self.0
     }
@@ -40,7 +42,10 @@ pub struct Poly {
 /// `Dim` is 16 bytes: shapes are copied around a lot and nearly all dims are constants.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dim {
+    /// A constant size.
     Const(i64),
+    /// A polynomial that mentions at least one symbol, in canonical form. [`Dim::sym`] and dim
+    /// arithmetic fold any polynomial without symbols into [`Dim::Const`].
     Sym(Arc<Poly>),
 }
 
@@ -50,8 +55,10 @@ pub type Bindings = BTreeMap<Symbol, i64>;
 /// Why a symbolic dim could not be evaluated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DimError {
+    /// A symbol of the dim has no value in the bindings.
     #[error("symbol `{0}` has no value bound")]
     Unbound(Symbol),
+    /// Evaluating the polynomial overflowed `i64`.
     #[error("dim expression overflowed i64")]
     Overflow,
 }
@@ -96,6 +103,7 @@ impl Dim {
         }
     }
 
+    /// Whether this dim is a constant ([`Dim::Const`]).
     pub fn is_const(&self) -> bool {
         matches!(self, Dim::Const(_))
     }

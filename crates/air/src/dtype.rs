@@ -8,12 +8,19 @@ use std::fmt;
 /// `F64` exists so that gradient checks can run in double precision through the interpreter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// Booleans, one byte each (0 or 1).
     Bool,
+    /// 32-bit signed integers.
     I32,
+    /// 64-bit signed integers.
     I64,
+    /// IEEE 754 half precision (a storage type, see above).
     F16,
+    /// bfloat16 (a storage type, see above).
     BF16,
+    /// IEEE 754 single precision.
     F32,
+    /// IEEE 754 double precision.
     F64,
 }
 
@@ -31,14 +38,17 @@ impl DType {
         }
     }
 
+    /// Whether this is a float dtype (`f16`, `bf16`, `f32`, `f64`).
     pub fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
+    /// Whether this is an integer dtype (`i32`, `i64`).
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64)
     }
 
+    /// Whether this is `bool`.
     pub fn is_bool(self) -> bool {
         self == DType::Bool
     }
@@ -56,6 +66,7 @@ impl DType {
         }
     }
 
+    /// The dtype whose text-form name is `name` (the inverse of [`DType::name`]), or `None`.
     pub fn from_name(name: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.name() == name)
     }
@@ -84,12 +95,16 @@ impl fmt::Display for DType {
 /// `NaN` constants are hash-consable and `-0.0 != 0.0`.
 #[derive(Clone, Copy, Debug)]
 pub enum Scalar {
+    /// A boolean, the value kind of `bool`.
     Bool(bool),
+    /// An integer, the value kind of both integer dtypes.
     Int(i64),
+    /// A float at `f64` precision, the value kind of every float dtype.
     Float(f64),
 }
 
 impl Scalar {
+    /// The value as `f64`; bools become 0 or 1.
     pub fn as_f64(self) -> f64 {
         match self {
             Scalar::Bool(b) => b as i64 as f64,
@@ -98,6 +113,8 @@ impl Scalar {
         }
     }
 
+    /// The value as `i64`; bools become 0 or 1, floats truncate toward zero and saturate (NaN gives
+    /// 0, as Rust's `as`).
     pub fn as_i64(self) -> i64 {
         match self {
             Scalar::Bool(b) => b as i64,
@@ -106,6 +123,7 @@ impl Scalar {
         }
     }
 
+    /// The value as `bool`: true when non-zero (NaN is non-zero).
     pub fn as_bool(self) -> bool {
         match self {
             Scalar::Bool(b) => b,

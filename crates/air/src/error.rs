@@ -6,15 +6,24 @@ pub enum AirError {
     /// An op's type rule failed; the message names the op and the types.
     #[error("{0}")]
     Op(String),
+    /// A node id that is not in the graph was used (an input of `Graph::add`, or the node given to
+    /// `Graph::remove`).
     #[error("dead node: {0}")]
     DeadNode(String),
+    /// `Graph::remove` was asked to remove a node that still has users or is an output.
     #[error("node in use: {0}")]
     InUse(String),
+    /// A symbolic dim could not be evaluated.
     #[error(transparent)]
     Dim(#[from] crate::dim::DimError),
     /// The text form could not be parsed; the message names the line.
     #[error("parse error at line {line}: {msg}")]
-    Parse { line: usize, msg: String },
+    Parse {
+        /// The 1-based line number.
+        line: usize,
+        /// What is wrong there.
+        msg: String,
+    },
     /// The verifier found these problems (every one, not the first).
     #[error("graph failed verification:\n{}", .0.join("\n"))]
     Verify(Vec<String>),
@@ -23,4 +32,5 @@ pub enum AirError {
     Interp(String),
 }
 
+/// `std::result::Result` with [`AirError`] as the default error type.
 pub type Result<T, E = AirError> = std::result::Result<T, E>;

@@ -37,8 +37,11 @@ pub type Inputs = SmallVec<[NodeId; 3]>;
 /// One node: an op with typed attributes, its inputs, and the type of its value.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
+    /// The op and its typed attributes.
     pub op: Op,
+    /// The nodes this node reads, in operand order.
     pub inputs: Inputs,
+    /// The type of the node's value.
     pub ty: TensorType,
 }
 
@@ -56,10 +59,12 @@ pub struct Graph {
 }
 
 impl Graph {
+    /// An empty graph.
     pub fn new() -> Graph {
         Graph::default()
     }
 
+    /// An empty graph with room for `n` nodes before it reallocates.
     pub fn with_capacity(n: usize) -> Graph {
         Graph { nodes: SlotMap::with_capacity_and_key(n), users: SecondaryMap::with_capacity(n), ..Graph::default() }
     }
@@ -69,10 +74,12 @@ impl Graph {
         self.nodes.len()
     }
 
+    /// Whether the graph has no live nodes.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
 
+    /// Whether `id` is a live node of this graph.
     pub fn contains(&self, id: NodeId) -> bool {
         self.nodes.contains_key(id)
     }
@@ -82,18 +89,22 @@ impl Graph {
         &self.nodes[id]
     }
 
+    /// The node `id`, or `None` if it is not in the graph.
     pub fn get(&self, id: NodeId) -> Option<&Node> {
         self.nodes.get(id)
     }
 
+    /// The op of node `id`. Panics if `id` was removed, like [`Graph::node`].
     pub fn op(&self, id: NodeId) -> &Op {
         &self.nodes[id].op
     }
 
+    /// The type of node `id`'s value. Panics if `id` was removed, like [`Graph::node`].
     pub fn ty(&self, id: NodeId) -> &TensorType {
         &self.nodes[id].ty
     }
 
+    /// The inputs of node `id`, in operand order. Panics if `id` was removed, like [`Graph::node`].
     pub fn inputs(&self, id: NodeId) -> &[NodeId] {
         &self.nodes[id].inputs
     }
@@ -108,10 +119,12 @@ impl Graph {
         self.nodes.keys()
     }
 
+    /// Every live node with its id, in slot order (not a topological order).
     pub fn iter(&self) -> impl Iterator<Item = (NodeId, &Node)> + '_ {
         self.nodes.iter()
     }
 
+    /// The program's outputs, in order (an id may repeat).
     pub fn outputs(&self) -> &[NodeId] {
         &self.outputs
     }
@@ -122,6 +135,7 @@ impl Graph {
         self.outputs.push(id);
     }
 
+    /// Replaces the program's outputs. Panics if any of them is not a live node.
     pub fn set_outputs(&mut self, outputs: Vec<NodeId>) {
         assert!(outputs.iter().all(|&o| self.contains(o)), "set_outputs with a dead node");
         self.outputs = outputs;

@@ -10,22 +10,36 @@ use crate::dtype::{DType, Scalar};
 /// A typed host array. `Vec`s so that a uniquely held buffer can be handed back without a copy.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostData {
+    /// Elements of dtype `bool`.
     Bool(Vec<bool>),
+    /// Elements of dtype `i32`.
     I32(Vec<i32>),
+    /// Elements of dtype `i64`.
     I64(Vec<i64>),
+    /// Elements of dtype `f16`.
     F16(Vec<f16>),
+    /// Elements of dtype `bf16`.
     BF16(Vec<bf16>),
+    /// Elements of dtype `f32`.
     F32(Vec<f32>),
+    /// Elements of dtype `f64`.
     F64(Vec<f64>),
 }
 
 /// Rust element types that map to a `DType`.
 pub trait Element: Copy + Send + Sync + 'static {
+    /// The dtype whose elements this type stores.
     const DTYPE: DType;
+    /// Wraps `v` as the matching [`HostData`] variant, without a copy.
     fn wrap(v: Vec<Self>) -> HostData;
+    /// The elements of `d` if it holds this type, else `None`.
     fn unwrap_ref(d: &HostData) -> Option<&[Self]>;
+    /// The vector inside `d` if it holds this type (no copy), else `d` back unchanged as the error.
     fn unwrap_vec(d: HostData) -> Result<Vec<Self>, HostData>;
+    /// The value as a [`Scalar`] (ints widen to `i64`, floats to `f64`).
     fn to_scalar(self) -> Scalar;
+    /// `s` converted to this type through [`Scalar::as_bool`], [`Scalar::as_i64`] or
+    /// [`Scalar::as_f64`], then Rust's `as` (or the nearest `f16`/`bf16`).
     fn from_scalar(s: Scalar) -> Self;
 }
 
@@ -84,6 +98,7 @@ macro_rules! with_host_data {
 }
 
 impl HostData {
+    /// The dtype of the elements.
     pub fn dtype(&self) -> DType {
         match self {
             HostData::Bool(_) => DType::Bool,
@@ -96,10 +111,12 @@ impl HostData {
         }
     }
 
+    /// Number of elements.
     pub fn len(&self) -> usize {
         with_host_data!(self, v => v.len())
     }
 
+    /// Whether there are no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -141,7 +158,9 @@ impl HostData {
 /// A host array with a shape, shared by reference count.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// The elements in row-major order, shared by reference count.
     pub data: Arc<HostData>,
+    /// The size of each axis; their product is the element count.
     pub shape: Vec<usize>,
 }
 
@@ -151,6 +170,8 @@ impl HostTensor {
         HostTensor::from_arc(Arc::new(data), shape)
     }
 
+    /// Like [`HostTensor::new`], for data that is already shared. Errors if the element count does
+    /// not match `shape`.
     pub fn from_arc(data: Arc<HostData>, shape: Vec<usize>) -> Result<HostTensor, String> {
         let n: usize = shape.iter().product();
         if n != data.len() {
@@ -159,14 +180,17 @@ impl HostTensor {
         Ok(HostTensor { data, shape })
     }
 
+    /// Wraps a vector of `T` (no copy). Errors if the element count does not match `shape`.
     pub fn from_vec<T: Element>(v: Vec<T>, shape: Vec<usize>) -> Result<HostTensor, String> {
         HostTensor::new(T::wrap(v), shape)
     }
 
+    /// The dtype of the elements.
     pub fn dtype(&self) -> DType {
         self.data.dtype()
     }
 
+    /// Number of elements (the product of `shape`).
     pub fn numel(&self) -> usize {
         self.data.len()
     }

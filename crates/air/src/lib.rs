@@ -10,7 +10,6 @@
 //! oracle every backend is tested against.
 
 #![warn(missing_docs)]
-#![allow(missing_docs)] // FIXME: document every public item, then drop this allow.
 
 pub mod dim;
 pub mod dot;

@@ -13,17 +13,22 @@ use crate::dtype::{DType, Scalar};
 /// The type of a node's value: element type and shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
+    /// Element type.
     pub dtype: DType,
+    /// Size of each axis, possibly symbolic.
     pub shape: Shape,
 }
 
 impl TensorType {
+    /// The type with the given dtype and shape.
     pub fn new(dtype: DType, shape: impl Into<Shape>) -> TensorType {
         TensorType { dtype, shape: shape.into() }
     }
+    /// Number of axes.
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
+    /// Number of elements: the product of the dims (symbolic if any dim is).
     pub fn numel(&self) -> Dim {
         numel(&self.shape)
     }
@@ -38,11 +43,17 @@ impl fmt::Display for TensorType {
 /// Element-wise ops of one operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
+    /// `-x` (ints and floats).
     Neg,
+    /// `2^x` (floats only).
     Exp2,
+    /// Base-2 logarithm (floats only).
     Log2,
+    /// Sine (floats only).
     Sin,
+    /// Square root (floats only).
     Sqrt,
+    /// `1 / x` (floats only).
     Recip,
     /// The error function; a primitive so that exact GELU keeps PyTorch's accuracy.
     Erf,
@@ -55,41 +66,53 @@ pub enum UnaryOp {
 /// Element-wise ops of two operands of the same dtype and shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// `a + b` (ints and floats).
     Add,
+    /// `a - b` (ints and floats).
     Sub,
+    /// `a * b` (ints and floats).
     Mul,
     /// Float division, or integer division rounding toward zero (C semantics).
     Div,
+    /// Element-wise maximum (every dtype).
     Max,
+    /// Element-wise minimum (every dtype).
     Min,
     /// Remainder with the sign of the dividend (C semantics), ints and floats.
     Mod,
     /// `a ** b` for floats.
     Pow,
-    /// Comparisons produce `bool`.
+    /// `a < b`, as `bool` (ints and floats).
     CmpLt,
+    /// `a == b`, as `bool` (every dtype).
     CmpEq,
+    /// `a != b`, as `bool` (every dtype).
     CmpNe,
-    /// Logical and/or for bools, bitwise for ints.
+    /// Logical and for bools, bitwise and for ints.
     And,
+    /// Logical or for bools, bitwise or for ints.
     Or,
 }
 
 /// Reductions over axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// Sum of the elements.
     Sum,
+    /// Largest element.
     Max,
 }
 
 macro_rules! names {
     ($ty:ident { $($v:ident => $s:literal),* $(,)? }) => {
         impl $ty {
+            /// Every variant, in declaration order.
             pub const ALL: &'static [$ty] = &[$($ty::$v),*];
             /// The name used by the text form.
             pub fn name(self) -> &'static str {
                 match self { $($ty::$v => $s),* }
             }
+            /// The variant whose text-form name is `name` (the inverse of `name`), or `None`.
             pub fn from_name(name: &str) -> Option<$ty> {
                 match name { $($s => Some($ty::$v),)* _ => None }
             }
@@ -104,9 +127,12 @@ names!(BinaryOp { Add => "add", Sub => "sub", Mul => "mul", Div => "div", Max =>
 names!(ReduceOp { Sum => "sum", Max => "max" });
 
 impl BinaryOp {
+    /// Whether this is a comparison (`cmplt`, `cmpeq`, `cmpne`), whose result is `bool`.
     pub fn is_comparison(self) -> bool {
         matches!(self, BinaryOp::CmpLt | BinaryOp::CmpEq | BinaryOp::CmpNe)
     }
+    /// Whether swapping the operands leaves the result unchanged (`add`, `mul`, `max`, `min`,
+    /// `cmpeq`, `cmpne`, `and`, `or`).
     pub fn is_commutative(self) -> bool {
         matches!(
             self,
@@ -132,55 +158,67 @@ pub struct Input {
 /// A tensor filled with one value.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Const {
+    /// The value of every element; its kind must fit the node's dtype.
     pub value: Scalar,
 }
 
 /// A tensor whose value at every index is the index along `axis` (arange, masks, one-hot).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Iota {
+    /// The axis whose index each element holds; less than the rank. The dtype must not be `bool`.
     pub axis: usize,
 }
 
+/// Converts every element to another dtype (the conversion rules are in [`crate::interp`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Cast {
+    /// The target dtype.
     pub to: DType,
 }
 
 /// Reduces `axes` (sorted, unique); the reduced axes stay in the shape with size 1.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reduce {
+    /// How the reduced elements are combined.
     pub op: ReduceOp,
+    /// The reduced axes, sorted, unique and in range.
     pub axes: SmallVec<[usize; 4]>,
 }
 
 /// Same elements in row-major order, new shape of equal element count.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reshape {
+    /// The new shape; its element count equals the input's.
     pub shape: Shape,
 }
 
 /// Output axis `i` is input axis `perm[i]`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Permute {
+    /// The permutation of the input axes.
     pub perm: SmallVec<[usize; 4]>,
 }
 
 /// Broadcasts size-1 axes to `shape` (same rank).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Expand {
+    /// The target shape; each input axis equals its target or is 1.
     pub shape: Shape,
 }
 
 /// Adds `(before, after)` elements of `value` around each axis.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Pad {
+    /// `(before, after)` element counts for each axis, non-negative.
     pub padding: Vec<(Dim, Dim)>,
+    /// The fill value; its kind must fit the input's dtype.
     pub value: Scalar,
 }
 
 /// Keeps `start..end` of each axis.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Shrink {
+    /// `(start, end)` for each axis, with `0 <= start <= end <= size`.
     pub ranges: Vec<(Dim, Dim)>,
 }
 
@@ -188,31 +226,48 @@ pub struct Shrink {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
     // Leaves: their type is given when they are created.
+    /// A program input; see [`Input`].
     Input(Input),
+    /// A tensor filled with one value; see [`Const`].
     Const(Const),
+    /// Indices along an axis; see [`Iota`].
     Iota(Iota),
     // Element-wise.
+    /// An element-wise op of one operand; the type is the operand's.
     Unary(UnaryOp),
+    /// An element-wise op of two operands of equal type; comparisons give `bool`.
     Binary(BinaryOp),
     /// `where(cond, a, b)`: `cond` is bool, `a` and `b` share a dtype; all shapes equal.
     Where,
+    /// Element-wise conversion to another dtype; see [`Cast`].
     Cast(Cast),
     // Reduction.
+    /// A reduction over axes; see [`Reduce`].
     Reduce(Reduce),
     // Movement (views: backends turn them into index arithmetic).
+    /// See [`Reshape`].
     Reshape(Reshape),
+    /// See [`Permute`].
     Permute(Permute),
+    /// See [`Expand`].
     Expand(Expand),
+    /// See [`Pad`].
     Pad(Pad),
+    /// See [`Shrink`].
     Shrink(Shrink),
 }
 
 /// Coarse classes of ops, for passes that treat every member alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpClass {
+    /// No inputs: `input`, `const`, `iota`.
     Leaf,
+    /// Unary and binary ops, `where` and `cast`: output element `i` reads input elements `i` only.
     Elementwise,
+    /// `reduce`.
     Reduce,
+    /// Views that move, repeat or fill elements without arithmetic: `reshape`, `permute`,
+    /// `expand`, `pad`, `shrink`.
     Movement,
 }
 
@@ -236,6 +291,7 @@ impl Op {
         }
     }
 
+    /// The coarse class of this op.
     pub fn class(&self) -> OpClass {
         match self {
             Op::Input(_) | Op::Const(_) | Op::Iota(_) => OpClass::Leaf,
@@ -245,6 +301,7 @@ impl Op {
         }
     }
 
+    /// Whether this op is a leaf (takes no inputs).
     pub fn is_leaf(&self) -> bool {
         self.class() == OpClass::Leaf
     }

@@ -68,6 +68,7 @@ pub struct Text<'a> {
 }
 
 impl<'a> Text<'a> {
+    /// A printer for `graph` with `options`; format it with `Display` (or `to_string`).
     pub fn new(graph: &'a Graph, options: PrintOptions) -> Text<'a> {
         Text { graph, options }
     }

@@ -53,11 +53,15 @@ impl fmt::Display for Acc {
 /// An integer index expression over loop variables, symbols and constants (i64 arithmetic).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum IExpr {
+    /// A constant.
     Const(i64),
+    /// The current value of a loop variable.
     Var(Var),
     /// The value of symbol number `n` (position in `Program::symbols`).
     Sym(u32),
+    /// `a + b` (wrapping).
     Add(Box<IExpr>, Box<IExpr>),
+    /// `a * b` (wrapping).
     Mul(Box<IExpr>, Box<IExpr>),
     /// Floor division (operands non-negative).
     Div(Box<IExpr>, Box<IExpr>),
@@ -73,6 +77,7 @@ pub enum IExpr {
 // they are not the `std::ops` traits (which would hide the folding behind operators).
 #[allow(clippy::should_implement_trait)]
 impl IExpr {
+    /// The loop variable `v` as an expression.
     pub fn var(v: Var) -> IExpr {
         IExpr::Var(v)
     }
@@ -114,6 +119,7 @@ impl IExpr {
         }
     }
 
+    /// `a < b` as 1 or 0, folding constants.
     pub fn lt(a: IExpr, b: IExpr) -> IExpr {
         match (a, b) {
             (IExpr::Const(x), IExpr::Const(y)) => IExpr::Const((x < y) as i64),
@@ -121,6 +127,7 @@ impl IExpr {
         }
     }
 
+    /// `a && b` as 1 or 0; a constant operand folds (0 gives 0, any other leaves the other operand).
     pub fn and(a: IExpr, b: IExpr) -> IExpr {
         match (a, b) {
             (IExpr::Const(0), _) | (_, IExpr::Const(0)) => IExpr::Const(0),
@@ -129,6 +136,7 @@ impl IExpr {
         }
     }
 
+    /// The value if this expression is a constant.
     pub fn as_const(&self) -> Option<i64> {
         match self {
             IExpr::Const(c) => Some(*c),
@@ -213,16 +221,24 @@ pub enum Inst {
     /// `buf[index]`; when `mask` is given and evaluates to 0, the value is `other` instead and
     /// memory is not touched (padding).
     Load {
+        /// The buffer parameter's position.
         buf: u32,
+        /// The element index.
         index: IExpr,
+        /// When given and 0, the load is skipped and yields `other`.
         mask: Option<IExpr>,
+        /// The value of a masked-off load.
         other: Scalar,
     },
+    /// A constant value.
     Const(Scalar),
     /// The integer value of an index expression, converted to the register's dtype (iota).
     Index(IExpr),
+    /// An element-wise op of one register.
     Unary(UnaryOp, Reg),
+    /// An element-wise op of two registers of one dtype.
     Binary(BinaryOp, Reg, Reg),
+    /// `where(cond, a, b)`: `a` where `cond` is true, else `b`.
     Where(Reg, Reg, Reg),
     /// Converts to the register's dtype.
     Cast(Reg),
@@ -233,32 +249,49 @@ pub enum Inst {
 /// One statement of a loop nest.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Stmt {
+    /// Defines `reg` of `dtype` as the value of `inst`.
     Let {
+        /// The register defined (SSA: defined once).
         reg: Reg,
+        /// The register's dtype.
         dtype: DType,
+        /// The computation.
         inst: Inst,
     },
+    /// Runs `body` for `var` in `0..extent` (`start..end` when `parallel`; see the module docs).
     Loop {
+        /// The loop variable.
         var: Var,
+        /// The trip count.
         extent: IExpr,
+        /// Whether the runtime may split the range across threads (top level only).
         parallel: bool,
+        /// The statements run for each value of `var`.
         body: Vec<Stmt>,
     },
     /// Declares `acc` and sets it to the identity of `op` (0 for sum, -inf/MIN for max).
     AccInit {
+        /// The accumulator declared.
         acc: Acc,
+        /// The accumulator's dtype.
         dtype: DType,
+        /// The reduction it performs.
         op: ReduceOp,
     },
     /// `acc = op(acc, value)`.
     AccUpdate {
+        /// The accumulator updated.
         acc: Acc,
+        /// The value folded into it.
         value: Reg,
     },
     /// `buf[index] = value`.
     Store {
+        /// The buffer parameter's position.
         buf: u32,
+        /// The element index.
         index: IExpr,
+        /// The value stored.
         value: Reg,
     },
 }
@@ -266,22 +299,29 @@ pub enum Stmt {
 /// How a kernel uses one of its buffer parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Access {
+    /// The kernel only reads the buffer.
     Read,
+    /// The kernel writes the buffer.
     Write,
 }
 
+/// One buffer parameter of a kernel.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Param {
+    /// Element type of the buffer.
     pub dtype: DType,
+    /// Whether the kernel reads or writes it.
     pub access: Access,
 }
 
 /// A loop-nest kernel.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct LoopKernel {
+    /// The buffer parameters (`b0`, `b1`, ...), in order.
     pub params: Vec<Param>,
     /// Number of symbols the kernel may read (`s0 .. s{n-1}`).
     pub n_syms: u32,
+    /// The loop nest.
     pub body: Vec<Stmt>,
 }
 
@@ -289,10 +329,15 @@ pub struct LoopKernel {
 /// `offset + batch*batch_stride + row*row_stride + col*col_stride` in buffer `buf`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MatOperand {
+    /// The buffer parameter's position.
     pub buf: u32,
+    /// Element offset of element `(0, 0, 0)`.
     pub offset: IExpr,
+    /// Element stride between batches.
     pub batch_stride: IExpr,
+    /// Element stride between rows.
     pub row_stride: IExpr,
+    /// Element stride between columns.
     pub col_stride: IExpr,
 }
 
@@ -300,15 +345,25 @@ pub struct MatOperand {
 /// `[m, k]`, `bmat` of shape `[k, n]` and `c` of shape `[m, n]`, all f32 (for now).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulKernel {
+    /// The buffer parameters (`b0`, `b1`, ...), in order.
     pub params: Vec<Param>,
+    /// Number of symbols the kernel may read (`s0 .. s{n-1}`).
     pub n_syms: u32,
+    /// Element type of every operand.
     pub dtype: DType,
+    /// Number of independent products.
     pub batch: IExpr,
+    /// Rows of `a` and `c`.
     pub m: IExpr,
+    /// Columns of `bmat` and `c`.
     pub n: IExpr,
+    /// The contracted dimension: columns of `a`, rows of `bmat`.
     pub k: IExpr,
+    /// The left operand.
     pub a: MatOperand,
+    /// The right operand (`bmat`).
     pub b: MatOperand,
+    /// The result.
     pub c: MatOperand,
     /// Add the product to what `c` holds (a bias written into `c` by an earlier kernel).
     pub accumulate: bool,
@@ -318,11 +373,14 @@ pub struct MatmulKernel {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[allow(clippy::large_enum_variant)] // Few kernels per program; boxing would only add indirection.
 pub enum Kernel {
+    /// A loop-nest kernel.
     Loops(LoopKernel),
+    /// A batched matmul kernel.
     Matmul(MatmulKernel),
 }
 
 impl Kernel {
+    /// The kernel's buffer parameters, in order.
     pub fn params(&self) -> &[Param] {
         match self {
             Kernel::Loops(k) => &k.params,
