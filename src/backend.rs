@@ -45,28 +45,6 @@ pub fn execute(device: Device, graph: &Graph, inputs: Vec<HostTensor>, bindings:
     }
 }
 
-/// Forwards the CPU device's compile steps to profiling spans (phases by name, as
-/// [`profile::Phase::of`] gives them) and notes whether the program came from the cache.
-#[derive(Default)]
-struct SpanObserver {
-    cache_hit: bool,
-}
-
-impl runtime::CompileObserver for SpanObserver {
-    fn begin(&mut self, step: &'static str, nodes: Option<usize>) {
-        self.cache_hit |= step == "cache-hit";
-        profile::begin(step, nodes);
-    }
-
-    fn end(&mut self, _step: &'static str, nodes: Option<usize>) {
-        profile::end(nodes);
-    }
-
-    fn counter(&mut self, name: &'static str, value: u64) {
-        profile::add_counter(name, value);
-    }
-}
-
 /// [`execute`] inside a profile: every step a span.
 fn execute_profiled(
     device: Device,
@@ -84,7 +62,7 @@ fn execute_profiled(
         Device::Cpu => cpu_device()?,
     };
     let backend = |e: runtime::RuntimeError| Error::Backend(format!("cpu: {e}"));
-    let mut observer = SpanObserver::default();
+    let mut observer = profile::ProfileObserver::default();
     let exe = cpu.compile_observed(graph, &mut observer).map_err(backend)?;
     profile::begin("memory-plan", None);
     let memory = exe.memory(bindings);
@@ -95,6 +73,6 @@ fn execute_profiled(
         peak_live_bytes: memory.peak_live_bytes,
         naive_bytes: memory.naive_bytes,
     });
-    let run = if observer.cache_hit { "run" } else { "first-run" };
+    let run = if observer.cache_hit() { "run" } else { "first-run" };
     profile::span(run, || exe.run(&inputs, bindings)).map_err(backend)
 }

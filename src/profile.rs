@@ -317,6 +317,39 @@ pub fn add_counter(name: impl Into<Cow<'static, str>>, value: u64) {
     });
 }
 
+/// Forwards the CPU device's compile steps (see [`runtime::CpuDevice::compile_observed`]) to
+/// profiling spans, phases by name as [`Phase::of`] gives them, and its counters to
+/// [`add_counter`]; notes whether the program came from the device's cache.
+///
+/// What [`crate::backend::execute`] uses inside a profile; a tool that drives a device itself
+/// passes one to `compile_observed` to get the same spans.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProfileObserver {
+    cache_hit: bool,
+}
+
+impl ProfileObserver {
+    /// Whether the observed compilation was answered from the program cache (a `cache-hit` step).
+    pub fn cache_hit(&self) -> bool {
+        self.cache_hit
+    }
+}
+
+impl runtime::CompileObserver for ProfileObserver {
+    fn begin(&mut self, step: &'static str, nodes: Option<usize>) {
+        self.cache_hit |= step == "cache-hit";
+        begin(step, nodes);
+    }
+
+    fn end(&mut self, _step: &'static str, nodes: Option<usize>) {
+        end(nodes);
+    }
+
+    fn counter(&mut self, name: &'static str, value: u64) {
+        add_counter(name, value);
+    }
+}
+
 /// Records everything [`begin`]/[`end`]/[`span`] mark while `f` runs on this thread. Spans `f`
 /// leaves open are closed at its end. A profile inside a profile records on its own; the outer
 /// one resumes after it.

@@ -1,21 +1,18 @@
-//! The CPU compile pipeline, step by step, with a profiling span around each step.
-//!
-//! This is what `runtime`'s CPU device does on a program-cache miss (lower, codegen per loop
-//! kernel, executable, memory plan), called piece by piece from the outside so that every piece
-//! is timed: `lower`'s passes report through its `PassObserver`; code generation, the memory plan
-//! and the first run have no hook, so their calls are wrapped here. Each call of [`compile`] uses a
-//! fresh `CpuCompiler`, so nothing is cached between compilations.
+//! The CPU compile pipeline as the `kiln` command measures it: `runtime`'s own
+//! `CpuDevice::compile_observed`, whose steps (graph key, every pass of `lower`, code generation,
+//! prepare) become profiling spans through `kiln::profile::ProfileObserver`, then the memory plan
+//! and the first run, each a span too. Each call of [`compile`] uses a fresh device, so nothing
+//! is cached between compilations.
 
 use std::sync::Arc;
 
 use air::{Bindings, Graph, HostTensor};
-use codegen::{CompiledKernel, CpuCompiler};
-use kiln::profile::{self, PlannedMemory};
-use lower::kir::{Kernel, LoopKernel};
+use kiln::profile::{self, AllocCounts, PlannedMemory, ProfileObserver};
+use lower::kir::Kernel;
 use lower::rewrite::RewriteStats;
-use lower::{CompileOptions, PassObserver, Program};
-use runtime::vm::{Executable, KernelFn, Placement};
-use runtime::{GraphKey, MemoryStats, RuntimeError};
+use lower::{CompileOptions, Program};
+use runtime::vm::Executable;
+use runtime::{CompileObserver, CpuDevice};
 
 /// A traced program: the graph, its input data and its symbol values.
 #[derive(Clone)]
@@ -33,24 +30,9 @@ impl Traced {
     }
 }
 
-/// Forwards `lower`'s pass brackets to profiling spans.
-struct SpanObserver;
-
-impl PassObserver for SpanObserver {
-    fn begin(&mut self, pass: &'static str, graph_nodes: usize) {
-        profile::begin(pass, Some(graph_nodes));
-    }
-
-    fn end(&mut self, _pass: &'static str, graph_nodes: usize) {
-        profile::end(Some(graph_nodes));
-    }
-}
-
 /// A compiled program and what compiling it produced.
 pub struct Compiled {
     pub exe: Arc<Executable>,
-    /// The compiler that generated the loop kernels (its cache counters).
-    pub compiler: Arc<CpuCompiler>,
     /// Kernels of the program (loop and matmul) and launches per run.
     pub kernels: usize,
     pub loop_kernels: usize,
@@ -64,61 +46,29 @@ impl Compiled {
     }
 }
 
-/// The memory planner of `lower` in the runtime's terms, with a span around it.
-fn plan_memory(program: &Program, bindings: &Bindings) -> runtime::Result<Placement> {
-    let plan = profile::span("plan-arena", || lower::memplan::plan(program, bindings))
-        .map_err(|e| RuntimeError::BadSize(e.to_string()))?;
-    Ok(Placement {
-        offsets: plan.offsets,
-        stats: MemoryStats {
-            arena_bytes: plan.arena_bytes,
-            naive_bytes: plan.naive_bytes,
-            peak_live_bytes: plan.peak_live_bytes,
-        },
-    })
+/// A fresh CPU device for `options`, set up as `runtime` sets up every device (concurrent
+/// dependency levels included), so that what is measured is what users get; nothing is cached.
+fn fresh_device(options: &CompileOptions) -> runtime::Result<CpuDevice> {
+    CpuDevice::with_options(*options)
 }
 
-/// Lowers `graph`, compiles its loop kernels with a fresh code generator and prepares the
-/// executable; the memory plan for `bindings` is made here too (and recorded in the profile).
+/// Compiles `graph` on a fresh CPU device (`codegen-init`: the device and its code generator)
+/// through `CpuDevice::compile_observed`, every step of which is a span, and plans its memory
+/// for `bindings` (`memory-plan`, recorded in the profile).
 pub fn compile(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> anyhow::Result<Compiled> {
-    let key = profile::span("graph-key", || GraphKey::of(graph));
-    let program = lower::compile_observed(graph, options, &mut SpanObserver)?;
-    let compiler = Arc::new(profile::span("codegen-init", CpuCompiler::new)?);
-    // One batch, as `CpuDevice::compile` does: cache misses compile concurrently on all cores.
-    let loops: Vec<&LoopKernel> = program
-        .kernels
-        .iter()
-        .filter_map(|k| match k {
-            Kernel::Loops(k) => Some(k),
-            Kernel::Matmul(_) => None,
-        })
-        .collect();
-    let code: Vec<Arc<CompiledKernel>> =
-        profile::span("codegen", || compiler.compile_many(&loops).into_iter().collect::<Result<_, _>>())?;
-    let mut fns = code.iter().map(|c| c.as_fn());
-    let loop_fns: Vec<Option<KernelFn>> = program
-        .kernels
-        .iter()
-        .map(|k| match k {
-            Kernel::Loops(_) => fns.next(),
-            Kernel::Matmul(_) => None,
-        })
-        .collect();
-    let (kernels, loop_kernels) = (program.kernels.len(), code.len());
-    let exe = profile::span("prepare", || {
-        Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory)
-    })?;
+    let device = profile::span("codegen-init", || fresh_device(options))?;
+    let exe = device.compile_observed(graph, &mut ProfileObserver::default())?;
     let memory = profile::span("memory-plan", || exe.memory(bindings))?;
     profile::set_memory(PlannedMemory {
         arena_bytes: memory.arena_bytes,
         peak_live_bytes: memory.peak_live_bytes,
         naive_bytes: memory.naive_bytes,
     });
+    profile::add_counter("loop kernels compiled", device.stats().kernels_compiled);
+    let kernels = exe.program().kernels.len();
+    let loop_kernels = exe.program().kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();
     let launches = exe.launches();
-    profile::add_counter("kernels", kernels as u64);
-    profile::add_counter("loop kernels compiled", compiler.stats().compiled);
-    profile::add_counter("launches", launches as u64);
-    Ok(Compiled { exe: Arc::new(exe), compiler, kernels, loop_kernels, launches })
+    Ok(Compiled { exe, kernels, loop_kernels, launches })
 }
 
 /// Runs the compiled program once (a span named `first-run`).
@@ -142,7 +92,8 @@ pub struct WorkCounts {
     /// Rewrite worklist visits and rule attempts.
     pub visits: u64,
     pub attempts: u64,
-    /// Heap allocations (on this thread) during `lower::compile` and during code generation.
+    /// Heap allocations (on this thread) while lowering (every pass of `lower`) and during code
+    /// generation.
     pub lower_allocs: u64,
     pub codegen_allocs: u64,
     /// Kernels in the program, loop kernels compiled, launches per run.
@@ -151,30 +102,59 @@ pub struct WorkCounts {
     pub launches: u64,
 }
 
-/// Compiles `graph` once and counts the work. Allocation counts need `CountingAlloc` installed.
-pub fn compile_work(graph: &Graph, options: &CompileOptions) -> anyhow::Result<WorkCounts> {
-    let stats = rewrite_stats(graph);
-    let before = profile::thread_alloc_counts();
-    let program = lower::compile(graph, options)?;
-    let lowered = profile::thread_alloc_counts();
-    let compiler = CpuCompiler::new()?;
-    let after_init = profile::thread_alloc_counts();
-    let mut launches = 0;
-    for kernel in &program.kernels {
-        if let Kernel::Loops(k) = kernel {
-            compiler.compile(k)?;
+/// Marks this thread's allocation counts at the device's step boundaries: lowering runs from the
+/// end of `graph-key` to the start of `codegen`. Records into fields only, so that observing
+/// allocates nothing.
+#[derive(Default)]
+struct WorkObserver {
+    lower_start: AllocCounts,
+    codegen_start: AllocCounts,
+    codegen_end: AllocCounts,
+    kernels: u64,
+    launches: u64,
+}
+
+impl CompileObserver for WorkObserver {
+    fn begin(&mut self, step: &'static str, _nodes: Option<usize>) {
+        if step == "codegen" {
+            self.codegen_start = profile::thread_alloc_counts();
         }
     }
-    launches += program.steps.len() as u64;
-    let done = profile::thread_alloc_counts();
+
+    fn end(&mut self, step: &'static str, _nodes: Option<usize>) {
+        match step {
+            "graph-key" => self.lower_start = profile::thread_alloc_counts(),
+            "codegen" => self.codegen_end = profile::thread_alloc_counts(),
+            _ => {}
+        }
+    }
+
+    fn counter(&mut self, name: &'static str, value: u64) {
+        match name {
+            "kernels" => self.kernels = value,
+            "launches" => self.launches = value,
+            _ => {}
+        }
+    }
+}
+
+/// Compiles `graph` once on a fresh CPU device (as [`compile`] does, without spans) and counts
+/// the work. Code generation runs on this thread only, so the allocation counts are
+/// deterministic; they need `CountingAlloc` installed.
+pub fn compile_work(graph: &Graph, options: &CompileOptions) -> anyhow::Result<WorkCounts> {
+    let stats = rewrite_stats(graph);
+    let device = fresh_device(options)?;
+    device.set_compile_threads(1);
+    let mut work = WorkObserver::default();
+    device.compile_observed(graph, &mut work)?;
     Ok(WorkCounts {
         nodes: graph.len() as u64,
         visits: stats.visits,
         attempts: stats.attempts,
-        lower_allocs: lowered.since(before).allocs,
-        codegen_allocs: done.since(after_init).allocs,
-        kernels: program.kernels.len() as u64,
-        compiled: compiler.stats().compiled,
-        launches,
+        lower_allocs: work.codegen_start.since(work.lower_start).allocs,
+        codegen_allocs: work.codegen_end.since(work.codegen_start).allocs,
+        kernels: work.kernels,
+        compiled: device.stats().kernels_compiled,
+        launches: work.launches,
     })
 }

@@ -21,7 +21,7 @@ pub struct Profiled {
 }
 
 /// Profiles any tensor program: `build` (run inside the profile, so its own spans count) returns
-/// lazy tensors, which are then traced, compiled with a fresh code generator (nothing cached) and
+/// lazy tensors, which are then traced, compiled on a fresh CPU device (nothing cached) and
 /// run once, each step a span. The report also gets the rewriter's counters.
 ///
 /// ```no_run

@@ -147,6 +147,13 @@ impl CpuDevice {
         })
     }
 
+    /// Sets the most threads one compilation's batch of loop kernels is generated on (at least 1;
+    /// 1 generates every kernel on the thread that calls [`compile`](CpuDevice::compile)). A new
+    /// device uses every core.
+    pub fn set_compile_threads(&self, n: usize) {
+        self.inner.compiler.set_compile_threads(n);
+    }
+
     /// The executable for `graph`: from the cache when a graph of the same structure was compiled
     /// before (whatever its symbol values will be), else lowered and compiled now.
     ///
