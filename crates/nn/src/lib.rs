@@ -33,6 +33,7 @@ mod rnn;
 mod serialize;
 mod train;
 mod transformer;
+pub mod zoo;
 
 pub use activation::{Activation, Dropout, Flatten};
 pub use attention::CausalSelfAttention;

@@ -2,117 +2,19 @@
 //! forward, `kiln::grad`, SGD with momentum, all realized as one program) for a suite of small
 //! models built from `nn`'s layers, steady state (each program compiled once, then timed).
 //!
-//! The suite (sizes chosen here; `nn` has the layers but no suite of its own):
-//!
-//! | name | model | input |
-//! |---|---|---|
-//! | dense-tiny | Linear 32-64, ReLU, Linear 64-10 | (32, 32) |
-//! | dense-large | Linear 784-1024, ReLU, Linear 1024-1024, ReLU, Linear 1024-10 | (128, 784) |
-//! | conv-1 | Conv2d 1-1 3x3, ReLU, Flatten, Linear 676-10 | (8, 1, 28, 28) |
-//! | conv-32 | Conv2d 1-32 3x3, ReLU, MaxPool 2x2, Flatten, Linear 5408-10 | (8, 1, 28, 28) |
-//! | simple-rnn, gru, lstm | the recurrent layer 8-32 (last state), Linear 32-1 | (16, 10, 8) |
-//! | mobilenet | `nn::MobileNet` 3-8 stem, blocks (16,1) (32,2) (32,1), 10 classes | (4, 3, 32, 32) |
-//! | attention | `nn::CausalSelfAttention` dim 64, 8 heads | (8, 16, 64) |
+//! The suite (models, inputs, targets, loss) is [`nn::zoo`], shared with the criterion bench
+//! `cargo bench -p kiln-nn --bench models`; its docs list the sizes.
 //!
 //! A model `nn` cannot build, or that fails to run, gets a row saying so instead of times.
 
 use kiln::Tensor;
-use nn::{
-    Activation, CausalSelfAttention, Conv2d, Flatten, Gru, Linear, Loss, Lstm, MaxPool2d, MobileNet, Module, Optimizer,
-    ParamKind, Sequential, Sgd, SimpleRnn,
-};
+use nn::zoo::{self, Case, NAMES};
+use nn::{Optimizer, ParamKind, Sgd};
 
 use crate::output::{Cell, SuiteOutput, Table, progress};
 use crate::runner::Runner;
 use crate::svg::{Plot, Series};
 use crate::timing::{Budget, measure_ms};
-
-/// A model of the suite with one batch of data.
-pub struct Case {
-    pub model: Box<dyn Module>,
-    pub x: Tensor,
-    pub y: Tensor,
-    pub loss: Loss,
-}
-
-fn data(shape: &[usize], seed: usize) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v: Vec<f32> = (0..n).map(|i| (((i * 37 + seed * 11) % 101) as f32 - 50.0) / 50.0).collect();
-    Tensor::from_vec(v, shape)
-}
-
-fn dense(sizes: &[usize], batch: usize) -> anyhow::Result<Case> {
-    let mut model = Sequential::new();
-    for (i, w) in sizes.windows(2).enumerate() {
-        model = model.push(Linear::new(w[0], w[1], true));
-        if i + 2 < sizes.len() {
-            model = model.push(Activation::Relu);
-        }
-    }
-    let out = sizes[sizes.len() - 1];
-    Ok(Case { model: Box::new(model), x: data(&[batch, sizes[0]], 1), y: data(&[batch, out], 2), loss: Loss::Mse })
-}
-
-fn conv(filters: usize, pool: bool) -> anyhow::Result<Case> {
-    let mut model =
-        Sequential::new().push(Conv2d::new(1, filters, (3, 3), (1, 1), (0, 0), 1, true)?).push(Activation::Relu);
-    let side = if pool {
-        model = model.push(MaxPool2d::new((2, 2)));
-        13
-    } else {
-        26
-    };
-    let model = model.push(Flatten).push(Linear::new(filters * side * side, 10, true));
-    Ok(Case { model: Box::new(model), x: data(&[8, 1, 28, 28], 3), y: data(&[8, 10], 4), loss: Loss::Mse })
-}
-
-fn recurrent(layer: impl Module + 'static) -> anyhow::Result<Case> {
-    let model = Sequential::new().push(layer).push(Linear::new(32, 1, true));
-    Ok(Case { model: Box::new(model), x: data(&[16, 10, 8], 5), y: data(&[16, 1], 6), loss: Loss::Mse })
-}
-
-/// The suite's names, in order.
-pub const NAMES: [&str; 9] =
-    ["dense-tiny", "dense-large", "conv-1", "conv-32", "simple-rnn", "gru", "lstm", "mobilenet", "attention"];
-
-/// Builds the named model with its data.
-pub fn build(name: &str) -> anyhow::Result<Case> {
-    kiln::manual_seed(0);
-    match name {
-        "dense-tiny" => dense(&[32, 64, 10], 32),
-        "dense-large" => dense(&[784, 1024, 1024, 10], 128),
-        "conv-1" => conv(1, false),
-        "conv-32" => conv(32, true),
-        "simple-rnn" => {
-            let mut rnn = SimpleRnn::new(8, 32);
-            rnn.return_sequences = false;
-            recurrent(rnn)
-        }
-        "gru" => {
-            let mut rnn = Gru::new(8, 32);
-            rnn.return_sequences = false;
-            recurrent(rnn)
-        }
-        "lstm" => {
-            let mut rnn = Lstm::new(8, 32);
-            rnn.return_sequences = false;
-            recurrent(rnn)
-        }
-        "mobilenet" => Ok(Case {
-            model: Box::new(MobileNet::new(3, 8, &[(16, 1), (32, 2), (32, 1)], 10)?),
-            x: data(&[4, 3, 32, 32], 7),
-            y: data(&[4, 10], 8),
-            loss: Loss::Mse,
-        }),
-        "attention" => Ok(Case {
-            model: Box::new(CausalSelfAttention::new(64, 8, 16)?),
-            x: data(&[8, 16, 64], 9),
-            y: data(&[8, 16, 64], 10),
-            loss: Loss::Mse,
-        }),
-        other => anyhow::bail!("unknown model {other}"),
-    }
-}
 
 /// A forward pass without gradients, realized on `runner`.
 fn predict(case: &mut Case, runner: &Runner) -> anyhow::Result<Tensor> {
@@ -162,7 +64,7 @@ pub fn run(smoke: bool, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     for (i, &name) in names.iter().enumerate() {
         bar.set_message(name.to_string());
         let measured = (|| -> anyhow::Result<(usize, String, f64, f64)> {
-            let mut case = build(name)?;
+            let mut case = zoo::build(name)?;
             runner.place_module(&mut *case.model)?;
             case.x = runner.place(case.x.clone())?;
             case.y = runner.place(case.y.clone())?;
