@@ -9,8 +9,9 @@
 //! alternative, a pool of buffers keyed by size, allocates lazily and needs no planning, but pays
 //! a lookup (and often an allocation, since sizes rarely repeat exactly) per temp per run, keeps
 //! freed buffers of sizes that never come back, and cannot pack a small buffer into the tail of a
-//! bigger dead one. Planning is cheap (O(T^2) in the number of temps, done once), and the arena's
-//! size is known before the run starts, so a device allocation cannot fail halfway.
+//! bigger dead one. Planning is cheap (done once; placement is O(T log T) in the number of temps
+//! when each overlaps few others, see [`place`]), and the arena's size is known before the run
+//! starts, so a device allocation cannot fail halfway.
 //!
 //! # Lifetimes
 //!
@@ -23,7 +24,9 @@
 //! # Placement
 //!
 //! Greedy by size: temps sorted by size (largest first), each placed at the lowest 64-byte-aligned
-//! offset that does not overlap any already placed temp whose lifetime intersects its own.
+//! offset that does not overlap any already placed temp whose lifetime intersects its own. The
+//! placed temps whose lifetimes intersect are found through an interval index (a segment tree over
+//! time slots), not by scanning every placed temp.
 
 use air::Bindings;
 
@@ -151,25 +154,44 @@ pub fn lifetimes(program: &Program, groups: &[Vec<usize>]) -> Result<Vec<Option<
 }
 
 /// Places every buffer with an interval; returns the offsets and the arena size.
+///
+/// `sizes[i]` is buffer `i`'s size in bytes and `intervals[i]` its inclusive lifetime in time
+/// slots (`None`: not placed, its offset is `None`). Buffers are taken largest first (ties: earlier
+/// start slot first, then lower index), each at the lowest `ALIGN`-aligned offset whose bytes do
+/// not overlap a placed, non-empty buffer whose lifetime intersects its own. The arena size is the
+/// highest end offset, rounded up to `ALIGN`.
+///
+/// The placed buffers that intersect a lifetime are found through a segment tree over the
+/// distinct slot endpoints, so a placement costs O((k + 1) log S) for k intersecting buffers and
+/// S distinct endpoints, plus sorting those k: O(T log T) overall when each buffer overlaps few
+/// others.
 pub fn place(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> (Vec<Option<usize>>, usize) {
+    place_counted(sizes, intervals, &mut 0)
+}
+
+/// `place`, adding to `work` one unit per tree node visited and per candidate buffer examined.
+fn place_counted(
+    sizes: &[usize],
+    intervals: &[Option<(usize, usize)>],
+    work: &mut usize,
+) -> (Vec<Option<usize>>, usize) {
     let mut order: Vec<usize> = (0..sizes.len()).filter(|&i| intervals[i].is_some()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(sizes[i]), intervals[i].map(|(lo, _)| lo), i));
     let mut offsets: Vec<Option<usize>> = vec![None; sizes.len()];
-    let mut placed: Vec<usize> = Vec::new();
+    let mut index = IntervalIndex::new(intervals);
+    let mut busy: Vec<(usize, usize)> = Vec::new();
+    let mut found: Vec<usize> = Vec::new();
     let mut arena = 0;
     for i in order {
         let (lo, hi) = intervals[i].expect("filtered");
-        let mut busy: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|&&j| {
-                let (a, b) = intervals[j].expect("placed buffers have intervals");
-                a <= hi && lo <= b && sizes[j] > 0
-            })
-            .map(|&j| (offsets[j].expect("placed"), sizes[j]))
-            .collect();
-        busy.sort();
+        let (lo, hi) = (index.coord(lo), index.coord(hi));
+        found.clear();
+        index.query(lo, hi, &mut found, work);
+        busy.clear();
+        busy.extend(found.iter().map(|&j| (offsets[j].expect("placed"), sizes[j])));
+        busy.sort_unstable();
         let mut at = 0;
-        for (off, size) in busy {
+        for &(off, size) in &busy {
             if at + sizes[i] <= off {
                 break;
             }
@@ -177,9 +199,108 @@ pub fn place(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> (Vec<Opti
         }
         offsets[i] = Some(at);
         arena = arena.max(at + sizes[i]);
-        placed.push(i);
+        // Empty buffers occupy no bytes, so they never constrain a later placement.
+        if sizes[i] > 0 {
+            index.insert(i, lo, hi);
+        }
     }
     (offsets, align_up(arena))
+}
+
+/// The placed buffers, by lifetime: a segment tree over the distinct interval endpoints (time
+/// slots, compressed to `0..n`). A buffer is stored in the O(log n) nodes that exactly cover its
+/// compressed interval; `count` per node is how many are stored in its subtree, so that a query
+/// skips empty subtrees.
+struct IntervalIndex {
+    /// The distinct endpoints of all intervals, sorted: compressed coordinate `c` is `coords[c]`.
+    coords: Vec<usize>,
+    /// Per node (heap order, root 1): the buffers stored exactly at this node.
+    stored: Vec<Vec<usize>>,
+    /// Per node: how many buffers are stored in its subtree, itself included.
+    count: Vec<usize>,
+    /// Per buffer: the query that last reported it (deduplicates across nodes).
+    seen: Vec<usize>,
+    /// The number of the current query, starting at 1.
+    query_id: usize,
+}
+
+impl IntervalIndex {
+    fn new(intervals: &[Option<(usize, usize)>]) -> Self {
+        let mut coords: Vec<usize> = intervals.iter().flatten().flat_map(|&(lo, hi)| [lo, hi]).collect();
+        coords.sort_unstable();
+        coords.dedup();
+        let nodes = 4 * coords.len().max(1);
+        IntervalIndex {
+            coords,
+            stored: vec![Vec::new(); nodes],
+            count: vec![0; nodes],
+            seen: vec![0; intervals.len()],
+            query_id: 0,
+        }
+    }
+
+    /// The compressed coordinate of an interval endpoint. Since every endpoint is a coordinate,
+    /// two intervals intersect exactly when their compressed intervals do.
+    fn coord(&self, slot: usize) -> usize {
+        self.coords.binary_search(&slot).expect("every endpoint is a coordinate")
+    }
+
+    /// Stores buffer `id` with the compressed interval `[lo, hi]`.
+    fn insert(&mut self, id: usize, lo: usize, hi: usize) {
+        self.insert_at(1, 0, self.coords.len() - 1, id, lo, hi);
+    }
+
+    fn insert_at(&mut self, node: usize, nl: usize, nr: usize, id: usize, lo: usize, hi: usize) {
+        if hi < nl || nr < lo {
+            return;
+        }
+        self.count[node] += 1;
+        if lo <= nl && nr <= hi {
+            self.stored[node].push(id);
+            return;
+        }
+        let mid = nl + (nr - nl) / 2;
+        self.insert_at(2 * node, nl, mid, id, lo, hi);
+        self.insert_at(2 * node + 1, mid + 1, nr, id, lo, hi);
+    }
+
+    /// Appends to `out`, once each, the stored buffers whose interval intersects `[lo, hi]`.
+    fn query(&mut self, lo: usize, hi: usize, out: &mut Vec<usize>, work: &mut usize) {
+        self.query_id += 1;
+        self.query_at(1, 0, self.coords.len() - 1, lo, hi, out, work);
+    }
+
+    /// A buffer stored at a node covers the node's whole range, so it intersects `[lo, hi]`
+    /// whenever the node's range does; every buffer that intersects `[lo, hi]` covers some slot
+    /// `t` in it, and is stored at an ancestor of `t`'s leaf, whose range contains `t`.
+    #[allow(clippy::too_many_arguments)]
+    fn query_at(
+        &mut self,
+        node: usize,
+        nl: usize,
+        nr: usize,
+        lo: usize,
+        hi: usize,
+        out: &mut Vec<usize>,
+        work: &mut usize,
+    ) {
+        if self.count[node] == 0 || hi < nl || nr < lo {
+            return;
+        }
+        *work += 1;
+        for &id in &self.stored[node] {
+            *work += 1;
+            if self.seen[id] != self.query_id {
+                self.seen[id] = self.query_id;
+                out.push(id);
+            }
+        }
+        if nl < nr {
+            let mid = nl + (nr - nl) / 2;
+            self.query_at(2 * node, nl, mid, lo, hi, out, work);
+            self.query_at(2 * node + 1, mid + 1, nr, lo, hi, out, work);
+        }
+    }
 }
 
 /// The most bytes alive in one time slot.
@@ -198,4 +319,113 @@ pub fn peak_live(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> usize
         peak = peak.max(live);
     }
     peak as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Buffer sizes and lifetimes, as `place` takes them.
+    type Buffers = (Vec<usize>, Vec<Option<(usize, usize)>>);
+
+    /// The original O(T^2) placement, kept as the reference `place` must match exactly.
+    fn place_reference(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> (Vec<Option<usize>>, usize) {
+        let mut order: Vec<usize> = (0..sizes.len()).filter(|&i| intervals[i].is_some()).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(sizes[i]), intervals[i].map(|(lo, _)| lo), i));
+        let mut offsets: Vec<Option<usize>> = vec![None; sizes.len()];
+        let mut placed: Vec<usize> = Vec::new();
+        let mut arena = 0;
+        for i in order {
+            let (lo, hi) = intervals[i].expect("filtered");
+            let mut busy: Vec<(usize, usize)> = placed
+                .iter()
+                .filter(|&&j| {
+                    let (a, b) = intervals[j].expect("placed buffers have intervals");
+                    a <= hi && lo <= b && sizes[j] > 0
+                })
+                .map(|&j| (offsets[j].expect("placed"), sizes[j]))
+                .collect();
+            busy.sort();
+            let mut at = 0;
+            for (off, size) in busy {
+                if at + sizes[i] <= off {
+                    break;
+                }
+                at = at.max(align_up(off + size));
+            }
+            offsets[i] = Some(at);
+            arena = arena.max(at + sizes[i]);
+            placed.push(i);
+        }
+        (offsets, align_up(arena))
+    }
+
+    /// A size drawn mostly from a few values (ties, zero, exact multiples of `ALIGN`), sometimes
+    /// from a wide range.
+    fn size() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            3 => prop::sample::select(vec![0usize, 1, 63, 64, 65, 128, 200, 256]),
+            1 => 0usize..5000,
+        ]
+    }
+
+    /// A lifetime, or `None` (an input or output), over a short or long span of slots.
+    fn interval(slots: usize) -> impl Strategy<Value = Option<(usize, usize)>> {
+        prop_oneof![
+            1 => Just(None),
+            6 => (0..slots, 0..slots).prop_map(|(a, b)| Some((a.min(b), a.max(b)))),
+            3 => (0..slots, 0usize..3).prop_map(|(a, len)| Some((a, a + len))),
+        ]
+    }
+
+    fn buffers() -> impl Strategy<Value = Buffers> {
+        prop_oneof![Just(4usize), Just(16), Just(200), Just(1_000_000)]
+            .prop_flat_map(|slots| prop::collection::vec((size(), interval(slots)), 0..120))
+            .prop_map(|bufs| bufs.into_iter().unzip())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn place_matches_reference((sizes, intervals) in buffers()) {
+            prop_assert_eq!(place(&sizes, &intervals), place_reference(&sizes, &intervals));
+        }
+    }
+
+    #[test]
+    fn place_matches_reference_on_edge_cases() {
+        let cases: Vec<Buffers> = vec![
+            (vec![], vec![]),
+            (vec![10], vec![None]),
+            (vec![0, 0, 0], vec![Some((0, 0)); 3]),
+            (vec![64, 64, 64, 64], vec![Some((0, 5)); 4]),
+            (vec![100, 0, 100, 50], vec![Some((0, 1)), Some((1, 1)), Some((1, 2)), Some((usize::MAX - 1, usize::MAX))]),
+            (vec![7; 6], vec![Some((3, 3)), Some((0, 9)), None, Some((9, 9)), Some((0, 0)), Some((4, 8))]),
+        ];
+        for (sizes, intervals) in cases {
+            assert_eq!(place(&sizes, &intervals), place_reference(&sizes, &intervals), "{sizes:?} {intervals:?}");
+        }
+    }
+
+    /// `t` temps in a chain: temp `i` lives in slots `i..=i + 1`, overlapping only its neighbours.
+    fn chained(t: usize) -> Buffers {
+        let sizes = (0..t).map(|i| 64 + (i * 37) % 300).collect();
+        let intervals = (0..t).map(|i| Some((i, i + 1))).collect();
+        (sizes, intervals)
+    }
+
+    #[test]
+    fn placement_work_is_near_linear_on_chains() {
+        let work = |t: usize| {
+            let (sizes, intervals) = chained(t);
+            let mut work = 0;
+            let got = place_counted(&sizes, &intervals, &mut work);
+            assert_eq!(got, place_reference(&sizes, &intervals));
+            work
+        };
+        let (small, big) = (work(1000), work(10_000));
+        // Quadratic work would grow 100x; O(T log T) grows about 13x.
+        assert!(big < 20 * small, "work grew from {small} (T = 1000) to {big} (T = 10000)");
+    }
 }
