@@ -61,22 +61,56 @@ use smallvec::SmallVec;
 pub enum AutodiffError {
     /// A node passed to `grad` is not (or no longer) in the graph.
     #[error("autodiff: {role} node {node} is not in the graph")]
-    NotInGraph { role: &'static str, node: NodeId },
+    NotInGraph {
+        /// Which argument named the node: `"output"`, `"wrt"` or `"seed"`.
+        role: &'static str,
+        /// The missing node.
+        node: NodeId,
+    },
     /// Only float outputs can be differentiated.
     #[error("autodiff: output {node} has dtype {dtype}; only float outputs have gradients")]
-    OutputNotFloat { node: NodeId, dtype: DType },
+    OutputNotFloat {
+        /// The output node.
+        node: NodeId,
+        /// Its (non-float) dtype.
+        dtype: DType,
+    },
     /// Gradients exist only with respect to float nodes.
     #[error("autodiff: cannot differentiate with respect to {node} of dtype {dtype}; only float nodes have gradients")]
-    WrtNotFloat { node: NodeId, dtype: DType },
+    WrtNotFloat {
+        /// The `wrt` node.
+        node: NodeId,
+        /// Its (non-float) dtype.
+        dtype: DType,
+    },
     /// The seed gradient must have exactly the output's type.
     #[error("autodiff: seed {seed} has type {seed_ty}, but output {output} has type {output_ty}")]
-    SeedType { seed: NodeId, seed_ty: Box<TensorType>, output: NodeId, output_ty: Box<TensorType> },
+    SeedType {
+        /// The seed node.
+        seed: NodeId,
+        /// The seed's type.
+        seed_ty: Box<TensorType>,
+        /// The output node.
+        output: NodeId,
+        /// The output's type, which the seed must match.
+        output_ty: Box<TensorType>,
+    },
     /// The graph is malformed (a cycle, a wrong arity or type left by `add_unchecked`, ...).
     #[error("autodiff: invalid graph at {node}: {msg}")]
-    InvalidGraph { node: NodeId, msg: String },
+    InvalidGraph {
+        /// The node where the problem was found.
+        node: NodeId,
+        /// What is wrong.
+        msg: String,
+    },
     /// Adding a gradient node failed; the forward graph has a type the rules cannot invert.
     #[error("autodiff: building the gradient of {node}: {source}")]
-    Build { node: NodeId, source: AirError },
+    Build {
+        /// The forward node whose gradient was being built.
+        node: NodeId,
+        /// The error from adding the gradient node.
+        source: AirError,
+    },
 }
 
 type Result<T> = std::result::Result<T, AutodiffError>;

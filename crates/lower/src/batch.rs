@@ -109,7 +109,12 @@ pub enum Launch {
     Step(usize),
     /// The steps (at least two, independent of each other, in program order) all launch matmul
     /// kernel `kernel`: one grouped GEMM of `steps.len()` problems.
-    Grouped { kernel: u32, steps: Vec<usize> },
+    Grouped {
+        /// The index of the shared matmul kernel in `program.kernels`.
+        kernel: u32,
+        /// The grouped steps, in program order.
+        steps: Vec<usize>,
+    },
 }
 
 impl Launch {

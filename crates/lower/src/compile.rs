@@ -29,7 +29,9 @@ impl Default for CompileOptions {
 /// Watches the passes of a compilation: `begin` and `end` bracket each pass, with the number of
 /// graph nodes before and after it.
 pub trait PassObserver {
+    /// Called before pass `pass` runs, with the graph's node count at that point.
     fn begin(&mut self, pass: &'static str, graph_nodes: usize);
+    /// Called after pass `pass` returns (whether or not it failed), with the graph's node count then.
     fn end(&mut self, pass: &'static str, graph_nodes: usize);
 }
 

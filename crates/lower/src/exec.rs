@@ -18,8 +18,11 @@ use crate::program::{BufferKind, Program};
 /// One scalar value: floats of every width are held as `f64` (exactly), ints as `i64`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Val {
+    /// A `bool` value.
     B(bool),
+    /// An integer value of any int dtype.
     I(i64),
+    /// A floating-point value of any float dtype.
     F(f64),
 }
 

@@ -3,6 +3,8 @@
 //! Input: an `air::Graph`. Output: a `Program` of kernels in the kernel IR (`kir`), sorted once,
 //! over buffers whose temporaries the memory planner places in one arena.
 
+#![warn(missing_docs)]
+
 pub mod autodiff;
 pub mod batch;
 pub mod compile;

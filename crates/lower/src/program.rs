@@ -27,18 +27,23 @@ pub enum BufferKind {
     Temp,
 }
 
+/// One buffer of the program, indexed by its `BufId` in `Program::buffers`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct BufferInfo {
+    /// The element type.
     pub dtype: DType,
     /// Element count, possibly symbolic.
     pub numel: Dim,
+    /// Where its memory comes from.
     pub kind: BufferKind,
 }
 
 /// One kernel launch: `kernels[kernel]` with its parameters bound to `args` (one per param).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Step {
+    /// The index of the launched kernel in `Program::kernels`.
     pub kernel: u32,
+    /// The buffer bound to each of the kernel's parameters, in parameter order.
     pub args: Vec<BufId>,
 }
 
@@ -50,7 +55,9 @@ pub struct Program {
     pub symbols: Vec<Symbol>,
     /// Unique kernels: identical kernels appear once and are launched by several steps.
     pub kernels: Vec<Kernel>,
+    /// The launches, in a valid execution order.
     pub steps: Vec<Step>,
+    /// Every buffer, indexed by `BufId`.
     pub buffers: Vec<BufferInfo>,
     /// The buffer of each graph output, with its type (outputs may share a buffer).
     pub outputs: Vec<(BufId, TensorType)>,

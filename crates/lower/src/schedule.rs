@@ -75,7 +75,9 @@ pub struct FuseOptions {
 /// One operand of a recognised matmul: `base`'s buffer seen through `chain` (top op first).
 #[derive(Clone, Debug, PartialEq)]
 pub struct MatmulOperand {
+    /// The materialized node whose buffer the operand reads.
     pub base: NodeId,
+    /// The movement ops between `base` and the matmul, top op first (empty: `base` itself).
     pub chain: Vec<Movement>,
 }
 
@@ -86,7 +88,16 @@ pub enum Plan {
     Loops,
     /// A matmul kernel for the reduce node `reduce` (the node itself, or, with `bias`, the node is
     /// `add(reshape*(reduce), bias)` and `bias` is written into the result first).
-    Matmul { reduce: NodeId, a: MatmulOperand, b: MatmulOperand, bias: Option<NodeId> },
+    Matmul {
+        /// The `reduce sum` node that the matmul computes.
+        reduce: NodeId,
+        /// The left operand (`[.., M, K]`).
+        a: MatmulOperand,
+        /// The right operand (`[.., K, N]`).
+        b: MatmulOperand,
+        /// The node added to the product, if the matmul absorbed a bias add.
+        bias: Option<NodeId>,
+    },
 }
 
 /// The fusion decisions for a graph.

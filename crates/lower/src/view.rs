@@ -21,10 +21,15 @@ use crate::kir::IExpr;
 /// One movement op, with its attributes, as the view tracker applies it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Movement {
+    /// `reshape` to this shape (same element count, row-major order).
     Reshape(Vec<Dim>),
+    /// `permute`: output axis `i` is input axis `perm[i]`.
     Permute(Vec<usize>),
+    /// `expand` of size-1 axes to this shape (same rank).
     Expand(Vec<Dim>),
+    /// `pad` by `(before, after)` elements on each axis.
     Pad(Vec<(Dim, Dim)>),
+    /// `shrink` to the `(start, end)` range of each axis.
     Shrink(Vec<(Dim, Dim)>),
 }
 
@@ -33,9 +38,13 @@ pub enum Movement {
 /// `mask[d] = (lo, hi)` holds `lo <= idx[d] < hi` (elsewhere it is padding).
 #[derive(Clone, Debug, PartialEq)]
 pub struct View {
+    /// The shape this view presents.
     pub shape: Vec<Dim>,
+    /// The stride of each dim, in positions of what lies below (0 for an expanded dim).
     pub strides: Vec<Dim>,
+    /// The position of multi-index zero.
     pub offset: Dim,
+    /// Per dim, the `[lo, hi)` range of indices that exist; `None` if every index does.
     pub mask: Option<Vec<(Dim, Dim)>>,
 }
 
@@ -66,6 +75,7 @@ fn probe(d: &Dim) -> i64 {
 }
 
 impl View {
+    /// The row-major, unmasked view of `shape` at offset 0.
     pub fn contiguous(shape: &[Dim]) -> View {
         View { shape: shape.to_vec(), strides: row_major(shape), offset: Dim::Const(0), mask: None }
     }
@@ -245,19 +255,24 @@ fn range_covers((lo, hi): &(Dim, Dim), size: &Dim) -> bool {
 /// the one below it. The last view's shape is what the consumer sees.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ViewStack {
+    /// The shape of the contiguous tensor `views[0]` addresses.
     pub base: Vec<Dim>,
+    /// The views, bottom first; never empty.
     pub views: Vec<View>,
 }
 
 impl ViewStack {
+    /// A single contiguous view of a buffer of shape `shape`.
     pub fn contiguous(shape: &[Dim]) -> ViewStack {
         ViewStack { base: shape.to_vec(), views: vec![View::contiguous(shape)] }
     }
 
+    /// The last view: the one the consumer indexes.
     pub fn top(&self) -> &View {
         self.views.last().expect("a view stack is never empty")
     }
 
+    /// The shape the consumer sees (the top view's).
     pub fn shape(&self) -> &[Dim] {
         &self.top().shape
     }
@@ -403,6 +418,7 @@ impl Affine {
 }
 
 impl IndexCx {
+    /// A context where symbol `symbols[n]` becomes `IExpr::Sym(n)`, with no loop extents known yet.
     pub fn new(symbols: Vec<Symbol>) -> IndexCx {
         IndexCx { symbols, extents: Vec::new() }
     }
@@ -488,6 +504,11 @@ impl IndexCx {
         (lo >= 0 && hi < d).then(|| (q.expr(), r.expr()))
     }
 
+    /// `e / d` (floor division of a non-negative index), simplified when `d` is a constant that
+    /// splits `e`'s affine form exactly.
+    ///
+    /// # Errors
+    /// `LowerError::InvalidGraph` if `d` cannot be written as an index expression.
     pub fn div(&self, e: IExpr, d: &Dim) -> Result<IExpr, LowerError> {
         if let Some(c) = d.as_const()
             && let Some((q, _)) = self.split(&e, c)
@@ -497,6 +518,11 @@ impl IndexCx {
         Ok(IExpr::div(e, self.dim(d)?))
     }
 
+    /// `e % d`, simplified to `e` when its known bounds lie in `[0, d)`, or to the remainder of an
+    /// exact affine split when `d` is a constant.
+    ///
+    /// # Errors
+    /// `LowerError::InvalidGraph` if `d` cannot be written as an index expression.
     pub fn rem(&self, e: IExpr, d: &Dim) -> Result<IExpr, LowerError> {
         if let Some(c) = d.as_const() {
             if let Some((lo, hi)) = self.bounds(&e)

@@ -47,6 +47,7 @@ pub struct RewriteStats {
     pub attempts: u64,
     /// Rewrites made.
     pub rewrites: u64,
+    /// Pattern matches attempted by each rule that was tried at least once.
     pub attempts_by_rule: BTreeMap<&'static str, u64>,
     /// Rewrites made by each rule that fired at least once.
     pub rewrites_by_rule: BTreeMap<&'static str, u64>,

@@ -37,9 +37,13 @@ use smallvec::SmallVec;
 /// Which dtypes a typed capture accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DClass {
+    /// Every dtype (an untyped `?name`).
     Any,
+    /// Integer dtypes (`int`).
     Int,
+    /// Float dtypes (`float`).
     Float,
+    /// `bool` only (`bool`).
     Bool,
     /// Ints and bools: the dtypes where every value equals itself.
     NotFloat,
@@ -56,6 +60,7 @@ impl DClass {
         })
     }
 
+    /// Whether a node of `dtype` may be captured by a capture of this class.
     pub fn accepts(self, dtype: DType) -> bool {
         match self {
             DClass::Any => true,
@@ -70,8 +75,11 @@ impl DClass {
 /// A literal of a const matcher or a const template.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Lit {
+    /// `true` or `false`.
     Bool(bool),
+    /// An integer literal such as `3` or `-1`.
     Int(i64),
+    /// A float literal such as `1.0`, `-0.0`, `inf` or `nan`.
     Float(f64),
 }
 
@@ -122,6 +130,7 @@ pub enum Head {
 }
 
 impl Head {
+    /// Whether a node with op `op` matches this head (attributes are ignored).
     pub fn accepts(self, op: &Op) -> bool {
         match self {
             Head::Op(m) => op.mnemonic() == m,
@@ -154,11 +163,21 @@ fn mnemonic(text: &str) -> Option<&'static str> {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Pat {
     /// `?name[:class]`; `var` is `None` for `?_`.
-    Capture { var: Option<usize>, class: DClass },
+    Capture {
+        /// The index of the captured variable among the rule's names; `None` for `?_`.
+        var: Option<usize>,
+        /// The dtypes the captured node may have.
+        class: DClass,
+    },
     /// `(const)` or `(const LIT)`.
     Const(Option<Lit>),
     /// `(HEAD pat ...)`.
-    Op { head: Head, inputs: Vec<Pat> },
+    Op {
+        /// Which ops the node may have.
+        head: Head,
+        /// The patterns its inputs must match, in order.
+        inputs: Vec<Pat>,
+    },
 }
 
 impl Pat {
@@ -176,9 +195,13 @@ impl Pat {
 /// A parsed right-hand side.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Template {
+    /// `?name`: the node captured by the variable with this index.
     Capture(usize),
+    /// `(const LIT)`: a new const of the root's type holding the literal.
     Const(Lit),
+    /// `(root tpl ...)`: the matched root's op, attributes included, on the given inputs.
     Root(Vec<Template>),
+    /// `(OP tpl ...)`: a new node of an attribute-free op on the given inputs.
     Op(Op, Vec<Template>),
 }
 

@@ -56,6 +56,7 @@ pub struct Rule {
     pub name: &'static str,
     /// The pattern (see the `pattern` module for the language). Its root must be an op.
     pub lhs: &'static str,
+    /// What replaces the matched root.
     pub rhs: Rhs,
     /// A condition on the match that the pattern cannot say (attributes, types).
     pub guard: Option<Guard>,
@@ -77,14 +78,19 @@ pub enum Rhs {
 /// removed later).
 #[derive(Clone, Copy, Debug)]
 pub struct Compute {
+    /// The function's name, for debug output.
     pub name: &'static str,
+    /// The function: given the builder, the matched root and the match, the replacement node or
+    /// `None` to decline.
     pub f: fn(&mut Builder<'_>, NodeId, &Match<'_>) -> Option<NodeId>,
 }
 
 /// A named condition on a match.
 #[derive(Clone, Copy, Debug)]
 pub struct Guard {
+    /// The condition's name, for debug output.
     pub name: &'static str,
+    /// The condition: given the graph, the matched root and the match, whether the rule may fire.
     pub f: fn(&Graph, NodeId, &Match<'_>) -> bool,
 }
 
@@ -99,6 +105,7 @@ impl<'g> Builder<'g> {
         Builder { graph, created: SmallVec::new() }
     }
 
+    /// The graph being rewritten, for reading types and attributes.
     pub fn graph(&self) -> &Graph {
         self.graph
     }
