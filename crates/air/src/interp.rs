@@ -29,7 +29,8 @@
 //!   remainder by zero gives 0. `MIN / -1` wraps to `MIN`, and `MIN % -1` is 0.
 //! - `not`, `and`, `or` are bitwise.
 //!
-//! Bools: `not`, `and`, `or` are logical; `max` is `or` and `min` is `and`; `false < true`.
+//! Bools: `not`, `and`, `or` are logical; `max` is `or` and `min` is `and`. (`cmplt` on bools
+//! is rejected by the type rules; the evaluator itself would order `false < true`.)
 //!
 //! `where(c, a, b)` picks `a` where `c` is true, else `b`.
 //!
