@@ -59,13 +59,7 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
     let mut preds = Vec::with_capacity(program.steps.len());
     let mut level = Vec::with_capacity(program.steps.len());
     for (s, step) in program.steps.iter().enumerate() {
-        let kernel = program
-            .kernels
-            .get(step.kernel as usize)
-            .ok_or_else(|| LowerError::Malformed(format!("step {s} launches a missing kernel")))?;
-        if kernel.params().len() != step.args.len() {
-            return Err(LowerError::Malformed(format!("step {s}: argument count differs from the kernel's")));
-        }
+        let kernel = program.step_kernel(s)?;
         let mut p: Vec<u32> = Vec::new();
         for (param, &b) in kernel.params().iter().zip(&step.args) {
             let b = b.0 as usize;

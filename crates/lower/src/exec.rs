@@ -414,13 +414,7 @@ fn run_ordered(
     }
     for &s in order {
         let step = program.steps.get(s).ok_or_else(|| LowerError::Malformed(format!("no step {s}")))?;
-        let kernel = program
-            .kernels
-            .get(step.kernel as usize)
-            .ok_or_else(|| LowerError::Malformed(format!("step {s} launches a missing kernel")))?;
-        if kernel.params().len() != step.args.len() {
-            return Err(LowerError::Malformed(format!("step {s}: argument count differs from the kernel's")));
-        }
+        let kernel = program.step_kernel(s)?;
         let args: Vec<usize> = step.args.iter().map(|b| b.0 as usize).collect();
         if let Some(&b) = args.iter().find(|&&b| b >= mem.lens.len()) {
             return Err(LowerError::Malformed(format!("step {s} uses a missing buffer buf{b}")));

@@ -117,13 +117,7 @@ pub fn lifetimes(program: &Program, groups: &[Vec<usize>]) -> Result<Vec<Option<
     }
     let mut out: Vec<Option<(usize, usize)>> = vec![None; program.buffers.len()];
     for (s, step) in program.steps.iter().enumerate() {
-        let kernel = program
-            .kernels
-            .get(step.kernel as usize)
-            .ok_or_else(|| LowerError::Malformed(format!("step {s} launches a missing kernel")))?;
-        if kernel.params().len() != step.args.len() {
-            return Err(LowerError::Malformed(format!("step {s}: argument count differs from the kernel's")));
-        }
+        let kernel = program.step_kernel(s)?;
         for (p, &b) in kernel.params().iter().zip(&step.args) {
             let info = program
                 .buffers

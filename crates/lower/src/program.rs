@@ -63,6 +63,23 @@ pub struct Program {
     pub outputs: Vec<(BufId, TensorType)>,
 }
 
+impl Program {
+    /// The kernel step `s` launches, checked: the kernel exists and takes one parameter per
+    /// argument of the step. Every pass that walks the steps (levels, memory plan, executor)
+    /// validates a program through this one place.
+    pub fn step_kernel(&self, s: usize) -> Result<&Kernel, crate::LowerError> {
+        let step = self.steps.get(s).ok_or_else(|| crate::LowerError::Malformed(format!("no step {s}")))?;
+        let kernel = self
+            .kernels
+            .get(step.kernel as usize)
+            .ok_or_else(|| crate::LowerError::Malformed(format!("step {s} launches a missing kernel")))?;
+        if kernel.params().len() != step.args.len() {
+            return Err(crate::LowerError::Malformed(format!("step {s}: argument count differs from the kernel's")));
+        }
+        Ok(kernel)
+    }
+}
+
 impl fmt::Display for Program {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.symbols.is_empty() {

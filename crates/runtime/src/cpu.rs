@@ -91,28 +91,23 @@ impl std::fmt::Debug for CpuDevice {
 
 /// The memory planner of `lower`, in the VM's terms.
 fn plan_memory(program: &Program, bindings: &Bindings) -> Result<Placement> {
-    let plan = lower::memplan::plan(program, bindings)?;
-    Ok(Placement {
+    Ok(placement(lower::memplan::plan(program, bindings)?))
+}
+
+fn placement(plan: lower::MemoryPlan) -> Placement {
+    Placement {
         offsets: plan.offsets,
         stats: MemoryStats {
             arena_bytes: plan.arena_bytes,
             naive_bytes: plan.naive_bytes,
             peak_live_bytes: plan.peak_live_bytes,
         },
-    })
+    }
 }
 
 /// The memory planner of `lower` for steps that run together (`slots`: time slots).
 fn plan_memory_groups(program: &Program, bindings: &Bindings, slots: &[Vec<usize>]) -> Result<Placement> {
-    let plan = lower::memplan::plan_with_groups(program, bindings, slots)?;
-    Ok(Placement {
-        offsets: plan.offsets,
-        stats: MemoryStats {
-            arena_bytes: plan.arena_bytes,
-            naive_bytes: plan.naive_bytes,
-            peak_live_bytes: plan.peak_live_bytes,
-        },
-    })
+    Ok(placement(lower::memplan::plan_with_groups(program, bindings, slots)?))
 }
 
 impl CpuDevice {
