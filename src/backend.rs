@@ -2,11 +2,14 @@
 
 use std::sync::OnceLock;
 
-use air::{Bindings, Graph, HostTensor};
+use air::{AirError, Bindings, BoundsError, Graph, HostTensor};
+use runtime::RuntimeError;
+use runtime::wgpu::WgpuError;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::profile::{self, PlannedMemory};
+use crate::realize::Sites;
 
 /// The process-wide GPU device (first use picks the adapter and logs it).
 pub fn wgpu_device() -> Result<&'static runtime::wgpu::WgpuDevice> {
@@ -29,19 +32,72 @@ pub fn cpu_device() -> Result<&'static runtime::CpuDevice> {
 /// value of every symbol in the graph's shapes, and the result holds one host tensor per entry of
 /// `graph.outputs()`, in order.
 ///
+/// A condition of the graph's symbolic shapes that fails for `bindings` (a shrink past the end
+/// of its input, ...) is the same [`BoundsError`] on every device, returned as
+/// `Error::Air(AirError::Bounds(..))`; `realize` knows where each node was built and reports it
+/// as an [`Error::Op`] at the caller's line instead.
+///
 /// Inside [`profile::profile`] the CPU device reports every step of compiling (see
 /// [`runtime::CpuDevice::compile_observed`]), the memory plan for `bindings` and the run
 /// (`first-run` when the program was compiled by this call, `run` when it came from the cache);
 /// other devices report one `run` span. Outside a profile this costs one thread-local read.
 pub fn execute(device: Device, graph: &Graph, inputs: Vec<HostTensor>, bindings: &Bindings) -> Result<Vec<HostTensor>> {
+    execute_traced(device, graph, inputs, bindings, &Sites::default())
+}
+
+/// [`execute`] for a traced program: a failed shape condition becomes an [`Error::Op`] naming the
+/// op the user called, the values and the caller's line, found through `sites`. The error names
+/// its node by position in `graph.topo_order()`, which a program compiled earlier from a
+/// structurally identical graph shares with `graph` (the cache keys graphs by that order).
+pub(crate) fn execute_traced(
+    device: Device,
+    graph: &Graph,
+    inputs: Vec<HostTensor>,
+    bindings: &Bindings,
+    sites: &Sites,
+) -> Result<Vec<HostTensor>> {
     crate::stats::record_execution(graph.len());
     if profile::is_active() {
-        return execute_profiled(device, graph, inputs, bindings);
+        return execute_profiled(device, graph, inputs, bindings, sites);
     }
+    let located = |e: BoundsError| locate(e, graph, sites);
     match device {
-        Device::Interp => Ok(air::interp::eval(graph, &inputs, bindings)?),
-        Device::Cpu => cpu_device()?.run(graph, &inputs, bindings).map_err(|e| Error::Backend(format!("cpu: {e}"))),
-        Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| Error::Backend(format!("wgpu: {e}"))),
+        Device::Interp => air::interp::eval(graph, &inputs, bindings).map_err(|e| interp_error(e, located)),
+        Device::Cpu => cpu_device()?.run(graph, &inputs, bindings).map_err(|e| cpu_error(e, located)),
+        Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| wgpu_error(e, located)),
+    }
+}
+
+/// A bounds error as an [`Error::Op`] at the line that built its node (`narrow: axis 0: range
+/// end n = 1000 > size 4 at src/main.rs:7:13`); the air op is named too when the user called
+/// another (`narrow` records a `shrink`). A node no user op built (a source) keeps the air error.
+fn locate(e: BoundsError, graph: &Graph, sites: &Sites) -> Error {
+    let site = graph.topo_order().get(e.position as usize).and_then(|&id| sites.get(id));
+    match site {
+        Some(site) if site.name == e.op => site.error(e.message),
+        Some(site) => site.error(format!("{}: {}", e.op, e.message)),
+        None => Error::Air(AirError::Bounds(e)),
+    }
+}
+
+fn interp_error(e: AirError, located: impl Fn(BoundsError) -> Error) -> Error {
+    match e {
+        AirError::Bounds(b) => located(b),
+        e => Error::Air(e),
+    }
+}
+
+fn cpu_error(e: RuntimeError, located: impl Fn(BoundsError) -> Error) -> Error {
+    match e {
+        RuntimeError::Bounds(b) => located(b),
+        e => Error::Backend(format!("cpu: {e}")),
+    }
+}
+
+fn wgpu_error(e: WgpuError, located: impl Fn(BoundsError) -> Error) -> Error {
+    match e {
+        WgpuError::Runtime(RuntimeError::Bounds(b)) => located(b),
+        e => Error::Backend(format!("wgpu: {e}")),
     }
 }
 
@@ -51,17 +107,21 @@ fn execute_profiled(
     graph: &Graph,
     inputs: Vec<HostTensor>,
     bindings: &Bindings,
+    sites: &Sites,
 ) -> Result<Vec<HostTensor>> {
+    let located = |e: BoundsError| locate(e, graph, sites);
     let cpu = match device {
-        Device::Interp => return profile::span("run", || Ok(air::interp::eval(graph, &inputs, bindings)?)),
+        Device::Interp => {
+            return profile::span("run", || air::interp::eval(graph, &inputs, bindings))
+                .map_err(|e| interp_error(e, located));
+        }
         Device::Wgpu => {
             let gpu = wgpu_device()?;
-            return profile::span("run", || gpu.run(graph, &inputs, bindings))
-                .map_err(|e| Error::Backend(format!("wgpu: {e}")));
+            return profile::span("run", || gpu.run(graph, &inputs, bindings)).map_err(|e| wgpu_error(e, located));
         }
         Device::Cpu => cpu_device()?,
     };
-    let backend = |e: runtime::RuntimeError| Error::Backend(format!("cpu: {e}"));
+    let backend = |e: RuntimeError| cpu_error(e, located);
     let mut observer = profile::ProfileObserver::default();
     let exe = cpu.compile_observed(graph, &mut observer).map_err(backend)?;
     profile::begin("memory-plan", None);

@@ -21,7 +21,7 @@ use crate::backend;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::shape::show;
-use crate::tensor::{Inner, Realized, Tensor};
+use crate::tensor::{Inner, Realized, Site, Tensor};
 
 /// A traced tensor program: what `realize` hands to a backend.
 #[derive(Clone)]
@@ -34,6 +34,29 @@ pub struct Program {
     pub bindings: Bindings,
     /// The device every tensor of the program lives on.
     pub device: Device,
+    /// Where each node was built (by `NodeId::index`): what a shape condition that fails at run
+    /// time is reported against.
+    pub(crate) sites: Sites,
+}
+
+/// The op the user called and the source line of each node of a traced graph, by
+/// `NodeId::index` (`None`: a source tensor).
+#[derive(Clone, Default)]
+pub(crate) struct Sites(Vec<Option<Site>>);
+
+impl Sites {
+    fn set(&mut self, id: NodeId, site: Option<Site>) {
+        let i = id.index() as usize;
+        if self.0.len() <= i {
+            self.0.resize(i + 1, None);
+        }
+        self.0[i] = site;
+    }
+
+    /// Where node `id` was built, if the user built it.
+    pub(crate) fn get(&self, id: NodeId) -> Option<Site> {
+        self.0.get(id.index() as usize).copied().flatten()
+    }
 }
 
 /// Adds `new` to `into`; a symbol bound to two different values is an error naming it.
@@ -85,6 +108,7 @@ fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
     let mut graph = Graph::new();
     let mut inputs: Vec<HostTensor> = Vec::new();
     let mut bindings = Bindings::new();
+    let mut sites = Sites::default();
     // (tensor, its inputs once expanded): an entry is expanded first, then completed once every
     // input has an id.
     let mut stack: Vec<(Tensor, Option<Vec<Tensor>>)> = Vec::new();
@@ -107,7 +131,10 @@ fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
                     for c in &children {
                         input_ids.push(ids[&key(c)]);
                     }
-                    graph.add_unchecked(Node { op: t.inner.op.clone(), inputs: input_ids, ty: t.inner.ty.clone() })
+                    let id =
+                        graph.add_unchecked(Node { op: t.inner.op.clone(), inputs: input_ids, ty: t.inner.ty.clone() });
+                    sites.set(id, t.inner.site);
+                    id
                 }
                 None => {
                     if let Some(r) = t.inner.data.get() {
@@ -116,7 +143,9 @@ fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
                         inputs.push(r.host.clone());
                         graph.add_leaf(Op::Input(Input { slot }), t.inner.ty.clone())?
                     } else if t.inner.op.is_leaf() {
-                        graph.add_leaf(t.inner.op.clone(), t.inner.ty.clone())?
+                        let id = graph.add_leaf(t.inner.op.clone(), t.inner.ty.clone())?;
+                        sites.set(id, t.inner.site);
+                        id
                     } else {
                         let children = t.inputs();
                         if children.is_empty() {
@@ -143,7 +172,7 @@ fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
     for root in roots {
         graph.add_output(ids[&key(root)]);
     }
-    Ok(Program { graph, inputs, bindings, device })
+    Ok(Program { graph, inputs, bindings, device, sites })
 }
 
 /// The requested tensors that still need computing, deduplicated, or the first error.
@@ -194,7 +223,8 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         } else {
             trace_roots(&roots, device)?
         };
-        let outputs = backend::execute(device, &program.graph, program.inputs, &program.bindings)?;
+        let outputs =
+            backend::execute_traced(device, &program.graph, program.inputs, &program.bindings, &program.sites)?;
         if outputs.len() != roots.len() {
             return Err(Error::Backend(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));
         }

@@ -43,6 +43,10 @@ pub(crate) struct Inner {
     pub(crate) data: OnceLock<Realized>,
     /// Set on error tensors only; such a node has no inputs and a placeholder type.
     pub(crate) error: Option<Error>,
+    /// The op the user called to build this node and where (`None` for sources and error
+    /// tensors): `trace` keeps it per air node, so that a shape condition that fails only when
+    /// the program runs still names the caller's line.
+    pub(crate) site: Option<Site>,
 }
 
 impl Drop for Inner {
@@ -96,6 +100,7 @@ impl Tensor {
             device: Device::default(),
             data: OnceLock::new(),
             error: Some(error),
+            site: None,
         })
     }
 
@@ -112,6 +117,7 @@ impl Tensor {
             device,
             data,
             error: None,
+            site: None,
         })
     }
 
@@ -120,7 +126,15 @@ impl Tensor {
         if let Err(message) = op.check_leaf(&ty) {
             return site.fail(message);
         }
-        Tensor::new_node(Inner { op, inputs: Mutex::new(Vec::new()), ty, device, data: OnceLock::new(), error: None })
+        Tensor::new_node(Inner {
+            op,
+            inputs: Mutex::new(Vec::new()),
+            ty,
+            device,
+            data: OnceLock::new(),
+            error: None,
+            site: Some(site),
+        })
     }
 
     /// A constant tensor of `shape` filled with `value` (converted to `dtype`).
@@ -150,6 +164,7 @@ impl Tensor {
                 device,
                 data: OnceLock::new(),
                 error: None,
+                site: Some(site),
             }),
             Err(message) => {
                 let prefix = format!("{}: ", site.name);

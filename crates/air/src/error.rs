@@ -27,6 +27,13 @@ pub enum AirError {
     /// The verifier found these problems (every one, not the first).
     #[error("graph failed verification:\n{}", .0.join("\n"))]
     Verify(Vec<String>),
+    /// A condition of the graph's symbolic shapes does not hold for the bindings (a shrink past the
+    /// end of its input, a negative padding or dim); the same error every backend reports.
+    #[error(transparent)]
+    Bounds(#[from] crate::constraints::BoundsError),
+    /// An edit would have made the graph cyclic; the message names the nodes.
+    #[error("cycle: {0}")]
+    Cycle(String),
     /// The interpreter could not evaluate a graph (missing input, bad input data, ...).
     #[error("interpreter: {0}")]
     Interp(String),

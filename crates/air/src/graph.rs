@@ -55,7 +55,14 @@ pub struct Graph {
     nodes: SlotMap<NodeId, Node>,
     users: SecondaryMap<NodeId, SmallVec<[NodeId; 4]>>,
     outputs: Vec<NodeId>,
-    topo: OnceCell<Vec<NodeId>>,
+    topo: OnceCell<Topo>,
+}
+
+/// The cached topological order, and a node on a cycle if the graph has one.
+#[derive(Clone, Default)]
+struct Topo {
+    order: Vec<NodeId>,
+    cycle: Option<NodeId>,
 }
 
 impl Graph {
@@ -197,9 +204,27 @@ impl Graph {
         Ok(node)
     }
 
-    /// Makes every reader of `old` (and every output slot holding it) read `new` instead.
-    /// O(degree of `old`). `old` stays in the graph, now without users.
-    pub fn replace_all_uses(&mut self, old: NodeId, new: NodeId) {
+    /// Makes every reader of `old` (and every output slot holding it) read `new` instead. `old`
+    /// stays in the graph, now without users. An error, changing nothing, if a node is dead or if
+    /// `new` depends on `old` (its readers would then depend on themselves). The dependency test
+    /// walks the nodes `new` depends on: O(those nodes) on top of O(degree of `old`); a hot
+    /// rewrite loop uses [`Graph::replace_all_uses_unchecked`] and checks once afterwards.
+    pub fn replace_all_uses(&mut self, old: NodeId, new: NodeId) -> Result<()> {
+        if !self.contains(old) || !self.contains(new) {
+            return Err(AirError::DeadNode(format!("replace_all_uses({old}, {new}): a node is not in the graph")));
+        }
+        if old != new && self.depends_on(&[new], old) {
+            return Err(AirError::Cycle(format!("replace_all_uses({old}, {new}): {new} depends on {old}")));
+        }
+        self.replace_all_uses_unchecked(old, new);
+        Ok(())
+    }
+
+    /// [`Graph::replace_all_uses`] without the dependency test: O(degree of `old`). The caller
+    /// guarantees that `new` does not depend on `old`; if it does, the graph gets a cycle, which
+    /// [`Graph::check_acyclic`] (O(1) once the topological order is computed) and the verifier
+    /// report. `lower`'s rewriter uses this and checks the graph once after rewriting.
+    pub fn replace_all_uses_unchecked(&mut self, old: NodeId, new: NodeId) {
         assert!(self.contains(old) && self.contains(new), "replace_all_uses with a dead node");
         if old == new {
             return;
@@ -224,8 +249,24 @@ impl Graph {
     }
 
     /// Replaces the inputs of `id`, keeping the users table in step. The node's type is kept;
-    /// a pass that changes types runs the verifier afterwards.
-    pub fn set_inputs(&mut self, id: NodeId, inputs: &[NodeId]) {
+    /// a pass that changes types runs the verifier afterwards. An error, changing nothing, if a
+    /// node is dead or if an input depends on `id` (or is `id`): that would make a cycle. The test
+    /// walks the nodes the new inputs depend on.
+    pub fn set_inputs(&mut self, id: NodeId, inputs: &[NodeId]) -> Result<()> {
+        if !self.contains(id) || !inputs.iter().all(|&i| self.contains(i)) {
+            return Err(AirError::DeadNode(format!("set_inputs({id}): a node is not in the graph")));
+        }
+        if self.depends_on(inputs, id) {
+            return Err(AirError::Cycle(format!("set_inputs({id}): an input depends on {id}")));
+        }
+        self.set_inputs_unchecked(id, inputs);
+        Ok(())
+    }
+
+    /// [`Graph::set_inputs`] without the cycle test (the verifier's tests use it to build cyclic
+    /// graphs). Inputs must be live. A cycle it makes is reported by [`Graph::check_acyclic`] and
+    /// the verifier; [`Graph::topo_order`] never panics on one.
+    pub fn set_inputs_unchecked(&mut self, id: NodeId, inputs: &[NodeId]) {
         assert!(inputs.iter().all(|&i| self.contains(i)), "set_inputs with a dead input");
         self.edited();
         let old = std::mem::replace(&mut self.nodes[id].inputs, inputs.into());
@@ -245,13 +286,45 @@ impl Graph {
         n.ty = ty;
     }
 
+    /// Whether one of `from` is `target` or depends on it: a depth-first walk over inputs that
+    /// visits each node once. O(the nodes `from` depend on).
+    fn depends_on(&self, from: &[NodeId], target: NodeId) -> bool {
+        let mut seen: SecondaryMap<NodeId, ()> = SecondaryMap::new();
+        let mut stack: Vec<NodeId> = from.to_vec();
+        while let Some(id) = stack.pop() {
+            if id == target {
+                return true;
+            }
+            if seen.insert(id, ()).is_none() {
+                stack.extend(self.nodes[id].inputs.iter().copied());
+            }
+        }
+        false
+    }
+
+    /// `Err(AirError::Cycle)` naming a node on a cycle, if the graph has one (only the
+    /// `_unchecked` edits can make one). O(1) once the topological order is computed, which it
+    /// computes otherwise (O(N + E)).
+    pub fn check_acyclic(&self) -> Result<()> {
+        match self.topo().cycle {
+            Some(id) => Err(AirError::Cycle(format!("the graph has a cycle through {id}"))),
+            None => Ok(()),
+        }
+    }
+
     /// A topological order of every live node (inputs before users), computed once per edit
     /// generation in O(N + E) by an iterative depth-first post-order over inputs, starting from the
     /// nodes in slot order. Ties keep slot order: when slot order is already topological (a graph
     /// built front to back, or one the text parser read), the topological order *is* slot order,
-    /// so printing, parsing and printing again gives the same text. Panics if the graph has a
-    /// cycle, which only a misuse of `set_inputs` can make; the verifier reports cycles instead.
+    /// so printing, parsing and printing again gives the same text. Never panics: on a graph with
+    /// a cycle (which only the `_unchecked` edits can make) it is the same post-order with the
+    /// edges that close cycles left out, so not a topological order; [`Graph::check_acyclic`] and
+    /// the verifier report the cycle, and every consumer that relies on the order checks first.
     pub fn topo_order(&self) -> &[NodeId] {
+        &self.topo().order
+    }
+
+    fn topo(&self) -> &Topo {
         self.topo.get_or_init(|| {
             const ON_STACK: bool = false;
             const DONE: bool = true;
@@ -259,6 +332,7 @@ impl Graph {
             let mut order = Vec::with_capacity(self.nodes.len());
             // (node, how many of its inputs have been visited)
             let mut stack: Vec<(NodeId, usize)> = Vec::new();
+            let mut cycle = None;
             for root in self.nodes.keys() {
                 if state.contains_key(root) {
                     continue;
@@ -274,7 +348,9 @@ impl Graph {
                                 state.insert(input, ON_STACK);
                                 stack.push((input, 0));
                             }
-                            Some(&ON_STACK) => panic!("graph has a cycle through {input}"),
+                            Some(&ON_STACK) => {
+                                cycle.get_or_insert(input);
+                            }
                             Some(_) => {}
                         }
                     } else {
@@ -284,7 +360,7 @@ impl Graph {
                     }
                 }
             }
-            order
+            Topo { order, cycle }
         })
     }
 
@@ -363,7 +439,7 @@ mod tests {
         assert_eq!(g.users(b), &[c, c]);
         assert_eq!(g.topo_order(), &[a, b, c]);
         assert_eq!(a.to_string(), "n0");
-        g.replace_all_uses(b, a);
+        g.replace_all_uses(b, a).unwrap();
         assert_eq!(g.inputs(c), &[a, a]);
         assert!(g.users(b).is_empty());
         assert_eq!(g.users(a).len(), 3);
@@ -386,8 +462,35 @@ mod tests {
         // An edit that breaks slot order still gives a topological order.
         let x = g.add_leaf(Op::Input(Input { slot: 1 }), t).unwrap();
         let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
-        g.replace_all_uses(v, y);
+        g.replace_all_uses(v, y).unwrap();
         assert_eq!(g.topo_order(), &[a, v, u, x, y, w]);
+    }
+
+    #[test]
+    fn edits_that_would_make_a_cycle_are_errors() {
+        let mut g = Graph::new();
+        let t = TensorType::new(DType::F32, shape_of(&[4]));
+        let a = g.add_leaf(Op::Input(Input { slot: 0 }), t).unwrap();
+        let b = g.add(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
+        let c = g.add(Op::Unary(UnaryOp::Neg), &[b]).unwrap();
+        let d = g.add(Op::Binary(BinaryOp::Add), &[c, b]).unwrap();
+        g.add_output(d);
+        let before = crate::text::print(&g);
+        assert!(matches!(g.set_inputs(b, &[c]), Err(AirError::Cycle(_))));
+        assert!(matches!(g.set_inputs(b, &[b]), Err(AirError::Cycle(_))));
+        assert!(matches!(g.replace_all_uses(b, c), Err(AirError::Cycle(_))));
+        assert!(matches!(g.replace_all_uses(b, d), Err(AirError::Cycle(_))));
+        assert_eq!(crate::text::print(&g), before, "a rejected edit changes nothing");
+        assert!(g.check_acyclic().is_ok());
+        // Edits that keep the graph acyclic still work.
+        g.set_inputs(c, &[a]).unwrap();
+        g.replace_all_uses(c, b).unwrap();
+        assert_eq!(g.inputs(d), &[b, b]);
+        // The unchecked edit makes the cycle; the order then never panics and the check reports it.
+        g.set_inputs_unchecked(b, &[d]);
+        assert_eq!(g.topo_order().len(), g.len());
+        assert!(matches!(g.check_acyclic(), Err(AirError::Cycle(_))));
+        assert!(crate::interp::eval(&g, &[], &Default::default()).is_err());
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //!
 //! [`eval`] evaluates the nodes the outputs need (`Graph::live_order`) in topological order and
 //! drops each intermediate value as soon as its last user has run. Every value is a contiguous
-//! row-major [`HostTensor`]. Symbolic dims are evaluated with the given [`Bindings`]; an unbound
+//! row-major [`HostTensor`]. First the conditions of the symbolic shapes are checked for the
+//! bindings (`crate::constraints`): a violation is the [`AirError::Bounds`] every backend reports.
+//! Symbolic dims are evaluated with the given [`Bindings`]; an unbound
 //! symbol, a negative dim, a missing input or an input of the wrong type is an
 //! [`AirError::Interp`] naming the node. The interpreter never panics on a graph or on inputs: a
 //! graph built with `add_unchecked` whose types are wrong gets an error too, and every computed
@@ -72,6 +74,9 @@ use crate::op::{Op, TensorType};
 /// Evaluates `graph.outputs()` (in order; repeats allowed) on `inputs`, where an `Input { slot }`
 /// node takes `inputs[slot]`. See the module docs for the semantics of every op.
 pub fn eval(graph: &Graph, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
+    graph.check_acyclic()?;
+    // The conditions of the symbolic shapes first, as every compiled backend checks them.
+    crate::constraints::check(&crate::constraints::collect(graph), bindings)?;
     let order = graph.live_order();
 
     // How many more reads each value has to serve. Outputs get one extra read that is never

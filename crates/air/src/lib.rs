@@ -11,6 +11,7 @@
 
 #![warn(missing_docs)]
 
+pub mod constraints;
 pub mod dim;
 pub mod dot;
 pub mod dtype;
@@ -22,6 +23,7 @@ pub mod op;
 pub mod text;
 pub mod verify;
 
+pub use constraints::{BoundsError, Check};
 pub use dim::{Bindings, Dim, Shape, Symbol};
 pub use dot::to_dot;
 pub use dtype::{DType, Scalar};

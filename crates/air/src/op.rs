@@ -7,6 +7,7 @@ use std::fmt;
 
 use smallvec::SmallVec;
 
+use crate::constraints::{Subject, op_conditions};
 use crate::dim::{Dim, Shape, ShapeDisplay, numel};
 use crate::dtype::{DType, Scalar};
 
@@ -432,7 +433,7 @@ impl Op {
                 if !p.value.fits(t.dtype) {
                     return Err(format!("pad: value {} does not fit dtype {}", p.value, t.dtype));
                 }
-                if p.padding.iter().flat_map(|(a, b)| [a, b]).any(|d| d.as_const().is_some_and(|c| c < 0)) {
+                if op_conditions(self, inputs).iter().any(|c| c.decide() == Some(false)) {
                     return Err(format!("pad: negative padding on {}", t));
                 }
                 let shape = t.shape.iter().zip(&p.padding).map(|(d, (a, b))| &(d + a) + b).collect();
@@ -443,15 +444,17 @@ impl Op {
                 if s.ranges.len() != t.rank() {
                     return Err(format!("shrink: {} ranges for {}", s.ranges.len(), t));
                 }
-                for ((start, end), d) in s.ranges.iter().zip(&t.shape) {
-                    let bad = match (start.as_const(), end.as_const(), d.as_const()) {
-                        (Some(a), Some(b), Some(n)) => a < 0 || a > b || b > n,
-                        (Some(a), Some(b), None) => a < 0 || a > b,
-                        _ => false,
+                // Conditions that hold for no symbol value are errors; the undecided ones are
+                // checked per binding set (`crate::constraints`).
+                if let Some(c) = op_conditions(self, inputs).iter().find(|c| c.decide() == Some(false)) {
+                    let axis = match c.subject {
+                        Subject::RangeStart { axis } | Subject::RangeOrder { axis } | Subject::RangeEnd { axis } => {
+                            axis
+                        }
+                        _ => 0,
                     };
-                    if bad {
-                        return Err(format!("shrink: range {start}..{end} out of bounds for {t}"));
-                    }
+                    let (start, end) = &s.ranges[axis];
+                    return Err(format!("shrink: range {start}..{end} out of bounds for {t}"));
                 }
                 let shape = s.ranges.iter().map(|(a, b)| b - a).collect();
                 Ok(TensorType { dtype: t.dtype, shape })

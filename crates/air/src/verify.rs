@@ -5,7 +5,7 @@
 //! its inputs' stored types (so each message points at the node whose type rule fails, not at its
 //! users), checks leaves' attributes, arities, that inputs and outputs are live, that the users
 //! table mirrors the input edges, and that the graph has no cycle. It never panics, whatever the
-//! graph: it does not call `Graph::topo_order`, which panics on a cycle.
+//! graph, and does not rely on `Graph::topo_order` (which is no topological order on a cycle).
 
 use slotmap::SecondaryMap;
 use smallvec::SmallVec;

@@ -86,7 +86,7 @@ fn slot_names_after_edits_and_renumbering() {
     let c = g.add(Op::Unary(UnaryOp::Log2), &[b]).unwrap();
     let d = g.add_leaf(Op::Input(Input { slot: 1 }), t).unwrap();
     let e = g.add(Op::Binary(BinaryOp::Mul), &[d, d]).unwrap();
-    g.replace_all_uses(a, e);
+    g.replace_all_uses(a, e).unwrap();
     g.add_output(c);
     g.remove_dead();
     expect![[r#"

@@ -91,11 +91,11 @@ fn bad_leaves_and_cycles() {
     let bad_iota = g.add_unchecked(Node { op: Op::Iota(Iota { axis: 0 }), inputs: Default::default(), ty: f32s(&[]) });
     let leaf_with_input =
         g.add_unchecked(Node { op: Op::Input(Input { slot: 1 }), inputs: smallvec![x], ty: f32s(&[3]) });
-    // A two-node cycle, made through `set_inputs`.
+    // A two-node cycle, made through `set_inputs_unchecked` (`set_inputs` rejects it).
     let a = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
     let b = g.add(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
     let c = g.add(Op::Binary(BinaryOp::Add), &[b, b]).unwrap();
-    g.set_inputs(a, &[b]);
+    g.set_inputs_unchecked(a, &[b]);
     g.set_outputs(vec![c, bad_const, bad_iota, leaf_with_input]);
     expect![[r#"
         n1: const: value 1 does not fit dtype f32

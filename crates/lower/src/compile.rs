@@ -1,5 +1,6 @@
 //! The entry point of lowering: `compile` turns an `air::Graph` into a kir `Program` through named
-//! passes (`verify`, `optimize`, `decide-fusion`, `emit-kernels`), each bracketed by an optional
+//! passes (`verify`, which also collects the graph's run-time shape conditions into
+//! `Program::checks`, `optimize`, `decide-fusion`, `emit-kernels`), each bracketed by an optional
 //! `PassObserver` so that a profiler can time them without touching the passes.
 
 use air::Graph;
@@ -67,14 +68,22 @@ pub fn compile_observed(
     observer: &mut dyn PassObserver,
 ) -> Result<Program, LowerError> {
     let mut g = graph.clone();
-    pass(observer, "verify", &mut g, |g| Ok(air::verify(g)?))?;
+    // The run-time conditions come from the graph as given: rewrites may drop the very nodes
+    // (a shrink folded into a pad) whose conditions the caller's program needs.
+    let checks = pass(observer, "verify", &mut g, |g| {
+        air::verify(g)?;
+        Ok(air::constraints::collect(g))
+    })?;
     if options.optimize {
         pass(observer, "optimize", &mut g, |g| {
             crate::rewrite::optimize(g);
-            Ok(())
+            // The rewriter edits without a cycle test per edit; one check here covers them all.
+            Ok(g.check_acyclic()?)
         })?;
     }
     let fuse = FuseOptions { fuse: options.fuse, matmul: options.matmul };
     let decisions = pass(observer, "decide-fusion", &mut g, |g| Ok(schedule::decide(g, fuse)))?;
-    pass(observer, "emit-kernels", &mut g, |g| schedule::emit(g, &decisions))
+    let mut program = pass(observer, "emit-kernels", &mut g, |g| schedule::emit(g, &decisions))?;
+    program.checks = checks;
+    Ok(program)
 }

@@ -15,6 +15,9 @@ pub enum LowerError {
     /// A symbolic dim could not be evaluated (unbound symbol, overflow).
     #[error(transparent)]
     Dim(#[from] DimError),
+    /// A condition of the graph's symbolic shapes fails for the bindings (`Program::checks`).
+    #[error(transparent)]
+    Bounds(#[from] air::BoundsError),
     /// The program was run with inputs that do not match it.
     #[error("bad inputs: {0}")]
     BadInputs(String),

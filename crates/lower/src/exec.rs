@@ -362,6 +362,7 @@ fn run_ordered(
     plan: &MemoryPlan,
     order: &[usize],
 ) -> Result<Vec<HostTensor>, LowerError> {
+    program.check_bindings(bindings)?;
     let syms: Vec<i64> = program
         .symbols
         .iter()

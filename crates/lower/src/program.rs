@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use air::{DType, Dim, Symbol, TensorType};
+use air::{Bindings, BoundsError, Check, DType, Dim, Symbol, TensorType};
 
 use crate::kir::Kernel;
 
@@ -61,9 +61,35 @@ pub struct Program {
     pub buffers: Vec<BufferInfo>,
     /// The buffer of each graph output, with its type (outputs may share a buffer).
     pub outputs: Vec<(BufId, TensorType)>,
+    /// The conditions of the *original* graph's symbolic shapes that hold only for some symbol
+    /// values (`air::constraints`), collected before any rewrite: a backend checks them once per
+    /// binding set, with [`Program::check_bindings`], before it sizes anything.
+    pub checks: Vec<Check>,
 }
 
 impl Program {
+    /// Checks [`Program::checks`] for `bindings` (`air::constraints::check`): the first condition
+    /// that fails is the error, naming the node's op and position in the original graph.
+    pub fn check_bindings(&self, bindings: &Bindings) -> Result<(), BoundsError> {
+        air::constraints::check(&self.checks, bindings)
+    }
+
+    /// Every symbol the program's sizes and checks depend on, given the graph's input types:
+    /// a binding-set cache must be keyed by all of their values. Sorted, deduplicated.
+    pub fn size_symbols(&self, input_types: &[Option<TensorType>]) -> Vec<Symbol> {
+        let mut out = self.symbols.clone();
+        let shapes = input_types.iter().flatten().chain(self.outputs.iter().map(|(_, t)| t)).flat_map(|t| &t.shape);
+        let dims = shapes
+            .chain(self.buffers.iter().map(|b| &b.numel))
+            .chain(self.checks.iter().flat_map(|c| [&c.condition.lhs, &c.condition.rhs]));
+        for d in dims {
+            out.extend(d.symbols());
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The kernel step `s` launches, checked: the kernel exists and takes one parameter per
     /// argument of the step. Every pass that walks the steps (levels, memory plan, executor)
     /// validates a program through this one place.

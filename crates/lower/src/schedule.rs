@@ -1219,5 +1219,5 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
             }
         }
     }
-    Ok(Program { symbols, kernels, steps, buffers, outputs })
+    Ok(Program { symbols, kernels, steps, buffers, outputs, checks: Vec::new() })
 }

@@ -598,10 +598,10 @@ fn errors_are_reported() {
     let bad_arity =
         g.add_unchecked(air::Node { op: Op::Binary(BinaryOp::Add), inputs: [x].into_iter().collect(), ty: f.clone() });
     assert!(matches!(grad(&mut g, bad_arity, &[x]), Err(AutodiffError::InvalidGraph { .. })));
-    // A cycle (only `set_inputs` can make one).
+    // A cycle (only `set_inputs_unchecked` can make one).
     let a = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
     let b = g.add(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
-    g.set_inputs(a, &[b]);
+    g.set_inputs_unchecked(a, &[b]);
     assert!(matches!(grad(&mut g, b, &[x]), Err(AutodiffError::InvalidGraph { .. })));
 }
 

@@ -57,3 +57,32 @@ fn three_adam_steps_match_pytorch_and_reuse_one_graph() {
     }
     eprintln!("transformer after 3 Adam steps: max parameter error {worst:.2e}");
 }
+
+#[test]
+fn a_sequence_longer_than_max_seq_len_is_an_error_never_wrong_logits() {
+    let config = TransformerConfig { dim: 8, n_heads: 2, n_layers: 1, norm_eps: 1e-5, vocab_size: 16, max_seq_len: 4 };
+    let model = Transformer::from_config(config).unwrap();
+    let ids = |len: usize| Tensor::from_vec((0..len as i64).map(|i| i % 16).collect::<Vec<_>>(), &[1, len]);
+    let symbolic = |len: usize| ids(len).with_dims(vec![kiln::Dim::from(1), kiln::Dim::sym("seq")]);
+    let is_narrow_past_the_end = |e: &kiln::Error, len: usize| match e {
+        kiln::Error::Op { op: "narrow", message, location } => {
+            message.contains(&format!("{len}")) && location.file().contains("nn") && location.file().ends_with(".rs")
+        }
+        _ => false,
+    };
+    // Concrete: the narrow of the position embedding fails when the graph is built.
+    let e = model.forward(&ids(6)).to_vec::<f32>().unwrap_err();
+    assert!(is_narrow_past_the_end(&e, 6), "{e}");
+    // Symbolic: one program for every length; a length that fits runs and agrees with the
+    // concrete model, a longer one is an error when it runs.
+    let fits = model.forward(&symbolic(3)).to_vec::<f32>().unwrap();
+    let concrete = model.forward(&ids(3)).to_vec::<f32>().unwrap();
+    let worst = fits.iter().zip(&concrete).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(fits.len() == 3 * 16 && worst < 1e-5, "symbolic and concrete logits differ by {worst}");
+    assert_eq!(model.forward(&symbolic(4)).to_vec::<f32>().unwrap().len(), 4 * 16);
+    for len in [5, 9, 1000] {
+        let e = model.forward(&symbolic(len)).to_vec::<f32>().unwrap_err();
+        assert!(is_narrow_past_the_end(&e, len), "seq = {len}: {e}");
+        assert!(e.to_string().contains(&format!("seq = {len} > size 4")), "{e}");
+    }
+}

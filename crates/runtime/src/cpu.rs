@@ -158,30 +158,35 @@ impl CpuDevice {
         self.compile_observed(graph, &mut NoCompileObserver)
     }
 
-    /// [`compile`](CpuDevice::compile), reporting each step to `observer`: `graph-key` (hashing
-    /// the graph and looking it up, plus building the key on a miss), then either `cache-hit` (a
+    /// [`compile`](CpuDevice::compile), reporting each step to `observer`: `graph-key` (checking
+    /// the graph is acyclic, hashing it and looking it up), then either `cache-hit` (a
     /// marker: the program was found) or every pass of `lower` (`verify`, `optimize`,
     /// `decide-fusion`, `emit-kernels`), `codegen` (the one batch of loop kernels) and `prepare`
-    /// (the executable), with the counters `kernels`, `loop kernels` and `launches`.
+    /// (the cache key, built only once the graph is verified, and the executable), with the
+    /// counters `kernels`, `loop kernels` and `launches`.
     pub fn compile_observed(&self, graph: &Graph, observer: &mut dyn CompileObserver) -> Result<Arc<Executable>> {
         let nodes = Some(graph.len());
         observer.begin("graph-key", nodes);
+        // Hashing walks the topological order, which a cyclic graph does not have: check first
+        // (free: the order is computed once and the check reads what that found). The rest of
+        // `air::verify` runs in `lower::compile` on a miss, before any key is built or stored; a
+        // hit compares the graph in full with the key of a graph that passed it.
+        if let Err(e) = graph.check_acyclic() {
+            observer.end("graph-key", nodes);
+            return Err(lower::LowerError::from(e).into());
+        }
         let hash = GraphKey::structural_hash(graph);
         let hit = {
             let programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
             programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(graph))).map(|(_, exe)| exe.clone())
         };
-        let key = match hit {
-            Some(exe) => {
-                observer.end("graph-key", nodes);
-                observer.begin("cache-hit", nodes);
-                self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
-                observer.end("cache-hit", nodes);
-                return Ok(exe);
-            }
-            None => GraphKey::of(graph),
-        };
         observer.end("graph-key", nodes);
+        if let Some(exe) = hit {
+            observer.begin("cache-hit", nodes);
+            self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
+            observer.end("cache-hit", nodes);
+            return Ok(exe);
+        }
         let program = lower::compile_observed(graph, &self.inner.options, &mut Passes(&mut *observer))?;
         let loops: Vec<&LoopKernel> = program
             .kernels
@@ -209,6 +214,8 @@ impl CpuDevice {
             })
             .collect();
         observer.begin("prepare", None);
+        // Built only now that `lower::compile` verified the graph.
+        let key = GraphKey::of(graph);
         let exe =
             Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory).and_then(
                 |exe| match self.inner.level_min_work {

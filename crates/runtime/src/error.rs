@@ -17,6 +17,11 @@ pub enum RuntimeError {
     /// An input's dtype or shape does not match the graph's input node.
     #[error("input slot {slot}: expected {expected}, got {got}")]
     InputMismatch { slot: u32, expected: String, got: String },
+    /// A condition of the graph's symbolic shapes fails for the bindings (a shrink past the end
+    /// of its input, a negative padding or dim): the error the interpreter gives too, naming the
+    /// op and its node's position in the graph (`air::constraints`).
+    #[error(transparent)]
+    Bounds(#[from] air::BoundsError),
     /// A symbol the program needs has no value in the bindings.
     #[error("symbol `{0}` has no value bound")]
     Unbound(Symbol),

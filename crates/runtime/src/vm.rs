@@ -227,12 +227,6 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn collect_symbols(out: &mut Vec<Symbol>, dims: &[air::Dim]) {
-    for d in dims {
-        out.extend(d.symbols());
-    }
-}
-
 /// The largest loop variable id used in `stmts` plus one (the size of a `vars` array).
 fn var_count(stmts: &[Stmt]) -> usize {
     stmts
@@ -411,18 +405,7 @@ impl Executable {
             });
         }
 
-        let mut size_symbols = program.symbols.clone();
-        for t in input_types.iter().flatten() {
-            collect_symbols(&mut size_symbols, &t.shape);
-        }
-        for (_, t) in &program.outputs {
-            collect_symbols(&mut size_symbols, &t.shape);
-        }
-        for b in &program.buffers {
-            collect_symbols(&mut size_symbols, std::slice::from_ref(&b.numel));
-        }
-        size_symbols.sort();
-        size_symbols.dedup();
+        let size_symbols = program.size_symbols(&input_types);
 
         Ok(Executable {
             program,
@@ -511,8 +494,11 @@ impl Executable {
         Ok(sized)
     }
 
+    /// Everything for one binding set, computed on a cache miss only. The graph's shape
+    /// conditions are checked first: no size is computed from bindings that break them.
     fn size_for(&self, bindings: &Bindings) -> Result<Sized> {
         let p = &self.program;
+        p.check_bindings(bindings)?;
         let eval = |d: &air::Dim, what: &dyn Fn() -> String| -> Result<usize> {
             let v = d.eval(bindings).map_err(|e| match e {
                 air::dim::DimError::Unbound(s) => RuntimeError::Unbound(s),

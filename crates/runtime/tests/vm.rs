@@ -87,6 +87,7 @@ fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
             Step { kernel: 0, args: vec![BufId(1), BufId(2)] },
             Step { kernel: 0, args: vec![BufId(2), BufId(3)] },
         ],
+        checks: vec![],
         buffers: vec![
             buf(DType::F32, n.clone(), BufferKind::Input(0)),
             buf(DType::F32, n.clone(), BufferKind::Temp),
@@ -240,6 +241,7 @@ fn matmul_program(
         symbols: vec![],
         kernels: vec![kernel],
         steps: vec![Step { kernel: 0, args: vec![BufId(0), BufId(1), BufId(2)] }],
+        checks: vec![],
         buffers: vec![
             buf(dtype, Dim::Const(na), BufferKind::Input(0)),
             buf(dtype, Dim::Const(nb), BufferKind::Input(1)),

@@ -190,7 +190,7 @@ pub fn apply_rules(g: &mut Graph, rules: &RuleSet, stats: &mut RewriteStats) -> 
                 continue;
             }
             let readers: SmallVec<[NodeId; 8]> = g.users(id).into();
-            g.replace_all_uses(id, new);
+            g.replace_all_uses_unchecked(id, new);
             if let Some(slots) = output_slots.remove(id) {
                 *output_slots.entry(new).expect("replacement is live").or_insert(0) += slots;
             }
@@ -251,7 +251,7 @@ pub fn cse(g: &mut Graph) -> u64 {
         }
         match table.entry((node.op.clone(), inputs, node.ty.clone())) {
             Entry::Occupied(e) => {
-                g.replace_all_uses(id, *e.get());
+                g.replace_all_uses_unchecked(id, *e.get());
                 merged += 1;
             }
             Entry::Vacant(e) => {

@@ -125,18 +125,7 @@ impl WgpuExecutable {
         }
         let groups: Vec<Vec<usize>> = (0..program.steps.len()).map(|s| vec![s]).collect();
         let intervals = lower::memplan::lifetimes(&program, &groups)?;
-        let mut size_symbols = program.symbols.clone();
-        for t in input_types.iter().flatten() {
-            size_symbols.extend(t.shape.iter().flat_map(|d| d.symbols()));
-        }
-        for (_, t) in &program.outputs {
-            size_symbols.extend(t.shape.iter().flat_map(|d| d.symbols()));
-        }
-        for b in &program.buffers {
-            size_symbols.extend(b.numel.symbols());
-        }
-        size_symbols.sort();
-        size_symbols.dedup();
+        let size_symbols = program.size_symbols(&input_types);
         let vec4s =
             pipelines.iter().map(|p| p.wgsl.sym_vec4s).max().unwrap_or(1).max(program.symbols.len().div_ceil(4) as u32);
         let align = (device.inner.limits.min_storage_buffer_offset_alignment as u64).max(256);
@@ -194,8 +183,11 @@ impl WgpuExecutable {
         Ok(sized)
     }
 
+    /// Everything for one binding set, computed on a cache miss only. The graph's shape
+    /// conditions are checked first (`Program::check_bindings`, as on the CPU).
     fn size_for(&self, key: Vec<i64>, bindings: &Bindings) -> Result<Sized> {
         let p = &self.program;
+        p.check_bindings(bindings).map_err(RuntimeError::Bounds)?;
         let eval = |d: &air::Dim, what: &dyn Fn() -> String| -> Result<usize> {
             let v = d.eval(bindings).map_err(|e| match e {
                 air::dim::DimError::Unbound(s) => RuntimeError::Unbound(s),

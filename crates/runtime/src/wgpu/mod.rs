@@ -247,6 +247,10 @@ impl WgpuDevice {
     /// The executable for `graph`: from the cache when a graph of the same structure was compiled
     /// before, else lowered, turned into WGSL and compiled now.
     pub fn compile(&self, graph: &Graph) -> Result<Arc<WgpuExecutable>> {
+        // The key walks the topological order, which a cyclic graph does not have; the rest of
+        // `air::verify` runs in `lower::compile` on a miss (a hit is structurally equal to a
+        // graph that passed it).
+        graph.check_acyclic().map_err(lower::LowerError::from)?;
         let key = GraphKey::of(graph);
         if let Some(exe) = lock(&self.inner.programs).get(&key) {
             self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
