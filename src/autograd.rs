@@ -118,7 +118,8 @@ enum Wrt<'a> {
 
 /// The gradients of `output` with respect to each tensor of `wrt`, as lazy tensors of the same
 /// types, in order. For an `output` with more than one element this is the gradient of its sum. A
-/// tensor `output` does not depend on gets zeros. Gradients flow through every op except into
+/// tensor `output` does not depend on gets zeros, but an `output` that depends on none of `wrt`
+/// (or an empty `wrt`) is an error, as in PyTorch. Gradients flow through every op except into
 /// tensors cut off by [`Tensor::stop_gradient`] and through tensors that already hold data (a
 /// realized tensor is a constant of the graph).
 #[track_caller]
@@ -187,6 +188,20 @@ fn differentiate(output: &Tensor, wrt: Wrt<'_>, loc: &'static Location<'static>)
             found.into_iter().map(|(_, t)| t).collect()
         }
     };
+    if !wrt_tensors.iter().any(|t| traced.ids.contains_key(&addr(t))) {
+        // PyTorch refuses this too: nothing to differentiate would silently give no gradient.
+        let message = match wrt {
+            Wrt::Marked => "element 0 of tensors does not require grad and does not have a grad_fn: the output \
+                            depends on no tensor marked requires_grad_() (marks made inside no_grad are ignored)"
+                .to_string(),
+            Wrt::Given(list) => format!(
+                "the output depends on none of the {} tensors to differentiate with respect to, so every \
+                 gradient would be zero",
+                list.len()
+            ),
+        };
+        return Err(Error::op(if matches!(wrt, Wrt::Marked) { "backward" } else { "grad" }, message, loc));
+    }
     let mut traced = traced;
     let out_id = traced.ids[&addr(output)];
     // A `wrt` tensor the output does not reach gets a fresh (unconnected) input node: zeros.
@@ -298,7 +313,8 @@ fn rebuild(
 
 impl Tensor {
     /// Marks this tensor as a leaf whose gradient [`Tensor::backward`] computes (PyTorch's
-    /// `requires_grad_()`), and returns it. Does nothing inside [`no_grad`].
+    /// `requires_grad_()`), and returns it. Does nothing inside [`no_grad`], so a `backward`
+    /// that then finds no marked tensor is an error rather than a silent no-op.
     pub fn requires_grad_(&self) -> Tensor {
         self.set_requires_grad(true);
         self.clone()
@@ -336,7 +352,9 @@ impl Tensor {
 
     /// Computes the gradient of this one-element tensor with respect to every tensor marked
     /// [`Tensor::requires_grad_`] that it depends on, and adds it to that tensor's
-    /// [`Tensor::grad`] (lazily: realize the gradients, ideally together with the loss).
+    /// [`Tensor::grad`] (lazily: realize the gradients, ideally together with the loss). An output
+    /// that depends on no marked tensor is an error, as in PyTorch ("element 0 of tensors does
+    /// not require grad").
     #[track_caller]
     pub fn backward(&self) -> Result<()> {
         let loc = Location::caller();

@@ -276,6 +276,34 @@ pub fn where_(cond: &Tensor, a: impl Operand, b: impl Operand) -> Tensor {
     cond.where_(a, b)
 }
 
+/// `where(y >= max, max, y)` with `y = where(x <= min, min, x)`: a bound is selected on a tie,
+/// so `x` gets no gradient there (PyTorch's `clamp` backward), and NaN (false in every
+/// comparison) stays NaN.
+fn clamp(site: Site, x: &Tensor, min: Option<Scalar>, max: Option<Scalar>) -> Tensor {
+    let mut args = vec![Arg::Tensor(x.clone())];
+    args.extend(min.map(Arg::Scalar));
+    args.extend(max.map(Arg::Scalar));
+    let resolved = match resolve(site, args, 0) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    // `a <= b` that is false for NaN.
+    let at_most = |a: &Tensor, b: &Tensor| {
+        a.p_binary(site, BinaryOp::CmpLt, b).p_binary(site, BinaryOp::Or, &a.p_binary(site, BinaryOp::CmpEq, b))
+    };
+    let mut bounds = resolved[1..].iter();
+    let mut y = resolved[0].clone();
+    if min.is_some() {
+        let lo = bounds.next().expect("resolve returns one tensor per operand");
+        y = Tensor::p_where(site, &at_most(&y, lo), lo, &y);
+    }
+    if max.is_some() {
+        let hi = bounds.next().expect("resolve returns one tensor per operand");
+        y = Tensor::p_where(site, &at_most(hi, &y), hi, &y);
+    }
+    y
+}
+
 /// Scalar-on-the-left helpers for the operator impls (`2.0 - &t`).
 pub(crate) fn scalar_lhs(site: Site, op: BinaryOp, lhs: Scalar, rhs: &Tensor) -> Tensor {
     binary(site, op, Arg::Scalar(lhs), Arg::Tensor(rhs.clone()), op == BinaryOp::Div)
@@ -417,13 +445,24 @@ impl Tensor {
         Tensor::p_where(site, &below, &higher, &t)
     }
 
-    /// Absolute value: `where(x < 0, -x, x)`.
+    /// Absolute value: `where(x < 0, -x, where(x == 0, 0, x))`. The gradient is `sign(x)`, 0 at
+    /// `x == 0` as in PyTorch, and `abs(-0.0)` is `+0.0`.
     #[track_caller]
     pub fn abs(&self) -> Tensor {
         let site = Site::here("abs");
         if self.error().is_some() || self.dtype().is_bool() {
             return self.clone();
         }
+        let zero = self.splat(site, 0);
+        let negative = self.p_binary(site, BinaryOp::CmpLt, &zero);
+        let is_zero = self.p_binary(site, BinaryOp::CmpEq, &zero);
+        let non_negative = Tensor::p_where(site, &is_zero, &zero, self);
+        Tensor::p_where(site, &negative, &self.p_unary(site, UnaryOp::Neg), &non_negative)
+    }
+
+    /// `where(x < 0, -x, x)`: `|x|` with gradient 1 at `x == 0`, for compositions that are smooth
+    /// there (`tanh`).
+    fn abs_smooth(&self, site: Site) -> Tensor {
         let negative = self.p_binary(site, BinaryOp::CmpLt, &self.splat(site, 0));
         Tensor::p_where(site, &negative, &self.p_unary(site, UnaryOp::Neg), self)
     }
@@ -434,7 +473,7 @@ impl Tensor {
     pub fn tanh(&self) -> Tensor {
         let site = Site::here("tanh");
         let x = self.float_input(site);
-        let e = x.abs().mul(-2.0).exp();
+        let e = x.abs_smooth(site).mul(-2.0).exp();
         let one = x.splat(site, 1.0);
         let t =
             one.p_binary(site, BinaryOp::Sub, &e).p_binary(site, BinaryOp::Div, &one.p_binary(site, BinaryOp::Add, &e));
@@ -451,11 +490,18 @@ impl Tensor {
         e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip)
     }
 
-    /// `max(x, 0)` (NaN stays NaN).
+    /// `where(x <= 0, 0, x)`: NaN stays NaN, and the gradient is 0 at `x == 0`, as PyTorch's
+    /// `relu` (whose backward is `where(y <= 0, 0, g)`).
     #[track_caller]
     pub fn relu(&self) -> Tensor {
         let site = Site::here("relu");
-        self.p_binary(site, BinaryOp::Max, &self.splat(site, 0))
+        if self.error().is_some() || self.dtype().is_bool() {
+            return self.clone();
+        }
+        let zero = self.splat(site, 0);
+        let negative = self.p_binary(site, BinaryOp::CmpLt, &zero);
+        let at_most_zero = negative.p_binary(site, BinaryOp::Or, &self.p_binary(site, BinaryOp::CmpEq, &zero));
+        Tensor::p_where(site, &at_most_zero, &zero, self)
     }
 
     /// Exact GELU, `0.5 x (1 + erf(x / sqrt 2))` (PyTorch's default).
@@ -493,22 +539,24 @@ impl Tensor {
         x.p_binary(site, BinaryOp::Mul, &x.sigmoid())
     }
 
-    /// Clamps to `[min, max]`: `minimum(maximum(x, min), max)`.
+    /// Clamps to `[min, max]` (`max` wins where `min > max`; NaN stays NaN). As in PyTorch the
+    /// gradient reaches `x` only strictly inside the bounds: 0 at `x == min` and `x == max`
+    /// (unlike [`Tensor::maximum`], which splits a tie).
     #[track_caller]
     pub fn clamp(&self, min: impl IntoScalar, max: impl IntoScalar) -> Tensor {
-        self.maximum(min.into_scalar()).minimum(max.into_scalar())
+        clamp(Site::here("clamp"), self, Some(min.into_scalar()), Some(max.into_scalar()))
     }
 
-    /// `maximum(x, min)`.
+    /// `x` raised to at least `min` (PyTorch's `clamp_min`; gradient 0 at `x == min`).
     #[track_caller]
     pub fn clamp_min(&self, min: impl IntoScalar) -> Tensor {
-        self.maximum(min.into_scalar())
+        clamp(Site::here("clamp_min"), self, Some(min.into_scalar()), None)
     }
 
-    /// `minimum(x, max)`.
+    /// `x` lowered to at most `max` (PyTorch's `clamp_max`; gradient 0 at `x == max`).
     #[track_caller]
     pub fn clamp_max(&self, max: impl IntoScalar) -> Tensor {
-        self.minimum(max.into_scalar())
+        clamp(Site::here("clamp_max"), self, None, Some(max.into_scalar()))
     }
 
     /// Converts to `dtype` (a no-op when it already is). See the interpreter docs for the rules.

@@ -4,6 +4,23 @@
 //! Axes may be negative; an empty axis list reduces every axis (as PyTorch's `dim=[]` does).
 //! `keepdim = true` keeps the reduced axes with size 1, `false` removes them (a reshape after
 //! the air `reduce`, which always keeps them).
+//!
+//! # Empty reductions (as PyTorch)
+//!
+//! `sum` over an empty axis is 0 and `mean` is NaN (`0 / 0`). `max`, `min`, `argmax` and `argmin`
+//! have no identity element, so reducing over an axis of extent 0 (or, for the `_all` forms, a
+//! tensor with no elements) is an error tensor naming the op, the shape and the caller's line.
+//! The check needs the extent: a *symbolic* reduced extent that is bound to 0 at realize is not
+//! caught here and gives the air identity (`-inf`, or the integer minimum; see `air::interp`).
+//! `softmax` and `log_softmax` over an empty axis give an empty result (nothing to compute), and
+//! `logsumexp` gives `-inf` (`log 0`), as in PyTorch.
+//!
+//! # Gradients at ties (as PyTorch)
+//!
+//! `max`/`min` (and the `_all` forms) split the gradient evenly among tied extremes, like
+//! `torch.amax`/`torch.amin` and the full `torch.max()`. [`Tensor::max_dim`] and
+//! [`Tensor::min_dim`] are `torch.max(x, dim)`/`torch.min(x, dim)`: values and indices, with the
+//! whole gradient sent to the position of the returned index.
 
 use air::{BinaryOp, DType, Dim, ReduceOp, Scalar, Shape, UnaryOp};
 use smallvec::SmallVec;
@@ -22,6 +39,20 @@ fn reduce_axes(site: Site, t: &Tensor, axes: &[isize]) -> Result<AxisList, Tenso
         return Ok((0..t.ndim()).collect());
     }
     normalize_axes(axes, t.ndim()).map_err(|m| site.fail(format!("{m} (shape {})", crate::shape::show(t.shape()))))
+}
+
+/// An error tensor if `axes` of `t` cover no element, for `site`, a reduction without an
+/// identity element (PyTorch raises for these too). Only concrete extents are checked.
+fn check_nonempty(site: Site, t: &Tensor, axes: &AxisList) -> Result<(), Tensor> {
+    let Some(&axis) = axes.iter().find(|&&a| t.shape()[a].as_const() == Some(0)) else {
+        return Ok(());
+    };
+    Err(site.fail(format!(
+        "cannot reduce over an empty axis: axis {axis} of shape {} has extent 0, and {} has no identity \
+         element (reduce a non-empty tensor or check its size first)",
+        crate::shape::show(t.shape()),
+        site.name
+    )))
 }
 
 /// Drops the reduced (size-1) axes unless `keepdim`.
@@ -71,30 +102,35 @@ impl Tensor {
         finish(site, x.p_reduce(site, ReduceOp::Sum, axes.clone()), &axes, keepdim)
     }
 
-    /// Maximum over `axes` (values only; see [`Tensor::argmax`] for indices).
+    /// Maximum over `axes` (values only; see [`Tensor::max_dim`] for values and indices), like
+    /// `torch.amax`: tied maxima share the gradient evenly. Reducing an empty axis is an error.
     #[track_caller]
     pub fn max(&self, axes: impl Axes, keepdim: bool) -> Tensor {
         let site = Site::here("max");
-        let axes = match reduce_axes(site, self, &axes.to_axes()) {
-            Ok(a) => a,
-            Err(e) => return e,
-        };
+        let axes =
+            match reduce_axes(site, self, &axes.to_axes()).and_then(|a| check_nonempty(site, self, &a).map(|()| a)) {
+                Ok(a) => a,
+                Err(e) => return e,
+            };
         finish(site, max_kept(site, self, &axes), &axes, keepdim)
     }
 
-    /// Minimum over `axes` (values only).
+    /// Minimum over `axes` (values only), like `torch.amin`: tied minima share the gradient evenly.
+    /// Reducing an empty axis is an error.
     #[track_caller]
     pub fn min(&self, axes: impl Axes, keepdim: bool) -> Tensor {
         let site = Site::here("min");
-        let axes = match reduce_axes(site, self, &axes.to_axes()) {
-            Ok(a) => a,
-            Err(e) => return e,
-        };
+        let axes =
+            match reduce_axes(site, self, &axes.to_axes()).and_then(|a| check_nonempty(site, self, &a).map(|()| a)) {
+                Ok(a) => a,
+                Err(e) => return e,
+            };
         finish(site, min_kept(site, self, &axes), &axes, keepdim)
     }
 
     /// Mean over `axes`: `sum * (1 / n)`. Integers become `f32` first. With symbolic dims `n` is
-    /// itself computed as a sum of ones.
+    /// itself computed as a sum of ones. Over an empty axis the mean is NaN (`0 / 0`), as in
+    /// PyTorch.
     #[track_caller]
     pub fn mean(&self, axes: impl Axes, keepdim: bool) -> Tensor {
         let site = Site::here("mean");
@@ -105,6 +141,8 @@ impl Tensor {
         let x = self.float_input(site);
         let sum = x.p_reduce(site, ReduceOp::Sum, axes.clone());
         let mean = match count(&x, &axes).as_const() {
+            // `0 * (1 / 0)` is NaN, but a GPU compiler may fold `0 * inf` to 0: say NaN directly.
+            Some(0) => sum.splat(site, f64::NAN),
             Some(n) => sum.p_binary(site, BinaryOp::Mul, &sum.splat(site, 1.0 / n as f64)),
             None => {
                 let n = x.splat(site, 1.0).p_reduce(site, ReduceOp::Sum, axes.clone());
@@ -195,6 +233,22 @@ impl Tensor {
         arg_extreme(Site::here("argmin"), self, dim.to_isize(), keepdim, true)
     }
 
+    /// The maximum along `dim` and its index (`i64`), like `torch.max(x, dim)`: the index is the
+    /// first maximum (NaN counts as the maximum), and the whole gradient of the values goes to the
+    /// element at that index (where [`Tensor::max`] splits it among ties). An empty `dim` is an
+    /// error.
+    #[track_caller]
+    pub fn max_dim(&self, dim: impl Axis, keepdim: bool) -> (Tensor, Tensor) {
+        extreme_at_index(Site::here("max_dim"), self, dim.to_isize(), keepdim, false)
+    }
+
+    /// The minimum along `dim` and its index (`i64`), like `torch.min(x, dim)`; see
+    /// [`Tensor::max_dim`].
+    #[track_caller]
+    pub fn min_dim(&self, dim: impl Axis, keepdim: bool) -> (Tensor, Tensor) {
+        extreme_at_index(Site::here("min_dim"), self, dim.to_isize(), keepdim, true)
+    }
+
     /// Index of the maximum of the flattened tensor, shape `[]` (PyTorch's `argmax()`).
     #[track_caller]
     pub fn argmax_all(&self) -> Tensor {
@@ -208,7 +262,12 @@ impl Tensor {
     }
 }
 
+/// The index (`index_dtype`) of the first extreme along `dim`: `min(where(hit, iota, MAX))`.
 fn arg_extreme(site: Site, t: &Tensor, dim: isize, keepdim: bool, min: bool) -> Tensor {
+    arg_extreme_as(site, t, dim, keepdim, min, DType::I64)
+}
+
+fn arg_extreme_as(site: Site, t: &Tensor, dim: isize, keepdim: bool, min: bool, index_dtype: DType) -> Tensor {
     if t.error().is_some() {
         return t.clone();
     }
@@ -217,6 +276,9 @@ fn arg_extreme(site: Site, t: &Tensor, dim: isize, keepdim: bool, min: bool) -> 
         Err(m) => return site.fail(format!("{m} (shape {})", crate::shape::show(t.shape()))),
     };
     let axes: AxisList = smallvec::smallvec![axis];
+    if let Err(e) = check_nonempty(site, t, &axes) {
+        return e;
+    }
     let x = if t.dtype().is_bool() { t.p_cast(site, DType::I32) } else { t.clone() };
     let best = if min { min_kept(site, &x, &axes) } else { max_kept(site, &x, &axes) };
     let best = crate::ops::elementwise::broadcast_to(site, &best, x.shape());
@@ -225,8 +287,40 @@ fn arg_extreme(site: Site, t: &Tensor, dim: isize, keepdim: bool, min: bool) -> 
         let nan = x.p_binary(site, BinaryOp::CmpNe, &x);
         hit = hit.p_binary(site, BinaryOp::Or, &nan);
     }
-    let index = x.iota_like(site, axis, DType::I64, x.shape().clone());
-    let none = index.splat(site, Scalar::Int(i64::MAX));
+    let index = x.iota_like(site, axis, index_dtype, x.shape().clone());
+    let largest = if index_dtype == DType::I32 { i64::from(i32::MAX) } else { i64::MAX };
+    let none = index.splat(site, Scalar::Int(largest));
     let candidates = Tensor::p_where(site, &hit, &index, &none);
     finish(site, min_kept(site, &candidates, &axes), &axes, keepdim)
+}
+
+/// `(values, indices)` of the extreme along `dim`: the indices from [`arg_extreme`], the values
+/// picked at those indices (a sum over a one-hot selection, so the gradient reaches that one
+/// element only). The selection uses `i32` indices when the axis fits, so the values also run
+/// where 64-bit integers do not (wgpu).
+fn extreme_at_index(site: Site, t: &Tensor, dim: isize, keepdim: bool, min: bool) -> (Tensor, Tensor) {
+    let index = arg_extreme(site, t, dim, true, min);
+    if index.error().is_some() {
+        return (index.clone(), index);
+    }
+    let axis = normalize_axis(dim, t.ndim()).expect("arg_extreme checked the axis");
+    let axes: AxisList = smallvec::smallvec![axis];
+    let values = if t.dtype().is_float() {
+        let fits_i32 = t.shape()[axis].as_const().is_some_and(|n| n <= i64::from(i32::MAX));
+        let (select_index, dtype) = if fits_i32 {
+            (arg_extreme_as(site, t, dim, true, min, DType::I32), DType::I32)
+        } else {
+            (index.clone(), DType::I64)
+        };
+        let position = t.iota_like(site, axis, dtype, t.shape().clone());
+        let wide = crate::ops::elementwise::broadcast_to(site, &select_index, t.shape());
+        let picked = position.p_binary(site, BinaryOp::CmpEq, &wide);
+        let zero = t.splat(site, 0.0);
+        Tensor::p_where(site, &picked, t, &zero).p_reduce(site, ReduceOp::Sum, axes.clone())
+    } else if min {
+        min_kept(site, t, &axes)
+    } else {
+        max_kept(site, t, &axes)
+    };
+    (finish(site, values, &axes, keepdim), finish(site, index, &axes, keepdim))
 }

@@ -22,7 +22,10 @@
 //!   platform); `sqrt` is correctly rounded; `recip(x)` is `1 / x`; `trunc` rounds toward zero.
 //! - `max` and `min` are IEEE 754-2019 `maximum`/`minimum` (like PyTorch's `torch.maximum`): NaN
 //!   if either operand is NaN, and `+0 > -0`.
-//! - `mod` is the remainder with the sign of the dividend (C `fmod`, Rust `%`).
+//! - `mod` is the remainder with the sign of the dividend (C `fmod`, Rust `%`, `torch.fmod`),
+//!   computed exactly: `mod(x, +-inf) = x` for finite `x`; `mod(+-inf, y)`, `mod(x, 0)` and NaN
+//!   operands give NaN; a zero result has the sign of `x`. (PyTorch's `remainder`, with the sign
+//!   of the divisor, is built on it by the facade: `remainder(-5, inf) = inf`.)
 //! - Comparisons follow IEEE 754: any comparison with NaN is false except `cmpne`, which is true.
 //!
 //! Integers (`i32`, `i64`)
@@ -51,7 +54,9 @@
 //! - Float `sum` (every float dtype) accumulates in `f64`, left to right, then rounds once to the
 //!   node's dtype (to `f32` first for `f16`/`bf16`). Integer `sum` wraps in the node's dtype.
 //! - `max` of floats propagates NaN (as `max` above).
-//! - An empty reduction gives 0 for `sum`, and `-inf` (floats) or the int's minimum for `max`.
+//! - An empty reduction gives 0 for `sum`, and `-inf` (floats) or the int's minimum for `max`
+//!   (its identity). The facade never builds a `max` over an axis it knows is empty (PyTorch
+//!   raises there); only a symbolic extent bound to 0 reaches this case.
 //!
 //! Movement: `reshape` keeps the row-major element order; `permute` makes output axis `i` input
 //! axis `perm[i]`; `expand` repeats size-1 axes; `pad` adds `(before, after)` elements of `value`

@@ -294,8 +294,9 @@ impl Module for Conv2d {
     }
 }
 
-/// Max pooling over `kernel` windows (PyTorch's `nn.MaxPool2d`; padding is `-inf`). Ties split
-/// the gradient evenly (PyTorch gives it to one position).
+/// Max pooling over `kernel` windows (PyTorch's `nn.MaxPool2d`; padding is `-inf`). As in
+/// PyTorch, each window sends its whole gradient to one position: its first maximum in row-major
+/// window order (NaN counts as the maximum), see [`Tensor::max_dim`].
 #[derive(Clone, Copy, Debug)]
 pub struct MaxPool2d {
     /// `(kh, kw)`.
@@ -319,7 +320,17 @@ impl Module for MaxPool2d {
             return bad_input(x, "maxpool2d_input_N_C_H_W_at_least_kernel");
         };
         if geo.tiles() {
-            return geo.tiled(x).max(&[3, 5], false);
+            // [N, C, OH, KH, OW, KW] -> [N, C, OH, OW, KH * KW], window positions row-major.
+            let (kh, kw) = self.kernel;
+            let (oh, ow) = geo.out;
+            let windows = geo.tiled(x).permute(&[0, 1, 2, 4, 3, 5]).reshape(vec![
+                geo.n.clone(),
+                Dim::from(geo.c),
+                Dim::from(oh),
+                Dim::from(ow),
+                Dim::from(kh * kw),
+            ]);
+            return windows.max_dim(4, false).0;
         }
         // Overlapping windows: stacked on a new axis and reduced, so the backward pass is one
         // reduce-max gradient rather than a chain of pairwise ones.
@@ -328,7 +339,7 @@ impl Module for MaxPool2d {
             return wins[0].clone();
         }
         let refs: Vec<&Tensor> = wins.iter().collect();
-        Tensor::stack(&refs, 2).max(2, false)
+        Tensor::stack(&refs, 2).max_dim(2, false).0
     }
 
     fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}

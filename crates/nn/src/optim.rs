@@ -1,24 +1,56 @@
 //! Optimizers: SGD with momentum, Adam and AdamW, with PyTorch's update rules.
 //!
-//! An optimizer turns parameters and their gradients into *lazy* updated parameters, and keeps
-//! its state (momentum buffers, moments) as tensors too; the caller realizes the new parameters
-//! and [`Optimizer::state`] together with the loss, so a whole training step is one graph. The
-//! state starts as tensors that hold zeros (not lazy constants), and values that change every step
-//! (Adam's bias corrections) enter as one-element input tensors, not constants: every step's graph
-//! then has the same structure and a device compiles it once.
+//! An optimizer owns its state (momentum buffers, moments). [`Optimizer::step`] builds the new
+//! parameters and the new state lazily and realizes them *together*, with whatever else the
+//! caller passes (the loss), as one program; only then does the optimizer keep the new state.
+//! There is no way to take a step and leave the state lazy, which would chain every step's update
+//! onto the last one: the graph would grow each step and recompile every time. The state starts
+//! as tensors that hold zeros (not lazy constants), and values that change every step (Adam's
+//! bias corrections, the learning rate) enter as one-element input tensors, not constants: every
+//! step's graph then has the same structure and a device compiles it once.
 
 use kiln::Tensor;
 
 use crate::error::{NnError, Result};
 
-/// A gradient-based optimizer.
-pub trait Optimizer {
-    /// The updated parameters (lazy) for `params` and their `grads`, in the same order. Also
-    /// replaces the optimizer's state by its lazy next value (see [`Optimizer::state`]). The
-    /// parameter list must be the same (same count, same shapes) every step.
-    fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>>;
+/// How a step's tensors are computed: all of them as one program, returned realized and in
+/// order. [`Optimizer::step`] uses `kiln::realize`; a caller with its own device (a benchmark
+/// runner) passes its own with [`Optimizer::step_with`].
+pub type Realize<'a> = dyn FnMut(&[&Tensor]) -> Result<Vec<Tensor>> + 'a;
 
-    /// The state tensors to realize together with the step's parameters.
+/// What a step produced: the new parameters and the extra outputs, all realized.
+#[derive(Debug)]
+pub struct Step {
+    /// The updated parameters, in the order of the `params` given to the step.
+    pub params: Vec<Tensor>,
+    /// The `outputs` given to the step (the loss), realized in the same program.
+    pub outputs: Vec<Tensor>,
+}
+
+/// A gradient-based optimizer that owns its state.
+pub trait Optimizer {
+    /// One update of `params` with their `grads` (lazy, same order): realizes the new parameters,
+    /// the optimizer's new state and `outputs` (typically the loss those gradients come from) as
+    /// one program, keeps the new state, and returns the new parameters and realized outputs. The
+    /// parameter list must be the same (same count, same shapes) every step. On an error the
+    /// optimizer's state is unchanged.
+    fn step(&mut self, params: &[Tensor], grads: &[Tensor], outputs: &[&Tensor]) -> Result<Step> {
+        self.step_with(params, grads, outputs, &mut |tensors: &[&Tensor]| {
+            kiln::realize(tensors)?;
+            Ok(tensors.iter().map(|t| (*t).clone()).collect())
+        })
+    }
+
+    /// [`Optimizer::step`] with the program run by `realize`.
+    fn step_with(
+        &mut self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        outputs: &[&Tensor],
+        realize: &mut Realize<'_>,
+    ) -> Result<Step>;
+
+    /// The optimizer's state tensors (realized; empty before the first step).
     fn state(&self) -> Vec<Tensor>;
 
     /// The learning rate.
@@ -27,6 +59,30 @@ pub trait Optimizer {
     /// Changes the learning rate (it enters each step's graph as an input, so this recompiles
     /// nothing).
     fn set_learning_rate(&mut self, lr: f64);
+}
+
+/// Realizes `new_params`, `new_state` and `outputs` as one program with `realize`, and splits the
+/// realized tensors back into `(step, state)`.
+fn run_step(
+    new_params: Vec<Tensor>,
+    new_state: Vec<Tensor>,
+    outputs: &[&Tensor],
+    realize: &mut Realize<'_>,
+) -> Result<(Step, Vec<Tensor>)> {
+    let mut all: Vec<&Tensor> = Vec::with_capacity(new_params.len() + new_state.len() + outputs.len());
+    all.extend(outputs.iter().copied());
+    all.extend(new_params.iter());
+    all.extend(new_state.iter());
+    let expected = all.len();
+    let realized = realize(&all)?;
+    if realized.len() != expected {
+        return Err(NnError::Config(format!("realize returned {} tensors for {expected}", realized.len())));
+    }
+    let mut realized = realized.into_iter();
+    let outputs = realized.by_ref().take(outputs.len()).collect();
+    let params = realized.by_ref().take(new_params.len()).collect();
+    let state = realized.collect();
+    Ok((Step { params, outputs }, state))
 }
 
 /// A tensor that holds zeros like `p` (data, so that it is an input of the step graph).
@@ -76,26 +132,45 @@ impl Sgd {
     }
 }
 
-impl Optimizer for Sgd {
-    fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>> {
+impl Sgd {
+    /// The lazy new parameters and momentum buffers.
+    fn update(&self, params: &[Tensor], grads: &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         check_lengths(params, grads, self.buffers.len())?;
-        if self.momentum != 0.0 && self.buffers.is_empty() {
-            self.buffers = params.iter().map(zeros_like).collect::<Result<_>>()?;
-        }
+        let buffers = if self.momentum != 0.0 && self.buffers.is_empty() {
+            params.iter().map(zeros_like).collect::<Result<_>>()?
+        } else {
+            self.buffers.clone()
+        };
         let lr = scalar(self.lr, params.first())?;
         let mut out = Vec::with_capacity(params.len());
+        let mut next = Vec::with_capacity(buffers.len());
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let g = if self.weight_decay != 0.0 { g.add(p.mul(self.weight_decay)) } else { g.clone() };
             let direction = if self.momentum != 0.0 {
-                let buf = self.buffers[i].mul(self.momentum).add(&g);
-                self.buffers[i] = buf.clone();
+                let buf = buffers[i].mul(self.momentum).add(&g);
+                next.push(buf.clone());
                 if self.nesterov { g.add(buf.mul(self.momentum)) } else { buf }
             } else {
                 g
             };
             out.push(p.sub(direction.mul(&lr)));
         }
-        Ok(out)
+        Ok((out, next))
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step_with(
+        &mut self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        outputs: &[&Tensor],
+        realize: &mut Realize<'_>,
+    ) -> Result<Step> {
+        let (new_params, new_state) = self.update(params, grads)?;
+        let (step, state) = run_step(new_params, new_state, outputs, realize)?;
+        self.buffers = state;
+        Ok(step)
     }
 
     fn state(&self) -> Vec<Tensor> {
@@ -125,15 +200,17 @@ struct AdamCore {
 }
 
 impl AdamCore {
-    fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// The lazy new parameters and moments (`m` then `v`) of step `self.steps + 1`.
+    fn update(&self, params: &[Tensor], grads: &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
         check_lengths(params, grads, self.m.len())?;
-        if self.m.is_empty() {
-            self.m = params.iter().map(zeros_like).collect::<Result<_>>()?;
-            self.v = params.iter().map(zeros_like).collect::<Result<_>>()?;
-        }
-        self.steps += 1;
+        let (m_old, v_old) = if self.m.is_empty() {
+            let zeros = || params.iter().map(zeros_like).collect::<Result<Vec<_>>>();
+            (zeros()?, zeros()?)
+        } else {
+            (self.m.clone(), self.v.clone())
+        };
         let (b1, b2) = self.betas;
-        let t = self.steps as i32;
+        let t = i32::try_from(self.steps + 1).unwrap_or(i32::MAX);
         let bias_correction1 = 1.0 - b1.powi(t);
         let bias_correction2 = 1.0 - b2.powi(t);
         // Step-dependent values are inputs, so the graph is the same every step.
@@ -141,6 +218,7 @@ impl AdamCore {
         let bias_correction2_sqrt = scalar(bias_correction2.sqrt(), params.first())?;
         let decay = scalar(1.0 - self.lr * self.weight_decay, params.first())?;
         let mut out = Vec::with_capacity(params.len());
+        let (mut m_new, mut v_new) = (Vec::with_capacity(params.len()), Vec::with_capacity(params.len()));
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let mut p = p.clone();
             let mut g = g.clone();
@@ -152,14 +230,30 @@ impl AdamCore {
                 }
             }
             // PyTorch: m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value = 1 - b2).
-            let m = self.m[i].add(g.sub(&self.m[i]).mul(1.0 - b1));
-            let v = self.v[i].mul(b2).add(g.mul(&g).mul(1.0 - b2));
+            let m = m_old[i].add(g.sub(&m_old[i]).mul(1.0 - b1));
+            let v = v_old[i].mul(b2).add(g.mul(&g).mul(1.0 - b2));
             let denom = v.sqrt().div(&bias_correction2_sqrt).add(self.eps);
             out.push(p.sub(m.div(denom).mul(&step_size)));
-            self.m[i] = m;
-            self.v[i] = v;
+            m_new.push(m);
+            v_new.push(v);
         }
-        Ok(out)
+        m_new.extend(v_new);
+        Ok((out, m_new))
+    }
+
+    fn step_with(
+        &mut self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        outputs: &[&Tensor],
+        realize: &mut Realize<'_>,
+    ) -> Result<Step> {
+        let (new_params, new_state) = self.update(params, grads)?;
+        let (step, mut state) = run_step(new_params, new_state, outputs, realize)?;
+        self.v = state.split_off(state.len() / 2);
+        self.m = state;
+        self.steps += 1;
+        Ok(step)
     }
 
     fn state(&self) -> Vec<Tensor> {
@@ -212,8 +306,14 @@ impl AdamW {
 macro_rules! adam_optimizer {
     ($t:ty) => {
         impl Optimizer for $t {
-            fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<Vec<Tensor>> {
-                self.0.step(params, grads)
+            fn step_with(
+                &mut self,
+                params: &[Tensor],
+                grads: &[Tensor],
+                outputs: &[&Tensor],
+                realize: &mut Realize<'_>,
+            ) -> Result<Step> {
+                self.0.step_with(params, grads, outputs, realize)
             }
             fn state(&self) -> Vec<Tensor> {
                 self.0.state()

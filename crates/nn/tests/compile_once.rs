@@ -1,17 +1,23 @@
-//! Training the GPT-style decoder on the CPU device compiles its step program once: steps 2 and 3
-//! hit the runtime's program cache. Alone in its test binary, because the compile counter belongs
-//! to the process-wide CPU device that concurrently running tests would also bump.
+//! Training on the CPU device compiles its step program once: later steps hit the runtime's
+//! program cache. The compile counter belongs to the process-wide CPU device, so the tests of this
+//! binary take turns through [`SERIAL`] and no other test binary shares the counter.
 
 mod common;
+
+use std::sync::Mutex;
 
 use common::{assert_close, transformer_and_fixture};
 use kiln::Tensor;
 use kiln_nn::*;
 
+/// Held by each test while it counts compiles.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 /// The same training on the CPU device (the runtime's program cache): step 1 compiles the step
 /// graph, steps 2 and 3 compile nothing.
 #[test]
 fn training_on_the_cpu_device_compiles_once() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (mut model, f) = transformer_and_fixture();
     model.to_device(kiln::Device::Cpu).unwrap();
     let x = f.get("x").to_device(kiln::Device::Cpu).unwrap();
@@ -33,4 +39,49 @@ fn training_on_the_cpu_device_compiles_once() {
         worst = worst.max(assert_close(&format!("cpu step3.{name}"), &p, &f.get(&format!("step3.{name}")), 5e-5));
     }
     eprintln!("cpu: max parameter error after 3 Adam steps {worst:.2e}");
+}
+
+/// 60 optimizer steps (SGD with momentum, then Adam) compile one program, and every step's graph
+/// has the same number of nodes: the optimizer realizes its state with the parameters, so no
+/// step's graph chains onto the previous one's. A closure serves as the loss.
+#[test]
+fn sixty_optimizer_steps_compile_once_with_a_constant_graph() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cpu = kiln::backend::cpu_device().unwrap();
+    let x = Tensor::randn_seeded(&[8, 4], 7).to_device(kiln::Device::Cpu).unwrap();
+    let y = Tensor::randn_seeded(&[8, 3], 8).to_device(kiln::Device::Cpu).unwrap();
+    let huber = |p: &Tensor, t: &Tensor| {
+        let d = p.sub(t).abs();
+        d.lt(1.0).where_(d.mul(&d).mul(0.5), d.sub(0.5)).mean_all()
+    };
+    fn run<O: Optimizer>(trainer: &mut Trainer<Linear, O>, x: &Tensor, y: &Tensor, compiled_so_far: &dyn Fn() -> u64) {
+        let before = compiled_so_far();
+        let mut nodes = Vec::new();
+        let mut compiled = Vec::new();
+        let mut losses = Vec::new();
+        for _ in 0..60 {
+            let start = compiled_so_far();
+            losses.push(trainer.step(x, y).unwrap());
+            compiled.push(compiled_so_far() - start);
+            nodes.push(trainer.last_step_nodes());
+        }
+        assert_eq!(trainer.distinct_step_graphs(), 1, "one step structure");
+        assert!(nodes.iter().all(|&n| n == nodes[0] && n > 0), "graph sizes per step: {nodes:?}");
+        assert!(compiled[1..].iter().all(|&c| c == 0), "programs compiled per step: {compiled:?}");
+        assert!(compiled_so_far() - before <= 1);
+        assert!(losses[59] < losses[0], "training makes progress: {losses:?}");
+    }
+    let mut model = Linear::new(4, 3, true);
+    model.to_device(kiln::Device::Cpu).unwrap();
+    let mut sgd = Trainer::new(model, Sgd::new(0.05, 0.9), huber);
+    sgd.track_graphs(true);
+    run(&mut sgd, &x, &y, &|| cpu.stats().programs_compiled);
+    let mut model = Linear::new(4, 3, true);
+    model.to_device(kiln::Device::Cpu).unwrap();
+    let mut adam = Trainer::new(model, Adam::new(0.01), huber);
+    adam.track_graphs(true);
+    run(&mut adam, &x, &y, &|| cpu.stats().programs_compiled);
+    assert_eq!(adam.optimizer.steps(), 60);
+    assert_eq!(adam.optimizer.state().len(), 4, "m and v of weight and bias");
+    assert!(adam.optimizer.state().iter().all(Tensor::is_realized), "the state is realized every step");
 }

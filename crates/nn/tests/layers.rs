@@ -163,3 +163,34 @@ fn optimizers() {
     check_optimizer("opt_adam", Adam::new(0.01));
     check_optimizer("opt_adamw", AdamW::with(0.01, (0.9, 0.999), 1e-8, 0.1));
 }
+
+/// Max pooling over windows with tied maxima (tests/fixtures/edges.safetensors, made by
+/// tests/fixtures/gen_edges.py): as in PyTorch, each window sends its gradient to one element,
+/// its first maximum, on the interpreter, the CPU device and (when there is an adapter) wgpu.
+#[test]
+fn max_pool_sends_tied_gradients_to_one_element() {
+    let edges = fixture_file("edges.safetensors");
+    let pools = [
+        ("maxpool_tiled_ties", MaxPool2d::new((2, 2))),
+        ("maxpool_overlap_ties", MaxPool2d { kernel: (3, 3), stride: (1, 1), padding: (0, 0) }),
+        ("maxpool_padded_ties", MaxPool2d { kernel: (3, 3), stride: (2, 2), padding: (1, 1) }),
+    ];
+    for device in [Device::Interp, Device::Cpu, Device::Wgpu] {
+        for (name, pool) in &pools {
+            let f = Fixture::new(&edges, name);
+            let x = f.get("x").to_device(device).unwrap();
+            let out = pool.forward(&x);
+            let grad = kiln::grad(&out.sum_all(), &[&x]).unwrap().remove(0);
+            if let Err(e) = kiln::realize(&[&out, &grad]) {
+                assert!(device == Device::Wgpu, "{name} on {device}: {e}");
+                eprintln!("skipping {name} on wgpu: {e}");
+                continue;
+            }
+            for (role, got) in [("out", &out), ("grad_x", &grad)] {
+                let got: Vec<f32> = got.to_vec().unwrap();
+                let want: Vec<f32> = f.get(role).to_vec().unwrap();
+                assert_eq!(got, want, "{name}.{role} on {device}");
+            }
+        }
+    }
+}

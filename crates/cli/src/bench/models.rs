@@ -31,14 +31,11 @@ fn fit_step(case: &mut Case, optimizer: &mut Sgd, runner: &Runner) -> anyhow::Re
     let loss = case.loss.compute(&case.model.forward(&case.x), &case.y);
     let refs: Vec<&Tensor> = params.iter().collect();
     let grads = kiln::grad(&loss, &refs)?;
-    let new_params = optimizer.step(&params, &grads)?;
-    let state = optimizer.state();
-    let mut outputs: Vec<&Tensor> = vec![&loss];
-    outputs.extend(new_params.iter());
-    outputs.extend(state.iter());
-    let mut realized = runner.realize(&outputs)?.into_iter();
-    let loss = realized.next().ok_or_else(|| anyhow::anyhow!("no loss"))?;
-    let mut fresh = realized.take(new_params.len());
+    let step = optimizer.step_with(&params, &grads, &[&loss], &mut |tensors: &[&Tensor]| {
+        runner.realize(tensors).map_err(|e| nn::NnError::Kiln(kiln::Error::Backend(format!("{e:#}"))))
+    })?;
+    let loss = step.outputs.into_iter().next().ok_or_else(|| anyhow::anyhow!("no loss"))?;
+    let mut fresh = step.params.into_iter();
     case.model.visit_mut(&mut |_, t, kind| {
         if kind == ParamKind::Weight
             && let Some(p) = fresh.next()

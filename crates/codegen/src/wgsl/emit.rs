@@ -17,6 +17,7 @@ enum Helper {
     MaxF,
     MinF,
     DivI,
+    ModF,
     ModI,
     IndexDiv,
     IndexMod,
@@ -40,6 +41,12 @@ impl Helper {
             Helper::DivI => {
                 "fn k_divi(a: i32, b: i32) -> i32 {\n    if (b == 0) { return 0; }\n    if (b == -1) { return -a; }\n    return a / b;\n}\n"
             }
+            // WGSL's float `%` is `a - b * trunc(a / b)`: inexact for large quotients and NaN for
+            // `b = inf`. C `fmod` is exact: subtract the largest `|b| * 2^k <= r` until `r < |b|`
+            // (each subtraction is exact by Sterbenz's lemma; at most ~280 rounds for f32).
+            Helper::ModF => {
+                "fn k_modf(a: f32, b: f32) -> f32 {\n    let x = abs(a);\n    let y = abs(b);\n    if (k_isnan(a) || k_isnan(b) || y == 0.0 || x > bitcast<f32>(0x7f7fffffu)) { return bitcast<f32>(0x7fc00000u); }\n    if (x < y) { return a; }\n    let ey = frexp(y).exp;\n    var r = x;\n    for (var i = 0; i < 300 && r >= y; i++) {\n        var s = ldexp(y, frexp(r).exp - ey);\n        if (s > r) { s = s * 0.5f; }\n        r = r - s;\n    }\n    return select(r, -r, a < 0.0f);\n}\n"
+            }
             Helper::ModI => {
                 "fn k_modi(a: i32, b: i32) -> i32 {\n    if (b == 0 || b == -1) { return 0; }\n    return a % b;\n}\n"
             }
@@ -59,7 +66,7 @@ impl Helper {
 
     fn deps(self) -> &'static [Helper] {
         match self {
-            Helper::MaxF | Helper::MinF | Helper::F2I | Helper::Pow => &[Helper::IsNan],
+            Helper::MaxF | Helper::MinF | Helper::F2I | Helper::Pow | Helper::ModF => &[Helper::IsNan],
             _ => &[],
         }
     }
@@ -308,7 +315,7 @@ impl<'a> Writer<'a> {
             (Mul, F32 | I32) => format!("({a} * {b})"),
             (Div, F32) => format!("({a} / {b})"),
             (Div, I32) => call(Helper::DivI, "k_divi"),
-            (Mod, F32) => format!("({a} % {b})"),
+            (Mod, F32) => call(Helper::ModF, "k_modf"),
             (Mod, I32) => call(Helper::ModI, "k_modi"),
             (Max, F32) => call(Helper::MaxF, "k_maxf"),
             (Min, F32) => call(Helper::MinF, "k_minf"),
