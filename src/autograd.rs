@@ -118,8 +118,8 @@ enum Wrt<'a> {
 
 /// The gradients of `output` with respect to each tensor of `wrt`, as lazy tensors of the same
 /// types, in order. For an `output` with more than one element this is the gradient of its sum. A
-/// tensor `output` does not depend on gets zeros, but an `output` that depends on none of `wrt`
-/// (or an empty `wrt`) is an error, as in PyTorch. Gradients flow through every op except into
+/// tensor `output` does not depend on gets zeros, but an `output` that depends on none of a
+/// non-empty `wrt` is an error, as in PyTorch (an empty `wrt` gives no gradients). Gradients flow through every op except into
 /// tensors cut off by [`Tensor::stop_gradient`] and through tensors that already hold data (a
 /// realized tensor is a constant of the graph).
 #[track_caller]
@@ -188,7 +188,8 @@ fn differentiate(output: &Tensor, wrt: Wrt<'_>, loc: &'static Location<'static>)
             found.into_iter().map(|(_, t)| t).collect()
         }
     };
-    if !wrt_tensors.iter().any(|t| traced.ids.contains_key(&addr(t))) {
+    let nothing_asked = matches!(wrt, Wrt::Given(list) if list.is_empty());
+    if !nothing_asked && !wrt_tensors.iter().any(|t| traced.ids.contains_key(&addr(t))) {
         // PyTorch refuses this too: nothing to differentiate would silently give no gradient.
         let message = match wrt {
             Wrt::Marked => "element 0 of tensors does not require grad and does not have a grad_fn: the output \

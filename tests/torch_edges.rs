@@ -258,5 +258,5 @@ fn backward_without_grad_requiring_leaves_is_an_error() {
     let other = Tensor::from_vec(vec![1.0f32], &[1]);
     let e = kiln::grad(&x.sum_all(), &[&other]).expect_err("unrelated").to_string();
     assert!(e.contains("depends on none"), "{e}");
-    assert!(kiln::grad(&x.sum_all(), &[]).is_err());
+    assert!(kiln::grad(&x.sum_all(), &[]).unwrap().is_empty(), "nothing asked, nothing to refuse");
 }

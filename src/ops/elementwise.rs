@@ -132,13 +132,15 @@ impl Tensor {
         binary(Site::here("div"), BinaryOp::Div, Arg::Tensor(self.clone()), rhs.into_arg(), true)
     }
 
-    /// Element-wise maximum (NaN if either is NaN, like `torch.maximum`).
+    /// Element-wise maximum (NaN if either is NaN, like `torch.maximum`). Ties split the gradient
+    /// evenly, except against a scalar (a constant), which takes the tie (as `relu`, `clamp_min`).
     #[track_caller]
     pub fn maximum(&self, rhs: impl Operand) -> Tensor {
         binary(Site::here("maximum"), BinaryOp::Max, Arg::Tensor(self.clone()), rhs.into_arg(), false)
     }
 
-    /// Element-wise minimum (NaN if either is NaN, like `torch.minimum`).
+    /// Element-wise minimum (NaN if either is NaN, like `torch.minimum`). Ties split the gradient
+    /// evenly, except against a scalar (a constant), which takes the tie (as `clamp_max`).
     #[track_caller]
     pub fn minimum(&self, rhs: impl Operand) -> Tensor {
         binary(Site::here("minimum"), BinaryOp::Min, Arg::Tensor(self.clone()), rhs.into_arg(), false)
@@ -274,34 +276,6 @@ fn logical(site: Site, op: BinaryOp, lhs: &Tensor, rhs: Arg) -> Tensor {
 #[track_caller]
 pub fn where_(cond: &Tensor, a: impl Operand, b: impl Operand) -> Tensor {
     cond.where_(a, b)
-}
-
-/// `where(y >= max, max, y)` with `y = where(x <= min, min, x)`: a bound is selected on a tie,
-/// so `x` gets no gradient there (PyTorch's `clamp` backward), and NaN (false in every
-/// comparison) stays NaN.
-fn clamp(site: Site, x: &Tensor, min: Option<Scalar>, max: Option<Scalar>) -> Tensor {
-    let mut args = vec![Arg::Tensor(x.clone())];
-    args.extend(min.map(Arg::Scalar));
-    args.extend(max.map(Arg::Scalar));
-    let resolved = match resolve(site, args, 0) {
-        Ok(v) => v,
-        Err(e) => return e,
-    };
-    // `a <= b` that is false for NaN.
-    let at_most = |a: &Tensor, b: &Tensor| {
-        a.p_binary(site, BinaryOp::CmpLt, b).p_binary(site, BinaryOp::Or, &a.p_binary(site, BinaryOp::CmpEq, b))
-    };
-    let mut bounds = resolved[1..].iter();
-    let mut y = resolved[0].clone();
-    if min.is_some() {
-        let lo = bounds.next().expect("resolve returns one tensor per operand");
-        y = Tensor::p_where(site, &at_most(&y, lo), lo, &y);
-    }
-    if max.is_some() {
-        let hi = bounds.next().expect("resolve returns one tensor per operand");
-        y = Tensor::p_where(site, &at_most(hi, &y), hi, &y);
-    }
-    y
 }
 
 /// Scalar-on-the-left helpers for the operator impls (`2.0 - &t`).
@@ -490,18 +464,12 @@ impl Tensor {
         e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip)
     }
 
-    /// `where(x <= 0, 0, x)`: NaN stays NaN, and the gradient is 0 at `x == 0`, as PyTorch's
-    /// `relu` (whose backward is `where(y <= 0, 0, g)`).
+    /// `max(x, 0)`: NaN stays NaN, and the gradient is 0 at `x == 0`, as PyTorch's `relu` (a
+    /// constant operand wins `max` ties in `lower::autodiff`).
     #[track_caller]
     pub fn relu(&self) -> Tensor {
         let site = Site::here("relu");
-        if self.error().is_some() || self.dtype().is_bool() {
-            return self.clone();
-        }
-        let zero = self.splat(site, 0);
-        let negative = self.p_binary(site, BinaryOp::CmpLt, &zero);
-        let at_most_zero = negative.p_binary(site, BinaryOp::Or, &self.p_binary(site, BinaryOp::CmpEq, &zero));
-        Tensor::p_where(site, &at_most_zero, &zero, self)
+        self.p_binary(site, BinaryOp::Max, &self.splat(site, 0))
     }
 
     /// Exact GELU, `0.5 x (1 + erf(x / sqrt 2))` (PyTorch's default).
@@ -539,24 +507,24 @@ impl Tensor {
         x.p_binary(site, BinaryOp::Mul, &x.sigmoid())
     }
 
-    /// Clamps to `[min, max]` (`max` wins where `min > max`; NaN stays NaN). As in PyTorch the
-    /// gradient reaches `x` only strictly inside the bounds: 0 at `x == min` and `x == max`
-    /// (unlike [`Tensor::maximum`], which splits a tie).
+    /// Clamps to `[min, max]`: `minimum(maximum(x, min), max)` (`max` wins where `min > max`;
+    /// NaN stays NaN). As in PyTorch the gradient reaches `x` only strictly inside the bounds: a
+    /// constant operand wins ties in `lower::autodiff`, so it is 0 at `x == min` and `x == max`.
     #[track_caller]
     pub fn clamp(&self, min: impl IntoScalar, max: impl IntoScalar) -> Tensor {
-        clamp(Site::here("clamp"), self, Some(min.into_scalar()), Some(max.into_scalar()))
+        self.maximum(min.into_scalar()).minimum(max.into_scalar())
     }
 
-    /// `x` raised to at least `min` (PyTorch's `clamp_min`; gradient 0 at `x == min`).
+    /// `maximum(x, min)` (PyTorch's `clamp_min`; gradient 0 at `x == min`).
     #[track_caller]
     pub fn clamp_min(&self, min: impl IntoScalar) -> Tensor {
-        clamp(Site::here("clamp_min"), self, Some(min.into_scalar()), None)
+        self.maximum(min.into_scalar())
     }
 
-    /// `x` lowered to at most `max` (PyTorch's `clamp_max`; gradient 0 at `x == max`).
+    /// `minimum(x, max)` (PyTorch's `clamp_max`; gradient 0 at `x == max`).
     #[track_caller]
     pub fn clamp_max(&self, max: impl IntoScalar) -> Tensor {
-        clamp(Site::here("clamp_max"), self, None, Some(max.into_scalar()))
+        self.minimum(max.into_scalar())
     }
 
     /// Converts to `dtype` (a no-op when it already is). See the interpreter docs for the rules.

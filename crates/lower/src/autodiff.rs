@@ -31,7 +31,7 @@
 //! | `add`, `sub` | `g`; `g` and `-g` |
 //! | `mul` | `g * b`, `g * a` |
 //! | `div` (floats) | `g / b`, `-(g / b) * y` |
-//! | `max`, `min` | `g` to the selected operand; on a tie **half to each** (PyTorch's `maximum`) |
+//! | `max`, `min` | `g` to the selected operand; on a tie **half to each** (PyTorch's `maximum`), but against a `const` operand the constant wins ties, so the other gets nothing there (PyTorch's `relu`, `clamp_min`, `clamp_max`) |
 //! | `pow` | `g * b * a^(b-1)` (zero where `b == 0`); `g * y * log2(a) * ln 2` (zero where `a == 0` and `b >= 0`), like PyTorch |
 //! | `mod` (floats) | `g`; `-g * trunc(a / b)` (PyTorch's `fmod`) |
 //! | comparisons, `and`, `or`, `not` | none: their results are bool or int |
@@ -515,9 +515,19 @@ fn binary_vjp(
             } else {
                 (b.binary(id, BinaryOp::CmpLt, x, z)?, b.binary(id, BinaryOp::CmpLt, z, x)?)
             };
+            let zero = b.constant(id, 0.0, g)?;
+            let is_const = |n: NodeId| matches!(b.graph.node(n).op, Op::Const(_));
+            let (x_const, z_const) = (is_const(x), is_const(z));
+            if x_const != z_const {
+                // Against a constant, the constant wins ties (PyTorch's `relu`, `clamp_min`).
+                let (var, var_wins) = if z_const { (x, x_wins) } else { (z, z_wins) };
+                if (z_const && need_x) || (x_const && need_z) {
+                    out.push((var, b.select(id, var_wins, g, zero)?));
+                }
+                return Ok(());
+            }
             let tie = b.binary(id, BinaryOp::CmpEq, x, z)?;
             let half = b.mul_scalar(id, g, 0.5)?;
-            let zero = b.constant(id, 0.0, g)?;
             let tie_share = b.select(id, tie, half, zero)?;
             if need_x {
                 out.push((x, b.select(id, x_wins, g, tie_share)?));

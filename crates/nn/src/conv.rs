@@ -296,7 +296,9 @@ impl Module for Conv2d {
 
 /// Max pooling over `kernel` windows (PyTorch's `nn.MaxPool2d`; padding is `-inf`). As in
 /// PyTorch, each window sends its whole gradient to one position: its first maximum in row-major
-/// window order (NaN counts as the maximum), see [`Tensor::max_dim`].
+/// window order (NaN counts as the maximum), see [`Tensor::max_dim`]. Routing the gradient
+/// to one element costs two extra reduces; inside `kiln::no_grad` (inference, `predict`) there is
+/// no gradient to route, and the same values come from one reduce-max.
 #[derive(Clone, Copy, Debug)]
 pub struct MaxPool2d {
     /// `(kh, kw)`.
@@ -319,7 +321,11 @@ impl Module for MaxPool2d {
         let Some(geo) = Geometry::new(x, self.kernel, self.stride, self.padding) else {
             return bad_input(x, "maxpool2d_input_N_C_H_W_at_least_kernel");
         };
+        let one_winner = kiln::is_grad_enabled();
         if geo.tiles() {
+            if !one_winner {
+                return geo.tiled(x).max(&[3, 5], false);
+            }
             // [N, C, OH, KH, OW, KW] -> [N, C, OH, OW, KH * KW], window positions row-major.
             let (kh, kw) = self.kernel;
             let (oh, ow) = geo.out;
@@ -339,7 +345,8 @@ impl Module for MaxPool2d {
             return wins[0].clone();
         }
         let refs: Vec<&Tensor> = wins.iter().collect();
-        Tensor::stack(&refs, 2).max_dim(2, false).0
+        let stacked = Tensor::stack(&refs, 2);
+        if one_winner { stacked.max_dim(2, false).0 } else { stacked.max(2, false) }
     }
 
     fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}
