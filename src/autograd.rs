@@ -363,7 +363,7 @@ impl Tensor {
             return Err(Error::op("backward", "gradients are disabled inside no_grad", loc));
         }
         self.check()?;
-        let n = self.numel();
+        let n = self.numel()?;
         if n.as_const() != Some(1) {
             let message =
                 format!("needs a one-element output (a loss), got shape {}", crate::shape::show(self.shape()));

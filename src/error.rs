@@ -55,3 +55,8 @@ impl Error {
         Error::Op { op, message: message.into(), location }
     }
 }
+
+/// The message of a host allocation that was refused: `n` elements of `ty` for `what`.
+pub(crate) fn out_of_memory(n: usize, ty: &str, what: &str) -> String {
+    format!("out of memory: could not allocate {n} elements of {ty} for {what}")
+}

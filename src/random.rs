@@ -28,17 +28,25 @@ enum Kind {
     Normal,
 }
 
-fn fill(rng: &mut StdRng, n: usize, kind: Kind) -> Vec<f32> {
+/// `n` samples, in a vector reserved fallibly: a size the allocator refuses is an error message,
+/// not an abort.
+fn fill(rng: &mut StdRng, n: usize, kind: Kind) -> Result<Vec<f32>, String> {
+    let mut v: Vec<f32> = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| crate::error::out_of_memory(n, "f32", "random samples"))?;
     match kind {
-        Kind::Uniform => (0..n).map(|_| rng.random::<f32>()).collect(),
-        Kind::Normal => (0..n).map(|_| StandardNormal.sample(rng)).collect(),
+        Kind::Uniform => v.extend((0..n).map(|_| rng.random::<f32>())),
+        Kind::Normal => v.extend((0..n).map(|_| -> f32 { StandardNormal.sample(rng) })),
     }
+    Ok(v)
 }
 
 fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>) -> Tensor {
     let Some(dims) = concrete(&shape) else {
         return site.fail(format!("shape {} must be concrete and non-negative", show(&shape)));
     };
+    if let Err(message) = air::dim::checked_size(&shape, std::mem::size_of::<f32>()) {
+        return site.fail(message);
+    }
     let n = dims.iter().product();
     let data = match seed {
         Some(seed) => fill(&mut StdRng::seed_from_u64(seed), n, kind),
@@ -47,7 +55,7 @@ fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>) -> Te
             fill(global.get_or_insert_with(|| StdRng::seed_from_u64(DEFAULT_SEED)), n, kind)
         }
     };
-    match air::HostTensor::from_vec(data, dims) {
+    match data.and_then(|data| air::HostTensor::from_vec(data, dims)) {
         Ok(host) => Tensor::from_host(host),
         Err(m) => site.fail(m),
     }

@@ -123,7 +123,7 @@ impl Tensor {
 
     /// A leaf (`const` or `iota`) of type `ty`.
     pub(crate) fn leaf(site: Site, op: Op, ty: TensorType, device: Device) -> Tensor {
-        if let Err(message) = op.check_leaf(&ty) {
+        if let Err(message) = op.check_leaf(&ty).and_then(|()| ty.checked_numel().map(drop)) {
             return site.fail(message);
         }
         Tensor::new_node(Inner {
@@ -156,7 +156,9 @@ impl Tensor {
             return site.fail(format!("tensors are on different devices ({device} and {})", other.device()));
         }
         let types: SmallVec<[&TensorType; 3]> = inputs.iter().map(|t| &t.inner.ty).collect();
-        match op.infer(&types) {
+        // A result whose size overflows is an error here, where the shape is concrete; a
+        // symbolic one is checked again once its symbols are bound, at realize.
+        match op.infer(&types).and_then(|ty| ty.checked_numel().map(|_| ty)) {
             Ok(ty) => Tensor::new_node(Inner {
                 op,
                 inputs: Mutex::new(inputs.iter().map(|t| (*t).clone()).collect()),
@@ -218,9 +220,15 @@ impl Tensor {
         self.inner.device
     }
 
-    /// The number of elements, as a (possibly symbolic) dim.
-    pub fn numel(&self) -> Dim {
-        self.inner.ty.numel()
+    /// The number of elements, as a (possibly symbolic) dim; an error tensor returns its error.
+    ///
+    /// Never a wrapped-around count: an op whose result has more elements than `i64` counts, or
+    /// more bytes than any allocation can hold, gives an error tensor instead of a tensor (so
+    /// `Tensor::ones(&[1 << 32, 1 << 32], DType::F32).numel()` is that error). A symbolic count
+    /// is checked for its values when the tensor is realized.
+    pub fn numel(&self) -> Result<Dim> {
+        self.check()?;
+        Ok(self.inner.ty.numel())
     }
 
     /// Whether this tensor holds data (a source tensor, or a computed one after `realize`).

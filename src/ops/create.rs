@@ -1,5 +1,6 @@
 //! Constructors: tensors from host data (zero-copy), constants, `arange`.
 
+use air::dim::shape_of;
 use air::{Bindings, DType, Dim, Element, HostTensor, Op, Scalar, Shape, TensorType};
 
 use crate::device::Device;
@@ -34,6 +35,9 @@ impl Tensor {
                 show(&dims)
             ));
         };
+        if let Err(message) = air::dim::checked_size(&shape_of(&dims), T::DTYPE.size_bytes()) {
+            return site.fail(message);
+        }
         let n: usize = dims.iter().product();
         if data.len() != n {
             return site.fail(format!("{} elements do not fill shape {:?} ({n} elements)", data.len(), dims));
@@ -184,9 +188,14 @@ impl Tensor {
         let n = if is_float {
             ((b - a) / s).ceil().max(0.0) as i64
         } else {
-            let (a, b, s) = (start.as_i64(), end.as_i64(), step.as_i64());
+            // In i128, so that no span of two i64s overflows; a count past i64 is an error.
+            let (a, b, s) = (start.as_i64() as i128, end.as_i64() as i128, step.as_i64() as i128);
             let span = if s > 0 { b - a } else { a - b };
-            if span <= 0 { 0 } else { (span + s.abs() - 1) / s.abs() }
+            let n = if span <= 0 { 0 } else { (span + s.abs() - 1) / s.abs() };
+            match i64::try_from(n) {
+                Ok(n) => n,
+                Err(_) => return site.fail(format!("range {start}..{end} step {step} has {n} elements, past i64")),
+            }
         };
         let device = match default_device() {
             Ok(d) => d,

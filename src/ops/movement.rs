@@ -38,7 +38,7 @@ impl Tensor {
             [] => Ok(dims.into_iter().collect()),
             [i] if dims[*i] == Dim::Const(-1) => {
                 let known = dims.iter().enumerate().filter(|(j, _)| j != i).fold(Dim::Const(1), |acc, (_, d)| &acc * d);
-                let total = self.numel();
+                let total = self.ty().numel();
                 let inferred = match known.as_const() {
                     Some(0) => None,
                     Some(k) => total.exact_div(k),

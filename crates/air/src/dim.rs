@@ -444,9 +444,39 @@ pub fn shape_of(dims: &[usize]) -> Shape {
     dims.iter().map(|&d| Dim::Const(d as i64)).collect()
 }
 
-/// The number of elements of `shape` as a dim (the product of its dims).
+/// The number of elements of `shape` as a dim (the product of its dims), with wrapping
+/// arithmetic: only for shapes already known to pass [`checked_numel`] (every node of a graph the
+/// verifier accepted, every tensor the facade built), or for comparing two products.
 pub fn numel(shape: &[Dim]) -> Dim {
     shape.iter().fold(Dim::Const(1), |acc, d| &acc * d)
+}
+
+/// The number of elements of `shape`, or `None` if the product (or, for a symbolic shape, one of
+/// its polynomial's coefficients) overflows `i64`.
+pub fn checked_numel(shape: &[Dim]) -> Option<Dim> {
+    shape.iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d))
+}
+
+/// The element count of `shape` with elements of `elem_bytes` bytes, checked: an error if the
+/// count overflows, or if a constant count's bytes exceed `isize::MAX` (no allocation can be
+/// that large). A symbolic count passes if its polynomial does not overflow; its value is
+/// checked when the symbols are bound.
+pub fn checked_size(shape: &[Dim], elem_bytes: usize) -> Result<Dim, String> {
+    let n =
+        checked_numel(shape).ok_or_else(|| format!("the element count of shape {} overflows", ShapeDisplay(shape)))?;
+    if let Some(c) = n.as_const() {
+        if c < 0 {
+            return Err(format!("shape {} has a negative element count", ShapeDisplay(shape)));
+        }
+        let bytes = usize::try_from(c).ok().and_then(|c| c.checked_mul(elem_bytes));
+        if bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return Err(format!(
+                "shape {} has {c} elements of {elem_bytes} bytes, more than any allocation can hold",
+                ShapeDisplay(shape)
+            ));
+        }
+    }
+    Ok(n)
 }
 
 /// Evaluates every dim of `shape`.
@@ -503,5 +533,25 @@ mod tests {
         assert_eq!(big.checked_add(&Dim::Const(1)), None);
         assert_eq!(Dim::Const(i64::MIN).exact_div(-1), None);
         assert!(Dim::parse(&"(".repeat(100_000)).is_err());
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        let big = shape_of(&[1 << 32, 1 << 32]);
+        assert_eq!(numel(&big), Dim::Const(0)); // wrapping: why callers must check first
+        assert_eq!(checked_numel(&big), None);
+        assert!(checked_size(&big, 4).unwrap_err().contains("[4294967296, 4294967296]"));
+        // Fits in i64 but not in memory at 4 bytes an element.
+        let huge = shape_of(&[1 << 31, 1 << 31]);
+        assert_eq!(checked_numel(&huge), Some(Dim::Const(1 << 62)));
+        assert!(checked_size(&huge, 4).unwrap_err().contains("more than any allocation"));
+        assert_eq!(checked_size(&huge, 1), Ok(Dim::Const(1 << 62)));
+        // A symbolic shape is checked as far as its polynomial goes.
+        let seq = Dim::sym("seq");
+        let sym: Shape = smallvec::smallvec![seq.clone(), Dim::Const(1 << 40), Dim::Const(1 << 40)];
+        assert!(checked_size(&sym, 4).is_err());
+        let fine: Shape = smallvec::smallvec![seq.clone(), Dim::Const(1 << 40)];
+        assert_eq!(checked_size(&fine, 4), Ok(&seq * (1i64 << 40)));
+        assert_eq!(checked_size(&[], 8), Ok(Dim::Const(1)));
     }
 }

@@ -173,7 +173,9 @@ impl HostTensor {
     /// Like [`HostTensor::new`], for data that is already shared. Errors if the element count does
     /// not match `shape`.
     pub fn from_arc(data: Arc<HostData>, shape: Vec<usize>) -> Result<HostTensor, String> {
-        let n: usize = shape.iter().product();
+        let Some(n) = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)) else {
+            return Err(format!("host tensor: the element count of shape {shape:?} overflows"));
+        };
         if n != data.len() {
             return Err(format!("host tensor: {} elements do not fill shape {:?} ({} elements)", data.len(), shape, n));
         }

@@ -175,6 +175,7 @@ pub fn eval_op(op: &Op, ty: &TensorType, args: &[&HostTensor], bindings: &Bindin
     }
     let shape = eval_dims(&ty.shape, bindings)?;
     let numel = layout::checked_numel(&shape)?;
+    layout::check_allocation(numel, ty.dtype.size_bytes())?;
     let same_shapes = || {
         if args.iter().all(|a| a.shape == args[0].shape) {
             Ok(args[0].shape.clone())

@@ -29,9 +29,15 @@ impl TensorType {
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
-    /// Number of elements: the product of the dims (symbolic if any dim is).
+    /// Number of elements: the product of the dims (symbolic if any dim is), wrapping on
+    /// overflow; see [`TensorType::checked_numel`].
     pub fn numel(&self) -> Dim {
         numel(&self.shape)
+    }
+    /// Number of elements, or an error naming the type if the count overflows or a constant
+    /// count's bytes could never be allocated (see [`crate::dim::checked_size`]).
+    pub fn checked_numel(&self) -> Result<Dim, String> {
+        crate::dim::checked_size(&self.shape, self.dtype.size_bytes())
     }
 }
 

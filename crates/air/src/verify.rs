@@ -3,7 +3,8 @@
 //!
 //! Run it after a pass or on a hand-written graph. It re-infers the type of every non-leaf node from
 //! its inputs' stored types (so each message points at the node whose type rule fails, not at its
-//! users), checks leaves' attributes, arities, that inputs and outputs are live, that the users
+//! users), checks leaves' attributes, arities, that every node's element count and byte size fit
+//! (`TensorType::checked_numel`), that inputs and outputs are live, that the users
 //! table mirrors the input edges, and that the graph has no cycle. It never panics, whatever the
 //! graph, and does not rely on `Graph::topo_order` (which is no topological order on a cycle).
 
@@ -27,6 +28,9 @@ pub fn verify(graph: &Graph) -> Result<()> {
     let mut errors = Vec::new();
     for (id, node) in graph.iter() {
         let name = node.op.mnemonic();
+        if let Err(msg) = node.ty.checked_numel() {
+            errors.push(format!("{id}: {name}: {msg}"));
+        }
         let dead: Vec<NodeId> = node.inputs.iter().copied().filter(|&i| !graph.contains(i)).collect();
         for input in &dead {
             errors.push(format!("{id}: {name}: input {input} is not in the graph"));

@@ -4,7 +4,7 @@
 //! kiln profile transformer --layers 2 [--trace t.json] [--dump dir]
 //! kiln bench transformer-compile [--layers 1,2,4,8,16,32] [--out dir] [--smoke]
 //! kiln bench unary | models | tree-matmul | matmul [--device cpu] [--out dir] [--smoke]
-//! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--out dir] [--smoke]
+//! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--compiles 10000] [--out dir] [--smoke]
 //! ```
 
 use std::path::PathBuf;
@@ -177,6 +177,9 @@ enum Suite {
         /// Device: cpu (default) or wgpu.
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// Distinct programs compiled to measure resident memory with bounded caches.
+        #[arg(long, default_value_t = bench::memory::COMPILES)]
+        compiles: usize,
         #[command(flatten)]
         common: Common,
     },
@@ -277,12 +280,13 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
             let shapes = if common.smoke { vec![(64, 128, 256)] } else { bench::matmul::SHAPES.to_vec() };
             finish(bench::matmul::run(&bench::matmul::Args { shapes, budget: budget(common.smoke) }, &runner)?, &common)
         }
-        Suite::Memory { chain, elements, device, common } => {
+        Suite::Memory { chain, elements, device, compiles, common } => {
             let args = bench::memory::Args {
                 chain: chain.max(1),
                 elements: if common.smoke { 729 } else { elements.max(1) },
                 model: GptConfig::default(),
                 device: bench::memory::MemDevice::parse(&device)?,
+                compiles: if common.smoke { 50 } else { compiles },
             };
             finish(bench::memory::run(&args)?, &common)
         }

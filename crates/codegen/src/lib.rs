@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod error;
+pub mod lru;
 pub mod wgsl;
 
 pub use cpu::{CacheStats, CompiledKernel, CpuCompiler, KernelFn, clif_text};

@@ -73,8 +73,8 @@ pub fn plan_with_groups(
 ) -> Result<MemoryPlan, LowerError> {
     let sizes = buffer_sizes(program, bindings)?;
     let intervals = lifetimes(program, groups)?;
+    let naive_bytes = naive_temp_bytes(&sizes, &intervals)?;
     let (offsets, arena_bytes) = place(&sizes, &intervals);
-    let naive_bytes = intervals.iter().zip(&sizes).filter(|(i, _)| i.is_some()).map(|(_, &s)| align_up(s)).sum();
     Ok(MemoryPlan {
         peak_live_bytes: peak_live(&sizes, &intervals),
         offsets,
@@ -85,19 +85,40 @@ pub fn plan_with_groups(
     })
 }
 
-/// The size in bytes of every buffer under `bindings`.
+/// The size in bytes of every buffer under `bindings`: an error if an element count is negative
+/// or overflows, or if a buffer would take more than `isize::MAX` bytes (no allocation can).
 pub fn buffer_sizes(program: &Program, bindings: &Bindings) -> Result<Vec<usize>, LowerError> {
     program
         .buffers
         .iter()
-        .map(|b| {
+        .enumerate()
+        .map(|(i, b)| {
             let n = b.numel.eval(bindings)?;
             usize::try_from(n)
                 .ok()
                 .and_then(|n| n.checked_mul(b.dtype.size_bytes()))
-                .ok_or_else(|| LowerError::BadInputs(format!("buffer of {} elements", b.numel)))
+                .filter(|&bytes| bytes <= isize::MAX as usize)
+                .ok_or_else(|| {
+                    LowerError::BadInputs(format!(
+                        "buf{i}: {n} elements of {} (numel {}) do not fit in memory",
+                        b.dtype, b.numel
+                    ))
+                })
         })
         .collect()
+}
+
+/// Bytes every temp would take with a buffer of its own (each aligned), or an error when that
+/// total exceeds `isize::MAX`: the arena never needs more than this total, so checking it once
+/// keeps every offset computed while placing from overflowing.
+fn naive_temp_bytes(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> Result<usize, LowerError> {
+    intervals
+        .iter()
+        .zip(sizes)
+        .filter(|(i, _)| i.is_some())
+        .try_fold(0usize, |total, (_, &s)| total.checked_add(align_up(s)))
+        .filter(|&total| total <= isize::MAX as usize)
+        .ok_or_else(|| LowerError::BadInputs("the temporaries' bytes together overflow the address space".into()))
 }
 
 /// The inclusive time-slot interval of every temp (`None` for inputs and outputs). A temp no

@@ -82,7 +82,7 @@ pub trait Module {
 
     /// The number of trainable scalars (symbolic dims count as 0).
     fn num_parameters(&self) -> usize {
-        self.parameters().iter().map(|t| t.numel().as_const().unwrap_or(0) as usize).sum()
+        self.parameters().iter().map(|t| t.numel().ok().and_then(|n| n.as_const()).unwrap_or(0) as usize).sum()
     }
 }
 

@@ -3,13 +3,20 @@
 //!
 //! A `CpuDevice` is a cheap handle (`Clone` shares the caches); it is `Send + Sync`, and any thread
 //! may compile or run through it.
+//!
+//! The program cache is bounded: it keeps the [`PROGRAM_CACHE_CAPACITY`] most recently used
+//! programs (`KILN_PROGRAM_CACHE=N` or [`CpuDevice::set_cache_capacity`] change the bound) and
+//! evicts the least recently used one beyond that. An evicted [`Executable`] lives on while a
+//! caller holds it (it is an `Arc`, and it holds the `Arc`s of its compiled kernels), so eviction
+//! never frees code in use; the kernels themselves are bounded by the code generator's own cache
+//! (`codegen::cpu::KERNEL_CACHE_CAPACITY`, `KILN_KERNEL_CACHE`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use air::{Bindings, Graph, HostTensor};
 use codegen::cpu::{CompiledKernel, CpuCompiler};
+use codegen::lru::{Lru, capacity_from_env};
 use lower::Program;
 use lower::kir::{Kernel, LoopKernel};
 
@@ -26,7 +33,21 @@ pub struct CpuStats {
     pub cache_hits: u64,
     /// Loop kernels compiled to native code (the code generator's own cache catches repeats).
     pub kernels_compiled: u64,
+    /// Programs evicted from the program cache to keep it at its capacity.
+    pub programs_evicted: u64,
+    /// Kernels evicted from the code generator's kernel cache.
+    pub kernels_evicted: u64,
 }
+
+/// Programs a device's cache keeps by default. A cached program of a small graph costs about
+/// 10-20 KiB of host memory (key, kir, launch table, memory plans), a large model's more, so
+/// the default bounds a device that sees endless distinct shapes to tens of MiB while every
+/// program of a training loop or of a model's generation steps stays cached.
+pub const PROGRAM_CACHE_CAPACITY: usize = 1024;
+
+/// Environment variable that sets the program cache's capacity (a positive number of programs)
+/// of devices created afterwards.
+pub const PROGRAM_CACHE_ENV: &str = "KILN_PROGRAM_CACHE";
 
 /// Hears the steps of [`CpuDevice::compile_observed`], for a profiler: each step is bracketed by
 /// `begin` and `end` (in LIFO order, with the graph's node count where the step is a graph pass),
@@ -71,8 +92,9 @@ struct Inner {
     options: lower::CompileOptions,
     level_min_work: Option<u128>,
     compiler: CpuCompiler,
-    /// Compiled programs by structural hash; a hit compares the graph with the stored key in full.
-    programs: Mutex<HashMap<u64, Bucket>>,
+    /// Compiled programs by structural hash, least recently used evicted first; a hit compares
+    /// the graph with the stored key in full.
+    programs: Mutex<Lru<u64, Bucket>>,
     programs_compiled: AtomicU64,
     cache_hits: AtomicU64,
 }
@@ -135,7 +157,7 @@ impl CpuDevice {
                 options,
                 level_min_work: min_work,
                 compiler,
-                programs: Mutex::new(HashMap::new()),
+                programs: Mutex::new(Lru::new(capacity_from_env(PROGRAM_CACHE_ENV, PROGRAM_CACHE_CAPACITY))),
                 programs_compiled: AtomicU64::new(0),
                 cache_hits: AtomicU64::new(0),
             }),
@@ -177,7 +199,7 @@ impl CpuDevice {
         }
         let hash = GraphKey::structural_hash(graph);
         let hit = {
-            let programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
             programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(graph))).map(|(_, exe)| exe.clone())
         };
         observer.end("graph-key", nodes);
@@ -227,13 +249,23 @@ impl CpuDevice {
         let exe = Arc::new(exe?);
         observer.counter("launches", exe.launches() as u64);
         self.inner.programs_compiled.fetch_add(1, Ordering::Relaxed);
-        let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
-        let bucket = programs.entry(key.hash_value()).or_default();
-        // Another thread may have compiled the same graph meanwhile: keep the first.
-        if let Some((_, first)) = bucket.iter().find(|(k, _)| *k == key) {
-            return Ok(first.clone());
-        }
-        bucket.push((key, exe.clone()));
+        let evicted = {
+            let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
+            match programs.get_mut(&key.hash_value()) {
+                Some(bucket) => {
+                    // Another thread may have compiled the same graph meanwhile: keep the first.
+                    if let Some((_, first)) = bucket.iter().find(|(k, _)| *k == key) {
+                        return Ok(first.clone());
+                    }
+                    bucket.push((key, exe.clone()));
+                    Vec::new()
+                }
+                None => programs.insert(key.hash_value(), vec![(key, exe.clone())]),
+            }
+        };
+        // Evicted executables (and, through them, kernels) drop here, outside the lock; one still
+        // held by a caller lives on.
+        drop(evicted);
         Ok(exe)
     }
 
@@ -244,16 +276,35 @@ impl CpuDevice {
 
     /// What the caches saved so far.
     pub fn stats(&self) -> CpuStats {
-        let kernels_compiled = self.inner.compiler.stats().compiled;
+        let kernels = self.inner.compiler.stats();
         CpuStats {
             programs_compiled: self.inner.programs_compiled.load(Ordering::Relaxed),
             cache_hits: self.inner.cache_hits.load(Ordering::Relaxed),
-            kernels_compiled,
+            kernels_compiled: kernels.compiled,
+            programs_evicted: self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).evictions(),
+            kernels_evicted: kernels.evictions,
         }
     }
 
     /// Number of distinct programs in the cache.
     pub fn cached_programs(&self) -> usize {
         self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).values().map(Vec::len).sum()
+    }
+
+    /// Number of compiled kernels in the code generator's cache.
+    pub fn cached_kernels(&self) -> usize {
+        self.inner.compiler.cached()
+    }
+
+    /// Sets the most programs the cache keeps (at least 1; programs whose graphs share a
+    /// structural hash count as one), evicting the least recently used ones beyond it now.
+    pub fn set_cache_capacity(&self, programs: usize) {
+        let evicted = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).set_capacity(programs);
+        drop(evicted);
+    }
+
+    /// Sets the most kernels the code generator's cache keeps (at least 1).
+    pub fn set_kernel_cache_capacity(&self, kernels: usize) {
+        self.inner.compiler.set_cache_capacity(kernels);
     }
 }

@@ -28,8 +28,10 @@ pub enum RuntimeError {
     /// A dim evaluated to a negative or overflowing size.
     #[error("bad size: {0}")]
     BadSize(String),
-    /// An allocation (arena or output) could not be made.
-    #[error("could not allocate {bytes} bytes for {what}")]
+    /// Out of host memory: an allocation (arena, output, readback) was refused. Every host
+    /// allocation whose size a user chooses is reserved fallibly and reported here, never an
+    /// abort.
+    #[error("out of memory: could not allocate {bytes} bytes for {what}")]
     Alloc { bytes: usize, what: &'static str },
     /// The program asks for something this device does not do.
     #[error("unsupported on {device}: {what}")]

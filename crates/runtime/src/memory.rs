@@ -82,13 +82,20 @@ pub fn zeroed_host_data(dtype: DType, n: usize) -> Result<HostData> {
     })
 }
 
+/// An empty `Vec<T>` with room for exactly `n` elements, reserved fallibly: a size the allocator
+/// refuses is [`RuntimeError::Alloc`] (for `what`), never an abort.
+pub fn reserved_vec<T>(n: usize, what: &'static str) -> Result<Vec<T>> {
+    let mut v: Vec<T> = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| RuntimeError::Alloc { bytes: n.saturating_mul(std::mem::size_of::<T>()), what })?;
+    Ok(v)
+}
+
 /// An empty `Vec<T>` with room for exactly `n` elements (nothing written), or an allocation
 /// error. In debug builds it is filled with `poison` instead, so that an element no kernel writes
 /// shows up in tests (NaN for floats) rather than as whatever the allocator handed out.
 fn unwritten_vec<T: Copy>(n: usize, poison: T) -> Result<Vec<T>> {
-    let mut v: Vec<T> = Vec::new();
-    v.try_reserve_exact(n)
-        .map_err(|_| RuntimeError::Alloc { bytes: n.saturating_mul(std::mem::size_of::<T>()), what: "an output" })?;
+    let mut v = reserved_vec(n, "an output")?;
     if cfg!(debug_assertions) {
         v.resize(n, poison);
     }

@@ -24,6 +24,22 @@ pub(super) fn checked_numel(shape: &[usize]) -> Result<usize, String> {
         .ok_or_else(|| format!("shape {shape:?} has too many elements"))
 }
 
+/// Below this many bytes an output is allocated without the check of [`check_allocation`].
+const CHECKED_ALLOCATION_BYTES: usize = 1 << 20;
+
+/// Fails, instead of letting the process abort, when `numel` elements of `elem_bytes` bytes cannot
+/// be allocated: a large output's bytes are reserved once, fallibly, and released before the op
+/// allocates its value as usual. A request the allocator refuses outright (more than the
+/// machine's memory, with Linux's default overcommit) is an error here, not an abort there.
+pub(super) fn check_allocation(numel: usize, elem_bytes: usize) -> Result<(), String> {
+    let bytes = numel.checked_mul(elem_bytes).ok_or_else(|| format!("{numel} elements overflow the address space"))?;
+    if bytes < CHECKED_ALLOCATION_BYTES {
+        return Ok(());
+    }
+    let mut probe: Vec<u8> = Vec::new();
+    probe.try_reserve_exact(bytes).map_err(|_| format!("out of memory: could not allocate {bytes} bytes"))
+}
+
 /// Row-major strides of `shape`, in elements.
 pub(super) fn row_major_strides(shape: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; shape.len()];

@@ -16,7 +16,14 @@
 //! With `--device wgpu` the same programs compile for the wgpu device, and the suite also counts
 //! the GPU buffers created by the first run (compile included) and by the second run of the
 //! cached program (the target: zero).
+//!
+//! Then the bounded caches: a fresh device (caches at their default bounds) compiles and runs
+//! `--compiles` (10,000) distinct shapes of a small graph, and the suite reports the process's
+//! resident memory (`VmRSS` of `/proc/self/status`) before, at every tenth of the way and after,
+//! with the cache sizes. Before the caches were bounded, RSS grew by ~13 KiB per program on the
+//! CPU without end; with them it levels off once the caches are full.
 
+use air::{DType, Graph, HostTensor, Op, UnaryOp};
 use anyhow::bail;
 use kiln::Tensor;
 use lower::CompileOptions;
@@ -33,6 +40,9 @@ pub const CHAIN: usize = 100;
 
 /// Elements of the chain's vector.
 pub const ELEMENTS: usize = 65536;
+
+/// Distinct programs the cache measurement compiles.
+pub const COMPILES: usize = 10_000;
 
 /// Where the programs compile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,11 +71,19 @@ pub struct Args {
     /// The Transformer's sizes.
     pub model: GptConfig,
     pub device: MemDevice,
+    /// Distinct programs compiled for the cache measurement.
+    pub compiles: usize,
 }
 
 impl Default for Args {
     fn default() -> Args {
-        Args { chain: CHAIN, elements: ELEMENTS, model: GptConfig::default(), device: MemDevice::Cpu }
+        Args {
+            chain: CHAIN,
+            elements: ELEMENTS,
+            model: GptConfig::default(),
+            device: MemDevice::Cpu,
+            compiles: COMPILES,
+        }
     }
 }
 
@@ -171,6 +189,115 @@ pub fn measure_wgpu(device: &WgpuDevice, traced: &Traced) -> anyhow::Result<Meas
         buffers_first_run: Some(after_first - before),
         buffers_second_run: Some(after_second - after_first),
     })
+}
+
+/// The resident set size of this process in bytes (`VmRSS` of `/proc/self/status`), or `None`
+/// where there is no such file (not Linux).
+pub fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.trim_start_matches("VmRSS:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// `-x` over `f32[n]`: a distinct program (and loop kernel) for every `n`.
+pub fn shape_graph(n: usize) -> anyhow::Result<Graph> {
+    let mut g = Graph::new();
+    let ty = air::TensorType::new(DType::F32, air::dim::shape_of(&[n]));
+    let x = g.add_leaf(Op::Input(air::op::Input { slot: 0 }), ty)?;
+    let y = g.add(Op::Unary(UnaryOp::Neg), &[x])?;
+    g.add_output(y);
+    Ok(g)
+}
+
+/// One sample of the cache measurement: after `compiles` distinct programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheSample {
+    pub compiles: usize,
+    /// Resident bytes of the process, when known.
+    pub rss_bytes: Option<u64>,
+    pub cached_programs: usize,
+    /// Kernels in the code generator's cache (CPU only).
+    pub cached_kernels: Option<usize>,
+}
+
+/// Compiles and runs `compiles` distinct shapes on a fresh device with default cache bounds,
+/// sampling RSS and the cache sizes ten times along the way (and before the first).
+pub fn measure_caches(device: MemDevice, compiles: usize) -> anyhow::Result<Vec<CacheSample>> {
+    let step = (compiles / 10).max(1);
+    let dev = match device {
+        MemDevice::Cpu => runtime::Device::Cpu(CpuDevice::new()?),
+        MemDevice::Wgpu => runtime::Device::Wgpu(WgpuDevice::new()?),
+    };
+    let mut samples = Vec::new();
+    for n in 0..=compiles {
+        if n > 0 {
+            let x = HostTensor::from_vec(vec![1.0f32; n], vec![n]).map_err(anyhow::Error::msg)?;
+            dev.run(&shape_graph(n)?, &[x], &Default::default())?;
+        }
+        if n % step == 0 || n == compiles {
+            let (cached_programs, cached_kernels) = match &dev {
+                runtime::Device::Cpu(d) => (d.cached_programs(), Some(d.cached_kernels())),
+                runtime::Device::Wgpu(d) => (d.cached_programs(), None),
+            };
+            samples.push(CacheSample { compiles: n, rss_bytes: rss_bytes(), cached_programs, cached_kernels });
+        }
+    }
+    Ok(samples)
+}
+
+/// Adds the cache measurement (RSS after `args.compiles` distinct programs) to `out`.
+fn cache_table(out: &mut SuiteOutput, args: &Args) -> anyhow::Result<()> {
+    let samples = measure_caches(args.device, args.compiles)?;
+    let (device, bounds) = match args.device {
+        MemDevice::Cpu => (
+            "CpuDevice",
+            format!(
+                "{} programs ({}), {} kernels ({})",
+                runtime::cpu::PROGRAM_CACHE_CAPACITY,
+                runtime::cpu::PROGRAM_CACHE_ENV,
+                codegen::cpu::KERNEL_CACHE_CAPACITY,
+                codegen::cpu::KERNEL_CACHE_ENV
+            ),
+        ),
+        MemDevice::Wgpu => (
+            "WgpuDevice",
+            format!(
+                "{} programs ({}), {} pipelines ({})",
+                runtime::wgpu::WGPU_PROGRAM_CACHE_CAPACITY,
+                runtime::wgpu::WGPU_PROGRAM_CACHE_ENV,
+                runtime::wgpu::PIPELINE_CACHE_CAPACITY,
+                runtime::wgpu::PIPELINE_CACHE_ENV
+            ),
+        ),
+    };
+    let what = format!("fresh {device}, default bounds: {bounds}; `-x` over f32[n], n = 1..={}", args.compiles);
+    out.meta("caches", what);
+    let mut table = Table::new(
+        "caches",
+        "Resident memory (VmRSS) while compiling distinct shapes, caches at their default bounds",
+        &["programs compiled", "RSS bytes", "cached programs", "cached kernels"],
+    );
+    for sample in &samples {
+        table.push(vec![
+            sample.compiles.into(),
+            sample.rss_bytes.map_or(Cell::Missing, Cell::Int),
+            sample.cached_programs.into(),
+            sample.cached_kernels.map_or(Cell::Missing, Cell::from),
+        ]);
+    }
+    out.tables.push(table);
+    if let (Some(first), Some(last)) = (samples.first(), samples.last())
+        && let (Some(a), Some(b)) = (first.rss_bytes, last.rss_bytes)
+    {
+        out.notes.push(format!(
+            "RSS after {} distinct programs: {:.1} MiB ({:+.1} MiB from a fresh device)",
+            last.compiles,
+            b as f64 / (1 << 20) as f64,
+            (b as f64 - a as f64) / (1 << 20) as f64
+        ));
+    }
+    Ok(())
 }
 
 /// Runs the suite.
@@ -286,6 +413,7 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
     if results.iter().any(|m| m.arena_bytes == 0) {
         out.notes.push("zero bytes (a program without temporaries) are left off the log-scale plot".into());
     }
+    cache_table(&mut out, args)?;
     if wgpu {
         let second: u64 = results.iter().filter_map(|m| m.buffers_second_run).sum();
         out.notes.push(if second == 0 {

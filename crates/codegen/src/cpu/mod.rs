@@ -12,6 +12,13 @@
 //! for the runtime's profiler. Kernels share JIT modules (see `jit`), which [`CompiledKernel`]
 //! keeps alive.
 //!
+//! The cache is bounded: it keeps the [`KERNEL_CACHE_CAPACITY`] most recently used kernels
+//! (`KILN_KERNEL_CACHE=N` or [`CpuCompiler::set_cache_capacity`] change the bound) and evicts the
+//! least recently used one beyond that (`crate::lru`). Eviction drops the cache's handle only: a
+//! kernel's JIT module (shared with up to `jit::KERNELS_PER_ARENA` kernels linked in the same
+//! batches) frees its executable memory when the last `CompiledKernel` linked into it drops, so
+//! code that an executable still holds, or that is running, is never freed under it.
+//!
 //! Compiling a kernel has two steps:
 //! 1. *compile* (nearly all the cost): emit Cranelift IR (`emit`), then `Context::compile` it to
 //!    machine code bytes and relocations. This needs only the ISA and a `Context` +
@@ -45,11 +52,20 @@ use cranelift_module::ModuleReloc;
 use lower::kir::{Kernel, LoopKernel, Stmt};
 
 use crate::error::{CodegenError, Result};
+use crate::lru::{Lru, capacity_from_env};
 use jit::{Arena, Code, Jit, Linked};
 
 /// A batch compiles on one thread unless each thread gets at least this many kernels: a thread
 /// costs tens of microseconds to start, about one small kernel's compile.
 const MIN_KERNELS_PER_THREAD: usize = 2;
+
+/// Kernels the cache keeps by default. A kernel costs a few KiB (machine code, its key and the
+/// cache entry), so the default bounds the cache near 10-20 MiB while every kernel of a large
+/// model (hundreds) stays cached.
+pub const KERNEL_CACHE_CAPACITY: usize = 4096;
+
+/// Environment variable that sets the kernel cache's capacity (a positive number of kernels).
+pub const KERNEL_CACHE_ENV: &str = "KILN_KERNEL_CACHE";
 
 /// The machine-code signature of every kernel.
 pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, syms: *const i64, start: i64, end: i64);
@@ -152,12 +168,14 @@ pub struct CacheStats {
     pub compile_time: Duration,
     /// JIT modules created so far.
     pub arenas: u64,
+    /// Kernels evicted from the cache (least recently used first) to keep it at its capacity.
+    pub evictions: u64,
 }
 
 struct Inner {
     isa: OwnedTargetIsa,
     arena: Option<Arc<Arena>>,
-    cache: HashMap<LoopKernel, Arc<CompiledKernel>>,
+    cache: Lru<LoopKernel, Arc<CompiledKernel>>,
     stats: CacheStats,
     /// Per-thread compilation state, reused across compilations; `workers[0]` serves
     /// single compiles and the calling thread of a batch.
@@ -194,7 +212,8 @@ enum Slot {
 
 impl CpuCompiler {
     /// A compiler for the host CPU. Batches compile on up to as many threads as the host has
-    /// cores (see [`set_compile_threads`](Self::set_compile_threads)).
+    /// cores (see [`set_compile_threads`](Self::set_compile_threads)); the cache keeps
+    /// [`KERNEL_CACHE_CAPACITY`] kernels, or as many as `KILN_KERNEL_CACHE` says.
     pub fn new() -> Result<CpuCompiler> {
         let isa = jit::host_isa()?;
         let max_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -202,7 +221,7 @@ impl CpuCompiler {
             inner: Mutex::new(Inner {
                 isa,
                 arena: None,
-                cache: HashMap::new(),
+                cache: Lru::new(capacity_from_env(KERNEL_CACHE_ENV, KERNEL_CACHE_CAPACITY)),
                 stats: CacheStats::default(),
                 workers: vec![Worker::new()],
                 max_threads,
@@ -214,6 +233,23 @@ impl CpuCompiler {
     /// every batch on the calling thread).
     pub fn set_compile_threads(&self, n: usize) {
         self.lock().max_threads = n.max(1);
+    }
+
+    /// Sets the most kernels the cache keeps (at least 1), evicting the least recently used
+    /// ones beyond it now.
+    pub fn set_cache_capacity(&self, kernels: usize) {
+        let evicted = {
+            let mut inner = self.lock();
+            let evicted = inner.cache.set_capacity(kernels);
+            inner.stats.evictions = inner.cache.evictions();
+            evicted
+        };
+        drop(evicted);
+    }
+
+    /// The most kernels the cache keeps.
+    pub fn cache_capacity(&self) -> usize {
+        self.lock().cache.capacity()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -352,11 +388,13 @@ impl Inner {
             match r {
                 Ok(c) => {
                     self.stats.compiled += 1;
-                    self.cache.insert((*k).clone(), c.clone());
+                    // An evicted kernel's code stays valid while anything else holds it.
+                    drop(self.cache.insert((*k).clone(), c.clone()));
                 }
                 Err(_) => self.stats.failures += 1,
             }
         }
+        self.stats.evictions = self.cache.evictions();
         results
     }
 

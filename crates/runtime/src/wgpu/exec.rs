@@ -360,7 +360,8 @@ impl WgpuExecutable {
             }
             match &*inputs[slot as usize].data {
                 HostData::Bool(v) => {
-                    let words: Vec<u32> = v.iter().map(|&x| x as u32).collect();
+                    let mut words: Vec<u32> = crate::memory::reserved_vec(v.len(), "a bool upload")?;
+                    words.extend(v.iter().map(|&x| x as u32));
                     dev.queue.write_buffer(&target.buffer, 0, bytemuck::cast_slice(&words));
                 }
                 data => dev.queue.write_buffer(&target.buffer, 0, data.as_bytes()),
@@ -491,13 +492,13 @@ impl WgpuExecutable {
     }
 }
 
-/// Copies device bytes of `dtype` into a fresh host array.
+/// Copies device bytes of `dtype` into a fresh host array, reserved fallibly.
 fn download(dtype: DType, bytes: &[u8]) -> Result<HostData> {
     let words = bytes.len() / 4;
     let read_u32 = |i: usize| u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
     Ok(match dtype {
         DType::F32 => {
-            let mut v: Vec<f32> = Vec::with_capacity(words);
+            let mut v: Vec<f32> = crate::memory::reserved_vec(words, "a readback")?;
             match bytemuck::try_cast_slice::<u8, f32>(bytes) {
                 Ok(s) => v.extend_from_slice(s),
                 Err(_) => v.extend((0..words).map(|i| f32::from_bits(read_u32(i)))),
@@ -505,14 +506,18 @@ fn download(dtype: DType, bytes: &[u8]) -> Result<HostData> {
             HostData::F32(v)
         }
         DType::I32 => {
-            let mut v: Vec<i32> = Vec::with_capacity(words);
+            let mut v: Vec<i32> = crate::memory::reserved_vec(words, "a readback")?;
             match bytemuck::try_cast_slice::<u8, i32>(bytes) {
                 Ok(s) => v.extend_from_slice(s),
                 Err(_) => v.extend((0..words).map(|i| read_u32(i) as i32)),
             }
             HostData::I32(v)
         }
-        DType::Bool => HostData::Bool((0..words).map(|i| read_u32(i) != 0).collect()),
+        DType::Bool => {
+            let mut v: Vec<bool> = crate::memory::reserved_vec(words, "a readback")?;
+            v.extend((0..words).map(|i| read_u32(i) != 0));
+            HostData::Bool(v)
+        }
         other => return Err(WgpuError::Codegen(codegen::CodegenError::Unsupported(format!("dtype {other} on wgpu")))),
     })
 }

@@ -28,6 +28,17 @@
 //! Uploads: `f32`/`i32` inputs go from the caller's slice to `queue.write_buffer` without a host
 //! copy; `bool` inputs are widened to one `u32` per element first (WGSL has no byte type).
 //!
+//! # Caches
+//!
+//! Both caches are bounded and evict the least recently used entry (`codegen::lru`): programs
+//! ([`WGPU_PROGRAM_CACHE_CAPACITY`], `KILN_WGPU_PROGRAM_CACHE=N`, or
+//! [`WgpuDevice::set_cache_capacity`]) and pipelines ([`PIPELINE_CACHE_CAPACITY`],
+//! `KILN_PIPELINE_CACHE=N`). A cached executable keeps its GPU buffers (sized for its largest
+//! run) between runs, so the program bound also bounds the GPU memory idle programs hold. An
+//! evicted executable or pipeline is an `Arc`: one still held (by a caller, or by an executable
+//! for its pipelines) stays valid, and its buffers and shader are released when the last holder
+//! drops it.
+//!
 //! # Errors
 //!
 //! Every failure is a [`WgpuError`]: no adapter, device creation, out of memory (checked against
@@ -39,12 +50,12 @@
 mod exec;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use air::{Bindings, Graph, HostTensor};
+use codegen::lru::{Lru, capacity_from_env};
 use codegen::wgsl::{self, WgslKernel};
 use lower::kir::Kernel;
 
@@ -128,6 +139,10 @@ pub struct WgpuStats {
     pub pipelines_created: u64,
     /// GPU buffers created, for any purpose.
     pub buffers_created: u64,
+    /// Programs evicted from the program cache to keep it at its capacity.
+    pub programs_evicted: u64,
+    /// Pipelines evicted from the pipeline cache to keep it at its capacity.
+    pub pipelines_evicted: u64,
 }
 
 /// A compiled shader: pipeline, its bind-group layout, and the generator's launch data.
@@ -139,14 +154,27 @@ pub(crate) struct Pipeline {
 
 type PipelineKey = (Kernel, Vec<bool>);
 
+/// Programs a wgpu device's cache keeps by default: fewer than on the CPU, because each holds
+/// GPU buffers for its last binding set.
+pub const WGPU_PROGRAM_CACHE_CAPACITY: usize = 256;
+
+/// Environment variable that sets the wgpu program cache's capacity (a positive number).
+pub const WGPU_PROGRAM_CACHE_ENV: &str = "KILN_WGPU_PROGRAM_CACHE";
+
+/// Compute pipelines a wgpu device's cache keeps by default.
+pub const PIPELINE_CACHE_CAPACITY: usize = 1024;
+
+/// Environment variable that sets the pipeline cache's capacity (a positive number).
+pub const PIPELINE_CACHE_ENV: &str = "KILN_PIPELINE_CACHE";
+
 pub(crate) struct Inner {
     pub(crate) device: ::wgpu::Device,
     pub(crate) queue: ::wgpu::Queue,
     pub(crate) limits: ::wgpu::Limits,
     adapter: AdapterReport,
     options: lower::CompileOptions,
-    pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
-    programs: Mutex<HashMap<GraphKey, Arc<WgpuExecutable>>>,
+    pipelines: Mutex<Lru<PipelineKey, Arc<Pipeline>>>,
+    programs: Mutex<Lru<GraphKey, Arc<WgpuExecutable>>>,
     programs_compiled: AtomicU64,
     cache_hits: AtomicU64,
     pipelines_created: AtomicU64,
@@ -158,6 +186,19 @@ pub(crate) struct Inner {
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Caches `value` under `key` unless another thread cached one meanwhile, and returns the cached
+/// one. Evicted entries drop after the lock is released.
+fn cache_first<K: std::hash::Hash + Eq, V>(cache: &Mutex<Lru<K, Arc<V>>>, key: K, value: Arc<V>) -> Arc<V> {
+    let mut guard = lock(cache);
+    if let Some(first) = guard.get(&key) {
+        return first.clone();
+    }
+    let evicted = guard.insert(key, value.clone());
+    drop(guard);
+    drop(evicted);
+    value
 }
 
 /// A GPU through wgpu. A cheap handle: `Clone` shares the device and its caches.
@@ -222,8 +263,8 @@ impl WgpuDevice {
                 limits,
                 adapter: report,
                 options,
-                pipelines: Mutex::new(HashMap::new()),
-                programs: Mutex::new(HashMap::new()),
+                pipelines: Mutex::new(Lru::new(capacity_from_env(PIPELINE_CACHE_ENV, PIPELINE_CACHE_CAPACITY))),
+                programs: Mutex::new(Lru::new(capacity_from_env(WGPU_PROGRAM_CACHE_ENV, WGPU_PROGRAM_CACHE_CAPACITY))),
                 programs_compiled: AtomicU64::new(0),
                 cache_hits: AtomicU64::new(0),
                 pipelines_created: AtomicU64::new(0),
@@ -259,7 +300,7 @@ impl WgpuDevice {
         let program = lower::compile(graph, &self.inner.options)?;
         let exe = Arc::new(WgpuExecutable::new(self.clone(), program, key.input_types())?);
         self.inner.programs_compiled.fetch_add(1, Ordering::Relaxed);
-        Ok(lock(&self.inner.programs).entry(key).or_insert(exe).clone())
+        Ok(cache_first(&self.inner.programs, key, exe))
     }
 
     /// Compiles (or finds) `graph` and runs it once.
@@ -274,6 +315,8 @@ impl WgpuDevice {
             cache_hits: self.inner.cache_hits.load(Ordering::Relaxed),
             pipelines_created: self.inner.pipelines_created.load(Ordering::Relaxed),
             buffers_created: self.inner.buffers_created.load(Ordering::Relaxed),
+            programs_evicted: lock(&self.inner.programs).evictions(),
+            pipelines_evicted: lock(&self.inner.pipelines).evictions(),
         }
     }
 
@@ -285,6 +328,25 @@ impl WgpuDevice {
     /// Number of distinct programs in the cache.
     pub fn cached_programs(&self) -> usize {
         lock(&self.inner.programs).len()
+    }
+
+    /// Number of compute pipelines in the cache.
+    pub fn cached_pipelines(&self) -> usize {
+        lock(&self.inner.pipelines).len()
+    }
+
+    /// Sets the most programs the cache keeps (at least 1), evicting the least recently used
+    /// ones beyond it now.
+    pub fn set_cache_capacity(&self, programs: usize) {
+        let evicted = lock(&self.inner.programs).set_capacity(programs);
+        drop(evicted);
+    }
+
+    /// Sets the most pipelines the cache keeps (at least 1), evicting the least recently used
+    /// ones beyond it now.
+    pub fn set_pipeline_cache_capacity(&self, pipelines: usize) {
+        let evicted = lock(&self.inner.pipelines).set_capacity(pipelines);
+        drop(evicted);
     }
 
     /// The pipeline of `kernel` with parameter `p` declared `read_write` when `force_rw[p]`.
@@ -344,7 +406,7 @@ impl WgpuDevice {
         }
         self.inner.pipelines_created.fetch_add(1, Ordering::Relaxed);
         let p = Arc::new(Pipeline { pipeline, layout, wgsl: w });
-        Ok(lock(&self.inner.pipelines).entry(key).or_insert(p).clone())
+        Ok(cache_first(&self.inner.pipelines, key, p))
     }
 
     /// Creates a buffer, counting it; refuses sizes over the device's limit and reports an
