@@ -16,6 +16,9 @@
 //! With `--device wgpu` the same programs compile for the wgpu device, and the suite also counts
 //! the GPU buffers created by the first run (compile included) and by the second run of the
 //! cached program (the target: zero).
+//!
+//! Each program's first-run outputs are checked against `air::interp::eval` of the same graph on
+//! the same inputs before anything is reported ([`measure_cpu`], [`measure_wgpu`]).
 
 use anyhow::bail;
 use kiln::Tensor;
@@ -23,6 +26,7 @@ use lower::CompileOptions;
 use runtime::CpuDevice;
 use runtime::wgpu::WgpuDevice;
 
+use crate::bench::check::{self, Tolerance};
 use crate::model::{Gpt, GptConfig};
 use crate::output::{Cell, SuiteOutput, Table, progress};
 use crate::pipeline::Traced;
@@ -134,12 +138,13 @@ pub fn options(fuse: bool) -> CompileOptions {
     CompileOptions { fuse, ..CompileOptions::default() }
 }
 
-/// Compiles `traced` on `device`, runs it twice, and reads the plan for its bindings.
+/// Compiles `traced` on `device`, runs it twice (checking the first run's outputs against the
+/// interpreter), and reads the plan for its bindings.
 pub fn measure_cpu(device: &CpuDevice, traced: &Traced) -> anyhow::Result<Measured> {
     let exe = device.compile(&traced.graph)?;
-    for _ in 0..2 {
-        exe.run(&traced.inputs, &traced.bindings)?;
-    }
+    let outputs = exe.run(&traced.inputs, &traced.bindings)?;
+    check::against_eval("memory program on cpu", traced, &outputs, Tolerance::MODEL)?;
+    exe.run(&traced.inputs, &traced.bindings)?;
     let m = exe.memory(&traced.bindings)?;
     Ok(Measured {
         kernels: exe.program().kernels.len(),
@@ -153,12 +158,14 @@ pub fn measure_cpu(device: &CpuDevice, traced: &Traced) -> anyhow::Result<Measur
 }
 
 /// Compiles `traced` on `device`, runs it twice counting the buffers each run creates (compile
-/// counts with the first), and reads the plan for its bindings.
+/// counts with the first; the first run's outputs are checked against the interpreter), and reads
+/// the plan for its bindings.
 pub fn measure_wgpu(device: &WgpuDevice, traced: &Traced) -> anyhow::Result<Measured> {
     let before = device.buffers_created();
     let exe = device.compile(&traced.graph)?;
-    exe.run(&traced.inputs, &traced.bindings)?;
+    let outputs = exe.run(&traced.inputs, &traced.bindings)?;
     let after_first = device.buffers_created();
+    check::against_eval("memory program on wgpu", traced, &outputs, Tolerance::MODEL)?;
     exe.run(&traced.inputs, &traced.bindings)?;
     let after_second = device.buffers_created();
     let m = exe.memory(&traced.bindings)?;
