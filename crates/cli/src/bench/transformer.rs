@@ -10,7 +10,7 @@
 //!   cold and cold pre-warmed first calls, each in a fresh process. These are the like-for-like
 //!   compile figures.
 //! - Steady forward, as two separately labelled rows: the facade forward (record the lazy forward
-//!   + `kiln::realize`: trace, program-cache hit, run; what a user calls, like-for-like with torch
+//!   and `kiln::realize` it: trace, program-cache hit, run; what a user calls, like-for-like with torch
 //!   eager's and jax.jit's call) and the bare `Executable::run` of the compiled program (no peer
 //!   row measures this).
 //!
