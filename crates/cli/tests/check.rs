@@ -82,3 +82,10 @@ fn nan_where_the_reference_has_nan_passes() {
     .unwrap_err();
     assert!(format!("{err:#}").contains("20 of 40 elements"), "{err:#}");
 }
+
+#[test]
+fn every_model_of_the_suite_matches_the_interpreter_on_cpu() {
+    for name in nn::zoo::NAMES {
+        models::check_model(name, &cpu()).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    }
+}
