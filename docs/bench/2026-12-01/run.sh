@@ -7,7 +7,10 @@
 # On 2026-12-01 only the two memory runs were made (memory.md, memory-wgpu.md), with the debug
 # binary (`kiln=target/debug/kiln`: byte and buffer counts do not depend on the build profile);
 # the release build did not finish in time for the timed runs. anchor_transformer_jax_loaded.md
-# is the jax anchor run by hand that afternoon under that load, kept for its load record only.
+# is the jax anchor run by hand that afternoon under that load, kept for its load record only:
+#   cd /work/shared/anchors && ANCHOR_IDLE_WAIT=5 /work/anchors-venv/bin/python \
+#       bench_transformer.py --layers 1 2 8 --only jax --repeats 3
+# (its .err lists every retry the load caused); anchor_versions.md is `python versions.py`.
 set -euo pipefail
 out=docs/bench/2026-12-01
 kiln=${CARGO_TARGET_DIR:-target}/release/kiln
