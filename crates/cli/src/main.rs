@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! kiln profile transformer --layers 2 [--trace t.json] [--dump dir]
-//! kiln bench transformer-compile [--layers 1,2,4,8,16,32] [--out dir] [--smoke]
+//! kiln bench transformer-compile [--layers 1,2,4,8,16,32] [--fresh-process N] [--out dir] [--smoke]
 //! kiln bench unary | models | tree-matmul | matmul [--device cpu] [--out dir] [--smoke]
 //! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--compiles 10000] [--out dir] [--smoke]
 //! ```
@@ -129,10 +129,27 @@ enum Suite {
         /// Compilations per depth (the median is reported).
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+        /// Also time the model's first call in N fresh `kiln` processes per depth, cold and
+        /// pre-warmed (the median is reported), as the anchors time jax.jit and torch.compile.
+        #[arg(long, value_name = "N")]
+        fresh_process: Option<usize>,
         #[command(flatten)]
         model: ModelArgs,
         #[command(flatten)]
         common: Common,
+    },
+    /// One timed first call of the decoder in this process (what `transformer-compile
+    /// --fresh-process` spawns); prints `first-call-ms <ms>`.
+    #[command(hide = true)]
+    TransformerFirstCall {
+        /// Transformer blocks.
+        #[arg(long, default_value_t = 2)]
+        layers: usize,
+        /// Realize one trivial program first, untimed (device start-up).
+        #[arg(long)]
+        prewarm: bool,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// neg and sigmoid per size: one op, eager chain, lazy chain.
     Unary {
@@ -243,15 +260,27 @@ fn budget(smoke: bool) -> Budget {
 
 fn run_suite(suite: Suite) -> anyhow::Result<()> {
     match suite {
-        Suite::TransformerCompile { layers, repeats, model, common } => {
+        Suite::TransformerCompile { layers, repeats, fresh_process, model, common } => {
+            let fresh_process = match fresh_process {
+                Some(n) => {
+                    Some(bench::transformer::FreshProcess { exe: std::env::current_exe()?, processes: n.max(1) })
+                }
+                None => None,
+            };
             let args = bench::transformer::Args {
                 layers: if common.smoke { vec![1, 2] } else { layers },
                 repeats: if common.smoke { 2 } else { repeats.max(1) },
                 base: model.config(1),
                 steady: budget(common.smoke),
+                fresh_process,
             };
             args.base.validate().map_err(anyhow::Error::msg)?;
             finish(bench::transformer::run(&args)?, &common)
+        }
+        Suite::TransformerFirstCall { layers, prewarm, model } => {
+            let ms = bench::transformer::first_call(model.config(layers), prewarm)?;
+            println!("{}{ms}", bench::transformer::FIRST_CALL_PREFIX);
+            Ok(())
         }
         Suite::Unary { sizes, device, common } => {
             let sizes = match (sizes, common.smoke) {

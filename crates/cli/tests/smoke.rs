@@ -91,6 +91,40 @@ fn transformer_compile_smoke() {
 }
 
 #[test]
+fn transformer_compile_fresh_process_smoke() {
+    check_suite("transformer-compile", &["--fresh-process", "2"]);
+    // The folder `check_suite` wrote (it names folders after the suite and flags).
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smoke-transformer-compile-fresh-process-2");
+    let csv = std::fs::read_to_string(dir.join("transformer-compile_fresh.csv")).expect("the fresh-process table");
+    let rows: Vec<&str> = csv.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "one row per smoke depth (1, 2):\n{csv}");
+    for row in rows {
+        let cells: Vec<&str> = row.split(',').collect();
+        assert_eq!(cells[1], "2", "two processes per mode: {row}");
+        for ms in &cells[2..] {
+            let ms: f64 = ms.parse().unwrap_or_else(|_| panic!("a time in {row}"));
+            assert!(ms > 0.0 && ms < 60_000.0, "{row}");
+        }
+    }
+    let forward = std::fs::read_to_string(dir.join("transformer-compile_forward.csv")).expect("the forward table");
+    assert!(forward.contains("facade forward (record + kiln::realize)"), "{forward}");
+    assert!(forward.contains("bare Executable::run"), "{forward}");
+}
+
+#[test]
+fn transformer_first_call_prints_its_time() {
+    let out = kiln(&["bench", "transformer-first-call", "--layers", "1", "--prewarm"]);
+    let ms: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix(kiln_cli::bench::transformer::FIRST_CALL_PREFIX))
+        .unwrap_or_else(|| panic!("no time printed:\n{out}"))
+        .trim()
+        .parse()
+        .expect("a number");
+    assert!(ms > 0.0, "{out}");
+}
+
+#[test]
 fn unary_smoke() {
     check_suite("unary", &[]);
 }

@@ -1,8 +1,13 @@
 //! `kiln bench matmul`: `f32` (512x1024)@(1024x2048) and 1024^3 through the facade (steady state:
 //! the program is compiled once), in ms and GFLOP/s, the anchors' matmul shapes.
+//!
+//! Before timing, each product is checked against the reference interpreter at a reduced shape
+//! (every dimension divided by [`CHECK_DIVISOR`]; the interpreter materializes all `m*k*n`
+//! partial products, about 4 GiB at the full first shape), from the same input generator.
 
 use kiln::Tensor;
 
+use crate::bench::check::{self, Tolerance};
 use crate::output::{SuiteOutput, Table, progress};
 use crate::runner::Runner;
 use crate::svg::{Plot, Series};
@@ -10,6 +15,9 @@ use crate::timing::{Budget, measure_ms};
 
 /// `(m, k, n)` of each product measured.
 pub const SHAPES: [(usize, usize, usize); 2] = [(512, 1024, 2048), (1024, 1024, 1024)];
+
+/// The checked shape is the timed one with every dimension divided by this (rounded up).
+pub const CHECK_DIVISOR: usize = 8;
 
 #[derive(Clone, Debug)]
 pub struct Args {
@@ -22,6 +30,13 @@ fn filled(rows: usize, cols: usize, seed: usize) -> Tensor {
     Tensor::from_vec(data, &[rows, cols])
 }
 
+/// Checks `(m x k) @ (k x n)` on `runner` against the interpreter, from the suite's inputs.
+pub fn check_product(m: usize, k: usize, n: usize, runner: &Runner) -> anyhow::Result<()> {
+    check::against_interp(&format!("matmul ({m}x{k})@({k}x{n})"), runner, Tolerance::REDUCTION, |r| {
+        Ok(vec![r.place(filled(m, k, 1))?.matmul(&r.place(filled(k, n, 2))?)])
+    })
+}
+
 /// Runs the suite on `runner`.
 pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let bar = progress(args.shapes.len() as u64, "matmul");
@@ -30,6 +45,7 @@ pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let mut table = Table::new("ms", "Matmul, f32", &["shape", "ms (median)", "GFLOP/s"]);
     let mut points = Vec::new();
     for &(m, k, n) in &args.shapes {
+        check_product(m.div_ceil(CHECK_DIVISOR), k.div_ceil(CHECK_DIVISOR), n.div_ceil(CHECK_DIVISOR), runner)?;
         let a = runner.place(filled(m, k, 1))?;
         let b = runner.place(filled(k, n, 2))?;
         let ms = measure_ms(args.budget, || runner.realize(&[&a.matmul(&b)]))?;

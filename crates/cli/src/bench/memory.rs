@@ -22,6 +22,9 @@
 //! resident memory (`VmRSS` of `/proc/self/status`) before, at every tenth of the way and after,
 //! with the cache sizes. Before the caches were bounded, RSS grew by ~13 KiB per program on the
 //! CPU without end; with them it levels off once the caches are full.
+//!
+//! Each program's first-run outputs are checked against `air::interp::eval` of the same graph on
+//! the same inputs before anything is reported ([`measure_cpu`], [`measure_wgpu`]).
 
 use air::{DType, Graph, HostTensor, Op, UnaryOp};
 use anyhow::bail;
@@ -30,6 +33,7 @@ use lower::CompileOptions;
 use runtime::CpuDevice;
 use runtime::wgpu::WgpuDevice;
 
+use crate::bench::check::{self, Tolerance};
 use crate::model::{Gpt, GptConfig};
 use crate::output::{Cell, SuiteOutput, Table, progress};
 use crate::pipeline::Traced;
@@ -152,12 +156,13 @@ pub fn options(fuse: bool) -> CompileOptions {
     CompileOptions { fuse, ..CompileOptions::default() }
 }
 
-/// Compiles `traced` on `device`, runs it twice, and reads the plan for its bindings.
+/// Compiles `traced` on `device`, runs it twice (checking the first run's outputs against the
+/// interpreter), and reads the plan for its bindings.
 pub fn measure_cpu(device: &CpuDevice, traced: &Traced) -> anyhow::Result<Measured> {
     let exe = device.compile(&traced.graph)?;
-    for _ in 0..2 {
-        exe.run(&traced.inputs, &traced.bindings)?;
-    }
+    let outputs = exe.run(&traced.inputs, &traced.bindings)?;
+    check::against_eval("memory program on cpu", traced, &outputs, Tolerance::MODEL)?;
+    exe.run(&traced.inputs, &traced.bindings)?;
     let m = exe.memory(&traced.bindings)?;
     Ok(Measured {
         kernels: exe.program().kernels.len(),
@@ -171,12 +176,14 @@ pub fn measure_cpu(device: &CpuDevice, traced: &Traced) -> anyhow::Result<Measur
 }
 
 /// Compiles `traced` on `device`, runs it twice counting the buffers each run creates (compile
-/// counts with the first), and reads the plan for its bindings.
+/// counts with the first; the first run's outputs are checked against the interpreter), and reads
+/// the plan for its bindings.
 pub fn measure_wgpu(device: &WgpuDevice, traced: &Traced) -> anyhow::Result<Measured> {
     let before = device.buffers_created();
     let exe = device.compile(&traced.graph)?;
-    exe.run(&traced.inputs, &traced.bindings)?;
+    let outputs = exe.run(&traced.inputs, &traced.bindings)?;
     let after_first = device.buffers_created();
+    check::against_eval("memory program on wgpu", traced, &outputs, Tolerance::MODEL)?;
     exe.run(&traced.inputs, &traced.bindings)?;
     let after_second = device.buffers_created();
     let m = exe.memory(&traced.bindings)?;

@@ -1,5 +1,6 @@
 //! The benchmark suites of `kiln bench`.
 
+pub mod check;
 pub mod matmul;
 pub mod memory;
 pub mod models;

@@ -5,12 +5,18 @@
 //! The suite (models, inputs, targets, loss) is [`nn::zoo`], shared with the criterion bench
 //! `cargo bench -p kiln-nn --bench models`; its docs list the sizes.
 //!
+//! Before timing, each model's prediction and its parameters after one fit step are checked
+//! against the reference interpreter from the same weights and data, at a reduced batch of at most
+//! [`CHECK_BATCH`] rows (the interpreter materializes every partial product of a matmul: 400 MiB
+//! for one layer of `dense-large` at its full batch of 128). A mismatch aborts the suite.
+//!
 //! A model `nn` cannot build, or that fails to run, gets a row saying so instead of times.
 
 use kiln::Tensor;
 use nn::zoo::{self, Case, NAMES};
 use nn::{Optimizer, ParamKind, Sgd};
 
+use crate::bench::check::{self, Tolerance};
 use crate::output::{Cell, SuiteOutput, Table, progress};
 use crate::runner::Runner;
 use crate::svg::{Plot, Series};
@@ -46,6 +52,25 @@ fn fit_step(case: &mut Case, optimizer: &mut Sgd, runner: &Runner) -> anyhow::Re
     Ok(loss.item::<f32>()?)
 }
 
+/// The most rows of a batch the results are checked at.
+pub const CHECK_BATCH: usize = 8;
+
+/// Checks the prediction and the parameters after one fit step of the model `name`, computed on
+/// `runner`, against the interpreter, on the first [`CHECK_BATCH`] rows of its data.
+pub fn check_model(name: &str, runner: &Runner) -> anyhow::Result<()> {
+    check::against_interp(&format!("models {name}"), runner, Tolerance::MODEL, |r| {
+        let mut case = zoo::build(name)?;
+        r.place_module(&mut *case.model)?;
+        let batch = case.x.dims()?[0].min(CHECK_BATCH);
+        case.x = r.place(case.x.narrow(0, 0, batch))?;
+        case.y = r.place(case.y.narrow(0, 0, batch))?;
+        let mut outputs = vec![predict(&mut case, r)?];
+        fit_step(&mut case, &mut Sgd::new(0.01, 0.9), r)?;
+        outputs.extend(case.model.parameters());
+        Ok(outputs)
+    })
+}
+
 /// Runs the suite (only `dense-tiny` when `smoke`).
 pub fn run(smoke: bool, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let names: &[&str] = if smoke { &NAMES[..1] } else { &NAMES };
@@ -61,6 +86,7 @@ pub fn run(smoke: bool, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     for (i, &name) in names.iter().enumerate() {
         bar.set_message(name.to_string());
         let measured = (|| -> anyhow::Result<(usize, String, f64, f64)> {
+            check_model(name, runner)?;
             let mut case = zoo::build(name)?;
             runner.place_module(&mut *case.model)?;
             case.x = runner.place(case.x.clone())?;
@@ -78,6 +104,7 @@ pub fn run(smoke: bool, runner: &Runner) -> anyhow::Result<SuiteOutput> {
                 predict_points.push((i as f64 + 1.0, p));
                 fit_points.push((i as f64 + 1.0, f));
             }
+            Err(e) if check::is_mismatch(&e) => return Err(e),
             Err(e) => {
                 let reason = format!("not available: {e:#}").replace('\n', " ");
                 table.push(vec![

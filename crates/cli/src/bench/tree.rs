@@ -2,9 +2,15 @@
 //! (a) a loop realizing each product separately, (b) `kiln::Tree`s of the operands multiplied
 //! leaf by leaf and realized at once (one program; equal-shape matmuls become one grouped launch
 //! whose products run concurrently), (c) one batched matmul of the pre-stacked operands. The anchors' torch and numpy rows measure the same three shapes of work.
+//!
+//! Before timing, the results of all three are checked against the reference interpreter at a
+//! reduced size ([`Args::reduced`]: at most 4 pairs, every dimension divided by 4; the interpreter
+//! materializes all `m*k*n` partial products, 2 GiB per call at full size), from the same input
+//! generator.
 
 use kiln::{Tensor, Tree};
 
+use crate::bench::check::{self, Tolerance};
 use crate::output::{SuiteOutput, Table, progress};
 use crate::runner::Runner;
 use crate::svg::{Plot, Series};
@@ -25,23 +31,60 @@ impl Default for Args {
     }
 }
 
+impl Args {
+    /// The size the results are checked at: at most 4 pairs, each dimension divided by 4.
+    pub fn reduced(&self) -> Args {
+        Args { pairs: self.pairs.min(4), m: self.m.div_ceil(4), k: self.k.div_ceil(4), n: self.n.div_ceil(4), ..*self }
+    }
+}
+
 fn filled(rows: usize, cols: usize, seed: usize) -> Tensor {
     let data: Vec<f32> = (0..rows * cols).map(|i| (((i * 31 + seed * 17) % 61) as f32 - 30.0) / 64.0).collect();
     Tensor::from_vec(data, &[rows, cols])
 }
 
+/// The operands: `pairs` left and right matrices placed on `runner`.
+fn operands(args: &Args, runner: &Runner) -> anyhow::Result<(Vec<Tensor>, Vec<Tensor>)> {
+    let (m, k, n) = (args.m, args.k, args.n);
+    let a = (0..args.pairs).map(|i| runner.place(filled(m, k, 2 * i))).collect::<anyhow::Result<_>>()?;
+    let b = (0..args.pairs).map(|i| runner.place(filled(k, n, 2 * i + 1))).collect::<anyhow::Result<_>>()?;
+    Ok((a, b))
+}
+
+fn tree_of(tensors: &[Tensor]) -> anyhow::Result<Tree<Tensor>> {
+    Ok(Tree::from_pairs(tensors.iter().enumerate().map(|(i, t)| (format!("node{i}"), t.clone())))?)
+}
+
+/// Checks the products of all three variants at the size of `args`, computed on `runner`, against
+/// the interpreter.
+pub fn check_variants(args: &Args, runner: &Runner) -> anyhow::Result<()> {
+    let what = format!("tree-matmul {} pairs of ({}x{})@({}x{})", args.pairs, args.m, args.k, args.k, args.n);
+    check::against_interp(&what, runner, Tolerance::REDUCTION, |r| {
+        let (a, b) = operands(args, r)?;
+        let mut products = Vec::new();
+        for (x, y) in a.iter().zip(&b) {
+            products.push(r.realize(&[&x.matmul(y)])?.remove(0));
+        }
+        products.extend(tree_of(&a)?.matmul(&tree_of(&b)?)?.leaves().into_iter().cloned());
+        let a_refs: Vec<&Tensor> = a.iter().collect();
+        let b_refs: Vec<&Tensor> = b.iter().collect();
+        products.push(kiln::stack(&a_refs, 0).matmul(&kiln::stack(&b_refs, 0)));
+        Ok(products)
+    })
+}
+
 /// Runs the suite on `runner`.
 pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let (m, k, n, pairs) = (args.m, args.k, args.n, args.pairs);
-    let a: Vec<Tensor> = (0..pairs).map(|i| runner.place(filled(m, k, 2 * i))).collect::<anyhow::Result<_>>()?;
-    let b: Vec<Tensor> = (0..pairs).map(|i| runner.place(filled(k, n, 2 * i + 1))).collect::<anyhow::Result<_>>()?;
+    check_variants(&args.reduced(), runner)?;
+    let (a, b) = operands(args, runner)?;
     let a_refs: Vec<&Tensor> = a.iter().collect();
     let b_refs: Vec<&Tensor> = b.iter().collect();
     let stacked_a = runner.realize(&[&kiln::stack(&a_refs, 0)])?.remove(0);
     let stacked_b = runner.realize(&[&kiln::stack(&b_refs, 0)])?.remove(0);
 
-    let tree_a = Tree::from_pairs(a.iter().enumerate().map(|(i, t)| (format!("node{i}"), t.clone())))?;
-    let tree_b = Tree::from_pairs(b.iter().enumerate().map(|(i, t)| (format!("node{i}"), t.clone())))?;
+    let tree_a = tree_of(&a)?;
+    let tree_b = tree_of(&b)?;
 
     let bar = progress(3, "tree-matmul");
     let loop_ms = measure_ms(args.budget, || {

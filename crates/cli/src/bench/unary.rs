@@ -12,11 +12,15 @@
 //! Steady state (programs already compiled during warm-up). This suite reports the median of its
 //! runs, criterion its own estimate; the quantities are the same.
 //!
+//! Before timing, the results of all three (single op, eager chain, lazy chain) at every size are
+//! checked against the reference interpreter on the same input ([`check_op`]).
+//!
 //! `neg` chains of even length fold away (`neg-neg`), so the lazy `neg` row shows what the
 //! rewriter saves rather than a kernel's speed.
 
 use kiln::Tensor;
 
+use crate::bench::check::{self, Tolerance};
 use crate::output::{Cell, SuiteOutput, Table, progress};
 use crate::runner::Runner;
 use crate::svg::{Plot, Series};
@@ -60,6 +64,30 @@ pub struct Args {
 /// matches the criterion bench's function names.
 const MODES: [&str; 3] = ["single op, realized", "eager chain (realize every op)", "lazy chain (realize once)"];
 
+/// The suite's input of `n` elements.
+fn input(n: usize) -> Tensor {
+    let data: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
+    Tensor::from_vec(data, &[n])
+}
+
+/// Checks the single op, the eager chain and the lazy chain of `op` on the suite's input of `n`
+/// elements, computed on `runner`, against the interpreter.
+pub fn check_op(op: UnaryOp, n: usize, runner: &Runner) -> anyhow::Result<()> {
+    check::against_interp(&format!("unary {} n={n}", op.name()), runner, Tolerance::ELEMENTWISE, |r| {
+        let x = r.place(input(n))?;
+        let single = op.apply(&x);
+        let mut eager = x.clone();
+        for _ in 0..CHAIN {
+            eager = r.realize(&[&op.apply(&eager)])?.remove(0);
+        }
+        let mut lazy = x.clone();
+        for _ in 0..CHAIN {
+            lazy = op.apply(&lazy);
+        }
+        Ok(vec![single, eager, lazy])
+    })
+}
+
 /// Runs the suite on `runner`.
 pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let ops = [UnaryOp::Neg, UnaryOp::Sigmoid];
@@ -68,9 +96,9 @@ pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let mut results = vec![vec![Vec::new(); MODES.len()]; ops.len()];
     for (oi, &op) in ops.iter().enumerate() {
         for &n in &args.sizes {
-            let data: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
-            let x = runner.place(Tensor::from_vec(data, &[n]))?;
             bar.set_message(format!("{} n={n}", op.name()));
+            check_op(op, n, runner)?;
+            let x = runner.place(input(n))?;
             let single = measure_ms(args.budget, || runner.realize(&[&op.apply(&x)]))?;
             bar.inc(1);
             let eager = measure_ms(args.budget, || {
