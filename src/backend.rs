@@ -39,10 +39,28 @@ pub fn execute(device: Device, graph: &Graph, inputs: Vec<HostTensor>, bindings:
         return execute_profiled(device, graph, inputs, bindings);
     }
     match device {
-        Device::Interp => Ok(air::interp::eval(graph, &inputs, bindings)?),
-        Device::Cpu => cpu_device()?.run(graph, &inputs, bindings).map_err(|e| Error::Backend(format!("cpu: {e}"))),
+        Device::Interp => interp(graph, &inputs, bindings),
+        Device::Cpu => {
+            let backend = |e: runtime::RuntimeError| Error::Backend(format!("cpu: {e}"));
+            let exe = cpu_device()?.compile(graph).map_err(backend)?;
+            run_cpu(&exe, &inputs, bindings).map_err(backend)
+        }
         Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| Error::Backend(format!("wgpu: {e}"))),
     }
+}
+
+/// The reference interpreter, counted in [`crate::stats::interp_runs`].
+fn interp(graph: &Graph, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
+    crate::stats::record_interp_run();
+    Ok(air::interp::eval(graph, inputs, bindings)?)
+}
+
+/// One run of a CPU executable, counted in [`crate::stats::cpu_runs`] with the launches it made.
+fn run_cpu(exe: &runtime::Executable, inputs: &[HostTensor], bindings: &Bindings) -> runtime::Result<Vec<HostTensor>> {
+    let before = exe.launches_run();
+    let out = exe.run(inputs, bindings)?;
+    crate::stats::record_cpu_run(exe.launches_run() - before);
+    Ok(out)
 }
 
 /// [`execute`] inside a profile: every step a span.
@@ -53,7 +71,7 @@ fn execute_profiled(
     bindings: &Bindings,
 ) -> Result<Vec<HostTensor>> {
     let cpu = match device {
-        Device::Interp => return profile::span("run", || Ok(air::interp::eval(graph, &inputs, bindings)?)),
+        Device::Interp => return profile::span("run", || interp(graph, &inputs, bindings)),
         Device::Wgpu => {
             let gpu = wgpu_device()?;
             return profile::span("run", || gpu.run(graph, &inputs, bindings))
@@ -74,5 +92,5 @@ fn execute_profiled(
         naive_bytes: memory.naive_bytes,
     });
     let run = if observer.cache_hit() { "run" } else { "first-run" };
-    profile::span(run, || exe.run(&inputs, bindings)).map_err(backend)
+    profile::span(run, || run_cpu(&exe, &inputs, bindings)).map_err(backend)
 }

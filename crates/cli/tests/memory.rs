@@ -2,7 +2,7 @@
 //! compiled one kernel per op plans an arena of about two buffers where one allocation per
 //! temporary needs 99; the 2-layer Transformer forward plans less than naive; on wgpu the second
 //! run of the cached Transformer program creates no buffer (skipped with a printed reason when
-//! there is no adapter, unless `KILN_REQUIRE_GPU=1`).
+//! there is no adapter, unless `KILN_REQUIRE_VULKAN=1`).
 
 use kiln_cli::bench::memory::{self, Measured};
 use kiln_cli::model::GptConfig;
@@ -64,11 +64,11 @@ fn transformer_forward_plans_less_than_naive() {
 fn wgpu_second_run_of_cached_transformer_creates_no_buffers() {
     let device = match WgpuDevice::new() {
         Ok(d) => d,
-        Err(e) if std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("KILN_REQUIRE_GPU=1 but no wgpu device: {e}")
+        Err(e) if std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1") => {
+            panic!("KILN_REQUIRE_VULKAN=1 but no wgpu device: {e}")
         }
         Err(e) => {
-            eprintln!("skipped: no wgpu device ({e}); set KILN_REQUIRE_GPU=1 to make this a failure");
+            eprintln!("skipped: no wgpu device ({e}); set KILN_REQUIRE_VULKAN=1 to make this a failure");
             return;
         }
     };
