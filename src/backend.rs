@@ -62,8 +62,11 @@ pub(crate) fn execute_traced(
     }
     let located = |e: BoundsError| locate(e, graph, sites);
     match device {
-        Device::Interp => air::interp::eval(graph, &inputs, bindings).map_err(|e| interp_error(e, located)),
-        Device::Cpu => cpu_device()?.run(graph, &inputs, bindings).map_err(|e| cpu_error(e, located)),
+        Device::Interp => interp(graph, &inputs, bindings).map_err(|e| interp_error(e, located)),
+        Device::Cpu => {
+            let exe = cpu_device()?.compile(graph).map_err(|e| cpu_error(e, &located))?;
+            run_cpu(&exe, &inputs, bindings).map_err(|e| cpu_error(e, &located))
+        }
         Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| wgpu_error(e, located)),
     }
 }
@@ -101,6 +104,20 @@ fn wgpu_error(e: WgpuError, located: impl Fn(BoundsError) -> Error) -> Error {
     }
 }
 
+/// The reference interpreter, counted in [`crate::stats::interp_runs`].
+fn interp(graph: &Graph, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>, AirError> {
+    crate::stats::record_interp_run();
+    air::interp::eval(graph, inputs, bindings)
+}
+
+/// One run of a CPU executable, counted in [`crate::stats::cpu_runs`] with the launches it made.
+fn run_cpu(exe: &runtime::Executable, inputs: &[HostTensor], bindings: &Bindings) -> runtime::Result<Vec<HostTensor>> {
+    let before = exe.launches_run();
+    let out = exe.run(inputs, bindings)?;
+    crate::stats::record_cpu_run(exe.launches_run() - before);
+    Ok(out)
+}
+
 /// [`execute`] inside a profile: every step a span.
 fn execute_profiled(
     device: Device,
@@ -112,7 +129,7 @@ fn execute_profiled(
     let located = |e: BoundsError| locate(e, graph, sites);
     let cpu = match device {
         Device::Interp => {
-            return profile::span("run", || air::interp::eval(graph, &inputs, bindings))
+            return profile::span("run", || interp(graph, &inputs, bindings))
                 .map_err(|e| interp_error(e, located));
         }
         Device::Wgpu => {
@@ -134,5 +151,5 @@ fn execute_profiled(
         naive_bytes: memory.naive_bytes,
     });
     let run = if observer.cache_hit() { "run" } else { "first-run" };
-    profile::span(run, || exe.run(&inputs, bindings)).map_err(backend)
+    profile::span(run, || run_cpu(&exe, &inputs, bindings)).map_err(backend)
 }

@@ -8,6 +8,9 @@ use std::cell::Cell;
 thread_local! {
     static GRAPHS: Cell<u64> = const { Cell::new(0) };
     static NODES: Cell<u64> = const { Cell::new(0) };
+    static INTERP_RUNS: Cell<u64> = const { Cell::new(0) };
+    static CPU_RUNS: Cell<u64> = const { Cell::new(0) };
+    static CPU_LAUNCHES: Cell<u64> = const { Cell::new(0) };
 }
 
 /// How many graphs this thread has executed (one per `realize` that had work to do).
@@ -23,4 +26,28 @@ pub fn nodes_executed() -> u64 {
 pub(crate) fn record_execution(nodes: usize) {
     GRAPHS.with(|g| g.set(g.get() + 1));
     NODES.with(|n| n.set(n.get() + nodes as u64));
+}
+
+/// How many graphs this thread ran on the reference interpreter (`Device::Interp`).
+pub fn interp_runs() -> u64 {
+    INTERP_RUNS.with(Cell::get)
+}
+
+/// How many graphs this thread ran as native code on the CPU device.
+pub fn cpu_runs() -> u64 {
+    CPU_RUNS.with(Cell::get)
+}
+
+/// How many kernel launches those CPU runs made (counted by each executable as it launches).
+pub fn cpu_launches() -> u64 {
+    CPU_LAUNCHES.with(Cell::get)
+}
+
+pub(crate) fn record_interp_run() {
+    INTERP_RUNS.with(|c| c.set(c.get() + 1));
+}
+
+pub(crate) fn record_cpu_run(launches: u64) {
+    CPU_RUNS.with(|c| c.set(c.get() + 1));
+    CPU_LAUNCHES.with(|c| c.set(c.get() + launches));
 }

@@ -1,7 +1,7 @@
 //! The same facade programs realized on every device agree with the reference interpreter.
 //!
 //! The wgpu device is skipped with a printed reason when this machine has no GPU adapter, unless
-//! `KILN_REQUIRE_GPU=1` (CI sets it), which turns a missing adapter into a failure.
+//! `KILN_REQUIRE_VULKAN=1` (CI sets it), which turns a missing adapter into a failure.
 
 use kiln::{Device, Tensor};
 
@@ -29,7 +29,7 @@ fn programs(device: Device) -> Vec<(&'static str, Tensor)> {
 }
 
 fn gpu_required() -> bool {
-    std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1")
+    std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1")
 }
 
 fn check_device(device: Device) {
@@ -38,13 +38,7 @@ fn check_device(device: Device) {
     for ((name, w), (_, g)) in want.iter().zip(&got) {
         let w: Vec<f32> = w.to_vec().unwrap_or_else(|e| panic!("{name} on interp: {e}"));
         let g: Vec<f32> = g.to_vec().unwrap_or_else(|e| panic!("{name} on {device}: {e}"));
-        assert_eq!(w.len(), g.len(), "{name} on {device}: length");
-        for (i, (a, b)) in w.iter().zip(&g).enumerate() {
-            assert!(
-                (a - b).abs() <= 1e-4 + 1e-4 * a.abs(),
-                "{name} on {device}: element {i}: interp {a}, {device} {b}"
-            );
-        }
+        air::testing::assert_close(&format!("{name} on {device} vs interp"), &g, &w, air::testing::Tol::both(1e-4));
     }
 }
 
@@ -57,7 +51,7 @@ fn cpu_matches_interpreter() {
 fn wgpu_matches_interpreter() {
     let probe = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).to_device(Device::Wgpu).expect("source tensor");
     if let Err(e) = probe.neg().realize() {
-        assert!(!gpu_required(), "KILN_REQUIRE_GPU=1 but the wgpu device failed: {e}");
+        assert!(!gpu_required(), "KILN_REQUIRE_VULKAN=1 but the wgpu device failed: {e}");
         eprintln!("skipping wgpu_matches_interpreter: no usable GPU adapter ({e})");
         return;
     }

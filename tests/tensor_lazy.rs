@@ -173,9 +173,7 @@ fn symbolic_dims_share_one_program() {
     assert_eq!(kiln::trace(&[&y7]).unwrap().bindings.values().copied().collect::<Vec<_>>(), vec![7]);
     for (y, want) in [(&y3, &want3), (&y7, &want7)] {
         let got = y.to_vec::<f32>().unwrap();
-        for (g, w) in got.iter().zip(want.iter()) {
-            assert!((g - w).abs() < 1e-4, "got {got:?}, want {want:?}");
-        }
+        air::testing::assert_close("symbolic program", &got, want, air::testing::Tol { atol: 1e-4, rtol: 0.0 });
     }
 }
 

@@ -21,11 +21,7 @@ fn bools(x: &Tensor) -> Vec<bool> {
 
 #[track_caller]
 fn close(got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let ok = if w.is_nan() { g.is_nan() } else { g == w || (g - w).abs() <= 1e-5 + 1e-5 * w.abs() };
-        assert!(ok, "element {i}: got {got:?}, want {want:?}");
-    }
+    air::testing::assert_close(&format!("got {got:?}, want {want:?}"), got, want, air::testing::Tol::both(1e-5));
 }
 
 #[track_caller]

@@ -5,14 +5,17 @@
 //! fixture's inputs and arguments, realizes it, and compares with PyTorch's `out` (floats within
 //! `1e-5 + 1e-5 * |torch|`, ints and bools exactly). A failure lists every disagreeing fixture
 //! with its op, input shapes and the largest error. Every family runs once on the interpreter
-//! and once on the CPU backend. (The wgpu backend has no 64-bit types, which many fixtures use;
-//! `crates/runtime/tests/wgpu_ops.rs` compares it with the interpreter and the CPU instead.) `every_fixture_is_tested` makes sure no fixture in the file goes unused.
+//! on the CPU backend and on the wgpu backend. WGSL has no 64-bit types, so on wgpu the fixtures
+//! holding an i64 tensor are skipped: each family states how many it skips, and the test fails
+//! when the count differs or when nothing is left to compare. Without a wgpu adapter the wgpu
+//! pass is skipped with a printed reason, unless `KILN_REQUIRE_VULKAN=1` makes that a failure.
+//! `every_fixture_is_tested` makes sure no fixture in the file goes unused.
 
 mod common;
 
 use std::cell::Cell;
 
-use common::{Array, Data, Fixture, fixtures};
+use common::{Array, Data, Fixture, FixtureInfo, fixtures};
 use kiln::{DType, Device, Tensor};
 
 // The op names (the `op` of each fixture's metadata) each family test covers.
@@ -54,12 +57,54 @@ thread_local! {
     static DEVICE: Cell<Device> = Cell::new(Device::default());
 }
 
-/// Runs a family's fixtures (see [`common::run_family`]) once on each host device.
-fn run_family(family: &str, ops: &[&str], eval: impl Fn(&Fixture) -> Result<Array, String>) {
+/// Whether a fixture holds a 64-bit tensor (an input or `out`), which WGSL cannot hold.
+fn has_64_bit_tensor(info: &FixtureInfo) -> bool {
+    let file = fixtures();
+    file.roles(&info.name)
+        .iter()
+        .any(|role| file.tensors.get(&format!("{}.{role}", info.name)).is_some_and(|t| matches!(t.data, Data::I64(_))))
+}
+
+/// Whether the wgpu device can run here: `false` (with the reason printed) when there is no
+/// adapter, a failure instead when `KILN_REQUIRE_VULKAN=1`.
+fn wgpu_available() -> bool {
+    match kiln::backend::wgpu_device() {
+        Ok(_) => true,
+        Err(e) => {
+            let required = std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v.trim() == "1");
+            assert!(!required, "KILN_REQUIRE_VULKAN=1 but there is no wgpu device: {e}");
+            eprintln!("skipping the wgpu pass: no wgpu device ({e}); KILN_REQUIRE_VULKAN=1 makes this a failure");
+            false
+        }
+    }
+}
+
+/// How many fixtures of a family the wgpu pass compares, and how many it skips because they hold
+/// a 64-bit tensor (argmax returns i64, gather takes i64 indices: those families skip all).
+struct OnWgpu {
+    compared: usize,
+    skipped: usize,
+}
+
+/// Runs a family's fixtures (see [`common::run_family`]) on the interpreter, the CPU device and
+/// (where there is an adapter) the wgpu device, which must compare and skip exactly as `wgpu` says.
+fn run_family(family: &str, ops: &[&str], wgpu: OnWgpu, eval: impl Fn(&Fixture) -> Result<Array, String>) {
     for device in [Device::Interp, Device::Cpu] {
         DEVICE.with(|d| d.set(device));
-        common::run_family(&format!("{family} on {device}"), ops, &eval);
+        let (compared, skipped) = common::run_family(&format!("{family} on {device}"), ops, &|_| false, &eval);
+        assert!(compared > 0 && skipped.is_empty(), "{family} on {device}: {compared} fixtures compared");
     }
+    if !wgpu_available() {
+        return;
+    }
+    DEVICE.with(|d| d.set(Device::Wgpu));
+    let (compared, skipped) = common::run_family(&format!("{family} on wgpu"), ops, &has_64_bit_tensor, &eval);
+    eprintln!("{family} on wgpu: {compared} fixtures compared, {} skipped (64-bit): {skipped:?}", skipped.len());
+    assert_eq!(
+        (compared, skipped.len()),
+        (wgpu.compared, wgpu.skipped),
+        "{family} on wgpu: (compared, skipped for 64-bit tensors); skipped {skipped:?}"
+    );
 }
 
 /// A facade tensor holding a copy of the fixture tensor, on the current device.
@@ -138,7 +183,7 @@ fn unknown(fx: &Fixture) -> String {
 
 #[test]
 fn unary() {
-    run_family("unary", UNARY, |fx| {
+    run_family("unary", UNARY, OnWgpu { compared: 46, skipped: 4 }, |fx| {
         let a = input(fx)?;
         let out = match fx.info.op.as_str() {
             "neg" => a.neg(),
@@ -162,7 +207,7 @@ fn unary() {
 
 #[test]
 fn arithmetic() {
-    run_family("arithmetic", ARITHMETIC, |fx| {
+    run_family("arithmetic", ARITHMETIC, OnWgpu { compared: 28, skipped: 6 }, |fx| {
         let (a, b) = binary_operands(fx)?;
         let out = match fx.info.op.as_str() {
             "add" => apply!(a, add, &b),
@@ -177,7 +222,7 @@ fn arithmetic() {
 
 #[test]
 fn maximum_minimum_pow() {
-    run_family("maximum/minimum/pow", BINARY_OTHER, |fx| {
+    run_family("maximum/minimum/pow", BINARY_OTHER, OnWgpu { compared: 21, skipped: 2 }, |fx| {
         let (a, b) = binary_operands(fx)?;
         let out = match fx.info.op.as_str() {
             "maximum" => apply!(a, maximum, &b),
@@ -191,7 +236,7 @@ fn maximum_minimum_pow() {
 
 #[test]
 fn comparisons() {
-    run_family("comparisons", COMPARE, |fx| {
+    run_family("comparisons", COMPARE, OnWgpu { compared: 20, skipped: 2 }, |fx| {
         let (a, b) = binary_operands(fx)?;
         let out = match fx.info.op.as_str() {
             "lt" => apply!(a, lt, &b),
@@ -207,7 +252,7 @@ fn comparisons() {
 
 #[test]
 fn where_select() {
-    run_family("where", WHERE, |fx| {
+    run_family("where", WHERE, OnWgpu { compared: 4, skipped: 0 }, |fx| {
         let (cond, a) = (tensor(fx.tensor("cond")?)?, tensor(fx.tensor("a")?)?);
         let b = if fx.has_arg("scalar") { scalar(fx)? } else { Rhs::Tensor(tensor(fx.tensor("b")?)?) };
         realize(&match &b {
@@ -220,7 +265,7 @@ fn where_select() {
 
 #[test]
 fn reductions() {
-    run_family("reductions", REDUCE, |fx| {
+    run_family("reductions", REDUCE, OnWgpu { compared: 31, skipped: 5 }, |fx| {
         let a = input(fx)?;
         let keepdim = fx.arg_bool("keepdim")?;
         let out = match (fx.info.op.as_str(), fx.arg_i64s("dims")?) {
@@ -241,7 +286,7 @@ fn reductions() {
 
 #[test]
 fn softmax_log_softmax() {
-    run_family("softmax", SOFTMAX, |fx| {
+    run_family("softmax", SOFTMAX, OnWgpu { compared: 11, skipped: 0 }, |fx| {
         let a = input(fx)?;
         let dim = fx.arg_i64("dim")?;
         let out = match fx.info.op.as_str() {
@@ -255,12 +300,14 @@ fn softmax_log_softmax() {
 
 #[test]
 fn argmax() {
-    run_family("argmax", ARGMAX, |fx| realize(&input(fx)?.argmax(fx.arg_i64("dim")?, fx.arg_bool("keepdim")?)));
+    run_family("argmax", ARGMAX, OnWgpu { compared: 0, skipped: 6 }, |fx| {
+        realize(&input(fx)?.argmax(fx.arg_i64("dim")?, fx.arg_bool("keepdim")?))
+    });
 }
 
 #[test]
 fn matmul() {
-    run_family("matmul", MATMUL, |fx| {
+    run_family("matmul", MATMUL, OnWgpu { compared: 8, skipped: 0 }, |fx| {
         let (a, b) = (tensor(fx.tensor("a")?)?, tensor(fx.tensor("b")?)?);
         realize(&a.matmul(&b))
     });
@@ -268,7 +315,7 @@ fn matmul() {
 
 #[test]
 fn movement() {
-    run_family("movement", MOVEMENT, |fx| {
+    run_family("movement", MOVEMENT, OnWgpu { compared: 26, skipped: 0 }, |fx| {
         let a = input(fx)?;
         let list = |key: &str| fx.arg_i64s(key)?.ok_or_else(|| format!("argument `{key}` is null"));
         let out = match fx.info.op.as_str() {
@@ -291,7 +338,7 @@ fn movement() {
 
 #[test]
 fn pad() {
-    run_family("pad", PAD, |fx| {
+    run_family("pad", PAD, OnWgpu { compared: 3, skipped: 0 }, |fx| {
         let a = input(fx)?;
         let pads = fx.arg_i64s("pads")?.ok_or("argument `pads` is null")?;
         // `F.pad` lists (before, after) pairs from the last axis backwards and may leave leading
@@ -310,7 +357,7 @@ fn pad() {
 
 #[test]
 fn cat_stack() {
-    run_family("cat/stack", JOIN, |fx| {
+    run_family("cat/stack", JOIN, OnWgpu { compared: 7, skipped: 0 }, |fx| {
         let xs = inputs(fx)?;
         let refs: Vec<&Tensor> = xs.iter().collect();
         let dim = fx.arg_i64("dim")?;
@@ -325,7 +372,7 @@ fn cat_stack() {
 
 #[test]
 fn gather() {
-    run_family("gather", GATHER, |fx| {
+    run_family("gather", GATHER, OnWgpu { compared: 0, skipped: 3 }, |fx| {
         let (a, index) = (tensor(fx.tensor("a")?)?, tensor(fx.tensor("index")?)?);
         realize(&a.gather(fx.arg_i64("dim")?, &index))
     });
@@ -333,7 +380,7 @@ fn gather() {
 
 #[test]
 fn cast() {
-    run_family("cast", CAST, |fx| {
+    run_family("cast", CAST, OnWgpu { compared: 3, skipped: 4 }, |fx| {
         let to = fx.arg_str("to")?;
         let dtype = DType::from_name(to).ok_or_else(|| format!("unknown dtype `{to}`"))?;
         realize(&input(fx)?.cast(dtype))

@@ -235,8 +235,7 @@ fn a_tree_of_matmuls_on_the_cpu_matches_per_leaf_and_repeats_bitwise() {
     let first = a.matmul(&b).unwrap().to_vecs::<f32>().unwrap();
     for (path, got) in first.flatten() {
         let want = a.get_leaf(&path).unwrap().matmul(b.get_leaf(&path).unwrap()).to_vec::<f32>().unwrap();
-        let worst = got.iter().zip(&want).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
-        assert!(worst < 1e-4, "leaf {path}: off by {worst}");
+        air::testing::assert_close(&format!("leaf {path}"), got, &want, air::testing::Tol { atol: 1e-4, rtol: 0.0 });
     }
     for _ in 0..10 {
         assert_eq!(a.matmul(&b).unwrap().to_vecs::<f32>().unwrap(), first, "a rerun changed the results");

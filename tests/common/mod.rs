@@ -231,99 +231,64 @@ impl<'a> Fixture<'a> {
 pub const ATOL: f32 = 1e-5;
 pub const RTOL: f32 = 1e-5;
 
-/// Compares a Kiln result with PyTorch's: same dtype, same shape, floats within tolerance (NaN
-/// matches NaN, infinities must match exactly), integers and bools exactly. Returns how much of
-/// the tolerance the worst element used (`|got - want| / (ATOL + RTOL * |want|)`, 0 for ints).
+/// Compares a Kiln result with PyTorch's through `air::testing`: same dtype, same shape, floats
+/// within tolerance (NaN matches only NaN, infinities must match exactly), integers and bools
+/// exactly, at least one element. Returns how much of the tolerance the worst element used
+/// (`|got - want| / (ATOL + RTOL * |want|)`, 0 for ints).
 pub fn compare(got: &Array, want: &Array) -> Result<f32, String> {
+    use air::testing::{Mismatch, Tol, check_close, check_equal};
     if got.shape != want.shape || got.data.kind() != want.data.kind() {
         return Err(format!("kiln gave {got}, torch gave {want}"));
     }
-    let index = |flat: usize| {
-        let mut idx = vec![0; want.shape.len()];
-        let mut rest = flat;
-        for (i, &d) in want.shape.iter().enumerate().rev() {
-            idx[i] = rest % d.max(1);
-            rest /= d.max(1);
-        }
-        idx
-    };
-    match (&got.data, &want.data) {
-        (Data::F32(g), Data::F32(w)) => {
-            let mut worst: Option<(usize, f32)> = None;
-            let mut max_abs = 0.0f32;
-            let mut used = 0.0f32;
-            let mut bad = 0;
-            for (i, (&x, &y)) in g.iter().zip(w).enumerate() {
-                let ok = if y.is_nan() || x.is_nan() {
-                    x.is_nan() && y.is_nan()
-                } else if y.is_infinite() || x.is_infinite() {
-                    x == y
-                } else {
-                    (x - y).abs() <= ATOL + RTOL * y.abs()
-                };
-                // Equal infinities are no error; a NaN or an infinity against a number is infinitely wrong.
-                let err = if x == y || (x.is_nan() && y.is_nan()) { 0.0 } else { (x - y).abs() };
-                let err = if err.is_nan() { f32::INFINITY } else { err };
-                max_abs = max_abs.max(err);
-                if ok && y.is_finite() {
-                    used = used.max(err / (ATOL + RTOL * y.abs()));
-                }
-                if !ok {
-                    bad += 1;
-                    if worst.is_none_or(|(_, e)| err > e) {
-                        worst = Some((i, err));
-                    }
-                }
-            }
-            match worst {
-                None => Ok(used),
-                Some((i, _)) => Err(format!(
-                    "{bad} of {} elements off; max abs err {max_abs:e}; worst at {:?}: kiln {} torch {} (shape {:?})",
-                    w.len(),
-                    index(i),
-                    g[i],
-                    w[i],
-                    want.shape
-                )),
-            }
-        }
-        (g, w) => {
-            let (gs, ws): (Vec<String>, Vec<String>) = match (g, w) {
-                (Data::I64(g), Data::I64(w)) => (strs(g), strs(w)),
-                (Data::I32(g), Data::I32(w)) => (strs(g), strs(w)),
-                (Data::Bool(g), Data::Bool(w)) => (strs(g), strs(w)),
-                _ => unreachable!("kinds were checked equal"),
-            };
-            let bad: Vec<usize> = (0..ws.len()).filter(|&i| gs[i] != ws[i]).collect();
-            match bad.first() {
-                None => Ok(0.0),
-                Some(&i) => Err(format!(
-                    "{} of {} elements differ; first at {:?}: kiln {} torch {} (shape {:?})",
-                    bad.len(),
-                    ws.len(),
-                    index(i),
-                    gs[i],
-                    ws[i],
-                    want.shape
-                )),
-            }
-        }
+    if want.data.len() == 0 {
+        // An empty result: dtype and shape, checked above, are all there is to compare.
+        return Ok(0.0);
     }
+    let tol = Tol { atol: ATOL.into(), rtol: RTOL.into() };
+    let result = match (&got.data, &want.data) {
+        (Data::F32(g), Data::F32(w)) => check_close(g, w, tol).map(|c| c.used as f32),
+        (Data::I64(g), Data::I64(w)) => check_equal(g, w).map(|_| 0.0),
+        (Data::I32(g), Data::I32(w)) => check_equal(g, w).map(|_| 0.0),
+        (Data::Bool(g), Data::Bool(w)) => check_equal(g, w).map(|_| 0.0),
+        _ => unreachable!("kinds were checked equal"),
+    };
+    result.map_err(|e| match e {
+        Mismatch::Values { bad, compared, index, got, want: w } => {
+            let mut idx = vec![0; want.shape.len()];
+            let mut rest = index;
+            for (i, &d) in want.shape.iter().enumerate().rev() {
+                idx[i] = rest % d.max(1);
+                rest /= d.max(1);
+            }
+            format!(
+                "{bad} of {compared} elements differ; worst at {idx:?}: kiln {got} torch {w} (shape {:?})",
+                want.shape
+            )
+        }
+        other => format!("{other} (shape {:?})", want.shape),
+    })
 }
 
-fn strs<T: ToString>(v: &[T]) -> Vec<String> {
-    v.iter().map(T::to_string).collect()
-}
-
-/// Runs `eval` on every fixture whose op is in `ops`, compares each result with the fixture's
-/// `out`, and panics with one line per failing fixture (name, op, what differed). Prints how many
-/// fixtures agreed and the largest float error among them (see it with `--nocapture`).
-pub fn run_family(family: &str, ops: &[&str], eval: &dyn Fn(&Fixture) -> Result<Array, String>) {
+/// Runs `eval` on every fixture whose op is in `ops` and that `skip` does not name, compares each
+/// result with the fixture's `out`, and panics with one line per failing fixture (name, op, what
+/// differed). Prints how many fixtures agreed and the largest float error among them (see it with
+/// `--nocapture`). Returns the fixtures compared and the names of those skipped.
+pub fn run_family(
+    family: &str,
+    ops: &[&str],
+    skip: &dyn Fn(&FixtureInfo) -> bool,
+    eval: &dyn Fn(&Fixture) -> Result<Array, String>,
+) -> (usize, Vec<String>) {
     let file = fixtures();
     let mut failures = Vec::new();
     let mut ran = 0;
+    let mut skipped = Vec::new();
     let mut worst_ok: (f32, &str) = (0.0, "-");
     for info in file.fixtures.values().filter(|f| ops.contains(&f.op.as_str())) {
+        if skip(info) {
+            skipped.push(info.name.clone());
+            continue;
+        }
         ran += 1;
         let fx = Fixture::new(file, info);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f32, String> {
@@ -372,4 +337,5 @@ pub fn run_family(family: &str, ops: &[&str], eval: &dyn Fn(&Fixture) -> Result<
         file.torch_version,
         failures.join("\n")
     );
+    (ran, skipped)
 }

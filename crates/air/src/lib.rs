@@ -20,6 +20,7 @@ pub mod graph;
 pub mod host;
 pub mod interp;
 pub mod op;
+pub mod testing;
 pub mod text;
 pub mod verify;
 

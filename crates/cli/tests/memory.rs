@@ -4,7 +4,7 @@
 //! unique kernels and launches exactly, the planned arena and the peak live bytes at most the
 //! published bytes, the naive bytes exactly, naive/planned at least the published ratio, buffers
 //! created by the first run at most the published count and by the second run none. The wgpu
-//! tests are skipped with a printed reason when there is no adapter, unless `KILN_REQUIRE_GPU=1`.
+//! tests are skipped with a printed reason when there is no adapter, unless `KILN_REQUIRE_VULKAN=1`.
 //! When the planner gets better, these tests fail on purpose: update `PUBLISHED` and
 //! `BENCHMARKS.md` together.
 
@@ -136,11 +136,11 @@ fn unfused_chain_reuses_two_buffers_at_any_size() {
 fn wgpu_device(fuse: bool) -> Option<WgpuDevice> {
     match WgpuDevice::with_options(memory::options(fuse)) {
         Ok(d) => Some(d),
-        Err(e) if std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("KILN_REQUIRE_GPU=1 but no wgpu device: {e}")
+        Err(e) if std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1") => {
+            panic!("KILN_REQUIRE_VULKAN=1 but no wgpu device: {e}")
         }
         Err(e) => {
-            eprintln!("skipped: no wgpu device ({e}); set KILN_REQUIRE_GPU=1 to make this a failure");
+            eprintln!("skipped: no wgpu device ({e}); set KILN_REQUIRE_VULKAN=1 to make this a failure");
             None
         }
     }

@@ -150,13 +150,13 @@ fn memory_smoke() {
 }
 
 /// Whether a wgpu adapter exists; prints why a test is skipped when not, and fails instead when
-/// `KILN_REQUIRE_GPU=1`.
+/// `KILN_REQUIRE_VULKAN=1`.
 fn have_wgpu() -> bool {
     match runtime::wgpu::WgpuDevice::new() {
         Ok(_) => true,
         Err(e) => {
-            let required = std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1");
-            assert!(!required, "KILN_REQUIRE_GPU=1 but no wgpu device: {e}");
+            let required = std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1");
+            assert!(!required, "KILN_REQUIRE_VULKAN=1 but no wgpu device: {e}");
             eprintln!("skipped: no wgpu device ({e})");
             false
         }

@@ -1,6 +1,9 @@
 //! Accuracy of the inline f32 approximations (exp2, log2, sin, erf) over dense sweeps of their
 //! domains, against f64 `libm` as the reference, on both the vector path and the scalar tail.
 //! Run with `--nocapture` to see the measured errors next to those of `libm`'s f32 functions.
+//!
+//! The bounds are the figures BENCHMARKS.md publishes, to the precision it prints them (0.83 ulp
+//! allows up to 0.835): a change that makes an approximation worse than published fails here.
 
 mod common;
 
@@ -41,21 +44,23 @@ struct Err {
     max_ulp: f64,
     max_abs: f64,
     worst: f32,
+    /// Points with finite results whose error was measured.
+    measured: usize,
 }
 
+/// The errors of `got` against `reference` over `xs`. A special value (NaN, an infinity) on either
+/// side must be matched exactly on the other (`air::testing`), so a NaN cannot hide in a sweep.
 fn measure(xs: &[f32], got: impl Fn(usize) -> f32, reference: impl Fn(f64) -> f64) -> Err {
-    let mut e = Err { max_ulp: 0.0, max_abs: 0.0, worst: 0.0 };
+    let mut e = Err { max_ulp: 0.0, max_abs: 0.0, worst: 0.0, measured: 0 };
     for (j, &x) in xs.iter().enumerate() {
         let want = reference(x as f64);
         let g = got(j) as f64;
-        if want.is_nan() {
-            assert!(g.is_nan(), "x = {x}: got {g}, want NaN");
+        if !want.is_finite() || !g.is_finite() || !((want as f32) as f64).is_finite() {
+            let want = (want as f32) as f64;
+            air::testing::assert_close(&format!("x = {x}"), &[g], &[want], air::testing::Tol::EXACT);
             continue;
         }
-        if want.is_infinite() || g.is_infinite() {
-            assert_eq!(g, (want as f32) as f64, "x = {x}");
-            continue;
-        }
+        e.measured += 1;
         let abs = (g - want).abs();
         let u = abs / ulp(want);
         if u > e.max_ulp {
@@ -84,14 +89,29 @@ fn report(name: &str, xs: &[f32], op: UnaryOp, reference: fn(f64) -> f64, libm_f
         "{name}: kiln max {:.2} ulp (abs {:.2e}, worst x = {}), scalar path {:.2} ulp; libm f32 {:.2} ulp (abs {:.2e})",
         ours.max_ulp, ours.max_abs, ours.worst, scalar.max_ulp, theirs.max_ulp, theirs.max_abs
     );
-    Err { max_ulp: ours.max_ulp.max(scalar.max_ulp), max_abs: ours.max_abs.max(scalar.max_abs), worst: ours.worst }
+    // A sweep that measured (nearly) nothing proves nothing.
+    assert!(ours.measured * 2 > xs.len() && scalar.measured * 2 > scalar_xs.len(), "{name}: too few finite points");
+    Err {
+        max_ulp: ours.max_ulp.max(scalar.max_ulp),
+        max_abs: ours.max_abs.max(scalar.max_abs),
+        worst: ours.worst,
+        measured: ours.measured + scalar.measured,
+    }
 }
 
+/// BENCHMARKS.md: "exp2 0.83 ulp, log2 0.84 ulp, sin 1.5 ulp (abs 9.1e-8 on [-100, 100]), erf
+/// abs 3.4e-7", each bound being the printed figure plus half a unit of its last digit.
+const EXP2_ULP: f64 = 0.835;
+const LOG2_ULP: f64 = 0.845;
+const SIN_ULP: f64 = 1.55;
+const SIN_ABS: f64 = 9.15e-8;
+const ERF_ABS: f64 = 3.45e-7;
+
 #[test]
-fn exp2_is_within_2_ulp_over_the_normal_range() {
+fn exp2_is_within_the_published_ulp_over_the_normal_range() {
     let xs = sweep(-125.9, 127.9, 1 << 21);
     let ours = report("exp2 [-126, 128)", &xs, UnaryOp::Exp2, libm::exp2, libm::exp2f);
-    assert!(ours.max_ulp <= 2.0, "{}", ours.max_ulp);
+    assert!(ours.max_ulp <= EXP2_ULP, "exp2: {} ulp at x = {}", ours.max_ulp, ours.worst);
     // Subnormal results, overflow, underflow and specials.
     let xs = [
         -149.0,
@@ -119,11 +139,11 @@ fn exp2_is_within_2_ulp_over_the_normal_range() {
 }
 
 #[test]
-fn log2_is_within_2_ulp_over_all_positive_floats() {
+fn log2_is_within_the_published_ulp_over_all_positive_floats() {
     // Every 61st bit pattern from the smallest subnormal to infinity.
     let xs: Vec<f32> = (1u32..0x7f80_0000).step_by(61).map(f32::from_bits).collect();
     let ours = report("log2 (0, inf)", &xs, UnaryOp::Log2, libm::log2, libm::log2f);
-    assert!(ours.max_ulp <= 2.0, "{}", ours.max_ulp);
+    assert!(ours.max_ulp <= LOG2_ULP, "log2: {} ulp at x = {}", ours.max_ulp, ours.worst);
     let xs = [0.0, -0.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0, 2.0, 0.5];
     let got = run(UnaryOp::Log2, &xs, true);
     let want = [f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NAN, f32::INFINITY, f32::NAN, f32::NAN, 0.0, 1.0, -1.0];
@@ -133,23 +153,25 @@ fn log2_is_within_2_ulp_over_all_positive_floats() {
 }
 
 #[test]
-fn sin_is_within_1e_6_absolute_on_minus_100_100() {
+fn sin_is_within_the_published_ulp_and_absolute_error() {
     let xs = sweep(-100.0, 100.0, 1 << 21);
     let ours = report("sin [-100, 100]", &xs, UnaryOp::Sin, libm::sin, libm::sinf);
-    assert!(ours.max_abs <= 1e-6, "{}", ours.max_abs);
+    assert!(ours.max_ulp <= SIN_ULP, "sin: {} ulp at x = {}", ours.max_ulp, ours.worst);
+    assert!(ours.max_abs <= SIN_ABS, "sin: absolute error {}", ours.max_abs);
     // Beyond the inline range the libm path takes over.
     let xs = sweep(-1e6, 1e6, 1 << 16);
     let big = report("sin [-1e6, 1e6]", &xs, UnaryOp::Sin, libm::sin, libm::sinf);
-    assert!(big.max_abs <= 1e-6, "{}", big.max_abs);
+    assert!(big.max_ulp <= SIN_ULP, "sin: {} ulp at x = {}", big.max_ulp, big.worst);
+    assert!(big.max_abs <= SIN_ABS, "sin: absolute error {}", big.max_abs);
     let got = run(UnaryOp::Sin, &[f32::INFINITY, f32::NAN, -0.0], true);
     assert!(got[0].is_nan() && got[1].is_nan() && got[2] == 0.0 && got[2].is_sign_negative());
 }
 
 #[test]
-fn erf_is_within_1e_6_absolute() {
+fn erf_is_within_the_published_absolute_error() {
     let xs = sweep(-6.0, 6.0, 1 << 21);
     let ours = report("erf [-6, 6]", &xs, UnaryOp::Erf, libm::erf, libm::erff);
-    assert!(ours.max_abs <= 1e-6, "{}", ours.max_abs);
+    assert!(ours.max_abs <= ERF_ABS, "erf: absolute error {} at x = {}", ours.max_abs, ours.worst);
     let got = run(UnaryOp::Erf, &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-30, 30.0], true);
     assert_eq!(&got[..2], &[1.0, -1.0]);
     assert!(got[2].is_nan());

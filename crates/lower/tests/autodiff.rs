@@ -200,10 +200,13 @@ fn check(mut net: Net, out: NodeId) -> f64 {
     let analytic = air::eval(&net.g, &data, &Bindings::new()).unwrap();
 
     let mut worst: f64 = 0.0;
+    let (mut compared, mut elements) = (0, 0);
     for (i, _) in wrt.iter().enumerate() {
         let base = data[i].as_slice::<f64>().unwrap().to_vec();
         let got = analytic[i].as_slice::<f64>().unwrap();
         let got_seeded = analytic[wrt.len() + i].as_slice::<f64>().unwrap();
+        let (mut fds, mut ads, mut seeded_ads) = (Vec::new(), Vec::new(), Vec::new());
+        elements += base.len();
         for j in 0..base.len() {
             let mut at = |delta: f64| {
                 let mut v = base.clone();
@@ -219,17 +222,25 @@ fn check(mut net: Net, out: NodeId) -> f64 {
             if (fd - fd_wide).abs() / (1.0 + fd.abs()) > TOL / 4.0 {
                 continue;
             }
-            for a in [got[j], got_seeded[j]] {
-                let err = (a - fd).abs() / (1.0 + fd.abs());
-                assert!(
-                    err <= TOL,
-                    "input {i} element {j}: autodiff {a}, finite differences {fd} (error {err:e})\n{}",
-                    air::print(&net.g)
-                );
-                worst = worst.max(err);
-            }
+            fds.push(fd);
+            ads.push(got[j]);
+            seeded_ads.push(got_seeded[j]);
+        }
+        if fds.is_empty() {
+            continue;
+        }
+        compared += fds.len();
+        for (how, a) in [("grad", &ads), ("grad_with_seed", &seeded_ads)] {
+            let what = format!("input {i}: autodiff ({how}) vs finite differences\n{}", air::print(&net.g));
+            worst = worst.max(air::testing::assert_close(&what, a, &fds, air::testing::Tol::both(TOL)).max_err);
         }
     }
+    // Skipping curved elements must leave most of them: a check of nothing proves nothing.
+    assert!(
+        compared * 2 >= elements && compared > 0,
+        "only {compared} of {elements} elements had a usable finite difference\n{}",
+        air::print(&net.g)
+    );
     worst
 }
 

@@ -1,6 +1,7 @@
-//! Training on the CPU device compiles its step program once: later steps hit the runtime's
-//! program cache. The compile counter belongs to the process-wide CPU device, so the tests of this
-//! binary take turns through [`SERIAL`] and no other test binary shares the counter.
+//! Training on the CPU device compiles its step program once: step 1 compiles native code (and
+//! never runs the interpreter), later steps hit the runtime's program cache. The compile counter
+//! belongs to the process-wide CPU device, so the tests of this binary take turns through
+//! [`SERIAL`] and no other test binary shares the counter.
 
 mod common;
 
@@ -26,13 +27,22 @@ fn training_on_the_cpu_device_compiles_once() {
     let mut trainer = Trainer::new(model, Adam::new(1e-3), Loss::CrossEntropy);
     let mut losses = Vec::new();
     let mut compiled = Vec::new();
+    let mut launched = Vec::new();
+    let (interp, kernels) = (kiln::stats::interp_runs(), cpu.stats().kernels_compiled);
     for _ in 0..3 {
-        let before = cpu.stats().programs_compiled;
+        let (before, launches, runs) =
+            (cpu.stats().programs_compiled, kiln::stats::cpu_launches(), kiln::stats::cpu_runs());
         losses.push(trainer.step(&x, &y).unwrap());
         compiled.push(cpu.stats().programs_compiled - before);
+        assert!(kiln::stats::cpu_runs() > runs, "a step ran no native program");
+        launched.push(kiln::stats::cpu_launches() - launches);
     }
-    eprintln!("cpu: losses {losses:?}, programs compiled per step {compiled:?}");
+    eprintln!("cpu: losses {losses:?}, programs compiled per step {compiled:?}, kernel launches {launched:?}");
+    assert!(compiled[0] >= 1, "step 1 compiled its program");
+    assert!(cpu.stats().kernels_compiled > kernels, "step 1 generated native kernels");
     assert_eq!(&compiled[1..], &[0, 0], "steps 2 and 3 reuse step 1's program");
+    assert!(launched.iter().all(|&n| n > 0 && n == launched[0]), "every step launches the same kernels: {launched:?}");
+    assert_eq!(kiln::stats::interp_runs(), interp, "nothing ran on the interpreter");
     assert_close("cpu losses", &Tensor::from_vec(losses, &[3]), &f.get("losses"), 1e-4);
     let mut worst = 0f64;
     for (name, p) in trainer.model.named_parameters() {

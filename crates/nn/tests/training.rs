@@ -74,8 +74,12 @@ fn transformer_runs_with_a_symbolic_sequence_length() {
         texts.push(symbolic.graph_text().unwrap());
         let (a, b) = (concrete.to_vec::<f32>().unwrap(), symbolic.to_vec::<f32>().unwrap());
         assert_eq!(a.len(), 2 * seq * 13);
-        let err = a.iter().zip(&b).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
-        assert!(err < 1e-6, "seq {seq}: symbolic and concrete differ by {err}");
+        air::testing::assert_close(
+            &format!("seq {seq}: symbolic vs concrete"),
+            &b,
+            &a,
+            air::testing::Tol { atol: 1e-6, rtol: 0.0 },
+        );
     }
     assert_eq!(texts[0], texts[1], "one program serves every sequence length");
 }

@@ -21,11 +21,9 @@ fn logits_and_gradients_match_pytorch() {
     all.extend(grads.iter());
     kiln::realize(&all).unwrap();
     // Logits within 1e-4 (absolute: logits are O(1)).
-    let got = logits.to_vec::<f32>().unwrap();
-    let want = f.get("out").to_vec::<f32>().unwrap();
-    let abs = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let (got, want) = (common::values("logits", &logits), common::values("logits", &f.get("out")));
+    let abs = air::testing::assert_close("logits", &got, &want, air::testing::Tol { atol: 1e-4, rtol: 0.0 }).max_abs;
     eprintln!("transformer logits: max abs error {abs:.2e}");
-    assert!(abs < 1e-4, "logits differ by {abs}");
     let mut worst = 0f64;
     for ((name, _), g) in params.iter().zip(&grads) {
         worst = worst.max(assert_close(&format!("grad.{name}"), g, &f.get(&format!("grad.{name}")), 1e-4));

@@ -221,6 +221,8 @@ pub struct Executable {
     _code: Arc<dyn Send + Sync>,
     /// `None`: steps always run one after another, in program order.
     concurrency: Option<Concurrency>,
+    /// Kernel launches made by every run so far (see [`Executable::launches_run`]).
+    launched: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -421,6 +423,7 @@ impl Executable {
             state: Mutex::new(RunState::default()),
             _code: code,
             concurrency: None,
+            launched: AtomicU64::new(0),
         })
     }
 
@@ -448,6 +451,12 @@ impl Executable {
     /// The graph's input slots and their types (`None` for a slot no input node uses).
     pub fn input_types(&self) -> &[Option<TensorType>] {
         &self.input_types
+    }
+
+    /// Kernel launches this executable has made over all its runs (its own counter: tests read it
+    /// to prove that native code ran, whatever other executables do meanwhile).
+    pub fn launches_run(&self) -> u64 {
+        self.launched.load(Ordering::Relaxed)
     }
 
     /// Number of kernel launches per run.
@@ -761,6 +770,7 @@ impl Executable {
                 }
             }
         }
+        self.launched.fetch_add(sized.launches.len() as u64, Ordering::Relaxed);
         // SAFETY: every launch ran.
         unsafe { self.finish(state, inputs, sized) }
     }

@@ -3,7 +3,6 @@
 //! input validation, independent of the lowering and the code generator.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln_runtime as runtime;
 
@@ -30,11 +29,8 @@ fn naive_planner(p: &Program, b: &Bindings) -> runtime::Result<Placement> {
     Ok(Placement { offsets, stats: MemoryStats { arena_bytes: end, naive_bytes: end, peak_live_bytes: end } })
 }
 
-static NEG_CALLS: AtomicUsize = AtomicUsize::new(0);
-
 /// `b1[i] = -b0[i]` for `i in start..end` (f32).
 unsafe extern "C" fn neg_f32(bufs: *const *mut u8, _syms: *const i64, start: i64, end: i64) {
-    NEG_CALLS.fetch_add(1, Ordering::Relaxed);
     unsafe {
         let (x, y) = (*bufs as *const f32, *bufs.add(1) as *mut f32);
         for i in start..end {
@@ -100,8 +96,12 @@ fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
 }
 
 fn exe(program: Program, inputs: Vec<Option<TensorType>>) -> Executable {
+    exe_with(program, inputs, neg_f32)
+}
+
+fn exe_with(program: Program, inputs: Vec<Option<TensorType>>, kernel: KernelFn) -> Executable {
     let fns: Vec<Option<KernelFn>> =
-        program.kernels.iter().map(|k| matches!(k, Kernel::Loops(_)).then_some(neg_f32 as KernelFn)).collect();
+        program.kernels.iter().map(|k| matches!(k, Kernel::Loops(_)).then_some(kernel)).collect();
     Executable::new(program, inputs, fns, Arc::new(()), naive_planner).unwrap()
 }
 
@@ -161,18 +161,34 @@ fn arena_is_reused_across_runs_and_grows_for_bigger_bindings() {
     assert!(exe.arena_capacity() >= 2 * 1000 * 4);
 }
 
+/// The ranges `neg_f32_split` was called with: only `large_kernels_split_their_range` uses that
+/// kernel, so no concurrently running test adds to them.
+static SPLIT_RANGES: std::sync::Mutex<Vec<(i64, i64)>> = std::sync::Mutex::new(Vec::new());
+
+/// [`neg_f32`] that records each call's range in [`SPLIT_RANGES`].
+unsafe extern "C" fn neg_f32_split(bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
+    SPLIT_RANGES.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((start, end));
+    // SAFETY: the caller keeps the kernel ABI's contract.
+    unsafe { neg_f32(bufs, syms, start, end) }
+}
+
 #[test]
 fn large_kernels_split_their_range() {
     let n = 1usize << 20;
     let (p, tys) = neg_chain(Dim::Const(n as i64));
-    let exe = exe(p, tys);
+    let exe = exe_with(p, tys, neg_f32_split);
     let x = HostTensor::from_vec((0..n).map(|i| i as f32).collect::<Vec<_>>(), vec![n]).unwrap();
-    let calls = NEG_CALLS.load(Ordering::Relaxed);
     let out = exe.run(&[x], &no_bindings()).unwrap();
-    let made = NEG_CALLS.load(Ordering::Relaxed) - calls;
-    assert!(f32s(&out[0]).iter().enumerate().all(|(i, &v)| v == -(i as f32)));
-    if runtime::parallel::threads() > 1 {
-        assert!(made >= 6, "3 launches over {} threads made {made} calls", runtime::parallel::threads());
+    let mut ranges = std::mem::take(&mut *SPLIT_RANGES.lock().unwrap());
+    assert_eq!(f32s(&out[0]).iter().enumerate().filter(|&(i, &v)| v != -(i as f32)).count(), 0);
+    // Three launches, each covering 0..n exactly once however it was cut.
+    ranges.sort_unstable();
+    let covered: i64 = ranges.iter().map(|(lo, hi)| hi - lo).sum();
+    assert_eq!(covered, 3 * n as i64, "{ranges:?}");
+    assert_eq!(ranges.iter().filter(|r| r.0 == 0).count(), 3, "{ranges:?}");
+    let threads = runtime::parallel::threads();
+    if threads > 1 {
+        assert!(ranges.len() >= 6, "3 launches over {threads} threads made {} calls: {ranges:?}", ranges.len());
     }
 }
 

@@ -1,7 +1,7 @@
 //! The wgpu device against the reference interpreter (and the CPU device): every primitive op,
 //! fusion patterns, views, matmuls, symbolic dims, buffer reuse, errors, and random graphs.
 //!
-//! Without an adapter every test prints why and returns, unless `KILN_REQUIRE_GPU=1`, which makes
+//! Without an adapter every test prints why and returns, unless `KILN_REQUIRE_VULKAN=1`, which makes
 //! a missing adapter (or one that is not Vulkan) a failure.
 
 use std::sync::OnceLock;
@@ -13,8 +13,8 @@ use kiln_runtime::CpuDevice;
 use kiln_runtime::wgpu::{WgpuDevice, WgpuError};
 use proptest::prelude::*;
 
-fn require_gpu() -> bool {
-    std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1")
+fn require_vulkan() -> bool {
+    std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v.trim() == "1")
 }
 
 /// The shared GPU device, or `None` (with a printed reason) when there is no adapter.
@@ -23,27 +23,27 @@ fn gpu() -> Option<&'static WgpuDevice> {
     let dev = DEV.get_or_init(|| WgpuDevice::new().map_err(|e| e.to_string()));
     match dev {
         Ok(d) => {
-            if require_gpu() {
+            if require_vulkan() {
                 assert_eq!(
                     d.adapter().backend,
                     wgpu::Backend::Vulkan,
-                    "KILN_REQUIRE_GPU=1 but the adapter is not Vulkan: {}",
+                    "KILN_REQUIRE_VULKAN=1 but the adapter is not Vulkan: {}",
                     d.adapter()
                 );
             }
             Some(d)
         }
         Err(e) => {
-            assert!(!require_gpu(), "KILN_REQUIRE_GPU=1 but no wgpu device: {e}");
+            assert!(!require_vulkan(), "KILN_REQUIRE_VULKAN=1 but no wgpu device: {e}");
             eprintln!("skipping: no wgpu device ({e})");
             None
         }
     }
 }
 
-fn cpu() -> Option<&'static CpuDevice> {
-    static DEV: OnceLock<Option<CpuDevice>> = OnceLock::new();
-    DEV.get_or_init(|| CpuDevice::new().ok()).as_ref()
+fn cpu() -> &'static CpuDevice {
+    static DEV: OnceLock<CpuDevice> = OnceLock::new();
+    DEV.get_or_init(|| CpuDevice::new().expect("the CPU device"))
 }
 
 /// Deterministic pseudo-random values in `[lo, hi)`.
@@ -78,17 +78,7 @@ fn bool_tensor(shape: &[usize], seed: u64) -> HostTensor {
 /// Asserts `got` matches `want`: exact for ints and bools, within `tol` (relative to magnitude)
 /// for floats, NaN where NaN.
 fn assert_close(got: &HostTensor, want: &HostTensor, tol: f64, what: &str) {
-    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
-    assert_eq!(got.shape, want.shape, "{what}: shape");
-    let (g, w) = (got.data.to_f64_vec(), want.data.to_f64_vec());
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let ok = if want.dtype().is_float() {
-            (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= tol * (1.0 + b.abs())
-        } else {
-            a == b
-        };
-        assert!(ok, "{what}: element {i}: got {a}, want {b}");
-    }
+    air::testing::assert_host(what, got, want, air::testing::Tol::both(tol));
 }
 
 fn parse(text: &str) -> Graph {
@@ -103,13 +93,10 @@ fn check_graph(dev: &WgpuDevice, g: &Graph, inputs: &[HostTensor], bindings: &Bi
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         assert_close(a, b, tol, &format!("wgpu output {i} of\n{}", air::print(g)));
     }
-    // The CPU device is a second opinion where it runs the graph (it may not support everything).
-    if let Some(cpu) = cpu()
-        && let Ok(c) = cpu.run(g, inputs, bindings)
-    {
-        for (i, (a, b)) in got.iter().zip(&c).enumerate() {
-            assert_close(a, b, tol, &format!("wgpu vs cpu output {i} of\n{}", air::print(g)));
-        }
+    // The CPU device is a second opinion: it runs every graph wgpu runs.
+    let c = cpu().run(g, inputs, bindings).unwrap_or_else(|e| panic!("cpu: {e}\n{}", air::print(g)));
+    for (i, (a, b)) in got.iter().zip(&c).enumerate() {
+        assert_close(a, b, tol, &format!("wgpu vs cpu output {i} of\n{}", air::print(g)));
     }
 }
 
@@ -387,7 +374,7 @@ fn second_run_of_a_cached_program_creates_no_buffers() {
     let Some(dev) = gpu() else { return };
     // Unfused, so there are temporaries in the arena.
     let opts = lower::CompileOptions { fuse: false, ..Default::default() };
-    let Ok(dev2) = WgpuDevice::with_options(opts) else { return };
+    let dev2 = WgpuDevice::with_options(opts).expect("a second device on the adapter the first one found");
     for d in [dev, &dev2] {
         let g = parse(&softmax("16", "500"));
         let x = f32_tensor(&[16, 500], 23, -2.0, 2.0);

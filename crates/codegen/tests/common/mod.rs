@@ -377,22 +377,21 @@ pub fn jit_with(c: &CpuCompiler, k: &LoopKernel, bufs: &mut [Buf], syms: &[i64],
     unsafe { compiled.run(&ptrs, syms, start, end).expect("arity") };
 }
 
-/// Whether `got` matches `want` within `tol` (relative, or absolute near zero); NaN matches NaN.
-pub fn close(got: V, want: V, tol: f64) -> bool {
-    match (got, want) {
-        (V::F(_) | V::D(_), V::F(_) | V::D(_)) => {
-            let (g, w) = (got.f64(), want.f64());
-            (g.is_nan() && w.is_nan()) || g == w || (g - w).abs() <= tol * w.abs().max(1e-30) || (g - w).abs() <= tol
-        }
-        _ => got == want,
-    }
-}
-
+/// Asserts `got` matches `want` through `air::testing`: floats within `tol * (1 + |want|)` (NaN
+/// only where `want` is NaN, infinities equal), integers and bools exactly. Two empty buffers (a
+/// kernel over zero elements) match; anything else must compare at least one element.
 pub fn assert_bufs_close(got: &Buf, want: &Buf, tol: f64, what: &str) {
-    assert_eq!(got.len(), want.len());
-    for i in 0..got.len() {
-        let (g, w) = (got.get(i), want.get(i));
-        assert!(close(g, w, tol), "{what}: element {i}: got {g:?}, want {w:?}");
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if want.len() == 0 {
+        return;
+    }
+    let (g, w): (Vec<V>, Vec<V>) =
+        ((0..got.len()).map(|i| got.get(i)).collect(), (0..want.len()).map(|i| want.get(i)).collect());
+    if want.dtype.is_float() {
+        let (g, w): (Vec<f64>, Vec<f64>) = (g.iter().map(|v| v.f64()).collect(), w.iter().map(|v| v.f64()).collect());
+        air::testing::assert_close(what, &g, &w, air::testing::Tol::both(tol));
+    } else {
+        air::testing::assert_equal(what, &g, &w);
     }
 }
 

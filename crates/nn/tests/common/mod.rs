@@ -46,20 +46,19 @@ impl Fixture {
     }
 }
 
-/// The largest `|a - b| / (1 + |b|)` over all elements (absolute near 0, relative for large
-/// values); panics on a shape mismatch.
-pub fn max_err(what: &str, got: &Tensor, want: &Tensor) -> f64 {
-    let g = got.cast(kiln::DType::F64).to_vec::<f64>().unwrap_or_else(|e| panic!("{what}: {e}"));
-    let w = want.cast(kiln::DType::F64).to_vec::<f64>().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert_eq!(got.dims().unwrap(), want.dims().unwrap(), "{what}: shapes differ");
-    g.iter().zip(&w).map(|(a, b)| (a - b).abs() / (1.0 + b.abs())).fold(0.0, f64::max)
+/// The elements of `t` as f64 (panics naming `what` if it cannot be realized).
+pub fn values(what: &str, t: &Tensor) -> Vec<f64> {
+    t.cast(kiln::DType::F64).to_vec::<f64>().unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-/// Asserts `got` is within `tol` of `want` (see [`max_err`]) and returns the error.
+/// Asserts `got` matches `want` within `|got - want| <= tol * (1 + |want|)` (absolute near 0,
+/// relative for large values) through `air::testing`: same shape, at least one element, NaN only
+/// where the reference is NaN, infinities equal. Returns the largest such error.
+#[track_caller]
 pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) -> f64 {
-    let err = max_err(what, got, want);
-    assert!(err <= tol, "{what}: max error {err:.3e} > {tol:.1e}");
-    err
+    let (g, w) = (values(what, got), values(what, want));
+    assert_eq!(got.dims().unwrap(), want.dims().unwrap(), "{what}: shapes differ");
+    air::testing::assert_close(what, &g, &w, air::testing::Tol::both(tol)).max_err
 }
 
 /// The anchor Transformer (dim 64, 8 heads, 2 layers, vocab 64) with the fixture's weights.

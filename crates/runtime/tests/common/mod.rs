@@ -79,28 +79,10 @@ pub fn tensor(shape: &[usize], seed: u64) -> HostTensor {
     HostTensor::from_vec(data(shape.iter().product(), seed), shape.to_vec()).unwrap()
 }
 
-/// Whether `got` matches `want`: exact for ints and bools, close for floats (NaNs match NaNs).
+/// Whether `got` matches `want`: exact for ints and bools, within `rtol * (1 + |want|)` for
+/// floats, NaN only where `want` is NaN, at least one element (see `air::testing`).
 pub fn close(got: &HostTensor, want: &HostTensor, rtol: f64) -> Result<(), String> {
-    if got.dtype() != want.dtype() || got.shape != want.shape {
-        return Err(format!("got {}{:?}, want {}{:?}", got.dtype(), got.shape, want.dtype(), want.shape));
-    }
-    let exact = !got.dtype().is_float();
-    let (g, w) = (got.data.to_f64_vec(), want.data.to_f64_vec());
-    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-        let ok = if exact {
-            a == b
-        } else if a.is_nan() || b.is_nan() {
-            a.is_nan() && b.is_nan()
-        } else if a.is_infinite() || b.is_infinite() {
-            a == b
-        } else {
-            (a - b).abs() <= rtol * b.abs().max(1.0)
-        };
-        if !ok {
-            return Err(format!("element {i}: got {a}, want {b}"));
-        }
-    }
-    Ok(())
+    air::testing::check_host(got, want, air::testing::Tol::both(rtol)).map(drop)
 }
 
 /// Runs `g` on the device and the interpreter and compares every output.

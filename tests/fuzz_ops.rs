@@ -1,0 +1,192 @@
+//! Fuzzing the facade on stable Rust (proptest): random sequences of tensor ops with random, often
+//! invalid, shapes, axes, sizes and dtypes, realized on the CPU device. No sequence may panic:
+//! an invalid op is an error value that `realize` returns, and a valid program runs.
+//!
+//! CI replays a fixed number of cases (`PROPTEST_CASES`, default 256, with CI's fixed seed);
+//! `scripts/fuzz.sh` runs many more. Inputs that once broke an invariant are kept below as
+//! regression tests.
+
+use kiln::{DType, Device, Tensor};
+use proptest::prelude::*;
+
+const DTYPES: [DType; 7] = [DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool, DType::F16, DType::BF16];
+
+/// One op of a random program: which op, which tensors of the pool it reads, and small integers
+/// (axes, sizes, starts; often out of range or negative on purpose).
+#[derive(Clone, Debug)]
+struct Step {
+    op: u8,
+    a: usize,
+    b: usize,
+    args: [i64; 4],
+    list: Vec<i64>,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        any::<u8>(),
+        any::<usize>(),
+        any::<usize>(),
+        prop::array::uniform4(-6i64..9),
+        prop::collection::vec(-3i64..7, 0..5),
+    )
+        .prop_map(|(op, a, b, args, list)| Step { op, a, b, args, list })
+}
+
+/// A source tensor of `dtype` with `shape` (each dim at most 6) and varied values.
+fn source(dtype: DType, shape: &[usize], seed: u64, device: Device) -> Tensor {
+    let n: usize = shape.iter().product();
+    let values: Vec<f64> = (0..n as u64)
+        .map(|i| {
+            let r = (seed ^ i).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            (r % 17) as f64 - 8.0 + if r.is_multiple_of(5) { 0.5 } else { 0.0 }
+        })
+        .collect();
+    Tensor::from_vec(values, shape).cast(dtype).to_device(device).expect("a source tensor")
+}
+
+fn usizes(list: &[i64]) -> Vec<usize> {
+    list.iter().map(|&v| v.unsigned_abs() as usize % 7).collect()
+}
+
+/// `t` on `device`, or `t` itself when it cannot move (an error tensor carries its error).
+fn on(t: Tensor, device: Device) -> Tensor {
+    t.to_device(device).unwrap_or(t)
+}
+
+/// Applies one step to the pool (every result joins the pool, errors included).
+fn apply(pool: &mut Vec<Tensor>, s: &Step) {
+    let x = pool[s.a % pool.len()].clone();
+    let y = pool[s.b % pool.len()].clone();
+    let [p, q, r, t] = s.args;
+    let dtype = DTYPES[p.unsigned_abs() as usize % DTYPES.len()];
+    let out = match s.op % 30 {
+        0 => match q.rem_euclid(8) {
+            0 => x.neg(),
+            1 => x.exp(),
+            2 => x.log(),
+            3 => x.sqrt(),
+            4 => x.sin(),
+            5 => x.sigmoid(),
+            6 => x.abs(),
+            _ => x.logical_not(),
+        },
+        1 => match q.rem_euclid(6) {
+            0 => x.floor(),
+            1 => x.erf(),
+            2 => x.reciprocal(),
+            3 => x.gelu(),
+            4 => x.silu(),
+            _ => x.tanh(),
+        },
+        2 => match q.rem_euclid(8) {
+            0 => x.add(&y),
+            1 => x.sub(&y),
+            2 => x.mul(&y),
+            3 => x.div(&y),
+            4 => x.maximum(&y),
+            5 => x.pow(&y),
+            6 => x.remainder(&y),
+            _ => x.fmod(&y),
+        },
+        3 => match q.rem_euclid(5) {
+            0 => x.lt(&y),
+            1 => x.eq(&y),
+            2 => x.logical_and(&y),
+            3 => x.add(r),
+            _ => x.div(r as f64 * 0.5),
+        },
+        4 => x.where_(&y, t),
+        5 => x.reshape(&s.list),
+        6 => x.permute(&s.list),
+        7 => x.transpose(q, r),
+        8 => x.expand(&s.list),
+        9 => x.squeeze(q),
+        10 => x.unsqueeze(q),
+        11 => x.flatten(q, r),
+        12 => x.narrow(q, r, t),
+        13 => x.slice(q, r as isize, t as isize),
+        14 => {
+            let pads: Vec<(usize, usize)> =
+                usizes(&s.list).chunks(2).map(|c| (c[0], *c.get(1).unwrap_or(&0))).collect();
+            x.pad(&pads, t)
+        }
+        15 => match r.rem_euclid(4) {
+            0 => x.sum(&s.list, t > 0),
+            1 => x.max(&s.list, t > 0),
+            2 => x.min(q, t > 0),
+            _ => x.mean(&s.list, t > 0),
+        },
+        16 => match r.rem_euclid(3) {
+            0 => x.softmax(q),
+            1 => x.log_softmax(q),
+            _ => x.logsumexp(&s.list, t > 0),
+        },
+        17 => {
+            if r > 0 {
+                x.argmax(q, t > 0)
+            } else {
+                x.argmin(q, t > 0)
+            }
+        }
+        18 => x.matmul(&y),
+        19 => kiln::cat(&[&x, &y], q),
+        20 => kiln::stack(&[&x, &y], q),
+        21 => x.gather(q, &y),
+        22 => x.index_select(q, &y),
+        23 => x.one_hot(r),
+        24 => x.cast(dtype),
+        25 => x.clamp(q, r),
+        // A source made on the default device moves to the pool's (an invalid one keeps its error).
+        26 => on(Tensor::arange(q, r, t), x.device()),
+        27 => on(Tensor::full(usizes(&s.list), t, dtype), x.device()),
+        28 => x.sum_all().add(y.mean_all()),
+        _ => match kiln::grad(&x.sum_all(), &[&y]) {
+            Ok(mut grads) => grads.remove(0),
+            Err(_) => x.contiguous(),
+        },
+    };
+    pool.push(out);
+}
+
+/// Builds and realizes one random program: sources, steps, then every tensor of the pool. Returns
+/// how many realized without an error.
+fn run(device: Device, sources: &[(usize, Vec<usize>)], steps: &[Step]) -> usize {
+    let mut pool: Vec<Tensor> = sources
+        .iter()
+        .enumerate()
+        .map(|(i, (d, shape))| source(DTYPES[d % DTYPES.len()], shape, i as u64, device))
+        .collect();
+    for s in steps {
+        apply(&mut pool, s);
+    }
+    // Some at once (one program), then each on its own.
+    let last: Vec<&Tensor> = pool.iter().rev().take(3).collect();
+    let _ = kiln::realize(&last);
+    pool.iter().filter(|t| t.realize().is_ok()).count()
+}
+
+fn sources() -> impl Strategy<Value = Vec<(usize, Vec<usize>)>> {
+    prop::collection::vec((0usize..7, prop::collection::vec(0usize..5, 0..4)), 1..4)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { max_shrink_iters: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_op_sequences_never_panic(
+        sources in sources(),
+        steps in prop::collection::vec(step(), 1..12),
+    ) {
+        let ok = run(Device::Cpu, &sources, &steps);
+        prop_assert!(ok >= 1, "the sources themselves realize");
+    }
+
+    #[test]
+    fn random_op_sequences_never_panic_on_the_interpreter(
+        sources in sources(),
+        steps in prop::collection::vec(step(), 1..8),
+    ) {
+        run(Device::Interp, &sources, &steps);
+    }
+}
