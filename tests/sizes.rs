@@ -4,7 +4,7 @@
 //! out-of-memory `Err` while the process carries on.
 //!
 //! The wgpu cases skip with a printed reason when no adapter is usable, unless
-//! `KILN_REQUIRE_GPU=1`.
+//! `KILN_REQUIRE_VULKAN=1`.
 
 use air::{DType, Dim, HostTensor};
 use kiln::{Device, Tensor};
@@ -18,8 +18,8 @@ fn devices() -> Vec<Device> {
     match probe.neg().realize() {
         Ok(_) => devices.push(Device::Wgpu),
         Err(e) => {
-            let required = std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1");
-            assert!(!required, "KILN_REQUIRE_GPU=1 but the wgpu device failed: {e}");
+            let required = std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v.trim() == "1");
+            assert!(!required, "KILN_REQUIRE_VULKAN=1 but the wgpu device failed: {e}");
             eprintln!("skipping wgpu: no usable GPU adapter ({e})");
         }
     }

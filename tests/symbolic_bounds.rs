@@ -6,7 +6,7 @@
 //! bindings shows every backend agrees with the interpreter, on values and on errors.
 //!
 //! The wgpu device is skipped with a printed reason when this machine has no GPU adapter, unless
-//! `KILN_REQUIRE_GPU=1`. `PROPTEST_CASES` sets the number of random graphs (default 24).
+//! `KILN_REQUIRE_VULKAN=1`. `PROPTEST_CASES` sets the number of random graphs (default 24).
 
 use std::sync::OnceLock;
 
@@ -21,7 +21,7 @@ use runtime::wgpu::WgpuDevice;
 use smallvec::smallvec;
 
 fn gpu_required() -> bool {
-    std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v.trim() == "1")
+    std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v.trim() == "1")
 }
 
 /// The process's wgpu device, or `None` (with the reason printed once) on a machine without one.
@@ -30,7 +30,7 @@ fn gpu() -> Option<&'static WgpuDevice> {
     GPU.get_or_init(|| match WgpuDevice::new() {
         Ok(d) => Some(d),
         Err(e) => {
-            assert!(!gpu_required(), "KILN_REQUIRE_GPU=1 but no wgpu device: {e}");
+            assert!(!gpu_required(), "KILN_REQUIRE_VULKAN=1 but no wgpu device: {e}");
             eprintln!("skipping the wgpu device: no usable adapter ({e})");
             None
         }

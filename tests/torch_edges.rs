@@ -4,7 +4,7 @@
 //! reductions without an identity and for `backward`/`grad` with nothing to differentiate.
 //!
 //! The wgpu device is skipped with a printed reason when this machine has no GPU adapter, unless
-//! `KILN_REQUIRE_GPU=1`. On wgpu, `i64` fixture inputs are run as `i32` (WGSL has no 64-bit types).
+//! `KILN_REQUIRE_VULKAN=1`. On wgpu, `i64` fixture inputs are run as `i32` (WGSL has no 64-bit types).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -170,8 +170,8 @@ fn cpu_matches_pytorch_at_the_edges() {
 fn wgpu_matches_pytorch_at_the_edges() {
     let probe = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).to_device(Device::Wgpu).expect("source tensor");
     if let Err(e) = probe.neg().realize() {
-        let required = std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1");
-        assert!(!required, "KILN_REQUIRE_GPU=1 but the wgpu device failed: {e}");
+        let required = std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1");
+        assert!(!required, "KILN_REQUIRE_VULKAN=1 but the wgpu device failed: {e}");
         eprintln!("skipping wgpu_matches_pytorch_at_the_edges: no usable GPU adapter ({e})");
         return;
     }
