@@ -21,6 +21,7 @@ pub mod interp;
 pub mod op;
 pub mod text;
 pub mod verify;
+pub mod work;
 
 pub use dim::{Bindings, Dim, Shape, Symbol};
 pub use dot::to_dot;
