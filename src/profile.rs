@@ -196,6 +196,9 @@ pub struct Span {
     pub duration: Duration,
     /// Allocations made during the span by every thread (nested spans included).
     pub alloc: AllocCounts,
+    /// Units of compile work counted on this thread during the span (nested spans included;
+    /// see `air::work`).
+    pub work: u64,
     /// Graph nodes before and after, when the span is a graph pass.
     pub nodes_in: Option<usize>,
     pub nodes_out: Option<usize>,
@@ -210,6 +213,7 @@ struct Open {
     phase: Option<Phase>,
     start: Instant,
     alloc: AllocCounts,
+    work: u64,
     nodes_in: Option<usize>,
     /// Index reserved for this span in `Recorder::spans` (filled in at `end`).
     slot: usize,
@@ -266,6 +270,7 @@ pub fn begin_in(name: impl Into<Cow<'static, str>>, phase: Option<Phase>, nodes:
             phase,
             start: Instant::now(),
             alloc: alloc_counts(),
+            work: air::work::total(),
             nodes_in: nodes,
             slot,
         });
@@ -276,6 +281,7 @@ pub fn begin_in(name: impl Into<Cow<'static, str>>, phase: Option<Phase>, nodes:
 pub fn end(nodes: Option<usize>) {
     let now = Instant::now();
     let alloc = alloc_counts();
+    let work = air::work::total();
     with_recorder(|rec| {
         let Some(open) = rec.open.pop() else { return };
         let parent = rec.open.last().map(|o| o.slot);
@@ -285,6 +291,7 @@ pub fn end(nodes: Option<usize>) {
             start: open.start.duration_since(rec.t0),
             duration: now.duration_since(open.start),
             alloc: alloc.since(open.alloc),
+            work: work.wrapping_sub(open.work),
             nodes_in: open.nodes_in,
             nodes_out: nodes,
             parent,
@@ -423,6 +430,8 @@ pub struct PassRow {
     pub time: Duration,
     pub calls: u64,
     pub alloc: AllocCounts,
+    /// Units of compile work (see [`Span::work`]), summed over the calls.
+    pub work: u64,
     /// Graph nodes before the first call and after the last (when the span gives them).
     pub nodes_in: Option<usize>,
     pub nodes_out: Option<usize>,
@@ -439,6 +448,7 @@ impl Report {
                     r.calls += 1;
                     r.alloc.allocs += s.alloc.allocs;
                     r.alloc.bytes += s.alloc.bytes;
+                    r.work += s.work;
                     r.nodes_in = r.nodes_in.or(s.nodes_in);
                     r.nodes_out = s.nodes_out.or(r.nodes_out);
                 }
@@ -448,6 +458,7 @@ impl Report {
                     time: s.duration,
                     calls: 1,
                     alloc: s.alloc,
+                    work: s.work,
                     nodes_in: s.nodes_in,
                     nodes_out: s.nodes_out,
                 }),
@@ -574,26 +585,27 @@ impl fmt::Display for Report {
         let name_w = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(5);
         writeln!(
             f,
-            "{:<name_w$}  {:>9}  {:>6}  {:>5}  {:>11}  {:>8}  {:>8}  {:>9}",
-            "pass", "ms", "%", "calls", "allocated", "allocs", "nodes in", "nodes out"
+            "{:<name_w$}  {:>9}  {:>6}  {:>5}  {:>11}  {:>8}  {:>10}  {:>8}  {:>9}",
+            "pass", "ms", "%", "calls", "allocated", "allocs", "work", "nodes in", "nodes out"
         )?;
-        writeln!(f, "{}", "-".repeat(name_w + 76))?;
+        writeln!(f, "{}", "-".repeat(name_w + 88))?;
         let total = self.total.as_secs_f64().max(1e-12);
         for r in &rows {
             writeln!(
                 f,
-                "{:<name_w$}  {:>9}  {:>5.1}%  {:>5}  {:>11}  {:>8}  {:>8}  {:>9}",
+                "{:<name_w$}  {:>9}  {:>5.1}%  {:>5}  {:>11}  {:>8}  {:>10}  {:>8}  {:>9}",
                 r.name,
                 ms(r.time),
                 100.0 * r.time.as_secs_f64() / total,
                 r.calls,
                 bytes(r.alloc),
                 allocs(r.alloc),
+                r.work,
                 opt(r.nodes_in),
                 opt(r.nodes_out)
             )?;
         }
-        writeln!(f, "{}", "-".repeat(name_w + 76))?;
+        writeln!(f, "{}", "-".repeat(name_w + 88))?;
         writeln!(
             f,
             "{:<name_w$}  {:>9}  {:>6}  {:>5}  {:>11}  {:>8}",

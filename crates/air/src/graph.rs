@@ -1,5 +1,9 @@
 //! The graph: nodes in a slotmap keyed by `NodeId`, a users side table kept in step with every
 //! edit, the program's outputs, and a topological order computed once and cached until an edit.
+//!
+//! Every node lookup (`node`, `get`, `op`, `ty`, `inputs`, `users`) and every node an iteration
+//! yields adds one unit to [`crate::work`], so the graph traffic of any pass is counted, an
+//! accidental scan of the graph per node included.
 
 use std::cell::OnceCell;
 use std::fmt;
@@ -93,42 +97,48 @@ impl Graph {
 
     /// The node `id`. Panics if `id` was removed: holding a dead id is an internal bug.
     pub fn node(&self, id: NodeId) -> &Node {
+        crate::work::tick();
         &self.nodes[id]
     }
 
     /// The node `id`, or `None` if it is not in the graph.
     pub fn get(&self, id: NodeId) -> Option<&Node> {
+        crate::work::tick();
         self.nodes.get(id)
     }
 
     /// The op of node `id`. Panics if `id` was removed, like [`Graph::node`].
     pub fn op(&self, id: NodeId) -> &Op {
+        crate::work::tick();
         &self.nodes[id].op
     }
 
     /// The type of node `id`'s value. Panics if `id` was removed, like [`Graph::node`].
     pub fn ty(&self, id: NodeId) -> &TensorType {
+        crate::work::tick();
         &self.nodes[id].ty
     }
 
     /// The inputs of node `id`, in operand order. Panics if `id` was removed, like [`Graph::node`].
     pub fn inputs(&self, id: NodeId) -> &[NodeId] {
+        crate::work::tick();
         &self.nodes[id].inputs
     }
 
     /// The nodes that read `id`, one entry per input edge, in no particular order.
     pub fn users(&self, id: NodeId) -> &[NodeId] {
+        crate::work::tick();
         self.users.get(id).map_or(&[], |u| u.as_slice())
     }
 
     /// Every live node id, in slot order (not a topological order).
     pub fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.nodes.keys()
+        self.nodes.keys().inspect(|_| crate::work::tick())
     }
 
     /// Every live node with its id, in slot order (not a topological order).
     pub fn iter(&self) -> impl Iterator<Item = (NodeId, &Node)> + '_ {
-        self.nodes.iter()
+        self.nodes.iter().inspect(|_| crate::work::tick())
     }
 
     /// The program's outputs, in order (an id may repeat).
@@ -340,6 +350,7 @@ impl Graph {
                 state.insert(root, ON_STACK);
                 stack.push((root, 0));
                 while let Some((id, next)) = stack.last_mut() {
+                    crate::work::tick();
                     let inputs = &self.nodes[*id].inputs;
                     if let Some(&input) = inputs.get(*next) {
                         *next += 1;
@@ -375,6 +386,7 @@ impl Graph {
         let mut live: SecondaryMap<NodeId, ()> = SecondaryMap::with_capacity(self.nodes.len());
         let mut stack: Vec<NodeId> = self.outputs.clone();
         while let Some(id) = stack.pop() {
+            crate::work::tick();
             if live.insert(id, ()).is_none() {
                 stack.extend(self.nodes[id].inputs.iter().copied());
             }
@@ -385,6 +397,7 @@ impl Graph {
     /// Removes every node the outputs do not depend on. O(N). Returns how many were removed.
     pub fn remove_dead(&mut self) -> usize {
         let live = self.live_set();
+        crate::work::add(self.nodes.len() as u64);
         let dead: Vec<NodeId> = self.nodes.keys().filter(|id| !live.contains_key(*id)).collect();
         if dead.is_empty() {
             return 0;

@@ -23,6 +23,7 @@ pub mod op;
 pub mod testing;
 pub mod text;
 pub mod verify;
+pub mod work;
 
 pub use constraints::{BoundsError, Check};
 pub use dim::{Bindings, Dim, Shape, Symbol};

@@ -27,6 +27,7 @@ impl Graph {
 pub fn verify(graph: &Graph) -> Result<()> {
     let mut errors = Vec::new();
     for (id, node) in graph.iter() {
+        crate::work::add(1 + node.inputs.len() as u64);
         let name = node.op.mnemonic();
         if let Err(msg) = node.ty.checked_numel() {
             errors.push(format!("{id}: {name}: {msg}"));
@@ -81,6 +82,7 @@ fn check_users(graph: &Graph, errors: &mut Vec<String>) {
         }
     }
     for (id, want) in expected.iter_mut() {
+        crate::work::add(1 + want.len() as u64);
         let mut have = graph.users(id).to_vec();
         have.sort();
         want.sort();
@@ -113,7 +115,9 @@ fn check_acyclic(graph: &Graph, errors: &mut Vec<String>) {
     let mut ordered = 0;
     while let Some(id) = ready.pop() {
         ordered += 1;
+        crate::work::tick();
         for &reader in readers.get(id).map_or(&[][..], |r| r.as_slice()) {
+            crate::work::tick();
             if let Some(p) = pending.get_mut(reader) {
                 *p -= 1;
                 if *p == 0 {

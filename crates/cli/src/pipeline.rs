@@ -83,12 +83,23 @@ pub fn rewrite_stats(graph: &Graph) -> RewriteStats {
     lower::rewrite::optimize(&mut g)
 }
 
+/// The compile steps whose work [`compile_work`] counts, in order: the device's steps
+/// (`CpuDevice::compile_observed`) and then the memory plan of the first binding set.
+pub const WORK_STEPS: [&str; 8] =
+    ["graph-key", "verify", "optimize", "decide-fusion", "emit-kernels", "codegen", "prepare", "memory-plan"];
+
 /// Counts of the work a compilation does, for the compile-time regression guard: deterministic,
 /// unlike times.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WorkCounts {
     /// Nodes of the traced graph.
     pub nodes: u64,
+    /// Units of work (`air::work`: nodes visited, edges touched, rule attempts, planner steps,
+    /// tree operations, instructions emitted) of each step of [`WORK_STEPS`], in that order.
+    pub steps: [u64; WORK_STEPS.len()],
+    /// Work of the memory plan with every step in its own time slot (`lower::memplan::plan`),
+    /// which `memory-plan` is when no dependency level of the program runs concurrently.
+    pub plan_sequential: u64,
     /// Rewrite worklist visits and rule attempts.
     pub visits: u64,
     pub attempts: u64,
@@ -102,9 +113,16 @@ pub struct WorkCounts {
     pub launches: u64,
 }
 
-/// Marks this thread's allocation counts at the device's step boundaries: lowering runs from the
-/// end of `graph-key` to the start of `codegen`. Records into fields only, so that observing
-/// allocates nothing.
+impl WorkCounts {
+    /// The work of step `name` (one of [`WORK_STEPS`]).
+    pub fn step(&self, name: &str) -> Option<u64> {
+        WORK_STEPS.iter().position(|s| *s == name).map(|i| self.steps[i])
+    }
+}
+
+/// Marks this thread's allocation counts at the device's step boundaries (lowering runs from the
+/// end of `graph-key` to the start of `codegen`) and reads the `air::work` counter at the start
+/// and end of every step. Records into fields only, so that observing allocates nothing.
 #[derive(Default)]
 struct WorkObserver {
     lower_start: AllocCounts,
@@ -112,6 +130,11 @@ struct WorkObserver {
     codegen_end: AllocCounts,
     kernels: u64,
     launches: u64,
+    /// The work counter when the current step began.
+    work_start: u64,
+    steps: [u64; WORK_STEPS.len()],
+    /// A step that is not in `WORK_STEPS` (a new step of the device must be added there).
+    unknown: Option<&'static str>,
 }
 
 impl CompileObserver for WorkObserver {
@@ -119,9 +142,15 @@ impl CompileObserver for WorkObserver {
         if step == "codegen" {
             self.codegen_start = profile::thread_alloc_counts();
         }
+        self.work_start = air::work::total();
     }
 
     fn end(&mut self, step: &'static str, _nodes: Option<usize>) {
+        let work = air::work::total().wrapping_sub(self.work_start);
+        match WORK_STEPS.iter().position(|s| *s == step) {
+            Some(i) => self.steps[i] += work,
+            None => self.unknown = self.unknown.or(Some(step)),
+        }
         match step {
             "graph-key" => self.lower_start = profile::thread_alloc_counts(),
             "codegen" => self.codegen_end = profile::thread_alloc_counts(),
@@ -138,17 +167,29 @@ impl CompileObserver for WorkObserver {
     }
 }
 
-/// Compiles `graph` once on a fresh CPU device (as [`compile`] does, without spans) and counts
-/// the work. Code generation runs on this thread only, so the allocation counts are
-/// deterministic; they need `CountingAlloc` installed.
-pub fn compile_work(graph: &Graph, options: &CompileOptions) -> anyhow::Result<WorkCounts> {
+/// Compiles `graph` once on a fresh CPU device (as [`compile`] does, without spans), plans its
+/// memory for `bindings`, and counts the work. Code generation runs on this thread only, so the
+/// allocation counts are deterministic; they need `CountingAlloc` installed. The work counts do
+/// not.
+pub fn compile_work(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> anyhow::Result<WorkCounts> {
     let stats = rewrite_stats(graph);
     let device = fresh_device(options)?;
     device.set_compile_threads(1);
     let mut work = WorkObserver::default();
-    device.compile_observed(graph, &mut work)?;
+    let exe = device.compile_observed(graph, &mut work)?;
+    if let Some(step) = work.unknown {
+        anyhow::bail!("compile step `{step}` is not in WORK_STEPS");
+    }
+    let (memory, plan_work) = air::work::measure(|| exe.memory(bindings));
+    memory?;
+    let (plan, plan_sequential) = air::work::measure(|| lower::memplan::plan(exe.program(), bindings));
+    plan?;
+    let mut steps = work.steps;
+    steps[WORK_STEPS.len() - 1] = plan_work;
     Ok(WorkCounts {
         nodes: graph.len() as u64,
+        steps,
+        plan_sequential,
         visits: stats.visits,
         attempts: stats.attempts,
         lower_allocs: work.codegen_start.since(work.lower_start).allocs,

@@ -60,6 +60,7 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
     let mut level = Vec::with_capacity(program.steps.len());
     for (s, step) in program.steps.iter().enumerate() {
         let kernel = program.step_kernel(s)?;
+        air::work::add(1 + 2 * step.args.len() as u64);
         let mut p: Vec<u32> = Vec::new();
         for (param, &b) in kernel.params().iter().zip(&step.args) {
             let b = b.0 as usize;
@@ -71,6 +72,7 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
                 p.extend(readers[b].iter().copied());
             }
         }
+        air::work::add(p.len() as u64);
         p.sort_unstable();
         p.dedup();
         let s32 = s as u32;

@@ -88,6 +88,7 @@ pub fn plan_with_groups(
 /// The size in bytes of every buffer under `bindings`: an error if an element count is negative
 /// or overflows, or if a buffer would take more than `isize::MAX` bytes (no allocation can).
 pub fn buffer_sizes(program: &Program, bindings: &Bindings) -> Result<Vec<usize>, LowerError> {
+    air::work::add(program.buffers.len() as u64);
     program
         .buffers
         .iter()
@@ -139,6 +140,7 @@ pub fn lifetimes(program: &Program, groups: &[Vec<usize>]) -> Result<Vec<Option<
     let mut out: Vec<Option<(usize, usize)>> = vec![None; program.buffers.len()];
     for (s, step) in program.steps.iter().enumerate() {
         let kernel = program.step_kernel(s)?;
+        air::work::add(1 + step.args.len() as u64);
         for (p, &b) in kernel.params().iter().zip(&step.args) {
             let info = program
                 .buffers
@@ -181,7 +183,10 @@ pub fn lifetimes(program: &Program, groups: &[Vec<usize>]) -> Result<Vec<Option<
 /// S distinct endpoints, plus sorting those k: O(T log T) overall when each buffer overlaps few
 /// others.
 pub fn place(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> (Vec<Option<usize>>, usize) {
-    place_counted(sizes, intervals, &mut 0)
+    let mut work = sizes.len();
+    let placed = place_counted(sizes, intervals, &mut work);
+    air::work::add(work as u64);
+    placed
 }
 
 /// `place`, adding to `work` one unit per tree node visited and per candidate buffer examined.
@@ -321,6 +326,7 @@ impl IntervalIndex {
 /// The most bytes alive in one time slot.
 pub fn peak_live(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> usize {
     let end = intervals.iter().flatten().map(|&(_, hi)| hi + 1).max().unwrap_or(0);
+    air::work::add((intervals.len() + end) as u64);
     let mut delta = vec![0i128; end + 1];
     for (i, iv) in intervals.iter().enumerate() {
         if let Some((lo, hi)) = iv {

@@ -174,6 +174,7 @@ struct Decider<'a> {
 
 impl Decider<'_> {
     fn users(&self, n: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        air::work::add(self.g.users(n).len() as u64);
         self.g.users(n).iter().copied().filter(|u| self.live.contains(u))
     }
 
@@ -197,6 +198,7 @@ impl Decider<'_> {
 
     fn run(&mut self, order: &[NodeId]) {
         for &n in order.iter().rev() {
+            air::work::add(1 + self.g.outputs().len() as u64);
             let mut count = self.g.outputs().iter().filter(|&&o| o == n).count() as u32;
             let mut bcast = false;
             for u in self.users(n).collect::<Vec<_>>() {
@@ -215,6 +217,7 @@ impl Decider<'_> {
             self.broadcast.insert(n, bcast);
         }
         for &n in order {
+            air::work::add(1 + self.g.inputs(n).len() as u64);
             self.visit(n);
             if !self.plans.contains_key(&n) {
                 let d = 1 + self.g.inputs(n).iter().map(|i| self.depth.get(i).copied().unwrap_or(0)).max().unwrap_or(0);
@@ -306,10 +309,12 @@ impl Decider<'_> {
         let mut nodes = Vec::new();
         let mut cur = top;
         while is_movement(g.op(cur)) && !self.is_buffer(cur) {
+            air::work::tick();
             nodes.push(cur);
             cur = g.inputs(cur)[0];
         }
         let view_at = |cut: usize| {
+            air::work::add(1 + cut as u64);
             let base = if cut == nodes.len() { cur } else { nodes[cut] };
             let chain: Vec<Movement> = nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
             let view = ViewStack::contiguous(&g.ty(base).shape).through(chain.iter().rev());
@@ -349,6 +354,7 @@ impl Decider<'_> {
         pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
         let mut plan = None;
         for (i, j) in pairs {
+            air::work::tick();
             let ((op_p, vp), (op_q, vq)) = (&cands_p[i], &cands_q[j]);
             let (sp, sq) = (&vp.top().strides, &vq.top().strides);
             plan = match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
@@ -379,6 +385,7 @@ impl Decider<'_> {
         let g = self.g;
         let mut aliases = HashMap::new();
         for &o in g.outputs() {
+            air::work::tick();
             if self.plans.get(&o) != Some(&Plan::Loops) || !matches!(g.op(o), Op::Reshape(_)) {
                 continue;
             }
@@ -388,6 +395,7 @@ impl Decider<'_> {
                 && !self.outputs.contains(&cur)
                 && self.users(cur).count() == 1
             {
+                air::work::tick();
                 cur = g.inputs(cur)[0];
             }
             if self.plans.contains_key(&cur)
@@ -413,6 +421,7 @@ impl Decider<'_> {
             let mut cur = start;
             let mut ok = true;
             while matches!(g.op(cur), Op::Reshape(_)) && !self.plans.contains_key(&cur) {
+                air::work::tick();
                 ok &= self.users(cur).count() == 1;
                 cur = g.inputs(cur)[0];
             }
@@ -522,6 +531,7 @@ impl TreeBuilder<'_> {
         }
         let mut cur = self.g.inputs(n)[0];
         loop {
+            air::work::tick();
             if self.bufs.contains_key(&cur) {
                 return true;
             }
@@ -541,6 +551,7 @@ impl TreeBuilder<'_> {
         inner: bool,
         expand: bool,
     ) -> Result<KExpr, LowerError> {
+        air::work::add(1 + pending.len() as u64);
         let g = self.g;
         let node = g.node(n);
         let dtype = node.ty.dtype;
@@ -649,6 +660,7 @@ fn var_level(e: &IExpr) -> usize {
 
 impl Emitter {
     fn param(&mut self, buf: BufId, dtype: DType, access: Access) -> u32 {
+        air::work::add(1 + self.params.len() as u64);
         if let Some(p) = self.params.iter().position(|(b, _)| *b == buf) {
             return p as u32;
         }
@@ -662,6 +674,7 @@ impl Emitter {
     }
 
     fn let_(&mut self, dtype: DType, inst: Inst, operands: &[Slot], exprs: &[&IExpr]) -> Slot {
+        air::work::add(1 + operands.len() as u64);
         let key = (dtype, inst);
         if let Some(&s) = self.cse.get(&key) {
             return s;
@@ -1183,6 +1196,7 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
         outputs.push((b, g.ty(o).clone()));
     }
     for &n in &dec.order {
+        air::work::tick();
         if dec.plans.contains_key(&n) && !bufs.contains_key(&n) {
             if let Some(o) = dec.aliases.get(&n) {
                 bufs.insert(n, out_bufs[o]);
@@ -1197,6 +1211,7 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
     let mut kernel_ids: HashMap<Kernel, u32> = HashMap::new();
     let mut steps = Vec::new();
     let mut launch = |(k, args): (Kernel, Vec<BufId>)| {
+        air::work::add(1 + args.len() as u64);
         let id = *kernel_ids.entry(k.clone()).or_insert_with(|| {
             kernels.push(k);
             kernels.len() as u32 - 1
@@ -1207,6 +1222,7 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
         launch(loop_kernel(g, &bufs, &symbols, o, true, b)?);
     }
     for &n in &dec.order {
+        air::work::tick();
         let Some(plan) = dec.plans.get(&n) else { continue };
         let target = bufs[&n];
         match plan {

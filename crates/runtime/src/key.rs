@@ -108,6 +108,7 @@ impl GraphKey {
         h.write_usize(order.len());
         for &id in order {
             let node = graph.node(id);
+            air::work::add(1 + node.inputs.len() as u64);
             let inputs: SmallVec<[u32; 3]> = node.inputs.iter().map(|input| position[input.index() as usize]).collect();
             hash_node(&mut h, &node.op, &node.ty, inputs.iter().copied());
             nodes.push(KeyNode { op: node.op.clone(), ty: node.ty.clone(), inputs });
@@ -127,6 +128,7 @@ impl GraphKey {
         h.write_usize(order.len());
         for &id in order {
             let node = graph.node(id);
+            air::work::add(1 + node.inputs.len() as u64);
             hash_node(&mut h, &node.op, &node.ty, node.inputs.iter().map(|input| position[input.index() as usize]));
         }
         h.write_usize(graph.outputs().len());

@@ -223,6 +223,8 @@ pub struct Executable {
     concurrency: Option<Concurrency>,
     /// Kernel launches made by every run so far (see [`Executable::launches_run`]).
     launched: AtomicU64,
+    /// Loop launches whose parallel loop ran split over several threads, over every run.
+    split_launches: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -324,6 +326,8 @@ impl Executable {
         let mut steps = Vec::with_capacity(program.steps.len());
         let mut table_bufs = Vec::new();
         for (i, step) in program.steps.iter().enumerate() {
+            // This loop and the output scan below each visit every step and argument.
+            air::work::add(1 + 2 * step.args.len() as u64);
             let Some(kernel) = program.kernels.get(step.kernel as usize) else {
                 return invalid(format!("step {i} launches missing kernel k{}", step.kernel));
             };
@@ -424,6 +428,7 @@ impl Executable {
             _code: code,
             concurrency: None,
             launched: AtomicU64::new(0),
+            split_launches: AtomicU64::new(0),
         })
     }
 
@@ -457,6 +462,12 @@ impl Executable {
     /// to prove that native code ran, whatever other executables do meanwhile).
     pub fn launches_run(&self) -> u64 {
         self.launched.load(Ordering::Relaxed)
+    }
+
+    /// How many loop launches of this executable's runs so far split their parallel loop over
+    /// several threads (for tests that must reach the split path).
+    pub fn split_launches(&self) -> u64 {
+        self.split_launches.load(Ordering::Relaxed)
     }
 
     /// Number of kernel launches per run.
@@ -719,8 +730,13 @@ impl Executable {
             sized.runs.fetch_add(1, Ordering::Relaxed);
         }
         // SAFETY (both closures): the table holds every step's buffers (see `run_launch`).
-        let in_order = |launch: &Launch| unsafe {
-            if calibrating { run_calibrating(launch, table, syms) } else { run_launch(launch, table, syms, false) }
+        let in_order = |launch: &Launch| {
+            let split = unsafe {
+                if calibrating { run_calibrating(launch, table, syms) } else { run_launch(launch, table, syms, false) }
+            };
+            if split {
+                self.split_launches.fetch_add(1, Ordering::Relaxed);
+            }
         };
         match &sized.schedule {
             None => sized.launches.iter().for_each(in_order),
@@ -933,19 +949,20 @@ fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Vec<StepCost>
 ///
 /// # Safety
 /// As for [`run_launch`].
-unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, syms: *const i64) {
+unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, syms: *const i64) -> bool {
     match launch {
         Launch::Loop { split, chunks, calib_ns, split_ns, .. } if *split > 1 => {
             let was_split = chunks.load(Ordering::Relaxed) > 1;
             let t0 = std::time::Instant::now();
             // SAFETY: the caller keeps `run_launch`'s contract.
-            unsafe { run_launch(launch, table, syms, false) };
+            let split = unsafe { run_launch(launch, table, syms, false) };
             let ns = t0.elapsed().as_nanos() as u64;
             if was_split {
                 split_ns.fetch_min(ns, Ordering::Relaxed)
             } else {
                 calib_ns.fetch_min(ns, Ordering::Relaxed)
             };
+            split
         }
         // SAFETY: as above.
         _ => unsafe { run_launch(launch, table, syms, false) },
@@ -953,11 +970,12 @@ unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, syms: *const i
 }
 
 /// Runs one launch; `alone` runs it on the calling thread only (a step of a concurrent level).
+/// Returns whether it was a loop launch split over several threads.
 ///
 /// # Safety
 /// `table` holds one valid pointer per argument of every step, each buffer as large as the
 /// program says; `syms` holds every symbol value; no other thread writes what this step touches.
-unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, alone: bool) {
+unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, alone: bool) -> bool {
     match *launch {
         Launch::Loop { func, arg_start, end, ref chunks, .. } => {
             let chunks = chunks.load(Ordering::Relaxed);
@@ -969,6 +987,7 @@ unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, a
             if chunks <= 1 || alone {
                 // SAFETY: see above; the kernel's contract is to touch only its buffers.
                 unsafe { func(args, syms, 0, end) };
+                false
             } else {
                 let (args, syms) = (SendPtr(args as *mut u8), SendPtr(syms as *mut u8));
                 parallel::for_chunks(end as usize, chunks as usize, &|lo, hi| {
@@ -976,11 +995,13 @@ unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, a
                     // disjoint elements (the kir contract for `parallel` loops).
                     unsafe { func(args.get() as *const *mut u8, syms.get() as *const i64, lo as i64, hi as i64) }
                 });
+                true
             }
         }
         Launch::Matmul { arg_start, ref mm } => {
             // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes.
-            unsafe { mm.run_threads(table.add(arg_start as usize), !alone) }
+            unsafe { mm.run_threads(table.add(arg_start as usize), !alone) };
+            false
         }
     }
 }

@@ -56,6 +56,9 @@ pub(crate) struct Code {
     pub(crate) relocs: Vec<ModuleReloc>,
     /// The register-allocated machine code as text, when `KILN_DISASM` asked for it.
     pub(crate) disasm: Option<String>,
+    /// Units of work compiling it took (Cranelift instructions emitted), added to the compiling
+    /// thread's `air::work` counter by the batch (whatever thread compiled the kernel).
+    pub(crate) work: u64,
 }
 
 impl Code {

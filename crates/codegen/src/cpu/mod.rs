@@ -295,6 +295,7 @@ impl CpuCompiler {
         let mut misses: Vec<&LoopKernel> = Vec::new();
         let mut first: HashMap<&LoopKernel, usize> = HashMap::new();
         for &k in kernels {
+            air::work::tick();
             if let Some(c) = inner.cache.get(k) {
                 slots.push(Slot::Hit(c.clone()));
                 inner.stats.hits += 1;
@@ -382,6 +383,7 @@ impl Inner {
         }
         let disasm = std::env::var_os("KILN_DISASM").is_some();
         let codes = compile_all(&*self.isa, &mut self.workers[..threads], kernels, disasm);
+        air::work::add(codes.iter().flatten().map(|c| c.work).sum());
         let results = self.link(codes, kernels);
         self.stats.compile_time += t0.elapsed();
         for (k, r) in kernels.iter().zip(&results) {
@@ -530,6 +532,7 @@ impl Worker {
         ctx.func.signature = kernel_signature(isa.default_call_conv());
         ctx.func.name = UserFuncName::default();
         emit::emit_kernel(&mut ctx.func, &mut self.fctx, isa, k)?;
+        let work = ctx.func.dfg.num_insts() as u64;
         ctx.set_disasm(disasm);
         ctx.compile(isa, &mut ControlPlane::default()).map_err(|e| {
             CodegenError::Cranelift(cranelift_codegen::print_errors::pretty_error(e.func, e.inner).to_string())
@@ -546,6 +549,7 @@ impl Worker {
             alignment: u64::from(compiled.buffer.alignment),
             relocs,
             disasm: compiled.vcode.clone().filter(|_| disasm),
+            work,
         })
     }
 }

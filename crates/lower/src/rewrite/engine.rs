@@ -163,12 +163,14 @@ pub fn apply_rules(g: &mut Graph, rules: &RuleSet, stats: &mut RewriteStats) -> 
     let mut total = 0u64;
 
     while let Some(id) = work.pop() {
+        air::work::tick();
         if !g.contains(id) || (g.users(id).is_empty() && !output_slots.contains_key(id)) {
             continue;
         }
         stats.visits += 1;
         let Some(candidates) = rules.by_head.get(g.op(id).mnemonic()) else { continue };
         for &ri in candidates {
+            air::work::tick();
             attempts[ri] += 1;
             let c = &rules.rules[ri];
             let mut m = Match::new(&c.names);
@@ -203,6 +205,7 @@ pub fn apply_rules(g: &mut Graph, rules: &RuleSet, stats: &mut RewriteStats) -> 
             // readers above the replaced node.
             let mut frontier = readers;
             for level in 1..rules.depth {
+                air::work::add(frontier.len() as u64);
                 for &r in &frontier {
                     work.push(r);
                 }
@@ -241,6 +244,7 @@ pub fn cse(g: &mut Graph) -> u64 {
     let mut table: HashMap<(Op, Inputs, TensorType), NodeId> = HashMap::with_capacity(order.len());
     let mut merged = 0;
     for id in order {
+        air::work::tick();
         let node = g.node(id);
         let mut inputs = node.inputs.clone();
         if let Op::Binary(b) = node.op
