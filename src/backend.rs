@@ -64,8 +64,8 @@ pub(crate) fn execute_traced(
     match device {
         Device::Interp => interp(graph, &inputs, bindings).map_err(|e| interp_error(e, located)),
         Device::Cpu => {
-            let exe = cpu_device()?.compile(graph).map_err(|e| cpu_error(e, &located))?;
-            run_cpu(&exe, &inputs, bindings).map_err(|e| cpu_error(e, &located))
+            let exe = cpu_device()?.compile(graph).map_err(|e| cpu_error(e, located))?;
+            run_cpu(&exe, &inputs, bindings).map_err(|e| cpu_error(e, located))
         }
         Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| wgpu_error(e, located)),
     }
