@@ -129,8 +129,7 @@ fn execute_profiled(
     let located = |e: BoundsError| locate(e, graph, sites);
     let cpu = match device {
         Device::Interp => {
-            return profile::span("run", || interp(graph, &inputs, bindings))
-                .map_err(|e| interp_error(e, located));
+            return profile::span("run", || interp(graph, &inputs, bindings)).map_err(|e| interp_error(e, located));
         }
         Device::Wgpu => {
             let gpu = wgpu_device()?;
