@@ -94,6 +94,7 @@ fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
             buf(DType::F32, n, BufferKind::Output(0)),
         ],
         outputs: vec![(BufId(3), ty.clone())],
+        checks: vec![],
     };
     (program, vec![Some(ty)])
 }
@@ -246,6 +247,7 @@ fn matmul_program(
             buf(dtype, Dim::Const(batch * m * n), BufferKind::Output(0)),
         ],
         outputs: vec![(BufId(2), out_ty)],
+        checks: vec![],
     };
     let tys = vec![
         Some(TensorType::new(dtype, shape_of(&[na as usize]))),
