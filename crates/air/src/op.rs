@@ -280,8 +280,8 @@ pub enum Op {
     // Data-dependent indexing.
     /// `(src, index)`; see [`Gather`].
     Gather(Gather),
-    /// `(index, values)`; see [`ScatterAdd`].
-    ScatterAdd(ScatterAdd),
+    /// `(index, values)`; see [`ScatterAdd`] (boxed: it is rare, and keeps `Node` small).
+    ScatterAdd(Box<ScatterAdd>),
 }
 
 /// Coarse classes of ops, for passes that treat every member alike.

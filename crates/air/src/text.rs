@@ -384,7 +384,7 @@ fn op_with_attrs(mnemonic: &str, c: &mut Cursor<'_>) -> Result<Op, String> {
         "scatter_add" => {
             c.keyword("axis")?;
             let axis = usize_attr(c)?;
-            Op::ScatterAdd(ScatterAdd { axis, shape: shape(c)? })
+            Op::ScatterAdd(Box::new(ScatterAdd { axis, shape: shape(c)? }))
         }
         other => {
             if let Some(u) = UnaryOp::from_name(other) {

@@ -463,7 +463,7 @@ fn vjp(b: &mut Builder<'_>, id: NodeId, node: &air::Node, g: NodeId, needs: &[bo
             shape[ga.axis] = src.shape[ga.axis].clone();
             let half = matches!(src.dtype, DType::F16 | DType::BF16);
             let gf = if half { b.add(id, Op::Cast(Cast { to: DType::F32 }), &[g])? } else { g };
-            let scatter = Op::ScatterAdd(ScatterAdd { axis: ga.axis, shape: shape.clone() });
+            let scatter = Op::ScatterAdd(Box::new(ScatterAdd { axis: ga.axis, shape: shape.clone() }));
             let mut gx = b.add(id, scatter, &[inputs[1], gf])?;
             if half {
                 gx = b.add(id, Op::Cast(Cast { to: src.dtype }), &[gx])?;

@@ -114,7 +114,7 @@ fn build(c: &Case) -> (Graph, Vec<HostTensor>) {
     let sc_index = input(&mut g, 2, c.dtype, &sc_index_shape);
     let sc_vals = input(&mut g, 3, DType::F32, &sc_index_shape);
     let scatter = ScatterAdd { axis: c.axis, shape: shape_of(&c.src) };
-    let scattered = g.add(Op::ScatterAdd(scatter), &[sc_index, sc_vals]).unwrap();
+    let scattered = g.add(Op::ScatterAdd(Box::new(scatter)), &[sc_index, sc_vals]).unwrap();
     g.add_output(scattered);
     let inputs = vec![
         HostTensor::from_vec(floats(src_numel, 1), stored_shape).unwrap(),
@@ -151,7 +151,8 @@ fn scatter_add_reports_its_own_bad_index() {
     let mut g = Graph::new();
     let index = input(&mut g, 0, DType::I32, &[3, 2]);
     let values = input(&mut g, 1, DType::F32, &[3, 2]);
-    let out = g.add(Op::ScatterAdd(ScatterAdd { axis: 0, shape: shape_of(&[4, 2]) }), &[index, values]).unwrap();
+    let out =
+        g.add(Op::ScatterAdd(Box::new(ScatterAdd { axis: 0, shape: shape_of(&[4, 2]) })), &[index, values]).unwrap();
     g.add_output(out);
     let good = [
         index_tensor(DType::I32, &[0, 3, 3, 3, 0, 1], &[3, 2]),
