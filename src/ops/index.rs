@@ -1,11 +1,13 @@
 //! Joining and indexing: `cat`, `stack`, `gather`, `index_select`, all built from primitives.
 //!
 //! `cat` pads every input with zeros to the full size along the axis and adds them (`or` for
-//! bools). `gather` and `index_select` compare the index with an `iota` to make a one-hot mask,
-//! select with `where` and sum the mask axis away.
+//! bools). `gather` is the `gather` primitive, and `index_select` is a `gather` with the 1-D index
+//! broadcast over the other axes: a direct read per output element, whatever the size of the
+//! indexed axis. Their out-of-range (or negative) indices make the realize fail with an error
+//! naming the op and the index, as PyTorch raises one; the gradient is a `scatter_add`.
 
-use air::{BinaryOp, DType, Dim, ReduceOp, Scalar, Shape};
-use smallvec::SmallVec;
+use air::op::Gather;
+use air::{BinaryOp, DType, Dim, Op, Scalar, Shape};
 
 use crate::shape::{Axis, normalize_axis, show};
 use crate::tensor::{Site, Tensor};
@@ -50,7 +52,8 @@ impl Tensor {
 
     /// `out[i][j][k] = self[index[i][j][k]][j][k]` for `dim = 0`, and so on (`torch.gather`).
     /// `index` is an integer tensor of the same rank; along the other axes it may be smaller than
-    /// `self`. An out-of-range index gives 0 (PyTorch raises an error instead).
+    /// `self`. An index outside `0..self.shape[dim]` (negative ones too, like PyTorch) makes the
+    /// realize fail with "index 7 out of range for size 4 in gather".
     #[track_caller]
     pub fn gather(&self, dim: impl Axis, index: &Tensor) -> Tensor {
         let site = Site::here("gather");
@@ -84,29 +87,12 @@ impl Tensor {
                 return site.fail(format!("index shape {} exceeds shape {} along dim {d}", show(i), show(s)));
             }
         }
-        // Cut `self` down to the index's size on the other axes.
-        let mut x = self.clone();
-        if (0..r).any(|d| d != ax && i[d] != s[d]) {
-            let ranges = (0..r).map(|d| (Dim::Const(0), if d == ax { s[d].clone() } else { i[d].clone() })).collect();
-            x = x.p_shrink(site, ranges);
-        }
-        // Move the gathered axis last, then put a 1 where it was and expand to the index shape.
-        let mut perm: SmallVec<[usize; 4]> = (0..r).filter(|&d| d != ax).collect();
-        perm.push(ax);
-        let mut moved: Shape = x.shape().iter().enumerate().filter(|&(d, _)| d != ax).map(|(_, d)| d.clone()).collect();
-        moved.insert(ax, Dim::Const(1));
-        moved.push(s[ax].clone());
-        let values = if ax + 1 != r { x.p_permute(site, perm) } else { x };
-        let values = values.p_reshape(site, moved);
-        let mut index_shape = i.clone();
-        index_shape.push(Dim::Const(1));
-        let index = index.p_reshape(site, index_shape);
-        one_hot_select(site, &values, &index, i.clone(), s[ax].clone())
+        Tensor::apply(site, Op::Gather(Gather { axis: ax }), &[self, index])
     }
 
     /// The entries of `self` at positions `index` (1-D, integer) along `dim`
-    /// (`torch.index_select`; an embedding lookup is `table.index_select(0, &ids)`).
-    /// An out-of-range index gives 0.
+    /// (`torch.index_select`; an embedding lookup is `table.index_select(0, &ids)`). An index
+    /// outside `0..self.shape[dim]` makes the realize fail, as in [`Tensor::gather`].
     #[track_caller]
     pub fn index_select(&self, dim: impl Axis, index: &Tensor) -> Tensor {
         let site = Site::here("index_select");
@@ -123,21 +109,13 @@ impl Tensor {
         if !index.dtype().is_int() || index.ndim() != 1 {
             return site.fail(format!("index must be a 1-D integer tensor, got {}", index.ty()));
         }
-        let s = self.shape();
-        let m = index.shape()[0].clone();
-        let mut out = s.clone();
-        out[ax] = m.clone();
-        let mut perm: SmallVec<[usize; 4]> = (0..r).filter(|&d| d != ax).collect();
-        perm.push(ax);
-        let mut moved: Shape = s.iter().enumerate().filter(|&(d, _)| d != ax).map(|(_, d)| d.clone()).collect();
-        moved.insert(ax, Dim::Const(1));
-        moved.push(s[ax].clone());
-        let values = if ax + 1 != r { self.p_permute(site, perm) } else { self.clone() };
-        let values = values.p_reshape(site, moved);
-        let mut index_shape: Shape = std::iter::repeat_n(Dim::Const(1), r + 1).collect();
-        index_shape[ax] = m;
-        let index = index.p_reshape(site, index_shape);
-        one_hot_select(site, &values, &index, out, s[ax].clone())
+        // The index along `dim`, broadcast over the other axes (a view: no copy).
+        let mut out = self.shape().clone();
+        out[ax] = index.shape()[0].clone();
+        let mut index_shape: Shape = std::iter::repeat_n(Dim::Const(1), r).collect();
+        index_shape[ax] = out[ax].clone();
+        let index = index.p_reshape(site, index_shape).p_expand(site, out);
+        Tensor::apply(site, Op::Gather(Gather { axis: ax }), &[self, &index])
     }
 }
 
@@ -166,24 +144,6 @@ impl Tensor {
         let positions = index.iota_like(site, last, index.dtype(), full);
         index.p_binary(site, BinaryOp::CmpEq, &positions).p_cast(site, DType::I64)
     }
-}
-
-/// `values: [.., n]` and `index: [.., 1]` (both broadcastable to `out + [n]`): picks
-/// `values[.., index]` by a one-hot mask over the last axis, giving shape `out`.
-fn one_hot_select(site: Site, values: &Tensor, index: &Tensor, out: Shape, n: Dim) -> Tensor {
-    let mut full = out.clone();
-    full.push(n);
-    let last = full.len() - 1;
-    let is_bool = values.dtype().is_bool();
-    let values = if is_bool { values.p_cast(site, DType::I32) } else { values.clone() };
-    let values = crate::ops::elementwise::broadcast_to(site, &values, &full);
-    let index = crate::ops::elementwise::broadcast_to(site, index, &full);
-    let positions = index.iota_like(site, last, index.dtype(), full.clone());
-    let hot = index.p_binary(site, BinaryOp::CmpEq, &positions);
-    let zero = values.const_like(site, Scalar::Int(0), values.dtype(), full);
-    let picked = Tensor::p_where(site, &hot, &values, &zero).p_reduce(site, ReduceOp::Sum, smallvec::smallvec![last]);
-    let picked = picked.p_reshape(site, out);
-    if is_bool { picked.p_cast(site, DType::Bool) } else { picked }
 }
 
 fn cat_impl(site: Site, tensors: &[&Tensor], dim: isize) -> Tensor {

@@ -31,7 +31,9 @@
 //! Integers (`i32`, `i64`)
 //! - `add`, `sub`, `mul` and `neg` wrap around (two's complement), never trap.
 //! - `div` truncates toward zero; `mod` has the sign of the dividend (Rust `%`). Division or
-//!   remainder by zero gives 0. `MIN / -1` wraps to `MIN`, and `MIN % -1` is 0.
+//!   remainder by zero is an error of the op ("integer division by zero in div"), as PyTorch
+//!   raises one; compiled backends report it through their per-run error word. `MIN / -1` wraps
+//!   to `MIN`, and `MIN % -1` is 0.
 //! - `not`, `and`, `or` are bitwise.
 //!
 //! Bools: `not`, `and`, `or` are logical; `max` is `or` and `min` is `and`. (`cmplt` on bools
@@ -58,12 +60,20 @@
 //!   (its identity). The facade never builds a `max` over an axis it knows is empty (PyTorch
 //!   raises there); only a symbolic extent bound to 0 reaches this case.
 //!
+//! Indexing: `gather` and `scatter_add` (see their attribute structs) check every index against
+//! the size of its axis; a negative or too large index is an error of the op ("index 7 out of
+//! range for size 4 in gather"). `scatter_add` adds in the values' dtype in row-major order of
+//! the index positions (floats round after every add; ints wrap).
+//!
 //! Movement: `reshape` keeps the row-major element order; `permute` makes output axis `i` input
 //! axis `perm[i]`; `expand` repeats size-1 axes; `pad` adds `(before, after)` elements of `value`
 //! around each axis; `shrink` keeps `start..end` of each axis.
 
 mod elementwise;
+mod index;
 mod layout;
+
+pub use index::index_error;
 
 use std::sync::Arc;
 
@@ -74,7 +84,7 @@ use crate::dim::{Bindings, Dim, ShapeDisplay};
 use crate::error::{AirError, Result};
 use crate::graph::{Graph, NodeId};
 use crate::host::HostTensor;
-use crate::op::{Op, TensorType};
+use crate::op::{BinaryOp, Op, TensorType};
 
 /// Evaluates `graph.outputs()` (in order; repeats allowed) on `inputs`, where an `Input { slot }`
 /// node takes `inputs[slot]`. See the module docs for the semantics of every op.
@@ -167,6 +177,12 @@ fn bind_input(slot: u32, ty: &TensorType, inputs: &[HostTensor], bindings: &Bind
     Ok(given.clone())
 }
 
+/// The message of an integer division or remainder by zero (shared wording with the compiled
+/// backends; PyTorch raises `ZeroDivisionError` there).
+pub fn division_error(op: &str) -> String {
+    format!("integer division by zero in {op}")
+}
+
 /// Evaluates one non-input op on its argument values; `ty` is the node's type, which the result
 /// is checked against. Errors name what went wrong but not the node (`eval` adds that).
 pub fn eval_op(op: &Op, ty: &TensorType, args: &[&HostTensor], bindings: &Bindings) -> Result<HostTensor, String> {
@@ -197,6 +213,12 @@ pub fn eval_op(op: &Op, ty: &TensorType, args: &[&HostTensor], bindings: &Bindin
         Op::Unary(u) => tensor(elementwise::unary(*u, &args[0].data)?, args[0].shape.clone()),
         Op::Binary(b) => {
             let s = same_shapes()?;
+            if matches!(b, BinaryOp::Div | BinaryOp::Mod) && args[1].dtype().is_int() {
+                let zero = args[1].data.to_f64_vec().contains(&0.0);
+                if zero {
+                    return Err(division_error(b.name()));
+                }
+            }
             tensor(elementwise::binary(*b, &args[0].data, &args[1].data)?, s)
         }
         Op::Where => {
@@ -210,6 +232,8 @@ pub fn eval_op(op: &Op, ty: &TensorType, args: &[&HostTensor], bindings: &Bindin
         Op::Expand(e) => layout::expand(args[0], eval_dims(&e.shape, bindings)?)?,
         Op::Pad(p) => layout::pad(args[0], &eval_pairs(&p.padding, bindings)?, p.value)?,
         Op::Shrink(s) => layout::shrink(args[0], &eval_pairs(&s.ranges, bindings)?)?,
+        Op::Gather(g) => index::gather(args[0], args[1], g.axis)?,
+        Op::ScatterAdd(s) => index::scatter_add(args[0], args[1], s.axis, eval_dims(&s.shape, bindings)?)?,
     };
     if out.dtype() != ty.dtype || out.shape != shape {
         return Err(format!(

@@ -229,6 +229,28 @@ pub struct Shrink {
     pub ranges: Vec<(Dim, Dim)>,
 }
 
+/// `torch.gather` along `axis`: inputs `(src, index)`; the output has the index's shape and
+/// `out[p] = src[p with coordinate axis replaced by index[p]]`. `index` is `i32` or `i64` of the
+/// rank of `src`; along the other axes it is no larger than `src`. An index outside
+/// `0..src.shape[axis]` is a run-time error of the op (see [`crate::interp`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Gather {
+    /// The axis of `src` that the index selects along; less than the rank.
+    pub axis: usize,
+}
+
+/// The adjoint of [`Gather`]: inputs `(index, values)` of one shape; the output, of `shape`, is
+/// zero except that `out[p with coordinate axis replaced by index[p]] += values[p]` for every
+/// position `p` of `index` (in the values' dtype: `i32`, `i64`, `f32` or `f64`). Along the other axes `index` has exactly the output's size. An index
+/// outside `0..shape[axis]` is a run-time error of the op.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScatterAdd {
+    /// The axis of the output that the index selects along; less than the rank.
+    pub axis: usize,
+    /// The output shape.
+    pub shape: Shape,
+}
+
 /// An op with its typed attributes.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -262,6 +284,11 @@ pub enum Op {
     Pad(Pad),
     /// See [`Shrink`].
     Shrink(Shrink),
+    // Data-dependent indexing.
+    /// `(src, index)`; see [`Gather`].
+    Gather(Gather),
+    /// `(index, values)`; see [`ScatterAdd`] (boxed: it is rare, and keeps `Node` small).
+    ScatterAdd(Box<ScatterAdd>),
 }
 
 /// Coarse classes of ops, for passes that treat every member alike.
@@ -276,6 +303,8 @@ pub enum OpClass {
     /// Views that move, repeat or fill elements without arithmetic: `reshape`, `permute`,
     /// `expand`, `pad`, `shrink`.
     Movement,
+    /// Reads or writes at positions computed from data: `gather`, `scatter_add`.
+    Index,
 }
 
 impl Op {
@@ -295,6 +324,8 @@ impl Op {
             Op::Expand(_) => "expand",
             Op::Pad(_) => "pad",
             Op::Shrink(_) => "shrink",
+            Op::Gather(_) => "gather",
+            Op::ScatterAdd(_) => "scatter_add",
         }
     }
 
@@ -305,6 +336,7 @@ impl Op {
             Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Cast(_) => OpClass::Elementwise,
             Op::Reduce(_) => OpClass::Reduce,
             Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Pad(_) | Op::Shrink(_) => OpClass::Movement,
+            Op::Gather(_) | Op::ScatterAdd(_) => OpClass::Index,
         }
     }
 
@@ -317,7 +349,7 @@ impl Op {
     pub fn arity(&self) -> usize {
         match self {
             Op::Input(_) | Op::Const(_) | Op::Iota(_) => 0,
-            Op::Binary(_) => 2,
+            Op::Binary(_) | Op::Gather(_) | Op::ScatterAdd(_) => 2,
             Op::Where => 3,
             _ => 1,
         }
@@ -465,8 +497,44 @@ impl Op {
                 let shape = s.ranges.iter().map(|(a, b)| b - a).collect();
                 Ok(TensorType { dtype: t.dtype, shape })
             }
+            Op::Gather(g) => {
+                let (src, index) = (inputs[0], inputs[1]);
+                check_index(name, g.axis, index, &src.shape, true)?;
+                Ok(TensorType { dtype: src.dtype, shape: index.shape.clone() })
+            }
+            Op::ScatterAdd(s) => {
+                let (index, values) = (inputs[0], inputs[1]);
+                let numeric = matches!(values.dtype, DType::I32 | DType::I64 | DType::F32 | DType::F64);
+                if !numeric || values.shape != index.shape {
+                    return Err(format!(
+                        "{name}: values must be i32/i64/f32/f64 of the index's shape, got {}",
+                        types()
+                    ));
+                }
+                check_index(name, s.axis, index, &s.shape, false)?;
+                Ok(TensorType { dtype: values.dtype, shape: s.shape.clone() })
+            }
         }
     }
+}
+
+/// Checks the index operand of `gather` (`smaller`: along the other axes it may be smaller than
+/// `shape`) or `scatter_add` (it must equal `shape` there).
+fn check_index(name: &str, axis: usize, index: &TensorType, shape: &[Dim], smaller: bool) -> Result<(), String> {
+    if !matches!(index.dtype, DType::I32 | DType::I64) {
+        return Err(format!("{name}: index must be i32 or i64, got {index}"));
+    }
+    if index.rank() != shape.len() || axis >= shape.len() {
+        return Err(format!("{name}: axis {axis} and index {index} do not fit shape {}", ShapeDisplay(shape)));
+    }
+    for (d, (i, s)) in index.shape.iter().zip(shape).enumerate() {
+        let fits =
+            d == axis || i == s || (smaller && matches!((i.as_const(), s.as_const()), (Some(a), Some(b)) if a <= b));
+        if !fits {
+            return Err(format!("{name}: index {index} does not fit shape {} along axis {d}", ShapeDisplay(shape)));
+        }
+    }
+    Ok(())
 }
 
 fn check_axes(name: &str, axes: &[usize], rank: usize, sorted: bool) -> Result<(), String> {

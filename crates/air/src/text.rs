@@ -49,8 +49,8 @@ use crate::dtype::{DType, Scalar};
 use crate::error::{AirError, Result};
 use crate::graph::{Graph, Inputs, Node, NodeId};
 use crate::op::{
-    BinaryOp, Cast, Const, Expand, Input, Iota, Op, Pad, Permute, Reduce, ReduceOp, Reshape, Shrink, TensorType,
-    UnaryOp,
+    BinaryOp, Cast, Const, Expand, Gather, Input, Iota, Op, Pad, Permute, Reduce, ReduceOp, Reshape, ScatterAdd,
+    Shrink, TensorType, UnaryOp,
 };
 
 /// How the printer names nodes.
@@ -177,6 +177,8 @@ impl fmt::Display for OpHead<'_> {
             Op::Expand(e) => write!(f, " {}", ShapeDisplay(&e.shape)),
             Op::Pad(p) => write!(f, " {} value={}", PairList(&p.padding), ScalarText(p.value)),
             Op::Shrink(s) => write!(f, " {}", PairList(&s.ranges)),
+            Op::Gather(g) => write!(f, " axis={}", g.axis),
+            Op::ScatterAdd(s) => write!(f, " axis={} {}", s.axis, ShapeDisplay(&s.shape)),
         }
     }
 }
@@ -375,6 +377,15 @@ fn op_with_attrs(mnemonic: &str, c: &mut Cursor<'_>) -> Result<Op, String> {
             Op::Pad(Pad { padding, value: scalar(c)? })
         }
         "shrink" => Op::Shrink(Shrink { ranges: pair_list(c)? }),
+        "gather" => {
+            c.keyword("axis")?;
+            Op::Gather(Gather { axis: usize_attr(c)? })
+        }
+        "scatter_add" => {
+            c.keyword("axis")?;
+            let axis = usize_attr(c)?;
+            Op::ScatterAdd(Box::new(ScatterAdd { axis, shape: shape(c)? }))
+        }
         other => {
             if let Some(u) = UnaryOp::from_name(other) {
                 Op::Unary(u)

@@ -240,8 +240,9 @@ fn float_max_min_propagate_nan_and_order_zeros() {
 fn binary_i32() {
     let a = vec![7i32, -7, 7, -7, 5, i32::MIN, i32::MAX];
     let b = vec![2i32, 2, -2, -2, 0, -1, 1];
-    assert_eq!(binary::<i32, i32>(BinaryOp::Div, a.clone(), b.clone()), vec![3, -3, -3, 3, 0, i32::MIN, i32::MAX]);
-    assert_eq!(binary::<i32, i32>(BinaryOp::Mod, a.clone(), b.clone()), vec![1, -1, 1, -1, 0, 0, 0]);
+    let (qa, qb) = (vec![7i32, -7, 7, -7, i32::MIN, i32::MAX], vec![2i32, 2, -2, -2, -1, 1]);
+    assert_eq!(binary::<i32, i32>(BinaryOp::Div, qa.clone(), qb.clone()), vec![3, -3, -3, 3, i32::MIN, i32::MAX]);
+    assert_eq!(binary::<i32, i32>(BinaryOp::Mod, qa, qb), vec![1, -1, 1, -1, 0, 0]);
     assert_eq!(binary::<i32, i32>(BinaryOp::Add, a.clone(), b.clone()), vec![9, -5, 5, -9, 5, i32::MAX, i32::MIN]);
     let diff = binary::<i32, i32>(BinaryOp::Sub, a.clone(), b.clone());
     assert_eq!(diff, vec![5, -9, 9, -5, 5, i32::MIN + 1, i32::MAX - 1]);
@@ -253,10 +254,23 @@ fn binary_i32() {
 }
 
 #[test]
+fn integer_division_by_zero_is_an_error() {
+    for (op, name) in [(BinaryOp::Div, "div"), (BinaryOp::Mod, "mod")] {
+        let mut g = Graph::new();
+        let a = input(&mut g, 0, DType::I32, shape_of(&[2]));
+        let b = input(&mut g, 1, DType::I32, shape_of(&[2]));
+        let z = g.add(Op::Binary(op), &[a, b]).unwrap();
+        g.add_output(z);
+        let e = eval(&g, &[tensor(vec![9i32, 9], &[2]), tensor(vec![3i32, 0], &[2])], &Bindings::new()).unwrap_err();
+        assert!(e.to_string().contains(&format!("integer division by zero in {name}")), "{e}");
+    }
+}
+
+#[test]
 fn binary_i64() {
     assert_eq!(binary::<i64, i64>(BinaryOp::Add, vec![i64::MAX], vec![1]), vec![i64::MIN]);
-    assert_eq!(binary::<i64, i64>(BinaryOp::Div, vec![-9, 9, i64::MIN], vec![4, 0, -1]), vec![-2, 0, i64::MIN]);
-    assert_eq!(binary::<i64, i64>(BinaryOp::Mod, vec![-9, 9, i64::MIN], vec![4, 0, -1]), vec![-1, 0, 0]);
+    assert_eq!(binary::<i64, i64>(BinaryOp::Div, vec![-9, i64::MIN], vec![4, -1]), vec![-2, i64::MIN]);
+    assert_eq!(binary::<i64, i64>(BinaryOp::Mod, vec![-9, i64::MIN], vec![4, -1]), vec![-1, 0]);
     assert_eq!(binary::<i64, i64>(BinaryOp::Mul, vec![1 << 62], vec![4]), vec![0]);
     assert_eq!(binary::<i64, i64>(BinaryOp::And, vec![0b1100], vec![0b1010]), vec![0b1000]);
     assert_eq!(binary::<i64, i64>(BinaryOp::Max, vec![-1], vec![-2]), vec![-1]);
@@ -897,7 +911,8 @@ proptest! {
 
     #[test]
     fn int_elementwise_matches_scalar_rust(pairs in prop::collection::vec((any::<i32>(), -5i32..5), 0..64)) {
-        let (a, b): (Vec<i32>, Vec<i32>) = pairs.into_iter().unzip();
+        // A zero divisor is an error (`integer_division_by_zero_is_an_error`); use 3 instead.
+        let (a, b): (Vec<i32>, Vec<i32>) = pairs.into_iter().map(|(x, y)| (x, if y == 0 { 3 } else { y })).unzip();
         let check = |op: BinaryOp, f: fn(i64, i64) -> i64| {
             let got = binary::<i32, i32>(op, a.clone(), b.clone());
             for i in 0..a.len() {
@@ -909,8 +924,8 @@ proptest! {
         check(BinaryOp::Add, |x, y| x + y);
         check(BinaryOp::Sub, |x, y| x - y);
         check(BinaryOp::Mul, |x, y| x * y);
-        check(BinaryOp::Div, |x, y| if y == 0 { 0 } else { x / y });
-        check(BinaryOp::Mod, |x, y| if y == 0 { 0 } else { x % y });
+        check(BinaryOp::Div, |x, y| x / y);
+        check(BinaryOp::Mod, |x, y| x % y);
         check(BinaryOp::Max, |x, y| x.max(y));
         check(BinaryOp::Min, |x, y| x.min(y));
         check(BinaryOp::And, |x, y| x & y);

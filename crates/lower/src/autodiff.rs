@@ -44,6 +44,8 @@
 //! | `expand` | `g` summed over the expanded axes (the reduced axes keep size 1, so no reshape is needed) |
 //! | `pad` | `g` shrunk to the unpadded region (the pad value gets no gradient) |
 //! | `shrink` | `g` padded back with zeros |
+//! | `gather(src, index)` | `scatter_add(index, g)` into `src`'s axis size (f16/bf16 through f32), padded with zeros where the index is smaller than `src` off the axis; nothing to `index` |
+//! | `scatter_add(index, v)` | `gather(g, index)` to `v`; nothing to `index` |
 //! | `input`, `const`, `iota` | leaves |
 //!
 //! NaN conventions: a `max`/`min` with a NaN operand routes no gradient to either operand (every
@@ -52,7 +54,7 @@
 use std::collections::{HashMap, HashSet};
 
 use air::dim::Dim;
-use air::op::{Cast, Const, Expand, Pad, Permute, Reduce, ReduceOp, Reshape, Shrink};
+use air::op::{Cast, Const, Expand, Gather, Pad, Permute, Reduce, ReduceOp, Reshape, ScatterAdd, Shrink};
 use air::{AirError, BinaryOp, DType, Graph, NodeId, Op, Scalar, TensorType, UnaryOp};
 use smallvec::SmallVec;
 
@@ -454,6 +456,28 @@ fn vjp(b: &mut Builder<'_>, id: NodeId, node: &air::Node, g: NodeId, needs: &[bo
             let padding = s.ranges.iter().zip(&x_shape).map(|((start, end), d)| (start.clone(), d - end)).collect();
             let value = Scalar::Float(0.0);
             out.push((inputs[0], b.add(id, Op::Pad(Pad { padding, value }), &[g])?));
+        }
+        Op::Gather(ga) => {
+            let (src, index) = (in_ty(b, 0), in_ty(b, 1));
+            let mut shape = index.shape.clone();
+            shape[ga.axis] = src.shape[ga.axis].clone();
+            let half = matches!(src.dtype, DType::F16 | DType::BF16);
+            let gf = if half { b.add(id, Op::Cast(Cast { to: DType::F32 }), &[g])? } else { g };
+            let scatter = Op::ScatterAdd(Box::new(ScatterAdd { axis: ga.axis, shape: shape.clone() }));
+            let mut gx = b.add(id, scatter, &[inputs[1], gf])?;
+            if half {
+                gx = b.add(id, Op::Cast(Cast { to: src.dtype }), &[gx])?;
+            }
+            if shape != src.shape {
+                let padding = shape.iter().zip(&src.shape).map(|(have, want)| (Dim::Const(0), want - have)).collect();
+                gx = b.add(id, Op::Pad(Pad { padding, value: Scalar::Float(0.0) }), &[gx])?;
+            }
+            out.push((inputs[0], gx));
+        }
+        Op::ScatterAdd(sa) => {
+            if needs[1] {
+                out.push((inputs[1], b.add(id, Op::Gather(Gather { axis: sa.axis }), &[g, inputs[0]])?));
+            }
         }
     }
     Ok(out)

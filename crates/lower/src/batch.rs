@@ -27,7 +27,7 @@ use std::collections::HashMap;
 
 use crate::error::LowerError;
 use crate::kir::{Access, Kernel};
-use crate::program::Program;
+use crate::program::{BufferKind, Program};
 
 /// The dependencies of every step and its level.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,6 +67,10 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
             if b >= n_bufs {
                 return Err(LowerError::Malformed(format!("step {s} uses a missing buffer buf{b}")));
             }
+            // Kernels only ever set the status buffer atomically from 0: no order between them.
+            if program.buffers[b].kind == BufferKind::Status {
+                continue;
+            }
             p.extend(last_writer[b]);
             if param.access == Access::Write {
                 p.extend(readers[b].iter().copied());
@@ -79,6 +83,9 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
         p.retain(|&q| q != s32);
         for (param, &b) in kernel.params().iter().zip(&step.args) {
             let b = b.0 as usize;
+            if program.buffers[b].kind == BufferKind::Status {
+                continue;
+            }
             match param.access {
                 Access::Read => readers[b].push(s32),
                 Access::Write => {

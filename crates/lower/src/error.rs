@@ -21,6 +21,10 @@ pub enum LowerError {
     /// The program was run with inputs that do not match it.
     #[error("bad inputs: {0}")]
     BadInputs(String),
+    /// A data-dependent check failed during a run: an index out of range, an integer division
+    /// by zero. The message names the op and the offending value or the kind of failure.
+    #[error("{0}")]
+    Data(String),
     /// A kir program broke one of its invariants (a bug in the producer of the program).
     #[error("malformed program: {0}")]
     Malformed(String),

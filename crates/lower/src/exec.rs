@@ -6,14 +6,19 @@
 //! Temps live in one byte arena laid out by `memplan`, so a planning mistake (two live buffers
 //! sharing bytes) shows up as a wrong result. Indices are checked: a kernel that reads or writes
 //! out of bounds is an error, never a panic.
+//!
+//! Data-dependent checks (`Inst::Gather`, `Stmt::ScatterAdd`, `Stmt::Check`) follow the status
+//! protocol of the `kir` module docs: a failure is recorded in the status buffer (the first one
+//! wins), the faulting element uses its safe substitute, and after the last step a recorded
+//! failure becomes `LowerError::Data` with `Program::checks`' message.
 
 use air::{BinaryOp, Bindings, DType, HostData, HostTensor, ReduceOp, Scalar, UnaryOp};
 use half::{bf16, f16};
 
 use crate::error::LowerError;
-use crate::kir::{IExpr, Inst, Kernel, LoopKernel, MatOperand, MatmulKernel, Stmt};
+use crate::kir::{IExpr, Inst, Kernel, LoopKernel, MatOperand, MatmulKernel, STATUS_WORDS, Stmt};
 use crate::memplan::{self, MemoryPlan};
-use crate::program::{BufferKind, Program};
+use crate::program::{BufferKind, DataCheck, Program};
 
 /// One scalar value: floats of every width are held as `f64` (exactly), ints as `i64`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -397,7 +402,7 @@ fn run_ordered(
                 mem.own.push(t.data.as_bytes().to_vec());
                 mem.regions.push(Region::Own(mem.own.len() - 1));
             }
-            BufferKind::Output(_) => {
+            BufferKind::Output(_) | BufferKind::Status => {
                 mem.own.push(vec![0u8; bytes]);
                 mem.regions.push(Region::Own(mem.own.len() - 1));
             }
@@ -423,6 +428,16 @@ fn run_ordered(
         match kernel {
             Kernel::Loops(k) => run_loops(k, &args, &syms, &mut mem)?,
             Kernel::Matmul(k) => run_matmul(k, &args, &syms, &mut mem)?,
+        }
+    }
+    for (i, b) in program.buffers.iter().enumerate() {
+        if b.kind == BufferKind::Status {
+            let words = (0..STATUS_WORDS.min(mem.lens[i]))
+                .map(|w| mem.read(i, w as i64).map(|v| v.as_i64() as i32))
+                .collect::<Result<Vec<i32>, _>>()?;
+            if let Some(message) = DataCheck::from_status(&program.data_checks, &words) {
+                return Err(LowerError::Data(message));
+            }
         }
     }
     let mut outs = Vec::new();
@@ -472,8 +487,41 @@ impl Frame<'_> {
         self.args.get(p as usize).copied().ok_or_else(|| LowerError::Malformed(format!("no parameter b{p}")))
     }
 
-    fn inst(&self, inst: &Inst, dtype: DType, mem: &Memory) -> Result<Val, LowerError> {
+    /// The value of the index register `index` if it lies in `0..size`; otherwise records
+    /// `check` in the status buffer `status` and returns `None`.
+    fn checked_index(
+        &self,
+        index: crate::kir::Reg,
+        size: &IExpr,
+        status: u32,
+        check: u32,
+        mem: &mut Memory,
+    ) -> Result<Option<i64>, LowerError> {
+        let i = self.reg(index)?.0.as_i64();
+        if (0..self.eval(size)).contains(&i) {
+            return Ok(Some(i));
+        }
+        self.record(status, check, i, mem)?;
+        Ok(None)
+    }
+
+    /// Records a failure of `check` with `value` unless one is recorded already.
+    fn record(&self, status: u32, check: u32, value: i64, mem: &mut Memory) -> Result<(), LowerError> {
+        let b = self.buf(status)?;
+        if mem.read(b, 0)?.as_i64() == 0 {
+            mem.write(b, 0, Val::I(check as i64 + 1))?;
+            mem.write(b, 1, Val::I(value as u32 as i32 as i64))?;
+            mem.write(b, 2, Val::I((value >> 32) as i32 as i64))?;
+        }
+        Ok(())
+    }
+
+    fn inst(&self, inst: &Inst, dtype: DType, mem: &mut Memory) -> Result<Val, LowerError> {
         Ok(match inst {
+            Inst::Gather { buf, base, index, stride, size, status, check } => {
+                let i = self.checked_index(*index, size, *status, *check, mem)?.unwrap_or(0);
+                mem.read(self.buf(*buf)?, self.eval(base) + i * self.eval(stride))?
+            }
             Inst::Load { buf, index, mask, other } => {
                 if mask.as_ref().is_some_and(|m| self.eval(m) == 0) {
                     Val::from_scalar(*other).cast(dtype)
@@ -558,6 +606,22 @@ impl Frame<'_> {
                     let (v, _) = self.reg(*value)?;
                     let b = self.buf(*buf)?;
                     mem.write(b, self.eval(index), v)?;
+                }
+                Stmt::ScatterAdd { buf, base, index, stride, size, value, status, check } => {
+                    if let Some(i) = self.checked_index(*index, size, *status, *check, mem)? {
+                        let (v, _) = self.reg(*value)?;
+                        let b = self.buf(*buf)?;
+                        let at = self.eval(base) + i * self.eval(stride);
+                        let dtype = mem.dtypes[b];
+                        let sum = binary(BinaryOp::Add, mem.read(b, at)?, v.cast(dtype), dtype)?;
+                        mem.write(b, at, sum)?;
+                    }
+                }
+                Stmt::Check { cond, value, status, check } => {
+                    if matches!(self.reg(*cond)?.0, Val::B(true)) {
+                        let v = self.reg(*value)?.0.as_i64();
+                        self.record(*status, *check, v, mem)?;
+                    }
                 }
             }
         }

@@ -16,11 +16,20 @@
 //!   parallel loop are called once with `start = 0, end = 1` and ignore the range.
 //! - `IExpr::Div`/`Mod` are floor division/remainder on non-negative operands (indices).
 //! - F16/BF16 values may be computed in f32: loads widen, stores narrow.
+//! - Data-dependent failures (an index out of range, an integer division by zero) never trap and
+//!   never touch memory out of bounds: the faulting element uses a safe substitute (index 0,
+//!   divisor 1) and the kernel records the failure in the run's status buffer, a parameter of
+//!   dtype `i32` holding [`STATUS_WORDS`] words: word 0 is 0 while nothing failed, else `check + 1`
+//!   of the first failure recorded (set once, by a compare-and-swap from 0); words 1 and 2 are
+//!   the low and high halves of the offending value. `check` numbers `Program::checks`.
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
+
+/// The number of `i32` words of a status buffer (see the module docs).
+pub const STATUS_WORDS: usize = 4;
 
 /// A loop variable (`i0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -244,6 +253,25 @@ pub enum Inst {
     Cast(Reg),
     /// The current value of an accumulator.
     ReadAcc(Acc),
+    /// `buf[base + i * stride]` where `i` is the value of the integer register `index`, checked
+    /// against `0..size`: out of range, the kernel records `check` with the value `i` in the status
+    /// buffer `status` and reads `buf[base]` instead.
+    Gather {
+        /// The buffer parameter read.
+        buf: u32,
+        /// The element index for `i = 0`.
+        base: IExpr,
+        /// The integer register holding `i`.
+        index: Reg,
+        /// The element distance between consecutive `i`.
+        stride: IExpr,
+        /// The number of valid `i`.
+        size: IExpr,
+        /// The status buffer parameter.
+        status: u32,
+        /// The check recorded on a bad index (a position in `Program::checks`).
+        check: u32,
+    },
 }
 
 /// One statement of a loop nest.
@@ -284,6 +312,38 @@ pub enum Stmt {
         acc: Acc,
         /// The value folded into it.
         value: Reg,
+    },
+    /// `buf[base + i * stride] += value`, `i` from the integer register `index`, checked like
+    /// [`Inst::Gather`] (out of range: the failure is recorded and nothing is written).
+    ScatterAdd {
+        /// The buffer parameter updated.
+        buf: u32,
+        /// The element index for `i = 0`.
+        base: IExpr,
+        /// The integer register holding `i`.
+        index: Reg,
+        /// The element distance between consecutive `i`.
+        stride: IExpr,
+        /// The number of valid `i`.
+        size: IExpr,
+        /// The value added.
+        value: Reg,
+        /// The status buffer parameter.
+        status: u32,
+        /// The check recorded on a bad index.
+        check: u32,
+    },
+    /// When the bool register `cond` is true, records `check` with the integer value of `value`
+    /// in the status buffer `status` (the first failure of a run wins).
+    Check {
+        /// The failure condition.
+        cond: Reg,
+        /// The offending value reported.
+        value: Reg,
+        /// The status buffer parameter.
+        status: u32,
+        /// The check recorded (a position in `Program::checks`).
+        check: u32,
     },
     /// `buf[index] = value`.
     Store {
@@ -416,6 +476,9 @@ fn fmt_inst(f: &mut fmt::Formatter<'_>, inst: &Inst) -> fmt::Result {
         Inst::Where(c, a, b) => write!(f, "where {c}, {a}, {b}"),
         Inst::Cast(r) => write!(f, "cast {r}"),
         Inst::ReadAcc(a) => write!(f, "read {a}"),
+        Inst::Gather { buf, base, index, stride, size, status, check } => {
+            write!(f, "gather b{buf}[{base} + {index}*{stride}] size {size} check {check} in b{status}")
+        }
     }
 }
 
@@ -438,6 +501,13 @@ fn fmt_stmts(f: &mut fmt::Formatter<'_>, stmts: &[Stmt], depth: usize) -> fmt::R
             Stmt::AccInit { acc, dtype, op } => writeln!(f, "{acc}: {dtype} = {}.init", op.name())?,
             Stmt::AccUpdate { acc, value } => writeln!(f, "{acc} <- {value}")?,
             Stmt::Store { buf, index, value } => writeln!(f, "store b{buf}[{index}] = {value}")?,
+            Stmt::ScatterAdd { buf, base, index, stride, size, value, status, check } => writeln!(
+                f,
+                "scatter_add b{buf}[{base} + {index}*{stride}] += {value} size {size} check {check} in b{status}"
+            )?,
+            Stmt::Check { cond, value, status, check } => {
+                writeln!(f, "check {check} if {cond} value {value} in b{status}")?
+            }
         }
     }
     Ok(())

@@ -21,4 +21,4 @@ pub use autodiff::{AutodiffError, grad, grad_with_seed};
 pub use compile::{CompileOptions, PassObserver, compile, compile_observed};
 pub use error::LowerError;
 pub use memplan::MemoryPlan;
-pub use program::{BufId, BufferInfo, BufferKind, Program, Step};
+pub use program::{BufId, BufferInfo, BufferKind, CheckKind, DataCheck, Program, Step};

@@ -25,6 +25,61 @@ pub enum BufferKind {
     Output(u32),
     /// An intermediate: placed in the arena by the memory planner.
     Temp,
+    /// The run's status buffer (`kir::STATUS_WORDS` `i32` words, see the `kir` module docs): the
+    /// device zeroes it before a run and turns a recorded failure into an error after it.
+    Status,
+}
+
+/// What a data-dependent check of the program tests, for its error message.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CheckKind {
+    /// An index must lie in `0..size`.
+    Index {
+        /// The size of the indexed axis.
+        size: Dim,
+    },
+    /// An integer divisor must not be 0.
+    DivByZero,
+}
+
+/// One data-dependent check of a program (`Program::data_checks[n]` is check `n` of the
+/// kernels).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DataCheck {
+    /// The mnemonic of the op the check belongs to (`gather`, `div`).
+    pub op: String,
+    /// What is checked.
+    pub kind: CheckKind,
+}
+
+impl DataCheck {
+    /// The error message of a failure with the offending `value`, worded like `air::interp`'s.
+    pub fn message(&self, value: i64) -> String {
+        match &self.kind {
+            CheckKind::Index { size } => match size.as_const() {
+                Some(n) => air::interp::index_error(&self.op, value, n),
+                None => format!("index {value} out of range for size {size} in {}", self.op),
+            },
+            CheckKind::DivByZero => air::interp::division_error(&self.op),
+        }
+    }
+
+    /// The error message of a status buffer's words, or `None` if nothing failed (word 0 is 0).
+    /// A code naming no check is reported as such.
+    pub fn from_status(checks: &[DataCheck], words: &[i32]) -> Option<String> {
+        let code = *words.first()?;
+        if code == 0 {
+            return None;
+        }
+        let lo = words.get(1).copied().unwrap_or(0) as u32 as u64;
+        let hi = words.get(2).copied().unwrap_or(0) as u32 as u64;
+        let value = (hi << 32 | lo) as i64;
+        let check = usize::try_from(code).ok().and_then(|c| checks.get(c - 1));
+        Some(match check {
+            Some(c) => c.message(value),
+            None => format!("a kernel reported unknown check code {code}"),
+        })
+    }
 }
 
 /// One buffer of the program, indexed by its `BufId` in `Program::buffers`.
@@ -65,6 +120,9 @@ pub struct Program {
     /// values (`air::constraints`), collected before any rewrite: a backend checks them once per
     /// binding set, with [`Program::check_bindings`], before it sizes anything.
     pub checks: Vec<Check>,
+    /// The data-dependent checks the kernels make, numbered as in their `check` fields: a backend
+    /// reads the status buffer once after a run ([`DataCheck::from_status`]).
+    pub data_checks: Vec<DataCheck>,
 }
 
 impl Program {
@@ -117,6 +175,7 @@ impl fmt::Display for Program {
                 BufferKind::Input(s) => format!("input {s}"),
                 BufferKind::Output(n) => format!("output {n}"),
                 BufferKind::Temp => "temp".to_string(),
+                BufferKind::Status => "status".to_string(),
             };
             writeln!(f, "buf{i}: {}[{}] {kind}", b.dtype, b.numel)?;
         }

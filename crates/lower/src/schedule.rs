@@ -42,6 +42,17 @@
 //! Instructions are hash-consed (CSE) and placed at the outermost loop level their operands allow
 //! (loop-invariant loads of a reduce kernel sit outside the reduce loop). The outermost loop over
 //! independent output elements is marked `parallel`. Identical kernels are stored once.
+//!
+//! # Data-dependent indexing and checks
+//!
+//! A `gather` is always materialized, with its `src` a buffer: its kernel computes the index
+//! expression (fused) and reads `src` with an `Inst::Gather` (row-major `src`, the gathered axis's
+//! stride times the index). A `scatter_add` is its own kernel over buffers (`scatter_kernel`):
+//! the top-level parallel loop runs over the output positions off the axis, which no two index
+//! positions can share, and for each zeroes the output line along the axis, then accumulates the
+//! index positions of that line in order. Integer `div`/`mod` get an `Stmt::Check` of their
+//! divisor. Every check is numbered in `Program::checks`; kernels that check take the program's
+//! one `BufferKind::Status` buffer as a parameter.
 
 use std::collections::{HashMap, HashSet};
 
@@ -49,7 +60,7 @@ use air::{BinaryOp, DType, Dim, Graph, NodeId, Op, OpClass, ReduceOp, Scalar, Sy
 
 use crate::error::LowerError;
 use crate::kir::{Acc, Access, IExpr, Inst, Kernel, LoopKernel, MatOperand, MatmulKernel, Param, Reg, Stmt, Var};
-use crate::program::{BufId, BufferInfo, BufferKind, Program, Step};
+use crate::program::{BufId, BufferInfo, BufferKind, CheckKind, DataCheck, Program, Step};
 use crate::view::{IndexCx, Movement, View, ViewStack, row_major};
 
 /// Element-wise nodes with several consumers are recomputed by each while their fused expression
@@ -58,6 +69,9 @@ pub const RECOMPUTE_MAX: u32 = 8;
 /// Element-wise nodes read through a broadcasting expand are recomputed while they cost at most
 /// this many ops.
 pub const BROADCAST_MAX: u32 = 4;
+
+/// The placeholder of the status buffer while kernels are emitted (replaced at the end of `emit`).
+const STATUS_BUF: BufId = BufId(u32::MAX);
 
 /// Expression trees deeper than this are cut by a buffer, which bounds the recursion of kernel
 /// building (and the size of one kernel) for very long element-wise chains.
@@ -295,6 +309,17 @@ impl Decider<'_> {
                     self.materialize(n);
                 }
             }
+            OpClass::Index => {
+                // `gather` reads a row-major `src` buffer and fuses its index expression;
+                // `scatter_add` reads two buffers. Both are kernels of their own.
+                self.materialize(inputs[0]);
+                match g.op(n) {
+                    Op::Gather(_) if self.carries.contains_key(&inputs[1]) => self.materialize(inputs[1]),
+                    Op::Gather(_) => {}
+                    _ => self.materialize(inputs[1]),
+                }
+                self.materialize(n);
+            }
         }
     }
 
@@ -469,15 +494,66 @@ pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
 /// An expression of a loop kernel, with every read resolved to a view of a buffer.
 #[derive(Clone, Debug)]
 enum KExpr {
-    Load { buf: BufId, dtype: DType, view: ViewStack, other: Scalar, inner: bool },
-    Const { dtype: DType, value: Scalar },
-    Iota { dtype: DType, view: ViewStack, axis: usize, inner: bool },
-    Pad { dtype: DType, view: ViewStack, ranges: Vec<(Dim, Dim)>, value: Scalar, inner: bool, x: Box<KExpr> },
-    Unary { op: UnaryOp, dtype: DType, x: Box<KExpr> },
-    Binary { op: BinaryOp, dtype: DType, a: Box<KExpr>, b: Box<KExpr> },
-    Where { dtype: DType, c: Box<KExpr>, a: Box<KExpr>, b: Box<KExpr> },
-    Cast { dtype: DType, x: Box<KExpr> },
-    Reduce { op: ReduceOp, dtype: DType, x: Box<KExpr> },
+    Load {
+        buf: BufId,
+        dtype: DType,
+        view: ViewStack,
+        other: Scalar,
+        inner: bool,
+    },
+    Const {
+        dtype: DType,
+        value: Scalar,
+    },
+    Iota {
+        dtype: DType,
+        view: ViewStack,
+        axis: usize,
+        inner: bool,
+    },
+    Pad {
+        dtype: DType,
+        view: ViewStack,
+        ranges: Vec<(Dim, Dim)>,
+        value: Scalar,
+        inner: bool,
+        x: Box<KExpr>,
+    },
+    Unary {
+        op: UnaryOp,
+        dtype: DType,
+        x: Box<KExpr>,
+    },
+    Binary {
+        op: BinaryOp,
+        dtype: DType,
+        a: Box<KExpr>,
+        b: Box<KExpr>,
+    },
+    Where {
+        dtype: DType,
+        c: Box<KExpr>,
+        a: Box<KExpr>,
+        b: Box<KExpr>,
+    },
+    Cast {
+        dtype: DType,
+        x: Box<KExpr>,
+    },
+    Reduce {
+        op: ReduceOp,
+        dtype: DType,
+        x: Box<KExpr>,
+    },
+    Gather {
+        buf: BufId,
+        dtype: DType,
+        src_shape: Vec<Dim>,
+        axis: usize,
+        view: ViewStack,
+        inner: bool,
+        index: Box<KExpr>,
+    },
 }
 
 impl KExpr {
@@ -489,6 +565,10 @@ impl KExpr {
                 x.for_each_view(f);
             }
             KExpr::Const { .. } => {}
+            KExpr::Gather { view, inner, index, .. } => {
+                f(view, *inner);
+                index.for_each_view(f);
+            }
             KExpr::Unary { x, .. } | KExpr::Cast { x, .. } | KExpr::Reduce { x, .. } => x.for_each_view(f),
             KExpr::Binary { a, b, .. } => {
                 a.for_each_view(f);
@@ -613,6 +693,18 @@ impl TreeBuilder<'_> {
                 pending.pop();
                 KExpr::Pad { dtype, view, ranges, value: p.value.cast(dtype), inner, x: Box::new(x?) }
             }
+            Op::Gather(gather) => {
+                let src = node.inputs[0];
+                let Some(&buf) = self.bufs.get(&src) else {
+                    return Err(LowerError::InvalidGraph(format!("{n}: the source of a gather has no buffer")));
+                };
+                let index = Box::new(sub(self, 1, pending)?);
+                let src_shape = g.ty(src).shape.to_vec();
+                KExpr::Gather { buf, dtype, src_shape, axis: gather.axis, view: self.view(n, pending), inner, index }
+            }
+            Op::ScatterAdd(_) => {
+                return Err(LowerError::InvalidGraph(format!("{n}: a scatter_add is only computed by its own kernel")));
+            }
             op => {
                 let m = movement(op).expect("the remaining ops are movement ops");
                 pending.push(m);
@@ -643,6 +735,7 @@ struct Emitter {
     min_level: usize,
     n_outer: usize,
     n_total: usize,
+    checks: Vec<DataCheck>,
 }
 
 fn var_level(e: &IExpr) -> usize {
@@ -666,6 +759,13 @@ impl Emitter {
         }
         self.params.push((buf, Param { dtype, access }));
         (self.params.len() - 1) as u32
+    }
+
+    /// A new check of the program and the status buffer's parameter position.
+    fn check(&mut self, op: &str, kind: CheckKind) -> (u32, u32) {
+        self.checks.push(DataCheck { op: op.to_string(), kind });
+        let status = self.param(STATUS_BUF, DType::I32, Access::Write);
+        (self.checks.len() as u32 - 1, status)
     }
 
     fn vars(&self, inner: bool) -> Vec<IExpr> {
@@ -743,7 +843,40 @@ impl Emitter {
             }
             KExpr::Binary { op, dtype, a, b } => {
                 let (a, b) = (self.emit(a)?, self.emit(b)?);
-                self.let_(*dtype, Inst::Binary(*op, a.reg, b.reg), &[a, b], &[])
+                let inst = Inst::Binary(*op, a.reg, b.reg);
+                let checked = matches!(op, BinaryOp::Div | BinaryOp::Mod) && dtype.is_int();
+                if checked && !self.cse.contains_key(&(*dtype, inst.clone())) {
+                    let zero = self.let_(*dtype, Inst::Const(zero_of(*dtype)), &[], &[]);
+                    let bad = self.let_(DType::Bool, Inst::Binary(BinaryOp::CmpEq, b.reg, zero.reg), &[b, zero], &[]);
+                    let (check, status) = self.check(op.name(), CheckKind::DivByZero);
+                    let stmt = Stmt::Check { cond: bad.reg, value: b.reg, status, check };
+                    if bad.post { self.post[bad.level].push(stmt) } else { self.pre[bad.level].push(stmt) }
+                }
+                self.let_(*dtype, inst, &[a, b], &[])
+            }
+            KExpr::Gather { buf, dtype, src_shape, axis, view, inner, index } => {
+                let i = self.emit(index)?;
+                let (coords, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let strides = row_major(src_shape);
+                let mut base = IExpr::Const(0);
+                for (d, c) in coords.iter().enumerate().filter(|&(d, _)| d != *axis) {
+                    base = IExpr::add(base, IExpr::mul(c.clone(), self.cx.dim(&strides[d])?));
+                }
+                let base = self.cx.canon(base);
+                let stride = self.cx.dim(&strides[*axis])?;
+                let size = self.cx.dim(&src_shape[*axis])?;
+                let p = self.param(*buf, *dtype, Access::Read);
+                let (check, status) = self.check("gather", CheckKind::Index { size: src_shape[*axis].clone() });
+                let inst = Inst::Gather {
+                    buf: p,
+                    base: base.clone(),
+                    index: i.reg,
+                    stride: stride.clone(),
+                    size: size.clone(),
+                    status,
+                    check,
+                };
+                self.let_(*dtype, inst, &[i], &[&base, &stride, &size])
             }
             KExpr::Where { dtype, c, a, b } => {
                 let (c, a, b) = (self.emit(c)?, self.emit(a)?, self.emit(b)?);
@@ -823,6 +956,10 @@ fn max_sym_stmts(stmts: &[Stmt]) -> Option<u32> {
     let mut m = None;
     for s in stmts {
         let here = match s {
+            Stmt::Let { inst: Inst::Gather { base, stride, size, .. }, .. }
+            | Stmt::ScatterAdd { base, stride, size, .. } => {
+                max_sym_expr(base).max(max_sym_expr(stride)).max(max_sym_expr(size))
+            }
             Stmt::Let { inst: Inst::Load { index, mask, .. }, .. } => {
                 max_sym_expr(index).max(mask.as_ref().and_then(max_sym_expr))
             }
@@ -845,6 +982,7 @@ fn loop_kernel(
     root: NodeId,
     expand: bool,
     target: BufId,
+    checks: &mut Vec<DataCheck>,
 ) -> Result<(Kernel, Vec<BufId>), LowerError> {
     let mut tb = TreeBuilder { g, bufs, reduce: None };
     let mut tree = tb.build(root, &mut Vec::new(), None, false, expand)?;
@@ -897,6 +1035,7 @@ fn loop_kernel(
         min_level: usize::from(n_outer > 0),
         n_outer,
         n_total,
+        checks: std::mem::take(checks),
     };
     let dtype = g.ty(root).dtype;
     em.param(target, dtype, Access::Write);
@@ -906,8 +1045,97 @@ fn loop_kernel(
     let mut body = em.assemble(0, &extents);
     renumber(&mut body, &mut HashMap::new());
     let n_syms = max_sym_stmts(&body).map_or(0, |m| m + 1);
+    *checks = em.checks;
     let (args, params): (Vec<BufId>, Vec<Param>) = em.params.into_iter().unzip();
     Ok((Kernel::Loops(LoopKernel { params, n_syms, body }), args))
+}
+
+/// The kernel of a `scatter_add` node `n` over the buffers of its index and values, writing
+/// `target` (see the module docs): `out` has shape `[O, A, I]` around the axis and the index
+/// `[O, K, I]`; `for p in 0..O*I parallel { out[o, .., i] = 0; for k in 0..K: out[o, index[o, k,
+/// i], i] += values[o, k, i] }`.
+fn scatter_kernel(
+    g: &Graph,
+    bufs: &HashMap<NodeId, BufId>,
+    symbols: &[Symbol],
+    n: NodeId,
+    target: BufId,
+    checks: &mut Vec<DataCheck>,
+) -> Result<(Kernel, Vec<BufId>), LowerError> {
+    let Op::ScatterAdd(sa) = g.op(n) else {
+        return Err(LowerError::InvalidGraph(format!("{n}: not a scatter_add")));
+    };
+    let (index_node, values_node) = (g.inputs(n)[0], g.inputs(n)[1]);
+    let (Some(&index_buf), Some(&values_buf)) = (bufs.get(&index_node), bufs.get(&values_node)) else {
+        return Err(LowerError::InvalidGraph(format!("{n}: the operands of a scatter_add have no buffers")));
+    };
+    let cx = IndexCx::new(symbols.to_vec());
+    let ax = sa.axis;
+    let outer = cx.dim(&product(&sa.shape[..ax]))?;
+    let size_dim = sa.shape[ax].clone();
+    let size = cx.dim(&size_dim)?;
+    let k = cx.dim(&g.ty(index_node).shape[ax])?;
+    let inner = cx.dim(&product(&sa.shape[ax + 1..]))?;
+    let (index_dtype, dtype) = (g.ty(index_node).dtype, g.ty(n).dtype);
+    checks.push(DataCheck { op: "scatter_add".into(), kind: CheckKind::Index { size: size_dim } });
+    let check = checks.len() as u32 - 1;
+    // Parameters: b0 the output, b1 the index, b2 the values, b3 the status buffer.
+    let params = vec![
+        Param { dtype, access: Access::Write },
+        Param { dtype: index_dtype, access: Access::Read },
+        Param { dtype, access: Access::Read },
+        Param { dtype: DType::I32, access: Access::Write },
+    ];
+    let p = IExpr::var(Var(0));
+    let (o, i) = (IExpr::div(p.clone(), inner.clone()), IExpr::rem(p, inner.clone()));
+    // out[o, a, i] = o*A*I + a*I + i; index[o, k, i] = o*K*I + k*I + i.
+    let out_base = IExpr::add(IExpr::mul(o.clone(), IExpr::mul(size.clone(), inner.clone())), i.clone());
+    let in_base = IExpr::add(IExpr::mul(o, IExpr::mul(k.clone(), inner.clone())), i);
+    let zero_loop = Stmt::Loop {
+        var: Var(1),
+        extent: size.clone(),
+        parallel: false,
+        body: vec![
+            Stmt::Let { reg: Reg(0), dtype, inst: Inst::Const(zero_of(dtype)) },
+            Stmt::Store {
+                buf: 0,
+                index: IExpr::add(out_base.clone(), IExpr::mul(IExpr::var(Var(1)), inner.clone())),
+                value: Reg(0),
+            },
+        ],
+    };
+    let at = IExpr::add(in_base, IExpr::mul(IExpr::var(Var(2)), inner.clone()));
+    let add_loop = Stmt::Loop {
+        var: Var(2),
+        extent: k,
+        parallel: false,
+        body: vec![
+            Stmt::Let {
+                reg: Reg(1),
+                dtype: index_dtype,
+                inst: Inst::Load { buf: 1, index: at.clone(), mask: None, other: zero_of(index_dtype) },
+            },
+            Stmt::Let { reg: Reg(2), dtype, inst: Inst::Load { buf: 2, index: at, mask: None, other: zero_of(dtype) } },
+            Stmt::ScatterAdd {
+                buf: 0,
+                base: out_base,
+                index: Reg(1),
+                stride: inner.clone(),
+                size,
+                value: Reg(2),
+                status: 3,
+                check,
+            },
+        ],
+    };
+    let body = vec![Stmt::Loop {
+        var: Var(0),
+        extent: IExpr::mul(outer, inner),
+        parallel: true,
+        body: vec![zero_loop, add_loop],
+    }];
+    let n_syms = max_sym_stmts(&body).map_or(0, |m| m + 1);
+    Ok((Kernel::Loops(LoopKernel { params, n_syms, body }), vec![target, index_buf, values_buf, STATUS_BUF]))
 }
 
 /// Renumbers registers in statement order, so that dumps read top to bottom and equal kernels
@@ -928,6 +1156,7 @@ fn renumber(stmts: &mut [Stmt], map: &mut HashMap<Reg, Reg>) {
                         get(map, a);
                         get(map, b);
                     }
+                    Inst::Gather { index, .. } => get(map, index),
                     Inst::Load { .. } | Inst::Const(_) | Inst::Index(_) | Inst::ReadAcc(_) => {}
                 }
                 let new = Reg(map.len() as u32);
@@ -936,6 +1165,14 @@ fn renumber(stmts: &mut [Stmt], map: &mut HashMap<Reg, Reg>) {
             }
             Stmt::Loop { body, .. } => renumber(body, map),
             Stmt::AccUpdate { value, .. } | Stmt::Store { value, .. } => get(map, value),
+            Stmt::ScatterAdd { index, value, .. } => {
+                get(map, index);
+                get(map, value);
+            }
+            Stmt::Check { cond, value, .. } => {
+                get(map, cond);
+                get(map, value);
+            }
             Stmt::AccInit { .. } => {}
         }
     }
@@ -1218,22 +1455,38 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
         });
         steps.push(Step { kernel: id, args });
     };
+    let mut checks = Vec::new();
     for (o, b) in copies {
-        launch(loop_kernel(g, &bufs, &symbols, o, true, b)?);
+        launch(loop_kernel(g, &bufs, &symbols, o, true, b, &mut checks)?);
     }
     for &n in &dec.order {
         air::work::tick();
         let Some(plan) = dec.plans.get(&n) else { continue };
         let target = bufs[&n];
         match plan {
-            Plan::Loops => launch(loop_kernel(g, &bufs, &symbols, n, true, target)?),
+            Plan::Loops if matches!(g.op(n), Op::ScatterAdd(_)) => {
+                launch(scatter_kernel(g, &bufs, &symbols, n, target, &mut checks)?)
+            }
+            Plan::Loops => launch(loop_kernel(g, &bufs, &symbols, n, true, target, &mut checks)?),
             Plan::Matmul { reduce, a, b, bias } => {
                 if let Some(bias) = bias {
-                    launch(loop_kernel(g, &bufs, &symbols, *bias, false, target)?);
+                    launch(loop_kernel(g, &bufs, &symbols, *bias, false, target, &mut checks)?);
                 }
                 launch(matmul_kernel(g, &bufs, &symbols, *reduce, [a, b], target, bias.is_some())?);
             }
         }
     }
-    Ok(Program { symbols, kernels, steps, buffers, outputs, checks: Vec::new() })
+    // The status buffer exists only when some kernel checks something.
+    if !checks.is_empty() {
+        let status = BufId(buffers.len() as u32);
+        buffers.push(BufferInfo {
+            dtype: DType::I32,
+            numel: Dim::Const(crate::kir::STATUS_WORDS as i64),
+            kind: BufferKind::Status,
+        });
+        for arg in steps.iter_mut().flat_map(|s| s.args.iter_mut()).filter(|a| **a == STATUS_BUF) {
+            *arg = status;
+        }
+    }
+    Ok(Program { symbols, kernels, steps, buffers, outputs, checks: Vec::new(), data_checks: checks })
 }

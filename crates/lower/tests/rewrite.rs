@@ -118,7 +118,12 @@ fn check_same_values(before: &Graph, after: &Graph, seed: u64) -> Result<(), Str
     let mut values = Values(seed);
     for _ in 0..4 {
         let inputs = inputs_for(before, &mut values);
-        let expected = air::interp::eval(before, &inputs, &Bindings::new()).map_err(|e| e.to_string())?;
+        let expected = match air::interp::eval(before, &inputs, &Bindings::new()) {
+            // Random int inputs may divide by zero, an error of the run; rewrites keep no promise
+            // about such inputs (folding can drop the dividing node), so this draw says nothing.
+            Err(e) if e.to_string().contains("integer division by zero") => continue,
+            r => r.map_err(|e| e.to_string())?,
+        };
         // `optimize` may drop unused inputs; slots keep their numbers, so pass the same list.
         let got = air::interp::eval(after, &inputs, &Bindings::new()).map_err(|e| e.to_string())?;
         for (k, (e, g)) in expected.iter().zip(&got).enumerate() {

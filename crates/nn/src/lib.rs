@@ -40,7 +40,7 @@ pub use attention::CausalSelfAttention;
 pub use conv::{AvgPool2d, Conv2d, MaxPool2d};
 pub use error::{NnError, Result};
 pub use linear::{Embedding, Linear};
-pub use loss::{Loss, cross_entropy, mse_loss};
+pub use loss::{ClassLossOptions, Loss, cross_entropy, cross_entropy_with, mse_loss, nll_loss, nll_loss_with};
 pub use mobilenet::MobileNet;
 pub use module::{Module, ParamKind, Sequential};
 pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};

@@ -49,7 +49,10 @@ impl Module for Linear {
 }
 
 /// A lookup table (PyTorch's `nn.Embedding`): integer ids `[...]` give rows `[..., dim]` of
-/// `weight` (`[num_embeddings, dim]`). An out-of-range id gives a row of zeros.
+/// `weight` (`[num_embeddings, dim]`). A lookup is a gather: it costs O(ids x dim) whatever the
+/// number of rows, and reads only the rows it names (an `inf` in one row touches no other). An id
+/// outside `0..num_embeddings` makes the realize fail, as PyTorch raises an error. The weight's
+/// gradient is a scatter-add of the output gradient into the looked-up rows.
 pub struct Embedding {
     /// `[num_embeddings, embedding_dim]`.
     pub weight: Tensor,
@@ -67,11 +70,7 @@ impl Module for Embedding {
         let mut out_shape = ids.shape().to_vec();
         let dim = self.weight.shape().get(1).cloned().unwrap_or(kiln::Dim::Const(0));
         out_shape.push(dim);
-        // A one-hot matmul rather than a gather: the compiler turns it into one GEMM forward and
-        // one GEMM for the weight gradient. Exact for finite weights (a row times 1, plus zeros).
-        let vocab = self.weight.shape().first().cloned().unwrap_or(kiln::Dim::Const(0));
-        let one_hot = ids.reshape(&[-1]).one_hot(vocab).cast(self.weight.dtype());
-        one_hot.matmul(&self.weight).reshape(out_shape)
+        self.weight.index_select(0, &ids.reshape(&[-1])).reshape(out_shape)
     }
 
     fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {

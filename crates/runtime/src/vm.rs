@@ -183,6 +183,9 @@ struct RunState {
     buf_ptrs: Vec<*mut u8>,
     table: Vec<*mut u8>,
     fresh: Vec<HostData>,
+    /// The run's status words (`lower::kir::STATUS_WORDS`), zeroed before each run; kernels
+    /// record data-dependent failures here.
+    status: Vec<i32>,
 }
 
 // SAFETY: the raw pointers in a `RunState` are only dereferenced during a run, by the thread
@@ -372,7 +375,7 @@ impl Executable {
                         ));
                     }
                 },
-                BufferKind::Temp => {}
+                BufferKind::Temp | BufferKind::Status => {}
             }
         }
         // The first step touching each output buffer, and whether it only writes it there.
@@ -408,6 +411,7 @@ impl Executable {
                 }
                 BufferKind::Input(slot) => OutputSource::Input(slot),
                 BufferKind::Temp => OutputSource::Temp(buf.0),
+                BufferKind::Status => return invalid(format!("output {buf} is the status buffer")),
             });
         }
 
@@ -807,6 +811,8 @@ impl Executable {
             });
         }
 
+        state.status.clear();
+        state.status.resize(lower::kir::STATUS_WORDS, 0);
         state.buf_ptrs.clear();
         let mut next_fresh = 0;
         for (i, b) in self.program.buffers.iter().enumerate() {
@@ -819,6 +825,7 @@ impl Executable {
                 // SAFETY: the offset lies inside the arena (checked against the plan in `size_for`,
                 // and the arena holds `arena_bytes`).
                 BufferKind::Temp => unsafe { base.add(sized.offsets[i].unwrap_or(0)) },
+                BufferKind::Status => state.status.as_mut_ptr() as *mut u8,
             };
             state.buf_ptrs.push(ptr);
         }
@@ -833,6 +840,11 @@ impl Executable {
     /// Every launch of `sized` ran on the pointers `prepare` set up, so every fresh output whose
     /// `unwritten_ok` flag is set has had every element written.
     unsafe fn finish(&self, state: &mut RunState, inputs: &[HostTensor], sized: &Sized) -> Result<Vec<HostTensor>> {
+        // One check per run: a data-dependent failure recorded by any kernel becomes the error.
+        if let Some(message) = lower::DataCheck::from_status(&self.program.data_checks, &state.status) {
+            state.fresh.clear();
+            return Err(lower::LowerError::Data(message).into());
+        }
         let mut fresh: SmallVec<[Arc<HostData>; 4]> = SmallVec::with_capacity(state.fresh.len());
         for (&b, mut data) in self.output_bufs.iter().zip(state.fresh.drain(..)) {
             // SAFETY: the buffer's first writer stored every element (`unwritten_ok`), or it was

@@ -83,7 +83,7 @@ fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
             Step { kernel: 0, args: vec![BufId(1), BufId(2)] },
             Step { kernel: 0, args: vec![BufId(2), BufId(3)] },
         ],
-        checks: vec![],
+        data_checks: vec![],
         buffers: vec![
             buf(DType::F32, n.clone(), BufferKind::Input(0)),
             buf(DType::F32, n.clone(), BufferKind::Temp),
@@ -91,6 +91,7 @@ fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
             buf(DType::F32, n, BufferKind::Output(0)),
         ],
         outputs: vec![(BufId(3), ty.clone())],
+        checks: vec![],
     };
     (program, vec![Some(ty)])
 }
@@ -257,13 +258,14 @@ fn matmul_program(
         symbols: vec![],
         kernels: vec![kernel],
         steps: vec![Step { kernel: 0, args: vec![BufId(0), BufId(1), BufId(2)] }],
-        checks: vec![],
+        data_checks: vec![],
         buffers: vec![
             buf(dtype, Dim::Const(na), BufferKind::Input(0)),
             buf(dtype, Dim::Const(nb), BufferKind::Input(1)),
             buf(dtype, Dim::Const(batch * m * n), BufferKind::Output(0)),
         ],
         outputs: vec![(BufId(2), out_ty)],
+        checks: vec![],
     };
     let tys = vec![
         Some(TensorType::new(dtype, shape_of(&[na as usize]))),

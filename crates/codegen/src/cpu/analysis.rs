@@ -39,8 +39,13 @@ impl KernelInfo {
                     if self.regs.insert(*reg, *dtype).is_some() {
                         return Err(CodegenError::Invalid(format!("register {reg} defined twice")));
                     }
-                    if let Inst::Load { buf, .. } = inst {
-                        check_buf(k, *buf)?;
+                    match inst {
+                        Inst::Load { buf, .. } => check_buf(k, *buf)?,
+                        Inst::Gather { buf, status, .. } => {
+                            check_buf(k, *buf)?;
+                            check_buf(k, *status)?;
+                        }
+                        _ => {}
                     }
                 }
                 Stmt::Loop { body, .. } => self.collect(k, body)?,
@@ -53,6 +58,11 @@ impl KernelInfo {
                     }
                 }
                 Stmt::Store { buf, .. } => check_buf(k, *buf)?,
+                Stmt::ScatterAdd { buf, status, .. } => {
+                    check_buf(k, *buf)?;
+                    check_buf(k, *status)?;
+                }
+                Stmt::Check { status, .. } => check_buf(k, *status)?,
                 Stmt::AccUpdate { .. } => {}
             }
         }
@@ -136,7 +146,8 @@ pub(crate) fn vector_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stm
                             return None;
                         }
                     }
-                    Inst::ReadAcc(_) => return None,
+                    // Data-dependent addresses and checks stay scalar.
+                    Inst::ReadAcc(_) | Inst::Gather { .. } => return None,
                 }
             }
             Stmt::Store { buf, index, value } => {
@@ -158,7 +169,7 @@ pub(crate) fn vector_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stm
                     reductions.push(*acc);
                 }
             }
-            Stmt::Loop { .. } | Stmt::AccInit { .. } => return None,
+            Stmt::Loop { .. } | Stmt::AccInit { .. } | Stmt::ScatterAdd { .. } | Stmt::Check { .. } => return None,
         }
     }
     for (sb, si) in &stores {

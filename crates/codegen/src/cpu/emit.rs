@@ -161,6 +161,19 @@ fn unroll_factor(size: usize) -> i64 {
     if size <= 3 || long { 4 } else { 2 }
 }
 
+/// A data-dependent access `buf[base + i * stride]` with `i` from the register `index`, checked
+/// against `0..size` (failures recorded as `check` in the status buffer `status`).
+#[derive(Clone, Copy)]
+struct Indexed<'k> {
+    buf: u32,
+    base: &'k IExpr,
+    index: Reg,
+    stride: &'k IExpr,
+    size: &'k IExpr,
+    status: u32,
+    check: u32,
+}
+
 struct Emitter<'a, 'f> {
     b: FunctionBuilder<'f>,
     call_conv: CallConv,
@@ -241,6 +254,20 @@ impl<'f> Emitter<'_, 'f> {
                 }
                 Stmt::AccUpdate { acc, value } => self.emit_acc_update(*acc, *value)?,
                 Stmt::Store { buf, index, value } => self.emit_store(*buf, index, *value)?,
+                Stmt::ScatterAdd { buf, base, index, stride, size, value, status, check } => {
+                    let at = Indexed { buf: *buf, base, index: *index, stride, size, status: *status, check: *check };
+                    self.emit_scatter_add(&at, *value)?
+                }
+                Stmt::Check { cond, value, status, check } => {
+                    let c = self.scalar_reg(*cond)?;
+                    let v = self.index_value(*value)?;
+                    let fail = self.b.create_block();
+                    let join = self.b.create_block();
+                    self.b.ins().brif(c, fail, &[], join, &[]);
+                    self.b.switch_to_block(fail);
+                    self.record_failure(*status, *check, v, join)?;
+                    self.b.switch_to_block(join);
+                }
             }
         }
         Ok(())
@@ -660,6 +687,10 @@ impl<'f> Emitter<'_, 'f> {
         let val = |v: Value| Val { v, vector };
         match inst {
             Inst::Load { buf, index, mask, other } => self.emit_load(d, *buf, index, mask.as_ref(), *other),
+            Inst::Gather { buf, base, index, stride, size, status, check } => {
+                let at = Indexed { buf: *buf, base, index: *index, stride, size, status: *status, check: *check };
+                self.emit_gather(d, &at)
+            }
             Inst::Const(s) => self.constant(*s, d),
             Inst::Index(e) => {
                 let x = self.iexpr(e)?;
@@ -789,6 +820,119 @@ impl<'f> Emitter<'_, 'f> {
 
     fn scalar_load(&mut self, d: DType, pd: DType, buf: u32, index: &IExpr) -> Result<Value> {
         let addr = self.addr(buf, index, pd)?;
+        self.scalar_load_at(d, pd, addr)
+    }
+
+    // ---- data-dependent indexing and checks ----
+
+    /// A scalar register's value (data-dependent accesses and checks only run in scalar loops).
+    fn scalar_reg(&mut self, r: Reg) -> Result<Value> {
+        let v = self.reg(r)?;
+        if v.vector {
+            return Err(CodegenError::Invalid(format!("{r} is a vector where a scalar is needed")));
+        }
+        Ok(v.v)
+    }
+
+    /// The value of an integer (or bool) register widened to i64.
+    fn index_value(&mut self, r: Reg) -> Result<Value> {
+        let v = self.scalar_reg(r)?;
+        Ok(match self.b.func.dfg.value_type(v) {
+            types::I64 => v,
+            types::I8 => self.b.ins().uextend(types::I64, v),
+            types::I32 => self.b.ins().sextend(types::I64, v),
+            ty => return Err(CodegenError::Invalid(format!("{r} of type {ty} used as an index"))),
+        })
+    }
+
+    /// In the current (cold) block: sets the status buffer `status` to `check + 1` if it is 0
+    /// (an atomic compare-and-swap; the first failure of a run wins), and then stores the two
+    /// halves of `value` after it; then jumps to `join`.
+    fn record_failure(
+        &mut self,
+        status: u32,
+        check: u32,
+        value: Value,
+        join: cranelift_codegen::ir::Block,
+    ) -> Result<()> {
+        let ptr = *self.bases.get(status as usize).ok_or_else(|| CodegenError::Invalid(format!("buffer b{status}")))?;
+        let zero = self.b.ins().iconst(types::I32, 0);
+        let code = self.b.ins().iconst(types::I32, check as i64 + 1);
+        let flags = self.flags;
+        let old = self.b.ins().atomic_cas(flags, ptr, zero, code);
+        let won = self.b.ins().icmp_imm_s(IntCC::Equal, old, 0);
+        let store = self.b.create_block();
+        self.b.ins().brif(won, store, &[], join, &[]);
+        self.b.switch_to_block(store);
+        let lo = self.b.ins().ireduce(types::I32, value);
+        let hi = self.b.ins().sshr_imm_u(value, 32);
+        let hi = self.b.ins().ireduce(types::I32, hi);
+        self.b.ins().store(flags, lo, ptr, 4);
+        self.b.ins().store(flags, hi, ptr, 8);
+        self.b.ins().jump(join, &[]);
+        Ok(())
+    }
+
+    /// The address of `buf[base + i * stride]` for the index register `index`, checked against
+    /// `0..size`: a bad index records the failure and addresses `buf[base]` instead. Also
+    /// returns the failure condition.
+    fn checked_addr(&mut self, at: &Indexed<'_>) -> Result<(Value, Value)> {
+        let Indexed { buf, base, index, stride, size, status, check } = *at;
+        let i = self.index_value(index)?;
+        let n = self.iexpr(size)?;
+        // Unsigned: a negative index is a huge one.
+        let bad = self.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, i, n);
+        let fail = self.b.create_block();
+        let join = self.b.create_block();
+        self.b.ins().brif(bad, fail, &[], join, &[]);
+        self.b.switch_to_block(fail);
+        self.record_failure(status, check, i, join)?;
+        self.b.switch_to_block(join);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        let safe = self.b.ins().select(bad, zero, i);
+        let st = self.iexpr(stride)?;
+        let off = self.b.ins().imul(safe, st);
+        let b0 = self.iexpr(base)?;
+        let idx = self.b.ins().iadd(b0, off);
+        let pd = self.param_dtype(buf)?;
+        let shift = pd.size_bytes().trailing_zeros() as i64;
+        let bytes = if shift == 0 { idx } else { self.b.ins().ishl_imm_u(idx, shift) };
+        let ptr = *self.bases.get(buf as usize).ok_or_else(|| CodegenError::Invalid(format!("buffer b{buf}")))?;
+        Ok((self.b.ins().iadd(ptr, bytes), bad))
+    }
+
+    fn emit_gather(&mut self, d: DType, at: &Indexed<'_>) -> Result<Val> {
+        if self.vector() {
+            return Err(CodegenError::Invalid("gather in a vector loop".into()));
+        }
+        let pd = self.param_dtype(at.buf)?;
+        let (addr, _) = self.checked_addr(at)?;
+        let v = self.scalar_load_at(d, pd, addr)?;
+        Ok(Val { v, vector: false })
+    }
+
+    /// `buf[base + i * stride] += value`, skipped (after recording the failure) for a bad index.
+    fn emit_scatter_add(&mut self, at: &Indexed<'_>, value: Reg) -> Result<()> {
+        let pd = self.param_dtype(at.buf)?;
+        if !matches!(pd, DType::I32 | DType::I64 | DType::F32 | DType::F64) || self.info.reg(value)? != pd {
+            return Err(CodegenError::Unsupported(format!("scatter_add of {pd}")));
+        }
+        let v = self.scalar_reg(value)?;
+        let (addr, bad) = self.checked_addr(at)?;
+        let update = self.b.create_block();
+        let join = self.b.create_block();
+        self.b.ins().brif(bad, join, &[], update, &[]);
+        self.b.switch_to_block(update);
+        let flags = self.flags;
+        let cur = self.b.ins().load(scalar_ty(pd), flags, addr, 0);
+        let sum = if pd.is_float() { self.b.ins().fadd(cur, v) } else { self.b.ins().iadd(cur, v) };
+        self.b.ins().store(flags, sum, addr, 0);
+        self.b.ins().jump(join, &[]);
+        self.b.switch_to_block(join);
+        Ok(())
+    }
+
+    fn scalar_load_at(&mut self, d: DType, pd: DType, addr: Value) -> Result<Value> {
         let flags = self.flags;
         let v = match pd {
             DType::Bool => {

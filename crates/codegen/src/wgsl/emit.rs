@@ -135,6 +135,8 @@ pub(super) struct Writer<'a> {
     regs: HashMap<Reg, DType>,
     accs: HashMap<Acc, (DType, ReduceOp)>,
     helpers: BTreeSet<Helper>,
+    /// Parameters used as the status buffer: declared `array<atomic<i32>>`.
+    status: BTreeSet<u32>,
     pub(super) body: String,
 }
 
@@ -151,6 +153,7 @@ impl<'a> Writer<'a> {
             regs: HashMap::new(),
             accs: HashMap::new(),
             helpers: BTreeSet::new(),
+            status: BTreeSet::new(),
             body: String::new(),
         }
     }
@@ -238,8 +241,60 @@ impl<'a> Writer<'a> {
         })
     }
 
+    /// An `i32` index register checked against `0..size`: emits the check (recording `check` in
+    /// the status buffer on failure) and returns the WGSL expression of the safe index (0 when
+    /// out of range).
+    fn checked_index(&mut self, index: Reg, size: &IExpr, status: u32, check: u32, depth: usize) -> Result<String> {
+        if self.reg(index)? != DType::I32 {
+            return Err(CodegenError::Unsupported(format!(
+                "index {index} of dtype {} on wgpu (use i32)",
+                self.reg(index)?
+            )));
+        }
+        let n = self.iexpr(size)?;
+        let bad = format!("({index} < 0 || {index} >= {n})");
+        self.line(depth, &format!("if {bad} {{"));
+        self.record_failure(status, check, &index.to_string(), depth + 1)?;
+        self.line(depth, "}");
+        Ok(format!("select({index}, 0, {bad})"))
+    }
+
+    /// Sets the status buffer's word 0 to `check + 1` if it is 0 (the first failure wins), then
+    /// the value words.
+    fn record_failure(&mut self, status: u32, check: u32, value: &str, depth: usize) -> Result<()> {
+        let p = self.param(status)?;
+        if p.dtype != DType::I32 || p.access != Access::Write {
+            return Err(CodegenError::Invalid(format!("status buffer b{status} is not a written i32 parameter")));
+        }
+        self.status.insert(status);
+        let code = check as i64 + 1;
+        // A weak compare-exchange may fail spuriously: retry while the word is still 0.
+        self.line(depth, "loop {");
+        self.line(depth + 1, &format!("let r = atomicCompareExchangeWeak(&b{status}[0], 0, {code});"));
+        self.line(depth + 1, "if r.exchanged {");
+        self.line(depth + 2, &format!("atomicStore(&b{status}[1], {value});"));
+        self.line(depth + 2, &format!("atomicStore(&b{status}[2], select(0, -1, {value} < 0));"));
+        self.line(depth + 2, "break;");
+        self.line(depth + 1, "}");
+        self.line(depth + 1, "if r.old_value != 0 { break; }");
+        self.line(depth, "}");
+        Ok(())
+    }
+
+    fn load_at(&mut self, buf: u32, idx: &str, dtype: DType) -> Result<String> {
+        let p = self.param(buf)?;
+        if p.dtype != dtype {
+            return Err(CodegenError::Invalid(format!("load of {dtype} from b{buf}, a {} buffer", p.dtype)));
+        }
+        Ok(match dtype {
+            DType::Bool => format!("(b{buf}[{idx}] != 0u)"),
+            _ => format!("b{buf}[{idx}]"),
+        })
+    }
+
     fn inst(&mut self, dtype: DType, inst: &Inst) -> Result<String> {
         Ok(match inst {
+            Inst::Gather { .. } => return Err(CodegenError::Invalid("gather outside a let".into())),
             Inst::Load { buf, index, mask, other } => {
                 let value = self.load(*buf, index, dtype)?;
                 match mask {
@@ -370,7 +425,14 @@ impl<'a> Writer<'a> {
         match s {
             Stmt::Let { reg, dtype, inst } => {
                 let ty = reg_type(*dtype)?;
-                let value = self.inst(*dtype, inst)?;
+                let value = match inst {
+                    Inst::Gather { buf, base, index, stride, size, status, check } => {
+                        let i = self.checked_index(*index, size, *status, *check, depth)?;
+                        let (b, st) = (self.iexpr(base)?, self.iexpr_factor(stride)?);
+                        self.load_at(*buf, &format!("{b} + {i} * {st}"), *dtype)?
+                    }
+                    _ => self.inst(*dtype, inst)?,
+                };
                 if self.regs.insert(*reg, *dtype).is_some() {
                     return Err(CodegenError::Invalid(format!("{reg} is defined twice")));
                 }
@@ -409,6 +471,29 @@ impl<'a> Writer<'a> {
                 let v = if t == DType::Bool { format!("select(0u, 1u, {value})") } else { value.to_string() };
                 self.line(depth, &format!("b{buf}[{idx}] = {v};"));
             }
+            Stmt::ScatterAdd { buf, base, index, stride, size, value, status, check } => {
+                let p = self.param(*buf)?;
+                let t = self.reg(*value)?;
+                if p.access != Access::Write || t != p.dtype || !matches!(t, DType::F32 | DType::I32) {
+                    return Err(CodegenError::Invalid(format!("scatter_add of {value}: {t} into b{buf}")));
+                }
+                let n = self.iexpr(size)?;
+                let bad = format!("({index} < 0 || {index} >= {n})");
+                self.checked_index(*index, size, *status, *check, depth)?;
+                let (b, st) = (self.iexpr(base)?, self.iexpr_factor(stride)?);
+                self.line(depth, &format!("if !{bad} {{"));
+                self.line(depth + 1, &format!("let at = {b} + {index} * {st};"));
+                self.line(depth + 1, &format!("b{buf}[at] = b{buf}[at] + {value};"));
+                self.line(depth, "}");
+            }
+            Stmt::Check { cond, value, status, check } => {
+                if self.reg(*cond)? != DType::Bool || self.reg(*value)? != DType::I32 {
+                    return Err(CodegenError::Invalid(format!("check of {cond} with value {value}")));
+                }
+                self.line(depth, &format!("if {cond} {{"));
+                self.record_failure(*status, *check, &value.to_string(), depth + 1)?;
+                self.line(depth, "}");
+            }
         }
         Ok(())
     }
@@ -424,12 +509,12 @@ impl<'a> Writer<'a> {
         let _ = writeln!(out, "@group(0) @binding(0) var<uniform> syms: array<vec4<i32>, {vec4s}>;");
         for (i, p) in self.params.iter().enumerate() {
             let access = if self.read_write[i] { "read_write" } else { "read" };
-            let _ = writeln!(
-                out,
-                "@group(0) @binding({}) var<storage, {access}> b{i}: array<{}>;",
-                i + 1,
-                storage_type(p.dtype)?
-            );
+            let elem = if self.status.contains(&(i as u32)) {
+                "atomic<i32>".to_string()
+            } else {
+                storage_type(p.dtype)?.to_string()
+            };
+            let _ = writeln!(out, "@group(0) @binding({}) var<storage, {access}> b{i}: array<{elem}>;", i + 1);
         }
         out.push_str(shared);
         for h in &self.helpers {

@@ -44,9 +44,20 @@
 //!   4x4 register block, 16-deep K slices staged through `var<workgroup>` memory, with the
 //!   operands' strides (transposes) and batch strides applied in the loads.
 //!
+//! # Data-dependent checks
+//!
+//! The status buffer parameter of a kernel (see `lower::kir`) is declared
+//! `array<atomic<i32>>`; a failing check sets word 0 with `atomicCompareExchangeWeak` (retried
+//! while the word is still 0, so a spurious failure cannot lose the report) and then the value
+//! words. Gather indices must be `i32` (an `i64` index is `CodegenError::Unsupported`). A
+//! `scatter_add` kernel needs no float atomics: its parallel loop runs over the output positions
+//! off the scattered axis, and each invocation zeroes its line and adds its `K` index positions
+//! in order, so the work is `O(numel(out) + numel(index))` spread over `numel(out) / A` threads.
+//!
 //! # Semantics (against `air::interp`)
 //!
-//! Matched: integer `div`/`mod` by zero give 0 and `MIN / -1` wraps; `max`/`min` of floats
+//! Matched: integer `div`/`mod` by zero give 0 (and are reported through the status buffer) and
+//! `MIN / -1` wraps; `max`/`min` of floats
 //! propagate NaN and order `-0 < +0` (NaN tests read the bits, so fast-math drivers keep them);
 //! float-to-int casts truncate, saturate, and give 0 for NaN; a float is `true` as a bool when its
 //! bits (sign aside) are non-zero; `cmpne` is `!(a == b)`; `erf` is a polynomial (Taylor series

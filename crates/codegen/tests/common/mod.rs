@@ -328,7 +328,41 @@ impl Eval<'_> {
                     let (_, v) = self.regs[value];
                     self.bufs[*buf as usize].set(i, v);
                 }
+                Stmt::ScatterAdd { buf, base, index, stride, size, value, status, check } => {
+                    if let Some(i) = self.checked(*index, size, *status, *check) {
+                        let at = (base.eval(&self.vars, self.syms) + i * stride.eval(&self.vars, self.syms)) as usize;
+                        let (_, v) = self.regs[value];
+                        let cur = self.bufs[*buf as usize].get(at);
+                        self.bufs[*buf as usize].set(at, binary(BinaryOp::Add, cur, v));
+                    }
+                }
+                Stmt::Check { cond, value, status, check } => {
+                    if self.regs[cond].1 == V::B(true) {
+                        let v = int(self.regs[value].1);
+                        self.record(*status, *check, v);
+                    }
+                }
             }
+        }
+    }
+
+    /// The index register's value if it lies in `0..size`, else records the failure.
+    fn checked(&mut self, index: Reg, size: &IExpr, status: u32, check: u32) -> Option<i64> {
+        let i = int(self.regs[&index].1);
+        if (0..size.eval(&self.vars, self.syms)).contains(&i) {
+            return Some(i);
+        }
+        self.record(status, check, i);
+        None
+    }
+
+    /// The status protocol of `lower::kir`: the first failure sets word 0 and the value words.
+    fn record(&mut self, status: u32, check: u32, value: i64) {
+        let b = &mut self.bufs[status as usize];
+        if b.get(0) == V::I32(0) {
+            b.set(0, V::I32(check as i32 + 1));
+            b.set(1, V::I32(value as i32));
+            b.set(2, V::I32((value >> 32) as i32));
         }
     }
 
@@ -342,6 +376,11 @@ impl Eval<'_> {
                 }
                 let i = index.eval(&self.vars, self.syms) as usize;
                 cast(self.bufs[*buf as usize].get(i), d)
+            }
+            Inst::Gather { buf, base, index, stride, size, status, check } => {
+                let i = self.checked(*index, size, *status, *check).unwrap_or(0);
+                let at = base.eval(&self.vars, self.syms) + i * stride.eval(&self.vars, self.syms);
+                cast(self.bufs[*buf as usize].get(at as usize), d)
             }
             Inst::Const(s) => scalar_const(*s, d),
             Inst::Index(e) => cast(V::I64(e.eval(&self.vars, self.syms)), d),
@@ -360,6 +399,16 @@ impl Eval<'_> {
                 cast(cast(v, ad), d)
             }
         }
+    }
+}
+
+/// The integer value of an int or bool register.
+pub fn int(v: V) -> i64 {
+    match v {
+        V::B(b) => b as i64,
+        V::I32(i) => i as i64,
+        V::I64(i) => i,
+        other => panic!("{other:?} is not an integer"),
     }
 }
 

@@ -328,6 +328,10 @@ impl WgpuExecutable {
                     replaced |=
                         self.ensure(&mut st.outputs[i], sized.bytes[i], "kiln output", U::STORAGE | U::COPY_SRC)?;
                 }
+                BufferKind::Status => {
+                    let usage = U::STORAGE | U::COPY_SRC | U::COPY_DST;
+                    replaced |= self.ensure(&mut st.outputs[i], sized.bytes[i], "kiln status", usage)?;
+                }
                 BufferKind::Temp => {}
             }
         }
@@ -339,6 +343,11 @@ impl WgpuExecutable {
             if !matches!(p.buffers[buf.0 as usize].kind, BufferKind::Input(_)) {
                 staging_bytes += sized.bytes[buf.0 as usize];
             }
+        }
+        // The status buffer (if any) is read back after the outputs, in the same copy.
+        let status = p.buffers.iter().position(|b| b.kind == BufferKind::Status);
+        if let Some(i) = status {
+            staging_bytes += sized.bytes[i];
         }
         if staging_bytes > 0 {
             replaced |= self.ensure(&mut st.staging, staging_bytes, "kiln staging", U::MAP_READ | U::COPY_DST)?;
@@ -368,6 +377,12 @@ impl WgpuExecutable {
             }
         }
 
+        // The status words start at 0 every run (queue writes precede the submitted commands).
+        if let Some(i) = status {
+            let slot = st.outputs[i].as_ref().ok_or_else(|| invalid("no status buffer".into()))?;
+            dev.queue.write_buffer(&slot.buffer, 0, &vec![0u8; sized.bytes[i] as usize]);
+        }
+
         // Bind groups: rebuilt only for a new binding set or new buffers.
         let fresh = !matches!(&st.bind_groups, Some((k, g, _)) if *k == sized.key && *g == st.generation);
         if fresh {
@@ -378,7 +393,7 @@ impl WgpuExecutable {
                     let i = arg.0 as usize;
                     let (slot, offset) = match p.buffers[i].kind {
                         BufferKind::Input(s) => (st.inputs[s as usize].as_ref(), 0),
-                        BufferKind::Output(_) => (st.outputs[i].as_ref(), 0),
+                        BufferKind::Output(_) | BufferKind::Status => (st.outputs[i].as_ref(), 0),
                         BufferKind::Temp => (st.arena.as_ref(), sized.offsets[i].unwrap_or(0)),
                     };
                     let slot = slot.ok_or_else(|| invalid(format!("{arg} has no device buffer")))?;
@@ -427,6 +442,7 @@ impl WgpuExecutable {
                 }
                 BufferKind::Output(_) => (st.outputs[i].as_ref(), 0),
                 BufferKind::Temp => (st.arena.as_ref(), sized.offsets[i].unwrap_or(0)),
+                BufferKind::Status => return Err(invalid(format!("output {buf} is the status buffer"))),
             };
             let n = sized.bytes[i];
             if n > 0 {
@@ -435,6 +451,17 @@ impl WgpuExecutable {
                 encoder.copy_buffer_to_buffer(&src.buffer, offset, &staging.buffer, at, n);
             }
             regions.push(Some(at..at + n));
+            at += n;
+        }
+        let mut status_region = None;
+        if let Some(i) = status {
+            let (src, staging) = (st.outputs[i].as_ref(), st.staging.as_ref());
+            let (Some(src), Some(staging)) = (src, staging) else {
+                return Err(invalid("no status or staging buffer".into()));
+            };
+            let n = sized.bytes[i];
+            encoder.copy_buffer_to_buffer(&src.buffer, 0, &staging.buffer, at, n);
+            status_region = Some(at..at + n);
             at += n;
         }
         dev.queue.submit([encoder.finish()]);
@@ -462,6 +489,19 @@ impl WgpuExecutable {
                 Some(slice) => Some(slice.get_mapped_range().map_err(|e| WgpuError::Device(e.to_string()))?),
                 None => None,
             };
+            // One check per run: a failure recorded by any kernel is the run's error.
+            if let (Some(r), Some(v)) = (&status_region, &view) {
+                let bytes = &v[r.start as usize..r.end as usize];
+                let words: Vec<i32> =
+                    bytes.chunks_exact(4).map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+                if let Some(message) = lower::DataCheck::from_status(&p.data_checks, &words) {
+                    drop(view);
+                    if let Some(staging) = &st.staging {
+                        staging.buffer.unmap();
+                    }
+                    return Err(lower::LowerError::Data(message).into());
+                }
+            }
             for (o, ((buf, ty), region)) in p.outputs.iter().zip(&regions).enumerate() {
                 let shape = sized.output_shapes[o].clone();
                 let data = match region {

@@ -1,0 +1,143 @@
+//! Data-dependent errors as PyTorch raises them, on every device: an index out of range in
+//! `gather`/`index_select`, and an integer remainder by zero, make the realize fail with a message
+//! naming the op and the value (they used to read 0). Also the values and gradient of `gather`.
+//!
+//! The wgpu device is skipped with a printed reason when this machine has no GPU adapter, unless
+//! `KILN_REQUIRE_GPU=1`. Indices are `i32` (wgpu has no 64-bit integers).
+
+use kiln::{Device, Tensor};
+
+/// The devices to test: interp and cpu always, wgpu when an adapter works.
+fn devices() -> Vec<Device> {
+    let mut out = vec![Device::Interp, Device::Cpu];
+    let probe = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).to_device(Device::Wgpu).and_then(|t| {
+        t.neg().realize()?;
+        Ok(())
+    });
+    match probe {
+        Ok(()) => out.push(Device::Wgpu),
+        Err(e) => {
+            let required = std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "KILN_REQUIRE_GPU=1 but the wgpu device failed: {e}");
+            eprintln!("skipping wgpu: no usable GPU adapter ({e})");
+        }
+    }
+    out
+}
+
+fn on<T: kiln::Element>(device: Device, data: Vec<T>, shape: &[usize]) -> Tensor {
+    Tensor::from_vec(data, shape).to_device(device).expect("move to device")
+}
+
+/// Realizing `t` fails with a message containing `expected`.
+#[track_caller]
+fn fails_with(t: &Tensor, device: Device, expected: &str) {
+    match t.realize() {
+        Ok(_) => panic!("{device}: expected an error containing {expected:?}, got {:?}", t.to_vec::<f32>()),
+        Err(e) => assert!(e.to_string().contains(expected), "{device}: `{e}` should contain `{expected}`"),
+    }
+}
+
+#[test]
+fn gather_reads_the_indexed_elements() {
+    for device in devices() {
+        let x = on(device, vec![1.0f32, 2., 3., 4., 5., 6.], &[2, 3]);
+        let idx = on(device, vec![2i32, 0, 1, 1], &[2, 2]);
+        assert_eq!(x.gather(1, &idx).to_vec::<f32>().unwrap(), vec![3., 1., 5., 5.], "{device}");
+        let rows = on(device, vec![1i32, 0, 1], &[1, 3]);
+        assert_eq!(x.gather(0, &rows).to_vec::<f32>().unwrap(), vec![4., 2., 6.], "{device}");
+        let ids = on(device, vec![2i32, 2, 0], &[3]);
+        assert_eq!(x.index_select(1, &ids).to_vec::<f32>().unwrap(), vec![3., 3., 1., 6., 6., 4.], "{device}");
+    }
+}
+
+#[test]
+fn gather_out_of_range_is_an_error() {
+    for device in devices() {
+        let x = on(device, vec![1.0f32, 2., 3., 4., 5., 6., 7., 8.], &[2, 4]);
+        let too_big = on(device, vec![7i32, 0, 1, 2], &[2, 2]);
+        fails_with(&x.gather(1, &too_big), device, "index 7 out of range for size 4 in gather");
+        // PyTorch's gather rejects negative indices too.
+        let negative = on(device, vec![0i32, -1, 1, 2], &[2, 2]);
+        fails_with(&x.gather(1, &negative), device, "index -1 out of range for size 4 in gather");
+        // The error survives fusion into a consumer, and a good index still works afterwards.
+        fails_with(&x.gather(1, &too_big).exp().sum_all(), device, "index 7 out of range");
+        let good = on(device, vec![3i32, 0, 1, 2], &[2, 2]);
+        assert_eq!(x.gather(1, &good).to_vec::<f32>().unwrap(), vec![4., 1., 6., 7.], "{device}");
+    }
+}
+
+#[test]
+fn index_select_out_of_range_is_an_error() {
+    for device in devices() {
+        let table = on(device, (0..12).map(|i| i as f32).collect(), &[4, 3]);
+        fails_with(&table.index_select(0, &on(device, vec![1i32, 4], &[2])), device, "index 4 out of range for size 4");
+        fails_with(&table.index_select(0, &on(device, vec![-1i32], &[1])), device, "index -1 out of range for size 4");
+    }
+}
+
+#[test]
+fn i64_indices_work_on_the_cpu_and_are_a_clear_error_on_wgpu() {
+    let x = Tensor::from_vec(vec![1.0f32, 2., 3.], &[3]);
+    let idx = Tensor::from_vec(vec![2i64, 0], &[2]);
+    assert_eq!(x.index_select(0, &idx).to_vec::<f32>().unwrap(), vec![3., 1.]);
+    if devices().contains(&Device::Wgpu) {
+        let x = x.to_device(Device::Wgpu).unwrap();
+        let idx = idx.to_device(Device::Wgpu).unwrap();
+        fails_with(&x.index_select(0, &idx), Device::Wgpu, "i64");
+    }
+}
+
+#[test]
+fn integer_remainder_by_zero_is_an_error() {
+    for device in devices() {
+        let a = on(device, vec![7i32, -7, 9], &[3]);
+        let b = on(device, vec![2i32, 0, 4], &[3]);
+        fails_with(&a.remainder(&b), device, "integer division by zero in mod");
+        fails_with(&a.fmod(&b), device, "integer division by zero in mod");
+        let ok = on(device, vec![2i32, 3, -4], &[3]);
+        assert_eq!(a.remainder(&ok).to_vec::<i32>().unwrap(), vec![1, 2, -3], "{device}");
+        // Float division by zero stays IEEE.
+        let x = on(device, vec![1.0f32, -1.0], &[2]);
+        let zero = on(device, vec![0.0f32, 0.0], &[2]);
+        assert_eq!(x.div(&zero).to_vec::<f32>().unwrap(), vec![f32::INFINITY, f32::NEG_INFINITY], "{device}");
+    }
+}
+
+#[test]
+fn gather_gradient_is_a_scatter_add() {
+    // PyTorch: x = [[1,2,3],[4,5,6]], (gather(x, 1, [[0,0],[2,1]]) * [[1,2],[3,4]]).sum().backward()
+    // gives x.grad = [[3,0,0],[0,4,3]].
+    for device in devices() {
+        let x = on(device, vec![1.0f32, 2., 3., 4., 5., 6.], &[2, 3]);
+        let idx = on(device, vec![0i32, 0, 2, 1], &[2, 2]);
+        let c = on(device, vec![1.0f32, 2., 3., 4.], &[2, 2]);
+        let loss = x.gather(1, &idx).mul(&c).sum_all();
+        let g = kiln::grad(&loss, &[&x]).unwrap();
+        assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![3., 0., 0., 0., 4., 3.], "{device}");
+        // An index smaller than the source off the axis: the gradient is padded with zeros.
+        let small = on(device, vec![1i32, 1], &[1, 2]);
+        let g = kiln::grad(&x.gather(0, &small).sum_all(), &[&x]).unwrap();
+        assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![0., 0., 0., 1., 1., 0.], "{device}");
+    }
+}
+
+#[test]
+fn gather_gradient_matches_finite_differences() {
+    let data: Vec<f64> = (0..12).map(|i| (i as f64 * 0.37).sin()).collect();
+    let idx = Tensor::from_vec(vec![3i32, 0, 0, 2, 1, 3, 3, 3], &[2, 4]);
+    let f = |d: &[f64]| -> f64 {
+        let x = Tensor::from_vec(d.to_vec(), &[3, 4]);
+        x.gather(1, &idx.narrow(0, 0, 2)).exp().sum_all().item::<f64>().unwrap()
+    };
+    let x = Tensor::from_vec(data.clone(), &[3, 4]);
+    let loss = x.gather(1, &idx.narrow(0, 0, 2)).exp().sum_all();
+    let g = kiln::grad(&loss, &[&x]).unwrap()[0].to_vec::<f64>().unwrap();
+    for i in 0..data.len() {
+        let (mut up, mut down) = (data.clone(), data.clone());
+        up[i] += 1e-6;
+        down[i] -= 1e-6;
+        let fd = (f(&up) - f(&down)) / 2e-6;
+        assert!((fd - g[i]).abs() < 1e-6, "element {i}: finite difference {fd}, gradient {}", g[i]);
+    }
+}
