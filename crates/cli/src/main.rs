@@ -161,6 +161,13 @@ enum Suite {
         #[command(flatten)]
         common: Common,
     },
+    /// Embedding lookup (gather) at vocab 64 and 50,257, beside the one-hot GEMM it replaced.
+    Embedding {
+        #[command(flatten)]
+        device: DeviceArg,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Predict and fit for nn's model suite.
     Models {
         #[command(flatten)]
@@ -290,6 +297,15 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
             };
             let runner = Runner::for_device(&device.device)?;
             finish(bench::unary::run(&bench::unary::Args { sizes, budget: budget(common.smoke) }, &runner)?, &common)
+        }
+        Suite::Embedding { device, common } => {
+            let runner = Runner::for_device(&device.device)?;
+            let args = if common.smoke {
+                bench::embedding::Args { vocabs: vec![64, 1000], tokens: 16, dim: 8, budget: Budget::SMOKE }
+            } else {
+                bench::embedding::Args::default()
+            };
+            finish(bench::embedding::run(&args, &runner)?, &common)
         }
         Suite::Models { device, common } => {
             let runner = Runner::for_device(&device.device)?;

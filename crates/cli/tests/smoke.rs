@@ -130,6 +130,11 @@ fn unary_smoke() {
 }
 
 #[test]
+fn embedding_smoke() {
+    check_suite("embedding", &[]);
+}
+
+#[test]
 fn models_smoke() {
     check_suite("models", &[]);
 }

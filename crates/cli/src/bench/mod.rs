@@ -1,6 +1,7 @@
 //! The benchmark suites of `kiln bench`.
 
 pub mod check;
+pub mod embedding;
 pub mod matmul;
 pub mod memory;
 pub mod models;
