@@ -9,19 +9,20 @@ out="${1:-bench-out}"
 mkdir -p "$out"
 cargo build --release -p kiln-cli
 kiln=./target/release/kiln
-"$kiln" bench transformer-compile --layers 1,2,4,8,16,32 --out "$out/transformer" | tee "$out/transformer.md"
+"$kiln" bench transformer-compile --layers 1,2,4,8,16,32 --fresh-process 5 --out "$out/transformer" | tee "$out/transformer.md"
 "$kiln" bench unary --out "$out/unary" | tee "$out/unary.md"
 "$kiln" bench matmul --out "$out/matmul" | tee "$out/matmul.md"
 "$kiln" bench tree-matmul --out "$out/tree" | tee "$out/tree.md"
 "$kiln" bench memory --out "$out/memory" | tee "$out/memory.md"
 "$kiln" bench models --out "$out/models" | tee "$out/models.md"
+"$kiln" bench embedding --out "$out/embedding" | tee "$out/embedding.md"
 anchors=../shared/anchors
 if [ -n "${ANCHOR_PYTHON:-}" ] && [ -d "$anchors" ]; then
     export ANCHOR_IDLE_WAIT="${ANCHOR_IDLE_WAIT:-60}"
     (cd "$anchors" && "$ANCHOR_PYTHON" bench_unary.py) > "$out/anchor_unary.md" 2> "$out/anchor_unary.err" || true
     (cd "$anchors" && "$ANCHOR_PYTHON" bench_matmul.py) > "$out/anchor_matmul.md" 2> "$out/anchor_matmul.err" || true
     (cd "$anchors" && "$ANCHOR_PYTHON" bench_tree_matmul.py) > "$out/anchor_tree.md" 2> "$out/anchor_tree.err" || true
-    (cd "$anchors" && "$ANCHOR_PYTHON" bench_transformer.py --layers 1 2 8 --only jax --repeats 1) \
+    (cd "$anchors" && "$ANCHOR_PYTHON" bench_transformer.py --layers 1 2 8 --only jax --repeats 3) \
         > "$out/anchor_transformer.md" 2> "$out/anchor_transformer.err" || true
 fi
 echo "results in $out/"
