@@ -89,6 +89,23 @@ fn narrow_past_the_end_is_an_error_on_every_device() {
 }
 
 #[test]
+fn max_over_a_symbolic_axis_bound_to_zero_is_an_error_on_every_device() {
+    for device in devices() {
+        let x = |len: usize| {
+            Tensor::from_host_symbolic(HostTensor::from_vec(vec![1.5f32; len], vec![len]).unwrap(), &[Dim::sym("m")])
+                .to_device(device)
+                .unwrap()
+        };
+        // PyTorch raises for `amax` over an empty axis; a symbolic extent bound to 0 must not give
+        // the identity (-inf).
+        let (bad, line) = (x(0).max(0, false), line!());
+        let e = bad.to_vec::<f32>().expect_err(&format!("max over an empty axis on {device}"));
+        assert_op_error(&e, "max", line, "reducing m = 0 elements");
+        assert_eq!(x(3).max(0, false).to_vec::<f32>().unwrap(), vec![1.5], "on {device}");
+    }
+}
+
+#[test]
 fn a_cached_program_names_the_line_of_the_current_graph() {
     for device in devices() {
         let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[4]).to_device(device).unwrap();

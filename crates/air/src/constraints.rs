@@ -30,7 +30,7 @@ use std::fmt;
 
 use crate::dim::{Bindings, Dim, DimError};
 use crate::graph::Graph;
-use crate::op::{Op, TensorType};
+use crate::op::{Op, ReduceOp, TensorType};
 
 /// Which dim of a node a condition is about; says how to word a violation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -56,6 +56,11 @@ pub enum Subject {
         axis: usize,
         /// Whether this is the amount after the axis.
         after: bool,
+    },
+    /// `1 <= size` of an axis a reduction without an identity (`max`) reduces.
+    ReduceExtent {
+        /// The axis.
+        axis: usize,
     },
     /// `0 <= dim` of the node's own type on `axis`.
     Dim {
@@ -101,6 +106,9 @@ impl Condition {
             Subject::Padding { axis, after } => {
                 format!("axis {axis}: padding {} {r} < 0", if after { "after" } else { "before" })
             }
+            Subject::ReduceExtent { axis } => {
+                format!("axis {axis}: reducing {r} elements, but max has no identity for an empty axis")
+            }
             Subject::Dim { axis } => format!("axis {axis} of the result: size {r} < 0"),
         }
     }
@@ -143,11 +151,25 @@ pub fn op_conditions(op: &Op, inputs: &[&TensorType]) -> Vec<Condition> {
     out
 }
 
-/// Every condition of a node whose type is `ty`: its op's ([`op_conditions`]), then every dim of
-/// its type non-negative.
+/// Every condition of a node whose type is `ty`: its op's ([`op_conditions`]), a `max` reduction's
+/// reduced axes non-empty, then every dim of its type non-negative.
+///
+/// The reduced axes of a `max` are a run-time condition only: PyTorch raises for `amax` over an
+/// empty axis, and the facade rejects a known-empty one when the op is built, but an internal
+/// `max` over a known-empty axis (a softmax of an empty axis, whose result is empty too) stays
+/// well typed, so `infer` does not reject it.
 pub fn node_conditions(op: &Op, inputs: &[&TensorType], ty: &TensorType) -> Vec<Condition> {
     let mut out = if op.is_leaf() { Vec::new() } else { op_conditions(op, inputs) };
     let zero = Dim::Const(0);
+    if let (Op::Reduce(r), Some(input)) = (op, inputs.first())
+        && r.op == ReduceOp::Max
+    {
+        for &axis in &r.axes {
+            if let Some(size) = input.shape.get(axis).filter(|d| !d.is_const()) {
+                out.push(Condition::new(Subject::ReduceExtent { axis }, &Dim::Const(1), size));
+            }
+        }
+    }
     for (axis, d) in ty.shape.iter().enumerate() {
         if d.as_const().is_none_or(|c| c < 0) {
             out.push(Condition::new(Subject::Dim { axis }, &zero, d));
