@@ -5,7 +5,9 @@
 use air::HostTensor;
 use kiln::{Device, Tensor};
 use kiln_cli::bench::check::{self, Tolerance};
-use kiln_cli::bench::{matmul, models, transformer, tree, unary};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use kiln_cli::bench::{embedding, matmul, models, transformer, tree, unary};
 use kiln_cli::model::GptConfig;
 use kiln_cli::pipeline::Traced;
 use kiln_cli::runner::Runner;
@@ -14,12 +16,21 @@ fn cpu() -> Runner {
     Runner::Facade(Device::Cpu)
 }
 
+/// The models draw their weights from the facade's global generator after `manual_seed`, once
+/// for the device under test and once for the interpreter: tests that build models take turns,
+/// or a concurrent test's draws would give the two builds different weights.
+fn seeded() -> MutexGuard<'static, ()> {
+    static SEEDED: Mutex<()> = Mutex::new(());
+    SEEDED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn vector(n: usize) -> Tensor {
     Tensor::from_vec((0..n).map(|i| (i as f32 - 20.0) / 8.0).collect::<Vec<f32>>(), &[n])
 }
 
 #[test]
 fn every_suite_check_passes_on_cpu() {
+    let _seeded = seeded();
     matmul::check_product(16, 32, 24, &cpu()).expect("matmul matches the interpreter");
     unary::check_op(unary::UnaryOp::Sigmoid, 729, &cpu()).expect("sigmoid matches the interpreter");
     unary::check_op(unary::UnaryOp::Neg, 729, &cpu()).expect("neg matches the interpreter");
@@ -28,6 +39,10 @@ fn every_suite_check_passes_on_cpu() {
     models::check_model("dense-tiny", &cpu()).expect("dense-tiny matches the interpreter");
     transformer::check_forward(GptConfig { layers: 1, ..GptConfig::default() }, &cpu())
         .expect("the transformer forward matches the interpreter");
+    let lookups =
+        embedding::Args { vocabs: vec![64, 1000], tokens: 16, dim: 8, budget: kiln_cli::timing::Budget::SMOKE };
+    embedding::check_lookup(64, &lookups, true, &cpu()).expect("the embedding lookups match the interpreter");
+    embedding::check_lookup(1000, &lookups, false, &cpu()).expect("the gather at vocab 1000 matches the interpreter");
 }
 
 #[test]
@@ -85,6 +100,7 @@ fn nan_where_the_reference_has_nan_passes() {
 
 #[test]
 fn every_model_of_the_suite_matches_the_interpreter_on_cpu() {
+    let _seeded = seeded();
     for name in nn::zoo::NAMES {
         models::check_model(name, &cpu()).unwrap_or_else(|e| panic!("{name}: {e:#}"));
     }

@@ -736,6 +736,10 @@ struct Emitter {
     n_outer: usize,
     n_total: usize,
     checks: Vec<DataCheck>,
+    /// The in-bounds conditions of the pads enclosing the expression being emitted: a check
+    /// there fires only where they hold, because the padded positions are never computed in the
+    /// graph (the kernel computes them with masked loads and selects the pad value afterwards).
+    guards: Vec<IExpr>,
 }
 
 fn var_level(e: &IExpr) -> usize {
@@ -817,7 +821,6 @@ impl Emitter {
                 self.let_(*dtype, Inst::Index(e.clone()), &[], &[&e])
             }
             KExpr::Pad { dtype, view, ranges, value, inner, x } => {
-                let x = self.emit(x)?;
                 let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
                 let mut cond: Option<IExpr> = None;
                 for (d, range) in ranges.iter().enumerate() {
@@ -828,6 +831,12 @@ impl Emitter {
                         });
                     }
                 }
+                self.guards.extend(cond.clone());
+                let x = self.emit(x);
+                if cond.is_some() {
+                    self.guards.pop();
+                }
+                let x = x?;
                 match cond {
                     None => x,
                     Some(c) => {
@@ -847,7 +856,17 @@ impl Emitter {
                 let checked = matches!(op, BinaryOp::Div | BinaryOp::Mod) && dtype.is_int();
                 if checked && !self.cse.contains_key(&(*dtype, inst.clone())) {
                     let zero = self.let_(*dtype, Inst::Const(zero_of(*dtype)), &[], &[]);
-                    let bad = self.let_(DType::Bool, Inst::Binary(BinaryOp::CmpEq, b.reg, zero.reg), &[b, zero], &[]);
+                    let mut bad =
+                        self.let_(DType::Bool, Inst::Binary(BinaryOp::CmpEq, b.reg, zero.reg), &[b, zero], &[]);
+                    if let Some(g) = self.guards.iter().cloned().reduce(IExpr::and) {
+                        let inside = self.let_(DType::Bool, Inst::Index(g.clone()), &[], &[&g]);
+                        bad = self.let_(
+                            DType::Bool,
+                            Inst::Binary(BinaryOp::And, bad.reg, inside.reg),
+                            &[bad, inside],
+                            &[],
+                        );
+                    }
                     let (check, status) = self.check(op.name(), CheckKind::DivByZero);
                     let stmt = Stmt::Check { cond: bad.reg, value: b.reg, status, check };
                     if bad.post { self.post[bad.level].push(stmt) } else { self.pre[bad.level].push(stmt) }
@@ -1036,6 +1055,7 @@ fn loop_kernel(
         n_outer,
         n_total,
         checks: std::mem::take(checks),
+        guards: Vec::new(),
     };
     let dtype = g.ty(root).dtype;
     em.param(target, dtype, Access::Write);

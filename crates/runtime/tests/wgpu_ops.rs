@@ -173,15 +173,30 @@ fn binary_ops_f32() {
 #[test]
 fn binary_ops_int_and_bool() {
     let a = i32_tensor(&[1000], 8, -50, 50);
-    let b = i32_tensor(&[1000], 9, -5, 5); // includes zeros: div/mod by zero give 0
+    let b = i32_tensor(&[1000], 9, -5, 5); // includes zeros
+    // Integer division by zero is an error (as in PyTorch): divide by b with its zeros made 1.
+    let nonzero: Vec<i32> = b.as_slice::<i32>().unwrap().iter().map(|&x| if x == 0 { 1 } else { x }).collect();
+    let b_nonzero = HostTensor::from_vec(nonzero, vec![1000]).unwrap();
     for op in ["add", "sub", "mul", "div", "max", "min", "mod", "and", "or"] {
-        check(&binary(op, "i32", "i32"), &[a.clone(), b.clone()], 0.0);
+        let divisor = if matches!(op, "div" | "mod") { &b_nonzero } else { &b };
+        check(&binary(op, "i32", "i32"), &[a.clone(), divisor.clone()], 0.0);
+    }
+    if let Some(dev) = gpu() {
+        for op in ["div", "mod"] {
+            let g = parse(&binary(op, "i32", "i32"));
+            let inputs = [a.clone(), b.clone()];
+            let want = air::interp::eval(&g, &inputs, &Bindings::new()).expect_err("interp: division by zero");
+            let got = dev.run(&g, &inputs, &Bindings::new()).expect_err("wgpu: division by zero");
+            for e in [want.to_string(), got.to_string()] {
+                assert!(e.contains("integer division by zero"), "{op}: {e}");
+            }
+        }
     }
     for op in ["cmplt", "cmpeq", "cmpne"] {
         check(&binary(op, "i32", "bool"), &[a.clone(), b.clone()], 0.0);
     }
     let edge = HostTensor::from_vec(vec![i32::MIN, i32::MIN, i32::MAX, 7, -7], vec![5]).unwrap();
-    let by = HostTensor::from_vec(vec![-1, 0, -1, -2, 2], vec![5]).unwrap();
+    let by = HostTensor::from_vec(vec![-1, 3, -1, -2, 2], vec![5]).unwrap();
     for op in ["div", "mod", "mul", "add"] {
         check(
             &format!(

@@ -15,6 +15,7 @@ use kiln::{DType, Tensor};
 use crate::bench::check::{self, Tolerance};
 use crate::output::{Cell, SuiteOutput, Table, progress};
 use crate::runner::Runner;
+use crate::svg::{Plot, Series};
 use crate::timing::{Budget, measure_ms};
 
 /// The vocabularies: the anchor Transformer's and GPT-2's.
@@ -98,6 +99,21 @@ pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
         table.push(vec![Cell::Int(vocab as u64), Cell::Num(lookup), Cell::Num(gemm), Cell::Num(gemm / lookup)]);
     }
     out.tables.push(table);
+    let series = |name: &str, pick: fn(&(usize, f64, f64)) -> f64| Series {
+        name: name.into(),
+        points: rows.iter().map(|r| (r.0 as f64, pick(r))).collect(),
+    };
+    out.plots.push((
+        "time".into(),
+        Plot {
+            title: "Embedding lookup: ms per realize vs vocabulary".into(),
+            x_label: "vocabulary".into(),
+            y_label: "ms".into(),
+            log_x: true,
+            log_y: true,
+            series: vec![series("gather", |r| r.1), series("one-hot GEMM", |r| r.2)],
+        },
+    ));
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
         out.notes.push(format!(
             "gather at vocab {} / vocab {}: {:.2}x (cost independent of the vocabulary is 1x)",
