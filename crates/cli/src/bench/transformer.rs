@@ -104,6 +104,24 @@ pub fn check_forward(config: GptConfig, runner: &Runner) -> anyhow::Result<()> {
     })
 }
 
+/// The launches of the compiled forward that check data (their step binds the program's status
+/// buffer: a gather's index range, an integer division), all launches, and the share of the
+/// run's launch time (medians of [`runtime::Executable::launch_times`]) the checking launches
+/// take as a whole. The checks are one compare and a never-taken branch inside those launches,
+/// so the share bounds their cost from above.
+pub fn checked_share(p: &Profiled) -> anyhow::Result<(usize, usize, f64)> {
+    let exe = &p.compiled.exe;
+    let program = exe.program();
+    let checks = |step: usize| {
+        program.steps[step].args.iter().any(|b| program.buffers[b.0 as usize].kind == lower::BufferKind::Status)
+    };
+    let times = exe.launch_times(&p.traced.inputs, &p.traced.bindings, 21)?;
+    let total: u64 = times.iter().map(|t| t.median_ns).sum();
+    let checked: Vec<_> = times.iter().filter(|t| checks(t.step)).collect();
+    let checked_ns: u64 = checked.iter().map(|t| t.median_ns).sum();
+    Ok((checked.len(), times.len(), checked_ns as f64 / total.max(1) as f64))
+}
+
 /// The first call of the decoder in this process, in milliseconds: record the forward and
 /// `kiln::realize` it on the CPU device (trace, compile, code generation, run). Weights and tokens
 /// are made before the clock starts (the anchors make their parameters first too); with
@@ -176,6 +194,7 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
 
     let bar = progress((args.layers.len() * args.repeats) as u64, "transformer-compile");
     let mut results = Vec::new();
+    let mut check_notes = Vec::new();
     for &layers in &args.layers {
         let config = GptConfig { layers, ..args.base };
         let mut phases: Vec<Vec<f64>> = vec![Vec::new(); Phase::ALL.len()];
@@ -205,6 +224,12 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
         let Some(p) = last else { continue };
         check_program(&p)?;
         let steady_ms = measure_ms(args.steady, || Ok(p.compiled.exe.run(&p.traced.inputs, &p.traced.bindings)?))?;
+        let (checked, total, share) = checked_share(&p)?;
+        check_notes.push(format!(
+            "data checks, {layers} layers: {checked} of {total} launches check data (index range, integer division); \
+             their whole time is {:.2}% of the bare run's launch time, an upper bound of what the checks cost",
+            100.0 * share
+        ));
         let mut gpt = Gpt::new(config, 0)?;
         let runner = Runner::Facade(Device::Cpu);
         runner.place_module(&mut gpt.model)?;
@@ -240,7 +265,9 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
         });
     }
     bar.finish_and_clear();
-    Ok(render(args, &results))
+    let mut out = render(args, &results);
+    out.notes.extend(check_notes);
+    Ok(out)
 }
 
 /// The suite's tables, plot and target checks for measured `results`.
