@@ -11,6 +11,11 @@
 #   cd /work/shared/anchors && ANCHOR_IDLE_WAIT=5 /work/anchors-venv/bin/python \
 #       bench_transformer.py --layers 1 2 8 --only jax --repeats 3
 # (its .err lists every retry the load caused); anchor_versions.md is `python versions.py`.
+# From 16:23 on the idle machine (release build of the merged work): transformer.md by the first
+# `run` line below, embedding.md by `kiln bench embedding --out $out/embedding`,
+# transformer_base_306e70f.md by the same suite (`--layers 1,2,8`, no --fresh-process, which that
+# commit lacks) built from commit 306e70f in its own worktree, and anchor_transformer_jax.md by the
+# jax line below (torch.compile's line was not run).
 set -euo pipefail
 out=docs/bench/2026-12-01
 kiln=${CARGO_TARGET_DIR:-target}/release/kiln
@@ -33,5 +38,6 @@ if [ -n "${ANCHOR_PYTHON:-}" ]; then
     run anchor_transformer_jax bash -c "cd $anchors && $ANCHOR_PYTHON bench_transformer.py --layers 1 2 8 --only jax --repeats 3"
     run anchor_transformer_torch_compile bash -c "cd $anchors && $ANCHOR_PYTHON bench_transformer.py --layers 1 2 8 --only torch_compile --repeats 1"
 fi
+run embedding "$kiln" bench embedding --out "$out/embedding"
 run memory "$kiln" bench memory --out "$out/memory"
 run memory-wgpu "$kiln" bench memory --device wgpu --out "$out/memory-wgpu"
