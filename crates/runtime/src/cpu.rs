@@ -22,6 +22,7 @@ use lower::kir::{Kernel, LoopKernel};
 
 use crate::error::Result;
 use crate::key::GraphKey;
+use crate::observe::{CompileObserver, NoCompileObserver, Passes};
 use crate::vm::{Executable, KernelFn, MemoryStats, Placement};
 
 /// How much work a device has done: what its caches saved.
@@ -48,42 +49,6 @@ pub const PROGRAM_CACHE_CAPACITY: usize = 1024;
 /// Environment variable that sets the program cache's capacity (a positive number of programs)
 /// of devices created afterwards.
 pub const PROGRAM_CACHE_ENV: &str = "KILN_PROGRAM_CACHE";
-
-/// Hears the steps of [`CpuDevice::compile_observed`], for a profiler: each step is bracketed by
-/// `begin` and `end` (in LIFO order, with the graph's node count where the step is a graph pass),
-/// and `counter` reports sizes of the result. The runtime knows nothing of who listens.
-pub trait CompileObserver {
-    /// A step named `step` starts; `nodes` is the graph's size before it, for a graph pass.
-    fn begin(&mut self, step: &'static str, nodes: Option<usize>);
-    /// The step that began last ends; `nodes` is the graph's size after it.
-    fn end(&mut self, step: &'static str, nodes: Option<usize>);
-    /// A count about the compiled program (`kernels`, `loop kernels`, `launches`).
-    fn counter(&mut self, name: &'static str, value: u64) {
-        let _ = (name, value);
-    }
-}
-
-/// A [`CompileObserver`] that ignores everything: what [`CpuDevice::compile`] uses.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoCompileObserver;
-
-impl CompileObserver for NoCompileObserver {
-    fn begin(&mut self, _: &'static str, _: Option<usize>) {}
-    fn end(&mut self, _: &'static str, _: Option<usize>) {}
-}
-
-/// Forwards `lower`'s pass brackets to a [`CompileObserver`].
-struct Passes<'a>(&'a mut dyn CompileObserver);
-
-impl lower::PassObserver for Passes<'_> {
-    fn begin(&mut self, pass: &'static str, graph_nodes: usize) {
-        self.0.begin(pass, Some(graph_nodes));
-    }
-
-    fn end(&mut self, pass: &'static str, graph_nodes: usize) {
-        self.0.end(pass, Some(graph_nodes));
-    }
-}
 
 /// The programs whose graphs share one structural hash (almost always one).
 type Bucket = Vec<(GraphKey, Arc<Executable>)>;

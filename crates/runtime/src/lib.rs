@@ -35,6 +35,7 @@ pub mod key;
 pub mod levels;
 pub mod matmul;
 pub mod memory;
+pub mod observe;
 pub mod parallel;
 pub mod vm;
 pub mod wgpu;
@@ -43,9 +44,10 @@ use std::sync::Arc;
 
 use air::{Bindings, Graph, HostTensor};
 
-pub use cpu::{CompileObserver, CpuDevice, CpuStats, NoCompileObserver};
+pub use cpu::{CpuDevice, CpuStats};
 pub use error::{Result, RuntimeError};
 pub use key::GraphKey;
+pub use observe::{CompileObserver, NoCompileObserver};
 pub use vm::{Executable, LaunchTime, MemoryStats};
 
 /// A device programs run on. One variant per backend; a `Wgpu` device joins later.
