@@ -1,0 +1,395 @@
+//! Fusion decisions: which nodes get a buffer and how each is computed (a loop kernel or a
+//! matmul), from one backward pass counting consumers and one forward pass over the topological
+//! order (see the module docs of `schedule`).
+
+use air::{BinaryOp, DType, Graph, NodeId, Op, OpClass, ReduceOp};
+use slotmap::SecondaryMap;
+
+use super::contraction::{contraction, is_one, is_zero};
+use super::{BROADCAST_MAX, MAX_DEPTH, RECOMPUTE_MAX, is_movement, movement};
+use crate::view::{Movement, ViewStack};
+
+/// What to fuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FuseOptions {
+    /// Fuse element-wise chains, reductions and epilogues (false: one kernel per non-view op).
+    pub fuse: bool,
+    /// Recognise matmuls (only when fusing).
+    pub matmul: bool,
+}
+
+/// One operand of a recognised matmul: `base`'s buffer seen through `chain` (top op first).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MatmulOperand {
+    /// The materialized node whose buffer the operand reads.
+    pub base: NodeId,
+    /// The movement ops between `base` and the matmul, top op first (empty: `base` itself).
+    pub chain: Vec<Movement>,
+}
+
+/// How a materialized node is computed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Plan {
+    /// A loop kernel rooted at the node.
+    Loops,
+    /// A matmul kernel for the reduce node `reduce` (the node itself, or, with `bias`, the node is
+    /// `add(reshape*(reduce), bias)` and `bias` is written into the result first).
+    Matmul {
+        /// The `reduce sum` node that the matmul computes.
+        reduce: NodeId,
+        /// The left operand (`[.., M, K]`).
+        a: MatmulOperand,
+        /// The right operand (`[.., K, N]`).
+        b: MatmulOperand,
+        /// The node added to the product, if the matmul absorbed a bias add.
+        bias: Option<NodeId>,
+    },
+}
+
+/// The fusion decisions for a graph.
+#[derive(Clone, Debug, Default)]
+pub struct Decisions {
+    /// Materialized nodes and how each is computed.
+    pub plans: SecondaryMap<NodeId, Plan>,
+    /// The live nodes in topological order.
+    pub order: Vec<NodeId>,
+    /// `base -> output`: the materialized `base` is written straight into the buffer of the graph
+    /// output, a reshape (chain) of it that nothing else reads, instead of being copied there.
+    pub aliases: SecondaryMap<NodeId, NodeId>,
+}
+
+struct Decider<'a> {
+    g: &'a Graph,
+    opts: FuseOptions,
+    /// The live nodes (a set).
+    live: SecondaryMap<NodeId, ()>,
+    /// How many times each graph output is listed among the outputs (built once, so counting a
+    /// node's output uses is O(1)).
+    outputs: SecondaryMap<NodeId, u32>,
+    /// Consumers counted through movement ops, plus output uses.
+    consumers: SecondaryMap<NodeId, u32>,
+    /// Whether some consumer reads the node through a numel-increasing expand.
+    broadcast: SecondaryMap<NodeId, bool>,
+    /// The cost of reading a node inside a kernel (1 for a buffer).
+    cost: SecondaryMap<NodeId, u32>,
+    /// The depth of a non-materialized node's expression tree (0 for a buffer).
+    depth: SecondaryMap<NodeId, u32>,
+    /// The fused reduce a non-materialized node's expression contains.
+    carries: SecondaryMap<NodeId, NodeId>,
+    plans: SecondaryMap<NodeId, Plan>,
+}
+
+impl Decider<'_> {
+    fn users(&self, n: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        air::work::add(self.g.users(n).len() as u64);
+        self.g.users(n).iter().copied().filter(|u| self.live.contains_key(*u))
+    }
+
+    fn materialize(&mut self, n: NodeId) {
+        if matches!(self.g.op(n), Op::Input(_)) {
+            return;
+        }
+        if !self.plans.contains_key(n) {
+            self.plans.insert(n, Plan::Loops);
+        }
+        self.cost.insert(n, 1);
+        self.depth.insert(n, 0);
+        self.carries.remove(n);
+    }
+
+    fn is_buffer(&self, n: NodeId) -> bool {
+        self.plans.contains_key(n) || matches!(self.g.op(n), Op::Input(_))
+    }
+
+    fn read_cost(&self, n: NodeId) -> u32 {
+        self.cost.get(n).copied().unwrap_or(1)
+    }
+
+    fn run(&mut self, order: &[NodeId]) {
+        for &n in order.iter().rev() {
+            air::work::tick();
+            let mut count = self.outputs.get(n).copied().unwrap_or(0);
+            let mut bcast = false;
+            for u in self.users(n).collect::<Vec<_>>() {
+                let op = self.g.op(u);
+                if is_movement(op) {
+                    count += self.consumers[u];
+                    bcast |= self.broadcast[u];
+                    if let Op::Expand(_) = op {
+                        bcast |= self.g.ty(u).numel() != self.g.ty(n).numel();
+                    }
+                } else {
+                    count += 1;
+                }
+            }
+            self.consumers.insert(n, count);
+            self.broadcast.insert(n, bcast);
+        }
+        for &n in order {
+            air::work::add(1 + self.g.inputs(n).len() as u64);
+            self.visit(n);
+            if !self.plans.contains_key(n) {
+                let d =
+                    1 + self.g.inputs(n).iter().map(|i| self.depth.get(*i).copied().unwrap_or(0)).max().unwrap_or(0);
+                self.depth.insert(n, d);
+                if d > MAX_DEPTH {
+                    self.materialize(n);
+                }
+            }
+            if self.outputs.contains_key(n) {
+                self.materialize(n);
+            }
+        }
+    }
+
+    fn visit(&mut self, n: NodeId) {
+        let g = self.g;
+        let inputs = g.inputs(n).to_vec();
+        match g.op(n).class() {
+            OpClass::Leaf => {
+                let c = if matches!(g.op(n), Op::Const(_)) { 0 } else { 1 };
+                self.cost.insert(n, c);
+            }
+            OpClass::Movement => {
+                if self.carries.contains_key(inputs[0]) {
+                    self.materialize(inputs[0]);
+                }
+                self.cost.insert(n, self.read_cost(inputs[0]));
+            }
+            OpClass::Elementwise => {
+                if !self.opts.fuse {
+                    self.materialize(n);
+                    return;
+                }
+                let mut carried: Option<NodeId> = None;
+                for &i in &inputs {
+                    if let Some(&r) = self.carries.get(i) {
+                        match carried {
+                            None => carried = Some(r),
+                            Some(c) if c == r => {}
+                            Some(_) => self.materialize(i),
+                        }
+                    }
+                }
+                let cost = 1 + inputs.iter().map(|&i| self.read_cost(i)).sum::<u32>();
+                self.cost.insert(n, cost);
+                if let Some(r) = carried {
+                    self.carries.insert(n, r);
+                }
+                if self.try_matmul_bias(n) {
+                    return;
+                }
+                let many = self.consumers[n] > 1;
+                if (many && (carried.is_some() || cost > RECOMPUTE_MAX)) || (self.broadcast[n] && cost > BROADCAST_MAX)
+                {
+                    self.materialize(n);
+                }
+            }
+            OpClass::Reduce => {
+                if self.carries.contains_key(inputs[0]) {
+                    self.materialize(inputs[0]);
+                }
+                if self.opts.fuse && self.opts.matmul && self.try_matmul(n) {
+                    return;
+                }
+                let users: Vec<NodeId> = self.users(n).collect();
+                let fusable = self.opts.fuse
+                    && self.consumers[n] == 1
+                    && users.len() == 1
+                    && g.op(users[0]).class() == OpClass::Elementwise
+                    && !self.outputs.contains_key(n);
+                if fusable {
+                    self.cost.insert(n, 1);
+                    self.carries.insert(n, n);
+                } else {
+                    self.materialize(n);
+                }
+            }
+            OpClass::Index => {
+                // `gather` reads a row-major `src` buffer and fuses its index expression;
+                // `scatter_add` reads two buffers. Both are kernels of their own.
+                self.materialize(inputs[0]);
+                match g.op(n) {
+                    Op::Gather(_) if self.carries.contains_key(inputs[1]) => self.materialize(inputs[1]),
+                    Op::Gather(_) => {}
+                    _ => self.materialize(inputs[1]),
+                }
+                self.materialize(n);
+            }
+        }
+    }
+
+    /// The candidate operands of a matmul read through `top`, fewest copies first: each is a node
+    /// to be a buffer (the caller materializes it) and the chain of movement ops above it, whose
+    /// composed view is affine. The first keeps the longest chain; later ones cut it lower, so
+    /// that a movement node gets a buffer in its own row-major layout (a copy) where the longer
+    /// view does not fit a GEMM. No cut lands above a broadcasting expand, which would
+    /// materialize the broadcast.
+    fn matmul_operands(&self, top: NodeId) -> Vec<(MatmulOperand, ViewStack)> {
+        let g = self.g;
+        let mut nodes = Vec::new();
+        let mut cur = top;
+        while is_movement(g.op(cur)) && !self.is_buffer(cur) {
+            air::work::tick();
+            nodes.push(cur);
+            cur = g.inputs(cur)[0];
+        }
+        let view_at = |cut: usize| {
+            air::work::add(1 + cut as u64);
+            let base = if cut == nodes.len() { cur } else { nodes[cut] };
+            let chain: Vec<Movement> = nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
+            let view = ViewStack::contiguous(&g.ty(base).shape).through(chain.iter().rev());
+            (MatmulOperand { base, chain }, view)
+        };
+        let shape = &g.ty(top).shape;
+        let (_, full) = view_at(nodes.len());
+        let broadcast = |v: &ViewStack, d: usize| !is_one(&shape[d]) && is_zero(&v.top().strides[d]);
+        let mut out = Vec::new();
+        for cut in (0..=nodes.len()).rev() {
+            let (op, view) = view_at(cut);
+            let lost = (0..shape.len()).any(|d| broadcast(&full, d) && !broadcast(&view, d));
+            if lost {
+                break;
+            }
+            if !matches!(g.op(op.base), Op::Const(_) | Op::Iota(_)) && view.is_affine() {
+                out.push((op, view));
+            }
+        }
+        out
+    }
+
+    /// `reduce sum(mul(x, y))` over affine views of buffers whose axes split into GEMM groups
+    /// (see `contraction`) becomes a matmul; its operands' bases are materialized. Where the
+    /// longest views do not fit, an operand is read from a copy of a movement node in between.
+    fn try_matmul(&mut self, n: NodeId) -> bool {
+        let g = self.g;
+        let Op::Reduce(r) = g.op(n) else { return false };
+        let x = g.inputs(n)[0];
+        if r.op != ReduceOp::Sum || g.ty(n).dtype != DType::F32 || g.op(x) != &Op::Binary(BinaryOp::Mul) {
+            return false;
+        }
+        let space = g.ty(x).shape.to_vec();
+        let (cands_p, cands_q) = (self.matmul_operands(g.inputs(x)[0]), self.matmul_operands(g.inputs(x)[1]));
+        let mut pairs: Vec<(usize, usize)> =
+            (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
+        pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
+        let mut plan = None;
+        for (i, j) in pairs {
+            air::work::tick();
+            let ((op_p, vp), (op_q, vq)) = (&cands_p[i], &cands_q[j]);
+            let (sp, sq) = (&vp.top().strides, &vq.top().strides);
+            plan = match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
+                (Some(c), Some(swapped)) if !c.row_major_c(&space, &r.axes) && swapped.row_major_c(&space, &r.axes) => {
+                    Some((op_q.clone(), op_p.clone()))
+                }
+                (Some(_), _) => Some((op_p.clone(), op_q.clone())),
+                (None, Some(_)) => Some((op_q.clone(), op_p.clone())),
+                (None, None) => None,
+            };
+            if plan.is_some() {
+                break;
+            }
+        }
+        let Some((a, b)) = plan else { return false };
+        for op in [&a, &b] {
+            if !matches!(g.op(op.base), Op::Input(_)) {
+                self.materialize(op.base);
+            }
+        }
+        self.plans.insert(n, Plan::Matmul { reduce: n, a, b, bias: None });
+        self.cost.insert(n, 1);
+        true
+    }
+
+    /// Outputs that are reshapes of a materialized node read nowhere else take that node's place.
+    fn alias_outputs(&mut self) -> SecondaryMap<NodeId, NodeId> {
+        let g = self.g;
+        let mut aliases = SecondaryMap::new();
+        for &o in g.outputs() {
+            air::work::tick();
+            if self.plans.get(o) != Some(&Plan::Loops) || !matches!(g.op(o), Op::Reshape(_)) {
+                continue;
+            }
+            let mut cur = g.inputs(o)[0];
+            while matches!(g.op(cur), Op::Reshape(_))
+                && !self.plans.contains_key(cur)
+                && !self.outputs.contains_key(cur)
+                && self.users(cur).count() == 1
+            {
+                air::work::tick();
+                cur = g.inputs(cur)[0];
+            }
+            if self.plans.contains_key(cur)
+                && !self.outputs.contains_key(cur)
+                && self.users(cur).count() == 1
+                && !aliases.contains_key(cur)
+            {
+                self.plans.remove(o);
+                aliases.insert(cur, o);
+            }
+        }
+        aliases
+    }
+
+    /// `add(reshape*(matmul), bias)` with the matmul read only there: the add becomes the matmul,
+    /// accumulating onto `bias`.
+    fn try_matmul_bias(&mut self, n: NodeId) -> bool {
+        let g = self.g;
+        if g.op(n) != &Op::Binary(BinaryOp::Add) || g.ty(n).dtype != DType::F32 {
+            return false;
+        }
+        for (k, &start) in g.inputs(n).iter().enumerate() {
+            let mut cur = start;
+            let mut ok = true;
+            while matches!(g.op(cur), Op::Reshape(_)) && !self.plans.contains_key(cur) {
+                air::work::tick();
+                ok &= self.users(cur).count() == 1;
+                cur = g.inputs(cur)[0];
+            }
+            let other = g.inputs(n)[1 - k];
+            // Only a matmul can take the bias; test that first, since counting the users of a
+            // widely shared node (a constant read by every add) per add would be O(N^2).
+            if !matches!(self.plans.get(cur), Some(Plan::Matmul { bias: None, .. })) {
+                continue;
+            }
+            if !ok || other == start || self.users(cur).count() != 1 || self.outputs.contains_key(cur) {
+                continue;
+            }
+            if let Some(Plan::Matmul { reduce, a, b, bias: None }) = self.plans.get(cur).cloned() {
+                self.plans.remove(cur);
+                self.plans.insert(n, Plan::Matmul { reduce, a, b, bias: Some(other) });
+                self.cost.insert(n, 1);
+                self.carries.remove(n);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Decides kernel boundaries (see the module docs).
+pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
+    let order = g.live_order();
+    let mut outputs = SecondaryMap::new();
+    for &o in g.outputs() {
+        air::work::tick();
+        if let Some(count) = outputs.entry(o) {
+            *count.or_insert(0) += 1;
+        }
+    }
+    let mut d = Decider {
+        g,
+        opts,
+        live: order.iter().map(|&n| (n, ())).collect(),
+        outputs,
+        consumers: SecondaryMap::new(),
+        broadcast: SecondaryMap::new(),
+        cost: SecondaryMap::new(),
+        depth: SecondaryMap::new(),
+        carries: SecondaryMap::new(),
+        plans: SecondaryMap::new(),
+    };
+    d.run(&order);
+    let aliases = d.alias_outputs();
+    Decisions { plans: d.plans, order, aliases }
+}

@@ -1,0 +1,721 @@
+//! Loop-kernel building: a materialized node's expression tree (`TreeBuilder`) down to buffers,
+//! leaves and at most one fused reduce, lowered to hash-consed kir instructions placed at the
+//! outermost loop level their operands allow (`Emitter`), with merged contiguous loop dims; and
+//! the scatter-add kernel.
+
+use std::collections::HashMap;
+
+use air::{BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Scalar, Symbol, UnaryOp};
+
+use super::{Buffers, STATUS_BUF, is_movement, movement};
+use crate::error::LowerError;
+use crate::kir::{Acc, Access, IExpr, Inst, Kernel, LoopKernel, Param, Reg, Stmt, Var};
+use crate::program::{BufId, CheckKind, DataCheck};
+use crate::view::{IndexCx, Movement, View, ViewStack, row_major};
+
+/// An expression of a loop kernel, with every read resolved to a view of a buffer.
+#[derive(Clone, Debug)]
+enum KExpr {
+    Load {
+        buf: BufId,
+        dtype: DType,
+        view: ViewStack,
+        other: Scalar,
+        inner: bool,
+    },
+    Const {
+        dtype: DType,
+        value: Scalar,
+    },
+    Iota {
+        dtype: DType,
+        view: ViewStack,
+        axis: usize,
+        inner: bool,
+    },
+    Pad {
+        dtype: DType,
+        view: ViewStack,
+        ranges: Vec<(Dim, Dim)>,
+        value: Scalar,
+        inner: bool,
+        x: Box<KExpr>,
+    },
+    Unary {
+        op: UnaryOp,
+        dtype: DType,
+        x: Box<KExpr>,
+    },
+    Binary {
+        op: BinaryOp,
+        dtype: DType,
+        a: Box<KExpr>,
+        b: Box<KExpr>,
+    },
+    Where {
+        dtype: DType,
+        c: Box<KExpr>,
+        a: Box<KExpr>,
+        b: Box<KExpr>,
+    },
+    Cast {
+        dtype: DType,
+        x: Box<KExpr>,
+    },
+    Reduce {
+        op: ReduceOp,
+        dtype: DType,
+        x: Box<KExpr>,
+    },
+    Gather {
+        buf: BufId,
+        dtype: DType,
+        src_shape: Vec<Dim>,
+        axis: usize,
+        view: ViewStack,
+        inner: bool,
+        index: Box<KExpr>,
+    },
+}
+
+impl KExpr {
+    fn for_each_view(&mut self, f: &mut dyn FnMut(&mut ViewStack, bool)) {
+        match self {
+            KExpr::Load { view, inner, .. } | KExpr::Iota { view, inner, .. } => f(view, *inner),
+            KExpr::Pad { view, inner, x, .. } => {
+                f(view, *inner);
+                x.for_each_view(f);
+            }
+            KExpr::Const { .. } => {}
+            KExpr::Gather { view, inner, index, .. } => {
+                f(view, *inner);
+                index.for_each_view(f);
+            }
+            KExpr::Unary { x, .. } | KExpr::Cast { x, .. } | KExpr::Reduce { x, .. } => x.for_each_view(f),
+            KExpr::Binary { a, b, .. } => {
+                a.for_each_view(f);
+                b.for_each_view(f);
+            }
+            KExpr::Where { c, a, b, .. } => {
+                c.for_each_view(f);
+                a.for_each_view(f);
+                b.for_each_view(f);
+            }
+        }
+    }
+}
+
+fn zero_of(dtype: DType) -> Scalar {
+    Scalar::Int(0).cast(dtype)
+}
+
+/// The fused reduce of a kernel.
+struct ReduceInfo {
+    axes: Vec<usize>,
+    in_shape: Vec<Dim>,
+}
+
+/// Builds the expression tree of one kernel root.
+struct TreeBuilder<'a> {
+    g: &'a Graph,
+    bufs: &'a Buffers,
+    reduce: Option<ReduceInfo>,
+}
+
+impl TreeBuilder<'_> {
+    fn view(&self, n: NodeId, pending: &[Movement]) -> ViewStack {
+        ViewStack::contiguous(&self.g.ty(n).shape).through(pending.iter().rev())
+    }
+
+    fn pad_foldable(&self, n: NodeId, value: Scalar, fold: Option<Scalar>) -> bool {
+        if fold.is_some_and(|f| f != value) {
+            return false;
+        }
+        let mut cur = self.g.inputs(n)[0];
+        loop {
+            air::work::tick();
+            if self.bufs.contains_key(cur) {
+                return true;
+            }
+            match self.g.op(cur) {
+                Op::Pad(p) if p.value != value => return false,
+                op if is_movement(op) => cur = self.g.inputs(cur)[0],
+                _ => return false,
+            }
+        }
+    }
+
+    fn build(
+        &mut self,
+        n: NodeId,
+        pending: &mut Vec<Movement>,
+        fold: Option<Scalar>,
+        inner: bool,
+        expand: bool,
+    ) -> Result<KExpr, LowerError> {
+        air::work::add(1 + pending.len() as u64);
+        let g = self.g;
+        let node = g.node(n);
+        let dtype = node.ty.dtype;
+        let load = |s: &Self, buf: BufId, pending: &[Movement]| KExpr::Load {
+            buf,
+            dtype,
+            view: s.view(n, pending),
+            other: fold.unwrap_or(zero_of(dtype)).cast(dtype),
+            inner,
+        };
+        if !expand && let Some(&buf) = self.bufs.get(n) {
+            return Ok(load(self, buf, pending));
+        }
+        let sub =
+            |s: &mut Self, i: usize, pending: &mut Vec<Movement>| s.build(node.inputs[i], pending, None, inner, false);
+        Ok(match &node.op {
+            Op::Input(_) => match self.bufs.get(n) {
+                Some(&buf) => load(self, buf, pending),
+                None => return Err(LowerError::InvalidGraph(format!("{n}: input has no buffer"))),
+            },
+            Op::Const(c) => KExpr::Const { dtype, value: c.value.cast(dtype) },
+            Op::Iota(i) => KExpr::Iota { dtype, view: self.view(n, pending), axis: i.axis, inner },
+            Op::Unary(op) => KExpr::Unary { op: *op, dtype, x: Box::new(sub(self, 0, pending)?) },
+            Op::Binary(op) => {
+                let a = Box::new(sub(self, 0, pending)?);
+                KExpr::Binary { op: *op, dtype, a, b: Box::new(sub(self, 1, pending)?) }
+            }
+            Op::Where => {
+                let c = Box::new(sub(self, 0, pending)?);
+                let a = Box::new(sub(self, 1, pending)?);
+                KExpr::Where { dtype, c, a, b: Box::new(sub(self, 2, pending)?) }
+            }
+            Op::Cast(_) => KExpr::Cast { dtype, x: Box::new(sub(self, 0, pending)?) },
+            Op::Reduce(r) => {
+                if inner || !pending.is_empty() || self.reduce.is_some() {
+                    return Err(LowerError::Unsupported(format!("{n}: a reduce read through a view inside a kernel")));
+                }
+                let in_shape = g.ty(node.inputs[0]).shape.to_vec();
+                let mut perm: Vec<usize> = (0..in_shape.len()).filter(|a| !r.axes.contains(a)).collect();
+                perm.extend(r.axes.iter().copied());
+                self.reduce = Some(ReduceInfo { axes: r.axes.to_vec(), in_shape });
+                let mut p = vec![Movement::Permute(perm)];
+                let x = self.build(node.inputs[0], &mut p, None, true, false)?;
+                KExpr::Reduce { op: r.op, dtype, x: Box::new(x) }
+            }
+            Op::Pad(p) => {
+                let m = Movement::Pad(p.padding.clone());
+                if self.pad_foldable(n, p.value, fold) {
+                    pending.push(m);
+                    let x = self.build(node.inputs[0], pending, Some(p.value), inner, false);
+                    pending.pop();
+                    return x;
+                }
+                let view = self.view(n, pending);
+                let in_shape = &g.ty(node.inputs[0]).shape;
+                let ranges = p.padding.iter().zip(in_shape).map(|((b, _), s)| (b.clone(), b + s)).collect();
+                pending.push(m);
+                let x = self.build(node.inputs[0], pending, fold, inner, false);
+                pending.pop();
+                KExpr::Pad { dtype, view, ranges, value: p.value.cast(dtype), inner, x: Box::new(x?) }
+            }
+            Op::Gather(gather) => {
+                let src = node.inputs[0];
+                let Some(&buf) = self.bufs.get(src) else {
+                    return Err(LowerError::InvalidGraph(format!("{n}: the source of a gather has no buffer")));
+                };
+                let index = Box::new(sub(self, 1, pending)?);
+                let src_shape = g.ty(src).shape.to_vec();
+                KExpr::Gather { buf, dtype, src_shape, axis: gather.axis, view: self.view(n, pending), inner, index }
+            }
+            Op::ScatterAdd(_) => {
+                return Err(LowerError::InvalidGraph(format!("{n}: a scatter_add is only computed by its own kernel")));
+            }
+            op => {
+                let m = movement(op).expect("the remaining ops are movement ops");
+                pending.push(m);
+                let x = self.build(node.inputs[0], pending, fold, inner, false);
+                pending.pop();
+                return x;
+            }
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    reg: Reg,
+    level: usize,
+    post: bool,
+}
+
+/// Emits kir statements for an expression tree into a loop nest, level by level.
+struct Emitter {
+    cx: IndexCx,
+    params: Vec<(BufId, Param)>,
+    pre: Vec<Vec<Stmt>>,
+    post: Vec<Vec<Stmt>>,
+    cse: HashMap<(DType, Inst), Slot>,
+    next_reg: u32,
+    next_acc: u32,
+    min_level: usize,
+    n_outer: usize,
+    n_total: usize,
+    checks: Vec<DataCheck>,
+    /// The in-bounds conditions of the pads enclosing the expression being emitted: a check
+    /// there fires only where they hold, because the padded positions are never computed in the
+    /// graph (the kernel computes them with masked loads and selects the pad value afterwards).
+    guards: Vec<IExpr>,
+}
+
+fn var_level(e: &IExpr) -> usize {
+    match e {
+        IExpr::Var(v) => v.0 as usize + 1,
+        IExpr::Const(_) | IExpr::Sym(_) => 0,
+        IExpr::Add(a, b)
+        | IExpr::Mul(a, b)
+        | IExpr::Div(a, b)
+        | IExpr::Mod(a, b)
+        | IExpr::Lt(a, b)
+        | IExpr::And(a, b) => var_level(a).max(var_level(b)),
+    }
+}
+
+impl Emitter {
+    fn param(&mut self, buf: BufId, dtype: DType, access: Access) -> u32 {
+        air::work::add(1 + self.params.len() as u64);
+        if let Some(p) = self.params.iter().position(|(b, _)| *b == buf) {
+            return p as u32;
+        }
+        self.params.push((buf, Param { dtype, access }));
+        (self.params.len() - 1) as u32
+    }
+
+    /// A new check of the program and the status buffer's parameter position.
+    fn check(&mut self, op: &str, kind: CheckKind) -> (u32, u32) {
+        self.checks.push(DataCheck { op: op.to_string(), kind });
+        let status = self.param(STATUS_BUF, DType::I32, Access::Write);
+        (self.checks.len() as u32 - 1, status)
+    }
+
+    fn vars(&self, inner: bool) -> Vec<IExpr> {
+        let n = if inner { self.n_total } else { self.n_outer };
+        (0..n as u32).map(|v| IExpr::Var(Var(v))).collect()
+    }
+
+    fn let_(&mut self, dtype: DType, inst: Inst, operands: &[Slot], exprs: &[&IExpr]) -> Slot {
+        air::work::add(1 + operands.len() as u64);
+        let key = (dtype, inst);
+        if let Some(&s) = self.cse.get(&key) {
+            return s;
+        }
+        let mut level = self.min_level;
+        for e in exprs {
+            level = level.max(var_level(e));
+        }
+        for s in operands {
+            level = level.max(s.level);
+        }
+        let post = operands.iter().any(|s| s.post && s.level == level);
+        let reg = Reg(self.next_reg);
+        self.next_reg += 1;
+        let slot = Slot { reg, level, post };
+        let stmt = Stmt::Let { reg, dtype, inst: key.1.clone() };
+        if post {
+            self.post[level].push(stmt)
+        } else {
+            self.pre[level].push(stmt)
+        }
+        self.cse.insert(key, slot);
+        slot
+    }
+
+    fn emit(&mut self, e: &KExpr) -> Result<Slot, LowerError> {
+        Ok(match e {
+            KExpr::Load { buf, dtype, view, other, inner } => {
+                let (index, mask) = view.index(&self.vars(*inner), &self.cx)?;
+                let p = self.param(*buf, *dtype, Access::Read);
+                let exprs: Vec<IExpr> = std::iter::once(index.clone()).chain(mask.clone()).collect();
+                let refs: Vec<&IExpr> = exprs.iter().collect();
+                let other = if mask.is_some() { *other } else { zero_of(*dtype) };
+                self.let_(*dtype, Inst::Load { buf: p, index, mask, other }, &[], &refs)
+            }
+            KExpr::Const { dtype, value } => self.let_(*dtype, Inst::Const(*value), &[], &[]),
+            KExpr::Iota { dtype, view, axis, inner } => {
+                let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let e = idx[*axis].clone();
+                self.let_(*dtype, Inst::Index(e.clone()), &[], &[&e])
+            }
+            KExpr::Pad { dtype, view, ranges, value, inner, x } => {
+                let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let mut cond: Option<IExpr> = None;
+                for (d, range) in ranges.iter().enumerate() {
+                    if let Some(c) = self.cx.range_cond(&idx[d], range, &view.base[d])? {
+                        cond = Some(match cond {
+                            None => c,
+                            Some(p) => IExpr::and(p, c),
+                        });
+                    }
+                }
+                self.guards.extend(cond.clone());
+                let x = self.emit(x);
+                if cond.is_some() {
+                    self.guards.pop();
+                }
+                let x = x?;
+                match cond {
+                    None => x,
+                    Some(c) => {
+                        let c = self.let_(DType::Bool, Inst::Index(c.clone()), &[], &[&c]);
+                        let v = self.let_(*dtype, Inst::Const(*value), &[], &[]);
+                        self.let_(*dtype, Inst::Where(c.reg, x.reg, v.reg), &[c, x, v], &[])
+                    }
+                }
+            }
+            KExpr::Unary { op, dtype, x } => {
+                let x = self.emit(x)?;
+                self.let_(*dtype, Inst::Unary(*op, x.reg), &[x], &[])
+            }
+            KExpr::Binary { op, dtype, a, b } => {
+                let (a, b) = (self.emit(a)?, self.emit(b)?);
+                let inst = Inst::Binary(*op, a.reg, b.reg);
+                let checked = matches!(op, BinaryOp::Div | BinaryOp::Mod) && dtype.is_int();
+                if checked && !self.cse.contains_key(&(*dtype, inst.clone())) {
+                    let zero = self.let_(*dtype, Inst::Const(zero_of(*dtype)), &[], &[]);
+                    let mut bad =
+                        self.let_(DType::Bool, Inst::Binary(BinaryOp::CmpEq, b.reg, zero.reg), &[b, zero], &[]);
+                    if let Some(g) = self.guards.iter().cloned().reduce(IExpr::and) {
+                        let inside = self.let_(DType::Bool, Inst::Index(g.clone()), &[], &[&g]);
+                        bad = self.let_(
+                            DType::Bool,
+                            Inst::Binary(BinaryOp::And, bad.reg, inside.reg),
+                            &[bad, inside],
+                            &[],
+                        );
+                    }
+                    let (check, status) = self.check(op.name(), CheckKind::DivByZero);
+                    let stmt = Stmt::Check { cond: bad.reg, value: b.reg, status, check };
+                    if bad.post { self.post[bad.level].push(stmt) } else { self.pre[bad.level].push(stmt) }
+                }
+                self.let_(*dtype, inst, &[a, b], &[])
+            }
+            KExpr::Gather { buf, dtype, src_shape, axis, view, inner, index } => {
+                let i = self.emit(index)?;
+                let (coords, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let strides = row_major(src_shape);
+                let mut base = IExpr::Const(0);
+                for (d, c) in coords.iter().enumerate().filter(|&(d, _)| d != *axis) {
+                    base = IExpr::add(base, IExpr::mul(c.clone(), self.cx.dim(&strides[d])?));
+                }
+                let base = self.cx.canon(base);
+                let stride = self.cx.dim(&strides[*axis])?;
+                let size = self.cx.dim(&src_shape[*axis])?;
+                let p = self.param(*buf, *dtype, Access::Read);
+                let (check, status) = self.check("gather", CheckKind::Index { size: src_shape[*axis].clone() });
+                let inst = Inst::Gather {
+                    buf: p,
+                    base: base.clone(),
+                    index: i.reg,
+                    stride: stride.clone(),
+                    size: size.clone(),
+                    status,
+                    check,
+                };
+                self.let_(*dtype, inst, &[i], &[&base, &stride, &size])
+            }
+            KExpr::Where { dtype, c, a, b } => {
+                let (c, a, b) = (self.emit(c)?, self.emit(a)?, self.emit(b)?);
+                self.let_(*dtype, Inst::Where(c.reg, a.reg, b.reg), &[c, a, b], &[])
+            }
+            KExpr::Cast { dtype, x } => {
+                let x = self.emit(x)?;
+                self.let_(*dtype, Inst::Cast(x.reg), &[x], &[])
+            }
+            KExpr::Reduce { op, dtype, x } => {
+                let half = matches!(dtype, DType::F16 | DType::BF16);
+                let acc_dtype = if half { DType::F32 } else { *dtype };
+                let acc = Acc(self.next_acc);
+                self.next_acc += 1;
+                self.pre[self.n_outer].push(Stmt::AccInit { acc, dtype: acc_dtype, op: *op });
+                let mut v = self.emit(x)?;
+                if half {
+                    v = self.let_(DType::F32, Inst::Cast(v.reg), &[v], &[]);
+                }
+                self.pre[self.n_total].push(Stmt::AccUpdate { acc, value: v.reg });
+                let reg = Reg(self.next_reg);
+                self.next_reg += 1;
+                self.post[self.n_outer].push(Stmt::Let { reg, dtype: acc_dtype, inst: Inst::ReadAcc(acc) });
+                let read = Slot { reg, level: self.n_outer, post: true };
+                if half { self.let_(*dtype, Inst::Cast(read.reg), &[read], &[]) } else { read }
+            }
+        })
+    }
+
+    fn assemble(&mut self, level: usize, extents: &[IExpr]) -> Vec<Stmt> {
+        let mut body = std::mem::take(&mut self.pre[level]);
+        if level < self.n_total {
+            let inner = self.assemble(level + 1, extents);
+            body.push(Stmt::Loop {
+                var: Var(level as u32),
+                extent: extents[level].clone(),
+                parallel: level == 0 && self.n_outer > 0,
+                body: inner,
+            });
+        }
+        body.append(&mut self.post[level]);
+        body
+    }
+}
+
+/// Groups adjacent dims `lo..hi` that every view can merge; returns the group boundaries.
+fn merge_groups(lo: usize, hi: usize, can_merge: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
+    let mut groups = Vec::new();
+    let mut start = lo;
+    for d in lo..hi {
+        if d + 1 == hi || !can_merge(d) {
+            groups.push((start, d + 1));
+            start = d + 1;
+        }
+    }
+    groups
+}
+
+pub(super) fn product(dims: &[Dim]) -> Dim {
+    dims.iter().fold(Dim::Const(1), |a, d| &a * d)
+}
+
+pub(super) fn max_sym_expr(e: &IExpr) -> Option<u32> {
+    match e {
+        IExpr::Sym(n) => Some(*n),
+        IExpr::Const(_) | IExpr::Var(_) => None,
+        IExpr::Add(a, b)
+        | IExpr::Mul(a, b)
+        | IExpr::Div(a, b)
+        | IExpr::Mod(a, b)
+        | IExpr::Lt(a, b)
+        | IExpr::And(a, b) => max_sym_expr(a).max(max_sym_expr(b)),
+    }
+}
+
+fn max_sym_stmts(stmts: &[Stmt]) -> Option<u32> {
+    let mut m = None;
+    for s in stmts {
+        let here = match s {
+            Stmt::Let { inst: Inst::Gather { base, stride, size, .. }, .. }
+            | Stmt::ScatterAdd { base, stride, size, .. } => {
+                max_sym_expr(base).max(max_sym_expr(stride)).max(max_sym_expr(size))
+            }
+            Stmt::Let { inst: Inst::Load { index, mask, .. }, .. } => {
+                max_sym_expr(index).max(mask.as_ref().and_then(max_sym_expr))
+            }
+            Stmt::Let { inst: Inst::Index(e), .. } => max_sym_expr(e),
+            Stmt::Loop { extent, body, .. } => max_sym_expr(extent).max(max_sym_stmts(body)),
+            Stmt::Store { index, .. } => max_sym_expr(index),
+            _ => None,
+        };
+        m = m.max(here);
+    }
+    m
+}
+
+/// Builds the loop kernel that computes `root` (expanded even if it has a buffer when `expand`)
+/// into the contiguous buffer `target`. Returns the kernel and its argument buffers.
+pub(super) fn loop_kernel(
+    g: &Graph,
+    bufs: &Buffers,
+    symbols: &[Symbol],
+    root: NodeId,
+    expand: bool,
+    target: BufId,
+    checks: &mut Vec<DataCheck>,
+) -> Result<(Kernel, Vec<BufId>), LowerError> {
+    let mut tb = TreeBuilder { g, bufs, reduce: None };
+    let mut tree = tb.build(root, &mut Vec::new(), None, false, expand)?;
+    let root_shape: Vec<Dim> = g.ty(root).shape.to_vec();
+    let (outer, red): (Vec<Dim>, Vec<Dim>) = match &tb.reduce {
+        None => (root_shape.clone(), Vec::new()),
+        Some(r) => (
+            (0..r.in_shape.len()).filter(|a| !r.axes.contains(a)).map(|a| r.in_shape[a].clone()).collect(),
+            r.axes.iter().map(|&a| r.in_shape[a].clone()).collect(),
+        ),
+    };
+    let mut store = ViewStack::contiguous(&outer);
+    if tb.reduce.is_some() {
+        tree.for_each_view(&mut |v, inner| {
+            if !inner {
+                v.apply(&Movement::Reshape(outer.clone()));
+            }
+        });
+    }
+    // Merge adjacent loop dims that every view is contiguous across.
+    let (n_o, n_r) = (outer.len(), red.len());
+    let mut tops: Vec<(View, bool)> = vec![(store.top().clone(), false)];
+    tree.for_each_view(&mut |v, inner| tops.push((v.top().clone(), inner)));
+    let outer_groups = merge_groups(0, n_o, |d| tops.iter().all(|(v, _)| v.mergeable(d)));
+    let red_groups =
+        merge_groups(n_o, n_o + n_r, |d| tops.iter().filter(|(_, inner)| *inner).all(|(v, _)| v.mergeable(d)));
+    let full: Vec<Dim> = outer.iter().chain(&red).cloned().collect();
+    let sizes = |groups: &[(usize, usize)]| -> Vec<Dim> {
+        groups.iter().map(|&(a, b)| product(&full[a..b])).filter(|d| d.as_const() != Some(1)).collect()
+    };
+    let (outer_sizes, red_sizes) = (sizes(&outer_groups), sizes(&red_groups));
+    let all_sizes: Vec<Dim> = outer_sizes.iter().chain(&red_sizes).cloned().collect();
+    store.apply(&Movement::Reshape(outer_sizes.clone()));
+    tree.for_each_view(&mut |v, inner| {
+        v.apply(&Movement::Reshape(if inner { all_sizes.clone() } else { outer_sizes.clone() }));
+    });
+
+    let (n_outer, n_total) = (outer_sizes.len(), all_sizes.len());
+    let mut cx = IndexCx::new(symbols.to_vec());
+    cx.extents = all_sizes.iter().map(|d| d.as_const()).collect();
+    let extents: Vec<IExpr> = all_sizes.iter().map(|d| cx.dim(d)).collect::<Result<_, _>>()?;
+    let mut em = Emitter {
+        cx,
+        params: Vec::new(),
+        pre: vec![Vec::new(); n_total + 1],
+        post: vec![Vec::new(); n_total + 1],
+        cse: HashMap::new(),
+        next_reg: 0,
+        next_acc: 0,
+        min_level: usize::from(n_outer > 0),
+        n_outer,
+        n_total,
+        checks: std::mem::take(checks),
+        guards: Vec::new(),
+    };
+    let dtype = g.ty(root).dtype;
+    em.param(target, dtype, Access::Write);
+    let value = em.emit(&tree)?;
+    let (index, _) = store.index(&em.vars(false), &em.cx)?;
+    em.post[n_outer].push(Stmt::Store { buf: 0, index, value: value.reg });
+    let mut body = em.assemble(0, &extents);
+    renumber(&mut body, &mut HashMap::new());
+    let n_syms = max_sym_stmts(&body).map_or(0, |m| m + 1);
+    *checks = em.checks;
+    let (args, params): (Vec<BufId>, Vec<Param>) = em.params.into_iter().unzip();
+    Ok((Kernel::Loops(LoopKernel { params, n_syms, body }), args))
+}
+
+/// The kernel of a `scatter_add` node `n` over the buffers of its index and values, writing
+/// `target` (see the module docs): `out` has shape `[O, A, I]` around the axis and the index
+/// `[O, K, I]`; `for p in 0..O*I parallel { out[o, .., i] = 0; for k in 0..K: out[o, index[o, k,
+/// i], i] += values[o, k, i] }`.
+pub(super) fn scatter_kernel(
+    g: &Graph,
+    bufs: &Buffers,
+    symbols: &[Symbol],
+    n: NodeId,
+    target: BufId,
+    checks: &mut Vec<DataCheck>,
+) -> Result<(Kernel, Vec<BufId>), LowerError> {
+    let Op::ScatterAdd(sa) = g.op(n) else {
+        return Err(LowerError::InvalidGraph(format!("{n}: not a scatter_add")));
+    };
+    let (index_node, values_node) = (g.inputs(n)[0], g.inputs(n)[1]);
+    let (Some(&index_buf), Some(&values_buf)) = (bufs.get(index_node), bufs.get(values_node)) else {
+        return Err(LowerError::InvalidGraph(format!("{n}: the operands of a scatter_add have no buffers")));
+    };
+    let cx = IndexCx::new(symbols.to_vec());
+    let ax = sa.axis;
+    let outer = cx.dim(&product(&sa.shape[..ax]))?;
+    let size_dim = sa.shape[ax].clone();
+    let size = cx.dim(&size_dim)?;
+    let k = cx.dim(&g.ty(index_node).shape[ax])?;
+    let inner = cx.dim(&product(&sa.shape[ax + 1..]))?;
+    let (index_dtype, dtype) = (g.ty(index_node).dtype, g.ty(n).dtype);
+    checks.push(DataCheck { op: "scatter_add".into(), kind: CheckKind::Index { size: size_dim } });
+    let check = checks.len() as u32 - 1;
+    // Parameters: b0 the output, b1 the index, b2 the values, b3 the status buffer.
+    let params = vec![
+        Param { dtype, access: Access::Write },
+        Param { dtype: index_dtype, access: Access::Read },
+        Param { dtype, access: Access::Read },
+        Param { dtype: DType::I32, access: Access::Write },
+    ];
+    let p = IExpr::var(Var(0));
+    let (o, i) = (IExpr::div(p.clone(), inner.clone()), IExpr::rem(p, inner.clone()));
+    // out[o, a, i] = o*A*I + a*I + i; index[o, k, i] = o*K*I + k*I + i.
+    let out_base = IExpr::add(IExpr::mul(o.clone(), IExpr::mul(size.clone(), inner.clone())), i.clone());
+    let in_base = IExpr::add(IExpr::mul(o, IExpr::mul(k.clone(), inner.clone())), i);
+    let zero_loop = Stmt::Loop {
+        var: Var(1),
+        extent: size.clone(),
+        parallel: false,
+        body: vec![
+            Stmt::Let { reg: Reg(0), dtype, inst: Inst::Const(zero_of(dtype)) },
+            Stmt::Store {
+                buf: 0,
+                index: IExpr::add(out_base.clone(), IExpr::mul(IExpr::var(Var(1)), inner.clone())),
+                value: Reg(0),
+            },
+        ],
+    };
+    let at = IExpr::add(in_base, IExpr::mul(IExpr::var(Var(2)), inner.clone()));
+    let add_loop = Stmt::Loop {
+        var: Var(2),
+        extent: k,
+        parallel: false,
+        body: vec![
+            Stmt::Let {
+                reg: Reg(1),
+                dtype: index_dtype,
+                inst: Inst::Load { buf: 1, index: at.clone(), mask: None, other: zero_of(index_dtype) },
+            },
+            Stmt::Let { reg: Reg(2), dtype, inst: Inst::Load { buf: 2, index: at, mask: None, other: zero_of(dtype) } },
+            Stmt::ScatterAdd {
+                buf: 0,
+                base: out_base,
+                index: Reg(1),
+                stride: inner.clone(),
+                size,
+                value: Reg(2),
+                status: 3,
+                check,
+            },
+        ],
+    };
+    let body = vec![Stmt::Loop {
+        var: Var(0),
+        extent: IExpr::mul(outer, inner),
+        parallel: true,
+        body: vec![zero_loop, add_loop],
+    }];
+    let n_syms = max_sym_stmts(&body).map_or(0, |m| m + 1);
+    Ok((Kernel::Loops(LoopKernel { params, n_syms, body }), vec![target, index_buf, values_buf, STATUS_BUF]))
+}
+
+/// Renumbers registers in statement order, so that dumps read top to bottom and equal kernels
+/// built in different orders compare equal.
+fn renumber(stmts: &mut [Stmt], map: &mut HashMap<Reg, Reg>) {
+    let get = |map: &HashMap<Reg, Reg>, r: &mut Reg| *r = map[r];
+    for s in stmts {
+        match s {
+            Stmt::Let { reg, inst, .. } => {
+                match inst {
+                    Inst::Unary(_, a) | Inst::Cast(a) => get(map, a),
+                    Inst::Binary(_, a, b) => {
+                        get(map, a);
+                        get(map, b);
+                    }
+                    Inst::Where(c, a, b) => {
+                        get(map, c);
+                        get(map, a);
+                        get(map, b);
+                    }
+                    Inst::Gather { index, .. } => get(map, index),
+                    Inst::Load { .. } | Inst::Const(_) | Inst::Index(_) | Inst::ReadAcc(_) => {}
+                }
+                let new = Reg(map.len() as u32);
+                map.insert(*reg, new);
+                *reg = new;
+            }
+            Stmt::Loop { body, .. } => renumber(body, map),
+            Stmt::AccUpdate { value, .. } | Stmt::Store { value, .. } => get(map, value),
+            Stmt::ScatterAdd { index, value, .. } => {
+                get(map, index);
+                get(map, value);
+            }
+            Stmt::Check { cond, value, .. } => {
+                get(map, cond);
+                get(map, value);
+            }
+            Stmt::AccInit { .. } => {}
+        }
+    }
+}

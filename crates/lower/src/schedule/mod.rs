@@ -1,0 +1,241 @@
+//! Scheduling: decides which nodes of a graph get a buffer (kernel boundaries), then emits one
+//! kernel per such node, in topological order, over planned buffers.
+//!
+//! # Fusion heuristics (`decide`)
+//!
+//! A node is *materialized* (computed by its own kernel into a buffer) when
+//! - it is a graph output (outputs are always contiguous `Output` buffers; an output that is an
+//!   input, or a view of one, gets a copy kernel);
+//! - it is a reduce, unless its only consumer is an element-wise node reading it directly (then the
+//!   reduce loop runs inside that consumer's kernel and the consumer's other element-wise work
+//!   becomes the reduce's epilogue: `sum(x) * (1/n)` is one kernel);
+//! - it is a recognised contraction, which becomes a `Kernel::Matmul`: a `reduce sum` of
+//!   `mul(x, y)` with `x` and `y` affine views (broadcast, permuted, reshaped) of buffers, whose
+//!   product-space axes split into batch (kept, both operands vary or neither), M (kept, only `x`
+//!   varies), N (kept, only `y` varies) and K (reduced, both vary) groups that each collapse into
+//!   one strided dim (see `contraction`). This covers the front end's matmul, its gradients (a sum
+//!   over the first or a middle axis) and einsum-style contractions. The result is written in the
+//!   reduce's own row-major layout; its operands' base nodes are materialized too. An `add`
+//!   consuming the matmul (through reshapes only) takes the matmul over: the other addend is
+//!   written into the result buffer first and the matmul accumulates onto it;
+//! - it is element-wise with several consumers and its fused expression costs more than
+//!   `RECOMPUTE_MAX` ops (else every consumer recomputes it: cheaper than a round trip through
+//!   memory), or it is read through a broadcasting `expand` and costs more than `BROADCAST_MAX`
+//!   (recomputing it per broadcast element would multiply the work);
+//! - it is element-wise and carries a fused reduce but has several consumers or is read through a
+//!   view (a reduce result cannot be recomputed or re-indexed inside another loop);
+//! - its fused expression tree would be deeper than `MAX_DEPTH` (bounds kernel size and the
+//!   recursion that builds it).
+//!
+//! Movement ops are never materialized (except as outputs or to give a matmul an affine operand
+//! that fits a GEMM): they become index arithmetic (`view::ViewStack`) in the kernels that read
+//! them. `const` and `iota` leaves are never buffers: they become `Inst::Const`/`Inst::Index`. With
+//! `fuse = false` every element-wise and reduce node is its own kernel (movement ops still fuse as
+//! views), which gives the memory planner the most buffers to place.
+//!
+//! # Kernel emission (`KernelBuilder`)
+//!
+//! The root's expression tree is built down to materialized nodes (loads through views), leaves
+//! and at most one fused reduce. The loop space is the root's shape (for a reduce kernel: the kept
+//! dims, then the reduced dims); adjacent loop dims are merged whenever every view of the kernel
+//! is contiguous across them, so element-wise kernels over contiguous data loop once over numel.
+//! Instructions are hash-consed (CSE) and placed at the outermost loop level their operands allow
+//! (loop-invariant loads of a reduce kernel sit outside the reduce loop). The outermost loop over
+//! independent output elements is marked `parallel`. Identical kernels are stored once.
+//!
+//! # Data-dependent indexing and checks
+//!
+//! A `gather` is always materialized, with its `src` a buffer: its kernel computes the index
+//! expression (fused) and reads `src` with an `Inst::Gather` (row-major `src`, the gathered axis's
+//! stride times the index). A `scatter_add` is its own kernel over buffers (`scatter_kernel`):
+//! the top-level parallel loop runs over the output positions off the axis, which no two index
+//! positions can share, and for each zeroes the output line along the axis, then accumulates the
+//! index positions of that line in order. Integer `div`/`mod` get an `Stmt::Check` of their
+//! divisor. Every check is numbered in `Program::checks`; kernels that check take the program's
+//! one `BufferKind::Status` buffer as a parameter.
+//!
+//! # Layout
+//!
+//! This file is the entry: the shared limits, [`decide`]'s result handed to [`emit`], which
+//! assigns buffers and launches kernels. `decide.rs` makes the fusion decisions, `kernel.rs`
+//! builds loop and scatter kernels, `contraction.rs` recognises contractions and builds their
+//! matmul kernels. Tables keyed by node are `slotmap::SecondaryMap`s over the graph's ids.
+
+mod contraction;
+mod decide;
+mod kernel;
+
+use std::collections::HashMap;
+
+use air::{DType, Dim, Graph, NodeId, Op, OpClass, Symbol};
+use slotmap::SecondaryMap;
+
+use crate::error::LowerError;
+use crate::kir::Kernel;
+use crate::program::{BufId, BufferInfo, BufferKind, Program, Step};
+use crate::view::Movement;
+
+use contraction::matmul_kernel;
+pub use decide::{Decisions, FuseOptions, MatmulOperand, Plan, decide};
+use kernel::{loop_kernel, scatter_kernel};
+
+/// Element-wise nodes with several consumers are recomputed by each while their fused expression
+/// has at most this many ops.
+pub const RECOMPUTE_MAX: u32 = 8;
+/// Element-wise nodes read through a broadcasting expand are recomputed while they cost at most
+/// this many ops.
+pub const BROADCAST_MAX: u32 = 4;
+
+/// The placeholder of the status buffer while kernels are emitted (replaced at the end of `emit`).
+const STATUS_BUF: BufId = BufId(u32::MAX);
+
+/// Expression trees deeper than this are cut by a buffer, which bounds the recursion of kernel
+/// building (and the size of one kernel) for very long element-wise chains.
+pub const MAX_DEPTH: u32 = 64;
+
+/// The buffer of every node that has one while kernels are emitted.
+type Buffers = SecondaryMap<NodeId, BufId>;
+
+/// Whether `op` is a view (reshape, permute, expand, pad, shrink).
+fn is_movement(op: &Op) -> bool {
+    op.class() == OpClass::Movement
+}
+
+/// The movement op of a node, if it is one.
+pub fn movement(op: &Op) -> Option<Movement> {
+    Some(match op {
+        Op::Reshape(r) => Movement::Reshape(r.shape.to_vec()),
+        Op::Permute(p) => Movement::Permute(p.perm.to_vec()),
+        Op::Expand(e) => Movement::Expand(e.shape.to_vec()),
+        Op::Pad(p) => Movement::Pad(p.padding.clone()),
+        Op::Shrink(s) => Movement::Shrink(s.ranges.clone()),
+        _ => return None,
+    })
+}
+
+/// Every symbol the graph's live nodes mention, sorted by name: `Program::symbols`.
+pub fn graph_symbols(g: &Graph, order: &[NodeId]) -> Vec<Symbol> {
+    let mut syms: Vec<Symbol> = Vec::new();
+    let mut add = |d: &Dim| syms.extend(d.symbols());
+    for &n in order {
+        let node = g.node(n);
+        node.ty.shape.iter().for_each(&mut add);
+        match &node.op {
+            Op::Reshape(r) => r.shape.iter().for_each(&mut add),
+            Op::Expand(e) => e.shape.iter().for_each(&mut add),
+            Op::Pad(p) => p.padding.iter().for_each(|(a, b)| {
+                add(a);
+                add(b)
+            }),
+            Op::Shrink(s) => s.ranges.iter().for_each(|(a, b)| {
+                add(a);
+                add(b)
+            }),
+            _ => {}
+        }
+    }
+    syms.sort();
+    syms.dedup();
+    syms
+}
+
+/// Emits the program for decided boundaries.
+pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
+    let symbols = graph_symbols(g, &dec.order);
+    let mut buffers: Vec<BufferInfo> = Vec::new();
+    let mut bufs: Buffers = SecondaryMap::new();
+    let new_buf = |buffers: &mut Vec<BufferInfo>, n: NodeId, kind: BufferKind| {
+        let t = g.ty(n);
+        buffers.push(BufferInfo { dtype: t.dtype, numel: t.numel(), kind });
+        BufId(buffers.len() as u32 - 1)
+    };
+    let mut inputs: Vec<(u32, NodeId)> = dec
+        .order
+        .iter()
+        .filter_map(|&n| match g.op(n) {
+            Op::Input(i) => Some((i.slot, n)),
+            _ => None,
+        })
+        .collect();
+    inputs.sort();
+    for (slot, n) in inputs {
+        let b = new_buf(&mut buffers, n, BufferKind::Input(slot));
+        bufs.insert(n, b);
+    }
+    let mut outputs = Vec::new();
+    let mut out_bufs: Buffers = SecondaryMap::new();
+    let mut copies = Vec::new();
+    for (i, &o) in g.outputs().iter().enumerate() {
+        let b = match out_bufs.get(o) {
+            Some(&b) => b,
+            None => {
+                let b = new_buf(&mut buffers, o, BufferKind::Output(i as u32));
+                out_bufs.insert(o, b);
+                if matches!(g.op(o), Op::Input(_)) {
+                    copies.push((o, b));
+                } else {
+                    bufs.insert(o, b);
+                }
+                b
+            }
+        };
+        outputs.push((b, g.ty(o).clone()));
+    }
+    for &n in &dec.order {
+        air::work::tick();
+        if dec.plans.contains_key(n) && !bufs.contains_key(n) {
+            if let Some(o) = dec.aliases.get(n) {
+                bufs.insert(n, out_bufs[*o]);
+                continue;
+            }
+            let b = new_buf(&mut buffers, n, BufferKind::Temp);
+            bufs.insert(n, b);
+        }
+    }
+
+    let mut kernels: Vec<Kernel> = Vec::new();
+    let mut kernel_ids: HashMap<Kernel, u32> = HashMap::new();
+    let mut steps = Vec::new();
+    let mut launch = |(k, args): (Kernel, Vec<BufId>)| {
+        air::work::add(1 + args.len() as u64);
+        let id = *kernel_ids.entry(k.clone()).or_insert_with(|| {
+            kernels.push(k);
+            kernels.len() as u32 - 1
+        });
+        steps.push(Step { kernel: id, args });
+    };
+    let mut checks = Vec::new();
+    for (o, b) in copies {
+        launch(loop_kernel(g, &bufs, &symbols, o, true, b, &mut checks)?);
+    }
+    for &n in &dec.order {
+        air::work::tick();
+        let Some(plan) = dec.plans.get(n) else { continue };
+        let target = bufs[n];
+        match plan {
+            Plan::Loops if matches!(g.op(n), Op::ScatterAdd(_)) => {
+                launch(scatter_kernel(g, &bufs, &symbols, n, target, &mut checks)?)
+            }
+            Plan::Loops => launch(loop_kernel(g, &bufs, &symbols, n, true, target, &mut checks)?),
+            Plan::Matmul { reduce, a, b, bias } => {
+                if let Some(bias) = bias {
+                    launch(loop_kernel(g, &bufs, &symbols, *bias, false, target, &mut checks)?);
+                }
+                launch(matmul_kernel(g, &bufs, &symbols, *reduce, [a, b], target, bias.is_some())?);
+            }
+        }
+    }
+    // The status buffer exists only when some kernel checks something.
+    if !checks.is_empty() {
+        let status = BufId(buffers.len() as u32);
+        buffers.push(BufferInfo {
+            dtype: DType::I32,
+            numel: Dim::Const(crate::kir::STATUS_WORDS as i64),
+            kind: BufferKind::Status,
+        });
+        for arg in steps.iter_mut().flat_map(|s| s.args.iter_mut()).filter(|a| **a == STATUS_BUF) {
+            *arg = status;
+        }
+    }
+    Ok(Program { symbols, kernels, steps, buffers, outputs, checks: Vec::new(), data_checks: checks })
+}
