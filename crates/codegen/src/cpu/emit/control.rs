@@ -1,0 +1,107 @@
+//! Statements and loops: the statement walk, rotated counted loops, and the scalar loop nest around
+//! vectorized inner loops.
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{InstBuilder, Value, types};
+use cranelift_frontend::Variable;
+use lower::kir::{IExpr, Stmt, Var};
+
+use super::{Emitter, Indexed, acc_ty};
+use crate::cpu::analysis::vector_plan;
+use crate::error::Result;
+
+impl<'f> Emitter<'_, 'f> {
+    pub(super) fn emit_stmts(&mut self, stmts: &[Stmt]) -> Result<()> {
+        for s in stmts {
+            match s {
+                Stmt::Let { reg, dtype, inst } => {
+                    let v = self.emit_inst(*dtype, inst)?;
+                    self.regs.insert(*reg, v);
+                }
+                Stmt::Loop { var, extent, body, .. } => self.emit_loop(*var, extent, body, None)?,
+                Stmt::AccInit { acc, dtype, op } => {
+                    let ty = acc_ty(*dtype, *op);
+                    let var = self.b.declare_var(ty);
+                    let init = self.identity(ty, *op);
+                    self.b.def_var(var, init);
+                    self.accs.insert(*acc, var);
+                }
+                Stmt::AccUpdate { acc, value } => self.emit_acc_update(*acc, *value)?,
+                Stmt::Store { buf, index, value } => self.emit_store(*buf, index, *value)?,
+                Stmt::ScatterAdd { buf, base, index, stride, size, value, status, check } => {
+                    let at = Indexed { buf: *buf, base, index: *index, stride, size, status: *status, check: *check };
+                    self.emit_scatter_add(&at, *value)?
+                }
+                Stmt::Check { cond, value, status, check } => {
+                    let c = self.scalar_reg(*cond)?;
+                    let v = self.index_value(*value)?;
+                    let fail = self.b.create_block();
+                    let join = self.b.create_block();
+                    self.b.ins().brif(c, fail, &[], join, &[]);
+                    self.b.switch_to_block(fail);
+                    self.record_failure(*status, *check, v, join)?;
+                    self.b.switch_to_block(join);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn emit_loop(
+        &mut self,
+        var: Var,
+        extent: &IExpr,
+        body: &[Stmt],
+        range: Option<(Value, Value)>,
+    ) -> Result<()> {
+        let ext = self.iexpr(extent)?;
+        let (lo, hi) = match range {
+            Some((s, e)) => {
+                let zero = self.b.ins().iconst(types::I64, 0);
+                (self.b.ins().smax(s, zero), self.b.ins().smin(e, ext))
+            }
+            None => (self.b.ins().iconst(types::I64, 0), ext),
+        };
+        let saved_regs = self.regs.clone();
+        let saved_vars = self.vars.clone();
+        let plan = if self.vector() { None } else { vector_plan(self.k, self.info, var, body) };
+        match plan {
+            Some(plan) => self.vector_loop(var, lo, hi, body, &plan)?,
+            None => {
+                let i = self.b.declare_var(types::I64);
+                self.b.def_var(i, lo);
+                self.counted_loop(i, hi, 1, |s, iv| {
+                    s.vars.insert(var, iv);
+                    s.emit_stmts(body)
+                })?;
+            }
+        }
+        self.regs = saved_regs;
+        self.vars = saved_vars;
+        Ok(())
+    }
+
+    /// `while i < limit { body(i); i += step }`, rotated.
+    pub(super) fn counted_loop(
+        &mut self,
+        i: Variable,
+        limit: Value,
+        step: i64,
+        mut body: impl FnMut(&mut Self, Value) -> Result<()>,
+    ) -> Result<()> {
+        let body_block = self.b.create_block();
+        let exit = self.b.create_block();
+        let i0 = self.b.use_var(i);
+        let go = self.b.ins().icmp(IntCC::SignedLessThan, i0, limit);
+        self.b.ins().brif(go, body_block, &[], exit, &[]);
+        self.b.switch_to_block(body_block);
+        let iv = self.b.use_var(i);
+        body(self, iv)?;
+        let next = self.b.ins().iadd_imm_s(iv, step);
+        self.b.def_var(i, next);
+        let again = self.b.ins().icmp(IntCC::SignedLessThan, next, limit);
+        self.b.ins().brif(again, body_block, &[], exit, &[]);
+        self.b.switch_to_block(exit);
+        Ok(())
+    }
+}
