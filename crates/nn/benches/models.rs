@@ -12,26 +12,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use kiln::Tensor;
 use kiln_nn::*;
-
-/// A boxed module as a `Module` value (the trainer owns its model).
-struct Boxed(Box<dyn Module>);
-
-impl Module for Boxed {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        self.0.forward(x)
-    }
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        self.0.visit(f)
-    }
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        self.0.visit_mut(f)
-    }
-    fn set_training(&mut self, training: bool) {
-        self.0.set_training(training)
-    }
-}
 
 fn models(c: &mut Criterion) {
     let mut group = c.benchmark_group("models");
@@ -39,7 +20,7 @@ fn models(c: &mut Criterion) {
     for name in zoo::NAMES {
         let case = zoo::build(name).expect("zoo model");
         let (x, y) = (case.x, case.y);
-        let mut model = Boxed(case.model);
+        let mut model = case.model;
         group.bench_function(format!("{}/predict", case.name), |b| {
             b.iter(|| black_box(predict(&mut model, &x).expect("predict")))
         });

@@ -2,10 +2,10 @@
 
 use kiln::{GeluApprox, Tensor};
 
-use crate::module::{Module, ParamKind};
+use crate::Module;
 
 /// An element-wise activation as a layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Module)]
 pub enum Activation {
     /// `max(x, 0)`.
     Relu,
@@ -42,10 +42,6 @@ impl Module for Activation {
     fn forward(&self, x: &Tensor) -> Tensor {
         self.apply(x)
     }
-
-    fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}
-
-    fn visit_mut(&mut self, _f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {}
 }
 
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)` in training mode;
@@ -53,10 +49,12 @@ impl Module for Activation {
 /// global generator, so it is an input of the step's graph and the graph's structure does not
 /// change from step to step. Needs a concrete shape in training mode (a symbolic shape passes
 /// through unchanged).
+#[derive(Module)]
 pub struct Dropout {
     /// The probability of zeroing an element.
     pub p: f64,
     /// Whether the layer is in training mode.
+    #[training]
     pub training: bool,
 }
 
@@ -80,26 +78,14 @@ impl Module for Dropout {
         let keep = draw.ge(self.p).cast(x.dtype());
         x.mul(keep).mul(1.0 / (1.0 - self.p))
     }
-
-    fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}
-
-    fn visit_mut(&mut self, _f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {}
-
-    fn set_training(&mut self, training: bool) {
-        self.training = training;
-    }
 }
 
 /// Flattens every axis after the first: `[N, ...] -> [N, prod(...)]` (PyTorch's `nn.Flatten`).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, Module)]
 pub struct Flatten;
 
 impl Module for Flatten {
     fn forward(&self, x: &Tensor) -> Tensor {
         x.flatten(1, -1)
     }
-
-    fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}
-
-    fn visit_mut(&mut self, _f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {}
 }

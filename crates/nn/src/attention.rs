@@ -4,22 +4,27 @@ use std::sync::{Mutex, PoisonError};
 
 use kiln::{Device, Dim, Tensor};
 
+use crate::Module;
 use crate::error::{NnError, Result};
 use crate::linear::Linear;
-use crate::module::{Module, ParamKind, visit_child, visit_child_mut};
 
 /// `o(softmax(q k^T / sqrt(head_dim) + causal mask) v)` over `n_heads` heads, for input
 /// `[batch, seq, dim]` (the GPT-2 attention, written out: no fused kernel). `seq` may be
 /// symbolic up to `max_seq_len`: the mask is a lazy `[max_seq_len, max_seq_len]` constant narrowed
 /// to `[seq, seq]`.
+#[derive(Module)]
 pub struct CausalSelfAttention {
     /// Query projection `dim -> dim` (with bias).
+    #[module]
     pub q: Linear,
     /// Key projection.
+    #[module]
     pub k: Linear,
     /// Value projection.
+    #[module]
     pub v: Linear,
     /// Output projection.
+    #[module]
     pub o: Linear,
     /// The number of heads; `dim / n_heads` is the head size.
     pub n_heads: usize,
@@ -97,19 +102,5 @@ impl Module for CausalSelfAttention {
         let scores = self.mask(&seq, x.device()).where_(f64::NEG_INFINITY, &scores);
         let y = scores.softmax(-1).matmul(&v).transpose(1, 2).reshape(vec![batch, seq, dim]);
         self.o.forward(&y)
-    }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        visit_child(&self.q, "q", f);
-        visit_child(&self.k, "k", f);
-        visit_child(&self.v, "v", f);
-        visit_child(&self.o, "o", f);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        visit_child_mut(&mut self.q, "q", f);
-        visit_child_mut(&mut self.k, "k", f);
-        visit_child_mut(&mut self.v, "v", f);
-        visit_child_mut(&mut self.o, "o", f);
     }
 }

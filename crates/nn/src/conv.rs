@@ -15,9 +15,9 @@
 
 use kiln::{Dim, Tensor};
 
+use crate::Module;
 use crate::error::{NnError, Result};
 use crate::init;
-use crate::module::{Module, ParamKind};
 
 /// An error tensor for an input that is not `[N, C, H, W]` with concrete `C`, `H`, `W`: a reshape
 /// to a shape named after what was expected, whose error message shows the input's shape.
@@ -137,10 +137,13 @@ impl Geometry {
 
 /// 2-D convolution (PyTorch's `nn.Conv2d`, cross-correlation): `weight` is
 /// `[out, in / groups, kh, kw]`. `groups = in = out` is a depthwise convolution.
+#[derive(Module)]
 pub struct Conv2d {
     /// `[out_channels, in_channels / groups, kh, kw]`.
+    #[param]
     pub weight: Tensor,
     /// `[out_channels]`, if the layer has a bias.
+    #[param]
     pub bias: Option<Tensor>,
     /// `(sh, sw)`.
     pub stride: (usize, usize),
@@ -278,20 +281,6 @@ impl Module for Conv2d {
         }
         self.im2col(x, &geo)
     }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        f("weight", &self.weight, ParamKind::Weight);
-        if let Some(b) = &self.bias {
-            f("bias", b, ParamKind::Weight);
-        }
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        f("weight", &mut self.weight, ParamKind::Weight);
-        if let Some(b) = &mut self.bias {
-            f("bias", b, ParamKind::Weight);
-        }
-    }
 }
 
 /// Max pooling over `kernel` windows (PyTorch's `nn.MaxPool2d`; padding is `-inf`). As in
@@ -299,7 +288,7 @@ impl Module for Conv2d {
 /// window order (NaN counts as the maximum), see [`Tensor::max_dim`]. Routing the gradient
 /// to one element costs two extra reduces; inside `kiln::no_grad` (inference, `predict`) there is
 /// no gradient to route, and the same values come from one reduce-max.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Module)]
 pub struct MaxPool2d {
     /// `(kh, kw)`.
     pub kernel: (usize, usize),
@@ -348,15 +337,11 @@ impl Module for MaxPool2d {
         let stacked = Tensor::stack(&refs, 2);
         if one_winner { stacked.max_dim(2, false).0 } else { stacked.max(2, false) }
     }
-
-    fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}
-
-    fn visit_mut(&mut self, _f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {}
 }
 
 /// Average pooling over `kernel` windows, zero padding counted (PyTorch's `nn.AvgPool2d` with
 /// `count_include_pad=True`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Module)]
 pub struct AvgPool2d {
     /// `(kh, kw)`.
     pub kernel: (usize, usize),
@@ -385,8 +370,4 @@ impl Module for AvgPool2d {
         let k = wins.len() as f64;
         wins.iter().skip(1).fold(wins[0].clone(), |acc, w| acc.add(w)).div(k)
     }
-
-    fn visit(&self, _f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {}
-
-    fn visit_mut(&mut self, _f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {}
 }

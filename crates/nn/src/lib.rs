@@ -17,6 +17,41 @@
 //! assert_eq!(layer.named_parameters().iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), ["weight", "bias"]);
 //! # Ok::<(), kiln::Error>(())
 //! ```
+//!
+//! A layer declares each parameter once, on its field: `#[derive(Module)]` (crate
+//! `kiln-nn-derive`) writes [`ModuleParams`] (`visit`, `visit_mut`, `set_training`) from the field
+//! attributes `#[param]`, `#[buffer]`, `#[module]` (a child, a `Vec` of them, an `Option`, a
+//! `Box<dyn Module>`; `#[module(flatten)]` drops its prefix) and `#[training]`, with
+//! `rename = "..."` for a name other than the field's; the layer writes only `forward`.
+//!
+//! ```
+//! use kiln::prelude::*;
+//! use kiln_nn::{Linear, Module};
+//!
+//! #[derive(Module)]
+//! struct Scaled {
+//!     #[module]
+//!     inner: Linear,
+//!     #[param]
+//!     scale: Tensor,
+//!     /// Not a parameter: no attribute.
+//!     name: String,
+//! }
+//!
+//! impl Module for Scaled {
+//!     fn forward(&self, x: &Tensor) -> Tensor {
+//!         self.inner.forward(x).mul(&self.scale)
+//!     }
+//! }
+//!
+//! let layer = Scaled { inner: Linear::new(2, 2, false), scale: Tensor::ones(&[2], DType::F32), name: "s".into() };
+//! let names: Vec<String> = layer.named_parameters().into_iter().map(|(n, _)| n).collect();
+//! assert_eq!(names, ["inner.weight", "scale"]);
+//! # assert_eq!(layer.name, "s");
+//! ```
+
+// The code `#[derive(Module)]` generates names this crate `::kiln_nn`, here as elsewhere.
+extern crate self as kiln_nn;
 
 mod activation;
 mod attention;
@@ -39,10 +74,13 @@ pub use activation::{Activation, Dropout, Flatten};
 pub use attention::CausalSelfAttention;
 pub use conv::{AvgPool2d, Conv2d, MaxPool2d};
 pub use error::{NnError, Result};
+pub use kiln_nn_derive::Module;
 pub use linear::{Embedding, Linear};
 pub use loss::{ClassLossOptions, Loss, cross_entropy, cross_entropy_with, mse_loss, nll_loss, nll_loss_with};
 pub use mobilenet::MobileNet;
-pub use module::{Module, ParamKind, Sequential};
+#[doc(hidden)]
+pub use module::__derive;
+pub use module::{Module, ModuleParams, ParamKind, Sequential};
 pub use norm::{BatchNorm2d, LayerNorm, RmsNorm};
 pub use optim::{Adam, AdamW, Optimizer, Realize, Sgd, Step};
 pub use rnn::{Gru, Lstm, SimpleRnn};

@@ -2,15 +2,18 @@
 
 use kiln::Tensor;
 
+use crate::Module;
 use crate::init;
-use crate::module::{Module, ParamKind};
 
 /// `y = x W^T + b` over the last axis (PyTorch's `nn.Linear`): `weight` is `[out, in]`, `bias`
 /// is `[out]`.
+#[derive(Module)]
 pub struct Linear {
     /// `[out_features, in_features]`.
+    #[param]
     pub weight: Tensor,
     /// `[out_features]`, if the layer has a bias.
+    #[param]
     pub bias: Option<Tensor>,
 }
 
@@ -32,20 +35,6 @@ impl Module for Linear {
             None => y,
         }
     }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        f("weight", &self.weight, ParamKind::Weight);
-        if let Some(b) = &self.bias {
-            f("bias", b, ParamKind::Weight);
-        }
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        f("weight", &mut self.weight, ParamKind::Weight);
-        if let Some(b) = &mut self.bias {
-            f("bias", b, ParamKind::Weight);
-        }
-    }
 }
 
 /// A lookup table (PyTorch's `nn.Embedding`): integer ids `[...]` give rows `[..., dim]` of
@@ -53,8 +42,10 @@ impl Module for Linear {
 /// number of rows, and reads only the rows it names (an `inf` in one row touches no other). An id
 /// outside `0..num_embeddings` makes the realize fail, as PyTorch raises an error. The weight's
 /// gradient is a scatter-add of the output gradient into the looked-up rows.
+#[derive(Module)]
 pub struct Embedding {
     /// `[num_embeddings, embedding_dim]`.
+    #[param]
     pub weight: Tensor,
 }
 
@@ -71,13 +62,5 @@ impl Module for Embedding {
         let dim = self.weight.shape().get(1).cloned().unwrap_or(kiln::Dim::Const(0));
         out_shape.push(dim);
         self.weight.index_select(0, &ids.reshape(&[-1])).reshape(out_shape)
-    }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        f("weight", &self.weight, ParamKind::Weight);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        f("weight", &mut self.weight, ParamKind::Weight);
     }
 }

@@ -4,15 +4,18 @@
 
 use kiln::Tensor;
 
+use crate::Module;
 use crate::conv::Conv2d;
 use crate::error::Result;
 use crate::linear::Linear;
-use crate::module::{Module, ParamKind, join, visit_child, visit_child_mut};
 use crate::norm::BatchNorm2d;
 
 /// A convolution (no bias), BatchNorm and ReLU.
+#[derive(Module)]
 struct ConvBn {
+    #[module]
     conv: Conv2d,
+    #[module]
     bn: BatchNorm2d,
 }
 
@@ -20,24 +23,27 @@ impl ConvBn {
     fn forward(&self, x: &Tensor) -> Tensor {
         self.bn.forward(&self.conv.forward(x)).relu()
     }
+}
 
-    fn visit(&self, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        visit_child(&self.conv, &join(prefix, "conv"), f);
-        visit_child(&self.bn, &join(prefix, "bn"), f);
-    }
-
-    fn visit_mut(&mut self, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        visit_child_mut(&mut self.conv, &join(prefix, "conv"), f);
-        visit_child_mut(&mut self.bn, &join(prefix, "bn"), f);
-    }
+/// One depthwise-separable block: a 3x3 depthwise `ConvBn`, then a 1x1 pointwise one.
+#[derive(Module)]
+struct Separable {
+    #[module]
+    dw: ConvBn,
+    #[module]
+    pw: ConvBn,
 }
 
 /// MobileNet v1 (scaled down): names `stem.{conv,bn}`, `blocks.{i}.dw.{conv,bn}`,
 /// `blocks.{i}.pw.{conv,bn}`, `fc`.
+#[derive(Module)]
 pub struct MobileNet {
+    #[module]
     stem: ConvBn,
-    blocks: Vec<(ConvBn, ConvBn)>,
+    #[module]
+    blocks: Vec<Separable>,
     /// The classifier.
+    #[module]
     pub fc: Linear,
 }
 
@@ -62,7 +68,7 @@ impl MobileNet {
         let mut c = stem_channels;
         let mut list = Vec::with_capacity(blocks.len());
         for &(out, stride) in blocks {
-            list.push((conv_bn(c, c, 3, stride, c)?, conv_bn(c, out, 1, 1, 1)?));
+            list.push(Separable { dw: conv_bn(c, c, 3, stride, c)?, pw: conv_bn(c, out, 1, 1, 1)? });
             c = out;
         }
         Ok(MobileNet { stem, blocks: list, fc: Linear::new(c, classes, true) })
@@ -72,29 +78,9 @@ impl MobileNet {
 impl Module for MobileNet {
     fn forward(&self, x: &Tensor) -> Tensor {
         let mut x = self.stem.forward(x);
-        for (dw, pw) in &self.blocks {
-            x = pw.forward(&dw.forward(&x));
+        for block in &self.blocks {
+            x = block.pw.forward(&block.dw.forward(&x));
         }
         self.fc.forward(&x.mean(&[2, 3], false))
-    }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        self.stem.visit("stem", f);
-        for (i, (dw, pw)) in self.blocks.iter().enumerate() {
-            let prefix = format!("blocks.{i}");
-            dw.visit(&join(&prefix, "dw"), f);
-            pw.visit(&join(&prefix, "pw"), f);
-        }
-        visit_child(&self.fc, "fc", f);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        self.stem.visit_mut("stem", f);
-        for (i, (dw, pw)) in self.blocks.iter_mut().enumerate() {
-            let prefix = format!("blocks.{i}");
-            dw.visit_mut(&join(&prefix, "dw"), f);
-            pw.visit_mut(&join(&prefix, "pw"), f);
-        }
-        visit_child_mut(&mut self.fc, "fc", f);
     }
 }

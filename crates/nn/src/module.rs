@@ -4,8 +4,13 @@
 //! `blocks.0.attn.q.weight` from the model's root), in a fixed order: the order in which
 //! `visit` reports them is the order optimizers keep their state in, so it must not depend on
 //! anything but the module's structure.
+//!
+//! The tree is [`ModuleParams`], which a layer derives with `#[derive(Module)]` from attributes
+//! on its fields (`#[param]`, `#[buffer]`, `#[module]`, `#[training]`; see `kiln-nn-derive`), so
+//! each parameter is declared once; [`Module`] adds `forward` and everything built on the tree.
 
 use kiln::Tensor;
+use kiln_nn_derive::Module;
 
 /// What a named tensor of a module is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -16,23 +21,85 @@ pub enum ParamKind {
     Buffer,
 }
 
-/// A layer or model.
-pub trait Module {
-    /// The output for input `x` (lazy: nothing runs until the result is realized). Shape and dtype
-    /// errors come back as an error tensor, as with every `kiln` op.
-    fn forward(&self, x: &Tensor) -> Tensor;
-
+/// The named parameters and buffers of a module, and its training switch: what
+/// `#[derive(Module)]` writes from the struct's field attributes.
+pub trait ModuleParams {
     /// Calls `f` with the name, tensor and kind of every parameter and buffer, children first in
     /// declaration order, names relative to this module.
     fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind));
 
-    /// Like [`Module::visit`], with mutable access to replace tensors (same order, same names).
+    /// Like [`ModuleParams::visit`], with mutable access to replace tensors (same order, same
+    /// names).
     fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind));
 
     /// Switches training behaviour (dropout) on or off. Containers pass it on to their children.
     fn set_training(&mut self, training: bool) {
         let _ = training;
     }
+}
+
+/// A list of children, named `0`, `1`, ... under the field that holds it.
+impl<T: ModuleParams> ModuleParams for Vec<T> {
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        for (i, child) in self.iter().enumerate() {
+            visit_child(child, &i.to_string(), f);
+        }
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        for (i, child) in self.iter_mut().enumerate() {
+            visit_child_mut(child, &i.to_string(), f);
+        }
+    }
+
+    fn set_training(&mut self, training: bool) {
+        for child in self {
+            child.set_training(training);
+        }
+    }
+}
+
+/// An optional child: nothing when absent.
+impl<T: ModuleParams> ModuleParams for Option<T> {
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        if let Some(child) = self {
+            child.visit(f);
+        }
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        if let Some(child) = self {
+            child.visit_mut(f);
+        }
+    }
+
+    fn set_training(&mut self, training: bool) {
+        if let Some(child) = self {
+            child.set_training(training);
+        }
+    }
+}
+
+/// A boxed child (`Box<dyn Module>`), visited as what it holds.
+impl<T: ModuleParams + ?Sized> ModuleParams for Box<T> {
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        self.as_ref().visit(f);
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        self.as_mut().visit_mut(f);
+    }
+
+    fn set_training(&mut self, training: bool) {
+        self.as_mut().set_training(training);
+    }
+}
+
+/// A layer or model: a forward function over its [`ModuleParams`].
+pub trait Module: ModuleParams {
+    /// The output for input `x` (lazy: nothing runs until the result is realized). Shape and dtype
+    /// errors come back as an error tensor, as with every `kiln` op.
+    fn forward(&self, x: &Tensor) -> Tensor;
 
     /// Every trainable parameter with its name, in visit order.
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
@@ -86,26 +153,78 @@ pub trait Module {
     }
 }
 
+/// A boxed module (`Box<dyn Module>`) runs what it holds, so a trainer can own one.
+impl<T: Module + ?Sized> Module for Box<T> {
+    fn forward(&self, x: &Tensor) -> Tensor {
+        self.as_ref().forward(x)
+    }
+}
+
 /// `prefix.name`, or `name` when `prefix` is empty.
-pub(crate) fn join(prefix: &str, name: &str) -> String {
+fn join(prefix: &str, name: &str) -> String {
     if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
 }
 
-/// Visits `child`'s tensors under `prefix`.
-pub(crate) fn visit_child(child: &dyn Module, prefix: &str, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+/// Visits `child`'s tensors under `prefix` (none when `prefix` is empty).
+pub fn visit_child(child: &(impl ModuleParams + ?Sized), prefix: &str, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
     child.visit(&mut |name, t, kind| f(&join(prefix, name), t, kind));
 }
 
-/// Visits `child`'s tensors mutably under `prefix`.
-pub(crate) fn visit_child_mut(child: &mut dyn Module, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+/// Visits `child`'s tensors mutably under `prefix` (none when `prefix` is empty).
+pub fn visit_child_mut(
+    child: &mut (impl ModuleParams + ?Sized),
+    prefix: &str,
+    f: &mut dyn FnMut(&str, &mut Tensor, ParamKind),
+) {
     child.visit_mut(&mut |name, t, kind| f(&join(prefix, name), t, kind));
+}
+
+/// What the code `#[derive(Module)]` generates calls; not an API of its own.
+#[doc(hidden)]
+pub mod __derive {
+    use super::ParamKind;
+    pub use super::{visit_child, visit_child_mut};
+    pub use kiln::Tensor;
+
+    /// A field holding a parameter or buffer: a tensor, or an optional one (visited when present).
+    pub trait ParamSlot {
+        /// Calls `f` with the tensor under `name`, if there is one.
+        fn visit_slot(&self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &Tensor, ParamKind));
+        /// Calls `f` with the tensor under `name` mutably, if there is one.
+        fn visit_slot_mut(&mut self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind));
+    }
+
+    impl ParamSlot for Tensor {
+        fn visit_slot(&self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+            f(name, self, kind);
+        }
+
+        fn visit_slot_mut(&mut self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+            f(name, self, kind);
+        }
+    }
+
+    impl ParamSlot for Option<Tensor> {
+        fn visit_slot(&self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+            if let Some(t) = self {
+                f(name, t, kind);
+            }
+        }
+
+        fn visit_slot_mut(&mut self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+            if let Some(t) = self {
+                f(name, t, kind);
+            }
+        }
+    }
 }
 
 /// Modules applied one after another; children are named `0`, `1`, ... like PyTorch's
 /// `nn.Sequential`.
-#[derive(Default)]
+#[derive(Default, Module)]
 pub struct Sequential {
     /// The layers, in order.
+    #[module(flatten)]
     pub layers: Vec<Box<dyn Module>>,
 }
 
@@ -125,23 +244,5 @@ impl Sequential {
 impl Module for Sequential {
     fn forward(&self, x: &Tensor) -> Tensor {
         self.layers.iter().fold(x.clone(), |x, layer| layer.forward(&x))
-    }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        for (i, layer) in self.layers.iter().enumerate() {
-            visit_child(layer.as_ref(), &i.to_string(), f);
-        }
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        for (i, layer) in self.layers.iter_mut().enumerate() {
-            visit_child_mut(layer.as_mut(), &i.to_string(), f);
-        }
-    }
-
-    fn set_training(&mut self, training: bool) {
-        for layer in &mut self.layers {
-            layer.set_training(training);
-        }
     }
 }

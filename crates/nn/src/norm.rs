@@ -3,15 +3,18 @@
 
 use kiln::Tensor;
 
+use crate::Module;
 use crate::init;
-use crate::module::{Module, ParamKind};
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` over the last axis, with the biased variance
 /// (PyTorch's `nn.LayerNorm` with one normalized dim).
+#[derive(Module)]
 pub struct LayerNorm {
     /// `[dim]`, initially ones.
+    #[param]
     pub weight: Tensor,
     /// `[dim]`, initially zeros.
+    #[param]
     pub bias: Tensor,
     /// Added to the variance.
     pub eps: f64,
@@ -30,21 +33,13 @@ impl Module for LayerNorm {
         let var = centered.square().mean(-1, true);
         centered.mul(var.add(self.eps).rsqrt()).mul(&self.weight).add(&self.bias)
     }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        f("weight", &self.weight, ParamKind::Weight);
-        f("bias", &self.bias, ParamKind::Weight);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        f("weight", &mut self.weight, ParamKind::Weight);
-        f("bias", &mut self.bias, ParamKind::Weight);
-    }
 }
 
 /// `x / sqrt(mean(x^2) + eps) * weight` over the last axis (PyTorch's `nn.RMSNorm`).
+#[derive(Module)]
 pub struct RmsNorm {
     /// `[dim]`, initially ones.
+    #[param]
     pub weight: Tensor,
     /// Added to the mean square.
     pub eps: f64,
@@ -61,28 +56,25 @@ impl Module for RmsNorm {
     fn forward(&self, x: &Tensor) -> Tensor {
         x.mul(x.square().mean(-1, true).add(self.eps).rsqrt()).mul(&self.weight)
     }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        f("weight", &self.weight, ParamKind::Weight);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        f("weight", &mut self.weight, ParamKind::Weight);
-    }
 }
 
 /// Batch normalisation of `[N, C, H, W]` with the running statistics (PyTorch's
 /// `nn.BatchNorm2d` in `eval()` mode): `(x - running_mean) / sqrt(running_var + eps) * weight +
 /// bias` per channel. The statistics are buffers: saved and loaded, never trained. Training mode
 /// also uses them (a frozen BatchNorm); batch statistics are not computed.
+#[derive(Module)]
 pub struct BatchNorm2d {
     /// `[C]`, initially ones.
+    #[param]
     pub weight: Tensor,
     /// `[C]`, initially zeros.
+    #[param]
     pub bias: Tensor,
     /// `[C]` buffer, initially zeros.
+    #[buffer]
     pub running_mean: Tensor,
     /// `[C]` buffer, initially ones.
+    #[buffer]
     pub running_var: Tensor,
     /// Added to the variance.
     pub eps: f64,
@@ -107,19 +99,5 @@ impl Module for BatchNorm2d {
         let scale = self.running_var.add(self.eps).rsqrt().mul(&self.weight);
         let shift = self.bias.sub(self.running_mean.mul(&scale));
         x.mul(per_channel(&scale)).add(per_channel(&shift))
-    }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        f("weight", &self.weight, ParamKind::Weight);
-        f("bias", &self.bias, ParamKind::Weight);
-        f("running_mean", &self.running_mean, ParamKind::Buffer);
-        f("running_var", &self.running_var, ParamKind::Buffer);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        f("weight", &mut self.weight, ParamKind::Weight);
-        f("bias", &mut self.bias, ParamKind::Weight);
-        f("running_mean", &mut self.running_mean, ParamKind::Buffer);
-        f("running_var", &mut self.running_var, ParamKind::Buffer);
     }
 }

@@ -5,15 +5,20 @@
 
 use kiln::Tensor;
 
+use crate::Module;
 use crate::conv::bad_input;
 use crate::init;
-use crate::module::{Module, ParamKind};
 
 /// The four tensors of one recurrent layer with `gates` gates of width `hidden`.
+#[derive(Module)]
 struct Cell {
+    #[param(rename = "weight_ih_l0")]
     weight_ih: Tensor,
+    #[param(rename = "weight_hh_l0")]
     weight_hh: Tensor,
+    #[param(rename = "bias_ih_l0")]
     bias_ih: Tensor,
+    #[param(rename = "bias_hh_l0")]
     bias_hh: Tensor,
     hidden: usize,
 }
@@ -77,20 +82,6 @@ impl Cell {
     fn gate(&self, t: &Tensor, i: usize) -> Tensor {
         t.narrow(-1, (i * self.hidden) as i64, self.hidden as i64)
     }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        f("weight_ih_l0", &self.weight_ih, ParamKind::Weight);
-        f("weight_hh_l0", &self.weight_hh, ParamKind::Weight);
-        f("bias_ih_l0", &self.bias_ih, ParamKind::Weight);
-        f("bias_hh_l0", &self.bias_hh, ParamKind::Weight);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        f("weight_ih_l0", &mut self.weight_ih, ParamKind::Weight);
-        f("weight_hh_l0", &mut self.weight_hh, ParamKind::Weight);
-        f("bias_ih_l0", &mut self.bias_ih, ParamKind::Weight);
-        f("bias_hh_l0", &mut self.bias_hh, ParamKind::Weight);
-    }
 }
 
 /// The output of a recurrent layer: every step's hidden state `[batch, seq, hidden]`, or the last
@@ -115,19 +106,15 @@ macro_rules! recurrent_module {
             fn forward(&self, x: &Tensor) -> Tensor {
                 self.run(x)
             }
-            fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-                self.cell.visit(f);
-            }
-            fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-                self.cell.visit_mut(f);
-            }
         }
     };
 }
 
 /// The Elman RNN: `h_t = tanh(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)` (PyTorch's `nn.RNN`,
 /// Keras's `SimpleRNN`).
+#[derive(Module)]
 pub struct SimpleRnn {
+    #[module(flatten)]
     cell: Cell,
     /// Return every step's state (`[batch, seq, hidden]`, the default) or only the last.
     pub return_sequences: bool,
@@ -158,7 +145,9 @@ recurrent_module!(SimpleRnn);
 
 /// The GRU (PyTorch's `nn.GRU`, gates `r, z, n`): `r = s(x_r + h_r)`, `z = s(x_z + h_z)`,
 /// `n = tanh(x_n + r * h_n)`, `h = (1 - z) * n + z * h_prev`.
+#[derive(Module)]
 pub struct Gru {
+    #[module(flatten)]
     cell: Cell,
     /// Return every step's state (the default) or only the last.
     pub return_sequences: bool,
@@ -197,7 +186,9 @@ recurrent_module!(Gru);
 
 /// The LSTM (PyTorch's `nn.LSTM`, gates `i, f, g, o`): `c = s(f) * c_prev + s(i) * tanh(g)`,
 /// `h = s(o) * tanh(c)`.
+#[derive(Module)]
 pub struct Lstm {
+    #[module(flatten)]
     cell: Cell,
     /// Return every step's state (the default) or only the last.
     pub return_sequences: bool,

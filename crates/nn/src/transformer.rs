@@ -7,18 +7,21 @@
 
 use kiln::Tensor;
 
+use crate::Module;
 use crate::activation::Activation;
 use crate::attention::CausalSelfAttention;
 use crate::error::Result;
 use crate::linear::{Embedding, Linear};
-use crate::module::{Module, ParamKind, join, visit_child, visit_child_mut};
 use crate::norm::LayerNorm;
 
 /// `proj(act(fc(x)))` with a hidden width of `hidden` (GPT-2: `4 * dim`, tanh-approximated GELU).
+#[derive(Module)]
 pub struct Mlp {
     /// `dim -> hidden`.
+    #[module]
     pub fc: Linear,
     /// `hidden -> dim`.
+    #[module]
     pub proj: Linear,
     /// The activation between the two.
     pub activation: Activation,
@@ -35,27 +38,22 @@ impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Tensor {
         self.proj.forward(&self.activation.apply(&self.fc.forward(x)))
     }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        visit_child(&self.fc, "fc", f);
-        visit_child(&self.proj, "proj", f);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        visit_child_mut(&mut self.fc, "fc", f);
-        visit_child_mut(&mut self.proj, "proj", f);
-    }
 }
 
 /// A pre-norm Transformer block: `x += attn(ln1(x)); x += mlp(ln2(x))`.
+#[derive(Module)]
 pub struct Block {
     /// Norm before attention.
+    #[module]
     pub ln1: LayerNorm,
     /// Causal self-attention.
+    #[module]
     pub attn: CausalSelfAttention,
     /// Norm before the MLP.
+    #[module]
     pub ln2: LayerNorm,
     /// The MLP.
+    #[module]
     pub mlp: Mlp,
 }
 
@@ -75,20 +73,6 @@ impl Module for Block {
     fn forward(&self, x: &Tensor) -> Tensor {
         let x = x.add(self.attn.forward(&self.ln1.forward(x)));
         x.add(self.mlp.forward(&self.ln2.forward(&x)))
-    }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        visit_child(&self.ln1, "ln1", f);
-        visit_child(&self.attn, "attn", f);
-        visit_child(&self.ln2, "ln2", f);
-        visit_child(&self.mlp, "mlp", f);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        visit_child_mut(&mut self.ln1, "ln1", f);
-        visit_child_mut(&mut self.attn, "attn", f);
-        visit_child_mut(&mut self.ln2, "ln2", f);
-        visit_child_mut(&mut self.mlp, "mlp", f);
     }
 }
 
@@ -113,16 +97,22 @@ pub struct TransformerConfig {
 ///
 /// `x = wte(ids) + wpe(0..seq)`, then the blocks, the final LayerNorm `ln_f` and the vocabulary
 /// projection `head` (no bias).
+#[derive(Module)]
 pub struct Transformer {
     /// Token embedding `[vocab, dim]`.
+    #[module]
     pub wte: Embedding,
     /// Learned position embedding `[max_seq_len, dim]`.
+    #[module]
     pub wpe: Embedding,
     /// The blocks.
+    #[module]
     pub blocks: Vec<Block>,
     /// Final norm.
+    #[module]
     pub ln_f: LayerNorm,
     /// `dim -> vocab`, no bias.
+    #[module]
     pub head: Linear,
     /// The sizes.
     pub config: TransformerConfig,
@@ -173,25 +163,5 @@ impl Module for Transformer {
             x = block.forward(&x);
         }
         self.head.forward(&self.ln_f.forward(&x))
-    }
-
-    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-        visit_child(&self.wte, "wte", f);
-        visit_child(&self.wpe, "wpe", f);
-        for (i, block) in self.blocks.iter().enumerate() {
-            visit_child(block, &join("blocks", &i.to_string()), f);
-        }
-        visit_child(&self.ln_f, "ln_f", f);
-        visit_child(&self.head, "head", f);
-    }
-
-    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
-        visit_child_mut(&mut self.wte, "wte", f);
-        visit_child_mut(&mut self.wpe, "wpe", f);
-        for (i, block) in self.blocks.iter_mut().enumerate() {
-            visit_child_mut(block, &join("blocks", &i.to_string()), f);
-        }
-        visit_child_mut(&mut self.ln_f, "ln_f", f);
-        visit_child_mut(&mut self.head, "head", f);
     }
 }

@@ -140,7 +140,7 @@ pub fn transformer_program(config: GptConfig, device: kiln::Device) -> anyhow::R
     config.validate().map_err(anyhow::Error::msg)?;
     let mut gpt = Gpt::new(config, 0)?;
     let mut failure = None;
-    nn::Module::visit_mut(&mut gpt.model, &mut |_, t, _| match t.to_device(device) {
+    nn::ModuleParams::visit_mut(&mut gpt.model, &mut |_, t, _| match t.to_device(device) {
         Ok(moved) => *t = moved,
         Err(e) => failure = Some(e),
     });
