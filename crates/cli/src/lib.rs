@@ -4,7 +4,8 @@
 //! - `kiln profile transformer`: [`profile_cmd`] over [`pipeline`] (each compile step in a
 //!   `kiln::profile` span) and [`model`] (`nn::Transformer` in the anchor configuration).
 //! - `kiln bench <suite>`: [`bench`], run through a [`runner::Runner`], written by [`output`] and
-//!   plotted by [`svg`].
+//!   plotted by [`svg`]. The suites' workloads are [`workloads`], which the criterion benches of
+//!   this package (`crates/cli/benches/`) share.
 
 pub mod bench;
 pub mod dump;
@@ -15,3 +16,4 @@ pub mod profile_cmd;
 pub mod runner;
 pub mod svg;
 pub mod timing;
+pub mod workloads;

@@ -132,7 +132,7 @@ pub fn against_interp(
         hosts(&r.realize(&refs)?)
     };
     let got = realize(runner)?;
-    let want = realize(&Runner::Facade(Device::Interp))?;
+    let want = realize(&Runner::on(Device::Interp))?;
     Ok(compare_all(what, &got, &want, tol)?)
 }
 

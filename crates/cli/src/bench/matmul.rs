@@ -1,20 +1,19 @@
-//! `kiln bench matmul`: `f32` (512x1024)@(1024x2048) and 1024^3 through the facade (steady state:
-//! the program is compiled once), in ms and GFLOP/s, the anchors' matmul shapes.
+//! `kiln bench matmul`: the workload [`crate::workloads::matmul`], `f32` (512x1024)@(1024x2048)
+//! and 1024^3 (the anchors' matmul shapes), through the facade (steady state: the program is
+//! compiled once), in ms and GFLOP/s. The criterion bench `crates/cli/benches/matmul.rs` runs the
+//! same products' compiled program directly.
 //!
 //! Before timing, each product is checked against the reference interpreter at a reduced shape
 //! (every dimension divided by [`CHECK_DIVISOR`]; the interpreter materializes all `m*k*n`
 //! partial products, about 4 GiB at the full first shape), from the same input generator.
-
-use kiln::Tensor;
 
 use crate::bench::check::{self, Tolerance};
 use crate::output::{SuiteOutput, Table, progress};
 use crate::runner::Runner;
 use crate::svg::{Plot, Series};
 use crate::timing::{Budget, measure_ms};
-
-/// `(m, k, n)` of each product measured.
-pub const SHAPES: [(usize, usize, usize); 2] = [(512, 1024, 2048), (1024, 1024, 1024)];
+pub use crate::workloads::matmul::SHAPES;
+use crate::workloads::matmul::{flops, operands};
 
 /// The checked shape is the timed one with every dimension divided by this (rounded up).
 pub const CHECK_DIVISOR: usize = 8;
@@ -25,15 +24,11 @@ pub struct Args {
     pub budget: Budget,
 }
 
-fn filled(rows: usize, cols: usize, seed: usize) -> Tensor {
-    let data: Vec<f32> = (0..rows * cols).map(|i| (((i * 13 + seed) % 53) as f32 - 26.0) / 32.0).collect();
-    Tensor::from_vec(data, &[rows, cols])
-}
-
 /// Checks `(m x k) @ (k x n)` on `runner` against the interpreter, from the suite's inputs.
 pub fn check_product(m: usize, k: usize, n: usize, runner: &Runner) -> anyhow::Result<()> {
     check::against_interp(&format!("matmul ({m}x{k})@({k}x{n})"), runner, Tolerance::REDUCTION, |r| {
-        Ok(vec![r.place(filled(m, k, 1))?.matmul(&r.place(filled(k, n, 2))?)])
+        let (a, b) = operands(m, k, n);
+        Ok(vec![r.place(a)?.matmul(&r.place(b)?)])
     })
 }
 
@@ -46,12 +41,13 @@ pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let mut points = Vec::new();
     for &(m, k, n) in &args.shapes {
         check_product(m.div_ceil(CHECK_DIVISOR), k.div_ceil(CHECK_DIVISOR), n.div_ceil(CHECK_DIVISOR), runner)?;
-        let a = runner.place(filled(m, k, 1))?;
-        let b = runner.place(filled(k, n, 2))?;
+        let (a, b) = operands(m, k, n);
+        let (a, b) = (runner.place(a)?, runner.place(b)?);
         let ms = measure_ms(args.budget, || runner.realize(&[&a.matmul(&b)]))?;
-        let gflops = 2.0 * (m * k * n) as f64 / 1e9 / (ms / 1e3);
+        let gflop = flops(m, k, n) as f64 / 1e9;
+        let gflops = gflop / (ms / 1e3);
         table.push(vec![format!("({m}x{k})@({k}x{n})").into(), ms.into(), gflops.into()]);
-        points.push((2.0 * (m * k * n) as f64 / 1e9, gflops));
+        points.push((gflop, gflops));
         bar.inc(1);
     }
     bar.finish_and_clear();

@@ -10,11 +10,13 @@
 //! [`CHECK_BATCH`] rows (the interpreter materializes every partial product of a matmul: 400 MiB
 //! for one layer of `dense-large` at its full batch of 128). A mismatch aborts the suite.
 //!
+//! Predict is `nn::predict` and a fit step is `nn::Trainer::step`, on the runner's device: the
+//! suite times the library's own calls.
+//!
 //! A model `nn` cannot build, or that fails to run, gets a row saying so instead of times.
 
-use kiln::Tensor;
-use nn::zoo::{self, Case, NAMES};
-use nn::{Optimizer, ParamKind, Sgd};
+use nn::zoo::{self, NAMES};
+use nn::{Sgd, Trainer};
 
 use crate::bench::check::{self, Tolerance};
 use crate::output::{Cell, SuiteOutput, Table, progress};
@@ -22,34 +24,9 @@ use crate::runner::Runner;
 use crate::svg::{Plot, Series};
 use crate::timing::{Budget, measure_ms};
 
-/// A forward pass without gradients, realized on `runner`.
-fn predict(case: &mut Case, runner: &Runner) -> anyhow::Result<Tensor> {
-    case.model.set_training(false);
-    let y = kiln::no_grad(|| case.model.forward(&case.x));
-    Ok(runner.realize(&[&y])?.remove(0))
-}
-
-/// One training step realized as one program on `runner` (what `nn::Trainer::step` does, with
-/// the realize going through the runner); returns the loss.
-fn fit_step(case: &mut Case, optimizer: &mut Sgd, runner: &Runner) -> anyhow::Result<f32> {
-    case.model.set_training(true);
-    let params = case.model.parameters();
-    let loss = case.loss.compute(&case.model.forward(&case.x), &case.y);
-    let refs: Vec<&Tensor> = params.iter().collect();
-    let grads = kiln::grad(&loss, &refs)?;
-    let step = optimizer.step_with(&params, &grads, &[&loss], &mut |tensors: &[&Tensor]| {
-        runner.realize(tensors).map_err(|e| nn::NnError::Kiln(kiln::Error::Backend(format!("{e:#}"))))
-    })?;
-    let loss = step.outputs.into_iter().next().ok_or_else(|| anyhow::anyhow!("no loss"))?;
-    let mut fresh = step.params.into_iter();
-    case.model.visit_mut(&mut |_, t, kind| {
-        if kind == ParamKind::Weight
-            && let Some(p) = fresh.next()
-        {
-            *t = p.requires_grad_();
-        }
-    });
-    Ok(loss.item::<f32>()?)
+/// The optimizer of every fit step (what the table's `fit` line says).
+fn optimizer() -> Sgd {
+    Sgd::new(0.01, 0.9)
 }
 
 /// The most rows of a batch the results are checked at.
@@ -64,9 +41,10 @@ pub fn check_model(name: &str, runner: &Runner) -> anyhow::Result<()> {
         let batch = case.x.dims()?[0].min(CHECK_BATCH);
         case.x = r.place(case.x.narrow(0, 0, batch))?;
         case.y = r.place(case.y.narrow(0, 0, batch))?;
-        let mut outputs = vec![predict(&mut case, r)?];
-        fit_step(&mut case, &mut Sgd::new(0.01, 0.9), r)?;
-        outputs.extend(case.model.parameters());
+        let mut outputs = vec![nn::predict(&mut *case.model, &case.x)?];
+        let mut trainer = Trainer::new(case.model, optimizer(), case.loss);
+        trainer.step(&case.x, &case.y)?;
+        outputs.extend(trainer.model.parameters());
         Ok(outputs)
     })
 }
@@ -93,9 +71,9 @@ pub fn run(smoke: bool, runner: &Runner) -> anyhow::Result<SuiteOutput> {
             case.y = runner.place(case.y.clone())?;
             let input = format!("{:?}", case.x.dims()?);
             let params = case.model.num_parameters();
-            let predict_ms = measure_ms(budget, || predict(&mut case, runner))?;
-            let mut optimizer = Sgd::new(0.01, 0.9);
-            let fit_ms = measure_ms(budget, || fit_step(&mut case, &mut optimizer, runner))?;
+            let predict_ms = measure_ms(budget, || Ok(nn::predict(&mut *case.model, &case.x)?))?;
+            let mut trainer = Trainer::new(case.model, optimizer(), case.loss);
+            let fit_ms = measure_ms(budget, || Ok(trainer.step(&case.x, &case.y)?))?;
             Ok((params, input, predict_ms, fit_ms))
         })();
         match measured {

@@ -130,7 +130,7 @@ pub fn checked_share(p: &Profiled) -> anyhow::Result<(usize, usize, f64)> {
 /// result is checked against the interpreter's after the timed call.
 pub fn first_call(config: GptConfig, prewarm: bool) -> anyhow::Result<f64> {
     config.validate().map_err(anyhow::Error::msg)?;
-    let runner = Runner::Facade(Device::Cpu);
+    let runner = Runner::on(Device::Cpu);
     if prewarm {
         let x = runner.place(kiln::Tensor::from_vec(vec![1.0f32; 3], &[3]))?;
         runner.realize(&[&x.neg()])?;
@@ -142,7 +142,7 @@ pub fn first_call(config: GptConfig, prewarm: bool) -> anyhow::Result<f64> {
     let logits = gpt.forward(&tokens);
     kiln::realize(&[&logits])?;
     let ms = t0.elapsed().as_secs_f64() * 1e3;
-    let interp = Runner::Facade(Device::Interp);
+    let interp = Runner::on(Device::Interp);
     let mut reference = Gpt::new(config, 0)?;
     interp.place_module(&mut reference.model)?;
     let want = reference.forward(&interp.place(reference.tokens(1))?).to_host()?;
@@ -202,7 +202,7 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
         let mut allocs = Vec::new();
         let mut device_compile = Vec::new();
         let mut last = None;
-        check_forward(config, &Runner::Facade(Device::Cpu))?;
+        check_forward(config, &Runner::on(Device::Cpu))?;
         for _ in 0..args.repeats {
             bar.set_message(format!("{layers} layers"));
             let p = profile_transformer(config, &options)?;
@@ -231,7 +231,7 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
             100.0 * share
         ));
         let mut gpt = Gpt::new(config, 0)?;
-        let runner = Runner::Facade(Device::Cpu);
+        let runner = Runner::on(Device::Cpu);
         runner.place_module(&mut gpt.model)?;
         let tokens = runner.place(gpt.tokens(1))?;
         let facade_ms = measure_ms(args.steady, || {

@@ -1,4 +1,5 @@
-//! `kiln bench tree-matmul`: 32 independent `(128x256)@(256x512)` products, three ways:
+//! `kiln bench tree-matmul`: the workload [`crate::workloads::tree`] (also the criterion bench
+//! `crates/cli/benches/tree_matmul.rs`), 32 independent `(128x256)@(256x512)` products, three ways:
 //! (a) a loop realizing each product separately, (b) `kiln::Tree`s of the operands multiplied
 //! leaf by leaf and realized at once (one program; equal-shape matmuls become one grouped launch
 //! whose products run concurrently), (c) one batched matmul of the pre-stacked operands. The anchors' torch and numpy rows measure the same three shapes of work.
@@ -8,13 +9,14 @@
 //! materializes all `m*k*n` partial products, 2 GiB per call at full size), from the same input
 //! generator.
 
-use kiln::{Tensor, Tree};
+use kiln::Tensor;
 
 use crate::bench::check::{self, Tolerance};
 use crate::output::{SuiteOutput, Table, progress};
 use crate::runner::Runner;
 use crate::svg::{Plot, Series};
 use crate::timing::{Budget, measure_ms};
+use crate::workloads::tree::{self as workload, Shape, stacked, tree_of};
 
 #[derive(Clone, Debug)]
 pub struct Args {
@@ -27,7 +29,8 @@ pub struct Args {
 
 impl Default for Args {
     fn default() -> Args {
-        Args { pairs: 32, m: 128, k: 256, n: 512, budget: Budget::STEADY }
+        let Shape { pairs, m, k, n } = Shape::default();
+        Args { pairs, m, k, n, budget: Budget::STEADY }
     }
 }
 
@@ -36,23 +39,18 @@ impl Args {
     pub fn reduced(&self) -> Args {
         Args { pairs: self.pairs.min(4), m: self.m.div_ceil(4), k: self.k.div_ceil(4), n: self.n.div_ceil(4), ..*self }
     }
-}
 
-fn filled(rows: usize, cols: usize, seed: usize) -> Tensor {
-    let data: Vec<f32> = (0..rows * cols).map(|i| (((i * 31 + seed * 17) % 61) as f32 - 30.0) / 64.0).collect();
-    Tensor::from_vec(data, &[rows, cols])
+    /// The workload's sizes.
+    pub fn shape(&self) -> Shape {
+        Shape { pairs: self.pairs, m: self.m, k: self.k, n: self.n }
+    }
 }
 
 /// The operands: `pairs` left and right matrices placed on `runner`.
 fn operands(args: &Args, runner: &Runner) -> anyhow::Result<(Vec<Tensor>, Vec<Tensor>)> {
-    let (m, k, n) = (args.m, args.k, args.n);
-    let a = (0..args.pairs).map(|i| runner.place(filled(m, k, 2 * i))).collect::<anyhow::Result<_>>()?;
-    let b = (0..args.pairs).map(|i| runner.place(filled(k, n, 2 * i + 1))).collect::<anyhow::Result<_>>()?;
-    Ok((a, b))
-}
-
-fn tree_of(tensors: &[Tensor]) -> anyhow::Result<Tree<Tensor>> {
-    Ok(Tree::from_pairs(tensors.iter().enumerate().map(|(i, t)| (format!("node{i}"), t.clone())))?)
+    let (a, b) = workload::operands(args.shape());
+    let place = |ts: Vec<Tensor>| ts.into_iter().map(|t| runner.place(t)).collect::<anyhow::Result<Vec<_>>>();
+    Ok((place(a)?, place(b)?))
 }
 
 /// Checks the products of all three variants at the size of `args`, computed on `runner`, against
@@ -66,9 +64,7 @@ pub fn check_variants(args: &Args, runner: &Runner) -> anyhow::Result<()> {
             products.push(r.realize(&[&x.matmul(y)])?.remove(0));
         }
         products.extend(tree_of(&a)?.matmul(&tree_of(&b)?)?.leaves().into_iter().cloned());
-        let a_refs: Vec<&Tensor> = a.iter().collect();
-        let b_refs: Vec<&Tensor> = b.iter().collect();
-        products.push(kiln::stack(&a_refs, 0).matmul(&kiln::stack(&b_refs, 0)));
+        products.push(stacked(&a).matmul(&stacked(&b)));
         Ok(products)
     })
 }
@@ -78,10 +74,8 @@ pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let (m, k, n, pairs) = (args.m, args.k, args.n, args.pairs);
     check_variants(&args.reduced(), runner)?;
     let (a, b) = operands(args, runner)?;
-    let a_refs: Vec<&Tensor> = a.iter().collect();
-    let b_refs: Vec<&Tensor> = b.iter().collect();
-    let stacked_a = runner.realize(&[&kiln::stack(&a_refs, 0)])?.remove(0);
-    let stacked_b = runner.realize(&[&kiln::stack(&b_refs, 0)])?.remove(0);
+    let stacked_a = runner.realize(&[&stacked(&a)])?.remove(0);
+    let stacked_b = runner.realize(&[&stacked(&b)])?.remove(0);
 
     let tree_a = tree_of(&a)?;
     let tree_b = tree_of(&b)?;
@@ -102,7 +96,7 @@ pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let batched_ms = measure_ms(args.budget, || runner.realize(&[&stacked_a.matmul(&stacked_b)]))?;
     bar.finish_and_clear();
 
-    let gflop = 2.0 * (pairs * m * k * n) as f64 / 1e9;
+    let gflop = args.shape().flops() as f64 / 1e9;
     let mut out = SuiteOutput::new("tree-matmul");
     out.meta("device", runner.describe());
     out.meta("work", format!("N={pairs} pairs of ({m}x{k})@({k}x{n}) f32, {gflop:.3} GFLOP per call"));

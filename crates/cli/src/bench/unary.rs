@@ -1,6 +1,7 @@
 //! `kiln bench unary`: `neg` and `sigmoid` on 1-D `f32` tensors of the anchor sizes, on any
-//! device (`--device cpu|wgpu|interp`). Three quantities, the same the criterion bench
-//! `benches/unary.rs` measures (`cargo bench --bench unary`, CPU device):
+//! device (`--device cpu|wgpu|interp`). Three quantities over the workload
+//! [`crate::workloads::unary`], the same the criterion bench `crates/cli/benches/unary.rs`
+//! measures (`cargo bench -p kiln-cli --bench unary`, CPU device):
 //!
 //! - single: one fresh op on a realized source, realized (`x.neg()` then `realize`): the time of
 //!   one `realize` of a one-op program (the anchors' "realize() steady").
@@ -18,41 +19,13 @@
 //! `neg` chains of even length fold away (`neg-neg`), so the lazy `neg` row shows what the
 //! rewriter saves rather than a kernel's speed.
 
-use kiln::Tensor;
-
 use crate::bench::check::{self, Tolerance};
 use crate::output::{Cell, SuiteOutput, Table, progress};
 use crate::runner::Runner;
 use crate::svg::{Plot, Series};
 use crate::timing::{Budget, measure_ms};
-
-/// The anchor sizes (powers of three).
-pub const SIZES: [usize; 7] = [1, 729, 2187, 59049, 177147, 531441, 1594323];
-
-/// Ops in each chain.
-pub const CHAIN: usize = 8;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UnaryOp {
-    Neg,
-    Sigmoid,
-}
-
-impl UnaryOp {
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Neg => "neg",
-            UnaryOp::Sigmoid => "sigmoid",
-        }
-    }
-
-    fn apply(self, x: &Tensor) -> Tensor {
-        match self {
-            UnaryOp::Neg => x.neg(),
-            UnaryOp::Sigmoid => x.sigmoid(),
-        }
-    }
-}
+pub use crate::workloads::unary::{CHAIN, SIZES, UnaryOp};
+use crate::workloads::unary::{eager_chain, input, lazy_chain};
 
 #[derive(Clone, Debug)]
 pub struct Args {
@@ -64,33 +37,20 @@ pub struct Args {
 /// matches the criterion bench's function names.
 const MODES: [&str; 3] = ["single op, realized", "eager chain (realize every op)", "lazy chain (realize once)"];
 
-/// The suite's input of `n` elements.
-fn input(n: usize) -> Tensor {
-    let data: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
-    Tensor::from_vec(data, &[n])
-}
-
 /// Checks the single op, the eager chain and the lazy chain of `op` on the suite's input of `n`
 /// elements, computed on `runner`, against the interpreter.
 pub fn check_op(op: UnaryOp, n: usize, runner: &Runner) -> anyhow::Result<()> {
     check::against_interp(&format!("unary {} n={n}", op.name()), runner, Tolerance::ELEMENTWISE, |r| {
         let x = r.place(input(n))?;
         let single = op.apply(&x);
-        let mut eager = x.clone();
-        for _ in 0..CHAIN {
-            eager = r.realize(&[&op.apply(&eager)])?.remove(0);
-        }
-        let mut lazy = x.clone();
-        for _ in 0..CHAIN {
-            lazy = op.apply(&lazy);
-        }
-        Ok(vec![single, eager, lazy])
+        let eager = eager_chain(op, &x, |y| Ok::<_, anyhow::Error>(r.realize(&[&y])?.remove(0)))?;
+        Ok(vec![single, eager, lazy_chain(op, &x)])
     })
 }
 
 /// Runs the suite on `runner`.
 pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
-    let ops = [UnaryOp::Neg, UnaryOp::Sigmoid];
+    let ops = UnaryOp::ALL;
     let bar = progress((ops.len() * MODES.len() * args.sizes.len()) as u64, "unary");
     // results[op][mode][size] = ms per op
     let mut results = vec![vec![Vec::new(); MODES.len()]; ops.len()];
@@ -102,20 +62,10 @@ pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
             let single = measure_ms(args.budget, || runner.realize(&[&op.apply(&x)]))?;
             bar.inc(1);
             let eager = measure_ms(args.budget, || {
-                let mut y = x.clone();
-                for _ in 0..CHAIN {
-                    y = runner.realize(&[&op.apply(&y)])?.remove(0);
-                }
-                Ok(y)
+                eager_chain(op, &x, |y| Ok::<_, anyhow::Error>(runner.realize(&[&y])?.remove(0)))
             })? / CHAIN as f64;
             bar.inc(1);
-            let lazy = measure_ms(args.budget, || {
-                let mut y = x.clone();
-                for _ in 0..CHAIN {
-                    y = op.apply(&y);
-                }
-                runner.realize(&[&y])
-            })? / CHAIN as f64;
+            let lazy = measure_ms(args.budget, || runner.realize(&[&lazy_chain(op, &x)]))? / CHAIN as f64;
             bar.inc(1);
             results[oi][0].push(single);
             results[oi][1].push(eager);

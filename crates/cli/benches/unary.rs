@@ -1,5 +1,6 @@
-//! `neg` and `sigmoid` on 1-D `f32` tensors through the public facade on the CPU device, the
-//! same three quantities `kiln bench unary` prints (see `crates/cli/src/bench/unary.rs`):
+//! `neg` and `sigmoid` on 1-D `f32` tensors through the public facade on the CPU device: the
+//! workload `kiln_cli::workloads::unary`, the same three quantities `kiln bench unary` prints (see
+//! `crates/cli/src/bench/unary.rs`):
 //!
 //! - `single`: one fresh op on a realized source, realized (`x.neg()` then `realize`): the time
 //!   of one `realize` of a one-op program.
@@ -20,21 +21,11 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kiln::{Device, Tensor};
+use kiln_cli::workloads::unary::{CHAIN, SIZES, UnaryOp, eager_chain, input, lazy_chain};
 
-/// The anchor sizes (powers of three), as in `kiln bench unary`.
-const SIZES: [usize; 7] = [1, 729, 2187, 59049, 177147, 531441, 1594323];
-
-/// Ops in the eager and lazy chains, as in `kiln bench unary`.
-const CHAIN: u32 = 8;
-
-fn apply(op: &str, x: &Tensor) -> Tensor {
-    if op == "neg" { x.neg() } else { x.sigmoid() }
-}
-
-/// A realized source of `n` elements on the CPU device (the same values as the CLI uses).
+/// The workload's input of `n` elements, realized on the CPU device.
 fn source(n: usize) -> Tensor {
-    let data: Vec<f32> = (0..n).map(|i| ((i % 97) as f32 - 48.0) / 16.0).collect();
-    let x = Tensor::from_vec(data, &[n]).to_device(Device::Cpu).expect("the cpu device");
+    let x = input(n).to_device(Device::Cpu).expect("the cpu device");
     x.realize().expect("the source realizes");
     x
 }
@@ -49,12 +40,12 @@ fn per_op(iters: u64, mut chain: impl FnMut()) -> Duration {
     for _ in 0..iters {
         chain();
     }
-    start.elapsed() / CHAIN
+    start.elapsed() / CHAIN as u32
 }
 
 fn unary(c: &mut Criterion) {
-    for op in ["neg", "sigmoid"] {
-        let mut group = c.benchmark_group(format!("unary_{op}"));
+    for op in UnaryOp::ALL {
+        let mut group = c.benchmark_group(format!("unary_{}", op.name()));
         group.sample_size(10);
         group.warm_up_time(Duration::from_millis(200));
         group.measurement_time(Duration::from_millis(500));
@@ -62,7 +53,7 @@ fn unary(c: &mut Criterion) {
             let x = source(n);
             group.bench_with_input(BenchmarkId::new("single", n), &x, |b, x| {
                 b.iter(|| {
-                    let y = apply(op, x);
+                    let y = op.apply(x);
                     realize(&y);
                     y
                 })
@@ -70,22 +61,15 @@ fn unary(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new("eager", n), &x, |b, x| {
                 b.iter_custom(|iters| {
                     per_op(iters, || {
-                        let mut y = x.clone();
-                        for _ in 0..CHAIN {
-                            y = apply(op, &y);
-                            realize(&y);
-                        }
-                        let _ = std::hint::black_box(y);
+                        let y = eager_chain(op, x, |y| kiln::realize(&[&y]).map(|()| y));
+                        let _ = std::hint::black_box(y.expect("realize"));
                     })
                 })
             });
             group.bench_with_input(BenchmarkId::new("lazy", n), &x, |b, x| {
                 b.iter_custom(|iters| {
                     per_op(iters, || {
-                        let mut y = x.clone();
-                        for _ in 0..CHAIN {
-                            y = apply(op, &y);
-                        }
+                        let y = lazy_chain(op, x);
                         realize(&y);
                         let _ = std::hint::black_box(y);
                     })

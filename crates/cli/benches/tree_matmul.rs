@@ -1,4 +1,5 @@
-//! Tree of matmuls: N = 32 independent `(128x256)@(256x512)` f32 products (1.07 GFLOP per call),
+//! Tree of matmuls, the workload `kiln_cli::workloads::tree` (also `kiln bench tree-matmul`):
+//! N = 32 independent `(128x256)@(256x512)` f32 products (1.07 GFLOP per call),
 //! the anchor `bench_tree_matmul.py` measures in PyTorch (6.4 ms dict loop, 5.6 ms pre-stacked
 //! `bmm`, 2 threads). Three ways through the public API (`kiln::realize` on `Device::Cpu`):
 //!
@@ -12,17 +13,13 @@
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-use kiln::{Device, HostTensor, Tensor, Tree};
+use kiln::{Device, HostTensor, Tensor};
+use kiln_cli::workloads::tree::{self, Shape, stacked, tree_of};
 use runtime::CpuDevice;
 
-const N: usize = 32;
-const M: usize = 128;
-const K: usize = 256;
-const P: usize = 512;
-
+/// The workload's operand of `rows x cols`, on the CPU device.
 fn filled(rows: usize, cols: usize, seed: usize) -> Tensor {
-    let data: Vec<f32> = (0..rows * cols).map(|i| (((i * 31 + seed * 17) % 61) as f32 - 30.0) / 64.0).collect();
-    Tensor::from_vec(data, &[rows, cols]).to_device(Device::Cpu).unwrap()
+    tree::operand(rows, cols, seed).to_device(Device::Cpu).unwrap()
 }
 
 /// User + system CPU seconds of this process so far (all threads), from `/proc/self/stat`; 0 where
@@ -44,20 +41,23 @@ fn run(outputs: &[&Tensor]) -> Vec<HostTensor> {
 
 fn tree_matmul(c: &mut Criterion) {
     let dev = CpuDevice::new().unwrap();
-    let a = Tree::from_pairs((0..N).map(|i| (format!("node{i}"), filled(M, K, 2 * i)))).unwrap();
-    let b = Tree::from_pairs((0..N).map(|i| (format!("node{i}"), filled(K, P, 2 * i + 1)))).unwrap();
-    let sa = kiln::stack(&a.leaves(), 0);
-    let sb = kiln::stack(&b.leaves(), 0);
+    let shape = Shape::default();
+    let out_size = shape.m * shape.n;
+    let on_cpu =
+        |ts: Vec<Tensor>| -> Vec<Tensor> { ts.into_iter().map(|t| t.to_device(Device::Cpu).unwrap()).collect() };
+    let (a, b) = tree::operands(shape);
+    let (a, b) = (on_cpu(a), on_cpu(b));
+    let (sa, sb) = (stacked(&a), stacked(&b));
+    let (a, b) = (tree_of(&a).unwrap(), tree_of(&b).unwrap());
     sa.realize().unwrap();
     sb.realize().unwrap();
 
     // The three agree.
-    let tree = a.matmul(&b).unwrap();
-    let tree_out = run(&tree.leaves());
+    let tree_out = run(&a.matmul(&b).unwrap().leaves());
     let bmm_out = run(&[&sa.matmul(&sb)]);
-    let stacked = bmm_out[0].as_slice::<f32>().unwrap();
+    let bmm = bmm_out[0].as_slice::<f32>().unwrap();
     for (i, t) in tree_out.iter().enumerate() {
-        assert_eq!(t.as_slice::<f32>().unwrap(), &stacked[i * M * P..(i + 1) * M * P]);
+        assert_eq!(t.as_slice::<f32>().unwrap(), &bmm[i * out_size..(i + 1) * out_size]);
     }
     let program = kiln::trace(&a.matmul(&b).unwrap().leaves()).unwrap();
     let exe = dev.compile(&program.graph).unwrap();
@@ -108,7 +108,7 @@ fn tree_matmul(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("tree_matmul");
     group.sample_size(30);
-    group.throughput(Throughput::Elements((2 * N * M * K * P) as u64));
+    group.throughput(Throughput::Elements(shape.flops()));
     group.bench_function("loop", |bench| {
         bench.iter(|| {
             for (x, y) in a.leaves().into_iter().zip(b.leaves()) {
@@ -135,16 +135,17 @@ fn threshold(c: &mut Criterion) {
     let forced = CpuDevice::with_level_threshold(lower::CompileOptions::default(), Some(0)).unwrap();
     let mut group = c.benchmark_group("tree_threshold");
     group.sample_size(20);
+    let pairs = Shape::default().pairs;
     for s in [4usize, 8, 16, 24, 32, 64] {
-        let a: Vec<Tensor> = (0..N).map(|i| filled(s, s, 2 * i)).collect();
-        let b: Vec<Tensor> = (0..N).map(|i| filled(s, s, 2 * i + 1)).collect();
+        let a: Vec<Tensor> = (0..pairs).map(|i| filled(s, s, 2 * i)).collect();
+        let b: Vec<Tensor> = (0..pairs).map(|i| filled(s, s, 2 * i + 1)).collect();
         let products: Vec<Tensor> = a.iter().zip(&b).map(|(x, y)| x.matmul(y)).collect();
         let program = kiln::trace(&products.iter().collect::<Vec<_>>()).unwrap();
         let bindings = kiln::Bindings::new();
         let chosen = by_levels.compile(&program.graph).unwrap();
         let schedule = chosen.level_schedule(&bindings).unwrap();
         eprintln!("tree_threshold: 32 x ({s}x{s})@({s}x{s}): concurrent = {}", schedule.is_some());
-        group.throughput(Throughput::Elements((2 * N * s * s * s) as u64));
+        group.throughput(Throughput::Elements(Shape { pairs, m: s, k: s, n: s }.flops()));
         for (name, dev) in [("threshold", &by_levels), ("in_order", &in_order), ("concurrent", &forced)] {
             let exe = dev.compile(&program.graph).unwrap();
             group.bench_function(format!("{s}/{name}"), |bench| {
