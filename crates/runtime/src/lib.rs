@@ -47,7 +47,7 @@ use air::{Bindings, Graph, HostTensor};
 pub use cpu::{CpuDevice, CpuStats};
 pub use error::{Result, RuntimeError};
 pub use key::GraphKey;
-pub use observe::{CompileObserver, NoCompileObserver};
+pub use observe::{CompileObserver, NoCompileObserver, Step};
 pub use vm::{Executable, LaunchTime, MemoryStats};
 
 /// A device programs run on. One variant per backend; a `Wgpu` device joins later.
