@@ -129,11 +129,13 @@ fn execute_profiled(
     let located = |e: BoundsError| locate(e, graph, sites);
     let cpu = match device {
         Device::Interp => {
-            return profile::span(profile::Step::Run, || interp(graph, &inputs, bindings)).map_err(|e| interp_error(e, located));
+            return profile::span(profile::Step::Run, || interp(graph, &inputs, bindings))
+                .map_err(|e| interp_error(e, located));
         }
         Device::Wgpu => {
             let gpu = wgpu_device()?;
-            return profile::span(profile::Step::Run, || gpu.run(graph, &inputs, bindings)).map_err(|e| wgpu_error(e, located));
+            return profile::span(profile::Step::Run, || gpu.run(graph, &inputs, bindings))
+                .map_err(|e| wgpu_error(e, located));
         }
         Device::Cpu => cpu_device()?,
     };

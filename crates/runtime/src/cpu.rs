@@ -14,14 +14,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use air::{Bindings, Graph, HostTensor};
+use air::{Bindings, Graph, GraphKey, HostTensor};
 use codegen::cpu::{CompiledKernel, CpuCompiler};
 use codegen::lru::{Lru, capacity_from_env};
 use lower::Program;
 use lower::kir::{Kernel, LoopKernel};
 
 use crate::error::Result;
-use crate::key::GraphKey;
 use crate::observe::{CompileObserver, NoCompileObserver, Passes, Step};
 use crate::vm::{Executable, KernelFn, MemoryStats, Placement};
 
