@@ -675,3 +675,34 @@ fn check_axes(axes: &[usize], rank: usize, sorted: bool) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dim::shape_of;
+
+    #[test]
+    fn op_kinds_name_round_trip_and_match_ops() {
+        let kinds: Vec<OpKind> = OpKind::all().collect();
+        assert_eq!(kinds.len(), 13 + UnaryOp::ALL.len() + BinaryOp::ALL.len());
+        for k in kinds {
+            assert_eq!(OpKind::from_name(k.name()), Some(k), "{k}");
+        }
+        assert_eq!(OpKind::from_name("frobnicate"), None);
+        assert_eq!(Op::Unary(UnaryOp::Sin).kind(), OpKind::Unary(UnaryOp::Sin));
+        assert_eq!(Op::Gather(Gather { axis: 0 }).kind().arity(), 2);
+        assert_eq!(Op::Where.mnemonic(), "where");
+    }
+
+    #[test]
+    fn type_errors_name_the_op_and_keep_the_input_types() {
+        let a = TensorType::new(DType::F32, shape_of(&[2]));
+        let b = TensorType::new(DType::F32, shape_of(&[3]));
+        let e = Op::Binary(BinaryOp::Add).infer(&[&a, &b]).unwrap_err();
+        assert_eq!(e.op, OpKind::Binary(BinaryOp::Add));
+        assert_eq!(e.inputs, [a.clone(), b]);
+        assert_eq!(e.to_string(), "add: operands must have equal types, got f32[2], f32[3]");
+        let e = Op::Unary(UnaryOp::Sin).infer(&[&a, &a]).unwrap_err();
+        assert_eq!(e.to_string(), "sin: expects 1 inputs, got 2");
+    }
+}
