@@ -129,18 +129,20 @@ fn execute_profiled(
     let located = |e: BoundsError| locate(e, graph, sites);
     let cpu = match device {
         Device::Interp => {
-            return profile::span("run", || interp(graph, &inputs, bindings)).map_err(|e| interp_error(e, located));
+            return profile::span(profile::Step::Run, || interp(graph, &inputs, bindings))
+                .map_err(|e| interp_error(e, located));
         }
         Device::Wgpu => {
             let gpu = wgpu_device()?;
-            return profile::span("run", || gpu.run(graph, &inputs, bindings)).map_err(|e| wgpu_error(e, located));
+            return profile::span(profile::Step::Run, || gpu.run(graph, &inputs, bindings))
+                .map_err(|e| wgpu_error(e, located));
         }
         Device::Cpu => cpu_device()?,
     };
     let backend = |e: RuntimeError| cpu_error(e, located);
     let mut observer = profile::ProfileObserver::default();
     let exe = cpu.compile_observed(graph, &mut observer).map_err(backend)?;
-    profile::begin("memory-plan", None);
+    profile::begin(runtime::Step::MemoryPlan, None);
     let memory = exe.memory(bindings);
     profile::end(None);
     let memory = memory.map_err(backend)?;
@@ -149,6 +151,6 @@ fn execute_profiled(
         peak_live_bytes: memory.peak_live_bytes,
         naive_bytes: memory.naive_bytes,
     });
-    let run = if observer.cache_hit() { "run" } else { "first-run" };
+    let run = if observer.cache_hit() { profile::Step::Run } else { profile::Step::FirstRun };
     profile::span(run, || run_cpu(&exe, &inputs, bindings)).map_err(backend)
 }

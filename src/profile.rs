@@ -28,7 +28,9 @@
 //! marks its work with [`begin`]/[`end`] (or [`span`]) and pays one thread-local read when no
 //! profile is active. The runtime does not depend on this crate: its CPU device reports its steps
 //! through `runtime::CompileObserver`, which [`crate::backend::execute`] forwards here when a
-//! profile is active. Spans nest; the per-pass table aggregates them by name.
+//! profile is active. Spans nest; the per-pass table aggregates them by name. The pipeline's own
+//! spans are typed ([`Step`], wrapping the device's `runtime::Step`), and only they count towards
+//! a [`Phase`]; a span named by a string is the caller's own and counts towards none.
 //!
 //! Bytes allocated come from [`CountingAlloc`], a global allocator that counts every allocation.
 //! A program opts in with
@@ -39,6 +41,8 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::fmt::{self, Write as _};
 use std::time::{Duration, Instant};
+
+use lower::Pass;
 
 // ---------------------------------------------------------------------------------------------
 // Counting allocator
@@ -170,19 +174,104 @@ impl Phase {
         }
     }
 
-    /// The phase of a span by its name, for spans that do not give one: the pass names of
-    /// `lower::compile` and the names the `kiln` command uses.
-    pub fn of(name: &str) -> Option<Phase> {
-        let phase = match name {
-            "forward" | "trace" | "graph-build" | "graph-key" | "cache-hit" => Phase::GraphBuild,
-            "verify" | "optimize" | "rewrite" | "cse" | "dce" | "simplify" => Phase::Rewrite,
-            "decide-fusion" | "emit-kernels" | "schedule" | "fuse" | "sort" => Phase::Schedule,
-            "memory-plan" | "memplan" => Phase::MemoryPlan,
-            "codegen" | "codegen-init" | "jit" => Phase::Codegen,
-            "prepare" | "first-run" | "run" => Phase::FirstRun,
-            _ => return None,
-        };
-        Some(phase)
+    /// The phase of a pipeline step. Spans named by a string (a user's own) have none.
+    pub fn of(step: Step) -> Phase {
+        use runtime::Step as Device;
+        match step {
+            Step::Forward | Step::Trace | Step::Device(Device::GraphKey | Device::CacheHit) => Phase::GraphBuild,
+            Step::Device(Device::Lower(Pass::Verify | Pass::Optimize)) => Phase::Rewrite,
+            Step::Device(Device::Lower(Pass::DecideFusion | Pass::EmitKernels)) => Phase::Schedule,
+            Step::Device(Device::MemoryPlan) => Phase::MemoryPlan,
+            Step::DeviceInit | Step::Device(Device::Codegen) => Phase::Codegen,
+            Step::Device(Device::Prepare) | Step::FirstRun | Step::Run => Phase::FirstRun,
+        }
+    }
+}
+
+/// A step of the pipeline that the facade, a device or the `kiln` command marks with a span:
+/// typed, so that the phase a span counts towards never depends on its name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Recording a model's forward pass as a lazy DAG (`forward`).
+    Forward,
+    /// Tracing lazy tensors into one air graph (`trace`).
+    Trace,
+    /// Making a fresh device and its code generator (`codegen-init`).
+    DeviceInit,
+    /// A step of the CPU device's compile, or the memory plan (`graph-key`, `verify`, ...).
+    Device(runtime::Step),
+    /// The first run of a program just compiled (`first-run`).
+    FirstRun,
+    /// A run of a program found in the cache, or on a device without compile steps (`run`).
+    Run,
+}
+
+impl Step {
+    /// The step's name, for display (the span's name).
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Forward => "forward",
+            Step::Trace => "trace",
+            Step::DeviceInit => "codegen-init",
+            Step::Device(step) => step.name(),
+            Step::FirstRun => "first-run",
+            Step::Run => "run",
+        }
+    }
+}
+
+impl From<runtime::Step> for Step {
+    fn from(step: runtime::Step) -> Step {
+        Step::Device(step)
+    }
+}
+
+/// What names a span: a typed pipeline [`Step`] (whose phase [`Phase::of`] gives), or a string
+/// of the caller's own, which counts towards no phase.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpanName {
+    /// A step of the pipeline.
+    Step(Step),
+    /// Anything else (a user's span: `span("build", ..)`).
+    Other(Cow<'static, str>),
+}
+
+impl SpanName {
+    fn into_parts(self) -> (Cow<'static, str>, Option<Phase>) {
+        match self {
+            SpanName::Step(step) => (Cow::Borrowed(step.name()), Some(Phase::of(step))),
+            SpanName::Other(name) => (name, None),
+        }
+    }
+}
+
+impl From<Step> for SpanName {
+    fn from(step: Step) -> SpanName {
+        SpanName::Step(step)
+    }
+}
+
+impl From<runtime::Step> for SpanName {
+    fn from(step: runtime::Step) -> SpanName {
+        SpanName::Step(Step::Device(step))
+    }
+}
+
+impl From<&'static str> for SpanName {
+    fn from(name: &'static str) -> SpanName {
+        SpanName::Other(Cow::Borrowed(name))
+    }
+}
+
+impl From<String> for SpanName {
+    fn from(name: String) -> SpanName {
+        SpanName::Other(Cow::Owned(name))
+    }
+}
+
+impl From<Cow<'static, str>> for SpanName {
+    fn from(name: Cow<'static, str>) -> SpanName {
+        SpanName::Other(name)
     }
 }
 
@@ -249,14 +338,14 @@ fn with_recorder(f: impl FnOnce(&mut Recorder)) {
     });
 }
 
-/// Opens a span named `name` (its phase from [`Phase::of`]); `nodes` is the graph size before it,
-/// if it is a graph pass. Spans close in LIFO order with [`end`]. Does nothing outside a profile.
-pub fn begin(name: impl Into<Cow<'static, str>>, nodes: Option<usize>) {
+/// Opens a span named `name`: a pipeline [`Step`] (its phase from [`Phase::of`]) or a string
+/// (no phase); `nodes` is the graph size before it, if it is a graph pass. Spans close in LIFO
+/// order with [`end`]. Does nothing outside a profile.
+pub fn begin(name: impl Into<SpanName>, nodes: Option<usize>) {
     if !is_active() {
         return;
     }
-    let name = name.into();
-    let phase = Phase::of(&name);
+    let (name, phase) = name.into().into_parts();
     begin_in(name, phase, nodes);
 }
 
@@ -300,8 +389,8 @@ pub fn end(nodes: Option<usize>) {
     });
 }
 
-/// Runs `f` inside a span named `name`.
-pub fn span<T>(name: impl Into<Cow<'static, str>>, f: impl FnOnce() -> T) -> T {
+/// Runs `f` inside a span named `name` (a [`Step`] or a string, as for [`begin`]).
+pub fn span<T>(name: impl Into<SpanName>, f: impl FnOnce() -> T) -> T {
     begin(name, None);
     let out = f();
     end(None);
@@ -325,7 +414,7 @@ pub fn add_counter(name: impl Into<Cow<'static, str>>, value: u64) {
 }
 
 /// Forwards the CPU device's compile steps (see [`runtime::CpuDevice::compile_observed`]) to
-/// profiling spans, phases by name as [`Phase::of`] gives them, and its counters to
+/// profiling spans, phases as [`Phase::of`] gives them, and its counters to
 /// [`add_counter`]; notes whether the program came from the device's cache.
 ///
 /// What [`crate::backend::execute`] uses inside a profile; a tool that drives a device itself
@@ -343,12 +432,12 @@ impl ProfileObserver {
 }
 
 impl runtime::CompileObserver for ProfileObserver {
-    fn begin(&mut self, step: &'static str, nodes: Option<usize>) {
-        self.cache_hit |= step == "cache-hit";
+    fn begin(&mut self, step: runtime::Step, nodes: Option<usize>) {
+        self.cache_hit |= step == runtime::Step::CacheHit;
         begin(step, nodes);
     }
 
-    fn end(&mut self, _step: &'static str, nodes: Option<usize>) {
+    fn end(&mut self, _step: runtime::Step, nodes: Option<usize>) {
         end(nodes);
     }
 
@@ -655,12 +744,12 @@ mod tests {
     #[test]
     fn spans_nest_and_aggregate_by_name() {
         let ((), report) = profile(|| {
-            begin("verify", Some(10));
+            begin(runtime::Step::Lower(Pass::Verify), Some(10));
             end(Some(10));
             span("outer", || {
-                begin("codegen", None);
+                begin(runtime::Step::Codegen, None);
                 end(None);
-                begin("codegen", None);
+                begin(runtime::Step::Codegen, None);
                 end(None);
             });
         });
@@ -676,6 +765,19 @@ mod tests {
         assert_eq!((verify.nodes_in, verify.nodes_out), (Some(10), Some(10)));
         let phases: Vec<Phase> = report.phase_totals().into_iter().map(|(p, _)| p).collect();
         assert_eq!(phases, vec![Phase::Rewrite, Phase::Codegen]);
+        assert_eq!(rows.iter().find(|r| r.name == "outer").unwrap().phase, None);
+    }
+
+    #[test]
+    fn strings_name_user_spans_without_a_phase() {
+        // A user's span named like a step is still the user's: only typed steps count.
+        let ((), report) = profile(|| {
+            span("trace", || ());
+            span(Step::Trace, || ());
+        });
+        let phases: Vec<Option<Phase>> = report.spans.iter().map(|s| s.phase).collect();
+        assert_eq!(phases, [None, Some(Phase::GraphBuild)]);
+        assert_eq!(report.spans[1].name, "trace");
     }
 
     #[test]

@@ -216,7 +216,7 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     for device in devices {
         let roots: Vec<Tensor> = todo.iter().filter(|t| t.device() == device).cloned().collect();
         let program = if crate::profile::is_active() {
-            crate::profile::begin("trace", None);
+            crate::profile::begin(crate::profile::Step::Trace, None);
             let program = trace_roots(&roots, device);
             crate::profile::end(program.as_ref().ok().map(|p| p.graph.len()));
             program?

@@ -158,7 +158,9 @@ impl Tensor {
         let types: SmallVec<[&TensorType; 3]> = inputs.iter().map(|t| &t.inner.ty).collect();
         // A result whose size overflows is an error here, where the shape is concrete; a
         // symbolic one is checked again once its symbols are bound, at realize.
-        match op.infer(&types).and_then(|ty| ty.checked_numel().map(|_| ty)) {
+        // The site names the op already: a primitive of the same name is not named twice.
+        let inferred = op.infer(&types).map_err(|e| if e.op.name() == site.name { e.message } else { e.to_string() });
+        match inferred.and_then(|ty| ty.checked_numel().map(|_| ty)) {
             Ok(ty) => Tensor::new_node(Inner {
                 op,
                 inputs: Mutex::new(inputs.iter().map(|t| (*t).clone()).collect()),
@@ -168,11 +170,7 @@ impl Tensor {
                 error: None,
                 site: Some(site),
             }),
-            Err(message) => {
-                let prefix = format!("{}: ", site.name);
-                let message = message.strip_prefix(&prefix).map(str::to_string).unwrap_or(message);
-                site.fail(message)
-            }
+            Err(message) => site.fail(message),
         }
     }
 

@@ -3,9 +3,12 @@
 /// Errors from building or checking graphs.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AirError {
-    /// An op's type rule failed; the message names the op and the types.
+    /// A leaf's attributes do not fit its type; the message names the op.
     #[error("{0}")]
     Op(String),
+    /// An op's type rule failed; the error names the op and the types.
+    #[error(transparent)]
+    Type(#[from] crate::op::TypeError),
     /// A node id that is not in the graph was used (an input of `Graph::add`, or the node given to
     /// `Graph::remove`).
     #[error("dead node: {0}")]

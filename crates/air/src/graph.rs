@@ -177,7 +177,7 @@ impl Graph {
         }
         let ty = {
             let tys: SmallVec<[&TensorType; 3]> = inputs.iter().map(|&i| &self.nodes[i].ty).collect();
-            op.infer(&tys).map_err(AirError::Op)?
+            op.infer(&tys)?
         };
         Ok(self.insert(Node { op, inputs: inputs.into(), ty }))
     }

@@ -307,26 +307,162 @@ pub enum OpClass {
     Index,
 }
 
-impl Op {
-    /// The mnemonic of the text form (`input`, `neg`, `reduce`, `reshape`, ...).
-    pub fn mnemonic(&self) -> &'static str {
+/// Which op a node is, without its attributes: a `Copy` discriminant with one variant per [`Op`]
+/// variant (unary and binary ops carry which one). Code that dispatches on ops (rewrite rule
+/// heads, indexes, parsers) uses it instead of mnemonic strings; [`OpKind::name`] is the text
+/// form's mnemonic, for display.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// [`Op::Input`].
+    Input,
+    /// [`Op::Const`].
+    Const,
+    /// [`Op::Iota`].
+    Iota,
+    /// [`Op::Unary`] with this op.
+    Unary(UnaryOp),
+    /// [`Op::Binary`] with this op.
+    Binary(BinaryOp),
+    /// [`Op::Where`].
+    Where,
+    /// [`Op::Cast`].
+    Cast,
+    /// [`Op::Reduce`].
+    Reduce,
+    /// [`Op::Reshape`].
+    Reshape,
+    /// [`Op::Permute`].
+    Permute,
+    /// [`Op::Expand`].
+    Expand,
+    /// [`Op::Pad`].
+    Pad,
+    /// [`Op::Shrink`].
+    Shrink,
+    /// [`Op::Gather`].
+    Gather,
+    /// [`Op::ScatterAdd`].
+    ScatterAdd,
+}
+
+impl OpKind {
+    /// The kinds without a unary or binary op inside, in declaration order.
+    const PLAIN: [OpKind; 13] = [
+        OpKind::Input,
+        OpKind::Const,
+        OpKind::Iota,
+        OpKind::Where,
+        OpKind::Cast,
+        OpKind::Reduce,
+        OpKind::Reshape,
+        OpKind::Permute,
+        OpKind::Expand,
+        OpKind::Pad,
+        OpKind::Shrink,
+        OpKind::Gather,
+        OpKind::ScatterAdd,
+    ];
+
+    /// Every kind: the plain ones, then each unary op, then each binary op.
+    pub fn all() -> impl Iterator<Item = OpKind> {
+        OpKind::PLAIN
+            .into_iter()
+            .chain(UnaryOp::ALL.iter().map(|&u| OpKind::Unary(u)))
+            .chain(BinaryOp::ALL.iter().map(|&b| OpKind::Binary(b)))
+    }
+
+    /// The mnemonic of the text form (`input`, `neg`, `reduce`, `scatter_add`, ...).
+    pub fn name(self) -> &'static str {
         match self {
-            Op::Input(_) => "input",
-            Op::Const(_) => "const",
-            Op::Iota(_) => "iota",
-            Op::Unary(u) => u.name(),
-            Op::Binary(b) => b.name(),
-            Op::Where => "where",
-            Op::Cast(_) => "cast",
-            Op::Reduce(_) => "reduce",
-            Op::Reshape(_) => "reshape",
-            Op::Permute(_) => "permute",
-            Op::Expand(_) => "expand",
-            Op::Pad(_) => "pad",
-            Op::Shrink(_) => "shrink",
-            Op::Gather(_) => "gather",
-            Op::ScatterAdd(_) => "scatter_add",
+            OpKind::Input => "input",
+            OpKind::Const => "const",
+            OpKind::Iota => "iota",
+            OpKind::Unary(u) => u.name(),
+            OpKind::Binary(b) => b.name(),
+            OpKind::Where => "where",
+            OpKind::Cast => "cast",
+            OpKind::Reduce => "reduce",
+            OpKind::Reshape => "reshape",
+            OpKind::Permute => "permute",
+            OpKind::Expand => "expand",
+            OpKind::Pad => "pad",
+            OpKind::Shrink => "shrink",
+            OpKind::Gather => "gather",
+            OpKind::ScatterAdd => "scatter_add",
         }
+    }
+
+    /// How many inputs an op of this kind takes.
+    pub fn arity(self) -> usize {
+        match self {
+            OpKind::Input | OpKind::Const | OpKind::Iota => 0,
+            OpKind::Binary(_) | OpKind::Gather | OpKind::ScatterAdd => 2,
+            OpKind::Where => 3,
+            _ => 1,
+        }
+    }
+
+    /// The kind whose mnemonic is `name` (the inverse of [`OpKind::name`]), or `None`.
+    pub fn from_name(name: &str) -> Option<OpKind> {
+        if let Some(&k) = OpKind::PLAIN.iter().find(|k| k.name() == name) {
+            return Some(k);
+        }
+        UnaryOp::from_name(name).map(OpKind::Unary).or_else(|| BinaryOp::from_name(name).map(OpKind::Binary))
+    }
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A failed type rule: which op, the types of its inputs, and what is wrong. It displays as
+/// `op: message` (`add: operands must have equal types, got f32[2], f32[3]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TypeError {
+    /// The op whose rule failed.
+    pub op: OpKind,
+    /// The types of the inputs it was given, in order.
+    pub inputs: Vec<TensorType>,
+    /// What is wrong, without the op's name (`operands must have equal types, got ...`).
+    pub message: String,
+}
+
+impl fmt::Display for TypeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.op.name(), self.message)
+    }
+}
+
+impl std::error::Error for TypeError {}
+
+impl Op {
+    /// Which op this is, without its attributes.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Input(_) => OpKind::Input,
+            Op::Const(_) => OpKind::Const,
+            Op::Iota(_) => OpKind::Iota,
+            Op::Unary(u) => OpKind::Unary(*u),
+            Op::Binary(b) => OpKind::Binary(*b),
+            Op::Where => OpKind::Where,
+            Op::Cast(_) => OpKind::Cast,
+            Op::Reduce(_) => OpKind::Reduce,
+            Op::Reshape(_) => OpKind::Reshape,
+            Op::Permute(_) => OpKind::Permute,
+            Op::Expand(_) => OpKind::Expand,
+            Op::Pad(_) => OpKind::Pad,
+            Op::Shrink(_) => OpKind::Shrink,
+            Op::Gather(_) => OpKind::Gather,
+            Op::ScatterAdd(_) => OpKind::ScatterAdd,
+        }
+    }
+
+    /// The mnemonic of the text form (`input`, `neg`, `reduce`, `reshape`, ...): the name of
+    /// [`Op::kind`].
+    pub fn mnemonic(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// The coarse class of this op.
@@ -347,12 +483,7 @@ impl Op {
 
     /// How many inputs the op takes.
     pub fn arity(&self) -> usize {
-        match self {
-            Op::Input(_) | Op::Const(_) | Op::Iota(_) => 0,
-            Op::Binary(_) | Op::Gather(_) | Op::ScatterAdd(_) => 2,
-            Op::Where => 3,
-            _ => 1,
-        }
+        self.kind().arity()
     }
 
     /// Checks the attributes of a leaf against the type it is created with.
@@ -371,16 +502,24 @@ impl Op {
         }
     }
 
-    /// The output type of this (non-leaf) op applied to inputs of the given types, or a message
+    /// The output type of this (non-leaf) op applied to inputs of the given types, or an error
     /// naming the op and the offending types.
-    pub fn infer(&self, inputs: &[&TensorType]) -> Result<TensorType, String> {
-        let name = self.mnemonic();
+    pub fn infer(&self, inputs: &[&TensorType]) -> Result<TensorType, TypeError> {
+        self.infer_type(inputs).map_err(|message| TypeError {
+            op: self.kind(),
+            inputs: inputs.iter().map(|&t| t.clone()).collect(),
+            message,
+        })
+    }
+
+    /// [`Op::infer`], with the message alone.
+    fn infer_type(&self, inputs: &[&TensorType]) -> Result<TensorType, String> {
         if inputs.len() != self.arity() {
-            return Err(format!("{name}: expects {} inputs, got {}", self.arity(), inputs.len()));
+            return Err(format!("expects {} inputs, got {}", self.arity(), inputs.len()));
         }
         let types = || inputs.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
         match self {
-            Op::Input(_) | Op::Const(_) | Op::Iota(_) => Err(format!("{name}: a leaf's type is given, not inferred")),
+            Op::Input(_) | Op::Const(_) | Op::Iota(_) => Err("a leaf's type is given, not inferred".into()),
             Op::Unary(u) => {
                 let t = inputs[0];
                 let ok = match u {
@@ -389,14 +528,14 @@ impl Op {
                     _ => t.dtype.is_float(),
                 };
                 if !ok {
-                    return Err(format!("{name}: unsupported dtype {}", t.dtype));
+                    return Err(format!("unsupported dtype {}", t.dtype));
                 }
                 Ok(t.clone())
             }
             Op::Binary(b) => {
                 let (x, y) = (inputs[0], inputs[1]);
                 if x != y {
-                    return Err(format!("{name}: operands must have equal types, got {}", types()));
+                    return Err(format!("operands must have equal types, got {}", types()));
                 }
                 let ok = match b {
                     BinaryOp::And | BinaryOp::Or => !x.dtype.is_float(),
@@ -405,7 +544,7 @@ impl Op {
                     _ => !x.dtype.is_bool(),
                 };
                 if !ok {
-                    return Err(format!("{name}: unsupported dtype {}", x.dtype));
+                    return Err(format!("unsupported dtype {}", x.dtype));
                 }
                 let dtype = if b.is_comparison() { DType::Bool } else { x.dtype };
                 Ok(TensorType { dtype, shape: x.shape.clone() })
@@ -413,16 +552,16 @@ impl Op {
             Op::Where => {
                 let (c, a, b) = (inputs[0], inputs[1], inputs[2]);
                 if c.dtype != DType::Bool || a != b || c.shape != a.shape {
-                    return Err(format!("where: needs (bool, T, T) of one shape, got {}", types()));
+                    return Err(format!("needs (bool, T, T) of one shape, got {}", types()));
                 }
                 Ok(a.clone())
             }
             Op::Cast(c) => Ok(TensorType { dtype: c.to, shape: inputs[0].shape.clone() }),
             Op::Reduce(r) => {
                 let t = inputs[0];
-                check_axes(name, &r.axes, t.rank(), true)?;
+                check_axes(&r.axes, t.rank(), true)?;
                 if t.dtype.is_bool() {
-                    return Err(format!("reduce: unsupported dtype {}", t.dtype));
+                    return Err(format!("unsupported dtype {}", t.dtype));
                 }
                 let mut shape = t.shape.clone();
                 for &a in &r.axes {
@@ -433,14 +572,10 @@ impl Op {
             Op::Reshape(r) => {
                 let t = inputs[0];
                 if numel(&r.shape) != t.numel() {
-                    return Err(format!(
-                        "reshape: cannot reshape {} to {} (element counts differ)",
-                        t,
-                        ShapeDisplay(&r.shape)
-                    ));
+                    return Err(format!("cannot reshape {} to {} (element counts differ)", t, ShapeDisplay(&r.shape)));
                 }
                 if r.shape.iter().any(|d| d.as_const().is_some_and(|c| c < 0)) {
-                    return Err(format!("reshape: negative dim in {}", ShapeDisplay(&r.shape)));
+                    return Err(format!("negative dim in {}", ShapeDisplay(&r.shape)));
                 }
                 Ok(TensorType { dtype: t.dtype, shape: r.shape.clone() })
             }
@@ -450,7 +585,7 @@ impl Op {
                 if p.perm.len() != t.rank()
                     || p.perm.iter().any(|&a| a >= t.rank() || std::mem::replace(&mut seen[a], true))
                 {
-                    return Err(format!("permute: {:?} is not a permutation of the axes of {}", p.perm.as_slice(), t));
+                    return Err(format!("{:?} is not a permutation of the axes of {}", p.perm.as_slice(), t));
                 }
                 Ok(TensorType { dtype: t.dtype, shape: p.perm.iter().map(|&a| t.shape[a].clone()).collect() })
             }
@@ -459,20 +594,20 @@ impl Op {
                 let ok = e.shape.len() == t.rank()
                     && t.shape.iter().zip(&e.shape).all(|(a, b)| a == b || *a == Dim::Const(1));
                 if !ok {
-                    return Err(format!("expand: cannot expand {} to {}", t, ShapeDisplay(&e.shape)));
+                    return Err(format!("cannot expand {} to {}", t, ShapeDisplay(&e.shape)));
                 }
                 Ok(TensorType { dtype: t.dtype, shape: e.shape.clone() })
             }
             Op::Pad(p) => {
                 let t = inputs[0];
                 if p.padding.len() != t.rank() {
-                    return Err(format!("pad: {} pairs for {}", p.padding.len(), t));
+                    return Err(format!("{} pairs for {}", p.padding.len(), t));
                 }
                 if !p.value.fits(t.dtype) {
-                    return Err(format!("pad: value {} does not fit dtype {}", p.value, t.dtype));
+                    return Err(format!("value {} does not fit dtype {}", p.value, t.dtype));
                 }
                 if op_conditions(self, inputs).iter().any(|c| c.decide() == Some(false)) {
-                    return Err(format!("pad: negative padding on {}", t));
+                    return Err(format!("negative padding on {}", t));
                 }
                 let shape = t.shape.iter().zip(&p.padding).map(|(d, (a, b))| &(d + a) + b).collect();
                 Ok(TensorType { dtype: t.dtype, shape })
@@ -480,7 +615,7 @@ impl Op {
             Op::Shrink(s) => {
                 let t = inputs[0];
                 if s.ranges.len() != t.rank() {
-                    return Err(format!("shrink: {} ranges for {}", s.ranges.len(), t));
+                    return Err(format!("{} ranges for {}", s.ranges.len(), t));
                 }
                 // Conditions that hold for no symbol value are errors; the undecided ones are
                 // checked per binding set (`crate::constraints`).
@@ -492,26 +627,23 @@ impl Op {
                         _ => 0,
                     };
                     let (start, end) = &s.ranges[axis];
-                    return Err(format!("shrink: range {start}..{end} out of bounds for {t}"));
+                    return Err(format!("range {start}..{end} out of bounds for {t}"));
                 }
                 let shape = s.ranges.iter().map(|(a, b)| b - a).collect();
                 Ok(TensorType { dtype: t.dtype, shape })
             }
             Op::Gather(g) => {
                 let (src, index) = (inputs[0], inputs[1]);
-                check_index(name, g.axis, index, &src.shape, true)?;
+                check_index(g.axis, index, &src.shape, true)?;
                 Ok(TensorType { dtype: src.dtype, shape: index.shape.clone() })
             }
             Op::ScatterAdd(s) => {
                 let (index, values) = (inputs[0], inputs[1]);
                 let numeric = matches!(values.dtype, DType::I32 | DType::I64 | DType::F32 | DType::F64);
                 if !numeric || values.shape != index.shape {
-                    return Err(format!(
-                        "{name}: values must be i32/i64/f32/f64 of the index's shape, got {}",
-                        types()
-                    ));
+                    return Err(format!("values must be i32/i64/f32/f64 of the index's shape, got {}", types()));
                 }
-                check_index(name, s.axis, index, &s.shape, false)?;
+                check_index(s.axis, index, &s.shape, false)?;
                 Ok(TensorType { dtype: values.dtype, shape: s.shape.clone() })
             }
         }
@@ -520,26 +652,57 @@ impl Op {
 
 /// Checks the index operand of `gather` (`smaller`: along the other axes it may be smaller than
 /// `shape`) or `scatter_add` (it must equal `shape` there).
-fn check_index(name: &str, axis: usize, index: &TensorType, shape: &[Dim], smaller: bool) -> Result<(), String> {
+fn check_index(axis: usize, index: &TensorType, shape: &[Dim], smaller: bool) -> Result<(), String> {
     if !matches!(index.dtype, DType::I32 | DType::I64) {
-        return Err(format!("{name}: index must be i32 or i64, got {index}"));
+        return Err(format!("index must be i32 or i64, got {index}"));
     }
     if index.rank() != shape.len() || axis >= shape.len() {
-        return Err(format!("{name}: axis {axis} and index {index} do not fit shape {}", ShapeDisplay(shape)));
+        return Err(format!("axis {axis} and index {index} do not fit shape {}", ShapeDisplay(shape)));
     }
     for (d, (i, s)) in index.shape.iter().zip(shape).enumerate() {
         let fits =
             d == axis || i == s || (smaller && matches!((i.as_const(), s.as_const()), (Some(a), Some(b)) if a <= b));
         if !fits {
-            return Err(format!("{name}: index {index} does not fit shape {} along axis {d}", ShapeDisplay(shape)));
+            return Err(format!("index {index} does not fit shape {} along axis {d}", ShapeDisplay(shape)));
         }
     }
     Ok(())
 }
 
-fn check_axes(name: &str, axes: &[usize], rank: usize, sorted: bool) -> Result<(), String> {
+fn check_axes(axes: &[usize], rank: usize, sorted: bool) -> Result<(), String> {
     if axes.iter().any(|&a| a >= rank) || (sorted && axes.windows(2).any(|w| w[0] >= w[1])) {
-        return Err(format!("{name}: axes {axes:?} invalid for rank {rank} (need sorted, unique, in range)"));
+        return Err(format!("axes {axes:?} invalid for rank {rank} (need sorted, unique, in range)"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dim::shape_of;
+
+    #[test]
+    fn op_kinds_name_round_trip_and_match_ops() {
+        let kinds: Vec<OpKind> = OpKind::all().collect();
+        assert_eq!(kinds.len(), 13 + UnaryOp::ALL.len() + BinaryOp::ALL.len());
+        for k in kinds {
+            assert_eq!(OpKind::from_name(k.name()), Some(k), "{k}");
+        }
+        assert_eq!(OpKind::from_name("frobnicate"), None);
+        assert_eq!(Op::Unary(UnaryOp::Sin).kind(), OpKind::Unary(UnaryOp::Sin));
+        assert_eq!(Op::Gather(Gather { axis: 0 }).kind().arity(), 2);
+        assert_eq!(Op::Where.mnemonic(), "where");
+    }
+
+    #[test]
+    fn type_errors_name_the_op_and_keep_the_input_types() {
+        let a = TensorType::new(DType::F32, shape_of(&[2]));
+        let b = TensorType::new(DType::F32, shape_of(&[3]));
+        let e = Op::Binary(BinaryOp::Add).infer(&[&a, &b]).unwrap_err();
+        assert_eq!(e.op, OpKind::Binary(BinaryOp::Add));
+        assert_eq!(e.inputs, [a.clone(), b]);
+        assert_eq!(e.to_string(), "add: operands must have equal types, got f32[2], f32[3]");
+        let e = Op::Unary(UnaryOp::Sin).infer(&[&a, &a]).unwrap_err();
+        assert_eq!(e.to_string(), "sin: expects 1 inputs, got 2");
+    }
 }

@@ -49,8 +49,8 @@ use crate::dtype::{DType, Scalar};
 use crate::error::{AirError, Result};
 use crate::graph::{Graph, Inputs, Node, NodeId};
 use crate::op::{
-    BinaryOp, Cast, Const, Expand, Gather, Input, Iota, Op, Pad, Permute, Reduce, ReduceOp, Reshape, ScatterAdd,
-    Shrink, TensorType, UnaryOp,
+    Cast, Const, Expand, Gather, Input, Iota, Op, OpKind, Pad, Permute, Reduce, ReduceOp, Reshape, ScatterAdd, Shrink,
+    TensorType,
 };
 
 /// How the printer names nodes.
@@ -347,54 +347,48 @@ impl<'t> Parser<'t> {
 
 /// The op named `mnemonic` with its attributes read from `c`.
 fn op_with_attrs(mnemonic: &str, c: &mut Cursor<'_>) -> Result<Op, String> {
-    Ok(match mnemonic {
-        "input" => {
+    let kind = OpKind::from_name(mnemonic).ok_or_else(|| format!("unknown op `{mnemonic}`"))?;
+    Ok(match kind {
+        OpKind::Input => {
             let slot = c.word();
             Op::Input(Input { slot: slot.parse().map_err(|_| format!("input: bad slot `{slot}`"))? })
         }
-        "const" => Op::Const(Const { value: scalar(c)? }),
-        "iota" => {
+        OpKind::Const => Op::Const(Const { value: scalar(c)? }),
+        OpKind::Iota => {
             c.keyword("axis")?;
             Op::Iota(Iota { axis: usize_attr(c)? })
         }
-        "where" => Op::Where,
-        "cast" => {
+        OpKind::Where => Op::Where,
+        OpKind::Cast => {
             let name = c.ident().ok_or_else(|| c.unexpected("a dtype"))?;
             Op::Cast(Cast { to: DType::from_name(name).ok_or_else(|| format!("unknown dtype `{name}`"))? })
         }
-        "reduce" => {
+        OpKind::Reduce => {
             let name = c.ident().ok_or_else(|| c.unexpected("`sum` or `max`"))?;
             let op = ReduceOp::from_name(name).ok_or_else(|| format!("unknown reduction `{name}`"))?;
             c.keyword("axes")?;
             Op::Reduce(Reduce { op, axes: usize_list(c)?.into() })
         }
-        "reshape" => Op::Reshape(Reshape { shape: shape(c)? }),
-        "expand" => Op::Expand(Expand { shape: shape(c)? }),
-        "permute" => Op::Permute(Permute { perm: usize_list(c)?.into() }),
-        "pad" => {
+        OpKind::Reshape => Op::Reshape(Reshape { shape: shape(c)? }),
+        OpKind::Expand => Op::Expand(Expand { shape: shape(c)? }),
+        OpKind::Permute => Op::Permute(Permute { perm: usize_list(c)?.into() }),
+        OpKind::Pad => {
             let padding = pair_list(c)?;
             c.keyword("value")?;
             Op::Pad(Pad { padding, value: scalar(c)? })
         }
-        "shrink" => Op::Shrink(Shrink { ranges: pair_list(c)? }),
-        "gather" => {
+        OpKind::Shrink => Op::Shrink(Shrink { ranges: pair_list(c)? }),
+        OpKind::Gather => {
             c.keyword("axis")?;
             Op::Gather(Gather { axis: usize_attr(c)? })
         }
-        "scatter_add" => {
+        OpKind::ScatterAdd => {
             c.keyword("axis")?;
             let axis = usize_attr(c)?;
             Op::ScatterAdd(Box::new(ScatterAdd { axis, shape: shape(c)? }))
         }
-        other => {
-            if let Some(u) = UnaryOp::from_name(other) {
-                Op::Unary(u)
-            } else if let Some(b) = BinaryOp::from_name(other) {
-                Op::Binary(b)
-            } else {
-                return Err(format!("unknown op `{other}`"));
-            }
-        }
+        OpKind::Unary(u) => Op::Unary(u),
+        OpKind::Binary(b) => Op::Binary(b),
     })
 }
 

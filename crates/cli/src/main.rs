@@ -232,7 +232,7 @@ fn profile_transformer(args: ProfileArgs) -> anyhow::Result<()> {
     if !args.cold {
         profile_cmd::profile_transformer(GptConfig { layers: 1, ..config }, &options)?;
     }
-    let profiled = profile_cmd::profile_transformer(config, &options)?;
+    let profiled = profile_cmd::profile_transformer_with(config, &options, args.dump.is_some())?;
     print!("{}", profile_cmd::render(&config, &profiled));
     if args.cold {
         println!("(cold: the first compilation of this process, start-up costs included)");
@@ -246,7 +246,7 @@ fn profile_transformer(args: ProfileArgs) -> anyhow::Result<()> {
         println!("trace: {} (open in https://ui.perfetto.dev)", path.display());
     }
     if let Some(dir) = &args.dump {
-        let files = dump::write(dir, &profiled.traced.graph, profiled.compiled.program())?;
+        let files = dump::write(dir, &profiled.traced.graph, &profiled.compiled)?;
         println!("dump: {} files in {}", files.len(), dir.display());
     }
     Ok(())

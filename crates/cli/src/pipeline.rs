@@ -1,8 +1,10 @@
 //! The CPU compile pipeline as the `kiln` command measures it: `runtime`'s own
 //! `CpuDevice::compile_observed`, whose steps (graph key, every pass of `lower`, code generation,
 //! prepare) become profiling spans through `kiln::profile::ProfileObserver`, then the memory plan
-//! and the first run, each a span too. Each call of [`compile`] uses a fresh device, so nothing
-//! is cached between compilations.
+//! and the first run, each a span too. What the passes produced (the rewriter's counters, and on
+//! request the graph after each graph pass) comes from the same observer, so nothing is compiled
+//! or rewritten twice. Each call of [`compile`] uses a fresh device, so nothing is cached between
+//! compilations.
 
 use std::sync::Arc;
 
@@ -10,9 +12,9 @@ use air::{Bindings, Graph, HostTensor};
 use kiln::profile::{self, AllocCounts, PlannedMemory, ProfileObserver};
 use lower::kir::Kernel;
 use lower::rewrite::RewriteStats;
-use lower::{CompileOptions, Program};
+use lower::{CompileOptions, Pass, PassOutput, Program};
 use runtime::vm::Executable;
-use runtime::{CompileObserver, CpuDevice};
+use runtime::{CompileObserver, CpuDevice, Step};
 
 /// A traced program: the graph, its input data and its symbol values.
 #[derive(Clone)]
@@ -37,6 +39,11 @@ pub struct Compiled {
     pub kernels: usize,
     pub loop_kernels: usize,
     pub launches: usize,
+    /// The rewriter's counters from the `optimize` pass (all zero when it did not run).
+    pub rewrite: RewriteStats,
+    /// The graph after each graph pass that changed it (`optimize`), when [`compile`] was asked
+    /// to keep it; empty otherwise.
+    pub graphs: Vec<(Pass, Graph)>,
 }
 
 impl Compiled {
@@ -52,13 +59,58 @@ fn fresh_device(options: &CompileOptions) -> runtime::Result<CpuDevice> {
     CpuDevice::with_options(*options)
 }
 
+/// The profiler's observer, plus what the passes produced: the rewriter's counters, and, when
+/// `keep_graphs`, a copy of the graph after each pass that changed it (nothing is copied
+/// otherwise).
+struct PipelineObserver {
+    profile: ProfileObserver,
+    keep_graphs: bool,
+    rewrite: RewriteStats,
+    graphs: Vec<(Pass, Graph)>,
+}
+
+impl CompileObserver for PipelineObserver {
+    fn begin(&mut self, step: Step, nodes: Option<usize>) {
+        self.profile.begin(step, nodes);
+    }
+
+    fn end(&mut self, step: Step, nodes: Option<usize>) {
+        self.profile.end(step, nodes);
+    }
+
+    fn pass_output(&mut self, pass: Pass, output: PassOutput<'_>) {
+        if let PassOutput::Optimized(graph, stats) = output {
+            self.rewrite = stats.clone();
+            if self.keep_graphs {
+                self.graphs.push((pass, graph.clone()));
+            }
+        }
+    }
+
+    fn counter(&mut self, name: &'static str, value: u64) {
+        self.profile.counter(name, value);
+    }
+}
+
 /// Compiles `graph` on a fresh CPU device (`codegen-init`: the device and its code generator)
 /// through `CpuDevice::compile_observed`, every step of which is a span, and plans its memory
-/// for `bindings` (`memory-plan`, recorded in the profile).
-pub fn compile(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> anyhow::Result<Compiled> {
-    let device = profile::span("codegen-init", || fresh_device(options))?;
-    let exe = device.compile_observed(graph, &mut ProfileObserver::default())?;
-    let memory = profile::span("memory-plan", || exe.memory(bindings))?;
+/// for `bindings` (`memory-plan`, recorded in the profile). With `keep_graphs` the result also
+/// holds the graph after each pass that changed it (for `--dump`).
+pub fn compile(
+    graph: &Graph,
+    bindings: &Bindings,
+    options: &CompileOptions,
+    keep_graphs: bool,
+) -> anyhow::Result<Compiled> {
+    let device = profile::span(profile::Step::DeviceInit, || fresh_device(options))?;
+    let mut observer = PipelineObserver {
+        profile: ProfileObserver::default(),
+        keep_graphs,
+        rewrite: RewriteStats::default(),
+        graphs: Vec::new(),
+    };
+    let exe = device.compile_observed(graph, &mut observer)?;
+    let memory = profile::span(Step::MemoryPlan, || exe.memory(bindings))?;
     profile::set_memory(PlannedMemory {
         arena_bytes: memory.arena_bytes,
         peak_live_bytes: memory.peak_live_bytes,
@@ -68,25 +120,17 @@ pub fn compile(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> 
     let kernels = exe.program().kernels.len();
     let loop_kernels = exe.program().kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();
     let launches = exe.launches();
-    Ok(Compiled { exe, kernels, loop_kernels, launches })
+    Ok(Compiled { exe, kernels, loop_kernels, launches, rewrite: observer.rewrite, graphs: observer.graphs })
 }
 
 /// Runs the compiled program once (a span named `first-run`).
 pub fn first_run(compiled: &Compiled, traced: &Traced) -> anyhow::Result<Vec<HostTensor>> {
-    Ok(profile::span("first-run", || compiled.exe.run(&traced.inputs, &traced.bindings))?)
-}
-
-/// The rewriter's counters for `graph` (the same work `lower::compile` does in its `optimize`
-/// pass, which does not hand its counters out).
-pub fn rewrite_stats(graph: &Graph) -> RewriteStats {
-    let mut g = graph.clone();
-    lower::rewrite::optimize(&mut g)
+    Ok(profile::span(profile::Step::FirstRun, || compiled.exe.run(&traced.inputs, &traced.bindings))?)
 }
 
 /// The compile steps whose work [`compile_work`] counts, in order: the device's steps
 /// (`CpuDevice::compile_observed`) and then the memory plan of the first binding set.
-pub const WORK_STEPS: [&str; 8] =
-    ["graph-key", "verify", "optimize", "decide-fusion", "emit-kernels", "codegen", "prepare", "memory-plan"];
+pub const WORK_STEPS: [Step; 8] = Step::COMPILE;
 
 /// Counts of the work a compilation does, for the compile-time regression guard: deterministic,
 /// unlike times.
@@ -114,15 +158,16 @@ pub struct WorkCounts {
 }
 
 impl WorkCounts {
-    /// The work of step `name` (one of [`WORK_STEPS`]).
-    pub fn step(&self, name: &str) -> Option<u64> {
-        WORK_STEPS.iter().position(|s| *s == name).map(|i| self.steps[i])
+    /// The work of `step` (one of [`WORK_STEPS`]).
+    pub fn step(&self, step: Step) -> Option<u64> {
+        WORK_STEPS.iter().position(|s| *s == step).map(|i| self.steps[i])
     }
 }
 
 /// Marks this thread's allocation counts at the device's step boundaries (lowering runs from the
-/// end of `graph-key` to the start of `codegen`) and reads the `air::work` counter at the start
-/// and end of every step. Records into fields only, so that observing allocates nothing.
+/// end of `graph-key` to the start of `codegen`), reads the `air::work` counter at the start
+/// and end of every step, and keeps the rewriter's visit and attempt counts. Records into fields
+/// only, so that observing allocates nothing.
 #[derive(Default)]
 struct WorkObserver {
     lower_start: AllocCounts,
@@ -134,27 +179,36 @@ struct WorkObserver {
     work_start: u64,
     steps: [u64; WORK_STEPS.len()],
     /// A step that is not in `WORK_STEPS` (a new step of the device must be added there).
-    unknown: Option<&'static str>,
+    unknown: Option<Step>,
+    /// Rewrite worklist visits and rule attempts of the `optimize` pass.
+    visits: u64,
+    attempts: u64,
 }
 
 impl CompileObserver for WorkObserver {
-    fn begin(&mut self, step: &'static str, _nodes: Option<usize>) {
-        if step == "codegen" {
+    fn begin(&mut self, step: Step, _nodes: Option<usize>) {
+        if step == Step::Codegen {
             self.codegen_start = profile::thread_alloc_counts();
         }
         self.work_start = air::work::total();
     }
 
-    fn end(&mut self, step: &'static str, _nodes: Option<usize>) {
+    fn end(&mut self, step: Step, _nodes: Option<usize>) {
         let work = air::work::total().wrapping_sub(self.work_start);
         match WORK_STEPS.iter().position(|s| *s == step) {
             Some(i) => self.steps[i] += work,
             None => self.unknown = self.unknown.or(Some(step)),
         }
         match step {
-            "graph-key" => self.lower_start = profile::thread_alloc_counts(),
-            "codegen" => self.codegen_end = profile::thread_alloc_counts(),
+            Step::GraphKey => self.lower_start = profile::thread_alloc_counts(),
+            Step::Codegen => self.codegen_end = profile::thread_alloc_counts(),
             _ => {}
+        }
+    }
+
+    fn pass_output(&mut self, _pass: Pass, output: PassOutput<'_>) {
+        if let PassOutput::Optimized(_, stats) = output {
+            (self.visits, self.attempts) = (stats.visits, stats.attempts);
         }
     }
 
@@ -172,7 +226,6 @@ impl CompileObserver for WorkObserver {
 /// allocation counts are deterministic; they need `CountingAlloc` installed. The work counts do
 /// not.
 pub fn compile_work(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> anyhow::Result<WorkCounts> {
-    let stats = rewrite_stats(graph);
     let device = fresh_device(options)?;
     device.set_compile_threads(1);
     let mut work = WorkObserver::default();
@@ -190,8 +243,8 @@ pub fn compile_work(graph: &Graph, bindings: &Bindings, options: &CompileOptions
         nodes: graph.len() as u64,
         steps,
         plan_sequential,
-        visits: stats.visits,
-        attempts: stats.attempts,
+        visits: work.visits,
+        attempts: work.attempts,
         lower_allocs: work.codegen_start.since(work.lower_start).allocs,
         codegen_allocs: work.codegen_end.since(work.codegen_start).allocs,
         kernels: work.kernels,

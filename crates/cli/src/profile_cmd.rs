@@ -22,7 +22,9 @@ pub struct Profiled {
 
 /// Profiles any tensor program: `build` (run inside the profile, so its own spans count) returns
 /// lazy tensors, which are then traced, compiled on a fresh CPU device (nothing cached) and
-/// run once, each step a span. The report also gets the rewriter's counters.
+/// run once, each step a span. The report also gets the rewriter's counters (from the compile's
+/// own `optimize` pass). With `keep_graphs`, `compiled.graphs` holds the graph after each pass
+/// that changed it (for `--dump`; copied only then).
 ///
 /// ```no_run
 /// use kiln::Tensor;
@@ -32,6 +34,7 @@ pub struct Profiled {
 ///         Ok(vec![(x.exp() + 1.0).sum_all()])
 ///     },
 ///     &lower::CompileOptions::default(),
+///     false,
 /// )?;
 /// println!("{}", p.report);
 /// # Ok::<(), anyhow::Error>(())
@@ -39,15 +42,16 @@ pub struct Profiled {
 pub fn profile_tensors(
     build: impl FnOnce() -> anyhow::Result<Vec<kiln::Tensor>>,
     options: &CompileOptions,
+    keep_graphs: bool,
 ) -> anyhow::Result<Profiled> {
     let (result, mut report) = profile::profile(|| -> anyhow::Result<(Traced, Compiled)> {
         let outputs = build()?;
         let refs: Vec<&kiln::Tensor> = outputs.iter().collect();
-        profile::begin("trace", None);
+        profile::begin(profile::Step::Trace, None);
         let traced = Traced::of(&refs);
         profile::end(traced.as_ref().ok().map(|t| t.graph.len()));
         let traced = traced?;
-        let compiled = pipeline::compile(&traced.graph, &traced.bindings, options)?;
+        let compiled = pipeline::compile(&traced.graph, &traced.bindings, options, keep_graphs)?;
         pipeline::first_run(&compiled, &traced)?;
         Ok((traced, compiled))
     });
@@ -55,8 +59,7 @@ pub fn profile_tensors(
     let t0 = Instant::now();
     compiled.exe.run(&traced.inputs, &traced.bindings)?;
     let second_run_ms = t0.elapsed().as_secs_f64() * 1e3;
-    // Outside the profile: the same rewrite work again, for its counters.
-    let rewrite = pipeline::rewrite_stats(&traced.graph);
+    let rewrite = compiled.rewrite.clone();
     report.counters.push(("rewrite visits".into(), rewrite.visits));
     report.counters.push(("attempts".into(), rewrite.attempts));
     report.counters.push(("rewrites".into(), rewrite.rewrites));
@@ -68,14 +71,25 @@ pub fn profile_tensors(
 /// Builds, compiles and runs the decoder of `config` once under the profiler: weights
 /// (`init-weights`, outside every phase), the forward pass, then [`profile_tensors`].
 pub fn profile_transformer(config: GptConfig, options: &CompileOptions) -> anyhow::Result<Profiled> {
+    profile_transformer_with(config, options, false)
+}
+
+/// [`profile_transformer`], keeping the graph after each pass when `keep_graphs` (see
+/// [`profile_tensors`]).
+pub fn profile_transformer_with(
+    config: GptConfig,
+    options: &CompileOptions,
+    keep_graphs: bool,
+) -> anyhow::Result<Profiled> {
     config.validate().map_err(anyhow::Error::msg)?;
     profile_tensors(
         || {
             let model = profile::span("init-weights", || Gpt::new(config, 0))?;
             let tokens = model.tokens(1);
-            Ok(vec![profile::span("forward", || model.forward(&tokens))])
+            Ok(vec![profile::span(profile::Step::Forward, || model.forward(&tokens))])
         },
         options,
+        keep_graphs,
     )
 }
 

@@ -10,6 +10,8 @@
 
 use kiln_cli::model::{Gpt, GptConfig};
 use kiln_cli::pipeline::{Traced, WORK_STEPS, WorkCounts, compile_work};
+use lower::Pass;
+use runtime::Step;
 
 #[global_allocator]
 static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;
@@ -111,16 +113,16 @@ fn compile_work_grows_linearly_with_depth() {
     // only the live ones, about half); the program passes every launch of a layer.
     for (i, step) in WORK_STEPS.iter().enumerate() {
         let min = match *step {
-            "graph-key" | "verify" | "decide-fusion" | "emit-kernels" => nodes_per_layer,
-            "optimize" => nodes_per_layer / 2.0,
-            "prepare" => launches_per_layer,
-            "memory-plan" => continue,
+            Step::GraphKey | Step::Lower(Pass::Verify | Pass::DecideFusion | Pass::EmitKernels) => nodes_per_layer,
+            Step::Lower(Pass::Optimize) => nodes_per_layer / 2.0,
+            Step::Prepare => launches_per_layer,
+            Step::MemoryPlan => continue,
             // Identical layers share kernels: codegen looks each of a layer's kernels up, and
             // compiles only the kernels no earlier layer has.
-            "codegen" => 0.0,
+            Step::Codegen => 0.0,
             other => panic!("no lower bound for step {other}"),
         };
-        check_linear(step, &series(&|w| w.steps[i]), min);
+        check_linear(step.name(), &series(&|w| w.steps[i]), min);
     }
     check_linear("memory plan, sequential", &series(&|w| w.plan_sequential), launches_per_layer);
     // FIXME: the device's plan is the sequential one up to depth 8. From depth 16 on, the first
@@ -130,7 +132,7 @@ fn compile_work_grows_linearly_with_depth() {
     // at depth 16 against 11858 for the sequential plan). Checked linear where it is, and today's
     // jump asserted so that a fix (placement by free intervals, not by a scan of the overlapping
     // buffers) updates this test.
-    let device_plan = series(&|w| w.step("memory-plan").unwrap());
+    let device_plan = series(&|w| w.step(Step::MemoryPlan).unwrap());
     let sequential = series(&|w| w.plan_sequential);
     let concurrent_from = device_plan.iter().zip(&sequential).position(|(d, s)| d.1 != s.1).unwrap_or(DEPTHS.len());
     assert_eq!(DEPTHS[concurrent_from.min(DEPTHS.len() - 1)], 16, "first depth whose plan has a concurrent level");
@@ -138,7 +140,7 @@ fn compile_work_grows_linearly_with_depth() {
     let (d, s) = (device_plan[concurrent_from].1, sequential[concurrent_from].1);
     assert!(d > 3 * s, "the concurrent plan at depth 16 costs {d} units, the sequential {s}: fixed? see the FIXME");
     let without_plan: Vec<(usize, u64)> =
-        counts.iter().map(|(d, w)| (*d, w.steps.iter().sum::<u64>() - w.step("memory-plan").unwrap())).collect();
+        counts.iter().map(|(d, w)| (*d, w.steps.iter().sum::<u64>() - w.step(Step::MemoryPlan).unwrap())).collect();
     let total = check_linear("all steps but the plan", &without_plan, nodes_per_layer * 5.0);
     eprintln!("total work per layer {total:.0} units, {:.1} per graph node", total / nodes_per_layer);
     check_linear("rewrite visits", &series(&|w| w.visits), nodes_per_layer / 2.0);

@@ -1,12 +1,16 @@
-//! The entry point of lowering: `compile` turns an `air::Graph` into a kir `Program` through named
-//! passes (`verify`, which also collects the graph's run-time shape conditions into
+//! The entry point of lowering: `compile` turns an `air::Graph` into a kir `Program` through the
+//! passes of [`Pass`] (`verify`, which also collects the graph's run-time shape conditions into
 //! `Program::checks`, `optimize`, `decide-fusion`, `emit-kernels`), each bracketed by an optional
-//! `PassObserver` so that a profiler can time them without touching the passes.
+//! [`PassObserver`] so that a profiler can time them, and a tool can see what each produced,
+//! without touching the passes.
+
+use std::fmt;
 
 use air::Graph;
 
 use crate::error::LowerError;
 use crate::program::Program;
+use crate::rewrite::RewriteStats;
 use crate::schedule::{self, FuseOptions};
 
 /// What `compile` does.
@@ -27,21 +31,71 @@ impl Default for CompileOptions {
     }
 }
 
+/// The passes of [`compile`], in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Pass {
+    /// `air::verify`, and the collection of the graph's run-time shape conditions.
+    Verify,
+    /// The graph rewrites (`rewrite::optimize`) and the acyclicity check after them.
+    Optimize,
+    /// Kernel boundaries (`schedule::decide`); the graph is unchanged.
+    DecideFusion,
+    /// Kernel emission and ordering (`schedule::emit`): the program.
+    EmitKernels,
+}
+
+impl Pass {
+    /// Every pass, in the order `compile` runs them (`optimize` only when asked for).
+    pub const ALL: [Pass; 4] = [Pass::Verify, Pass::Optimize, Pass::DecideFusion, Pass::EmitKernels];
+
+    /// The pass's kebab-case name, for display (`decide-fusion`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Verify => "verify",
+            Pass::Optimize => "optimize",
+            Pass::DecideFusion => "decide-fusion",
+            Pass::EmitKernels => "emit-kernels",
+        }
+    }
+}
+
+impl fmt::Display for Pass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a pass that succeeded produced, lent to [`PassObserver::output`] (borrowed: observing
+/// copies nothing unless the observer does).
+#[derive(Clone, Copy, Debug)]
+pub enum PassOutput<'a> {
+    /// The graph after a graph pass (`verify` and `decide-fusion` leave it as it was).
+    Graph(&'a Graph),
+    /// The graph after `optimize`, with the rewriter's counters.
+    Optimized(&'a Graph, &'a RewriteStats),
+    /// The program after `emit-kernels` (its `checks` filled in).
+    Program(&'a Program),
+}
+
 /// Watches the passes of a compilation: `begin` and `end` bracket each pass, with the number of
-/// graph nodes before and after it.
+/// graph nodes before and after it; `output` then lends what a pass that succeeded produced.
 pub trait PassObserver {
-    /// Called before pass `pass` runs, with the graph's node count at that point.
-    fn begin(&mut self, pass: &'static str, graph_nodes: usize);
-    /// Called after pass `pass` returns (whether or not it failed), with the graph's node count then.
-    fn end(&mut self, pass: &'static str, graph_nodes: usize);
+    /// Called before `pass` runs, with the graph's node count at that point.
+    fn begin(&mut self, pass: Pass, graph_nodes: usize);
+    /// Called after `pass` returns (whether or not it failed), with the graph's node count then.
+    fn end(&mut self, pass: Pass, graph_nodes: usize);
+    /// Called after `end` of a pass that succeeded, with its result. Ignored by default.
+    fn output(&mut self, pass: Pass, output: PassOutput<'_>) {
+        let _ = (pass, output);
+    }
 }
 
 /// An observer that does nothing.
 pub struct NoObserver;
 
 impl PassObserver for NoObserver {
-    fn begin(&mut self, _: &'static str, _: usize) {}
-    fn end(&mut self, _: &'static str, _: usize) {}
+    fn begin(&mut self, _: Pass, _: usize) {}
+    fn end(&mut self, _: Pass, _: usize) {}
 }
 
 /// Compiles `graph` (which it does not change) into a program.
@@ -51,13 +105,13 @@ pub fn compile(graph: &Graph, options: &CompileOptions) -> Result<Program, Lower
 
 fn pass<T>(
     observer: &mut dyn PassObserver,
-    name: &'static str,
+    pass: Pass,
     graph: &mut Graph,
     f: impl FnOnce(&mut Graph) -> Result<T, LowerError>,
 ) -> Result<T, LowerError> {
-    observer.begin(name, graph.len());
+    observer.begin(pass, graph.len());
     let out = f(graph);
-    observer.end(name, graph.len());
+    observer.end(pass, graph.len());
     out
 }
 
@@ -70,20 +124,28 @@ pub fn compile_observed(
     let mut g = graph.clone();
     // The run-time conditions come from the graph as given: rewrites may drop the very nodes
     // (a shrink folded into a pad) whose conditions the caller's program needs.
-    let checks = pass(observer, "verify", &mut g, |g| {
+    let checks = pass(observer, Pass::Verify, &mut g, |g| {
         air::verify(g)?;
         Ok(air::constraints::collect(g))
     })?;
+    observer.output(Pass::Verify, PassOutput::Graph(&g));
     if options.optimize {
-        pass(observer, "optimize", &mut g, |g| {
-            crate::rewrite::optimize(g);
+        let stats = pass(observer, Pass::Optimize, &mut g, |g| {
+            let stats = crate::rewrite::optimize(g);
             // The rewriter edits without a cycle test per edit; one check here covers them all.
-            Ok(g.check_acyclic()?)
+            g.check_acyclic()?;
+            Ok(stats)
         })?;
+        observer.output(Pass::Optimize, PassOutput::Optimized(&g, &stats));
     }
     let fuse = FuseOptions { fuse: options.fuse, matmul: options.matmul };
-    let decisions = pass(observer, "decide-fusion", &mut g, |g| Ok(schedule::decide(g, fuse)))?;
-    let mut program = pass(observer, "emit-kernels", &mut g, |g| schedule::emit(g, &decisions))?;
-    program.checks = checks;
+    let decisions = pass(observer, Pass::DecideFusion, &mut g, |g| Ok(schedule::decide(g, fuse)))?;
+    observer.output(Pass::DecideFusion, PassOutput::Graph(&g));
+    let program = pass(observer, Pass::EmitKernels, &mut g, |g| {
+        let mut program = schedule::emit(g, &decisions)?;
+        program.checks = checks;
+        Ok(program)
+    })?;
+    observer.output(Pass::EmitKernels, PassOutput::Program(&program));
     Ok(program)
 }

@@ -1,6 +1,6 @@
 //! A reference executor of kir programs: interprets every statement directly, with the numerics of
-//! `air::interp` (f32 in f32, f64 in f64, f16/bf16 in f32 rounded to storage after every op, ints
-//! wrapping, `libm` transcendentals). It is slow and simple on purpose: it tests the scheduler
+//! `air::interp`, taken from its one table, `air::scalar` (f32 in f32, f64 in f64, f16/bf16 in f32
+//! rounded to storage after every op, ints wrapping, `libm` transcendentals). It is slow and simple on purpose: it tests the scheduler
 //! against `air::interp::eval` without a JIT, and the runtime uses it as an oracle.
 //!
 //! Temps live in one byte arena laid out by `memplan`, so a planning mistake (two live buffers
@@ -12,6 +12,7 @@
 //! wins), the faulting element uses its safe substitute, and after the last step a recorded
 //! failure becomes `LowerError::Data` with `Program::checks`' message.
 
+use air::scalar;
 use air::{BinaryOp, Bindings, DType, HostData, HostTensor, ReduceOp, Scalar, UnaryOp};
 use half::{bf16, f16};
 
@@ -40,211 +41,42 @@ impl Val {
         }
     }
 
-    fn as_f64(self) -> f64 {
+    fn to_scalar(self) -> Scalar {
         match self {
-            Val::B(b) => b as i64 as f64,
-            Val::I(i) => i as f64,
-            Val::F(x) => x,
+            Val::B(b) => Scalar::Bool(b),
+            Val::I(i) => Scalar::Int(i),
+            Val::F(x) => Scalar::Float(x),
         }
+    }
+
+    fn as_f64(self) -> f64 {
+        self.to_scalar().as_f64()
     }
 
     fn as_i64(self) -> i64 {
-        match self {
-            Val::B(b) => b as i64,
-            Val::I(i) => i,
-            Val::F(x) => x as i64,
-        }
+        self.to_scalar().as_i64()
     }
 
-    /// Converts to `dtype` with the cast rules of `air::interp`.
+    /// Converts to `dtype` with the cast rules of `air::interp` (`air::scalar::cast`).
     pub fn cast(self, dtype: DType) -> Val {
-        match dtype {
-            DType::Bool => Val::B(match self {
-                Val::B(b) => b,
-                Val::I(i) => i != 0,
-                Val::F(x) => x != 0.0,
-            }),
-            DType::I32 => Val::I(match self {
-                Val::F(x) => x as i32 as i64,
-                v => v.as_i64() as i32 as i64,
-            }),
-            DType::I64 => Val::I(self.as_i64()),
-            DType::F32 => Val::F(match self {
-                Val::F(x) => x as f32 as f64,
-                v => v.as_i64() as f32 as f64,
-            }),
-            DType::F64 => Val::F(match self {
-                Val::F(x) => x,
-                v => v.as_i64() as f64,
-            }),
-            DType::F16 | DType::BF16 => {
-                let wide = self.cast(DType::F32).as_f64() as f32;
-                Val::F(round_half(dtype, wide))
-            }
-        }
+        Val::from_scalar(scalar::cast(self.to_scalar(), dtype))
     }
-}
-
-fn round_half(dtype: DType, x: f32) -> f64 {
-    if dtype == DType::F16 { f16::from_f32(x).to_f64() } else { bf16::from_f32(x).to_f64() }
-}
-
-fn fmax<T: PartialOrd + Copy>(a: T, b: T, nan: impl Fn(T) -> bool, pos: impl Fn(T) -> bool) -> T {
-    if nan(a) {
-        a
-    } else if nan(b) || b > a {
-        b
-    } else if a > b || pos(a) {
-        a
-    } else {
-        b
-    }
-}
-
-fn fmin<T: PartialOrd + Copy>(a: T, b: T, nan: impl Fn(T) -> bool, pos: impl Fn(T) -> bool) -> T {
-    if nan(a) {
-        a
-    } else if nan(b) || b < a {
-        b
-    } else if a < b || !pos(a) {
-        a
-    } else {
-        b
-    }
-}
-
-fn unary_f32(op: UnaryOp, x: f32) -> Option<f32> {
-    Some(match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Exp2 => libm::exp2f(x),
-        UnaryOp::Log2 => libm::log2f(x),
-        UnaryOp::Sin => libm::sinf(x),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Recip => 1.0 / x,
-        UnaryOp::Erf => libm::erff(x),
-        UnaryOp::Trunc => x.trunc(),
-        UnaryOp::Not => return None,
-    })
-}
-
-fn unary_f64(op: UnaryOp, x: f64) -> Option<f64> {
-    Some(match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Exp2 => libm::exp2(x),
-        UnaryOp::Log2 => libm::log2(x),
-        UnaryOp::Sin => libm::sin(x),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Recip => 1.0 / x,
-        UnaryOp::Erf => libm::erf(x),
-        UnaryOp::Trunc => x.trunc(),
-        UnaryOp::Not => return None,
-    })
-}
-
-fn binary_f32(op: BinaryOp, a: f32, b: f32) -> Option<f32> {
-    Some(match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Max => fmax(a, b, f32::is_nan, f32::is_sign_positive),
-        BinaryOp::Min => fmin(a, b, f32::is_nan, f32::is_sign_positive),
-        BinaryOp::Mod => a % b,
-        BinaryOp::Pow => libm::powf(a, b),
-        _ => return None,
-    })
-}
-
-fn binary_f64(op: BinaryOp, a: f64, b: f64) -> Option<f64> {
-    Some(match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Max => fmax(a, b, f64::is_nan, f64::is_sign_positive),
-        BinaryOp::Min => fmin(a, b, f64::is_nan, f64::is_sign_positive),
-        BinaryOp::Mod => a % b,
-        BinaryOp::Pow => libm::pow(a, b),
-        _ => return None,
-    })
-}
-
-/// Integer ops in `i64`, wrapped to the width of `dtype` afterwards.
-fn binary_int(op: BinaryOp, a: i64, b: i64, dtype: DType) -> Option<i64> {
-    let wide = dtype == DType::I64;
-    let r = match op {
-        BinaryOp::Add => a.wrapping_add(b),
-        BinaryOp::Sub => a.wrapping_sub(b),
-        BinaryOp::Mul => a.wrapping_mul(b),
-        BinaryOp::Div if b == 0 => 0,
-        BinaryOp::Mod if b == 0 => 0,
-        BinaryOp::Div if wide => a.wrapping_div(b),
-        BinaryOp::Mod if wide => a.wrapping_rem(b),
-        BinaryOp::Div => (a as i32).wrapping_div(b as i32) as i64,
-        BinaryOp::Mod => (a as i32).wrapping_rem(b as i32) as i64,
-        BinaryOp::Max => a.max(b),
-        BinaryOp::Min => a.min(b),
-        BinaryOp::And => a & b,
-        BinaryOp::Or => a | b,
-        _ => return None,
-    };
-    Some(if wide { r } else { r as i32 as i64 })
 }
 
 fn unsupported(what: &str, dtype: DType) -> LowerError {
     LowerError::Malformed(format!("{what} on dtype {dtype}"))
 }
 
+/// `op(x)` for an operand of `dtype` (`air::scalar::unary`).
 fn unary(op: UnaryOp, x: Val, dtype: DType) -> Result<Val, LowerError> {
-    let bad = || unsupported(op.name(), dtype);
-    Ok(match (dtype, x) {
-        (DType::Bool, Val::B(b)) if op == UnaryOp::Not => Val::B(!b),
-        (DType::I32 | DType::I64, Val::I(i)) => match op {
-            UnaryOp::Neg => Val::I(i.wrapping_neg()),
-            UnaryOp::Not => Val::I(!i),
-            _ => return Err(bad()),
-        }
-        .cast(dtype),
-        (DType::F64, Val::F(v)) => Val::F(unary_f64(op, v).ok_or_else(bad)?),
-        (DType::F32 | DType::F16 | DType::BF16, Val::F(v)) => {
-            let r = unary_f32(op, v as f32).ok_or_else(bad)?;
-            if dtype == DType::F32 { Val::F(r as f64) } else { Val::F(round_half(dtype, r)) }
-        }
-        _ => return Err(bad()),
-    })
+    scalar::unary(op, x.to_scalar(), dtype).map(Val::from_scalar).ok_or_else(|| unsupported(op.name(), dtype))
 }
 
-/// `op(a, b)` for operands of `dtype`.
+/// `op(a, b)` for operands of `dtype` (`air::scalar::binary`).
 fn binary(op: BinaryOp, a: Val, b: Val, dtype: DType) -> Result<Val, LowerError> {
-    let bad = || unsupported(op.name(), dtype);
-    if op.is_comparison() {
-        let ord = match (a, b) {
-            (Val::F(x), Val::F(y)) => x.partial_cmp(&y),
-            (Val::I(x), Val::I(y)) => Some(x.cmp(&y)),
-            (Val::B(x), Val::B(y)) => Some(x.cmp(&y)),
-            _ => return Err(bad()),
-        };
-        use std::cmp::Ordering::*;
-        return Ok(Val::B(match op {
-            BinaryOp::CmpLt => ord == Some(Less),
-            BinaryOp::CmpEq => ord == Some(Equal),
-            _ => ord != Some(Equal),
-        }));
-    }
-    Ok(match (a, b) {
-        (Val::B(x), Val::B(y)) => Val::B(match op {
-            BinaryOp::And | BinaryOp::Min => x && y,
-            BinaryOp::Or | BinaryOp::Max => x || y,
-            _ => return Err(bad()),
-        }),
-        (Val::I(x), Val::I(y)) => Val::I(binary_int(op, x, y, dtype).ok_or_else(bad)?),
-        (Val::F(x), Val::F(y)) if dtype == DType::F64 => Val::F(binary_f64(op, x, y).ok_or_else(bad)?),
-        (Val::F(x), Val::F(y)) => {
-            let r = binary_f32(op, x as f32, y as f32).ok_or_else(bad)?;
-            if dtype == DType::F32 { Val::F(r as f64) } else { Val::F(round_half(dtype, r)) }
-        }
-        _ => return Err(bad()),
-    })
+    scalar::binary(op, a.to_scalar(), b.to_scalar(), dtype)
+        .map(Val::from_scalar)
+        .ok_or_else(|| unsupported(op.name(), dtype))
 }
 
 /// Where a buffer's bytes are.

@@ -448,9 +448,10 @@ impl Kernel {
         }
     }
 
-    /// A structural hash: equal kernels hash equal, whatever program they come from.
+    /// A structural hash: equal kernels hash equal, whatever program they come from (`FxHasher`:
+    /// fast, not collision-resistant, so a cache compares kernels in full on a match).
     pub fn structural_hash(&self) -> u64 {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut h = rustc_hash::FxHasher::default();
         self.hash(&mut h);
         h.finish()
     }

@@ -9,9 +9,8 @@
 //! the same structure as this one: a device with a program cache compiles the training step once.
 
 use std::collections::HashSet;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
-use kiln::Tensor;
+use kiln::{GraphKey, Tensor};
 
 use crate::error::{NnError, Result};
 use crate::loss::Loss;
@@ -55,7 +54,7 @@ pub struct Trainer<M: Module, O: Optimizer> {
     steps: u64,
     last_step_nodes: usize,
     track_graphs: bool,
-    structures: HashSet<u64>,
+    structures: HashSet<GraphKey>,
 }
 
 impl<M: Module, O: Optimizer> Trainer<M, O> {
@@ -74,7 +73,8 @@ impl<M: Module, O: Optimizer> Trainer<M, O> {
         }
     }
 
-    /// Records a structural hash and the node count of every step's graph (see
+    /// Records the structural key (`kiln::GraphKey`, what a device's program cache is keyed by) and
+    /// the node count of every step's graph (see
     /// [`Trainer::distinct_step_graphs`] and [`Trainer::last_step_nodes`]). Costs one extra trace
     /// per step.
     pub fn track_graphs(&mut self, on: bool) {
@@ -110,7 +110,7 @@ impl<M: Module, O: Optimizer> Trainer<M, O> {
             if track {
                 let program = kiln::trace(tensors)?;
                 *nodes = program.graph.len();
-                structures.insert(structure_hash(&program));
+                structures.insert(GraphKey::of(&program.graph));
             }
             kiln::realize(tensors)?;
             Ok(tensors.iter().map(|t| (*t).clone()).collect())
@@ -142,26 +142,4 @@ impl<M: Module, O: Optimizer> Trainer<M, O> {
         }
         Ok(losses)
     }
-}
-
-/// A hash of a graph's structure: ops, types and wiring in topological order, outputs by
-/// position; node ids and input data do not enter (the same key a program cache uses).
-fn structure_hash(program: &kiln::Program) -> u64 {
-    let graph = &program.graph;
-    let order = graph.topo_order();
-    let mut position = std::collections::HashMap::with_capacity(order.len());
-    let mut h = DefaultHasher::new();
-    for (i, &id) in order.iter().enumerate() {
-        position.insert(id, i);
-        let node = graph.node(id);
-        node.op.hash(&mut h);
-        node.ty.hash(&mut h);
-        for input in &node.inputs {
-            position[input].hash(&mut h);
-        }
-    }
-    for o in graph.outputs() {
-        position[o].hash(&mut h);
-    }
-    h.finish()
 }

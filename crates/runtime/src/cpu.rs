@@ -14,15 +14,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use air::{Bindings, Graph, HostTensor};
+use air::{Bindings, Graph, GraphKey, HostTensor};
 use codegen::cpu::{CompiledKernel, CpuCompiler};
 use codegen::lru::{Lru, capacity_from_env};
 use lower::Program;
 use lower::kir::{Kernel, LoopKernel};
 
 use crate::error::Result;
-use crate::key::GraphKey;
-use crate::observe::{CompileObserver, NoCompileObserver, Passes};
+use crate::observe::{CompileObserver, NoCompileObserver, Passes, Step};
 use crate::vm::{Executable, KernelFn, MemoryStats, Placement};
 
 /// How much work a device has done: what its caches saved.
@@ -153,13 +152,13 @@ impl CpuDevice {
     /// counters `kernels`, `loop kernels` and `launches`.
     pub fn compile_observed(&self, graph: &Graph, observer: &mut dyn CompileObserver) -> Result<Arc<Executable>> {
         let nodes = Some(graph.len());
-        observer.begin("graph-key", nodes);
+        observer.begin(Step::GraphKey, nodes);
         // Hashing walks the topological order, which a cyclic graph does not have: check first
         // (free: the order is computed once and the check reads what that found). The rest of
         // `air::verify` runs in `lower::compile` on a miss, before any key is built or stored; a
         // hit compares the graph in full with the key of a graph that passed it.
         if let Err(e) = graph.check_acyclic() {
-            observer.end("graph-key", nodes);
+            observer.end(Step::GraphKey, nodes);
             return Err(lower::LowerError::from(e).into());
         }
         let hash = GraphKey::structural_hash(graph);
@@ -167,11 +166,11 @@ impl CpuDevice {
             let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
             programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(graph))).map(|(_, exe)| exe.clone())
         };
-        observer.end("graph-key", nodes);
+        observer.end(Step::GraphKey, nodes);
         if let Some(exe) = hit {
-            observer.begin("cache-hit", nodes);
+            observer.begin(Step::CacheHit, nodes);
             self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
-            observer.end("cache-hit", nodes);
+            observer.end(Step::CacheHit, nodes);
             return Ok(exe);
         }
         let program = lower::compile_observed(graph, &self.inner.options, &mut Passes(&mut *observer))?;
@@ -184,10 +183,10 @@ impl CpuDevice {
             })
             .collect();
         // Every loop kernel in one batch: the cache misses compile concurrently on all cores.
-        observer.begin("codegen", None);
+        observer.begin(Step::Codegen, None);
         let code =
             self.inner.compiler.compile_many(&loops).into_iter().collect::<Result<Vec<Arc<CompiledKernel>>, _>>();
-        observer.end("codegen", None);
+        observer.end(Step::Codegen, None);
         let code = code?;
         observer.counter("kernels", program.kernels.len() as u64);
         observer.counter("loop kernels", code.len() as u64);
@@ -200,7 +199,7 @@ impl CpuDevice {
                 Kernel::Matmul(_) => None,
             })
             .collect();
-        observer.begin("prepare", None);
+        observer.begin(Step::Prepare, None);
         // Built only now that `lower::compile` verified the graph.
         let key = GraphKey::of(graph);
         let exe =
@@ -210,7 +209,7 @@ impl CpuDevice {
                     None => Ok(exe),
                 },
             );
-        observer.end("prepare", None);
+        observer.end(Step::Prepare, None);
         let exe = Arc::new(exe?);
         observer.counter("launches", exe.launches() as u64);
         self.inner.programs_compiled.fetch_add(1, Ordering::Relaxed);

@@ -31,7 +31,6 @@
 
 pub mod cpu;
 pub mod error;
-pub mod key;
 pub mod levels;
 pub mod matmul;
 pub mod memory;
@@ -44,10 +43,10 @@ use std::sync::Arc;
 
 use air::{Bindings, Graph, HostTensor};
 
+pub use air::GraphKey;
 pub use cpu::{CpuDevice, CpuStats};
 pub use error::{Result, RuntimeError};
-pub use key::GraphKey;
-pub use observe::{CompileObserver, NoCompileObserver};
+pub use observe::{CompileObserver, NoCompileObserver, Step};
 pub use vm::{Executable, LaunchTime, MemoryStats};
 
 /// A device programs run on. One variant per backend; a `Wgpu` device joins later.

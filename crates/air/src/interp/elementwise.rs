@@ -1,118 +1,18 @@
 //! Element-wise numerics of the interpreter: unary and binary ops, `where`, casts and fills.
 //!
-//! Each op first picks one plain scalar function for the operand dtype (or reports the dtype as
-//! unsupported), then maps that function over the elements. `f16` and `bf16` elements are widened
-//! to `f32`, computed, and rounded back to storage after every op.
-
-use std::ops::{Add, BitAnd, BitOr, Div, Mul, Neg, Not, Rem, Sub};
+//! Each op first picks one plain scalar function for the operand dtype from `crate::scalar` (or
+//! reports the dtype as unsupported), then maps that function over the elements. `f16` and `bf16`
+//! elements are widened to `f32`, computed, and rounded back to storage after every op.
 
 use half::{bf16, f16};
 
 use crate::dtype::{DType, Scalar};
 use crate::host::{Element, HostData};
 use crate::op::{BinaryOp, UnaryOp};
-
-/// The two float types the interpreter computes in. Transcendentals come from the `libm` crate so
-/// that results are the same on every platform.
-pub(super) trait Float:
-    Copy
-    + PartialOrd
-    + Add<Output = Self>
-    + Sub<Output = Self>
-    + Mul<Output = Self>
-    + Div<Output = Self>
-    + Rem<Output = Self>
-    + Neg<Output = Self>
-{
-    const ONE: Self;
-    fn exp2(self) -> Self;
-    fn log2(self) -> Self;
-    fn sin(self) -> Self;
-    fn sqrt(self) -> Self;
-    fn erf(self) -> Self;
-    fn trunc(self) -> Self;
-    fn pow(self, exponent: Self) -> Self;
-    fn is_nan(self) -> bool;
-    fn is_sign_positive(self) -> bool;
-}
-
-macro_rules! float_impl {
-    ($t:ty, $exp2:path, $log2:path, $sin:path, $erf:path, $pow:path) => {
-        impl Float for $t {
-            const ONE: Self = 1.0;
-            fn exp2(self) -> Self {
-                $exp2(self)
-            }
-            fn log2(self) -> Self {
-                $log2(self)
-            }
-            fn sin(self) -> Self {
-                $sin(self)
-            }
-            fn sqrt(self) -> Self {
-                <$t>::sqrt(self)
-            }
-            fn erf(self) -> Self {
-                $erf(self)
-            }
-            fn trunc(self) -> Self {
-                <$t>::trunc(self)
-            }
-            fn pow(self, exponent: Self) -> Self {
-                $pow(self, exponent)
-            }
-            fn is_nan(self) -> bool {
-                <$t>::is_nan(self)
-            }
-            fn is_sign_positive(self) -> bool {
-                <$t>::is_sign_positive(self)
-            }
-        }
-    };
-}
-float_impl!(f32, libm::exp2f, libm::log2f, libm::sinf, libm::erff, libm::powf);
-float_impl!(f64, libm::exp2, libm::log2, libm::sin, libm::erf, libm::pow);
-
-/// The two integer types. Arithmetic wraps; division and remainder by zero give zero.
-pub(super) trait Int: Copy + Ord + Not<Output = Self> + BitAnd<Output = Self> + BitOr<Output = Self> {
-    const ZERO: Self;
-    const MIN: Self;
-    fn wrapping_add(self, other: Self) -> Self;
-    fn wrapping_sub(self, other: Self) -> Self;
-    fn wrapping_mul(self, other: Self) -> Self;
-    fn wrapping_div(self, other: Self) -> Self;
-    fn wrapping_rem(self, other: Self) -> Self;
-    fn wrapping_neg(self) -> Self;
-}
-
-macro_rules! int_impl {
-    ($t:ty) => {
-        impl Int for $t {
-            const ZERO: Self = 0;
-            const MIN: Self = <$t>::MIN;
-            fn wrapping_add(self, other: Self) -> Self {
-                <$t>::wrapping_add(self, other)
-            }
-            fn wrapping_sub(self, other: Self) -> Self {
-                <$t>::wrapping_sub(self, other)
-            }
-            fn wrapping_mul(self, other: Self) -> Self {
-                <$t>::wrapping_mul(self, other)
-            }
-            fn wrapping_div(self, other: Self) -> Self {
-                <$t>::wrapping_div(self, other)
-            }
-            fn wrapping_rem(self, other: Self) -> Self {
-                <$t>::wrapping_rem(self, other)
-            }
-            fn wrapping_neg(self) -> Self {
-                <$t>::wrapping_neg(self)
-            }
-        }
-    };
-}
-int_impl!(i32);
-int_impl!(i64);
+use crate::scalar::{
+    bool_binary, bool_unary, compare, float_binary, float_to_bool, float_to_f32, float_to_i32, float_to_i64,
+    float_unary, int_binary, int_to_bool, int_to_f32, int_to_f64, int_to_i32, int_unary, to_bf16, to_f16,
+};
 
 /// The 16-bit storage floats, which compute in `f32`.
 pub(super) trait Half: Copy {
@@ -124,7 +24,7 @@ impl Half for f16 {
         self.to_f32()
     }
     fn narrow(x: f32) -> Self {
-        f16::from_f32(x)
+        to_f16(x)
     }
 }
 impl Half for bf16 {
@@ -132,135 +32,8 @@ impl Half for bf16 {
         self.to_f32()
     }
     fn narrow(x: f32) -> Self {
-        bf16::from_f32(x)
+        to_bf16(x)
     }
-}
-
-/// IEEE 754-2019 `maximum`: NaN if either operand is NaN (the first NaN operand is returned),
-/// and `+0` is greater than `-0`.
-pub(super) fn float_max<T: Float>(a: T, b: T) -> T {
-    if a.is_nan() {
-        a
-    } else if b.is_nan() {
-        b
-    } else if a > b {
-        a
-    } else if b > a {
-        b
-    } else if a.is_sign_positive() {
-        a
-    } else {
-        b
-    }
-}
-
-/// IEEE 754-2019 `minimum`: NaN if either operand is NaN, and `-0` is less than `+0`.
-pub(super) fn float_min<T: Float>(a: T, b: T) -> T {
-    if a.is_nan() {
-        a
-    } else if b.is_nan() {
-        b
-    } else if a < b {
-        a
-    } else if b < a {
-        b
-    } else if !a.is_sign_positive() {
-        a
-    } else {
-        b
-    }
-}
-
-fn int_div<T: Int>(a: T, b: T) -> T {
-    if b == T::ZERO { T::ZERO } else { a.wrapping_div(b) }
-}
-
-fn int_rem<T: Int>(a: T, b: T) -> T {
-    if b == T::ZERO { T::ZERO } else { a.wrapping_rem(b) }
-}
-
-fn float_unary<T: Float>(op: UnaryOp) -> Option<fn(T) -> T> {
-    let f: fn(T) -> T = match op {
-        UnaryOp::Neg => |x| -x,
-        UnaryOp::Exp2 => T::exp2,
-        UnaryOp::Log2 => T::log2,
-        UnaryOp::Sin => T::sin,
-        UnaryOp::Sqrt => T::sqrt,
-        UnaryOp::Recip => |x| T::ONE / x,
-        UnaryOp::Erf => T::erf,
-        UnaryOp::Trunc => T::trunc,
-        UnaryOp::Not => return None,
-    };
-    Some(f)
-}
-
-fn int_unary<T: Int>(op: UnaryOp) -> Option<fn(T) -> T> {
-    let f: fn(T) -> T = match op {
-        UnaryOp::Neg => T::wrapping_neg,
-        UnaryOp::Not => |x| !x,
-        _ => return None,
-    };
-    Some(f)
-}
-
-fn bool_unary(op: UnaryOp) -> Option<fn(bool) -> bool> {
-    let f: fn(bool) -> bool = match op {
-        UnaryOp::Not => |x| !x,
-        _ => return None,
-    };
-    Some(f)
-}
-
-fn float_binary<T: Float>(op: BinaryOp) -> Option<fn(T, T) -> T> {
-    let f: fn(T, T) -> T = match op {
-        BinaryOp::Add => |a, b| a + b,
-        BinaryOp::Sub => |a, b| a - b,
-        BinaryOp::Mul => |a, b| a * b,
-        BinaryOp::Div => |a, b| a / b,
-        BinaryOp::Max => float_max,
-        BinaryOp::Min => float_min,
-        BinaryOp::Mod => |a, b| a % b,
-        BinaryOp::Pow => T::pow,
-        _ => return None,
-    };
-    Some(f)
-}
-
-fn int_binary<T: Int>(op: BinaryOp) -> Option<fn(T, T) -> T> {
-    let f: fn(T, T) -> T = match op {
-        BinaryOp::Add => T::wrapping_add,
-        BinaryOp::Sub => T::wrapping_sub,
-        BinaryOp::Mul => T::wrapping_mul,
-        BinaryOp::Div => int_div,
-        BinaryOp::Max => |a, b| a.max(b),
-        BinaryOp::Min => |a, b| a.min(b),
-        BinaryOp::Mod => int_rem,
-        BinaryOp::And => |a, b| a & b,
-        BinaryOp::Or => |a, b| a | b,
-        _ => return None,
-    };
-    Some(f)
-}
-
-fn bool_binary(op: BinaryOp) -> Option<fn(bool, bool) -> bool> {
-    let f: fn(bool, bool) -> bool = match op {
-        BinaryOp::And | BinaryOp::Min => |a, b| a && b,
-        BinaryOp::Or | BinaryOp::Max => |a, b| a || b,
-        _ => return None,
-    };
-    Some(f)
-}
-
-/// Comparisons work on every dtype; floats follow IEEE 754 (every comparison with NaN is false,
-/// except `cmpne`, which is true), and `false < true`.
-fn compare<T: PartialOrd>(op: BinaryOp) -> Option<fn(T, T) -> bool> {
-    let f: fn(T, T) -> bool = match op {
-        BinaryOp::CmpLt => |a, b| a < b,
-        BinaryOp::CmpEq => |a, b| a == b,
-        BinaryOp::CmpNe => |a, b| a != b,
-        _ => return None,
-    };
-    Some(f)
 }
 
 fn map<T: Copy, U>(v: &[T], f: fn(T) -> U) -> Vec<U> {
@@ -371,13 +144,13 @@ pub(super) fn select(cond: &HostData, a: &HostData, b: &HostData) -> Result<Host
 /// to storage.
 pub(super) fn ints_to(values: impl Iterator<Item = i64>, to: DType) -> HostData {
     match to {
-        DType::Bool => HostData::Bool(values.map(|x| x != 0).collect()),
-        DType::I32 => HostData::I32(values.map(|x| x as i32).collect()),
+        DType::Bool => HostData::Bool(values.map(int_to_bool).collect()),
+        DType::I32 => HostData::I32(values.map(int_to_i32).collect()),
         DType::I64 => HostData::I64(values.collect()),
-        DType::F16 => HostData::F16(values.map(|x| f16::from_f32(x as f32)).collect()),
-        DType::BF16 => HostData::BF16(values.map(|x| bf16::from_f32(x as f32)).collect()),
-        DType::F32 => HostData::F32(values.map(|x| x as f32).collect()),
-        DType::F64 => HostData::F64(values.map(|x| x as f64).collect()),
+        DType::F16 => HostData::F16(values.map(|x| to_f16(int_to_f32(x))).collect()),
+        DType::BF16 => HostData::BF16(values.map(|x| to_bf16(int_to_f32(x))).collect()),
+        DType::F32 => HostData::F32(values.map(int_to_f32).collect()),
+        DType::F64 => HostData::F64(values.map(int_to_f64).collect()),
     }
 }
 
@@ -386,12 +159,12 @@ pub(super) fn ints_to(values: impl Iterator<Item = i64>, to: DType) -> HostData 
 /// first, then to storage.
 pub(super) fn floats_to(values: impl Iterator<Item = f64>, to: DType) -> HostData {
     match to {
-        DType::Bool => HostData::Bool(values.map(|x| x != 0.0).collect()),
-        DType::I32 => HostData::I32(values.map(|x| x as i32).collect()),
-        DType::I64 => HostData::I64(values.map(|x| x as i64).collect()),
-        DType::F16 => HostData::F16(values.map(|x| f16::from_f32(x as f32)).collect()),
-        DType::BF16 => HostData::BF16(values.map(|x| bf16::from_f32(x as f32)).collect()),
-        DType::F32 => HostData::F32(values.map(|x| x as f32).collect()),
+        DType::Bool => HostData::Bool(values.map(float_to_bool).collect()),
+        DType::I32 => HostData::I32(values.map(float_to_i32).collect()),
+        DType::I64 => HostData::I64(values.map(float_to_i64).collect()),
+        DType::F16 => HostData::F16(values.map(|x| to_f16(float_to_f32(x))).collect()),
+        DType::BF16 => HostData::BF16(values.map(|x| to_bf16(float_to_f32(x))).collect()),
+        DType::F32 => HostData::F32(values.map(float_to_f32).collect()),
         DType::F64 => HostData::F64(values.collect()),
     }
 }

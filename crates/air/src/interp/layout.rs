@@ -11,8 +11,9 @@ use crate::host::{Element, HostData, HostTensor};
 use crate::op::ReduceOp;
 use crate::with_host_data;
 
-use super::elementwise::{Int, fill, float_max, floats_to};
+use super::elementwise::{fill, floats_to};
 use crate::dtype::Scalar;
+use crate::scalar::{Int, float_max};
 
 /// The element count of `shape`, or an error if it overflows or could not be allocated (more than
 /// `isize::MAX` bytes at 8 bytes an element), so that absurd sizes fail cleanly instead of panicking.

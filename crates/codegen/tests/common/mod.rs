@@ -1,7 +1,9 @@
 //! Shared test helpers: typed byte buffers, a plain Rust evaluator of kir (the reference the JIT
-//! is compared with), kernel builders and a tolerant comparison.
+//! is compared with; its scalar semantics are the interpreter's, `air::scalar`), kernel builders
+//! and a tolerant comparison.
 #![allow(dead_code)]
 
+use air::scalar;
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use half::{bf16, f16};
 use kiln_codegen::CpuCompiler;
@@ -32,15 +34,6 @@ impl V {
             V::I64(i) => i as f64,
             V::F(x) => x as f64,
             V::D(x) => x,
-        }
-    }
-    fn i64(self) -> i64 {
-        match self {
-            V::B(b) => b as i64,
-            V::I32(i) => i as i64,
-            V::I64(i) => i,
-            V::F(x) => x as i64,
-            V::D(x) => x as i64,
         }
     }
 }
@@ -96,166 +89,57 @@ impl Buf {
     }
 }
 
-fn round_half(d: DType, x: f32) -> f32 {
-    match d {
-        DType::F16 => f16::from_f32(x).to_f32(),
-        DType::BF16 => bf16::from_f32(x).to_f32(),
-        _ => x,
+impl V {
+    /// The value as an `air::scalar` operand, with the dtype it computes in (half types are held
+    /// as `f32` values and compute in `f32`; [`Buf::set`] rounds them to storage).
+    fn to_scalar(self) -> (Scalar, DType) {
+        match self {
+            V::B(b) => (Scalar::Bool(b), DType::Bool),
+            V::I32(i) => (Scalar::Int(i as i64), DType::I32),
+            V::I64(i) => (Scalar::Int(i), DType::I64),
+            V::F(x) => (Scalar::Float(x as f64), DType::F32),
+            V::D(x) => (Scalar::Float(x), DType::F64),
+        }
+    }
+
+    /// A value of `dtype` from `air::scalar` (of the kind `dtype` holds).
+    fn from_scalar(s: Scalar, dtype: DType) -> V {
+        match dtype {
+            DType::Bool => V::B(s.as_bool()),
+            DType::I32 => V::I32(s.as_i64() as i32),
+            DType::I64 => V::I64(s.as_i64()),
+            DType::F16 | DType::BF16 | DType::F32 => V::F(s.as_f64() as f32),
+            DType::F64 => V::D(s.as_f64()),
+        }
     }
 }
 
-/// The interpreter's cast rules.
+/// The interpreter's cast rules (`air::scalar::cast`); a value already of `to`'s kind is kept
+/// as it is (bit for bit), half types rounded to storage.
 pub fn cast(v: V, to: DType) -> V {
     match (v, to) {
-        (V::B(b), DType::Bool) => V::B(b),
-        (V::I32(i), DType::I32) => V::I32(i),
-        (V::I64(i), DType::I64) => V::I64(i),
-        (V::D(x), DType::F64) => V::D(x),
-        (V::F(x), DType::F16 | DType::BF16 | DType::F32) => V::F(round_half(to, x)),
-        (v, DType::Bool) => V::B(match v {
-            V::F(x) => x != 0.0,
-            V::D(x) => x != 0.0,
-            v => v.i64() != 0,
-        }),
-        (V::F(x), DType::I32) => V::I32(x as i32),
-        (V::D(x), DType::I32) => V::I32(x as i32),
-        (V::F(x), DType::I64) => V::I64(x as i64),
-        (V::D(x), DType::I64) => V::I64(x as i64),
-        (v, DType::I32) => V::I32(v.i64() as i32),
-        (v, DType::I64) => V::I64(v.i64()),
-        (V::F(x), DType::F64) => V::D(x as f64),
-        (V::D(x), _) => V::F(round_half(to, x as f32)),
-        (v, DType::F64) => V::D(v.i64() as f64),
-        (v, _) => V::F(round_half(to, v.i64() as f32)),
+        (V::B(_), DType::Bool) | (V::I32(_), DType::I32) | (V::I64(_), DType::I64) | (V::D(_), DType::F64) => v,
+        (V::F(_), DType::F32) => v,
+        (v, to) => V::from_scalar(scalar::cast(v.to_scalar().0, to), to),
     }
 }
 
 fn scalar_const(s: Scalar, d: DType) -> V {
-    match s {
-        Scalar::Bool(b) => cast(V::B(b), d),
-        Scalar::Int(i) => cast(V::I64(i), d),
-        Scalar::Float(x) => cast(V::D(x), d),
-    }
+    V::from_scalar(scalar::cast(s, d), d)
 }
 
-fn fmax<T: PartialOrd + Copy>(a: T, b: T, nan: impl Fn(T) -> bool, pos: impl Fn(T) -> bool) -> T {
-    if nan(a) {
-        a
-    } else if nan(b) {
-        b
-    } else if a > b {
-        a
-    } else if b > a {
-        b
-    } else if pos(a) {
-        a
-    } else {
-        b
-    }
-}
-fn fmin<T: PartialOrd + Copy>(a: T, b: T, nan: impl Fn(T) -> bool, pos: impl Fn(T) -> bool) -> T {
-    if nan(a) {
-        a
-    } else if nan(b) {
-        b
-    } else if a < b {
-        a
-    } else if b < a {
-        b
-    } else if !pos(a) {
-        a
-    } else {
-        b
-    }
-}
-
+/// `op(v)` with the interpreter's semantics (`air::scalar::unary`) in the value's own type.
 pub fn unary(op: UnaryOp, v: V) -> V {
-    match v {
-        V::F(x) => V::F(match op {
-            UnaryOp::Neg => -x,
-            UnaryOp::Exp2 => libm::exp2f(x),
-            UnaryOp::Log2 => libm::log2f(x),
-            UnaryOp::Sin => libm::sinf(x),
-            UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Recip => 1.0 / x,
-            UnaryOp::Erf => libm::erff(x),
-            UnaryOp::Trunc => x.trunc(),
-            UnaryOp::Not => panic!("not of float"),
-        }),
-        V::D(x) => V::D(match op {
-            UnaryOp::Neg => -x,
-            UnaryOp::Exp2 => libm::exp2(x),
-            UnaryOp::Log2 => libm::log2(x),
-            UnaryOp::Sin => libm::sin(x),
-            UnaryOp::Sqrt => x.sqrt(),
-            UnaryOp::Recip => 1.0 / x,
-            UnaryOp::Erf => libm::erf(x),
-            UnaryOp::Trunc => x.trunc(),
-            UnaryOp::Not => panic!("not of float"),
-        }),
-        V::I32(x) => V::I32(if op == UnaryOp::Neg { x.wrapping_neg() } else { !x }),
-        V::I64(x) => V::I64(if op == UnaryOp::Neg { x.wrapping_neg() } else { !x }),
-        V::B(b) => V::B(!b),
-    }
+    let (x, d) = v.to_scalar();
+    V::from_scalar(scalar::unary(op, x, d).unwrap_or_else(|| panic!("{op:?} of {d}")), d)
 }
 
-macro_rules! int_bin {
-    ($op:expr, $a:expr, $b:expr, $w:ident) => {{
-        let (a, b) = ($a, $b);
-        match $op {
-            BinaryOp::Add => V::$w(a.wrapping_add(b)),
-            BinaryOp::Sub => V::$w(a.wrapping_sub(b)),
-            BinaryOp::Mul => V::$w(a.wrapping_mul(b)),
-            BinaryOp::Div => V::$w(if b == 0 { 0 } else { a.wrapping_div(b) }),
-            BinaryOp::Mod => V::$w(if b == 0 { 0 } else { a.wrapping_rem(b) }),
-            BinaryOp::Max => V::$w(a.max(b)),
-            BinaryOp::Min => V::$w(a.min(b)),
-            BinaryOp::And => V::$w(a & b),
-            BinaryOp::Or => V::$w(a | b),
-            BinaryOp::CmpLt => V::B(a < b),
-            BinaryOp::CmpEq => V::B(a == b),
-            BinaryOp::CmpNe => V::B(a != b),
-            BinaryOp::Pow => panic!("pow of int"),
-        }
-    }};
-}
-
-macro_rules! float_bin {
-    ($op:expr, $a:expr, $b:expr, $w:ident, $pow:path) => {{
-        let (a, b) = ($a, $b);
-        match $op {
-            BinaryOp::Add => V::$w(a + b),
-            BinaryOp::Sub => V::$w(a - b),
-            BinaryOp::Mul => V::$w(a * b),
-            BinaryOp::Div => V::$w(a / b),
-            BinaryOp::Mod => V::$w(a % b),
-            BinaryOp::Pow => V::$w($pow(a, b)),
-            BinaryOp::Max => V::$w(fmax(a, b, |x| x.is_nan(), |x| x.is_sign_positive())),
-            BinaryOp::Min => V::$w(fmin(a, b, |x| x.is_nan(), |x| x.is_sign_positive())),
-            BinaryOp::CmpLt => V::B(a < b),
-            BinaryOp::CmpEq => V::B(a == b),
-            BinaryOp::CmpNe => V::B(a != b),
-            BinaryOp::And | BinaryOp::Or => panic!("and/or of float"),
-        }
-    }};
-}
-
+/// `op(a, b)` with the interpreter's semantics (`air::scalar::binary`) in the operands' type.
 pub fn binary(op: BinaryOp, a: V, b: V) -> V {
-    match (a, b) {
-        (V::I32(a), V::I32(b)) => int_bin!(op, a, b, I32),
-        (V::I64(a), V::I64(b)) => int_bin!(op, a, b, I64),
-        (V::F(a), V::F(b)) => float_bin!(op, a, b, F, libm::powf),
-        (V::D(a), V::D(b)) => float_bin!(op, a, b, D, libm::pow),
-        (V::B(a), V::B(b)) => V::B(match op {
-            BinaryOp::And | BinaryOp::Min => a && b,
-            BinaryOp::Or | BinaryOp::Max => a || b,
-            BinaryOp::CmpLt => !a & b,
-            BinaryOp::CmpEq => a == b,
-            BinaryOp::CmpNe => a != b,
-            _ => panic!("{op:?} of bool"),
-        }),
-        _ => panic!("mixed operands {a:?} {b:?}"),
-    }
+    let ((x, d), (y, e)) = (a.to_scalar(), b.to_scalar());
+    assert_eq!(d, e, "mixed operands {a:?} {b:?}");
+    let r = scalar::binary(op, x, y, d).unwrap_or_else(|| panic!("{op:?} of {d}"));
+    V::from_scalar(r, if op.is_comparison() { DType::Bool } else { d })
 }
 
 /// The plain evaluator of kir.

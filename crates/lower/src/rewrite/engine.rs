@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use air::graph::Inputs;
 use air::op::Const;
-use air::{Graph, NodeId, Op, TensorType};
+use air::{Graph, NodeId, Op, OpKind, TensorType};
 use slotmap::SecondaryMap;
 use smallvec::SmallVec;
 
@@ -28,11 +28,11 @@ enum CompiledRhs {
     Compute(Compute),
 }
 
-/// A set of rules ready to run: parsed, and indexed by the mnemonic of the op at their root, so
+/// A set of rules ready to run: parsed, and indexed by the kind of the op at their root, so
 /// that a node is only tried against the rules that can match it.
 pub struct RuleSet {
     rules: Vec<Compiled>,
-    by_head: HashMap<&'static str, Vec<usize>>,
+    by_head: HashMap<OpKind, Vec<usize>>,
     /// The deepest pattern, in op levels (see `Pat::depth`).
     depth: usize,
 }
@@ -62,8 +62,8 @@ impl RuleSet {
             Rhs::Compute(c) => CompiledRhs::Compute(c),
         };
         let index = self.rules.len();
-        for m in head.mnemonics() {
-            self.by_head.entry(m).or_default().push(index);
+        for k in head.kinds() {
+            self.by_head.entry(k).or_default().push(index);
         }
         self.depth = self.depth.max(lhs.depth());
         self.rules.push(Compiled { rule, names, lhs, rhs });
@@ -168,7 +168,7 @@ pub fn apply_rules(g: &mut Graph, rules: &RuleSet, stats: &mut RewriteStats) -> 
             continue;
         }
         stats.visits += 1;
-        let Some(candidates) = rules.by_head.get(g.op(id).mnemonic()) else { continue };
+        let Some(candidates) = rules.by_head.get(&g.op(id).kind()) else { continue };
         for &ri in candidates {
             air::work::tick();
             attempts[ri] += 1;

@@ -1,5 +1,6 @@
 //! The pattern language of rewrite rules: s-expressions over op mnemonics, parsed once when a rule
-//! set is built, and the matcher that runs them against a graph.
+//! set is built (each head becomes an `air::OpKind`), and the matcher that runs them against a
+//! graph.
 //!
 //! # Patterns (left-hand sides)
 //!
@@ -31,7 +32,7 @@
 //!      | (OP tpl ...)      a new node of an attribute-free op (unary, binary, where)
 //! ```
 
-use air::{BinaryOp, DType, Graph, NodeId, Op, Scalar, UnaryOp};
+use air::{BinaryOp, DType, Graph, NodeId, Op, OpKind, Scalar, UnaryOp};
 use smallvec::SmallVec;
 
 /// Which dtypes a typed capture accepts.
@@ -121,8 +122,8 @@ impl Lit {
 /// What the head of an op pattern accepts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Head {
-    /// Exactly the op with this mnemonic.
-    Op(&'static str),
+    /// Exactly the ops of this kind.
+    Op(OpKind),
     /// Any unary element-wise op.
     Unary,
     /// Any binary element-wise op.
@@ -133,30 +134,20 @@ impl Head {
     /// Whether a node with op `op` matches this head (attributes are ignored).
     pub fn accepts(self, op: &Op) -> bool {
         match self {
-            Head::Op(m) => op.mnemonic() == m,
+            Head::Op(k) => op.kind() == k,
             Head::Unary => matches!(op, Op::Unary(_)),
             Head::Binary => matches!(op, Op::Binary(_)),
         }
     }
 
-    /// The mnemonics this head accepts (the rule index files a rule under each).
-    pub fn mnemonics(self) -> Vec<&'static str> {
+    /// The op kinds this head accepts (the rule index files a rule under each).
+    pub fn kinds(self) -> Vec<OpKind> {
         match self {
-            Head::Op(m) => vec![m],
-            Head::Unary => UnaryOp::ALL.iter().map(|u| u.name()).collect(),
-            Head::Binary => BinaryOp::ALL.iter().map(|b| b.name()).collect(),
+            Head::Op(k) => vec![k],
+            Head::Unary => UnaryOp::ALL.iter().map(|&u| OpKind::Unary(u)).collect(),
+            Head::Binary => BinaryOp::ALL.iter().map(|&b| OpKind::Binary(b)).collect(),
         }
     }
-}
-
-/// Every op mnemonic, so that a pattern's head is checked when the rule set is built.
-fn mnemonic(text: &str) -> Option<&'static str> {
-    const OTHERS: [&str; 11] =
-        ["input", "const", "iota", "where", "cast", "reduce", "reshape", "permute", "expand", "pad", "shrink"];
-    if let Some(m) = OTHERS.iter().find(|m| **m == text) {
-        return Some(m);
-    }
-    UnaryOp::from_name(text).map(UnaryOp::name).or_else(|| BinaryOp::from_name(text).map(BinaryOp::name))
 }
 
 /// A parsed left-hand side.
@@ -359,7 +350,7 @@ fn pattern(lx: &mut Lexer<'static>, tok: Token<'static>, names: &mut Vec<&'stati
             let head = match head {
                 "unary" => Head::Unary,
                 "binary" => Head::Binary,
-                h => Head::Op(mnemonic(h).ok_or_else(|| format!("unknown op `{h}`"))?),
+                h => Head::Op(OpKind::from_name(h).ok_or_else(|| format!("unknown op `{h}`"))?),
             };
             let mut inputs = Vec::new();
             loop {
@@ -369,16 +360,10 @@ fn pattern(lx: &mut Lexer<'static>, tok: Token<'static>, names: &mut Vec<&'stati
                     None => return Err("unclosed `(`".into()),
                 }
             }
-            if let Head::Op(m) = head {
-                let arity = match m {
-                    "input" | "const" | "iota" => 0,
-                    "where" => 3,
-                    m if BinaryOp::from_name(m).is_some() => 2,
-                    _ => 1,
-                };
-                if inputs.len() != arity {
-                    return Err(format!("`{m}` takes {arity} inputs, the pattern gives {}", inputs.len()));
-                }
+            if let Head::Op(k) = head
+                && inputs.len() != k.arity()
+            {
+                return Err(format!("`{k}` takes {} inputs, the pattern gives {}", k.arity(), inputs.len()));
             }
             Ok(Pat::Op { head, inputs })
         }
@@ -425,12 +410,13 @@ fn template(lx: &mut Lexer<'static>, tok: Token<'static>, names: &[&'static str]
                     _ => Err("a const template holds exactly one literal".into()),
                 },
                 "root" => Ok(Template::Root(args)),
-                "where" => Ok(Template::Op(Op::Where, args)),
                 h => {
-                    let op = UnaryOp::from_name(h)
-                        .map(Op::Unary)
-                        .or_else(|| BinaryOp::from_name(h).map(Op::Binary))
-                        .ok_or_else(|| format!("`{h}` cannot be built by a template (it has attributes)"))?;
+                    let op = match OpKind::from_name(h) {
+                        Some(OpKind::Unary(u)) => Op::Unary(u),
+                        Some(OpKind::Binary(b)) => Op::Binary(b),
+                        Some(OpKind::Where) => Op::Where,
+                        _ => return Err(format!("`{h}` cannot be built by a template (it has attributes)")),
+                    };
                     if args.len() != op.arity() {
                         return Err(format!("`{h}` takes {} inputs, the template gives {}", op.arity(), args.len()));
                     }

@@ -28,8 +28,10 @@
 //!   uniform const through them (a const is the same value at every index) are exact. `reduce max`
 //!   of a const is the const only when no reduced axis can be empty (all reduced dims are known
 //!   constants of at least 1); `pad` of a const is a const only when the pad value is the const.
-//! - Constant folding evaluates the op with the interpreter itself on one element of each
-//!   operand's dtype, so the folded value has the bits the unfolded graph computes.
+//! - Constant folding evaluates the op with the interpreter's own scalar functions
+//!   (`air::scalar`) on the operands converted to their dtypes, so the folded value has the bits
+//!   the unfolded graph computes. An integer `div` or `mod` by a zero const is not folded: it is
+//!   an error of the run.
 //!
 //! Inexact rules (`exact: false`, in [`RuleSet::fast_math`](crate::rewrite::RuleSet::fast_math)
 //! only):
@@ -42,9 +44,9 @@
 //! Deliberately absent: `log2(exp2 x) -> x` (`exp2` overflows to infinity for large `x` and
 //! underflows to `0` for very negative `x`), float `x * 0 -> 0`, float `x + 0.0 -> x`.
 
-use air::interp::eval_op;
 use air::op::{Const, Pad, Permute, Shrink};
-use air::{Bindings, DType, Graph, HostTensor, NodeId, Op, ReduceOp, TensorType};
+use air::scalar;
+use air::{BinaryOp, DType, Graph, NodeId, Op, ReduceOp, Scalar, TensorType};
 use smallvec::SmallVec;
 
 use super::pattern::Match;
@@ -222,22 +224,29 @@ fn const_value(g: &Graph, id: NodeId) -> Option<air::Scalar> {
     }
 }
 
-/// Folds an element-wise op on const operands by running the interpreter on one element of each,
+/// Folds an element-wise op on const operands with `air::scalar` (the interpreter's semantics),
 /// so the folded value is exactly what the graph would compute.
 fn fold(b: &mut Builder<'_>, root: NodeId, _: &Match<'_>) -> Option<NodeId> {
     let g = b.graph();
-    let one = air::dim::shape_of(&[1]);
-    let bindings = Bindings::new();
-    let mut args: SmallVec<[HostTensor; 3]> = SmallVec::new();
+    let mut args: SmallVec<[Scalar; 2]> = SmallVec::new();
     for &input in g.inputs(root) {
-        let op = Op::Const(Const { value: const_value(g, input)? });
-        let ty = TensorType::new(g.ty(input).dtype, one.clone());
-        args.push(eval_op(&op, &ty, &[], &bindings).ok()?);
+        args.push(scalar::cast(const_value(g, input)?, g.ty(input).dtype));
     }
-    let refs: SmallVec<[&HostTensor; 3]> = args.iter().collect();
+    let dtype = g.ty(*g.inputs(root).first()?).dtype;
+    let value = match (g.op(root), args.as_slice()) {
+        (Op::Unary(op), &[x]) => scalar::unary(*op, x, dtype)?,
+        (Op::Binary(op), &[x, y]) => {
+            // An integer division by zero is an error of the run, not a value.
+            if matches!(op, BinaryOp::Div | BinaryOp::Mod) && dtype.is_int() && y == Scalar::Int(0) {
+                return None;
+            }
+            scalar::binary(*op, x, y, dtype)?
+        }
+        (Op::Cast(c), &[x]) => scalar::cast(x, c.to),
+        _ => return None,
+    };
     let root_ty = g.ty(root).clone();
-    let out = eval_op(g.op(root), &TensorType::new(root_ty.dtype, one), &refs, &bindings).ok()?;
-    b.add_leaf(Op::Const(Const { value: out.data.get(0) }), root_ty)
+    b.add_leaf(Op::Const(Const { value }), root_ty)
 }
 
 /// A const of the root's type holding the value of the root's const input.

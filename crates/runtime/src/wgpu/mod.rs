@@ -54,13 +54,12 @@ use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use air::{Bindings, Graph, HostTensor};
+use air::{Bindings, Graph, GraphKey, HostTensor};
 use codegen::lru::{Lru, capacity_from_env};
 use codegen::wgsl::{self, WgslKernel};
 use lower::kir::Kernel;
 
 use crate::error::RuntimeError;
-use crate::key::GraphKey;
 
 pub use exec::{GpuMemoryStats, WgpuExecutable};
 

@@ -4,11 +4,18 @@
 //! way, whatever the slot numbers of their `NodeId`s. Nodes are listed in the graph's topological
 //! order and refer to their inputs by position in that list, so a graph built twice by the same
 //! code has one key. Symbol *values* are not part of the key: one program serves every binding.
+//!
+//! Hashing uses `rustc-hash`'s `FxHasher`, a fast non-cryptographic hash: a cache compares keys
+//! in full on a hash match, so only speed and spread matter, not resistance to crafted
+//! collisions (SipHash made hashing a third of a cache hit).
 
 use std::hash::{Hash, Hasher};
 
-use air::{Graph, NodeId, Op, TensorType};
+use rustc_hash::FxHasher;
 use smallvec::SmallVec;
+
+use crate::graph::{Graph, NodeId};
+use crate::op::{Op, TensorType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct KeyNode {
@@ -18,63 +25,13 @@ struct KeyNode {
     inputs: SmallVec<[u32; 3]>,
 }
 
-/// A graph's structure without its ids; hashing it reads only the precomputed hash.
+/// A graph's structure without its ids, for caches keyed by structure (a device's program cache,
+/// a trainer counting distinct step graphs); hashing it reads only the precomputed hash.
 #[derive(Clone, Debug)]
 pub struct GraphKey {
     nodes: Vec<KeyNode>,
     outputs: Vec<u32>,
     hash: u64,
-}
-
-/// A fast, non-cryptographic hasher (the multiply-rotate scheme of rustc's `FxHasher`): the cache
-/// compares keys in full on a hash match, so only speed and spread matter, not resistance to
-/// crafted collisions. SipHash made hashing a third of a cache hit.
-#[derive(Default)]
-struct StructHasher(u64);
-
-const SEED: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-
-impl StructHasher {
-    #[inline]
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(SEED);
-    }
-}
-
-impl Hasher for StructHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word) ^ ((rest.len() as u64) << 59));
-        }
-    }
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.add(i);
-    }
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.add(i as u64);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 /// The position of every node of `order` in it, indexed by `NodeId::index` (`u32::MAX`: absent).
@@ -88,7 +45,7 @@ fn positions(order: &[NodeId]) -> Vec<u32> {
 }
 
 /// Feeds one node (op, type, input positions) to the hasher; `of` and `structural_hash` agree.
-fn hash_node(h: &mut StructHasher, op: &Op, ty: &TensorType, inputs: impl ExactSizeIterator<Item = u32>) {
+fn hash_node(h: &mut FxHasher, op: &Op, ty: &TensorType, inputs: impl ExactSizeIterator<Item = u32>) {
     op.hash(h);
     ty.hash(h);
     h.write_usize(inputs.len());
@@ -104,11 +61,11 @@ impl GraphKey {
         let order = graph.topo_order();
         let position = positions(order);
         let mut nodes = Vec::with_capacity(order.len());
-        let mut h = StructHasher::default();
+        let mut h = FxHasher::default();
         h.write_usize(order.len());
         for &id in order {
             let node = graph.node(id);
-            air::work::add(1 + node.inputs.len() as u64);
+            crate::work::add(1 + node.inputs.len() as u64);
             let inputs: SmallVec<[u32; 3]> = node.inputs.iter().map(|input| position[input.index() as usize]).collect();
             hash_node(&mut h, &node.op, &node.ty, inputs.iter().copied());
             nodes.push(KeyNode { op: node.op.clone(), ty: node.ty.clone(), inputs });
@@ -124,11 +81,11 @@ impl GraphKey {
     pub fn structural_hash(graph: &Graph) -> u64 {
         let order = graph.topo_order();
         let position = positions(order);
-        let mut h = StructHasher::default();
+        let mut h = FxHasher::default();
         h.write_usize(order.len());
         for &id in order {
             let node = graph.node(id);
-            air::work::add(1 + node.inputs.len() as u64);
+            crate::work::add(1 + node.inputs.len() as u64);
             hash_node(&mut h, &node.op, &node.ty, node.inputs.iter().map(|input| position[input.index() as usize]));
         }
         h.write_usize(graph.outputs().len());
@@ -163,6 +120,7 @@ impl GraphKey {
         self.nodes.len()
     }
 
+    /// Whether the key covers no node (the key of an empty graph).
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
@@ -205,9 +163,9 @@ impl Hash for GraphKey {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use air::dim::shape_of;
-    use air::op::Input;
-    use air::{BinaryOp, DType, UnaryOp};
+    use crate::DType;
+    use crate::dim::shape_of;
+    use crate::op::{BinaryOp, Input, UnaryOp};
 
     fn build(extra_dead: bool) -> Graph {
         let mut g = Graph::new();
