@@ -390,6 +390,17 @@ fn reductions_and_views_validate() {
     );
 }
 
+/// A shrink that keeps only padding reads its input at a constant negative index under a mask
+/// that is always false; WGSL rejects a constant negative index at shader creation, so the
+/// masked load must read a valid index instead (found by the random-graph property test).
+#[test]
+fn a_view_of_padding_only_validates() {
+    let ws = shaders(
+        "graph {\n n0 = input 0 : f32[1]\n n1 = pad [(1, 2)] value=0.0 n0 : f32[4]\n n2 = shrink [(0, 1)] n1 : f32[1]\n n3 = neg n2 : f32[1]\n return n3\n}",
+    );
+    assert!(!ws.iter().any(|w| w.source.contains("[-")), "{}", ws[0].source);
+}
+
 #[test]
 fn transposed_batched_matmul_validates() {
     let ws = shaders(&matmul_graph("3", "16", "8", "5", true));

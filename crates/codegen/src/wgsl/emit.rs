@@ -295,13 +295,25 @@ impl<'a> Writer<'a> {
     fn inst(&mut self, dtype: DType, inst: &Inst) -> Result<String> {
         Ok(match inst {
             Inst::Gather { .. } => return Err(CodegenError::Invalid("gather outside a let".into())),
-            Inst::Load { buf, index, mask, other } => {
-                let value = self.load(*buf, index, dtype)?;
-                match mask {
-                    None => value,
-                    Some(m) => format!("select({}, {value}, {})", constant(*other, dtype)?, self.cond(m)?),
+            Inst::Load { buf, index, mask, other } => match mask {
+                None => self.load(*buf, index, dtype)?,
+                Some(m) => {
+                    // `select` evaluates both operands, and WGSL rejects a constant negative
+                    // index when the shader is created. A constant index below 0 can only be
+                    // read under a mask that is false there (a view of padding alone): read
+                    // element 0 instead; the mask picks `other` either way.
+                    let safe;
+                    let index = match index.as_const() {
+                        Some(i) if i < 0 => {
+                            safe = IExpr::Const(0);
+                            &safe
+                        }
+                        _ => index,
+                    };
+                    let value = self.load(*buf, index, dtype)?;
+                    format!("select({}, {value}, {})", constant(*other, dtype)?, self.cond(m)?)
                 }
-            }
+            },
             Inst::Const(s) => constant(*s, dtype)?,
             Inst::Index(e) => {
                 let i = self.iexpr(e)?;
