@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use air::{Bindings, Graph, HostTensor};
-use kiln::profile::{self, AllocCounts, PlannedMemory, ProfileObserver};
+use kiln::profile::{self, AllocCounts, ProfileObserver};
 use lower::kir::Kernel;
 use lower::rewrite::RewriteStats;
 use lower::{CompileOptions, Program};
@@ -59,11 +59,7 @@ pub fn compile(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> 
     let device = profile::span("codegen-init", || fresh_device(options))?;
     let exe = device.compile_observed(graph, &mut ProfileObserver::default())?;
     let memory = profile::span("memory-plan", || exe.memory(bindings))?;
-    profile::set_memory(PlannedMemory {
-        arena_bytes: memory.arena_bytes,
-        peak_live_bytes: memory.peak_live_bytes,
-        naive_bytes: memory.naive_bytes,
-    });
+    profile::set_memory(memory);
     profile::add_counter("loop kernels compiled", device.stats().kernels_compiled);
     let kernels = exe.program().kernels.len();
     let loop_kernels = exe.program().kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();

@@ -190,9 +190,9 @@ pub fn measure_wgpu(device: &WgpuDevice, traced: &Traced) -> anyhow::Result<Meas
     Ok(Measured {
         kernels: exe.program().kernels.len(),
         launches: exe.launches(),
-        arena_bytes: m.arena_bytes,
-        peak_live_bytes: m.peak_live_bytes,
-        naive_bytes: m.naive_bytes,
+        arena_bytes: m.arena_bytes as u64,
+        peak_live_bytes: m.peak_live_bytes as u64,
+        naive_bytes: m.naive_bytes as u64,
         buffers_first_run: Some(after_first - before),
         buffers_second_run: Some(after_second - after_first),
     })
@@ -231,22 +231,40 @@ pub struct CacheSample {
 /// Compiles and runs `compiles` distinct shapes on a fresh device with default cache bounds,
 /// sampling RSS and the cache sizes ten times along the way (and before the first).
 pub fn measure_caches(device: MemDevice, compiles: usize) -> anyhow::Result<Vec<CacheSample>> {
+    // Each device through its own type: the facade's `kiln::Device` is the one device enum, and
+    // this measures a device's own caches, which it does not expose.
+    match device {
+        MemDevice::Cpu => {
+            let d = CpuDevice::new()?;
+            sample_caches(
+                compiles,
+                |g, x| Ok(drop(d.run(g, x, &Default::default())?)),
+                || (d.cached_programs(), Some(d.cached_kernels())),
+            )
+        }
+        MemDevice::Wgpu => {
+            let d = WgpuDevice::new()?;
+            sample_caches(compiles, |g, x| Ok(drop(d.run(g, x, &Default::default())?)), || (d.cached_programs(), None))
+        }
+    }
+}
+
+/// The samples of [`measure_caches`]: `run` runs a graph on the device, `cached` reads its
+/// program and kernel caches.
+fn sample_caches(
+    compiles: usize,
+    run: impl Fn(&Graph, &[HostTensor]) -> anyhow::Result<()>,
+    cached: impl Fn() -> (usize, Option<usize>),
+) -> anyhow::Result<Vec<CacheSample>> {
     let step = (compiles / 10).max(1);
-    let dev = match device {
-        MemDevice::Cpu => runtime::Device::Cpu(CpuDevice::new()?),
-        MemDevice::Wgpu => runtime::Device::Wgpu(WgpuDevice::new()?),
-    };
     let mut samples = Vec::new();
     for n in 0..=compiles {
         if n > 0 {
             let x = HostTensor::from_vec(vec![1.0f32; n], vec![n]).map_err(anyhow::Error::msg)?;
-            dev.run(&shape_graph(n)?, &[x], &Default::default())?;
+            run(&shape_graph(n)?, &[x])?;
         }
         if n % step == 0 || n == compiles {
-            let (cached_programs, cached_kernels) = match &dev {
-                runtime::Device::Cpu(d) => (d.cached_programs(), Some(d.cached_kernels())),
-                runtime::Device::Wgpu(d) => (d.cached_programs(), None),
-            };
+            let (cached_programs, cached_kernels) = cached();
             samples.push(CacheSample { compiles: n, rss_bytes: rss_bytes(), cached_programs, cached_kernels });
         }
     }

@@ -38,7 +38,13 @@ fn fit_step(case: &mut Case, optimizer: &mut Sgd, runner: &Runner) -> anyhow::Re
     let refs: Vec<&Tensor> = params.iter().collect();
     let grads = kiln::grad(&loss, &refs)?;
     let step = optimizer.step_with(&params, &grads, &[&loss], &mut |tensors: &[&Tensor]| {
-        runner.realize(tensors).map_err(|e| nn::NnError::Kiln(kiln::Error::Backend(format!("{e:#}"))))
+        runner.realize(tensors).map_err(|e| {
+            let message = format!("{e:#}");
+            nn::NnError::Kiln(kiln::Error::runtime(
+                "bench runner",
+                runtime::RuntimeError::Device { device: "bench runner", message },
+            ))
+        })
     })?;
     let loss = step.outputs.into_iter().next().ok_or_else(|| anyhow::anyhow!("no loss"))?;
     let mut fresh = step.params.into_iter();
