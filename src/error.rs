@@ -9,7 +9,7 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use air::{AirError, Symbol};
-use runtime::{ErrorKind, RuntimeError};
+pub use runtime::{ErrorKind, RuntimeError};
 
 /// Everything that can go wrong in Kiln's facade.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
