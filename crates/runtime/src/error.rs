@@ -41,7 +41,7 @@ pub enum RuntimeError {
     /// `declared` is the node's type (symbolic dims and all), `expected` that type for these
     /// bindings.
     #[error("input slot {slot}: expected {declared} (= {expected}), got {got}")]
-    InputMismatch { slot: u32, declared: air::TensorType, expected: InputSpec, got: InputSpec },
+    InputMismatch { slot: u32, declared: Box<air::TensorType>, expected: InputSpec, got: InputSpec },
     /// A condition of the graph's symbolic shapes fails for the bindings (a shrink past the end
     /// of its input, a negative padding or dim): the error the interpreter gives too, naming the
     /// op and its node's position in the graph (`air::constraints`).

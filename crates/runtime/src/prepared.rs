@@ -296,7 +296,7 @@ impl Prepared {
             if given.dtype() != ty.dtype || given.shape != *shape || given.numel() != numel {
                 return Err(RuntimeError::InputMismatch {
                     slot: slot as u32,
-                    declared: ty.clone(),
+                    declared: Box::new(ty.clone()),
                     expected: InputSpec { dtype: ty.dtype, shape: shape.clone(), numel },
                     got: InputSpec { dtype: given.dtype(), shape: given.shape.clone(), numel: given.numel() },
                 });

@@ -58,7 +58,7 @@ fn bad_input_count_and_dtype_are_bad_inputs() {
         assert_eq!(e.kind(), ErrorKind::BadInput, "{name}");
         match e {
             RuntimeError::InputMismatch { slot: 0, declared, expected, got } => {
-                assert_eq!(declared, TensorType::new(DType::F32, vec![Dim::sym("n")]), "{name}");
+                assert_eq!(*declared, TensorType::new(DType::F32, vec![Dim::sym("n")]), "{name}");
                 assert_eq!((expected.dtype, expected.shape, expected.numel), (DType::F32, vec![4], 4), "{name}");
                 assert_eq!((got.dtype, got.shape, got.numel), (DType::I32, vec![4], 4), "{name}");
             }

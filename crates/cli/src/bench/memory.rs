@@ -232,13 +232,14 @@ pub fn measure_caches(device: MemDevice, compiles: usize) -> anyhow::Result<Vec<
             let d = CpuDevice::new()?;
             sample_caches(
                 compiles,
-                |g, x| Ok(drop(d.run(g, x, &Default::default())?)),
+                |g, x| d.run(g, x, &Default::default()).map(drop).map_err(Into::into),
                 || (d.cached_programs(), Some(d.cached_kernels())),
             )
         }
         MemDevice::Wgpu => {
             let d = WgpuDevice::new()?;
-            sample_caches(compiles, |g, x| Ok(drop(d.run(g, x, &Default::default())?)), || (d.cached_programs(), None))
+            let run = |g: &Graph, x: &[HostTensor]| d.run(g, x, &Default::default()).map(drop).map_err(Into::into);
+            sample_caches(compiles, run, || (d.cached_programs(), None))
         }
     }
 }
