@@ -171,6 +171,9 @@ impl<B: Backend> Runner<B> {
             let sizes = self.prepared.sizes(key, bindings)?;
             let launches = self.backend.size(&self.prepared, &sizes)?;
             let program = self.prepared.program();
+            // One unit per buffer sized, as `lower::memplan::buffer_sizes` counts: a device's plan
+            // costs what `memplan::plan` does.
+            air::work::add(sizes.buf_numel.len() as u64);
             let bytes = sizes
                 .buf_numel
                 .iter()

@@ -167,6 +167,11 @@ impl CpuCode {
         if loop_fns.len() != program.kernels.len() {
             return invalid(format!("{} kernels but {} compiled functions", program.kernels.len(), loop_fns.len()));
         }
+        for (k, (kernel, func)) in program.kernels.iter().zip(&loop_fns).enumerate() {
+            if matches!(kernel, Kernel::Loops(_)) && func.is_none() {
+                return invalid(format!("loop kernel k{k} has no compiled function"));
+            }
+        }
         let mut steps = Vec::with_capacity(program.steps.len());
         let mut table_bufs = Vec::new();
         for step in &program.steps {
@@ -175,10 +180,8 @@ impl CpuCode {
             air::work::add(step.args.len() as u64);
             let code = match (&program.kernels[step.kernel as usize], loop_fns[step.kernel as usize]) {
                 (Kernel::Loops(l), Some(func)) => Code::Loop { func, parallel: launch::parallel_loop(l).is_some() },
-                (Kernel::Loops(_), None) => {
-                    return invalid(format!("loop kernel k{} has no compiled function", step.kernel));
-                }
-                (Kernel::Matmul(_), _) => Code::Matmul,
+                // Checked above: every loop kernel has its function.
+                (Kernel::Loops(_), None) | (Kernel::Matmul(_), _) => Code::Matmul,
             };
             steps.push(StepCode { code, kernel: step.kernel, arg_start: table_bufs.len() as u32 });
             table_bufs.extend(step.args.iter().map(|b| b.0));
