@@ -57,7 +57,7 @@ pub struct Sizes {
 }
 
 /// The largest loop variable id used in `stmts` plus one (the size of a `vars` array).
-pub fn var_count(stmts: &[Stmt]) -> usize {
+pub(crate) fn var_count(stmts: &[Stmt]) -> usize {
     stmts
         .iter()
         .map(|s| match s {
