@@ -4,11 +4,10 @@ use std::sync::OnceLock;
 
 use air::{AirError, Bindings, BoundsError, Graph, HostTensor};
 use runtime::RuntimeError;
-use runtime::wgpu::WgpuError;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::profile::{self, PlannedMemory};
+use crate::profile;
 use crate::realize::Sites;
 
 /// The process-wide GPU device (first use picks the adapter and logs it).
@@ -64,10 +63,10 @@ pub(crate) fn execute_traced(
     match device {
         Device::Interp => interp(graph, &inputs, bindings).map_err(|e| interp_error(e, located)),
         Device::Cpu => {
-            let exe = cpu_device()?.compile(graph).map_err(|e| cpu_error(e, located))?;
-            run_cpu(&exe, &inputs, bindings).map_err(|e| cpu_error(e, located))
+            let exe = cpu_device()?.compile(graph).map_err(|e| runtime_error("cpu", e, located))?;
+            run_cpu(&exe, &inputs, bindings).map_err(|e| runtime_error("cpu", e, located))
         }
-        Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| wgpu_error(e, located)),
+        Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| runtime_error("wgpu", e, located)),
     }
 }
 
@@ -90,17 +89,12 @@ fn interp_error(e: AirError, located: impl Fn(BoundsError) -> Error) -> Error {
     }
 }
 
-fn cpu_error(e: RuntimeError, located: impl Fn(BoundsError) -> Error) -> Error {
+/// A device's error: a bounds error at the line that built its node, anything else an
+/// [`Error::Runtime`] that keeps the error (and so its kind).
+fn runtime_error(device: &'static str, e: RuntimeError, located: impl Fn(BoundsError) -> Error) -> Error {
     match e {
         RuntimeError::Bounds(b) => located(b),
-        e => Error::Backend(format!("cpu: {e}")),
-    }
-}
-
-fn wgpu_error(e: WgpuError, located: impl Fn(BoundsError) -> Error) -> Error {
-    match e {
-        WgpuError::Runtime(RuntimeError::Bounds(b)) => located(b),
-        e => Error::Backend(format!("wgpu: {e}")),
+        e => Error::runtime(device, e),
     }
 }
 
@@ -135,22 +129,18 @@ fn execute_profiled(
         Device::Wgpu => {
             let gpu = wgpu_device()?;
             return profile::span(profile::Step::Run, || gpu.run(graph, &inputs, bindings))
-                .map_err(|e| wgpu_error(e, located));
+                .map_err(|e| runtime_error("wgpu", e, located));
         }
         Device::Cpu => cpu_device()?,
     };
-    let backend = |e: RuntimeError| cpu_error(e, located);
+    let backend = |e: RuntimeError| runtime_error("cpu", e, located);
     let mut observer = profile::ProfileObserver::default();
     let exe = cpu.compile_observed(graph, &mut observer).map_err(backend)?;
     profile::begin(runtime::Step::MemoryPlan, None);
     let memory = exe.memory(bindings);
     profile::end(None);
     let memory = memory.map_err(backend)?;
-    profile::set_memory(PlannedMemory {
-        arena_bytes: memory.arena_bytes,
-        peak_live_bytes: memory.peak_live_bytes,
-        naive_bytes: memory.naive_bytes,
-    });
+    profile::set_memory(memory);
     let run = if observer.cache_hit() { profile::Step::Run } else { profile::Step::FirstRun };
     profile::span(run, || run_cpu(&exe, &inputs, bindings)).map_err(backend)
 }

@@ -6,8 +6,10 @@
 //! `to_vec`, `item` and `check` hand it back as `Err`.
 
 use std::panic::Location;
+use std::sync::Arc;
 
 use air::{AirError, Symbol};
+pub use runtime::{ErrorKind, RuntimeError};
 
 /// Everything that can go wrong in Kiln's facade.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -28,9 +30,16 @@ pub enum Error {
     /// An unknown or unavailable device (for example a bad `KILN_DEVICE`), or mixed devices.
     #[error("device: {0}")]
     Device(String),
-    /// A backend failed or returned data that does not match the graph.
-    #[error("backend: {0}")]
-    Backend(String),
+    /// A device failed to compile or run a program, or returned data that does not match the
+    /// graph: the runtime's error, whose [`kind`](Error::kind) says what went wrong (out of
+    /// memory, unsupported, bad input, bounds, device lost, invalid program).
+    #[error("{device}: {error}")]
+    Runtime {
+        /// The device that failed (`cpu`, `wgpu`).
+        device: &'static str,
+        /// What failed.
+        error: SharedRuntimeError,
+    },
     /// Two source tensors bind one symbol to different values.
     #[error("symbol `{symbol}` is bound to both {first} and {second}")]
     Binding {
@@ -49,7 +58,51 @@ pub enum Error {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A [`RuntimeError`] shared by the clones of the [`Error`] that carries it (it dereferences to
+/// the error). Two are equal when they are the same error, or of the same kind with the same
+/// message.
+#[derive(Debug, Clone)]
+pub struct SharedRuntimeError(Arc<RuntimeError>);
+
+impl std::ops::Deref for SharedRuntimeError {
+    type Target = RuntimeError;
+    fn deref(&self) -> &RuntimeError {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SharedRuntimeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialEq for SharedRuntimeError {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || (self.0.kind() == other.0.kind() && self.0.to_string() == other.0.to_string())
+    }
+}
+
 impl Error {
+    /// The [`Error::Runtime`] of `device` for `error`.
+    pub fn runtime(device: &'static str, error: RuntimeError) -> Error {
+        Error::Runtime { device, error: SharedRuntimeError(Arc::new(error)) }
+    }
+
+    /// A device returned something that does not match the graph (an internal inconsistency,
+    /// reported instead of used): a runtime error of kind `InvalidProgram`.
+    pub(crate) fn internal(message: String) -> Error {
+        Error::runtime("realize", RuntimeError::InvalidProgram(message))
+    }
+
+    /// The kind of a device's failure ([`Error::Runtime`]), `None` for the facade's own errors.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            Error::Runtime { error, .. } => Some(error.kind()),
+            _ => None,
+        }
+    }
+
     /// An [`Error::Op`] for the op `op` called at `location`.
     pub(crate) fn op(op: &'static str, message: impl Into<String>, location: &'static Location<'static>) -> Error {
         Error::Op { op, message: message.into(), location }

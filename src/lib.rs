@@ -45,7 +45,7 @@ pub use tree::Tree;
 pub use air::{Bindings, DType, Dim, Element, GraphKey, HostData, HostTensor, Scalar, Shape, TensorType};
 pub use autograd::{grad, is_grad_enabled, no_grad};
 pub use device::Device;
-pub use error::{Error, Result};
+pub use error::{Error, ErrorKind, Result, RuntimeError, SharedRuntimeError};
 pub use ops::elementwise::{GeluApprox, where_};
 pub use ops::index::{cat, stack};
 pub use random::manual_seed;

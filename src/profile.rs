@@ -313,7 +313,7 @@ struct Recorder {
     alloc0: AllocCounts,
     spans: Vec<Option<Span>>,
     open: Vec<Open>,
-    memory: Option<PlannedMemory>,
+    memory: Option<MemoryStats>,
     counters: Vec<(Cow<'static, str>, u64)>,
 }
 
@@ -398,7 +398,7 @@ pub fn span<T>(name: impl Into<SpanName>, f: impl FnOnce() -> T) -> T {
 }
 
 /// Records what the memory planner decided for the profiled program (the last call wins).
-pub fn set_memory(memory: PlannedMemory) {
+pub fn set_memory(memory: MemoryStats) {
     with_recorder(|rec| rec.memory = Some(memory));
 }
 
@@ -484,16 +484,8 @@ pub fn profile<T>(f: impl FnOnce() -> T) -> (T, Report) {
 // ---------------------------------------------------------------------------------------------
 // The report
 
-/// The memory the planner laid out for one run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PlannedMemory {
-    /// Bytes of the one arena holding every temporary.
-    pub arena_bytes: usize,
-    /// The most temporary bytes live at one point.
-    pub peak_live_bytes: usize,
-    /// Bytes the temporaries would take with one allocation each.
-    pub naive_bytes: usize,
-}
+/// The memory the planner laid out for one run (the runtime's one memory-stats type).
+pub use runtime::MemoryStats;
 
 /// Everything one [`profile`] recorded.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -504,7 +496,7 @@ pub struct Report {
     pub total: Duration,
     /// Allocations of the whole profile (every thread).
     pub alloc: AllocCounts,
-    pub memory: Option<PlannedMemory>,
+    pub memory: Option<MemoryStats>,
     /// Named counters in the order first added.
     pub counters: Vec<(String, u64)>,
     /// Whether [`CountingAlloc`] was installed (else the allocation numbers are all zero).
@@ -789,7 +781,7 @@ mod tests {
             begin("left-open", None);
             add_counter("kernels", 2);
             add_counter("kernels", 3);
-            set_memory(PlannedMemory { arena_bytes: 64, peak_live_bytes: 48, naive_bytes: 128 });
+            set_memory(MemoryStats { arena_bytes: 64, peak_live_bytes: 48, naive_bytes: 128 });
         });
         assert_eq!(report.spans.len(), 1);
         assert_eq!(report.counter("kernels"), Some(5));

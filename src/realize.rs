@@ -226,7 +226,7 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         let outputs =
             backend::execute_traced(device, &program.graph, program.inputs, &program.bindings, &program.sites)?;
         if outputs.len() != roots.len() {
-            return Err(Error::Backend(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));
+            return Err(Error::internal(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));
         }
         for (t, host) in roots.iter().zip(outputs) {
             store(t, host, &program.bindings)?;
@@ -240,7 +240,7 @@ fn store(t: &Tensor, host: HostTensor, bindings: &Bindings) -> Result<()> {
     let ty = &t.inner.ty;
     let dims = air::dim::eval_shape(&ty.shape, bindings).map_err(air::AirError::from)?;
     if host.dtype() != ty.dtype || host.shape != dims {
-        return Err(Error::Backend(format!(
+        return Err(Error::internal(format!(
             "result {}{:?} does not match the tensor's type {} (dims {:?})",
             host.dtype(),
             host.shape,
@@ -274,7 +274,7 @@ impl Tensor {
         self.realize()?;
         match self.inner.data.get() {
             Some(r) => Ok(r.host.clone()),
-            None => Err(Error::Backend("realize stored no data".into())),
+            None => Err(Error::internal("realize stored no data".into())),
         }
     }
 
@@ -299,11 +299,11 @@ impl Tensor {
             Some(inner) => inner.data.take().map(|r| r.host),
             None => self.inner.data.get().map(|r| r.host.clone()),
         }
-        .ok_or_else(|| Error::Backend("realize stored no data".into()))?;
+        .ok_or_else(|| Error::internal("realize stored no data".into()))?;
         if host.dtype() != T::DTYPE {
             return Err(dtype_error("into_vec", T::DTYPE, &host, loc));
         }
-        host.into_vec::<T>().ok_or_else(|| Error::Backend("host data changed dtype".into()))
+        host.into_vec::<T>().ok_or_else(|| Error::internal("host data changed dtype".into()))
     }
 
     /// The single element of a one-element tensor (any shape with one element).

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use air::{Bindings, Graph, HostTensor};
-use kiln::profile::{self, AllocCounts, PlannedMemory, ProfileObserver};
+use kiln::profile::{self, AllocCounts, ProfileObserver};
 use lower::kir::Kernel;
 use lower::rewrite::RewriteStats;
 use lower::{CompileOptions, Pass, PassOutput, Program};
@@ -111,11 +111,7 @@ pub fn compile(
     };
     let exe = device.compile_observed(graph, &mut observer)?;
     let memory = profile::span(Step::MemoryPlan, || exe.memory(bindings))?;
-    profile::set_memory(PlannedMemory {
-        arena_bytes: memory.arena_bytes,
-        peak_live_bytes: memory.peak_live_bytes,
-        naive_bytes: memory.naive_bytes,
-    });
+    profile::set_memory(memory);
     profile::add_counter("loop kernels compiled", device.stats().kernels_compiled);
     let kernels = exe.program().kernels.len();
     let loop_kernels = exe.program().kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();

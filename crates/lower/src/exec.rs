@@ -207,7 +207,7 @@ fn run_ordered(
         .collect::<Result<_, LowerError>>()?;
     let mut mem = Memory {
         own: Vec::new(),
-        arena: vec![0u8; plan.arena_bytes],
+        arena: vec![0u8; plan.stats.arena_bytes],
         regions: Vec::new(),
         dtypes: Vec::new(),
         lens: Vec::new(),
@@ -243,7 +243,7 @@ fn run_ordered(
                     plan.offsets.get(i).copied().flatten().ok_or_else(|| {
                         LowerError::Malformed(format!("buf{i} is a temp the memory plan does not place"))
                     })?;
-                if off + bytes > plan.arena_bytes {
+                if off + bytes > plan.stats.arena_bytes {
                     return Err(LowerError::Malformed(format!("buf{i} does not fit in the arena")));
                 }
                 mem.regions.push(Region::Arena(off));

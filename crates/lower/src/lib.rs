@@ -20,5 +20,5 @@ pub mod view;
 pub use autodiff::{AutodiffError, grad, grad_with_seed};
 pub use compile::{CompileOptions, NoObserver, Pass, PassObserver, PassOutput, compile, compile_observed};
 pub use error::LowerError;
-pub use memplan::MemoryPlan;
+pub use memplan::{MemoryPlan, MemoryStats};
 pub use program::{BufId, BufferInfo, BufferKind, CheckKind, DataCheck, Program, Step};

@@ -37,6 +37,19 @@ use crate::program::{BufferKind, Program};
 /// Offsets of temps inside the arena are multiples of this many bytes.
 pub const ALIGN: usize = 64;
 
+/// The memory a plan needs, for one set of symbol bindings: the one `{arena, naive, peak}` type
+/// every device, the facade's profiler and the cli report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemoryStats {
+    /// Bytes the arena needs (after the planner's reuse).
+    pub arena_bytes: usize,
+    /// Bytes every temp would take with a buffer of its own (each rounded up to `ALIGN`, as in
+    /// the arena, so that `arena_bytes <= naive_bytes` always holds).
+    pub naive_bytes: usize,
+    /// The most bytes of temps alive in one time slot: no placement can beat it.
+    pub peak_live_bytes: usize,
+}
+
 /// Where each temp buffer lives, for one set of symbol bindings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryPlan {
@@ -46,13 +59,8 @@ pub struct MemoryPlan {
     pub sizes: Vec<usize>,
     /// Per `BufId`: the inclusive range of time slots a temp lives in (`None` for non-temps).
     pub intervals: Vec<Option<(usize, usize)>>,
-    /// Bytes the arena needs.
-    pub arena_bytes: usize,
-    /// Bytes every temp would take with a buffer of its own (each rounded up to `ALIGN`, as in
-    /// the arena, so that `arena_bytes <= naive_bytes` always holds).
-    pub naive_bytes: usize,
-    /// The most bytes of temps alive in one time slot: no placement can beat it.
-    pub peak_live_bytes: usize,
+    /// The arena, naive and peak-live bytes.
+    pub stats: MemoryStats,
 }
 
 fn align_up(x: usize) -> usize {
@@ -61,8 +69,7 @@ fn align_up(x: usize) -> usize {
 
 /// Plans with every step in its own time slot, in program order.
 pub fn plan(program: &Program, bindings: &Bindings) -> Result<MemoryPlan, LowerError> {
-    let groups: Vec<Vec<usize>> = (0..program.steps.len()).map(|s| vec![s]).collect();
-    plan_with_groups(program, bindings, &groups)
+    plan_with_groups(program, bindings, &in_order(program))
 }
 
 /// Plans with `groups[t]` the steps of time slot `t`; every step must be in exactly one group.
@@ -71,18 +78,30 @@ pub fn plan_with_groups(
     bindings: &Bindings,
     groups: &[Vec<usize>],
 ) -> Result<MemoryPlan, LowerError> {
-    let sizes = buffer_sizes(program, bindings)?;
+    plan_sizes(program, buffer_sizes(program, bindings)?, groups)
+}
+
+/// Plans with `sizes[b]` the bytes buffer `b` takes (what a device needs: its element sizes and
+/// its padding of temps, see [`buffer_sizes`] for the host's) and `groups` as in
+/// [`plan_with_groups`]. Every device plans through here.
+pub fn plan_sizes(program: &Program, sizes: Vec<usize>, groups: &[Vec<usize>]) -> Result<MemoryPlan, LowerError> {
+    if sizes.len() != program.buffers.len() {
+        return Err(LowerError::Malformed(format!(
+            "{} buffer sizes for {} buffers",
+            sizes.len(),
+            program.buffers.len()
+        )));
+    }
     let intervals = lifetimes(program, groups)?;
     let naive_bytes = naive_temp_bytes(&sizes, &intervals)?;
     let (offsets, arena_bytes) = place(&sizes, &intervals);
-    Ok(MemoryPlan {
-        peak_live_bytes: peak_live(&sizes, &intervals),
-        offsets,
-        sizes,
-        intervals,
-        arena_bytes,
-        naive_bytes,
-    })
+    let stats = MemoryStats { arena_bytes, naive_bytes, peak_live_bytes: peak_live(&sizes, &intervals) };
+    Ok(MemoryPlan { offsets, sizes, intervals, stats })
+}
+
+/// Every step in its own time slot, in program order: the groups of [`plan`].
+pub fn in_order(program: &Program) -> Vec<Vec<usize>> {
+    (0..program.steps.len()).map(|s| vec![s]).collect()
 }
 
 /// The size in bytes of every buffer under `bindings`: an error if an element count is negative

@@ -272,7 +272,7 @@ fn grouped_planning_keeps_a_level_apart_but_reuses_across_levels() {
     let in_order = memplan::plan(&p, &bindings).unwrap();
     let grouped = memplan::plan_with_groups(&p, &bindings, &levels).unwrap();
     // In order, a chain needs two temps at a time; by levels all eight chains are live together.
-    assert_eq!(in_order.arena_bytes, 2 * 256);
-    assert_eq!(grouped.arena_bytes, 16 * 256);
+    assert_eq!(in_order.stats.arena_bytes, 2 * 256);
+    assert_eq!(grouped.stats.arena_bytes, 16 * 256);
     check_levels(&g, &p, 7);
 }

@@ -3,7 +3,7 @@
 
 use air::op::Input;
 use air::{Bindings, DType, Dim, Graph, HostTensor, Op, TensorType, UnaryOp};
-use kiln_lower::memplan::{self, ALIGN, MemoryPlan};
+use kiln_lower::memplan::{self, ALIGN, MemoryPlan, MemoryStats};
 use kiln_lower::{CompileOptions, compile, exec};
 use proptest::prelude::*;
 
@@ -28,7 +28,7 @@ fn assert_disjoint(plan: &MemoryPlan) {
     for (i, o) in plan.offsets.iter().enumerate() {
         if let Some(o) = o {
             assert_eq!(o % ALIGN, 0);
-            assert!(o + plan.sizes[i] <= plan.arena_bytes);
+            assert!(o + plan.sizes[i] <= plan.stats.arena_bytes);
         }
     }
 }
@@ -53,9 +53,9 @@ fn unfused_chain_of_100_ops_needs_two_buffers() {
     let plan = memplan::plan(&p, &Bindings::new()).unwrap();
     assert_disjoint(&plan);
     // 99 temps of 400 bytes, each 448 once aligned: two slots.
-    assert_eq!(plan.naive_bytes, 99 * 448);
-    assert_eq!(plan.arena_bytes, 2 * 448);
-    assert_eq!(plan.peak_live_bytes, 800);
+    assert_eq!(plan.stats.naive_bytes, 99 * 448);
+    assert_eq!(plan.stats.arena_bytes, 2 * 448);
+    assert_eq!(plan.stats.peak_live_bytes, 800);
 
     let x = HostTensor::from_vec((0..100).map(|i| i as f32 / 50.0 - 1.0).collect(), vec![100]).unwrap();
     let want = air::eval(&g, std::slice::from_ref(&x), &Bindings::new()).unwrap();
@@ -70,8 +70,8 @@ fn concurrent_groups_extend_lifetimes() {
     let seq = memplan::plan(&p, &Bindings::new()).unwrap();
     let together = memplan::plan_with_groups(&p, &Bindings::new(), &[vec![0, 1, 2, 3]]).unwrap();
     assert_disjoint(&together);
-    assert_eq!(seq.arena_bytes, 2 * ALIGN);
-    assert_eq!(together.arena_bytes, 3 * ALIGN);
+    assert_eq!(seq.stats.arena_bytes, 2 * ALIGN);
+    assert_eq!(together.stats.arena_bytes, 3 * ALIGN);
     assert!(memplan::plan_with_groups(&p, &Bindings::new(), &[vec![0, 1], vec![1, 2, 3]]).is_err());
 }
 
@@ -87,8 +87,8 @@ fn symbolic_sizes_plan_per_binding() {
     let p = compile(&g, &CompileOptions { fuse: false, optimize: false, ..CompileOptions::default() }).unwrap();
     let small = memplan::plan(&p, &Bindings::from([(air::Symbol::new("seq"), 2)])).unwrap();
     let big = memplan::plan(&p, &Bindings::from([(air::Symbol::new("seq"), 100)])).unwrap();
-    assert_eq!(small.arena_bytes, 2 * ALIGN);
-    assert_eq!(big.arena_bytes, 2 * 1216);
+    assert_eq!(small.stats.arena_bytes, 2 * ALIGN);
+    assert_eq!(big.stats.arena_bytes, 2 * 1216);
     assert!(memplan::plan(&p, &Bindings::new()).is_err());
 }
 
@@ -102,9 +102,9 @@ proptest! {
         let (offsets, arena_bytes) = memplan::place(&sizes, &intervals);
         let naive_bytes: usize = sizes.iter().map(|s| s.div_ceil(ALIGN) * ALIGN).sum();
         let peak_live_bytes = memplan::peak_live(&sizes, &intervals);
-        let plan = MemoryPlan { offsets, sizes, intervals, arena_bytes, naive_bytes, peak_live_bytes };
+        let plan = MemoryPlan { offsets, sizes, intervals, stats: MemoryStats { arena_bytes, naive_bytes, peak_live_bytes } };
         assert_disjoint(&plan);
-        prop_assert!(plan.arena_bytes <= plan.naive_bytes);
-        prop_assert!(plan.arena_bytes >= plan.peak_live_bytes);
+        prop_assert!(plan.stats.arena_bytes <= plan.stats.naive_bytes);
+        prop_assert!(plan.stats.arena_bytes >= plan.stats.peak_live_bytes);
     }
 }

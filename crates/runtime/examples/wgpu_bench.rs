@@ -143,9 +143,10 @@ fn main() {
     ] {
         let exe = d.compile(&g).expect("compile");
         let m = exe.memory(&b).expect("memory");
+        let io = exe.io_bytes(&b).expect("io bytes");
         println!(
-            "peak GPU temp memory, {what}: planned arena {} bytes vs naive {} bytes (peak live {}), io {} bytes",
-            m.arena_bytes, m.naive_bytes, m.peak_live_bytes, m.io_bytes
+            "peak GPU temp memory, {what}: planned arena {} bytes vs naive {} bytes (peak live {}), io {io} bytes",
+            m.arena_bytes, m.naive_bytes, m.peak_live_bytes
         );
     }
     let exe = unfused.compile(&sigmoid_graph(n)).expect("compile");

@@ -17,12 +17,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use air::{Bindings, Graph, GraphKey, HostTensor};
 use codegen::cpu::{CompiledKernel, CpuCompiler};
 use codegen::lru::{Lru, capacity_from_env};
-use lower::Program;
 use lower::kir::{Kernel, LoopKernel};
 
 use crate::error::Result;
 use crate::observe::{CompileObserver, NoCompileObserver, Passes, Step};
-use crate::vm::{Executable, KernelFn, MemoryStats, Placement};
+use crate::vm::{Executable, KernelFn};
 
 /// How much work a device has done: what its caches saved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -73,27 +72,6 @@ impl std::fmt::Debug for CpuDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CpuDevice").field("stats", &self.stats()).finish()
     }
-}
-
-/// The memory planner of `lower`, in the VM's terms.
-fn plan_memory(program: &Program, bindings: &Bindings) -> Result<Placement> {
-    Ok(placement(lower::memplan::plan(program, bindings)?))
-}
-
-fn placement(plan: lower::MemoryPlan) -> Placement {
-    Placement {
-        offsets: plan.offsets,
-        stats: MemoryStats {
-            arena_bytes: plan.arena_bytes,
-            naive_bytes: plan.naive_bytes,
-            peak_live_bytes: plan.peak_live_bytes,
-        },
-    }
-}
-
-/// The memory planner of `lower` for steps that run together (`slots`: time slots).
-fn plan_memory_groups(program: &Program, bindings: &Bindings, slots: &[Vec<usize>]) -> Result<Placement> {
-    Ok(placement(lower::memplan::plan_with_groups(program, bindings, slots)?))
 }
 
 impl CpuDevice {
@@ -202,13 +180,12 @@ impl CpuDevice {
         observer.begin(Step::Prepare, None);
         // Built only now that `lower::compile` verified the graph.
         let key = GraphKey::of(graph);
-        let exe =
-            Executable::new(program, key.input_types(), loop_fns, Arc::new(code), plan_memory).and_then(
-                |exe| match self.inner.level_min_work {
-                    Some(min_work) => exe.with_concurrency(plan_memory_groups, min_work),
-                    None => Ok(exe),
-                },
-            );
+        let exe = Executable::new(program, key.input_types(), loop_fns, Arc::new(code)).and_then(|exe| {
+            match self.inner.level_min_work {
+                Some(min_work) => exe.with_concurrency(min_work),
+                None => Ok(exe),
+            }
+        });
         observer.end(Step::Prepare, None);
         let exe = Arc::new(exe?);
         observer.counter("launches", exe.launches() as u64);

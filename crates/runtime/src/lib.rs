@@ -1,6 +1,6 @@
 //! runtime: devices, buffers, and the VM that runs a compiled program.
 //!
-//! A [`Device`] turns an `air::Graph` into something that runs: today the [`CpuDevice`] (native
+//! A device turns an `air::Graph` into something that runs: today the [`CpuDevice`] (native
 //! loop kernels from `codegen`, GEMM for matmuls, rayon for threads); a wgpu device joins the
 //! enum later. The runtime never sees rewrite rules or egg, and user input never panics it: every
 //! failure is a [`RuntimeError`].
@@ -29,6 +29,7 @@
 //! - **Independent steps at the same time**: a dependency level whose steps are worth it runs
 //!   concurrently, one step per thread (N equal matmuls: a grouped GEMM); see [`levels`].
 
+pub mod backend;
 pub mod cpu;
 pub mod error;
 pub mod levels;
@@ -36,67 +37,15 @@ pub mod matmul;
 pub mod memory;
 pub mod observe;
 pub mod parallel;
+pub mod prepared;
 pub mod vm;
 pub mod wgpu;
 
-use std::sync::Arc;
-
-use air::{Bindings, Graph, HostTensor};
-
 pub use air::GraphKey;
+pub use backend::{Backend, BindingSet, Runner};
 pub use cpu::{CpuDevice, CpuStats};
-pub use error::{Result, RuntimeError};
+pub use error::{ErrorKind, InputSpec, Result, RuntimeError};
+pub use lower::MemoryStats;
 pub use observe::{CompileObserver, NoCompileObserver, Step};
-pub use vm::{Executable, LaunchTime, MemoryStats};
-
-/// A device programs run on. One variant per backend; a `Wgpu` device joins later.
-#[derive(Clone, Debug)]
-pub enum Device {
-    Cpu(CpuDevice),
-    Wgpu(wgpu::WgpuDevice),
-}
-
-/// A program compiled for a [`Device`].
-#[derive(Clone)]
-pub enum Compiled {
-    Cpu(Arc<Executable>),
-    Wgpu(Arc<wgpu::WgpuExecutable>),
-}
-
-impl Device {
-    /// The CPU device with default options.
-    pub fn cpu() -> Result<Device> {
-        Ok(Device::Cpu(CpuDevice::new()?))
-    }
-
-    /// The device's short name (`cpu`).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Device::Cpu(_) => "cpu",
-            Device::Wgpu(_) => "wgpu",
-        }
-    }
-
-    /// Compiles `graph` (or finds it in the device's cache).
-    pub fn compile(&self, graph: &Graph) -> Result<Compiled> {
-        match self {
-            Device::Cpu(d) => Ok(Compiled::Cpu(d.compile(graph)?)),
-            Device::Wgpu(d) => Ok(Compiled::Wgpu(d.compile(graph)?)),
-        }
-    }
-
-    /// Compiles (or finds) `graph` and runs it once.
-    pub fn run(&self, graph: &Graph, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
-        self.compile(graph)?.run(inputs, bindings)
-    }
-}
-
-impl Compiled {
-    /// Runs the program; see [`Executable::run`].
-    pub fn run(&self, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
-        match self {
-            Compiled::Cpu(e) => e.run(inputs, bindings),
-            Compiled::Wgpu(e) => Ok(e.run(inputs, bindings)?),
-        }
-    }
-}
+pub use prepared::{Prepared, Sizes};
+pub use vm::{CpuCode, Executable, LaunchTime};

@@ -9,7 +9,7 @@ use air::dim::shape_of;
 use air::op::{Cast, Pad, Shrink};
 use air::{BinaryOp, Bindings, DType, Dim, Graph, HostTensor, Op, ReduceOp, Scalar, Symbol, UnaryOp};
 use common::*;
-use kiln_runtime::{CpuDevice, Device, RuntimeError};
+use kiln_runtime::{Backend, CpuDevice, Runner, RuntimeError};
 
 #[test]
 fn elementwise_chain() {
@@ -298,17 +298,23 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(matches!(e, RuntimeError::InputMismatch { slot: 1, .. }), "{e}");
 }
 
+/// Runs `exe` through the backend-generic runner only.
+fn run_generic<B: Backend>(exe: &Runner<B>, inputs: &[HostTensor]) -> Vec<HostTensor> {
+    assert_eq!(exe.launches(), exe.program().steps.len());
+    exe.run(inputs, &Bindings::new()).unwrap()
+}
+
 #[test]
-fn device_enum_runs_on_the_cpu() {
-    let dev = Device::cpu().unwrap();
-    assert_eq!(dev.name(), "cpu");
+fn the_cpu_runs_through_the_generic_runner() {
+    assert_eq!(<kiln_runtime::CpuCode as Backend>::NAME, "cpu");
+    let dev = CpuDevice::new().unwrap();
     let mut g = Graph::new();
     let x = input_f32(&mut g, 0, &[2]);
     let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
     g.add_output(y);
     let out = dev.run(&g, &[tensor(&[2], 1)], &Bindings::new()).unwrap();
     let compiled = dev.compile(&g).unwrap();
-    assert_eq!(compiled.run(&[tensor(&[2], 1)], &Bindings::new()).unwrap(), out);
+    assert_eq!(run_generic(&compiled, &[tensor(&[2], 1)]), out);
 }
 
 #[test]

@@ -10,24 +10,8 @@ use air::dim::shape_of;
 use air::{Bindings, DType, Dim, HostData, HostTensor, Scalar, Symbol, TensorType, UnaryOp};
 use lower::kir::{Access, IExpr, Inst, Kernel, LoopKernel, MatOperand, MatmulKernel, Param, Reg, Stmt, Var};
 use lower::{BufId, BufferInfo, BufferKind, Program, Step};
-use runtime::vm::{KernelFn, MemoryStats, Placement};
+use runtime::vm::KernelFn;
 use runtime::{Executable, RuntimeError};
-
-/// Places every temporary after the previous one, 64-byte aligned (no reuse).
-fn naive_planner(p: &Program, b: &Bindings) -> runtime::Result<Placement> {
-    let mut offsets = Vec::new();
-    let mut end = 0usize;
-    for buf in &p.buffers {
-        if buf.kind == BufferKind::Temp {
-            let bytes = buf.numel.eval(b).unwrap() as usize * buf.dtype.size_bytes();
-            offsets.push(Some(end));
-            end += bytes.div_ceil(64) * 64;
-        } else {
-            offsets.push(None);
-        }
-    }
-    Ok(Placement { offsets, stats: MemoryStats { arena_bytes: end, naive_bytes: end, peak_live_bytes: end } })
-}
 
 /// `b1[i] = -b0[i]` for `i in start..end` (f32).
 unsafe extern "C" fn neg_f32(bufs: *const *mut u8, _syms: *const i64, start: i64, end: i64) {
@@ -103,7 +87,7 @@ fn exe(program: Program, inputs: Vec<Option<TensorType>>) -> Executable {
 fn exe_with(program: Program, inputs: Vec<Option<TensorType>>, kernel: KernelFn) -> Executable {
     let fns: Vec<Option<KernelFn>> =
         program.kernels.iter().map(|k| matches!(k, Kernel::Loops(_)).then_some(kernel)).collect();
-    Executable::new(program, inputs, fns, Arc::new(()), naive_planner).unwrap()
+    Executable::new(program, inputs, fns, Arc::new(())).unwrap()
 }
 
 fn f32s(t: &HostTensor) -> &[f32] {
@@ -347,16 +331,13 @@ fn malformed_programs_are_refused() {
     let (mut p, tys) = neg_chain(Dim::Const(4));
     p.steps[0].args.pop();
     let fns = vec![Some(neg_f32 as KernelFn)];
-    assert!(matches!(
-        Executable::new(p, tys.clone(), fns.clone(), Arc::new(()), naive_planner),
-        Err(RuntimeError::InvalidProgram(_))
-    ));
+    assert!(matches!(Executable::new(p, tys.clone(), fns.clone(), Arc::new(())), Err(RuntimeError::InvalidProgram(_))));
     let (mut p, _) = neg_chain(Dim::Const(4));
     p.steps[0].args[1] = BufId(0); // writes the input
-    assert!(Executable::new(p, tys.clone(), fns.clone(), Arc::new(()), naive_planner).is_err());
+    assert!(Executable::new(p, tys.clone(), fns.clone(), Arc::new(())).is_err());
     let (mut p, _) = neg_chain(Dim::Const(4));
     if let Kernel::Loops(k) = &mut p.kernels[0] {
         k.n_syms = 3; // reads symbols the program does not have
     }
-    assert!(Executable::new(p, tys, fns, Arc::new(()), naive_planner).is_err());
+    assert!(Executable::new(p, tys, fns, Arc::new(())).is_err());
 }

@@ -10,7 +10,8 @@ use air::dim::shape_of;
 use air::op::{Expand, Input, Permute, Reduce, Reshape};
 use air::{BinaryOp, Bindings, DType, Graph, HostTensor, NodeId, Op, ReduceOp, Symbol, TensorType, UnaryOp};
 use kiln_runtime::CpuDevice;
-use kiln_runtime::wgpu::{WgpuDevice, WgpuError};
+use kiln_runtime::wgpu::WgpuDevice;
+use kiln_runtime::{ErrorKind, RuntimeError};
 use proptest::prelude::*;
 
 fn require_vulkan() -> bool {
@@ -408,14 +409,29 @@ fn second_run_of_a_cached_program_creates_no_buffers() {
 fn bad_inputs_and_unsupported_dtypes_are_errors() {
     let Some(dev) = gpu() else { return };
     let g = parse(&unary("neg", "f32"));
-    assert!(matches!(dev.run(&g, &[], &Bindings::new()), Err(WgpuError::Runtime(_))));
+    let e = dev.run(&g, &[], &Bindings::new()).unwrap_err();
+    assert!(matches!(e, RuntimeError::InputCount { expected: 1, got: 0 }), "{e}");
+    assert_eq!(e.kind(), ErrorKind::BadInput);
     let wrong = f32_tensor(&[2, 2], 1, 0.0, 1.0);
-    assert!(matches!(dev.run(&g, &[wrong], &Bindings::new()), Err(WgpuError::Runtime(_))));
+    let e = dev.run(&g, &[wrong], &Bindings::new()).unwrap_err();
+    match &e {
+        RuntimeError::InputMismatch { slot: 0, expected, got, .. } => {
+            assert_eq!((expected.dtype, got.dtype), (DType::F32, DType::F32));
+            assert_ne!(expected.shape, got.shape);
+            assert_eq!(got.shape, vec![2, 2]);
+        }
+        other => panic!("expected an input mismatch, got {other}"),
+    }
+    assert_eq!(e.kind(), ErrorKind::BadInput);
     let sym = parse(&softmax("4", "seq"));
-    assert!(matches!(dev.run(&sym, &[f32_tensor(&[4, 3], 1, 0.0, 1.0)], &Bindings::new()), Err(WgpuError::Runtime(_))));
+    let e = dev.run(&sym, &[f32_tensor(&[4, 3], 1, 0.0, 1.0)], &Bindings::new()).unwrap_err();
+    assert!(matches!(&e, RuntimeError::Unbound(s) if s.name() == "seq"), "{e}");
     let f64g = parse(&unary("neg", "f64"));
     match dev.compile(&f64g) {
-        Err(e @ WgpuError::Codegen(_)) => assert!(e.to_string().contains("f64"), "{e}"),
+        Err(e @ RuntimeError::Codegen(_)) => {
+            assert!(e.to_string().contains("f64"), "{e}");
+            assert_eq!(e.kind(), ErrorKind::Unsupported);
+        }
         Err(other) => panic!("expected a codegen error, got {other}"),
         Ok(_) => panic!("f64 compiled on wgpu"),
     }

@@ -30,8 +30,8 @@ use air::{DType, Graph, HostTensor, Op, UnaryOp};
 use anyhow::bail;
 use kiln::Tensor;
 use lower::CompileOptions;
-use runtime::CpuDevice;
 use runtime::wgpu::WgpuDevice;
+use runtime::{CpuDevice, MemoryStats};
 
 use crate::bench::check::{self, Tolerance};
 use crate::model::{Gpt, GptConfig};
@@ -98,12 +98,9 @@ pub struct Measured {
     pub kernels: usize,
     /// Launches (dispatches) per run.
     pub launches: usize,
-    /// Bytes of the planned arena.
-    pub arena_bytes: u64,
-    /// The most temporary bytes live at one step.
-    pub peak_live_bytes: u64,
-    /// Bytes of one allocation per temporary.
-    pub naive_bytes: u64,
+    /// The planned arena, the most temporary bytes live at one step, and one allocation per
+    /// temporary.
+    pub memory: MemoryStats,
     /// GPU buffers created by compile + first run, and by the second run (wgpu only).
     pub buffers_first_run: Option<u64>,
     pub buffers_second_run: Option<u64>,
@@ -112,7 +109,8 @@ pub struct Measured {
 impl Measured {
     /// naive / planned, `None` when nothing is planned (no temporaries).
     pub fn ratio(&self) -> Option<f64> {
-        (self.arena_bytes > 0).then(|| self.naive_bytes as f64 / self.arena_bytes as f64)
+        let m = &self.memory;
+        (m.arena_bytes > 0).then(|| m.naive_bytes as f64 / m.arena_bytes as f64)
     }
 }
 
@@ -167,9 +165,7 @@ pub fn measure_cpu(device: &CpuDevice, traced: &Traced) -> anyhow::Result<Measur
     Ok(Measured {
         kernels: exe.program().kernels.len(),
         launches: exe.launches(),
-        arena_bytes: m.arena_bytes as u64,
-        peak_live_bytes: m.peak_live_bytes as u64,
-        naive_bytes: m.naive_bytes as u64,
+        memory: m,
         buffers_first_run: None,
         buffers_second_run: None,
     })
@@ -190,9 +186,7 @@ pub fn measure_wgpu(device: &WgpuDevice, traced: &Traced) -> anyhow::Result<Meas
     Ok(Measured {
         kernels: exe.program().kernels.len(),
         launches: exe.launches(),
-        arena_bytes: m.arena_bytes,
-        peak_live_bytes: m.peak_live_bytes,
-        naive_bytes: m.naive_bytes,
+        memory: m,
         buffers_first_run: Some(after_first - before),
         buffers_second_run: Some(after_second - after_first),
     })
@@ -231,22 +225,41 @@ pub struct CacheSample {
 /// Compiles and runs `compiles` distinct shapes on a fresh device with default cache bounds,
 /// sampling RSS and the cache sizes ten times along the way (and before the first).
 pub fn measure_caches(device: MemDevice, compiles: usize) -> anyhow::Result<Vec<CacheSample>> {
+    // Each device through its own type: the facade's `kiln::Device` is the one device enum, and
+    // this measures a device's own caches, which it does not expose.
+    match device {
+        MemDevice::Cpu => {
+            let d = CpuDevice::new()?;
+            sample_caches(
+                compiles,
+                |g, x| d.run(g, x, &Default::default()).map(drop).map_err(Into::into),
+                || (d.cached_programs(), Some(d.cached_kernels())),
+            )
+        }
+        MemDevice::Wgpu => {
+            let d = WgpuDevice::new()?;
+            let run = |g: &Graph, x: &[HostTensor]| d.run(g, x, &Default::default()).map(drop).map_err(Into::into);
+            sample_caches(compiles, run, || (d.cached_programs(), None))
+        }
+    }
+}
+
+/// The samples of [`measure_caches`]: `run` runs a graph on the device, `cached` reads its
+/// program and kernel caches.
+fn sample_caches(
+    compiles: usize,
+    run: impl Fn(&Graph, &[HostTensor]) -> anyhow::Result<()>,
+    cached: impl Fn() -> (usize, Option<usize>),
+) -> anyhow::Result<Vec<CacheSample>> {
     let step = (compiles / 10).max(1);
-    let dev = match device {
-        MemDevice::Cpu => runtime::Device::Cpu(CpuDevice::new()?),
-        MemDevice::Wgpu => runtime::Device::Wgpu(WgpuDevice::new()?),
-    };
     let mut samples = Vec::new();
     for n in 0..=compiles {
         if n > 0 {
             let x = HostTensor::from_vec(vec![1.0f32; n], vec![n]).map_err(anyhow::Error::msg)?;
-            dev.run(&shape_graph(n)?, &[x], &Default::default())?;
+            run(&shape_graph(n)?, &[x])?;
         }
         if n % step == 0 || n == compiles {
-            let (cached_programs, cached_kernels) = match &dev {
-                runtime::Device::Cpu(d) => (d.cached_programs(), Some(d.cached_kernels())),
-                runtime::Device::Wgpu(d) => (d.cached_programs(), None),
-            };
+            let (cached_programs, cached_kernels) = cached();
             samples.push(CacheSample { compiles: n, rss_bytes: rss_bytes(), cached_programs, cached_kernels });
         }
     }
@@ -385,9 +398,9 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
             name.clone().into(),
             m.kernels.into(),
             m.launches.into(),
-            m.arena_bytes.into(),
-            m.peak_live_bytes.into(),
-            m.naive_bytes.into(),
+            m.memory.arena_bytes.into(),
+            m.memory.peak_live_bytes.into(),
+            m.memory.naive_bytes.into(),
             m.ratio().into(),
         ];
         if wgpu {
@@ -398,9 +411,9 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
     }
     out.tables.push(table);
 
-    let series = |name: &str, f: fn(&Measured) -> u64| Series {
+    let series = |name: &str, f: fn(&MemoryStats) -> usize| Series {
         name: name.into(),
-        points: results.iter().enumerate().map(|(i, m)| ((i + 1) as f64, f(m) as f64)).collect(),
+        points: results.iter().enumerate().map(|(i, m)| ((i + 1) as f64, f(&m.memory) as f64)).collect(),
     };
     out.plots.push((
         "bytes".into(),
@@ -417,7 +430,7 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
             ],
         },
     ));
-    if results.iter().any(|m| m.arena_bytes == 0) {
+    if results.iter().any(|m| m.memory.arena_bytes == 0) {
         out.notes.push("zero bytes (a program without temporaries) are left off the log-scale plot".into());
     }
     cache_table(&mut out, args)?;

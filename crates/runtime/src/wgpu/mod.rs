@@ -6,7 +6,7 @@
 //! WgpuDevice::compile(graph)             program cache by GraphKey (structure only)
 //!   lower::compile -> Program            on a miss
 //!   pipeline per unique kernel           pipeline cache by (kernel structure, binding access)
-//! WgpuExecutable::run(inputs, bindings)
+//! WgpuExecutable::run(inputs, bindings)  the shared `Runner` over `GpuCode` (crate::backend)
 //!   sizes, memory plan, dispatch counts  once per binding set (cached)
 //!   buffers                              grown only when too small: a repeat run creates none
 //!   write syms + inputs                  `queue.write_buffer` straight from the input slices
@@ -41,10 +41,12 @@
 //!
 //! # Errors
 //!
-//! Every failure is a [`WgpuError`]: no adapter, device creation, out of memory (checked against
-//! the limits before allocating, and caught by an error scope), shader compilation (an error scope
-//! around module and pipeline creation), device lost (a callback records it), and everything the
-//! CPU runtime reports for bad inputs. wgpu's default uncaptured-error handler panics; this device
+//! Device failures are [`WgpuError`]s: no adapter, device creation, out of memory (checked
+//! against the limits before allocating, and caught by an error scope), shader compilation (an
+//! error scope around module and pipeline creation), device lost (a callback records it; a failed
+//! wait or map counts as lost too). Compiling and running return the runtime's one
+//! [`RuntimeError`], each `WgpuError` mapped to its kind (`From<WgpuError>`), beside everything
+//! every backend reports for bad inputs. wgpu's default uncaptured-error handler panics; this device
 //! installs one that records the error, which the next run returns.
 
 mod exec;
@@ -61,7 +63,7 @@ use lower::kir::Kernel;
 
 use crate::error::RuntimeError;
 
-pub use exec::{GpuMemoryStats, WgpuExecutable};
+pub use exec::{GpuBuffers, GpuCode, GpuLaunches, WgpuExecutable};
 
 /// Why the wgpu device could not compile or run something.
 #[derive(Debug, thiserror::Error)]
@@ -78,33 +80,32 @@ pub enum WgpuError {
     /// A generated shader or its pipeline was rejected.
     #[error("shader compilation failed: {message}\n{source_text}")]
     ShaderCompile { message: String, source_text: String },
-    /// The device was lost (driver reset, device removed, or destroyed).
+    /// The device was lost (driver reset, device removed, or destroyed), or waiting for it or
+    /// mapping its results failed.
     #[error("GPU device lost: {0}")]
     DeviceLost(String),
     /// Any other error wgpu reported (validation, internal).
     #[error("wgpu: {0}")]
     Device(String),
-    /// Lowering the graph failed.
-    #[error(transparent)]
-    Lower(#[from] lower::LowerError),
     /// Generating WGSL failed (an unsupported dtype or op, or a malformed kernel).
     #[error(transparent)]
     Codegen(#[from] codegen::CodegenError),
-    /// Bad inputs or bindings, as on every device.
-    #[error(transparent)]
-    Runtime(#[from] RuntimeError),
 }
 
-/// For the runtime's [`crate::Device`] enum: errors every device shares keep their variant; the
-/// wgpu-specific ones become `Unsupported { device: "wgpu", .. }` with the full message.
-/// FIXME: a `RuntimeError::Wgpu(WgpuError)` variant would keep them matchable.
+/// Each wgpu failure as the runtime's error of its kind: out of memory is
+/// `RuntimeError::DeviceAlloc`, a lost device (or a failed transfer) `DeviceLost`, an unsupported
+/// dtype or op `Codegen(Unsupported)`, everything else `Device`.
 impl From<WgpuError> for RuntimeError {
     fn from(e: WgpuError) -> RuntimeError {
+        const DEVICE: &str = "wgpu";
         match e {
-            WgpuError::Runtime(e) => e,
-            WgpuError::Lower(e) => RuntimeError::Lower(e),
+            WgpuError::OutOfMemory(message) => RuntimeError::DeviceAlloc { device: DEVICE, message },
+            WgpuError::DeviceLost(reason) => RuntimeError::DeviceLost { device: DEVICE, reason },
             WgpuError::Codegen(e) => RuntimeError::Codegen(e),
-            other => RuntimeError::Unsupported { device: "wgpu", what: other.to_string() },
+            other @ (WgpuError::NoAdapter(_)
+            | WgpuError::RequestDevice(_)
+            | WgpuError::ShaderCompile { .. }
+            | WgpuError::Device(_)) => RuntimeError::Device { device: DEVICE, message: other.to_string() },
         }
     }
 }
@@ -286,7 +287,7 @@ impl WgpuDevice {
 
     /// The executable for `graph`: from the cache when a graph of the same structure was compiled
     /// before, else lowered, turned into WGSL and compiled now.
-    pub fn compile(&self, graph: &Graph) -> Result<Arc<WgpuExecutable>> {
+    pub fn compile(&self, graph: &Graph) -> crate::Result<Arc<WgpuExecutable>> {
         // The key walks the topological order, which a cyclic graph does not have; the rest of
         // `air::verify` runs in `lower::compile` on a miss (a hit is structurally equal to a
         // graph that passed it).
@@ -297,13 +298,13 @@ impl WgpuDevice {
             return Ok(exe.clone());
         }
         let program = lower::compile(graph, &self.inner.options)?;
-        let exe = Arc::new(WgpuExecutable::new(self.clone(), program, key.input_types())?);
+        let exe = Arc::new(WgpuExecutable::on_device(self.clone(), program, key.input_types())?);
         self.inner.programs_compiled.fetch_add(1, Ordering::Relaxed);
         Ok(cache_first(&self.inner.programs, key, exe))
     }
 
     /// Compiles (or finds) `graph` and runs it once.
-    pub fn run(&self, graph: &Graph, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
+    pub fn run(&self, graph: &Graph, inputs: &[HostTensor], bindings: &Bindings) -> crate::Result<Vec<HostTensor>> {
         self.compile(graph)?.run(inputs, bindings)
     }
 

@@ -1,0 +1,238 @@
+//! The backend seam: what a device implements (kernels and buffers) and the one runner that
+//! drives every device through it.
+//!
+//! A [`Runner`] owns a [`Prepared`] program (validation, sizes per binding set and their cache,
+//! `Program::checks`, input checks, the memory plan; see [`crate::prepared`]) and a [`Backend`]:
+//! the program's kernels compiled for one device, which only says how big its buffers are,
+//! derives its launches for a binding set, allocates its buffers, launches a step and hands the
+//! outputs out. The CPU VM ([`crate::vm::CpuCode`]) and wgpu ([`crate::wgpu::GpuCode`]) are the two
+//! backends; a third one writes those few methods and nothing else (see
+//! `tests/third_backend.rs`).
+//!
+//! A run: the binding set's [`BindingSet`] (cached: sizes, memory plan, launches), the inputs
+//! checked, then [`Backend::bind`], [`Backend::launch_all`] (by default [`Backend::launch`] for
+//! every step, in order) and [`Backend::finish`]. The runner is generic over the backend, so the
+//! CPU's hot path has no dynamic dispatch.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+
+use air::{Bindings, HostTensor, TensorType};
+use lower::{MemoryPlan, MemoryStats, Program};
+
+use crate::error::Result;
+use crate::prepared::{Prepared, SizedCache, Sizes};
+
+/// One program's kernels on one device, and the buffers its runs use.
+///
+/// The runner calls, per binding set, [`buffer_bytes`](Backend::buffer_bytes),
+/// [`size`](Backend::size) and [`time_slots`](Backend::time_slots) (once, cached), and per run
+/// [`bind`](Backend::bind), [`launch_all`](Backend::launch_all) and [`finish`](Backend::finish)
+/// on the same buffers, in that order.
+pub trait Backend: Send + Sync + Sized {
+    /// The device's name, as errors name it (`cpu`, `wgpu`).
+    const NAME: &'static str;
+    /// Whether two runs of one program may run at the same time, each with buffers of its own
+    /// (`true`), or wait for each other (`false`: the buffers are costly, as device memory is).
+    const CONCURRENT_RUNS: bool;
+    /// What the backend derives from one binding set's sizes: launch ranges, dispatch counts.
+    type Launches: Send + Sync;
+    /// The buffers (arena, outputs, staging, pointer tables) of a run, reused by later runs.
+    type Buffers: Default + Send;
+
+    /// Bytes buffer `buf` takes on the device when it holds `numel` elements (for a temp: its
+    /// slot in the arena, padded as the device needs).
+    fn buffer_bytes(&self, program: &Program, buf: usize, numel: usize) -> Result<usize>;
+
+    /// The launches of every step for one binding set.
+    fn size(&self, prepared: &Prepared, sizes: &Sizes) -> Result<Self::Launches>;
+
+    /// The steps that run at the same time for this binding set, as the memory plan's time slots
+    /// (`None`: one step after another, in program order).
+    fn time_slots(launches: &Self::Launches) -> Option<&[Vec<usize>]> {
+        let _ = launches;
+        None
+    }
+
+    /// Makes `buffers` ready for a run on `inputs`: the arena holds `sized.plan`, the outputs
+    /// and the status words are allocated (the status words zeroed), the inputs bound or
+    /// uploaded.
+    fn bind(
+        &self,
+        buffers: &mut Self::Buffers,
+        prepared: &Prepared,
+        sized: &BindingSet<Self>,
+        inputs: &[HostTensor],
+    ) -> Result<()>;
+
+    /// Launches step `step` of the program.
+    ///
+    /// # Safety
+    /// `bind` prepared `buffers` for `sized` and `inputs` (which live until `finish`), and every
+    /// step before `step` was launched after it.
+    unsafe fn launch(
+        &self,
+        buffers: &mut Self::Buffers,
+        prepared: &Prepared,
+        sized: &BindingSet<Self>,
+        step: usize,
+    ) -> Result<()>;
+
+    /// Launches every step: by default one after another, in program order.
+    ///
+    /// # Safety
+    /// `bind` prepared `buffers` for `sized` and the run's inputs, which live until `finish`.
+    unsafe fn launch_all(
+        &self,
+        buffers: &mut Self::Buffers,
+        prepared: &Prepared,
+        sized: &BindingSet<Self>,
+    ) -> Result<()> {
+        for step in 0..prepared.program().steps.len() {
+            // SAFETY: the caller bound the buffers; the steps before `step` ran.
+            unsafe { self.launch(buffers, prepared, sized, step)? };
+        }
+        Ok(())
+    }
+
+    /// After the launches: turns a failure recorded in the status words into the run's error
+    /// ([`Prepared::check_status`]), else hands out one host tensor per graph output.
+    ///
+    /// # Safety
+    /// `launch_all` ran on `buffers` after `bind` with these `inputs`.
+    unsafe fn finish(
+        &self,
+        buffers: &mut Self::Buffers,
+        prepared: &Prepared,
+        sized: &BindingSet<Self>,
+        inputs: &[HostTensor],
+    ) -> Result<Vec<HostTensor>>;
+}
+
+/// Everything for one binding set: the device-independent sizes, the memory plan, and the
+/// backend's launches.
+pub struct BindingSet<B: Backend> {
+    pub sizes: Sizes,
+    pub plan: MemoryPlan,
+    pub launches: B::Launches,
+}
+
+/// A program on one backend, ready to run for any symbol values.
+pub struct Runner<B: Backend> {
+    pub(crate) prepared: Prepared,
+    pub(crate) backend: B,
+    sized: SizedCache<BindingSet<B>>,
+    pub(crate) buffers: Mutex<B::Buffers>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<B: Backend> Runner<B> {
+    /// `prepared` on `backend` (the program's kernels, compiled for the device).
+    pub fn with_backend(prepared: Prepared, backend: B) -> Runner<B> {
+        Runner { prepared, backend, sized: SizedCache::default(), buffers: Mutex::new(B::Buffers::default()) }
+    }
+
+    /// The lowered program.
+    pub fn program(&self) -> &Program {
+        self.prepared.program()
+    }
+
+    /// The device-independent part of the program.
+    pub fn prepared(&self) -> &Prepared {
+        &self.prepared
+    }
+
+    /// The backend: the program's kernels on its device.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The graph's input slots and their types (`None` for a slot no input node uses).
+    pub fn input_types(&self) -> &[Option<TensorType>] {
+        self.prepared.input_types()
+    }
+
+    /// Number of kernel launches per run (at most: a backend may skip empty ones).
+    pub fn launches(&self) -> usize {
+        self.program().steps.len()
+    }
+
+    /// Memory sizes for one binding set (from the memory planner).
+    pub fn memory(&self, bindings: &Bindings) -> Result<MemoryStats> {
+        Ok(self.sized(bindings)?.plan.stats)
+    }
+
+    /// The cached sizes, plan and launches for `bindings`, computed on first use.
+    pub fn sized(&self, bindings: &Bindings) -> Result<Arc<BindingSet<B>>> {
+        let key = self.prepared.key(bindings)?;
+        self.sized.get_or_insert(key, |key| {
+            let sizes = self.prepared.sizes(key, bindings)?;
+            let launches = self.backend.size(&self.prepared, &sizes)?;
+            let program = self.prepared.program();
+            // One unit per buffer sized, as `lower::memplan::buffer_sizes` counts: a device's plan
+            // costs what `memplan::plan` does.
+            air::work::add(sizes.buf_numel.len() as u64);
+            let bytes = sizes
+                .buf_numel
+                .iter()
+                .enumerate()
+                .map(|(b, &n)| self.backend.buffer_bytes(program, b, n))
+                .collect::<Result<Vec<usize>>>()?;
+            let plan = self.prepared.plan(bytes, B::time_slots(&launches))?;
+            Ok(BindingSet { sizes, plan, launches })
+        })
+    }
+
+    /// Forgets every binding set (after a change to how the backend launches).
+    pub(crate) fn clear_sized(&self) {
+        self.sized.clear();
+    }
+
+    /// Runs the program on `inputs` (one per input slot) with the symbol values in `bindings`,
+    /// returning the graph's outputs in order.
+    pub fn run(&self, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
+        let sized = self.sized(bindings)?;
+        self.prepared.check_inputs(inputs, &sized.sizes)?;
+        // Concurrent runs: the first takes the shared buffers; the others make their own for the
+        // run, or wait when the backend says so.
+        let mut own;
+        let mut guard;
+        let buffers: &mut B::Buffers = match self.buffers.try_lock() {
+            Ok(g) => {
+                guard = g;
+                &mut guard
+            }
+            Err(TryLockError::Poisoned(p)) => {
+                guard = p.into_inner();
+                &mut guard
+            }
+            Err(TryLockError::WouldBlock) if B::CONCURRENT_RUNS => {
+                own = B::Buffers::default();
+                &mut own
+            }
+            Err(TryLockError::WouldBlock) => {
+                guard = lock(&self.buffers);
+                &mut guard
+            }
+        };
+        self.run_with(buffers, inputs, &sized)
+    }
+
+    /// One run on `buffers`.
+    pub(crate) fn run_with(
+        &self,
+        buffers: &mut B::Buffers,
+        inputs: &[HostTensor],
+        sized: &BindingSet<B>,
+    ) -> Result<Vec<HostTensor>> {
+        let (backend, prepared) = (&self.backend, &self.prepared);
+        backend.bind(buffers, prepared, sized, inputs)?;
+        // SAFETY: bound just now for `sized` and `inputs`, which outlive the calls.
+        unsafe {
+            backend.launch_all(buffers, prepared, sized)?;
+            backend.finish(buffers, prepared, sized, inputs)
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! The device-independent half of a compiled program: what every backend needs before it runs
+//! anything, computed here once so that no backend keeps its own copy.
+//!
+//! - once per program ([`Prepared::new`]): the program is validated (every kernel reads only the
+//!   symbols, loop variables and parameters it has; every step launches an existing kernel with
+//!   one buffer of the right dtype per parameter and writes no input; every input buffer has an
+//!   input slot of its dtype; every output reads an existing buffer of its type), and the symbols
+//!   the sizes depend on are listed (the binding-set key);
+//! - once per binding set ([`Prepared::sizes`], cached by the backend runner in a
+//!   [`SizedCache`]): `Program::checks` through `air::constraints::check` (a failed shape
+//!   condition is `RuntimeError::Bounds` before anything is sized), symbol values, element counts
+//!   of every buffer, input and output shapes, and the memory plan ([`Prepared::plan`]: one call
+//!   into `lower::memplan` with the device's buffer sizes, in program order or with the time
+//!   slots of steps that run at the same time);
+//! - every run ([`Prepared::check_inputs`]): input count, dtypes and shapes.
+//!
+//! The launch list is the program's `steps`, in order; a backend turns each into a launch of its
+//! own kernel (see [`crate::backend`]).
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use air::{Bindings, HostTensor, Symbol, TensorType};
+use lower::kir::{Access, IExpr, Kernel, Stmt};
+use lower::{BufferKind, MemoryPlan, Program};
+use smallvec::SmallVec;
+
+use crate::error::{InputSpec, Result, RuntimeError};
+
+/// The values of a program's size symbols, in order: the key of its binding-set cache.
+pub type SizeKey = SmallVec<[i64; 4]>;
+
+/// How many binding sets a program remembers.
+pub const SIZED_CACHE: usize = 16;
+
+/// A validated program with the graph's input slots, ready for any backend.
+#[derive(Debug)]
+pub struct Prepared {
+    program: Program,
+    input_types: Vec<Option<TensorType>>,
+    /// Every symbol a size or check depends on, sorted: the binding-set key.
+    size_symbols: Vec<Symbol>,
+}
+
+/// Everything about one binding set that does not depend on the device.
+#[derive(Debug)]
+pub struct Sizes {
+    /// The values of the program's size symbols (the cache key).
+    pub key: SizeKey,
+    /// The value of every symbol of `Program::symbols`, in order (what kernels read).
+    pub syms: Vec<i64>,
+    /// Elements of every buffer.
+    pub buf_numel: Vec<usize>,
+    /// The shape of every input slot (`None` for a slot no input node uses).
+    pub input_shapes: Vec<Option<Vec<usize>>>,
+    /// The shape of every graph output.
+    pub output_shapes: Vec<Vec<usize>>,
+}
+
+/// The largest loop variable id used in `stmts` plus one (the size of a `vars` array).
+pub(crate) fn var_count(stmts: &[Stmt]) -> usize {
+    stmts
+        .iter()
+        .map(|s| match s {
+            Stmt::Loop { var, body, .. } => (var.0 as usize + 1).max(var_count(body)),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Whether `e` only reads symbols below `n_syms` and variables below `n_vars` (so `eval` cannot
+/// index out of bounds).
+fn expr_ok(e: &IExpr, n_syms: usize, n_vars: usize) -> bool {
+    match e {
+        IExpr::Const(_) => true,
+        IExpr::Var(v) => (v.0 as usize) < n_vars,
+        IExpr::Sym(s) => (*s as usize) < n_syms,
+        IExpr::Add(a, b)
+        | IExpr::Mul(a, b)
+        | IExpr::Div(a, b)
+        | IExpr::Mod(a, b)
+        | IExpr::Lt(a, b)
+        | IExpr::And(a, b) => expr_ok(a, n_syms, n_vars) && expr_ok(b, n_syms, n_vars),
+    }
+}
+
+fn loop_extents_ok(stmts: &[Stmt], n_syms: usize, n_vars: usize) -> bool {
+    stmts.iter().all(|s| match s {
+        Stmt::Loop { extent, body, .. } => expr_ok(extent, n_syms, n_vars) && loop_extents_ok(body, n_syms, n_vars),
+        _ => true,
+    })
+}
+
+fn invalid<T>(msg: String) -> Result<T> {
+    Err(RuntimeError::InvalidProgram(msg))
+}
+
+impl Prepared {
+    /// Validates `program` for the graph whose input slots have `input_types`.
+    pub fn new(program: Program, input_types: Vec<Option<TensorType>>) -> Result<Prepared> {
+        let n_syms = program.symbols.len();
+        for (i, k) in program.kernels.iter().enumerate() {
+            let ok = match k {
+                Kernel::Loops(l) => l.n_syms as usize <= n_syms && loop_extents_ok(&l.body, n_syms, var_count(&l.body)),
+                Kernel::Matmul(m) => {
+                    let ops = [&m.a, &m.b, &m.c];
+                    let exprs = [&m.batch, &m.m, &m.n, &m.k]
+                        .into_iter()
+                        .chain(ops.iter().flat_map(|o| [&o.offset, &o.batch_stride, &o.row_stride, &o.col_stride]));
+                    m.n_syms as usize <= n_syms
+                        && exprs.into_iter().all(|e| expr_ok(e, n_syms, 0))
+                        && ops.iter().all(|o| (o.buf as usize) < m.params.len())
+                }
+            };
+            if !ok {
+                return invalid(format!("kernel k{i} reads symbols, loop variables or parameters it does not have"));
+            }
+        }
+        for (i, step) in program.steps.iter().enumerate() {
+            air::work::add(1 + step.args.len() as u64);
+            let Some(kernel) = program.kernels.get(step.kernel as usize) else {
+                return invalid(format!("step {i} launches missing kernel k{}", step.kernel));
+            };
+            let params = kernel.params();
+            if step.args.len() != params.len() {
+                return invalid(format!(
+                    "step {i}: k{} takes {} buffers, given {}",
+                    step.kernel,
+                    params.len(),
+                    step.args.len()
+                ));
+            }
+            for (p, (arg, param)) in step.args.iter().zip(params).enumerate() {
+                let Some(buf) = program.buffers.get(arg.0 as usize) else {
+                    return invalid(format!("step {i}: argument {p} is missing buffer {arg}"));
+                };
+                if buf.dtype != param.dtype {
+                    return invalid(format!("step {i}: {arg} is {} but parameter b{p} is {}", buf.dtype, param.dtype));
+                }
+                if param.access == Access::Write && matches!(buf.kind, BufferKind::Input(_)) {
+                    return invalid(format!("step {i}: writes input buffer {arg}"));
+                }
+            }
+        }
+        for (i, b) in program.buffers.iter().enumerate() {
+            if let BufferKind::Input(slot) = b.kind {
+                match input_types.get(slot as usize) {
+                    Some(Some(t)) if t.dtype == b.dtype => {}
+                    _ => {
+                        return invalid(format!(
+                            "buf{i} reads input slot {slot}, which the graph has no {} input for",
+                            b.dtype
+                        ));
+                    }
+                }
+            }
+        }
+        for (buf, ty) in &program.outputs {
+            let Some(info) = program.buffers.get(buf.0 as usize) else {
+                return invalid(format!("output reads missing buffer {buf}"));
+            };
+            if info.dtype != ty.dtype {
+                return invalid(format!("output {buf} is {} but its type is {ty}", info.dtype));
+            }
+            if info.kind == BufferKind::Status {
+                return invalid(format!("output {buf} is the status buffer"));
+            }
+        }
+        let size_symbols = program.size_symbols(&input_types);
+        Ok(Prepared { program, input_types, size_symbols })
+    }
+
+    /// The lowered program.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// The graph's input slots and their types (`None` for a slot no input node uses).
+    pub fn input_types(&self) -> &[Option<TensorType>] {
+        &self.input_types
+    }
+
+    /// The key of `bindings` in a binding-set cache: the values of the size symbols.
+    pub fn key(&self, bindings: &Bindings) -> Result<SizeKey> {
+        let mut key: SizeKey = SmallVec::with_capacity(self.size_symbols.len());
+        for s in &self.size_symbols {
+            key.push(*bindings.get(s).ok_or_else(|| RuntimeError::Unbound(s.clone()))?);
+        }
+        Ok(key)
+    }
+
+    /// Everything device-independent about `bindings` (whose key is `key`). The graph's shape
+    /// conditions are checked first: no size is computed from bindings that break them.
+    pub fn sizes(&self, key: SizeKey, bindings: &Bindings) -> Result<Sizes> {
+        let p = &self.program;
+        p.check_bindings(bindings)?;
+        let eval = |d: &air::Dim, what: &dyn Fn() -> String| -> Result<usize> {
+            let v = d.eval(bindings).map_err(|e| match e {
+                air::dim::DimError::Unbound(s) => RuntimeError::Unbound(s),
+                other => RuntimeError::BadSize(format!("{}: {other}", what())),
+            })?;
+            usize::try_from(v).map_err(|_| RuntimeError::BadSize(format!("{} is {v}", what())))
+        };
+        let eval_shape = |t: &TensorType, what: &dyn Fn() -> String| -> Result<Vec<usize>> {
+            t.shape.iter().map(|d| eval(d, what)).collect()
+        };
+        let numel = |shape: &[usize], what: &dyn Fn() -> String| -> Result<usize> {
+            shape
+                .iter()
+                .try_fold(1usize, |a, &b| a.checked_mul(b))
+                .ok_or_else(|| RuntimeError::BadSize(format!("{} overflows", what())))
+        };
+
+        let syms = p
+            .symbols
+            .iter()
+            .map(|s| bindings.get(s).copied().ok_or_else(|| RuntimeError::Unbound(s.clone())))
+            .collect::<Result<Vec<i64>>>()?;
+        let mut buf_numel = Vec::with_capacity(p.buffers.len());
+        for (i, b) in p.buffers.iter().enumerate() {
+            let n = eval(&b.numel, &|| format!("the size of buf{i}"))?;
+            n.checked_mul(b.dtype.size_bytes())
+                .filter(|&bytes| bytes <= isize::MAX as usize)
+                .ok_or_else(|| RuntimeError::BadSize(format!("buf{i} of {n} elements is too large")))?;
+            buf_numel.push(n);
+        }
+        let mut input_shapes = Vec::with_capacity(self.input_types.len());
+        for (slot, t) in self.input_types.iter().enumerate() {
+            input_shapes.push(match t {
+                Some(t) => Some(eval_shape(t, &|| format!("input slot {slot} ({t})"))?),
+                None => None,
+            });
+        }
+        for (i, b) in p.buffers.iter().enumerate() {
+            if let BufferKind::Input(slot) = b.kind {
+                let shape = input_shapes[slot as usize].as_deref().unwrap_or_default();
+                if numel(shape, &|| format!("input slot {slot}"))? != buf_numel[i] {
+                    return invalid(format!(
+                        "buf{i} holds {} elements but input slot {slot} has shape {shape:?}",
+                        buf_numel[i]
+                    ));
+                }
+            }
+        }
+        let mut output_shapes = Vec::with_capacity(p.outputs.len());
+        for (i, (buf, t)) in p.outputs.iter().enumerate() {
+            let shape = eval_shape(t, &|| format!("output {i} ({t})"))?;
+            if numel(&shape, &|| format!("output {i}"))? != buf_numel[buf.0 as usize] {
+                return invalid(format!(
+                    "output {i} of shape {shape:?} is read from {buf} of {} elements",
+                    buf_numel[buf.0 as usize]
+                ));
+            }
+            output_shapes.push(shape);
+        }
+        Ok(Sizes { key, syms, buf_numel, input_shapes, output_shapes })
+    }
+
+    /// The memory plan for one binding set: `bytes[b]` is what buffer `b` takes on the device (a
+    /// temp's slot in the arena, padded as the device needs); `slots` are the time slots of
+    /// steps that run at the same time (`None`: one step per slot, in program order). Checks that
+    /// the plan covers every buffer and places every temp inside the arena.
+    pub fn plan(&self, bytes: Vec<usize>, slots: Option<&[Vec<usize>]>) -> Result<MemoryPlan> {
+        let p = &self.program;
+        let plan = match slots {
+            Some(slots) => lower::memplan::plan_sizes(p, bytes, slots)?,
+            None => lower::memplan::plan_sizes(p, bytes, &lower::memplan::in_order(p))?,
+        };
+        if plan.offsets.len() != p.buffers.len() {
+            return invalid("the memory plan does not cover every buffer".into());
+        }
+        for (i, b) in p.buffers.iter().enumerate() {
+            if b.kind != BufferKind::Temp {
+                continue;
+            }
+            let fits = match plan.offsets[i] {
+                Some(o) => o.checked_add(plan.sizes[i]).is_some_and(|end| end <= plan.stats.arena_bytes),
+                None => plan.sizes[i] == 0,
+            };
+            if !fits {
+                return invalid(format!("buf{i} is placed outside the arena"));
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Checks `inputs` against the graph's input slots for one binding set: one input per slot,
+    /// each of the slot's dtype and shape, holding as many elements as its shape says.
+    pub fn check_inputs(&self, inputs: &[HostTensor], sizes: &Sizes) -> Result<()> {
+        if inputs.len() != self.input_types.len() {
+            return Err(RuntimeError::InputCount { expected: self.input_types.len(), got: inputs.len() });
+        }
+        for (slot, (given, ty)) in inputs.iter().zip(&self.input_types).enumerate() {
+            let (Some(ty), Some(shape)) = (ty, &sizes.input_shapes[slot]) else { continue };
+            let numel: usize = shape.iter().product();
+            if given.dtype() != ty.dtype || given.shape != *shape || given.numel() != numel {
+                return Err(RuntimeError::InputMismatch {
+                    slot: slot as u32,
+                    declared: Box::new(ty.clone()),
+                    expected: InputSpec { dtype: ty.dtype, shape: shape.clone(), numel },
+                    got: InputSpec { dtype: given.dtype(), shape: given.shape.clone(), numel: given.numel() },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The run's error when a kernel recorded a data-dependent failure in the status words.
+    pub fn check_status(&self, words: &[i32]) -> Result<()> {
+        match lower::DataCheck::from_status(&self.program.data_checks, words) {
+            Some(message) => Err(lower::LowerError::Data(message).into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The most recently used binding sets of one program, most recent first, each with what was
+/// computed for it (at most [`SIZED_CACHE`]).
+pub struct SizedCache<T> {
+    entries: Mutex<Vec<(SizeKey, Arc<T>)>>,
+}
+
+impl<T> Default for SizedCache<T> {
+    fn default() -> Self {
+        SizedCache { entries: Mutex::new(Vec::new()) }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<T> SizedCache<T> {
+    /// The entry for `key`, computed by `make` on a miss (outside the lock).
+    pub fn get_or_insert(&self, key: SizeKey, make: impl FnOnce(SizeKey) -> Result<T>) -> Result<Arc<T>> {
+        {
+            let mut cache = lock(&self.entries);
+            if let Some(i) = cache.iter().position(|(k, _)| *k == key) {
+                if i != 0 {
+                    let hit = cache.remove(i);
+                    cache.insert(0, hit);
+                }
+                return Ok(cache[0].1.clone());
+            }
+        }
+        let made = Arc::new(make(key.clone())?);
+        let mut cache = lock(&self.entries);
+        cache.insert(0, (key, made.clone()));
+        cache.truncate(SIZED_CACHE);
+        Ok(made)
+    }
+
+    /// Forgets every binding set.
+    pub fn clear(&self) {
+        lock(&self.entries).clear();
+    }
+}

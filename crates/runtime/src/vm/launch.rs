@@ -1,0 +1,197 @@
+//! The VM's launches: each step of a program, ready to run for one binding set (its loop range and
+//! thread split, or its GEMM sizes), and the functions that run one launch, time it for
+//! calibration, and estimate its work for the level schedule.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use lower::Program;
+use lower::kir::{IExpr, Kernel, LoopKernel, Stmt};
+
+use super::{CALIBRATE_MIN_WORK, KernelFn, PARALLEL_MIN_WORK};
+use crate::error::{Result, RuntimeError};
+use crate::levels::{self, StepCost};
+use crate::matmul::MatmulLaunch;
+use crate::parallel::{self, SendPtr};
+use crate::prepared::{Sizes, var_count};
+
+/// How one step runs, fixed per executable.
+#[derive(Clone, Copy)]
+pub(super) enum Code {
+    Loop { func: KernelFn, parallel: bool },
+    Matmul,
+}
+
+pub(super) struct StepCode {
+    pub(super) code: Code,
+    pub(super) kernel: u32,
+    /// Where this step's arguments start in the pointer table.
+    pub(super) arg_start: u32,
+}
+
+/// One step, ready to launch for one binding set.
+pub(super) enum Launch {
+    /// `chunks`: how many parts the parallel loop is cut into (1: the calling thread alone); it
+    /// starts from the work estimate and calibration may raise it to `split` (0: not a candidate).
+    /// `calib_ns`: the shortest time seen in a calibration run on one thread; `split_ns`: split.
+    Loop {
+        func: KernelFn,
+        arg_start: u32,
+        end: i64,
+        chunks: AtomicU32,
+        split: u32,
+        calib_ns: AtomicU64,
+        split_ns: AtomicU64,
+    },
+    Matmul {
+        arg_start: u32,
+        mm: Box<MatmulLaunch>,
+    },
+}
+
+/// Elements the loop nest visits (inner extents evaluated with outer variables at 0).
+fn nest_work(stmts: &[Stmt], vars: &[i64], syms: &[i64]) -> u128 {
+    let mut total: u128 = 0;
+    for s in stmts {
+        if let Stmt::Loop { extent, body, .. } = s {
+            let e = extent.eval(vars, syms).max(0) as u128;
+            total = total.saturating_add(e.saturating_mul(nest_work(body, vars, syms).max(1)));
+        }
+    }
+    total
+}
+
+/// The extent of the kernel's top-level parallel loop, if it has one.
+pub(super) fn parallel_loop(k: &LoopKernel) -> Option<&IExpr> {
+    match k.body.as_slice() {
+        [Stmt::Loop { extent, parallel: true, .. }] => Some(extent),
+        _ => None,
+    }
+}
+
+/// The launch of every step for one binding set: loop ranges split by their work estimate
+/// (calibration candidates marked), matmul sizes and strides bounds-checked.
+pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: usize) -> Result<Vec<Launch>> {
+    let syms = &sizes.syms;
+    let mut launches = Vec::with_capacity(steps.len());
+    for (step, code) in p.steps.iter().zip(steps) {
+        let kernel = &p.kernels[code.kernel as usize];
+        launches.push(match (code.code, kernel) {
+            (Code::Loop { func, parallel }, Kernel::Loops(k)) => {
+                let (end, chunks, split) = if parallel {
+                    let extent = parallel_loop(k).map_or(0, |e| e.eval(&[], syms));
+                    if extent < 0 {
+                        return Err(RuntimeError::BadSize(format!("kernel k{} loops {extent} times", code.kernel)));
+                    }
+                    let vars = vec![0i64; var_count(&k.body)];
+                    let work = nest_work(&k.body, &vars, syms);
+                    let most = threads.min(extent as usize).max(1) as u32;
+                    if work >= PARALLEL_MIN_WORK {
+                        (extent, most, 0)
+                    } else if work >= CALIBRATE_MIN_WORK && most > 1 {
+                        (extent, 1, most)
+                    } else {
+                        (extent, 1, 0)
+                    }
+                } else {
+                    (1, 1, 0)
+                };
+                Launch::Loop {
+                    func,
+                    arg_start: code.arg_start,
+                    end,
+                    chunks: AtomicU32::new(chunks),
+                    split,
+                    calib_ns: AtomicU64::new(u64::MAX),
+                    split_ns: AtomicU64::new(u64::MAX),
+                }
+            }
+            (_, Kernel::Matmul(m)) => {
+                let numel: Vec<usize> = step.args.iter().map(|b| sizes.buf_numel[b.0 as usize]).collect();
+                Launch::Matmul { arg_start: code.arg_start, mm: Box::new(MatmulLaunch::new(m, syms, &numel)?) }
+            }
+            (Code::Matmul, Kernel::Loops(_)) => {
+                return Err(RuntimeError::InvalidProgram(format!("loop kernel k{} has no code", code.kernel)));
+            }
+        });
+    }
+    Ok(launches)
+}
+
+/// The work estimate of every launch, for the level schedule.
+pub(super) fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Vec<StepCost> {
+    launches
+        .iter()
+        .zip(&p.steps)
+        .map(|(launch, step)| match (launch, &p.kernels[step.kernel as usize]) {
+            (Launch::Loop { chunks, .. }, Kernel::Loops(k)) => {
+                let vars = vec![0i64; var_count(&k.body)];
+                StepCost { work: nest_work(&k.body, &vars, syms).max(1), splits: chunks.load(Ordering::Relaxed) > 1 }
+            }
+            (Launch::Matmul { mm, .. }, _) => {
+                StepCost { work: (mm.macs() / levels::MACS_PER_WORK).max(1), splits: mm.threads_itself() }
+            }
+            _ => StepCost { work: 1, splits: false },
+        })
+        .collect()
+}
+
+/// Runs one launch as [`run_launch`] does, timing it when it is a calibration candidate.
+///
+/// # Safety
+/// As for [`run_launch`].
+pub(super) unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, syms: *const i64) -> bool {
+    match launch {
+        Launch::Loop { split, chunks, calib_ns, split_ns, .. } if *split > 1 => {
+            let was_split = chunks.load(Ordering::Relaxed) > 1;
+            let t0 = std::time::Instant::now();
+            // SAFETY: the caller keeps `run_launch`'s contract.
+            let split = unsafe { run_launch(launch, table, syms, false) };
+            let ns = t0.elapsed().as_nanos() as u64;
+            if was_split {
+                split_ns.fetch_min(ns, Ordering::Relaxed)
+            } else {
+                calib_ns.fetch_min(ns, Ordering::Relaxed)
+            };
+            split
+        }
+        // SAFETY: as above.
+        _ => unsafe { run_launch(launch, table, syms, false) },
+    }
+}
+
+/// Runs one launch; `alone` runs it on the calling thread only (a step of a concurrent level).
+/// Returns whether it was a loop launch split over several threads.
+///
+/// # Safety
+/// `table` holds one valid pointer per argument of every step, each buffer as large as the
+/// program says; `syms` holds every symbol value; no other thread writes what this step touches.
+pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, alone: bool) -> bool {
+    match *launch {
+        Launch::Loop { func, arg_start, end, ref chunks, .. } => {
+            let chunks = chunks.load(Ordering::Relaxed);
+            // SAFETY: `arg_start` indexes this step's arguments in the table, one valid
+            // buffer pointer per kernel parameter, each buffer as large as the program
+            // says (inputs checked, outputs and arena allocated to size); `syms` holds
+            // every symbol the kernel reads (checked in `Prepared::new`).
+            let args = unsafe { table.add(arg_start as usize) };
+            if chunks <= 1 || alone {
+                // SAFETY: see above; the kernel's contract is to touch only its buffers.
+                unsafe { func(args, syms, 0, end) };
+                false
+            } else {
+                let (args, syms) = (SendPtr(args as *mut u8), SendPtr(syms as *mut u8));
+                parallel::for_chunks(end as usize, chunks as usize, &|lo, hi| {
+                    // SAFETY: as above; disjoint ranges of the parallel loop write
+                    // disjoint elements (the kir contract for `parallel` loops).
+                    unsafe { func(args.get() as *const *mut u8, syms.get() as *const i64, lo as i64, hi as i64) }
+                });
+                true
+            }
+        }
+        Launch::Matmul { arg_start, ref mm } => {
+            // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes.
+            unsafe { mm.run_threads(table.add(arg_start as usize), !alone) };
+            false
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The VM as a [`Backend`]: per binding set its launches and level schedule; per run the arena,
+//! the fresh outputs and the pointer table, the launch walk (calibration and concurrent levels
+//! included) and the outputs handed back without a copy.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use air::{HostData, HostTensor};
+use lower::{BufferKind, Program};
+use smallvec::SmallVec;
+
+use super::launch::{self, Launch};
+use super::{CALIBRATION_RUNS, CpuCode, CpuLaunches, OutputSource, RunState, SPLIT_MIN_NS};
+use crate::backend::{Backend, BindingSet};
+use crate::error::Result;
+use crate::levels::{self, Phase};
+use crate::memory;
+use crate::parallel::{self, SendPtr};
+use crate::prepared::{Prepared, Sizes};
+
+impl Backend for CpuCode {
+    const NAME: &'static str = "cpu";
+    const CONCURRENT_RUNS: bool = true;
+    type Launches = CpuLaunches;
+    type Buffers = RunState;
+
+    fn buffer_bytes(&self, program: &Program, buf: usize, numel: usize) -> Result<usize> {
+        // `Prepared::sizes` checked that this fits in `isize::MAX`.
+        Ok(numel * program.buffers[buf].dtype.size_bytes())
+    }
+
+    fn size(&self, prepared: &Prepared, sizes: &Sizes) -> Result<CpuLaunches> {
+        let p = prepared.program();
+        let threads = parallel::threads();
+        let launches = launch::launches(p, &self.steps, sizes, threads)?;
+        let unwritten_ok = self
+            .output_bufs
+            .iter()
+            .zip(&self.output_writer)
+            .map(|(&b, writer)| match writer.map(|s| &launches[s as usize]) {
+                // A loop kernel's loop space is the shape of the node it materializes, and an
+                // output buffer holds exactly that node (`lower::schedule`): it stores every element.
+                Some(Launch::Loop { .. }) => true,
+                Some(Launch::Matmul { mm, .. }) => mm.writes_all_of_c(sizes.buf_numel[b as usize]),
+                None => false,
+            })
+            .collect();
+        let schedule = match &self.concurrency {
+            Some(c) => {
+                let costs = launch::launch_costs(p, &launches, &sizes.syms);
+                levels::schedule(&c.levels, &costs, threads, c.min_work)
+            }
+            None => None,
+        };
+        Ok(CpuLaunches { unwritten_ok, launches, schedule, runs: AtomicU32::new(0) })
+    }
+
+    fn time_slots(launches: &CpuLaunches) -> Option<&[Vec<usize>]> {
+        launches.schedule.as_ref().map(|s| s.slots.as_slice())
+    }
+
+    /// Makes the arena big enough, allocates the fresh outputs and fills the pointer table.
+    fn bind(
+        &self,
+        state: &mut RunState,
+        prepared: &Prepared,
+        sized: &BindingSet<Self>,
+        inputs: &[HostTensor],
+    ) -> Result<()> {
+        let program = prepared.program();
+        state.arena.ensure(sized.plan.stats.arena_bytes)?;
+        let base = state.arena.base();
+
+        state.fresh.clear();
+        for (j, &b) in self.output_bufs.iter().enumerate() {
+            let b = b as usize;
+            let (dtype, n) = (program.buffers[b].dtype, sized.sizes.buf_numel[b]);
+            state.fresh.push(if sized.launches.unwritten_ok[j] {
+                memory::unwritten_host_data(dtype, n)?
+            } else {
+                memory::zeroed_host_data(dtype, n)?
+            });
+        }
+
+        state.status.clear();
+        state.status.resize(lower::kir::STATUS_WORDS, 0);
+        state.buf_ptrs.clear();
+        let mut next_fresh = 0;
+        for (i, b) in program.buffers.iter().enumerate() {
+            let ptr = match b.kind {
+                BufferKind::Input(slot) => memory::data_ptr(&inputs[slot as usize].data),
+                BufferKind::Output(_) => {
+                    next_fresh += 1;
+                    memory::data_ptr_mut(&mut state.fresh[next_fresh - 1])
+                }
+                // SAFETY: the offset lies inside the arena (checked against the plan in
+                // `Prepared::plan`, and the arena holds `arena_bytes`).
+                BufferKind::Temp => unsafe { base.add(sized.plan.offsets[i].unwrap_or(0)) },
+                BufferKind::Status => state.status.as_mut_ptr() as *mut u8,
+            };
+            state.buf_ptrs.push(ptr);
+        }
+        state.table.clear();
+        state.table.extend(self.table_bufs.iter().map(|&b| state.buf_ptrs[b as usize]));
+        Ok(())
+    }
+
+    unsafe fn launch(&self, state: &mut RunState, _: &Prepared, sized: &BindingSet<Self>, step: usize) -> Result<()> {
+        // SAFETY: `bind` filled the table for this binding set (the caller's contract).
+        let split = unsafe {
+            launch::run_launch(&sized.launches.launches[step], state.table.as_ptr(), sized.sizes.syms.as_ptr(), false)
+        };
+        if split {
+            self.split_launches.fetch_add(1, Ordering::Relaxed);
+        }
+        self.launched.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    unsafe fn launch_all(&self, state: &mut RunState, _: &Prepared, sized: &BindingSet<Self>) -> Result<()> {
+        let table = state.table.as_ptr();
+        let syms = sized.sizes.syms.as_ptr();
+        let l = &sized.launches;
+        let run = l.runs.load(Ordering::Relaxed);
+        let calibrating = (1..=2 * CALIBRATION_RUNS).contains(&run);
+        if run <= 2 * CALIBRATION_RUNS {
+            l.runs.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY (both closures): the table holds every step's buffers (see `run_launch`).
+        let in_order = |launch: &Launch| {
+            let split = unsafe {
+                if calibrating {
+                    launch::run_calibrating(launch, table, syms)
+                } else {
+                    launch::run_launch(launch, table, syms, false)
+                }
+            };
+            if split {
+                self.split_launches.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        match &l.schedule {
+            None => l.launches.iter().for_each(in_order),
+            Some(schedule) => {
+                for phase in &schedule.phases {
+                    match phase {
+                        Phase::Step(s) => in_order(&l.launches[*s as usize]),
+                        Phase::Concurrent { bins } => {
+                            let (table, syms) = (SendPtr(table as *mut u8), SendPtr(syms as *mut u8));
+                            parallel::for_chunks(bins.len(), bins.len(), &|lo, hi| {
+                                for bin in &bins[lo..hi] {
+                                    for &s in bin {
+                                        // SAFETY: as above; the steps of one level touch no
+                                        // common bytes where one of them writes (`lower::batch`
+                                        // levels, planned with the level as one time slot), so
+                                        // they may run at the same time, each on one thread.
+                                        unsafe {
+                                            launch::run_launch(
+                                                &l.launches[s as usize],
+                                                table.get() as *const *mut u8,
+                                                syms.get() as *const i64,
+                                                true,
+                                            )
+                                        };
+                                    }
+                                }
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if calibrating && (run == CALIBRATION_RUNS || run == 2 * CALIBRATION_RUNS) {
+            for launch in &l.launches {
+                if let Launch::Loop { chunks, split, calib_ns, split_ns, .. } = launch
+                    && *split > 1
+                {
+                    let one = calib_ns.load(Ordering::Relaxed);
+                    let decided = if run == CALIBRATION_RUNS {
+                        if one >= SPLIT_MIN_NS { *split } else { 1 }
+                    } else if split_ns.load(Ordering::Relaxed) < one / 20 * 17 {
+                        *split
+                    } else {
+                        1
+                    };
+                    chunks.store(decided, Ordering::Relaxed);
+                }
+            }
+        }
+        self.launched.fetch_add(l.launches.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Hands the fresh outputs out as the graph's outputs.
+    ///
+    /// # Safety
+    /// Every launch of `sized` ran on the pointers `bind` set up, so every fresh output whose
+    /// `unwritten_ok` flag is set has had every element written.
+    unsafe fn finish(
+        &self,
+        state: &mut RunState,
+        prepared: &Prepared,
+        sized: &BindingSet<Self>,
+        inputs: &[HostTensor],
+    ) -> Result<Vec<HostTensor>> {
+        // One check per run: a data-dependent failure recorded by any kernel becomes the error.
+        if let Err(e) = prepared.check_status(&state.status) {
+            state.fresh.clear();
+            return Err(e);
+        }
+        let buf_numel = &sized.sizes.buf_numel;
+        let mut fresh: SmallVec<[Arc<HostData>; 4]> = SmallVec::with_capacity(state.fresh.len());
+        for (&b, mut data) in self.output_bufs.iter().zip(state.fresh.drain(..)) {
+            // SAFETY: the buffer's first writer stored every element (`unwritten_ok`), or it was
+            // zeroed; it has room for exactly `buf_numel` elements.
+            unsafe { memory::mark_written(&mut data, buf_numel[b as usize]) };
+            fresh.push(Arc::new(data));
+        }
+        let mut results = Vec::with_capacity(self.outputs.len());
+        for (i, source) in self.outputs.iter().enumerate() {
+            let shape = sized.sizes.output_shapes[i].clone();
+            let data = match *source {
+                OutputSource::Fresh(j) => fresh[j].clone(),
+                OutputSource::Input(slot) => inputs[slot as usize].data.clone(),
+                OutputSource::Temp(b) => {
+                    let info = &prepared.program().buffers[b as usize];
+                    let n = buf_numel[b as usize];
+                    let mut data = memory::unwritten_host_data(info.dtype, n)?;
+                    // SAFETY: the temporary holds `n` elements of its dtype inside the arena, and
+                    // `data` is a fresh array of the same dtype with room for `n`: both ranges are
+                    // in bounds and do not overlap. Kernels store only valid values (bools as 0/1),
+                    // so after the copy all `n` elements are initialized.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            state.buf_ptrs[b as usize],
+                            memory::data_ptr_mut(&mut data),
+                            n * info.dtype.size_bytes(),
+                        );
+                        memory::mark_written(&mut data, n);
+                    }
+                    Arc::new(data)
+                }
+            };
+            results.push(HostTensor { data, shape });
+        }
+        Ok(results)
+    }
+}
