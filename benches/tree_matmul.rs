@@ -43,6 +43,8 @@ fn run(outputs: &[&Tensor]) -> Vec<HostTensor> {
 }
 
 fn tree_matmul(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     let dev = CpuDevice::new().unwrap();
     let a = Tree::from_pairs((0..N).map(|i| (format!("node{i}"), filled(M, K, 2 * i)))).unwrap();
     let b = Tree::from_pairs((0..N).map(|i| (format!("node{i}"), filled(K, P, 2 * i + 1)))).unwrap();
@@ -130,6 +132,8 @@ fn tree_matmul(c: &mut Criterion) {
 /// matrices, run by levels (the threshold decides) and in order. The first line of each size says
 /// what the threshold chose.
 fn threshold(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     let by_levels = CpuDevice::new().unwrap();
     let in_order = CpuDevice::with_level_threshold(lower::CompileOptions::default(), None).unwrap();
     let forced = CpuDevice::with_level_threshold(lower::CompileOptions::default(), Some(0)).unwrap();

@@ -4,6 +4,7 @@ use std::sync::OnceLock;
 
 use air::{AirError, Bindings, BoundsError, Graph, HostTensor};
 use runtime::RuntimeError;
+#[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuError;
 
 use crate::device::Device;
@@ -12,6 +13,7 @@ use crate::profile::{self, PlannedMemory};
 use crate::realize::Sites;
 
 /// The process-wide GPU device (first use picks the adapter and logs it).
+#[cfg(feature = "wgpu")]
 pub fn wgpu_device() -> Result<&'static runtime::wgpu::WgpuDevice> {
     static GPU: OnceLock<std::result::Result<runtime::wgpu::WgpuDevice, String>> = OnceLock::new();
     GPU.get_or_init(|| runtime::wgpu::WgpuDevice::new().map_err(|e| e.to_string()))
@@ -67,7 +69,10 @@ pub(crate) fn execute_traced(
             let exe = cpu_device()?.compile(graph).map_err(|e| cpu_error(e, located))?;
             run_cpu(&exe, &inputs, bindings).map_err(|e| cpu_error(e, located))
         }
+        #[cfg(feature = "wgpu")]
         Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| wgpu_error(e, located)),
+        #[cfg(not(feature = "wgpu"))]
+        Device::Wgpu => Err(Error::Device(crate::device::WGPU_NOT_COMPILED.into())),
     }
 }
 
@@ -97,6 +102,7 @@ fn cpu_error(e: RuntimeError, located: impl Fn(BoundsError) -> Error) -> Error {
     }
 }
 
+#[cfg(feature = "wgpu")]
 fn wgpu_error(e: WgpuError, located: impl Fn(BoundsError) -> Error) -> Error {
     match e {
         WgpuError::Runtime(RuntimeError::Bounds(b)) => located(b),
@@ -131,6 +137,9 @@ fn execute_profiled(
         Device::Interp => {
             return profile::span("run", || interp(graph, &inputs, bindings)).map_err(|e| interp_error(e, located));
         }
+        #[cfg(not(feature = "wgpu"))]
+        Device::Wgpu => return Err(Error::Device(crate::device::WGPU_NOT_COMPILED.into())),
+        #[cfg(feature = "wgpu")]
         Device::Wgpu => {
             let gpu = wgpu_device()?;
             return profile::span("run", || gpu.run(graph, &inputs, bindings)).map_err(|e| wgpu_error(e, located));

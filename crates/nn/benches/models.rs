@@ -34,6 +34,8 @@ impl Module for Boxed {
 }
 
 fn models(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     let mut group = c.benchmark_group("models");
     group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
     for name in zoo::NAMES {

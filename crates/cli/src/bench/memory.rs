@@ -31,6 +31,7 @@ use anyhow::bail;
 use kiln::Tensor;
 use lower::CompileOptions;
 use runtime::CpuDevice;
+#[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
 
 use crate::bench::check::{self, Tolerance};
@@ -60,7 +61,10 @@ impl MemDevice {
     pub fn parse(name: &str) -> anyhow::Result<MemDevice> {
         match name.trim().to_ascii_lowercase().as_str() {
             "cpu" => Ok(MemDevice::Cpu),
+            #[cfg(feature = "wgpu")]
             "wgpu" => Ok(MemDevice::Wgpu),
+            #[cfg(not(feature = "wgpu"))]
+            "wgpu" => bail!("wgpu support not compiled in (enable the kiln-cli feature \"wgpu\")"),
             other => bail!("kiln bench memory runs on cpu or wgpu, not `{other}`"),
         }
     }
@@ -178,6 +182,7 @@ pub fn measure_cpu(device: &CpuDevice, traced: &Traced) -> anyhow::Result<Measur
 /// Compiles `traced` on `device`, runs it twice counting the buffers each run creates (compile
 /// counts with the first; the first run's outputs are checked against the interpreter), and reads
 /// the plan for its bindings.
+#[cfg(feature = "wgpu")]
 pub fn measure_wgpu(device: &WgpuDevice, traced: &Traced) -> anyhow::Result<Measured> {
     let before = device.buffers_created();
     let exe = device.compile(&traced.graph)?;
@@ -234,7 +239,10 @@ pub fn measure_caches(device: MemDevice, compiles: usize) -> anyhow::Result<Vec<
     let step = (compiles / 10).max(1);
     let dev = match device {
         MemDevice::Cpu => runtime::Device::Cpu(CpuDevice::new()?),
+        #[cfg(feature = "wgpu")]
         MemDevice::Wgpu => runtime::Device::Wgpu(WgpuDevice::new()?),
+        #[cfg(not(feature = "wgpu"))]
+        MemDevice::Wgpu => bail!("wgpu support not compiled in"),
     };
     let mut samples = Vec::new();
     for n in 0..=compiles {
@@ -245,6 +253,7 @@ pub fn measure_caches(device: MemDevice, compiles: usize) -> anyhow::Result<Vec<
         if n % step == 0 || n == compiles {
             let (cached_programs, cached_kernels) = match &dev {
                 runtime::Device::Cpu(d) => (d.cached_programs(), Some(d.cached_kernels())),
+                #[cfg(feature = "wgpu")]
                 runtime::Device::Wgpu(d) => (d.cached_programs(), None),
             };
             samples.push(CacheSample { compiles: n, rss_bytes: rss_bytes(), cached_programs, cached_kernels });
@@ -267,6 +276,9 @@ fn cache_table(out: &mut SuiteOutput, args: &Args) -> anyhow::Result<()> {
                 codegen::cpu::KERNEL_CACHE_ENV
             ),
         ),
+        #[cfg(not(feature = "wgpu"))]
+        MemDevice::Wgpu => bail!("wgpu support not compiled in"),
+        #[cfg(feature = "wgpu")]
         MemDevice::Wgpu => (
             "WgpuDevice",
             format!(
@@ -336,6 +348,9 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
                 bar.inc(1);
             }
         }
+        #[cfg(not(feature = "wgpu"))]
+        MemDevice::Wgpu => bail!("wgpu support not compiled in"),
+        #[cfg(feature = "wgpu")]
         MemDevice::Wgpu => {
             let unfused = WgpuDevice::with_options(options(false))?;
             let fused = WgpuDevice::with_options(options(true))?;
