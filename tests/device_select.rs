@@ -1,4 +1,4 @@
-//! Choosing a device in code: every constructor's `_on` form puts its tensor on the device it is
+//! Choosing a device in code: every constructor's `_on` form (random ones included) puts its tensor on the device it is
 //! given and the program runs there (the interpreter's and the CPU's run counters show which),
 //! whatever `KILN_DEVICE` says; `Device::wgpu_if_available` returns a device that works; and a
 //! build without the `wgpu` feature turns `Device::Wgpu` into an error, never a panic.
@@ -50,6 +50,23 @@ fn every_constructor_puts_its_tensor_on_the_device_it_is_given() {
             assert_eq!((interp, cpu), expected, "{name} on {device}: (interpreter runs, native runs)");
         }
     }
+}
+
+#[test]
+fn random_tensors_go_to_the_device_they_are_given_and_draw_the_same_values() {
+    kiln::manual_seed(7);
+    let plain: Vec<f32> = Tensor::rand(&[5]).to_vec().unwrap();
+    let normal: Vec<f32> = Tensor::randn(&[3]).to_vec().unwrap();
+    kiln::manual_seed(7);
+    let u = Tensor::rand_on(&[5], Device::Interp);
+    let n = Tensor::randn_on(&[3], Device::Interp);
+    assert_eq!((u.device(), n.device()), (Device::Interp, Device::Interp));
+    let (got, interp, cpu) = realize_counting(&(&u * 1.0));
+    assert_eq!(got, plain.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(), "the same draws as `rand`");
+    assert_eq!((interp, cpu), (1, 0));
+    assert_eq!(n.to_vec::<f32>().unwrap(), normal);
+    let err = Tensor::rand_on(&[2, -1], Device::Cpu).realize().unwrap_err().to_string();
+    assert!(err.starts_with("rand:"), "{err}");
 }
 
 #[test]

@@ -86,7 +86,8 @@ impl Tensor {
         Tensor::from_host_in(host, Some(device))
     }
 
-    fn from_host_in(host: HostTensor, device: Option<Device>) -> Tensor {
+    /// [`Tensor::from_host`] on `device`, or on the default device when it is `None`.
+    pub(crate) fn from_host_in(host: HostTensor, device: Option<Device>) -> Tensor {
         let device = match place(device) {
             Ok(d) => d,
             Err(e) => return e,
