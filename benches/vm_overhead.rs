@@ -27,6 +27,8 @@ fn tiny_chain(n: usize) -> Graph {
 }
 
 fn launches(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     // One kernel per op: no fusion, no rewrites (which would cancel or fold the chain).
     let options = lower::CompileOptions { fuse: false, optimize: false, ..lower::CompileOptions::default() };
     let dev = CpuDevice::with_options(options).unwrap();

@@ -11,6 +11,7 @@ use crate::profile;
 use crate::realize::Sites;
 
 /// The process-wide GPU device (first use picks the adapter and logs it).
+#[cfg(feature = "wgpu")]
 pub fn wgpu_device() -> Result<&'static runtime::wgpu::WgpuDevice> {
     static GPU: OnceLock<std::result::Result<runtime::wgpu::WgpuDevice, String>> = OnceLock::new();
     GPU.get_or_init(|| runtime::wgpu::WgpuDevice::new().map_err(|e| e.to_string()))
@@ -66,7 +67,10 @@ pub(crate) fn execute_traced(
             let exe = cpu_device()?.compile(graph).map_err(|e| runtime_error("cpu", e, located))?;
             run_cpu(&exe, &inputs, bindings).map_err(|e| runtime_error("cpu", e, located))
         }
+        #[cfg(feature = "wgpu")]
         Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| runtime_error("wgpu", e, located)),
+        #[cfg(not(feature = "wgpu"))]
+        Device::Wgpu => Err(Error::Device(crate::device::WGPU_NOT_COMPILED.into())),
     }
 }
 
@@ -126,6 +130,9 @@ fn execute_profiled(
             return profile::span(profile::Step::Run, || interp(graph, &inputs, bindings))
                 .map_err(|e| interp_error(e, located));
         }
+        #[cfg(not(feature = "wgpu"))]
+        Device::Wgpu => return Err(Error::Device(crate::device::WGPU_NOT_COMPILED.into())),
+        #[cfg(feature = "wgpu")]
         Device::Wgpu => {
             let gpu = wgpu_device()?;
             return profile::span(profile::Step::Run, || gpu.run(graph, &inputs, bindings))

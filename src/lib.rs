@@ -26,6 +26,9 @@
 //! Where things live: `tensor` (the handle and the primitives), `ops/*` (every op, as compositions
 //! of air primitives; `ops/matmul.rs` holds the canonical matmul pattern), `realize` (tracing and
 //! running), `backend` (the one place that dispatches on a device).
+//!
+//! Cargo features: `wgpu` (default) builds the GPU device; without it `Device::Wgpu` still exists
+//! and realizing on it is an error saying the feature is off.
 
 mod autograd;
 pub mod backend;
@@ -53,6 +56,27 @@ pub use realize::{Program, realize, trace};
 pub use scalar::{Arg, IntoScalar, Operand};
 pub use shape::{Axes, Axis, IntoShape};
 pub use tensor::Tensor;
+
+/// Tunes the C allocator (glibc's `malloc`) of the whole process for Kiln's CPU device, once;
+/// returns whether it applied the settings. Kiln never does this on its own: call it at the start
+/// of an application that realizes large tensors on the CPU repeatedly (the `kiln` command and
+/// the benchmarks do), or set `KILN_MALLOC_TUNING=1`; `KILN_MALLOC_TUNING=0` turns even an explicit
+/// call into a no-op.
+///
+/// What it changes: glibc's `M_MMAP_THRESHOLD` is raised to 32 MiB and `M_TRIM_THRESHOLD` to
+/// 512 MiB (which also stops glibc adjusting them on the fly). It is process-wide: it affects
+/// every allocation of the program, not only Kiln's, and cannot be undone.
+///
+/// Why: every realize hands back fresh output arrays that the caller owns and later frees. With
+/// glibc's defaults, large freed blocks go back to the OS, so the next realize's outputs land on
+/// fresh pages and pay a page fault per 4 KiB inside the kernels; with the raised thresholds they
+/// stay in the heap and are reused warm. The cost: up to 512 MiB of freed memory can stay mapped
+/// (and counted in the RSS) after a peak. Only Linux with glibc is affected (elsewhere this
+/// returns `false`), and a program with its own `#[global_allocator]` is unaffected in practice.
+/// BENCHMARKS.md has measurements.
+pub fn tune_host_allocator() -> bool {
+    runtime::memory::tune_host_allocator()
+}
 
 /// The usual imports: `use kiln::prelude::*;`.
 pub mod prelude {

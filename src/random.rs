@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
 
+use crate::device::Device;
 use crate::shape::{IntoShape, concrete, show};
 use crate::tensor::{Site, Tensor};
 
@@ -40,7 +41,7 @@ fn fill(rng: &mut StdRng, n: usize, kind: Kind) -> Result<Vec<f32>, String> {
     Ok(v)
 }
 
-fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>) -> Tensor {
+fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>, device: Option<Device>) -> Tensor {
     let Some(dims) = concrete(&shape) else {
         return site.fail(format!("shape {} must be concrete and non-negative", show(&shape)));
     };
@@ -56,7 +57,7 @@ fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>) -> Te
         }
     };
     match data.and_then(|data| air::HostTensor::from_vec(data, dims)) {
-        Ok(host) => Tensor::from_host(host),
+        Ok(host) => Tensor::from_host_in(host, device),
         Err(m) => site.fail(m),
     }
 }
@@ -65,24 +66,36 @@ impl Tensor {
     /// `f32` samples uniform in `[0, 1)` from the global generator.
     #[track_caller]
     pub fn rand(shape: impl IntoShape) -> Tensor {
-        random(Site::here("rand"), shape.into_dims(), Kind::Uniform, None)
+        random(Site::here("rand"), shape.into_dims(), Kind::Uniform, None, None)
+    }
+
+    /// [`Tensor::rand`] on `device` (generated on the host, from the global generator).
+    #[track_caller]
+    pub fn rand_on(shape: impl IntoShape, device: Device) -> Tensor {
+        random(Site::here("rand"), shape.into_dims(), Kind::Uniform, None, Some(device))
     }
 
     /// `f32` samples from the standard normal distribution, from the global generator.
     #[track_caller]
     pub fn randn(shape: impl IntoShape) -> Tensor {
-        random(Site::here("randn"), shape.into_dims(), Kind::Normal, None)
+        random(Site::here("randn"), shape.into_dims(), Kind::Normal, None, None)
+    }
+
+    /// [`Tensor::randn`] on `device` (generated on the host, from the global generator).
+    #[track_caller]
+    pub fn randn_on(shape: impl IntoShape, device: Device) -> Tensor {
+        random(Site::here("randn"), shape.into_dims(), Kind::Normal, None, Some(device))
     }
 
     /// `f32` samples uniform in `[0, 1)` from a generator seeded with `seed`.
     #[track_caller]
     pub fn rand_seeded(shape: impl IntoShape, seed: u64) -> Tensor {
-        random(Site::here("rand"), shape.into_dims(), Kind::Uniform, Some(seed))
+        random(Site::here("rand"), shape.into_dims(), Kind::Uniform, Some(seed), None)
     }
 
     /// Standard normal `f32` samples from a generator seeded with `seed`.
     #[track_caller]
     pub fn randn_seeded(shape: impl IntoShape, seed: u64) -> Tensor {
-        random(Site::here("randn"), shape.into_dims(), Kind::Normal, Some(seed))
+        random(Site::here("randn"), shape.into_dims(), Kind::Normal, Some(seed), None)
     }
 }

@@ -17,14 +17,17 @@ use air::{
 use kiln::{Device, Error, Tensor};
 use proptest::prelude::*;
 use runtime::CpuDevice;
+#[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
 use smallvec::smallvec;
 
+#[cfg(feature = "wgpu")]
 fn gpu_required() -> bool {
     std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v.trim() == "1")
 }
 
 /// The process's wgpu device, or `None` (with the reason printed once) on a machine without one.
+#[cfg(feature = "wgpu")]
 fn gpu() -> Option<&'static WgpuDevice> {
     static GPU: OnceLock<Option<WgpuDevice>> = OnceLock::new();
     GPU.get_or_init(|| match WgpuDevice::new() {
@@ -40,7 +43,9 @@ fn gpu() -> Option<&'static WgpuDevice> {
 
 /// Every device of the facade this machine can run.
 fn devices() -> Vec<Device> {
+    #[cfg_attr(not(feature = "wgpu"), allow(unused_mut))]
     let mut out = vec![Device::Interp, Device::Cpu];
+    #[cfg(feature = "wgpu")]
     if gpu().is_some() && kiln::backend::wgpu_device().is_ok() {
         out.push(Device::Wgpu);
     }
@@ -159,7 +164,9 @@ fn run_everywhere(graph: &Graph, inputs: &[HostTensor], bind: &Bindings) -> Resu
     static CPU: OnceLock<CpuDevice> = OnceLock::new();
     let cpu = CPU.get_or_init(|| CpuDevice::new().unwrap());
     let want = air::interp::eval(graph, inputs, bind);
+    #[cfg_attr(not(feature = "wgpu"), allow(unused_mut))]
     let mut got = vec![("cpu", cpu.run(graph, inputs, bind).map_err(|e| e.to_string()))];
+    #[cfg(feature = "wgpu")]
     if let Some(gpu) = gpu() {
         got.push(("wgpu", gpu.run(graph, inputs, bind).map_err(|e| e.to_string())));
     }

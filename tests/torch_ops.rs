@@ -68,7 +68,7 @@ fn has_64_bit_tensor(info: &FixtureInfo) -> bool {
 /// Whether the wgpu device can run here: `false` (with the reason printed) when there is no
 /// adapter, a failure instead when `KILN_REQUIRE_VULKAN=1`.
 fn wgpu_available() -> bool {
-    match kiln::backend::wgpu_device() {
+    match kiln::Device::Wgpu.probe() {
         Ok(_) => true,
         Err(e) => {
             let required = std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v.trim() == "1");

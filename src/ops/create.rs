@@ -1,4 +1,5 @@
-//! Constructors: tensors from host data (zero-copy), constants, `arange`.
+//! Constructors: tensors from host data (zero-copy), constants, `arange`. Each has a form ending
+//! in `_on` that takes its device; the plain form uses [`Device::default_device`].
 
 use air::dim::shape_of;
 use air::{Bindings, DType, Dim, Element, HostTensor, Op, Scalar, Shape, TensorType};
@@ -17,16 +18,31 @@ fn check_dims(site: Site, dims: &[Dim]) -> Result<Shape, Tensor> {
     Ok(dims.iter().cloned().collect())
 }
 
-/// The default device, or an error tensor carrying why there is none.
-fn default_device() -> Result<Device, Tensor> {
-    Device::default_device().map_err(Tensor::failed)
+/// `device`, or else the default device; an error tensor carries why there is none.
+fn place(device: Option<Device>) -> Result<Device, Tensor> {
+    match device {
+        Some(device) => Ok(device),
+        None => Device::default_device().map_err(Tensor::failed),
+    }
 }
 
 impl Tensor {
-    /// A tensor holding `data` (row-major) with the given shape. The `Vec` is moved into the
-    /// tensor without a copy; `into_vec` on the untouched tensor gives the same `Vec` back.
+    /// A tensor holding `data` (row-major) with the given shape, on the default device. The `Vec`
+    /// is moved into the tensor without a copy; `into_vec` on the untouched tensor gives the same
+    /// `Vec` back.
     #[track_caller]
     pub fn from_vec<T: Element>(data: Vec<T>, shape: impl IntoShape) -> Tensor {
+        Tensor::from_vec_in(data, shape, None)
+    }
+
+    /// [`Tensor::from_vec`] on `device`.
+    #[track_caller]
+    pub fn from_vec_on<T: Element>(data: Vec<T>, shape: impl IntoShape, device: Device) -> Tensor {
+        Tensor::from_vec_in(data, shape, Some(device))
+    }
+
+    #[track_caller]
+    fn from_vec_in<T: Element>(data: Vec<T>, shape: impl IntoShape, device: Option<Device>) -> Tensor {
         let site = Site::here("from_vec");
         let dims = shape.into_dims();
         let Some(dims) = concrete(&dims) else {
@@ -43,7 +59,7 @@ impl Tensor {
             return site.fail(format!("{} elements do not fill shape {:?} ({n} elements)", data.len(), dims));
         }
         match HostTensor::from_vec(data, dims) {
-            Ok(host) => Tensor::from_host(host),
+            Ok(host) => Tensor::from_host_in(host, device),
             Err(message) => site.fail(message),
         }
     }
@@ -62,7 +78,17 @@ impl Tensor {
 
     /// A tensor holding `host` (shared, no copy) on the default device.
     pub fn from_host(host: HostTensor) -> Tensor {
-        let device = match default_device() {
+        Tensor::from_host_in(host, None)
+    }
+
+    /// A tensor holding `host` (shared, no copy) on `device`.
+    pub fn from_host_on(host: HostTensor, device: Device) -> Tensor {
+        Tensor::from_host_in(host, Some(device))
+    }
+
+    /// [`Tensor::from_host`] on `device`, or on the default device when it is `None`.
+    pub(crate) fn from_host_in(host: HostTensor, device: Option<Device>) -> Tensor {
+        let device = match place(device) {
             Ok(d) => d,
             Err(e) => return e,
         };
@@ -123,32 +149,55 @@ impl Tensor {
         Tensor::source(host.clone(), shape, bindings, self.device())
     }
 
-    /// A tensor of `shape` filled with `value` (converted to `dtype`). Lazy: a single `const` node,
-    /// no memory until realized.
+    /// A tensor of `shape` filled with `value` (converted to `dtype`), on the default device. Lazy:
+    /// a single `const` node, no memory until realized.
     #[track_caller]
     pub fn full(shape: impl IntoShape, value: impl IntoScalar, dtype: DType) -> Tensor {
+        Tensor::full_in(shape, value.into_scalar(), dtype, None)
+    }
+
+    /// [`Tensor::full`] on `device`.
+    #[track_caller]
+    pub fn full_on(shape: impl IntoShape, value: impl IntoScalar, dtype: DType, device: Device) -> Tensor {
+        Tensor::full_in(shape, value.into_scalar(), dtype, Some(device))
+    }
+
+    #[track_caller]
+    fn full_in(shape: impl IntoShape, value: Scalar, dtype: DType, device: Option<Device>) -> Tensor {
         let site = Site::here("full");
         let shape = match check_dims(site, &shape.into_dims()) {
             Ok(s) => s,
             Err(e) => return e,
         };
-        let device = match default_device() {
+        let device = match place(device) {
             Ok(d) => d,
             Err(e) => return e,
         };
-        Tensor::constant(site, value.into_scalar(), dtype, shape, device)
+        Tensor::constant(site, value, dtype, shape, device)
     }
 
-    /// A tensor of `shape` filled with zeros.
+    /// A tensor of `shape` filled with zeros, on the default device.
     #[track_caller]
     pub fn zeros(shape: impl IntoShape, dtype: DType) -> Tensor {
-        Tensor::full(shape, Scalar::Int(0), dtype)
+        Tensor::full_in(shape, Scalar::Int(0), dtype, None)
     }
 
-    /// A tensor of `shape` filled with ones.
+    /// [`Tensor::zeros`] on `device`.
+    #[track_caller]
+    pub fn zeros_on(shape: impl IntoShape, dtype: DType, device: Device) -> Tensor {
+        Tensor::full_in(shape, Scalar::Int(0), dtype, Some(device))
+    }
+
+    /// A tensor of `shape` filled with ones, on the default device.
     #[track_caller]
     pub fn ones(shape: impl IntoShape, dtype: DType) -> Tensor {
-        Tensor::full(shape, Scalar::Int(1), dtype)
+        Tensor::full_in(shape, Scalar::Int(1), dtype, None)
+    }
+
+    /// [`Tensor::ones`] on `device`.
+    #[track_caller]
+    pub fn ones_on(shape: impl IntoShape, dtype: DType, device: Device) -> Tensor {
+        Tensor::full_in(shape, Scalar::Int(1), dtype, Some(device))
     }
 
     /// A tensor like `self` (shape, dtype, device) filled with `value`.
@@ -174,11 +223,22 @@ impl Tensor {
     }
 
     /// `[start, start + step, ...]` up to (excluding) `end`, like `torch.arange`: `i64` when all
-    /// three are integers, else `f32`. Built from an `iota`: `start + iota * step`.
+    /// three are integers, else `f32`. Built from an `iota`: `start + iota * step`. On the default
+    /// device.
     #[track_caller]
     pub fn arange(start: impl IntoScalar, end: impl IntoScalar, step: impl IntoScalar) -> Tensor {
+        Tensor::arange_in((start.into_scalar(), end.into_scalar(), step.into_scalar()), None)
+    }
+
+    /// [`Tensor::arange`] on `device`.
+    #[track_caller]
+    pub fn arange_on(start: impl IntoScalar, end: impl IntoScalar, step: impl IntoScalar, device: Device) -> Tensor {
+        Tensor::arange_in((start.into_scalar(), end.into_scalar(), step.into_scalar()), Some(device))
+    }
+
+    #[track_caller]
+    fn arange_in((start, end, step): (Scalar, Scalar, Scalar), device: Option<Device>) -> Tensor {
         let site = Site::here("arange");
-        let (start, end, step) = (start.into_scalar(), end.into_scalar(), step.into_scalar());
         let is_float = [start, end, step].iter().any(|s| matches!(s, Scalar::Float(_)));
         let dtype = if is_float { DType::F32 } else { DType::I64 };
         let (a, b, s) = (start.as_f64(), end.as_f64(), step.as_f64());
@@ -197,7 +257,7 @@ impl Tensor {
                 Err(_) => return site.fail(format!("range {start}..{end} step {step} has {n} elements, past i64")),
             }
         };
-        let device = match default_device() {
+        let device = match place(device) {
             Ok(d) => d,
             Err(e) => return e,
         };

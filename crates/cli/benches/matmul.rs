@@ -11,6 +11,8 @@ use kiln_cli::workloads::matmul::{SHAPES, flops, operands};
 use runtime::CpuDevice;
 
 fn matmul(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     let dev = CpuDevice::new().unwrap();
     let mut group = c.benchmark_group("matmul_f32");
     group.sample_size(20);

@@ -40,6 +40,8 @@ fn run(outputs: &[&Tensor]) -> Vec<HostTensor> {
 }
 
 fn tree_matmul(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     let dev = CpuDevice::new().unwrap();
     let shape = Shape::default();
     let out_size = shape.m * shape.n;
@@ -130,6 +132,8 @@ fn tree_matmul(c: &mut Criterion) {
 /// matrices, run by levels (the threshold decides) and in order. The first line of each size says
 /// what the threshold chose.
 fn threshold(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     let by_levels = CpuDevice::new().unwrap();
     let in_order = CpuDevice::with_level_threshold(lower::CompileOptions::default(), None).unwrap();
     let forced = CpuDevice::with_level_threshold(lower::CompileOptions::default(), Some(0)).unwrap();

@@ -44,6 +44,8 @@ fn per_op(iters: u64, mut chain: impl FnMut()) -> Duration {
 }
 
 fn unary(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     for op in UnaryOp::ALL {
         let mut group = c.benchmark_group(format!("unary_{}", op.name()));
         group.sample_size(10);

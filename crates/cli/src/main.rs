@@ -6,6 +6,11 @@
 //! kiln bench unary | models | tree-matmul | matmul [--device cpu] [--out dir] [--smoke]
 //! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--compiles 10000] [--out dir] [--smoke]
 //! ```
+//!
+//! `-v` (repeatable) or `RUST_LOG=info|debug|trace` shows the libraries' `log` records on stderr
+//! (the wgpu adapter, `KILN_DISASM` listings); Kiln's warnings and errors show by default. The command
+//! applies the host allocator tuning (`kiln::tune_host_allocator`) before anything runs, so its
+//! measurements match the benchmarks'.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +29,10 @@ static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Kiln: profile compilations and run the benchmark suites")]
 struct Cli {
+    /// Show log records: -v info, -vv debug, -vvv trace (default: Kiln's warnings; or
+    /// `RUST_LOG=<level>`).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -209,8 +218,54 @@ enum Suite {
     },
 }
 
+/// Writes log records to stderr as `kiln <level> <target>: <message>`: Kiln's own records (targets
+/// starting with `kiln`) up to `kiln`, other crates' (wgpu's, ...) up to `others`.
+struct StderrLogger {
+    kiln: log::LevelFilter,
+    others: log::LevelFilter,
+}
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        let limit = if metadata.target().starts_with("kiln") { self.kiln } else { self.others };
+        metadata.level() <= limit
+    }
+
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            eprintln!("kiln {} {}: {}", record.level(), record.target(), record.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// The logger for `-v` repeated `verbose` times: Kiln's warnings by default, then info, debug and
+/// trace, with other crates one step quieter; without `-v`, `RUST_LOG=<level>` (a plain level
+/// such as `info`) sets both.
+fn logger(verbose: u8) -> StderrLogger {
+    use log::LevelFilter::{Debug, Info, Off, Trace, Warn};
+    let (kiln, others) = match verbose {
+        0 => match std::env::var("RUST_LOG").ok().and_then(|v| v.trim().parse().ok()) {
+            Some(level) => (level, level),
+            None => (Warn, Off),
+        },
+        1 => (Info, Warn),
+        2 => (Debug, Info),
+        _ => (Trace, Trace),
+    };
+    StderrLogger { kiln, others }
+}
+
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    let logger = logger(cli.verbose);
+    let max = logger.kiln.max(logger.others);
+    if log::set_logger(Box::leak(Box::new(logger))).is_ok() {
+        log::set_max_level(max);
+    }
+    kiln::tune_host_allocator();
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kiln: error: {e:#}");

@@ -12,6 +12,7 @@ use kiln_cli::bench::memory::{self, Measured};
 use kiln_cli::model::GptConfig;
 use kiln_cli::pipeline::Traced;
 use runtime::CpuDevice;
+#[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
 
 /// One row of the memory table in `BENCHMARKS.md`.
@@ -65,6 +66,7 @@ const PUBLISHED_CPU: [Published; 3] = [
 
 /// The same table for `kiln bench memory --device wgpu` (lavapipe). The Transformer program
 /// differs: on wgpu the causal mask arrives as a realized `bool` input (no `i64` iota).
+#[cfg(feature = "wgpu")]
 const PUBLISHED_WGPU: [Published; 3] = [
     Published { wgpu_buffers_first_run: 5, ..PUBLISHED_CPU[0] },
     Published { wgpu_buffers_first_run: 5, ..PUBLISHED_CPU[1] },
@@ -134,6 +136,7 @@ fn unfused_chain_reuses_two_buffers_at_any_size() {
     assert_eq!(m.memory.arena_bytes as u64, 2 * BUFFER, "{m:?}");
 }
 
+#[cfg(feature = "wgpu")]
 fn wgpu_device(fuse: bool) -> Option<WgpuDevice> {
     match WgpuDevice::with_options(memory::options(fuse)) {
         Ok(d) => Some(d),
@@ -147,6 +150,7 @@ fn wgpu_device(fuse: bool) -> Option<WgpuDevice> {
     }
 }
 
+#[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_plans_and_buffer_counts_meet_the_published_numbers() {
     let (Some(unfused), Some(fused)) = (wgpu_device(false), wgpu_device(true)) else { return };

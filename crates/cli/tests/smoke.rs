@@ -157,7 +157,7 @@ fn memory_smoke() {
 /// Whether a wgpu adapter exists; prints why a test is skipped when not, and fails instead when
 /// `KILN_REQUIRE_VULKAN=1`.
 fn have_wgpu() -> bool {
-    match runtime::wgpu::WgpuDevice::new() {
+    match kiln::Device::Wgpu.probe() {
         Ok(_) => true,
         Err(e) => {
             let required = std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1");

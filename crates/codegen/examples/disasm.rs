@@ -1,10 +1,30 @@
 //! Prints the machine code of the sigmoid benchmark kernel (`KILN_DISASM` is set here); with an
 //! argument `N`, of a fused chain of `N` sigmoids instead (one kernel, as the fuser emits it).
+//! The listing is a `log` record, which the small logger below prints to stderr.
 use air::{BinaryOp, DType, Scalar, UnaryOp};
 use kiln_codegen::CpuCompiler;
 use lower::kir::{Access, IExpr, Inst, LoopKernel, Param, Reg, Stmt, Var};
 
+/// Prints every `info` (or more severe) record's message to stderr.
+struct Stderr;
+
+impl log::Log for Stderr {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::Level::Info
+    }
+
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            eprintln!("{}", record.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
 fn main() {
+    log::set_logger(&Stderr).expect("the first logger of this process");
+    log::set_max_level(log::LevelFilter::Info);
     // SAFETY: single-threaded at this point.
     unsafe { std::env::set_var("KILN_DISASM", "1") };
     let chain: u32 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1);

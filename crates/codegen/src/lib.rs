@@ -1,9 +1,11 @@
 //! codegen: the kernel IR emitted as native CPU code (Cranelift) and as WGSL compute shaders.
 //!
 //! - [`cpu`]: kir loop kernels -> Cranelift IR -> machine code in memory ([`CpuCompiler`]).
-//! - `wgsl` (to come): the same kernels as WGSL for wgpu.
+//! - [`wgsl`]: the same kernels (matmuls included, as a tiled shader) as WGSL compute shaders,
+//!   which the runtime's wgpu device runs. Plain Rust text generation: this crate does not
+//!   depend on wgpu or naga (its tests validate every shader with naga).
 //!
-//! Matmul kernels are not compiled by either: the runtime hands them to a GEMM.
+//! On the CPU, matmul kernels are not compiled: the runtime hands them to a GEMM.
 //! This crate knows nothing of graphs, devices or the runtime; it only sees `lower::kir`.
 
 pub mod cpu;

@@ -15,6 +15,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use kiln_nn::*;
 
 fn models(c: &mut Criterion) {
+    // As the `kiln` command does, so that outputs freed between iterations are reused warm.
+    kiln::tune_host_allocator();
     let mut group = c.benchmark_group("models");
     group.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
     for name in zoo::NAMES {

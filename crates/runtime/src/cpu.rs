@@ -89,10 +89,11 @@ impl CpuDevice {
     /// has at least `min_work` work (see [`crate::levels`]); `None` runs every step in program
     /// order.
     ///
-    /// The first device of the process tunes glibc's `malloc` so that freed outputs are reused
-    /// warm (see [`crate::memory::tune_host_allocator`]; `KILN_MALLOC_TUNING=0` opts out).
+    /// With `KILN_MALLOC_TUNING=1` the first device of the process tunes glibc's `malloc` so that
+    /// freed outputs are reused warm; otherwise the process's allocator is left alone (see
+    /// [`crate::memory::tune_host_allocator`], which applications call themselves).
     pub fn with_level_threshold(options: lower::CompileOptions, min_work: Option<u128>) -> Result<CpuDevice> {
-        crate::memory::tune_host_allocator();
+        crate::memory::tune_host_allocator_if_requested();
         let compiler = CpuCompiler::new()?;
         Ok(CpuDevice {
             inner: Arc::new(Inner {

@@ -1,9 +1,12 @@
 //! runtime: devices, buffers, and the VM that runs a compiled program.
 //!
-//! A device turns an `air::Graph` into something that runs: today the [`CpuDevice`] (native
-//! loop kernels from `codegen`, GEMM for matmuls, rayon for threads); a wgpu device joins the
-//! enum later. The runtime never sees rewrite rules or egg, and user input never panics it: every
-//! failure is a [`RuntimeError`].
+//! A device turns an `air::Graph` into something that runs: the [`CpuDevice`] (native loop
+//! kernels from `codegen`, GEMM for matmuls, rayon for threads) and, with the `wgpu` cargo feature
+//! (on by default), the `wgpu::WgpuDevice` (WGSL compute shaders from `codegen::wgsl`). The
+//! runtime never sees rewrite rules, and user input never panics it: every failure is a
+//! [`RuntimeError`]. It prints nothing: diagnostics (the wgpu adapter it picked) go through the
+//! `log` facade, and it leaves the process's allocator alone unless asked
+//! ([`memory::tune_host_allocator`]).
 //!
 //! ```text
 //! CpuDevice::compile(graph)                         Executable::run(inputs, bindings)
@@ -13,18 +16,13 @@
 //!   codegen per unique loop kernel                    pointer table, launch steps in order
 //! ```
 //!
-//! # Decisions and measurements (2-core AMD EPYC, family 25, AVX-512; machine shared with builds)
+//! # Decisions (the measurements behind them are in BENCHMARKS.md)
 //!
 //! - **GEMM crate**: `gemm` 0.19 (with its runtime-dispatched AVX-512 kernels, feature `x86-v4`)
-//!   over `matrixmultiply` 0.3.11. Bare calls, 2 threads, median of 15: (512x1024)@(1024x2048)
-//!   205 vs 139 GFLOP/s, 1024^3 203 vs 164 GFLOP/s; 1 thread: 106 vs 97 and 108 vs 99. Through
-//!   the VM (`cargo bench --bench matmul`), 1024^3 reached 192-203 GFLOP/s. Back to back under the same
-//!   background load, numpy 2.4.6 / OpenBLAS 0.3.31 with 2 threads gave 41-67 GFLOP/s where the
-//!   bare `gemm` gave 99-102 and the VM 99: at least numpy here. One core peaks near 118 GFLOP/s
-//!   (two 256-bit FMA pipes), so 2 threads top out near 235.
-//! - **Launch overhead** (`cargo bench --bench vm_overhead`): 100 one-element kernel launches run
-//!   in 0.8-1.4 us (8-14 ns per launch); a cached one-kernel graph takes 0.17-0.22 us through
-//!   `Executable::run` and 0.45-0.74 us through `CpuDevice::run` (which also computes the graph key).
+//!   over `matrixmultiply` 0.3.11: faster on every shape measured, with one thread and with two,
+//!   and at least as fast as numpy/OpenBLAS on the same machine.
+//! - **Launch overhead** is kept to a few nanoseconds per kernel launch (no allocation or hashing
+//!   per step); `cargo bench --bench vm_overhead` measures it.
 //! - **Parallel threshold**: see [`vm::PARALLEL_MIN_WORK`].
 //! - **Independent steps at the same time**: a dependency level whose steps are worth it runs
 //!   concurrently, one step per thread (N equal matmuls: a grouped GEMM); see [`levels`].
@@ -39,6 +37,7 @@ pub mod observe;
 pub mod parallel;
 pub mod prepared;
 pub mod vm;
+#[cfg(feature = "wgpu")]
 pub mod wgpu;
 
 pub use air::GraphKey;

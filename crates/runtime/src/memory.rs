@@ -139,34 +139,49 @@ pub const HEAP_BLOCK_MAX: usize = 32 << 20;
 /// [`tune_host_allocator`] ran.
 pub const HEAP_KEEP_FREE: usize = 512 << 20;
 
-/// Environment variable that, set to `0`, leaves the C allocator's settings alone.
+/// Environment variable for the allocator tuning: `1` makes the first [`crate::CpuDevice`] of the
+/// process apply it ([`tune_host_allocator_if_requested`]); `0` makes [`tune_host_allocator`] a
+/// no-op, even where an application calls it (the `kiln` command and the benchmarks do).
 pub const MALLOC_TUNING_ENV: &str = "KILN_MALLOC_TUNING";
 
-/// Tunes glibc's `malloc` for a runtime that hands out big, short-lived output arrays; called
-/// once per process when the first [`crate::CpuDevice`] is made. Returns whether the settings
-/// were applied (only on Linux with glibc, and unless `KILN_MALLOC_TUNING=0`).
+/// Tunes glibc's `malloc` for a runtime that hands out big, short-lived output arrays, for the
+/// whole process. The library never calls it on its own: an application opts in by calling it
+/// (or `kiln::tune_host_allocator`), ideally once at start-up, or by setting
+/// `KILN_MALLOC_TUNING=1`. Returns whether the settings were applied (only on Linux with glibc,
+/// and never with `KILN_MALLOC_TUNING=0`); calling it again changes nothing.
+///
+/// What it changes: glibc's `M_MMAP_THRESHOLD` to [`HEAP_BLOCK_MAX`] (32 MiB) and
+/// `M_TRIM_THRESHOLD` to [`HEAP_KEEP_FREE`] (512 MiB), which also turns glibc's on-the-fly
+/// adjustment of both off. These are settings of the C allocator, so they apply to every
+/// allocation of the process, not only Kiln's.
 ///
 /// Why: outputs are fresh `Vec`s the caller owns (see the VM docs), so the runtime cannot pool
 /// them; they go back to the global allocator when the caller drops them. glibc serves blocks
 /// above its `mmap` threshold (128 KiB at first, raised on the fly up to 32 MiB) with fresh
 /// `mmap`s, and gives free memory at the top of its heap back to the OS past a trim threshold
 /// (twice the `mmap` threshold). Either way the next run's outputs land on fresh pages and pay a
-/// page fault per 4 KiB *inside the kernels*: 32 outputs of 256 KiB (a tree of matmuls) took 10 ms
-/// through `kiln::realize` against 6 ms for the same launches into recycled memory. With
-/// `M_MMAP_THRESHOLD` = [`HEAP_BLOCK_MAX`] and `M_TRIM_THRESHOLD` = [`HEAP_KEEP_FREE`] (which also
-/// turns the on-the-fly adjustment off), freed outputs stay in the heap and the next run reuses
-/// them warm. The cost: up to [`HEAP_KEEP_FREE`] of freed memory stays mapped (and counted in the
-/// RSS) after a peak. This is the knob ML runtimes commonly turn (or replace the allocator
-/// outright with jemalloc/tcmalloc); a program with its own `#[global_allocator]` is unaffected
-/// in practice, and `KILN_MALLOC_TUNING=0` opts out.
+/// page fault per 4 KiB *inside the kernels* (BENCHMARKS.md has a measured tree of matmuls). With
+/// the two thresholds raised, freed outputs stay in the heap and the next run reuses them warm.
+/// The cost: up to [`HEAP_KEEP_FREE`] of freed memory stays mapped (and counted in the RSS) after
+/// a peak. This is the knob ML runtimes commonly turn (or replace the allocator outright with
+/// jemalloc/tcmalloc); a program with its own `#[global_allocator]` is unaffected in practice.
 pub fn tune_host_allocator() -> bool {
+    if env_says("0") {
+        return false;
+    }
     static APPLIED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *APPLIED.get_or_init(|| {
-        if std::env::var(MALLOC_TUNING_ENV).is_ok_and(|v| v.trim() == "0") {
-            return false;
-        }
-        glibc_mallopt()
-    })
+    *APPLIED.get_or_init(glibc_mallopt)
+}
+
+/// [`tune_host_allocator`] when `KILN_MALLOC_TUNING=1`, else nothing (returns `false`); called by
+/// every new [`crate::CpuDevice`].
+pub fn tune_host_allocator_if_requested() -> bool {
+    env_says("1") && tune_host_allocator()
+}
+
+/// Whether `KILN_MALLOC_TUNING` is set to `value`.
+fn env_says(value: &str) -> bool {
+    std::env::var(MALLOC_TUNING_ENV).is_ok_and(|v| v.trim() == value)
 }
 
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

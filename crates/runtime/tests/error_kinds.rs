@@ -8,6 +8,7 @@ use kiln_runtime as runtime;
 use air::dim::shape_of;
 use air::op::{Gather, Input, Shrink};
 use air::{Bindings, DType, Dim, Graph, HostTensor, Op, Symbol, TensorType, UnaryOp};
+#[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
 use runtime::{CpuDevice, ErrorKind, RuntimeError};
 
@@ -16,7 +17,9 @@ type Run<'a> = Box<dyn Fn(&Graph, &[HostTensor], &Bindings) -> runtime::Result<V
 /// The devices to check: the CPU always, wgpu when an adapter works.
 fn devices() -> Vec<(&'static str, Run<'static>)> {
     let cpu = CpuDevice::new().unwrap();
+    #[allow(unused_mut)] // without the wgpu feature the CPU is the only device
     let mut out: Vec<(&'static str, Run<'static>)> = vec![("cpu", Box::new(move |g, x, b| cpu.run(g, x, b)))];
+    #[cfg(feature = "wgpu")]
     match WgpuDevice::new() {
         Ok(gpu) => out.push(("wgpu", Box::new(move |g, x, b| gpu.run(g, x, b)))),
         Err(e) => {
@@ -91,9 +94,17 @@ fn shape_conditions_and_bad_indices_are_bounds_errors() {
     }
 }
 
+#[cfg(feature = "wgpu")]
 #[test]
 fn unsupported_dtypes_on_wgpu_are_unsupported() {
-    let Ok(gpu) = WgpuDevice::new() else { return };
+    let gpu = match WgpuDevice::new() {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            let required = std::env::var("KILN_REQUIRE_VULKAN").is_ok_and(|v| v == "1");
+            assert!(!required, "KILN_REQUIRE_VULKAN=1 but no wgpu device: {e}");
+            return;
+        }
+    };
     let mut g = Graph::new();
     let x = g.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F64, shape_of(&[3]))).unwrap();
     let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
@@ -104,6 +115,7 @@ fn unsupported_dtypes_on_wgpu_are_unsupported() {
     assert!(e.to_string().contains("f64"), "{e}");
 }
 
+#[cfg(feature = "wgpu")]
 #[test]
 fn wgpu_failures_map_to_their_kinds() {
     use runtime::wgpu::WgpuError;

@@ -21,7 +21,10 @@ fn require_vulkan() -> bool {
 /// The shared GPU device, or `None` (with a printed reason) when there is no adapter.
 fn gpu() -> Option<&'static WgpuDevice> {
     static DEV: OnceLock<Result<WgpuDevice, String>> = OnceLock::new();
-    let dev = DEV.get_or_init(|| WgpuDevice::new().map_err(|e| e.to_string()));
+    // The adapter is a `log` record in the library; printed here for `scripts/gpu-check.sh`.
+    let dev = DEV.get_or_init(|| {
+        WgpuDevice::new().inspect(|d| eprintln!("kiln wgpu: adapter {}", d.adapter())).map_err(|e| e.to_string())
+    });
     match dev {
         Ok(d) => {
             if require_vulkan() {

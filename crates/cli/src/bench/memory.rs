@@ -30,6 +30,7 @@ use air::{DType, Graph, HostTensor, Op, UnaryOp};
 use anyhow::bail;
 use kiln::Tensor;
 use lower::CompileOptions;
+#[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
 use runtime::{CpuDevice, MemoryStats};
 
@@ -60,7 +61,10 @@ impl MemDevice {
     pub fn parse(name: &str) -> anyhow::Result<MemDevice> {
         match name.trim().to_ascii_lowercase().as_str() {
             "cpu" => Ok(MemDevice::Cpu),
+            #[cfg(feature = "wgpu")]
             "wgpu" => Ok(MemDevice::Wgpu),
+            #[cfg(not(feature = "wgpu"))]
+            "wgpu" => bail!("wgpu support not compiled in (enable the kiln-cli feature \"wgpu\")"),
             other => bail!("kiln bench memory runs on cpu or wgpu, not `{other}`"),
         }
     }
@@ -174,6 +178,7 @@ pub fn measure_cpu(device: &CpuDevice, traced: &Traced) -> anyhow::Result<Measur
 /// Compiles `traced` on `device`, runs it twice counting the buffers each run creates (compile
 /// counts with the first; the first run's outputs are checked against the interpreter), and reads
 /// the plan for its bindings.
+#[cfg(feature = "wgpu")]
 pub fn measure_wgpu(device: &WgpuDevice, traced: &Traced) -> anyhow::Result<Measured> {
     let before = device.buffers_created();
     let exe = device.compile(&traced.graph)?;
@@ -236,6 +241,9 @@ pub fn measure_caches(device: MemDevice, compiles: usize) -> anyhow::Result<Vec<
                 || (d.cached_programs(), Some(d.cached_kernels())),
             )
         }
+        #[cfg(not(feature = "wgpu"))]
+        MemDevice::Wgpu => bail!("wgpu support not compiled in (enable the kiln-cli feature \"wgpu\")"),
+        #[cfg(feature = "wgpu")]
         MemDevice::Wgpu => {
             let d = WgpuDevice::new()?;
             let run = |g: &Graph, x: &[HostTensor]| d.run(g, x, &Default::default()).map(drop).map_err(Into::into);
@@ -280,6 +288,9 @@ fn cache_table(out: &mut SuiteOutput, args: &Args) -> anyhow::Result<()> {
                 codegen::cpu::KERNEL_CACHE_ENV
             ),
         ),
+        #[cfg(not(feature = "wgpu"))]
+        MemDevice::Wgpu => bail!("wgpu support not compiled in"),
+        #[cfg(feature = "wgpu")]
         MemDevice::Wgpu => (
             "WgpuDevice",
             format!(
@@ -349,6 +360,9 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
                 bar.inc(1);
             }
         }
+        #[cfg(not(feature = "wgpu"))]
+        MemDevice::Wgpu => bail!("wgpu support not compiled in"),
+        #[cfg(feature = "wgpu")]
         MemDevice::Wgpu => {
             let unfused = WgpuDevice::with_options(options(false))?;
             let fused = WgpuDevice::with_options(options(true))?;

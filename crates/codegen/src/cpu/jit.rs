@@ -1,8 +1,8 @@
 //! The JIT arena: one `JITModule` that many kernels are compiled into, kept alive (and its code
 //! memory freed) by reference counting from the compiled kernels.
 //!
-//! Why share a module: creating one costs an ISA lookup and a `JITModule::new` (about 0.1 ms),
-//! which is several times the cost of compiling a small kernel. Why rotate: code memory is freed
+//! Why share a module: creating one costs an ISA lookup and a `JITModule::new`, several times the
+//! cost of compiling a small kernel (BENCHMARKS.md, the 2026-12-01 note on library hygiene). Why rotate: code memory is freed
 //! only when a whole module goes, so the compiler starts a new arena every
 //! [`KERNELS_PER_ARENA`] kernels and old ones disappear once their last kernel is dropped.
 //!
@@ -20,6 +20,10 @@ use cranelift_module::{FuncId, Linkage, Module, ModuleError, ModuleReloc, Module
 
 use super::helpers::Helper;
 use crate::error::{CodegenError, Result};
+
+/// The `log` target of the machine code `KILN_DISASM=1` asks for: each kernel's listing is one
+/// `info` record, shown by whatever logger the application installed (the `kiln` command: `-v`).
+pub(crate) const DISASM_LOG_TARGET: &str = "kiln::disasm";
 
 /// How many kernels go into one arena before the compiler starts the next.
 pub(crate) const KERNELS_PER_ARENA: usize = 256;
@@ -54,7 +58,8 @@ pub(crate) struct Code {
     /// Relocations; a `FunctionOffset` target names [`Code::self_id`], replaced by the kernel's
     /// id once it has one.
     pub(crate) relocs: Vec<ModuleReloc>,
-    /// The register-allocated machine code as text, when `KILN_DISASM` asked for it.
+    /// The register-allocated machine code as text, when `KILN_DISASM` asked for it (logged at
+    /// `info` level to [`DISASM_LOG_TARGET`] when the kernel is linked).
     pub(crate) disasm: Option<String>,
     /// Units of work compiling it took (Cranelift instructions emitted), added to the compiling
     /// thread's `air::work` counter by the batch (whatever thread compiled the kernel).
@@ -114,7 +119,7 @@ impl Jit {
             let name = format!("kiln_kernel_{}", self.count);
             self.count += 1;
             if let Some(text) = &code.disasm {
-                eprintln!("; {name}\n{text}");
+                log::info!(target: DISASM_LOG_TARGET, "; {name}\n{text}");
             }
             ids.push(self.define(&name, &sig, code));
         }

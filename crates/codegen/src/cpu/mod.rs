@@ -5,7 +5,8 @@
 //! A kernel whose body is one `parallel` loop iterates it over `[start, end)` (clamped to
 //! `[0, extent)`); any other kernel ignores the range.
 //!
-//! Set `KILN_DISASM=1` to print the machine code of every kernel compiled (to stderr).
+//! Set `KILN_DISASM=1` to log the machine code of every kernel compiled (`log` target
+//! `kiln::disasm`, level `info`; the `kiln` command shows it with `-v`).
 //!
 //! [`CpuCompiler`] caches compiled kernels by structural identity (`LoopKernel: Hash + Eq`), so a
 //! kernel that appears in many programs compiles once, and counts hits, misses and compile time

@@ -220,7 +220,7 @@ impl WgpuDevice {
         WgpuDevice::with_options(lower::CompileOptions::default())
     }
 
-    /// A device that lowers every graph with `options`. Logs the adapter it got to stderr.
+    /// A device that lowers every graph with `options`. Logs the adapter it got (`log`, level `info`).
     pub fn with_options(options: lower::CompileOptions) -> Result<WgpuDevice> {
         let instance = ::wgpu::Instance::new(::wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pollster::block_on(instance.request_adapter(&::wgpu::RequestAdapterOptions {
@@ -237,7 +237,7 @@ impl WgpuDevice {
             device_type: info.device_type,
             driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
         };
-        eprintln!("kiln wgpu: adapter {report}");
+        log::info!("kiln wgpu: adapter {report}");
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&::wgpu::DeviceDescriptor {
             label: Some("kiln"),
