@@ -765,8 +765,18 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
                         BinaryOp::Mod,
                     ]
                 };
-                let y = partner(&mut b, &mut rng, &pool);
+                let mut y = partner(&mut b, &mut rng, &pool);
                 let op = rng.pick(ops);
+                if int && matches!(op, BinaryOp::Div | BinaryOp::Mod) {
+                    // An integer division by zero is an error of the run, reported only where
+                    // the element is computed; these graphs compare values, so divisors are
+                    // never 0.
+                    let ty = TensorType::new(dtype, shape.clone());
+                    let zero = b.g.add_leaf(Op::Const(Const { value: Scalar::Int(0) }), ty.clone()).unwrap();
+                    let one = b.g.add_leaf(Op::Const(Const { value: Scalar::Int(1) }), ty).unwrap();
+                    let is_zero = b.bin(BinaryOp::CmpEq, y, zero);
+                    y = b.op(Op::Where, &[is_zero, one, y]);
+                }
                 b.bin(op, x, y)
             }
             4 => {

@@ -20,7 +20,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use air::op::{Cast, Input, Pad, Shrink};
+use air::op::{Cast, Const, Input, Pad, Shrink};
 use air::{
     BinaryOp, Bindings, DType, Dim, Graph, HostTensor, NodeId, Op, ReduceOp, Scalar, Symbol, TensorType, UnaryOp,
 };
@@ -205,6 +205,15 @@ impl Builder {
         if v.exact { v } else { self.pick_where(i, |w| w.dtype == v.dtype && w.exact) }
     }
 
+    /// An integer `v` with every 0 replaced by 1.
+    fn nonzero(&mut self, v: Val) -> Val {
+        let ty = self.g.ty(v.id).clone();
+        let zero = self.g.add_leaf(Op::Const(Const { value: Scalar::Int(0) }), ty.clone()).unwrap();
+        let one = self.g.add_leaf(Op::Const(Const { value: Scalar::Int(1) }), ty).unwrap();
+        let is_zero = self.add(Op::Binary(BinaryOp::CmpEq), &[v.id, zero]);
+        Val { id: self.add(Op::Where, &[is_zero, one, v.id]), ..v }
+    }
+
     fn add(&mut self, op: Op, inputs: &[NodeId]) -> NodeId {
         self.g.add(op, inputs).unwrap_or_else(|e| panic!("building the test graph: {e}"))
     }
@@ -285,6 +294,10 @@ impl Builder {
                         Mod => (self.exact(x, a), self.exact(y, b), false),
                         _ => (self.exact(x, a), self.exact(y, b), true),
                     }
+                } else if matches!(op, Div | Mod) {
+                    // An integer division by zero is an error of the run (`air::interp` and every
+                    // backend report it); these graphs compare values, so divisors are never 0.
+                    (x, self.nonzero(y), true)
                 } else {
                     (x, y, true)
                 };
