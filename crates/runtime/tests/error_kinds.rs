@@ -3,11 +3,13 @@
 //! condition that fails for the bindings, a data-dependent index error, and (wgpu) an unsupported
 //! dtype.
 
+mod common;
+
 use kiln_runtime as runtime;
 
 use air::dim::shape_of;
-use air::op::{Gather, Input, Shrink};
-use air::{Bindings, DType, Dim, Graph, HostTensor, Op, Symbol, TensorType, UnaryOp};
+use air::op::{Gather, Input};
+use air::{Bindings, DType, Dim, Graph, HostTensor, Op, TensorType, UnaryOp};
 #[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
 use runtime::{CpuDevice, ErrorKind, RuntimeError};
@@ -31,33 +33,19 @@ fn devices() -> Vec<(&'static str, Run<'static>)> {
     out
 }
 
-/// `exp2(shrink [(0, m)] x)` for `x: f32[n]`: valid only while `m <= n`.
-fn window() -> Graph {
-    let mut g = Graph::new();
-    let x = g.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F32, vec![Dim::sym("n")])).unwrap();
-    let w = g.add(Op::Shrink(Shrink { ranges: vec![(Dim::Const(0), Dim::sym("m"))] }), &[x]).unwrap();
-    let y = g.add(Op::Unary(UnaryOp::Exp2), &[w]).unwrap();
-    g.add_output(y);
-    g
-}
-
-fn bind(n: i64, m: i64) -> Bindings {
-    [(Symbol::new("n"), n), (Symbol::new("m"), m)].into_iter().collect()
-}
-
 fn f32s(n: usize) -> HostTensor {
     HostTensor::from_vec((0..n).map(|i| i as f32).collect::<Vec<_>>(), vec![n]).unwrap()
 }
 
 #[test]
 fn bad_input_count_and_dtype_are_bad_inputs() {
-    let g = window();
+    let g = common::window();
     for (name, run) in devices() {
-        let e = run(&g, &[], &bind(4, 2)).unwrap_err();
+        let e = run(&g, &[], &common::bind(4, 2)).unwrap_err();
         assert!(matches!(e, RuntimeError::InputCount { expected: 1, got: 0 }), "{name}: {e}");
         assert_eq!(e.kind(), ErrorKind::BadInput, "{name}");
         let ints = HostTensor::from_vec(vec![1i32; 4], vec![4]).unwrap();
-        let e = run(&g, &[ints], &bind(4, 2)).unwrap_err();
+        let e = run(&g, &[ints], &common::bind(4, 2)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::BadInput, "{name}");
         match e {
             RuntimeError::InputMismatch { slot: 0, declared, expected, got } => {
@@ -71,13 +59,13 @@ fn bad_input_count_and_dtype_are_bad_inputs() {
         assert!(matches!(&e, RuntimeError::Unbound(_)), "{name}: {e}");
         assert_eq!(e.kind(), ErrorKind::BadInput, "{name}");
         // The good run still works after the failures.
-        assert_eq!(run(&g, &[f32s(4)], &bind(4, 2)).unwrap()[0].shape, vec![2], "{name}");
+        assert_eq!(run(&g, &[f32s(4)], &common::bind(4, 2)).unwrap()[0].shape, vec![2], "{name}");
     }
 }
 
 #[test]
 fn shape_conditions_and_bad_indices_are_bounds_errors() {
-    let g = window();
+    let g = common::window();
     let mut gather = Graph::new();
     let src = gather.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F32, shape_of(&[4]))).unwrap();
     let index = gather.add_leaf(Op::Input(Input { slot: 1 }), TensorType::new(DType::I32, shape_of(&[2]))).unwrap();
@@ -85,7 +73,7 @@ fn shape_conditions_and_bad_indices_are_bounds_errors() {
     gather.add_output(y);
     let bad = HostTensor::from_vec(vec![1i32, 9], vec![2]).unwrap();
     for (name, run) in devices() {
-        let e = run(&g, &[f32s(4)], &bind(4, 9)).unwrap_err();
+        let e = run(&g, &[f32s(4)], &common::bind(4, 9)).unwrap_err();
         assert!(matches!(e, RuntimeError::Bounds(_)), "{name}: {e}");
         assert_eq!(e.kind(), ErrorKind::Bounds, "{name}");
         let e = run(&gather, &[f32s(4), bad.clone()], &Bindings::new()).unwrap_err();

@@ -3,14 +3,16 @@
 //! `Runner` and matches `air::interp`, symbolic sizes, bounds and data errors included, with the
 //! runtime's validation, sizing, shape checks, input checks and memory plan for free.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use kiln_runtime as runtime;
 
 use air::dim::shape_of;
-use air::op::{Gather, Input, Shrink};
-use air::{Bindings, DType, Dim, Graph, HostData, HostTensor, Op, Symbol, TensorType, UnaryOp};
+use air::op::{Gather, Input};
+use air::{Bindings, DType, Dim, Graph, HostData, HostTensor, Op, TensorType};
 use lower::kir::Access;
 use lower::{BufId, BufferInfo, BufferKind, Program, Step};
 use runtime::{Backend, BindingSet, ErrorKind, Prepared, Runner, RuntimeError, Sizes};
@@ -140,24 +142,9 @@ impl Backend for RefCode {
     }
 }
 
-fn input_types(g: &Graph) -> Vec<Option<TensorType>> {
-    let mut slots: Vec<Option<TensorType>> = Vec::new();
-    for &id in g.topo_order() {
-        let n = g.node(id);
-        if let Op::Input(input) = &n.op {
-            let slot = input.slot as usize;
-            if slots.len() <= slot {
-                slots.resize(slot + 1, None);
-            }
-            slots[slot] = Some(n.ty.clone());
-        }
-    }
-    slots
-}
-
 fn on_ref(g: &Graph) -> Runner<RefCode> {
     let program = lower::compile(g, &lower::CompileOptions::default()).unwrap();
-    let prepared = Prepared::new(program, input_types(g)).unwrap();
+    let prepared = Prepared::new(program, air::GraphKey::of(g).input_types()).unwrap();
     let code = RefCode::new(&prepared);
     Runner::with_backend(prepared, code)
 }
@@ -196,47 +183,33 @@ fn softmax_and_matmul_match_the_interpreter() {
     check(&g, &[f32s(&[2, 5, 7], 2), f32s(&[2, 7, 3], 3), f32s(&[2, 5, 3], 4)], &Bindings::new());
 }
 
-/// `exp2(shrink [(0, m)] x)` for `x: f32[n]`: valid only while `m <= n`.
-fn symbolic_window() -> Graph {
-    let mut g = Graph::new();
-    let x = g.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F32, vec![Dim::sym("n")])).unwrap();
-    let w = g.add(Op::Shrink(Shrink { ranges: vec![(Dim::Const(0), Dim::sym("m"))] }), &[x]).unwrap();
-    let y = g.add(Op::Unary(UnaryOp::Exp2), &[w]).unwrap();
-    g.add_output(y);
-    g
-}
-
-fn bind(n: i64, m: i64) -> Bindings {
-    [(Symbol::new("n"), n), (Symbol::new("m"), m)].into_iter().collect()
-}
-
 #[test]
 fn symbolic_sizes_and_bounds_errors_come_from_the_shared_half() {
-    let g = symbolic_window();
+    let g = common::window();
     for (n, m) in [(10, 6), (7, 7), (3, 1)] {
-        check(&g, &[f32s(&[n as usize], 5)], &bind(n, m));
+        check(&g, &[f32s(&[n as usize], 5)], &common::bind(n, m));
     }
     // One runner, several binding sets: each sized and planned once.
     let exe = on_ref(&g);
     for (n, m) in [(10, 6), (12, 2), (10, 6)] {
-        let out = exe.run(&[f32s(&[n as usize], 6)], &bind(n, m)).unwrap();
+        let out = exe.run(&[f32s(&[n as usize], 6)], &common::bind(n, m)).unwrap();
         assert_eq!(out[0].shape, vec![m as usize]);
     }
     // Past the end: the interpreter's error, as a bounds error, before any launch.
     let launched = exe.backend().launched.load(Ordering::Relaxed);
-    let e = exe.run(&[f32s(&[4], 7)], &bind(4, 9)).unwrap_err();
+    let e = exe.run(&[f32s(&[4], 7)], &common::bind(4, 9)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Bounds, "{e}");
     let RuntimeError::Bounds(b) = &e else { panic!("expected a bounds error, got {e}") };
-    match air::interp::eval(&g, &[f32s(&[4], 7)], &bind(4, 9)) {
+    match air::interp::eval(&g, &[f32s(&[4], 7)], &common::bind(4, 9)) {
         Err(air::AirError::Bounds(want)) => assert_eq!(b, &want),
         other => panic!("the interpreter accepted bindings the runtime refused: {other:?}"),
     }
     assert_eq!(exe.backend().launched.load(Ordering::Relaxed), launched);
     // Bad inputs are refused by the shared input check, with what was expected and given.
-    let e = exe.run(&[], &bind(4, 2)).unwrap_err();
+    let e = exe.run(&[], &common::bind(4, 2)).unwrap_err();
     assert!(matches!(e, RuntimeError::InputCount { expected: 1, got: 0 }), "{e}");
     let ints = HostTensor::from_vec(vec![1i32; 4], vec![4]).unwrap();
-    match exe.run(&[ints], &bind(4, 2)).unwrap_err() {
+    match exe.run(&[ints], &common::bind(4, 2)).unwrap_err() {
         RuntimeError::InputMismatch { slot: 0, expected, got, .. } => {
             assert_eq!((expected.dtype, got.dtype), (DType::F32, DType::I32));
             assert_eq!((expected.shape, got.shape), (vec![4], vec![4]));

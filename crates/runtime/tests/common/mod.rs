@@ -105,3 +105,19 @@ pub fn f64_tensor(shape: &[usize], seed: u64) -> HostTensor {
     let v: Vec<f64> = data(shape.iter().product(), seed).into_iter().map(f64::from).collect();
     HostTensor::new(HostData::F64(v), shape.to_vec()).unwrap()
 }
+
+/// `exp2(shrink [(0, m)] x)` for `x: f32[n]`: valid only while `m <= n`.
+pub fn window() -> Graph {
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, &[Dim::sym("n")]);
+    let ranges = vec![(Dim::Const(0), Dim::sym("m"))];
+    let w = g.add(Op::Shrink(air::op::Shrink { ranges }), &[x]).unwrap();
+    let y = g.add(Op::Unary(air::UnaryOp::Exp2), &[w]).unwrap();
+    g.add_output(y);
+    g
+}
+
+/// Bindings of `n` and `m` (the symbols of [`window`]).
+pub fn bind(n: i64, m: i64) -> Bindings {
+    [(air::Symbol::new("n"), n), (air::Symbol::new("m"), m)].into_iter().collect()
+}
