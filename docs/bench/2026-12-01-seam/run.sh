@@ -5,6 +5,10 @@
 # `cargo build --release -p kiln-cli` here and in the worktree:
 #   BEFORE=/work/wt/before bash docs/bench/2026-12-01-seam/run.sh
 # No peer anchors: this compares Kiln with itself (the redesign must not regress).
+# Rounds 3 and 4 of the models suite (models-*-3.md, models-*-4.md) ran after it by hand, the same
+# way: `$bin bench models` alternating before, after, before, after. vm_overhead.md is
+# `cargo bench --bench vm_overhead` built in each tree, its binaries run alternately (twice in
+# full, then three times `neg_n1_executable_run --measurement-time 4`).
 set -euo pipefail
 out=docs/bench/2026-12-01-seam
 before=${BEFORE:?worktree of a0f644c}/target/release/kiln
