@@ -92,36 +92,6 @@ fn tensors_on_different_devices_do_not_mix() {
     assert!(err.contains("device"), "{err}");
 }
 
-/// Run by [`explicit_devices_ignore_kiln_device`] in a child process whose `KILN_DEVICE` names no
-/// device: the plain constructors carry that error, the `_on` forms do not see it.
-#[test]
-#[ignore = "run in a child process by explicit_devices_ignore_kiln_device"]
-fn child_with_a_bad_kiln_device() {
-    assert_eq!(std::env::var("KILN_DEVICE").as_deref(), Ok("no-such-device"));
-    let err = Tensor::zeros(&[2], DType::F32).realize().unwrap_err().to_string();
-    assert!(err.contains("unknown device `no-such-device`"), "{err}");
-    for device in [Device::Interp, Device::Cpu] {
-        let t = Tensor::from_vec_on(vec![1.0f32, 2.0], &[2], device) + Tensor::ones_on(&[2], DType::F32, device);
-        assert_eq!(t.to_vec::<f32>().unwrap(), vec![2.0, 3.0], "on {device}");
-    }
-}
-
-#[test]
-fn explicit_devices_ignore_kiln_device() {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = std::process::Command::new(exe)
-        .args(["--exact", "child_with_a_bad_kiln_device", "--ignored", "--test-threads=1"])
-        .env("KILN_DEVICE", "no-such-device")
-        .output()
-        .expect("the test binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "the child failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn wgpu_if_available_returns_a_working_device() {
     let device = Device::wgpu_if_available();
