@@ -249,7 +249,7 @@ fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
                 traced.graph.add(t.op().clone(), &inputs)?
             }
             None => {
-                let opaque = t.is_realized() || stops.contains(&addr(&t));
+                let opaque = t.is_realized() || t.is_placeholder() || stops.contains(&addr(&t));
                 if opaque {
                     let slot = traced.tensors.len() as u32;
                     traced.graph.add_leaf(Op::Input(Input { slot }), t.ty().clone())?

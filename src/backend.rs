@@ -1,6 +1,6 @@
 //! Running an air graph on a device: the single place that dispatches on [`Device`].
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use air::{AirError, Bindings, BoundsError, Graph, HostTensor};
 use runtime::RuntimeError;
@@ -56,21 +56,58 @@ pub(crate) fn execute_traced(
     bindings: &Bindings,
     sites: &Sites,
 ) -> Result<Vec<HostTensor>> {
-    crate::stats::record_execution(graph.len());
     if profile::is_active() {
+        crate::stats::record_execution(graph.len());
         return execute_profiled(device, graph, inputs, bindings, sites);
     }
+    let loaded = load(device, graph, sites)?;
+    run_loaded(&loaded, graph, &inputs, bindings, sites, Vec::new())
+}
+
+/// A graph made ready to run on its device: compiled (or found in the device's program cache)
+/// for `cpu` and `wgpu`; the interpreter needs nothing. What `kiln::jit` keeps per signature.
+pub(crate) enum Loaded {
+    Interp,
+    Cpu(Arc<runtime::Executable>),
+    #[cfg(feature = "wgpu")]
+    Wgpu(Arc<runtime::wgpu::WgpuExecutable>),
+}
+
+/// Compiles `graph` for `device` (a cache hit when a structurally equal graph was compiled).
+pub(crate) fn load(device: Device, graph: &Graph, sites: &Sites) -> Result<Loaded> {
     let located = |e: BoundsError| locate(e, graph, sites);
-    match device {
-        Device::Interp => interp(graph, &inputs, bindings).map_err(|e| interp_error(e, located)),
-        Device::Cpu => {
-            let exe = cpu_device()?.compile(graph).map_err(|e| runtime_error("cpu", e, located))?;
-            run_cpu(&exe, &inputs, bindings).map_err(|e| runtime_error("cpu", e, located))
+    Ok(match device {
+        Device::Interp => Loaded::Interp,
+        Device::Cpu => Loaded::Cpu(cpu_device()?.compile(graph).map_err(|e| runtime_error("cpu", e, located))?),
+        #[cfg(feature = "wgpu")]
+        Device::Wgpu => Loaded::Wgpu(wgpu_device()?.compile(graph).map_err(|e| runtime_error("wgpu", e, located))?),
+        #[cfg(not(feature = "wgpu"))]
+        Device::Wgpu => return Err(Error::Device(crate::device::WGPU_NOT_COMPILED.into())),
+    })
+}
+
+/// Runs a loaded `graph` once. `spare` is storage for the outputs that the caller no longer needs
+/// (see [`runtime::Runner::run_recycling`]).
+pub(crate) fn run_loaded(
+    loaded: &Loaded,
+    graph: &Graph,
+    inputs: &[HostTensor],
+    bindings: &Bindings,
+    sites: &Sites,
+    spare: Vec<air::HostData>,
+) -> Result<Vec<HostTensor>> {
+    crate::stats::record_execution(graph.len());
+    let located = |e: BoundsError| locate(e, graph, sites);
+    match loaded {
+        Loaded::Interp => interp(graph, inputs, bindings).map_err(|e| interp_error(e, located)),
+        Loaded::Cpu(exe) => {
+            let before = exe.launches_run();
+            let out = exe.run_recycling(inputs, bindings, spare).map_err(|e| runtime_error("cpu", e, located))?;
+            crate::stats::record_cpu_run(exe.launches_run() - before);
+            Ok(out)
         }
         #[cfg(feature = "wgpu")]
-        Device::Wgpu => wgpu_device()?.run(graph, &inputs, bindings).map_err(|e| runtime_error("wgpu", e, located)),
-        #[cfg(not(feature = "wgpu"))]
-        Device::Wgpu => Err(Error::Device(crate::device::WGPU_NOT_COMPILED.into())),
+        Loaded::Wgpu(exe) => exe.run_recycling(inputs, bindings, spare).map_err(|e| runtime_error("wgpu", e, located)),
     }
 }
 

@@ -53,6 +53,10 @@ pub enum Error {
     /// A question about a shape that has no answer (the concrete dims of a symbolic shape).
     #[error("shape: {0}")]
     Shape(String),
+    /// A `kiln::jit` function was misused: an argument escaped its trace, or a call's arguments
+    /// do not fit the function.
+    #[error("jit: {0}")]
+    Jit(String),
 }
 
 /// `Result` with [`Error`].

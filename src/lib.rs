@@ -34,6 +34,7 @@ mod autograd;
 pub mod backend;
 pub mod device;
 pub mod error;
+pub mod jit;
 mod ops;
 pub mod profile;
 mod random;
@@ -49,6 +50,7 @@ pub use air::{Bindings, DType, Dim, Element, GraphKey, HostData, HostTensor, Sca
 pub use autograd::{grad, is_grad_enabled, no_grad};
 pub use device::Device;
 pub use error::{Error, ErrorKind, Result, RuntimeError, SharedRuntimeError};
+pub use jit::{Jit, JitCache, JitOutput, jit};
 pub use ops::elementwise::{GeluApprox, where_};
 pub use ops::index::{cat, stack};
 pub use random::manual_seed;

@@ -48,7 +48,24 @@ fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>, devic
     if let Err(message) = air::dim::checked_size(&shape, std::mem::size_of::<f32>()) {
         return site.fail(message);
     }
-    let n = dims.iter().product();
+    let n: usize = dims.iter().product();
+    if seed.is_none() && crate::jit::is_tracing() {
+        // Inside a `kiln::jit` trace: an input drawn again from the global generator on every call.
+        let device = match crate::ops::create::place(device) {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        let ty = air::TensorType::new(air::DType::F32, shape.clone());
+        let draw_dims = dims.clone();
+        let draw: crate::jit::Draw = Box::new(move || {
+            let mut global = GLOBAL.lock().unwrap_or_else(PoisonError::into_inner);
+            let data = fill(global.get_or_insert_with(|| StdRng::seed_from_u64(DEFAULT_SEED)), n, kind)?;
+            air::HostTensor::from_vec(data, draw_dims.clone())
+        });
+        if let Some(t) = crate::jit::random_input(ty, device, draw) {
+            return t;
+        }
+    }
     let data = match seed {
         Some(seed) => fill(&mut StdRng::seed_from_u64(seed), n, kind),
         None => {

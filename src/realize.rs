@@ -103,12 +103,22 @@ impl Hasher for PtrHasher {
 type PtrMap<V> = HashMap<*const Inner, V, BuildHasherDefault<PtrHasher>>;
 
 /// Traces `roots` (error-free, one device, distinct) into a program whose outputs are `roots`.
-fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
+///
+/// `args` are the placeholders of a `kiln::jit` trace ([`Tensor::placeholder`]): `args[i]`
+/// becomes `Input { slot: i }`, tensors that hold data take the slots after them, and
+/// `Program::inputs` holds only theirs (`inputs[k]` feeds slot `args.len() + k`). A placeholder
+/// not in `args` is an error: it escaped the trace it belongs to.
+pub(crate) fn trace_roots(roots: &[Tensor], device: Device, args: &[Tensor]) -> Result<Program> {
     let mut ids: PtrMap<NodeId> = PtrMap::default();
     let mut graph = Graph::new();
     let mut inputs: Vec<HostTensor> = Vec::new();
     let mut bindings = Bindings::new();
     let mut sites = Sites::default();
+    for (slot, arg) in args.iter().enumerate() {
+        let id = graph.add_leaf(Op::Input(Input { slot: slot as u32 }), arg.inner.ty.clone())?;
+        ids.insert(key(arg), id);
+    }
+    let first_slot = args.len();
     // (tensor, its inputs once expanded): an entry is expanded first, then completed once every
     // input has an id.
     let mut stack: Vec<(Tensor, Option<Vec<Tensor>>)> = Vec::new();
@@ -138,10 +148,20 @@ fn trace_roots(roots: &[Tensor], device: Device) -> Result<Program> {
                 }
                 None => {
                     if let Some(r) = t.inner.data.get() {
-                        let slot = inputs.len() as u32;
+                        let slot = (first_slot + inputs.len()) as u32;
                         merge_bindings(&mut bindings, &r.bindings)?;
                         inputs.push(r.host.clone());
                         graph.add_leaf(Op::Input(Input { slot }), t.inner.ty.clone())?
+                    } else if t.is_placeholder() {
+                        let message = if crate::jit::is_tracing() {
+                            "a kiln::jit function realized a value computed from its arguments while it was \
+                             traced (item, to_vec, realize): the value is not known until the compiled \
+                             function runs; return the tensor instead"
+                        } else {
+                            "an argument of a kiln::jit function was used outside its trace (a tensor built \
+                             from it was kept and realized later)"
+                        };
+                        return Err(Error::Jit(message.into()));
                     } else if t.inner.op.is_leaf() {
                         let id = graph.add_leaf(t.inner.op.clone(), t.inner.ty.clone())?;
                         sites.set(id, t.inner.site);
@@ -200,7 +220,7 @@ pub fn trace(tensors: &[&Tensor]) -> Result<Program> {
         }
     }
     let device = roots.first().map_or_else(Device::default, Tensor::device);
-    trace_roots(&roots, device)
+    trace_roots(&roots, device, &[])
 }
 
 /// Computes every tensor in `tensors` that does not hold data yet, with one graph per device, and
@@ -217,11 +237,11 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         let roots: Vec<Tensor> = todo.iter().filter(|t| t.device() == device).cloned().collect();
         let program = if crate::profile::is_active() {
             crate::profile::begin(crate::profile::Step::Trace, None);
-            let program = trace_roots(&roots, device);
+            let program = trace_roots(&roots, device, &[]);
             crate::profile::end(program.as_ref().ok().map(|p| p.graph.len()));
             program?
         } else {
-            trace_roots(&roots, device)?
+            trace_roots(&roots, device, &[])?
         };
         let outputs =
             backend::execute_traced(device, &program.graph, program.inputs, &program.bindings, &program.sites)?;
@@ -248,18 +268,26 @@ fn store(t: &Tensor, host: HostTensor, bindings: &Bindings) -> Result<()> {
             dims
         )));
     }
+    let _ = t.inner.data.set(Realized { host, bindings: own_bindings(&ty.shape, bindings) });
+    let inputs = std::mem::take(&mut *t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner));
+    drop(inputs);
+    Ok(())
+}
+
+/// The values in `bindings` of the symbols of `shape`: what a realized tensor keeps.
+pub(crate) fn own_bindings(shape: &air::Shape, bindings: &Bindings) -> Bindings {
     let mut own = Bindings::new();
-    for d in &ty.shape {
+    if bindings.is_empty() {
+        return own;
+    }
+    for d in shape {
         for s in d.symbols() {
             if let Some(&v) = bindings.get(&s) {
                 own.insert(s, v);
             }
         }
     }
-    let _ = t.inner.data.set(Realized { host, bindings: own });
-    let inputs = std::mem::take(&mut *t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner));
-    drop(inputs);
-    Ok(())
+    own
 }
 
 impl Tensor {

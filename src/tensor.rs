@@ -121,6 +121,26 @@ impl Tensor {
         })
     }
 
+    /// A stand-in of type `ty` for an argument of a `kiln::jit` function while it is traced: an
+    /// `Input` node without data. Ops on it record nodes as usual; realizing anything built from
+    /// it outside its trace is an error.
+    pub(crate) fn placeholder(ty: TensorType, device: Device) -> Tensor {
+        Tensor::new_node(Inner {
+            op: Op::Input(air::op::Input { slot: 0 }),
+            inputs: Mutex::new(Vec::new()),
+            ty,
+            device,
+            data: OnceLock::new(),
+            error: None,
+            site: None,
+        })
+    }
+
+    /// Whether this is a `kiln::jit` placeholder (see [`Tensor::placeholder`]).
+    pub(crate) fn is_placeholder(&self) -> bool {
+        matches!(self.inner.op, Op::Input(_)) && self.inner.data.get().is_none()
+    }
+
     /// A leaf (`const` or `iota`) of type `ty`.
     pub(crate) fn leaf(site: Site, op: Op, ty: TensorType, device: Device) -> Tensor {
         if let Err(message) = op.check_leaf(&ty).and_then(|()| ty.checked_numel().map(drop)) {

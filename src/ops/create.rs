@@ -19,7 +19,7 @@ fn check_dims(site: Site, dims: &[Dim]) -> Result<Shape, Tensor> {
 }
 
 /// `device`, or else the default device; an error tensor carries why there is none.
-fn place(device: Option<Device>) -> Result<Device, Tensor> {
+pub(crate) fn place(device: Option<Device>) -> Result<Device, Tensor> {
     match device {
         Some(device) => Ok(device),
         None => Device::default_device().map_err(Tensor::failed),

@@ -27,8 +27,36 @@ pub struct Step {
     pub outputs: Vec<Tensor>,
 }
 
+/// What one step of an optimizer reads besides the parameters and gradients: its state (momentum
+/// buffers, moments; realized) and the per-step scalars (learning rate, bias corrections), each a
+/// one-element `f32` tensor that holds data, so that every step's graph has the same structure.
+#[derive(Debug, Clone)]
+pub struct StepInputs {
+    /// The state tensors, in the optimizer's order (what [`Optimizer::state`] returns after the
+    /// step).
+    pub state: Vec<Tensor>,
+    /// The per-step scalars.
+    pub scalars: Vec<Tensor>,
+}
+
 /// A gradient-based optimizer that owns its state.
+///
+/// A step is functional underneath: [`Optimizer::inputs`] gives the state and the step's
+/// scalars, [`Optimizer::update`] builds the new parameters and state lazily from tensors only
+/// (so a compiled training step, `nn::Trainer`'s, can trace it on placeholders), and
+/// [`Optimizer::commit`] keeps the realized new state. [`Optimizer::step`] does the three.
 pub trait Optimizer {
+    /// The state and scalars of the next step for `params` (the state starts as zeros on the
+    /// first step).
+    fn inputs(&self, params: &[Tensor]) -> Result<StepInputs>;
+
+    /// The lazy new parameters and new state of one step from the parameters, their gradients
+    /// (same order) and the step's inputs (or stand-ins of the same types).
+    fn update(&self, params: &[Tensor], grads: &[Tensor], inputs: &StepInputs) -> Result<(Vec<Tensor>, Vec<Tensor>)>;
+
+    /// Keeps the realized new state of a step that ran, and counts the step.
+    fn commit(&mut self, state: Vec<Tensor>);
+
     /// One update of `params` with their `grads` (lazy, same order): realizes the new parameters,
     /// the optimizer's new state and `outputs` (typically the loss those gradients come from) as
     /// one program, keeps the new state, and returns the new parameters and realized outputs. The
@@ -48,7 +76,13 @@ pub trait Optimizer {
         grads: &[Tensor],
         outputs: &[&Tensor],
         realize: &mut Realize<'_>,
-    ) -> Result<Step>;
+    ) -> Result<Step> {
+        let inputs = self.inputs(params)?;
+        let (new_params, new_state) = self.update(params, grads, &inputs)?;
+        let (step, state) = run_step(new_params, new_state, outputs, realize)?;
+        self.commit(state);
+        Ok(step)
+    }
 
     /// The optimizer's state tensors (realized; empty before the first step).
     fn state(&self) -> Vec<Tensor>;
@@ -132,16 +166,21 @@ impl Sgd {
     }
 }
 
-impl Sgd {
-    /// The lazy new parameters and momentum buffers.
-    fn update(&self, params: &[Tensor], grads: &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
-        check_lengths(params, grads, self.buffers.len())?;
-        let buffers = if self.momentum != 0.0 && self.buffers.is_empty() {
+impl Optimizer for Sgd {
+    /// State: the momentum buffers (none without momentum). Scalars: the learning rate.
+    fn inputs(&self, params: &[Tensor]) -> Result<StepInputs> {
+        let state = if self.momentum != 0.0 && self.buffers.is_empty() {
             params.iter().map(zeros_like).collect::<Result<_>>()?
         } else {
             self.buffers.clone()
         };
-        let lr = scalar(self.lr, params.first())?;
+        Ok(StepInputs { state, scalars: vec![scalar(self.lr, params.first())?] })
+    }
+
+    fn update(&self, params: &[Tensor], grads: &[Tensor], inputs: &StepInputs) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        let buffers = &inputs.state;
+        check_lengths(params, grads, buffers.len())?;
+        let lr = scalar_input(inputs, 0)?;
         let mut out = Vec::with_capacity(params.len());
         let mut next = Vec::with_capacity(buffers.len());
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
@@ -153,24 +192,13 @@ impl Sgd {
             } else {
                 g
             };
-            out.push(p.sub(direction.mul(&lr)));
+            out.push(p.sub(direction.mul(lr)));
         }
         Ok((out, next))
     }
-}
 
-impl Optimizer for Sgd {
-    fn step_with(
-        &mut self,
-        params: &[Tensor],
-        grads: &[Tensor],
-        outputs: &[&Tensor],
-        realize: &mut Realize<'_>,
-    ) -> Result<Step> {
-        let (new_params, new_state) = self.update(params, grads)?;
-        let (step, state) = run_step(new_params, new_state, outputs, realize)?;
+    fn commit(&mut self, state: Vec<Tensor>) {
         self.buffers = state;
-        Ok(step)
     }
 
     fn state(&self) -> Vec<Tensor> {
@@ -184,6 +212,14 @@ impl Optimizer for Sgd {
     fn set_learning_rate(&mut self, lr: f64) {
         self.lr = lr;
     }
+}
+
+/// Scalar `i` of a step's inputs.
+fn scalar_input(inputs: &StepInputs, i: usize) -> Result<&Tensor> {
+    inputs
+        .scalars
+        .get(i)
+        .ok_or_else(|| NnError::Config(format!("the step has {} scalars, not {}", inputs.scalars.len(), i + 1)))
 }
 
 /// Adam (PyTorch's `optim.Adam`, no amsgrad), with decoupled weight decay when
@@ -200,23 +236,45 @@ struct AdamCore {
 }
 
 impl AdamCore {
-    /// The lazy new parameters and moments (`m` then `v`) of step `self.steps + 1`.
-    fn update(&self, params: &[Tensor], grads: &[Tensor]) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
-        check_lengths(params, grads, self.m.len())?;
-        let (m_old, v_old) = if self.m.is_empty() {
+    /// State: `m` then `v`. Scalars: the step size `lr / (1 - b1^t)`, `sqrt(1 - b2^t)` and the
+    /// decoupled decay factor `1 - lr * wd`, for step `t = steps + 1`.
+    fn inputs(&self, params: &[Tensor]) -> Result<StepInputs> {
+        let state = if self.m.is_empty() {
             let zeros = || params.iter().map(zeros_like).collect::<Result<Vec<_>>>();
-            (zeros()?, zeros()?)
+            let mut state = zeros()?;
+            state.extend(zeros()?);
+            state
         } else {
-            (self.m.clone(), self.v.clone())
+            self.state()
         };
         let (b1, b2) = self.betas;
         let t = i32::try_from(self.steps + 1).unwrap_or(i32::MAX);
         let bias_correction1 = 1.0 - b1.powi(t);
         let bias_correction2 = 1.0 - b2.powi(t);
-        // Step-dependent values are inputs, so the graph is the same every step.
-        let step_size = scalar(self.lr / bias_correction1, params.first())?;
-        let bias_correction2_sqrt = scalar(bias_correction2.sqrt(), params.first())?;
-        let decay = scalar(1.0 - self.lr * self.weight_decay, params.first())?;
+        let like = params.first();
+        let scalars = vec![
+            scalar(self.lr / bias_correction1, like)?,
+            scalar(bias_correction2.sqrt(), like)?,
+            scalar(1.0 - self.lr * self.weight_decay, like)?,
+        ];
+        Ok(StepInputs { state, scalars })
+    }
+
+    /// The lazy new parameters and moments (`m` then `v`).
+    fn update(&self, params: &[Tensor], grads: &[Tensor], inputs: &StepInputs) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+        if inputs.state.len() != 2 * params.len() {
+            return Err(NnError::Config(format!(
+                "Adam's state holds {} tensors for {} parameters",
+                inputs.state.len(),
+                params.len()
+            )));
+        }
+        let (m_old, v_old) = inputs.state.split_at(params.len());
+        check_lengths(params, grads, m_old.len())?;
+        let (b1, b2) = self.betas;
+        let step_size = scalar_input(inputs, 0)?;
+        let bias_correction2_sqrt = scalar_input(inputs, 1)?;
+        let decay = scalar_input(inputs, 2)?;
         let mut out = Vec::with_capacity(params.len());
         let (mut m_new, mut v_new) = (Vec::with_capacity(params.len()), Vec::with_capacity(params.len()));
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
@@ -224,7 +282,7 @@ impl AdamCore {
             let mut g = g.clone();
             if self.weight_decay != 0.0 {
                 if self.decoupled {
-                    p = p.mul(&decay);
+                    p = p.mul(decay);
                 } else {
                     g = g.add(p.mul(self.weight_decay));
                 }
@@ -232,8 +290,8 @@ impl AdamCore {
             // PyTorch: m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value = 1 - b2).
             let m = m_old[i].add(g.sub(&m_old[i]).mul(1.0 - b1));
             let v = v_old[i].mul(b2).add(g.mul(&g).mul(1.0 - b2));
-            let denom = v.sqrt().div(&bias_correction2_sqrt).add(self.eps);
-            out.push(p.sub(m.div(denom).mul(&step_size)));
+            let denom = v.sqrt().div(bias_correction2_sqrt).add(self.eps);
+            out.push(p.sub(m.div(denom).mul(step_size)));
             m_new.push(m);
             v_new.push(v);
         }
@@ -241,19 +299,10 @@ impl AdamCore {
         Ok((out, m_new))
     }
 
-    fn step_with(
-        &mut self,
-        params: &[Tensor],
-        grads: &[Tensor],
-        outputs: &[&Tensor],
-        realize: &mut Realize<'_>,
-    ) -> Result<Step> {
-        let (new_params, new_state) = self.update(params, grads)?;
-        let (step, mut state) = run_step(new_params, new_state, outputs, realize)?;
+    fn commit(&mut self, mut state: Vec<Tensor>) {
         self.v = state.split_off(state.len() / 2);
         self.m = state;
         self.steps += 1;
-        Ok(step)
     }
 
     fn state(&self) -> Vec<Tensor> {
@@ -306,14 +355,19 @@ impl AdamW {
 macro_rules! adam_optimizer {
     ($t:ty) => {
         impl Optimizer for $t {
-            fn step_with(
-                &mut self,
+            fn inputs(&self, params: &[Tensor]) -> Result<StepInputs> {
+                self.0.inputs(params)
+            }
+            fn update(
+                &self,
                 params: &[Tensor],
                 grads: &[Tensor],
-                outputs: &[&Tensor],
-                realize: &mut Realize<'_>,
-            ) -> Result<Step> {
-                self.0.step_with(params, grads, outputs, realize)
+                inputs: &StepInputs,
+            ) -> Result<(Vec<Tensor>, Vec<Tensor>)> {
+                self.0.update(params, grads, inputs)
+            }
+            fn commit(&mut self, state: Vec<Tensor>) {
+                self.0.commit(state)
             }
             fn state(&self) -> Vec<Tensor> {
                 self.0.state()

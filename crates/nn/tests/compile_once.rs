@@ -84,12 +84,10 @@ fn sixty_optimizer_steps_compile_once_with_a_constant_graph() {
     let mut model = Linear::new(4, 3, true);
     model.to_device(kiln::Device::Cpu).unwrap();
     let mut sgd = Trainer::new(model, Sgd::new(0.05, 0.9), huber);
-    sgd.track_graphs(true);
     run(&mut sgd, &x, &y, &|| cpu.stats().programs_compiled);
     let mut model = Linear::new(4, 3, true);
     model.to_device(kiln::Device::Cpu).unwrap();
     let mut adam = Trainer::new(model, Adam::new(0.01), huber);
-    adam.track_graphs(true);
     run(&mut adam, &x, &y, &|| cpu.stats().programs_compiled);
     assert_eq!(adam.optimizer.steps(), 60);
     assert_eq!(adam.optimizer.state().len(), 4, "m and v of weight and bias");

@@ -35,7 +35,6 @@ fn logits_and_gradients_match_pytorch() {
 fn three_adam_steps_match_pytorch_and_reuse_one_graph() {
     let (model, f) = transformer_and_fixture();
     let mut trainer = Trainer::new(model, Adam::new(1e-3), Loss::CrossEntropy);
-    trainer.track_graphs(true);
     let (x, y) = (f.get("x"), f.get("targets"));
     let before = kiln::stats::graphs_executed();
     let losses = trainer.fit(&[(x, y)], 3).unwrap();

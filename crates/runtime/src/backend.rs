@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
-use air::{Bindings, HostTensor, TensorType};
+use air::{Bindings, HostData, HostTensor, TensorType};
 use lower::{MemoryPlan, MemoryStats, Program};
 
 use crate::error::Result;
@@ -51,6 +51,15 @@ pub trait Backend: Send + Sync + Sized {
     fn time_slots(launches: &Self::Launches) -> Option<&[Vec<usize>]> {
         let _ = launches;
         None
+    }
+
+    /// Storage the caller no longer needs, offered for the next run's outputs (PyTorch's `out=`):
+    /// a backend whose outputs live in host arrays may write an output into an array of the same
+    /// dtype and length instead of allocating one (no allocation, no fresh pages to fault in).
+    /// What the run does not take is dropped after [`bind`](Backend::bind). By default nothing
+    /// is taken.
+    fn recycle(&self, buffers: &mut Self::Buffers, spare: Vec<HostData>) {
+        let _ = (buffers, spare);
     }
 
     /// Makes `buffers` ready for a run on `inputs`: the arena holds `sized.plan`, the outputs
@@ -193,6 +202,18 @@ impl<B: Backend> Runner<B> {
     /// Runs the program on `inputs` (one per input slot) with the symbol values in `bindings`,
     /// returning the graph's outputs in order.
     pub fn run(&self, inputs: &[HostTensor], bindings: &Bindings) -> Result<Vec<HostTensor>> {
+        self.run_recycling(inputs, bindings, Vec::new())
+    }
+
+    /// [`Runner::run`], offering `spare` (arrays the caller no longer needs) as storage for the
+    /// outputs: see [`Backend::recycle`]. An output written into a spare array is the same value
+    /// as a fresh one; only the allocation is saved.
+    pub fn run_recycling(
+        &self,
+        inputs: &[HostTensor],
+        bindings: &Bindings,
+        spare: Vec<HostData>,
+    ) -> Result<Vec<HostTensor>> {
         let sized = self.sized(bindings)?;
         self.prepared.check_inputs(inputs, &sized.sizes)?;
         // Concurrent runs: the first takes the shared buffers; the others make their own for the
@@ -217,6 +238,7 @@ impl<B: Backend> Runner<B> {
                 &mut guard
             }
         };
+        self.backend.recycle(buffers, spare);
         self.run_with(buffers, inputs, &sized)
     }
 

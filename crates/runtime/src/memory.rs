@@ -199,6 +199,11 @@ fn glibc_mallopt() -> bool {
     false
 }
 
+/// Sets every element of `data` to zero (`false` for bools).
+pub fn zero(data: &mut HostData) {
+    air::with_host_data!(data, v => v.fill(Default::default()))
+}
+
 /// The address of the first element of `data`, for kernels that only read it.
 pub fn data_ptr(data: &HostData) -> *mut u8 {
     air::with_host_data!(data, v => v.as_ptr() as *mut u8)

@@ -10,7 +10,8 @@
 //! [`CHECK_BATCH`] rows (the interpreter materializes every partial product of a matmul: 400 MiB
 //! for one layer of `dense-large` at its full batch of 128). A mismatch aborts the suite.
 //!
-//! Predict is `nn::predict` and a fit step is `nn::Trainer::step`, on the runner's device: the
+//! Predict is `nn::Predictor::predict` (the forward pass compiled once with `kiln::jit`, the
+//! weights its arguments) and a fit step is `nn::Trainer::step`, on the runner's device: the
 //! suite times the library's own calls.
 //!
 //! A model `nn` cannot build, or that fails to run, gets a row saying so instead of times.
@@ -41,7 +42,7 @@ pub fn check_model(name: &str, runner: &Runner) -> anyhow::Result<()> {
         let batch = case.x.dims()?[0].min(CHECK_BATCH);
         case.x = r.place(case.x.narrow(0, 0, batch))?;
         case.y = r.place(case.y.narrow(0, 0, batch))?;
-        let mut outputs = vec![nn::predict(&mut *case.model, &case.x)?];
+        let mut outputs = vec![nn::Predictor::new().predict(&mut *case.model, &case.x)?];
         let mut trainer = Trainer::new(case.model, optimizer(), case.loss);
         trainer.step(&case.x, &case.y)?;
         outputs.extend(trainer.model.parameters());
@@ -71,7 +72,8 @@ pub fn run(smoke: bool, runner: &Runner) -> anyhow::Result<SuiteOutput> {
             case.y = runner.place(case.y.clone())?;
             let input = format!("{:?}", case.x.dims()?);
             let params = case.model.num_parameters();
-            let predict_ms = measure_ms(budget, || Ok(nn::predict(&mut *case.model, &case.x)?))?;
+            let mut predictor = nn::Predictor::new();
+            let predict_ms = measure_ms(budget, || Ok(predictor.predict(&mut *case.model, &case.x)?))?;
             let mut trainer = Trainer::new(case.model, optimizer(), case.loss);
             let fit_ms = measure_ms(budget, || Ok(trainer.step(&case.x, &case.y)?))?;
             Ok((params, input, predict_ms, fit_ms))

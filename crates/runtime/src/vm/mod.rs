@@ -145,6 +145,9 @@ pub struct RunState {
     buf_ptrs: Vec<*mut u8>,
     table: Vec<*mut u8>,
     fresh: Vec<HostData>,
+    /// Arrays offered by the caller for this run's outputs ([`Backend::recycle`]), emptied by
+    /// `bind`.
+    spare: Vec<HostData>,
     /// The run's status words (`lower::kir::STATUS_WORDS`), zeroed before each run; kernels
     /// record data-dependent failures here.
     status: Vec<i32>,

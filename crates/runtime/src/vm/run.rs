@@ -59,7 +59,12 @@ impl Backend for CpuCode {
         launches.schedule.as_ref().map(|s| s.slots.as_slice())
     }
 
-    /// Makes the arena big enough, allocates the fresh outputs and fills the pointer table.
+    fn recycle(&self, state: &mut RunState, spare: Vec<HostData>) {
+        state.spare = spare;
+    }
+
+    /// Makes the arena big enough, allocates the fresh outputs (or takes spare arrays of the
+    /// same dtype and length) and fills the pointer table.
     fn bind(
         &self,
         state: &mut RunState,
@@ -75,12 +80,20 @@ impl Backend for CpuCode {
         for (j, &b) in self.output_bufs.iter().enumerate() {
             let b = b as usize;
             let (dtype, n) = (program.buffers[b].dtype, sized.sizes.buf_numel[b]);
-            state.fresh.push(if sized.launches.unwritten_ok[j] {
-                memory::unwritten_host_data(dtype, n)?
-            } else {
-                memory::zeroed_host_data(dtype, n)?
+            let spare = state.spare.iter().position(|d| d.dtype() == dtype && d.len() == n);
+            state.fresh.push(match spare {
+                Some(i) => {
+                    let mut data = state.spare.swap_remove(i);
+                    if !sized.launches.unwritten_ok[j] {
+                        memory::zero(&mut data);
+                    }
+                    data
+                }
+                None if sized.launches.unwritten_ok[j] => memory::unwritten_host_data(dtype, n)?,
+                None => memory::zeroed_host_data(dtype, n)?,
             });
         }
+        state.spare.clear();
 
         state.status.clear();
         state.status.resize(lower::kir::STATUS_WORDS, 0);

@@ -1,0 +1,391 @@
+//! Compiled functions: [`jit`] traces a closure once per argument signature and then runs the
+//! cached executable on each call's arguments, without recording, tracing or hashing a graph.
+//!
+//! The first call with a given *signature* (each argument's device, dtype and shape, symbolic
+//! dims kept as symbols) calls the closure on placeholders of those types, traces what it returns
+//! into one air graph (arguments become `Input { slot: i }`), compiles it and keeps it. Every later
+//! call with that signature binds the arguments' data (and their symbol values: `[seq, 64]` with
+//! `seq = 3` and `seq = 7` share one trace) to the kept executable and runs it: the cost of a call
+//! is the run plus a few microseconds, whatever the size of the graph. A new signature traces again.
+//!
+//! What the closure captures instead of taking as an argument is a constant of the trace, as in
+//! `jax.jit`: tensors that hold data are read as they were when the signature was traced. Pass
+//! anything that changes between calls (weights being trained, optimizer state, a learning rate)
+//! as an argument. Two things are handled for the caller:
+//! - random tensors the closure draws from the global generator (`Tensor::rand`, `randn`, dropout)
+//!   are drawn again on every call, in the same order, as running the closure would (a seeded
+//!   draw is a constant);
+//! - a closure that realizes a tensor built from an argument (`item`, `to_vec`) cannot be traced:
+//!   its value is not known until the call runs. That is an [`Error::Jit`].
+//!
+//! Outputs are realized source tensors; they carry no gradient history (differentiate inside the
+//! closure: `kiln::grad` on placeholders works). A [`jit`] call made while another function is
+//! being traced runs its closure inline, so compiled functions compose.
+//!
+//! Output storage is reused (PyTorch's `out=`, done for the caller): a [`JitCache`] keeps the
+//! outputs of its last two calls, and an output array nobody else holds any more (the caller
+//! dropped the tensor, or replaced the weight it was) is handed to the next run as the storage
+//! of an output of the same dtype and length, so a training loop that replaces its parameters
+//! every step allocates no output arrays in the steady state. [`JitCache::call_into`] offers the
+//! storage of given tensors explicitly.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use air::{Bindings, HostData, HostTensor, Shape, TensorType};
+
+use crate::backend::{self, Loaded};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::realize::{Sites, merge_bindings, own_bindings, trace_roots};
+use crate::tensor::Tensor;
+
+/// A random input drawn from the global generator on every call.
+pub(crate) type Draw = Box<dyn Fn() -> std::result::Result<HostTensor, String>>;
+
+/// What a trace in progress collects besides the closure's outputs.
+#[derive(Default)]
+struct TraceState {
+    /// Placeholders for random tensors drawn during the trace, and how to draw each again.
+    random: Vec<(Tensor, Draw)>,
+}
+
+thread_local! {
+    static TRACING: RefCell<Vec<TraceState>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether a [`jit`] function is being traced on this thread.
+pub(crate) fn is_tracing() -> bool {
+    TRACING.with(|t| !t.borrow().is_empty())
+}
+
+/// Inside a trace: a placeholder of `ty` on `device` for a random tensor that `draw` makes on
+/// every call. `None` when no trace is in progress.
+pub(crate) fn random_input(ty: TensorType, device: Device, draw: Draw) -> Option<Tensor> {
+    TRACING.with(|t| {
+        let mut stack = t.borrow_mut();
+        let state = stack.last_mut()?;
+        let placeholder = Tensor::placeholder(ty, device);
+        state.random.push((placeholder.clone(), draw));
+        Some(placeholder)
+    })
+}
+
+/// What a closure traced by [`jit`] may return: one tensor or several, possibly as a `Result`
+/// whose error type (a library's own, such as `nn`'s) is then the error type of the call.
+pub trait JitOutput {
+    /// The error a call returns: Kiln's errors convert into it.
+    type Error: From<Error>;
+    /// The output tensors, in order.
+    fn into_outputs(self) -> std::result::Result<Vec<Tensor>, Self::Error>;
+}
+
+impl JitOutput for Tensor {
+    type Error = Error;
+    fn into_outputs(self) -> Result<Vec<Tensor>> {
+        Ok(vec![self])
+    }
+}
+
+impl JitOutput for Vec<Tensor> {
+    type Error = Error;
+    fn into_outputs(self) -> Result<Vec<Tensor>> {
+        Ok(self)
+    }
+}
+
+impl<T, E> JitOutput for std::result::Result<T, E>
+where
+    T: JitOutput,
+    E: From<Error> + From<T::Error>,
+{
+    type Error = E;
+    fn into_outputs(self) -> std::result::Result<Vec<Tensor>, E> {
+        Ok(self?.into_outputs()?)
+    }
+}
+
+/// One traced signature.
+struct Entry {
+    device: Device,
+    signature: Vec<TensorType>,
+    graph: air::Graph,
+    sites: Sites,
+    loaded: Loaded,
+    /// Data the closure captured, for the slots after the arguments and the random inputs.
+    captured: Vec<HostTensor>,
+    captured_bindings: Bindings,
+    random: Vec<Draw>,
+    /// The shape of each graph output (symbolic dims as traced).
+    outputs: Vec<Shape>,
+    /// The graph output each of the closure's outputs is (a tensor returned twice is one graph
+    /// output).
+    which: Vec<usize>,
+}
+
+/// The traces of one compiled function, by signature: what [`Jit`] holds, usable on its own
+/// when the closure cannot be stored with the cache (it borrows the owner of the cache, as
+/// `nn::Trainer`'s step does). Calls pass the closure each time; it runs only on a miss.
+#[derive(Default)]
+pub struct JitCache {
+    entries: Vec<Entry>,
+    traces: usize,
+    /// The entry the last call ran.
+    last: Option<usize>,
+    /// The output arrays of the last two calls (newest last), offered for reuse once nobody else
+    /// holds them.
+    held: [Vec<Arc<HostData>>; 2],
+}
+
+impl JitCache {
+    /// An empty cache.
+    pub fn new() -> JitCache {
+        JitCache::default()
+    }
+
+    /// How many times a closure was traced (one per signature seen, unless [`JitCache::clear`]).
+    pub fn traces(&self) -> usize {
+        self.traces
+    }
+
+    /// The number of nodes of the graph the last call ran (0 before the first call).
+    pub fn last_graph_nodes(&self) -> usize {
+        self.last.map_or(0, |i| self.entries[i].graph.len())
+    }
+
+    /// Forgets every trace (the next call traces again: after a captured value changed).
+    pub fn clear(&mut self) {
+        self.last = None;
+        self.entries.clear();
+        self.held = Default::default();
+    }
+
+    /// Calls the compiled function on `args`: traces `f` first if no call had this signature.
+    /// Lazy arguments are realized first. Returns the outputs, realized.
+    pub fn call<R: JitOutput>(
+        &mut self,
+        args: &[&Tensor],
+        f: impl FnOnce(&[Tensor]) -> R,
+    ) -> std::result::Result<Vec<Tensor>, R::Error> {
+        self.call_into(args, Vec::new(), f)
+    }
+
+    /// [`JitCache::call`], also offering the storage of `out` for the outputs (PyTorch's
+    /// `out=`): a tensor of `out` whose data nobody else holds is consumed and its array written
+    /// with an output of the same dtype and length. Tensors still shared are left alone.
+    pub fn call_into<R: JitOutput>(
+        &mut self,
+        args: &[&Tensor],
+        out: Vec<Tensor>,
+        f: impl FnOnce(&[Tensor]) -> R,
+    ) -> std::result::Result<Vec<Tensor>, R::Error> {
+        if is_tracing() {
+            // Inside another trace: the arguments may be placeholders; run the closure inline.
+            let args: Vec<Tensor> = args.iter().map(|t| (*t).clone()).collect();
+            return f(&args).into_outputs();
+        }
+        crate::realize(args)?;
+        let device = args.first().map_or_else(Device::default, |t| t.device());
+        let found = self.entries.iter().position(|e| {
+            e.device == device
+                && e.signature.len() == args.len()
+                && e.signature.iter().zip(args).all(|(s, a)| s == a.ty())
+        });
+        let index = match found {
+            Some(i) => i,
+            None => {
+                let entry = trace(device, args, f)?;
+                self.traces += 1;
+                self.entries.push(entry);
+                self.entries.len() - 1
+            }
+        };
+        let spare = self.spare(out);
+        self.last = Some(index);
+        let entry = &self.entries[index];
+        let mut inputs = Vec::with_capacity(args.len() + entry.random.len() + entry.captured.len());
+        let mut bindings = entry.captured_bindings.clone();
+        for a in args {
+            let data = a.inner.data.get().ok_or_else(|| Error::internal("a realized argument holds no data".into()))?;
+            if !data.bindings.is_empty() {
+                merge_bindings(&mut bindings, &data.bindings)?;
+            }
+            inputs.push(data.host.clone());
+        }
+        for draw in &entry.random {
+            inputs.push(draw().map_err(Error::Jit)?);
+        }
+        inputs.extend(entry.captured.iter().cloned());
+        let hosts = backend::run_loaded(&entry.loaded, &entry.graph, &inputs, &bindings, &entry.sites, spare)?;
+        if hosts.len() != entry.outputs.len() {
+            return Err(Error::internal(format!("{} outputs for {} traced", hosts.len(), entry.outputs.len())).into());
+        }
+        let mut held: Vec<Arc<HostData>> = Vec::with_capacity(hosts.len());
+        let mut tensors = Vec::with_capacity(hosts.len());
+        for (host, shape) in hosts.into_iter().zip(&entry.outputs) {
+            if !held.iter().any(|h| Arc::ptr_eq(h, &host.data)) {
+                held.push(host.data.clone());
+            }
+            let own = own_bindings(shape, &bindings);
+            tensors.push(Tensor::source(host, shape.clone(), own, device));
+        }
+        let results = entry.which.iter().map(|&i| tensors[i].clone()).collect();
+        self.held.rotate_left(1);
+        self.held[1] = held;
+        Ok(results)
+    }
+
+    /// The arrays of `out` and of earlier outputs that nobody else holds any more.
+    fn spare(&mut self, out: Vec<Tensor>) -> Vec<HostData> {
+        let mut spare = Vec::new();
+        for t in out {
+            if let Ok(mut inner) = Arc::try_unwrap(t.inner)
+                && let Some(r) = inner.data.take()
+                && let Ok(data) = Arc::try_unwrap(r.host.data)
+            {
+                spare.push(data);
+            }
+        }
+        let older = std::mem::take(&mut self.held[0]);
+        for data in older {
+            if let Ok(data) = Arc::try_unwrap(data) {
+                spare.push(data);
+            }
+        }
+        let newer = std::mem::take(&mut self.held[1]);
+        let mut kept = Vec::with_capacity(newer.len());
+        for data in newer {
+            match Arc::try_unwrap(data) {
+                Ok(data) => spare.push(data),
+                Err(data) => kept.push(data),
+            }
+        }
+        // Still held by the caller after the last call: it may be dropped before the next one.
+        self.held[1] = kept;
+        spare
+    }
+}
+
+/// Traces `f` on placeholders typed like `args` and loads the result on `device`.
+fn trace<R: JitOutput>(
+    device: Device,
+    args: &[&Tensor],
+    f: impl FnOnce(&[Tensor]) -> R,
+) -> std::result::Result<Entry, R::Error> {
+    let placeholders: Vec<Tensor> = args.iter().map(|a| Tensor::placeholder(a.ty().clone(), a.device())).collect();
+    TRACING.with(|t| t.borrow_mut().push(TraceState::default()));
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            TRACING.with(|t| t.borrow_mut().pop());
+        }
+    }
+    let (outputs, state) = {
+        let pop = Pop;
+        let outputs = f(&placeholders).into_outputs();
+        let state = TRACING.with(|t| std::mem::take(t.borrow_mut().last_mut().expect("trace state pushed above")));
+        drop(pop);
+        (outputs?, state)
+    };
+    for o in &outputs {
+        o.check()?;
+    }
+    let mut all_args = placeholders;
+    let mut random = Vec::with_capacity(state.random.len());
+    for (placeholder, draw) in state.random {
+        all_args.push(placeholder);
+        random.push(draw);
+    }
+    // Outputs may repeat (the same tensor returned twice): the graph lists each once.
+    let mut roots: Vec<Tensor> = Vec::with_capacity(outputs.len());
+    let mut which = Vec::with_capacity(outputs.len());
+    for o in &outputs {
+        match roots.iter().position(|r| Tensor::ptr_eq(r, o)) {
+            Some(i) => which.push(i),
+            None => {
+                which.push(roots.len());
+                roots.push(o.clone());
+            }
+        }
+    }
+    let program = trace_roots(&roots, device, &all_args)?;
+    let loaded = backend::load(device, &program.graph, &program.sites)?;
+    Ok(Entry {
+        device,
+        signature: args.iter().map(|a| a.ty().clone()).collect(),
+        outputs: roots.iter().map(|o| o.shape().clone()).collect(),
+        which,
+        graph: program.graph,
+        sites: program.sites,
+        loaded,
+        captured: program.inputs,
+        captured_bindings: program.bindings,
+        random,
+    })
+}
+
+/// A function compiled with [`jit`]: the closure and its traces.
+pub struct Jit<F> {
+    f: F,
+    cache: JitCache,
+}
+
+/// Compiles `f`, a function of tensors, in the spirit of `jax.jit` and `torch.compile`: the first
+/// call with each argument signature traces `f` and compiles the graph; later calls run the
+/// compiled program on the new arguments directly (see the [module docs](crate::jit) for what is
+/// traced, what is a constant, and how output storage is reused).
+///
+/// ```
+/// use kiln::Tensor;
+/// let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[2, 2]);
+/// let mut f = kiln::jit(|a: &[Tensor]| a[0].matmul(&a[1]).relu());
+/// let x = Tensor::from_vec(vec![1.0f32, -1.0], &[1, 2]);
+/// let y = f.call(&[&x, &w])?;
+/// assert_eq!(y[0].to_vec::<f32>()?, vec![0.0, 0.0]);
+/// let y = f.call(&[&Tensor::from_vec(vec![1.0f32, 1.0], &[1, 2]), &w])?; // no trace, no compile
+/// assert_eq!(y[0].to_vec::<f32>()?, vec![4.0, 6.0]);
+/// assert_eq!(f.traces(), 1);
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn jit<F, R>(f: F) -> Jit<F>
+where
+    F: FnMut(&[Tensor]) -> R,
+    R: JitOutput,
+{
+    Jit { f, cache: JitCache::new() }
+}
+
+impl<F, R> Jit<F>
+where
+    F: FnMut(&[Tensor]) -> R,
+    R: JitOutput,
+{
+    /// Runs the function on `args` (tracing it first for a new signature); the outputs are
+    /// realized.
+    pub fn call(&mut self, args: &[&Tensor]) -> std::result::Result<Vec<Tensor>, R::Error> {
+        let f = &mut self.f;
+        self.cache.call(args, |a| f(a))
+    }
+
+    /// [`Jit::call`] writing the outputs into the storage of `out` where it can (see
+    /// [`JitCache::call_into`]).
+    pub fn call_into(&mut self, args: &[&Tensor], out: Vec<Tensor>) -> std::result::Result<Vec<Tensor>, R::Error> {
+        let f = &mut self.f;
+        self.cache.call_into(args, out, |a| f(a))
+    }
+
+    /// How many times the function was traced.
+    pub fn traces(&self) -> usize {
+        self.cache.traces()
+    }
+
+    /// The number of nodes of the graph the last call ran.
+    pub fn last_graph_nodes(&self) -> usize {
+        self.cache.last_graph_nodes()
+    }
+
+    /// Forgets every trace.
+    pub fn clear(&mut self) {
+        self.cache.clear();
+    }
+}
