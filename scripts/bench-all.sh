@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs Kiln's benchmark suites (release) and, when ANCHOR_PYTHON names a Python with numpy/torch
-# (and optionally jax), the peer anchors from ../shared/anchors right after them, so the ratios in
-# BENCHMARKS.md come from one run on one machine.
+# (and optionally jax, onnx + onnxruntime), the peer anchors from ../shared/anchors right after
+# them, so the ratios in BENCHMARKS.md come from one run on one machine (~35 min).
 #   ANCHOR_PYTHON=/path/to/venv/bin/python bash scripts/bench-all.sh [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +22,8 @@ if [ -n "${ANCHOR_PYTHON:-}" ] && [ -d "$anchors" ]; then
     (cd "$anchors" && "$ANCHOR_PYTHON" bench_unary.py) > "$out/anchor_unary.md" 2> "$out/anchor_unary.err" || true
     (cd "$anchors" && "$ANCHOR_PYTHON" bench_matmul.py) > "$out/anchor_matmul.md" 2> "$out/anchor_matmul.err" || true
     (cd "$anchors" && "$ANCHOR_PYTHON" bench_tree_matmul.py) > "$out/anchor_tree.md" 2> "$out/anchor_tree.err" || true
+    (cd "$anchors" && "$ANCHOR_PYTHON" bench_models.py) > "$out/anchor_models.md" 2> "$out/anchor_models.err" || true
+    (cd "$anchors" && "$ANCHOR_PYTHON" bench_onnxruntime.py) > "$out/anchor_onnxruntime.md" 2> "$out/anchor_onnxruntime.err" || true
     (cd "$anchors" && "$ANCHOR_PYTHON" bench_transformer.py --layers 1 2 8 --only jax --repeats 3) \
         > "$out/anchor_transformer.md" 2> "$out/anchor_transformer.err" || true
 fi

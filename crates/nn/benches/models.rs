@@ -1,7 +1,7 @@
 //! `predict` and `fit` (one training step) of small models, in ms per call on the default device:
 //! run with `KILN_DEVICE=cpu` for the native CPU device (the reference interpreter otherwise).
-//! Each `fit_step` is forward + backward + Adam update as one graph; after the first step every
-//! step hits the device's program cache.
+//! `predict` is a [`Predictor`] (the forward pass as a `kiln::jit` function); each `fit_step` is
+//! forward + backward + Adam update as one compiled function, traced on the first step.
 //!
 //! The models, inputs and targets are [`kiln_nn::zoo`], the suite `kiln bench models` also runs
 //! (dense-tiny, dense-large, conv with 1 and 32 filters, SimpleRNN, GRU, LSTM, MobileNet and a
@@ -23,8 +23,9 @@ fn models(c: &mut Criterion) {
         let case = zoo::build(name).expect("zoo model");
         let (x, y) = (case.x, case.y);
         let mut model = case.model;
+        let mut predictor = Predictor::new();
         group.bench_function(format!("{}/predict", case.name), |b| {
-            b.iter(|| black_box(predict(&mut model, &x).expect("predict")))
+            b.iter(|| black_box(predictor.predict(&mut model, &x).expect("predict")))
         });
         let mut trainer = Trainer::new(model, Adam::new(1e-3), case.loss);
         group.bench_function(format!("{}/fit_step", case.name), |b| {

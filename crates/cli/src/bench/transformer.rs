@@ -75,6 +75,9 @@ pub struct DepthResult {
     /// Median milliseconds of a whole forward through the facade on `Device::Cpu`: record the
     /// lazy forward, `kiln::realize` (trace, program-cache hit, run).
     pub facade_ms: f64,
+    /// Median milliseconds of the same forward as a compiled function (`nn::Predictor`, built on
+    /// `kiln::jit`): bind the tokens and weights to the traced program and run it.
+    pub jit_ms: f64,
     /// Milliseconds of the first call in each fresh process: nothing before it (cold), and after
     /// a trivial realize (pre-warmed). Empty without `--fresh-process`.
     pub fresh_cold_ms: Vec<f64>,
@@ -239,6 +242,8 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
             kiln::realize(&[&logits])?;
             Ok(logits)
         })?;
+        let mut predictor = nn::Predictor::new();
+        let jit_ms = measure_ms(args.steady, || Ok(predictor.predict(&mut gpt.model, &tokens)?))?;
         let (mut fresh_cold_ms, mut fresh_prewarmed_ms) = (Vec::new(), Vec::new());
         if let Some(fresh) = &args.fresh_process {
             // Alternated, so that both modes see the same background load.
@@ -260,6 +265,7 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
             device_compile_ms: median(&device_compile),
             steady_ms,
             facade_ms,
+            jit_ms,
             fresh_cold_ms,
             fresh_prewarmed_ms,
         });
@@ -287,6 +293,7 @@ pub fn render(args: &Args, results: &[DepthResult]) -> SuiteOutput {
         format!("{} in-process compiles per depth (median); one untimed warm-up compile first", args.repeats),
     );
     out.meta("end to end", "graph build (forward + trace + structure key) + lower + codegen + memory plan + first run; weight init excluded");
+    out.meta("compiled forward", "nn::Predictor (the forward as a kiln::jit function, weights as arguments): bind tokens and weights, run the traced program");
     out.meta("facade forward", "record the lazy forward + kiln::realize on Device::Cpu (trace, program-cache hit, run): what a user calls; like-for-like with torch eager's and jax.jit's call");
     out.meta(
         "bare Executable::run",
@@ -355,6 +362,12 @@ pub fn render(args: &Args, results: &[DepthResult]) -> SuiteOutput {
         ]);
         forward.push(vec![
             r.layers.into(),
+            "compiled forward (nn::Predictor, kiln::jit)".into(),
+            r.jit_ms.into(),
+            "torch.compile call, jax.jit call".into(),
+        ]);
+        forward.push(vec![
+            r.layers.into(),
             "bare Executable::run".into(),
             r.steady_ms.into(),
             "none (no peer measures the compiled program alone)".into(),
@@ -413,6 +426,13 @@ pub fn render(args: &Args, results: &[DepthResult]) -> SuiteOutput {
             verdict(d2.steady_ms <= 0.25),
             d2.facade_ms,
             verdict(d2.facade_ms <= 0.25)
+        ));
+        out.notes.push(format!(
+            "target: depth 2 compiled forward (kiln::jit) within 1.3x of the bare program: {:.3} ms vs {:.3} ms = {:.2}x ({})",
+            d2.jit_ms,
+            d2.steady_ms,
+            d2.jit_ms / d2.steady_ms,
+            verdict(d2.jit_ms <= 1.3 * d2.steady_ms)
         ));
     }
     if let (Some(b), Some(deepest)) = (base, results.iter().max_by_key(|r| r.layers))

@@ -9,6 +9,10 @@
 //!   realized result), in ms per op (chain time / [`CHAIN`]).
 //! - lazy: the same chain recorded lazily and realized once (the compiler fuses it into one
 //!   kernel), in ms per op (chain time / [`CHAIN`]).
+//! - compiled: the single op as a `kiln::jit` function called on the realized source, its output
+//!   dropped before the next call, so the call writes into the array of the call before (what
+//!   PyTorch's `out=` does, and what the anchor's torch row measures): no recording, tracing or
+//!   cache lookup, and no fresh output pages.
 //!
 //! Steady state (programs already compiled during warm-up). This suite reports the median of its
 //! runs, criterion its own estimate; the quantities are the same.
@@ -35,7 +39,12 @@ pub struct Args {
 
 /// The three quantities (see the module docs); the first word names the plot's series and
 /// matches the criterion bench's function names.
-const MODES: [&str; 3] = ["single op, realized", "eager chain (realize every op)", "lazy chain (realize once)"];
+const MODES: [&str; 4] = [
+    "single op, realized",
+    "eager chain (realize every op)",
+    "lazy chain (realize once)",
+    "compiled op (kiln::jit, output reused)",
+];
 
 /// Checks the single op, the eager chain and the lazy chain of `op` on the suite's input of `n`
 /// elements, computed on `runner`, against the interpreter.
@@ -44,7 +53,8 @@ pub fn check_op(op: UnaryOp, n: usize, runner: &Runner) -> anyhow::Result<()> {
         let x = r.place(input(n))?;
         let single = op.apply(&x);
         let eager = eager_chain(op, &x, |y| Ok::<_, anyhow::Error>(r.realize(&[&y])?.remove(0)))?;
-        Ok(vec![single, eager, lazy_chain(op, &x)])
+        let compiled = kiln::jit(|a: &[kiln::Tensor]| op.apply(&a[0])).call(&[&x])?.remove(0);
+        Ok(vec![single, eager, lazy_chain(op, &x), compiled])
     })
 }
 
@@ -67,9 +77,17 @@ pub fn run(args: &Args, runner: &Runner) -> anyhow::Result<SuiteOutput> {
             bar.inc(1);
             let lazy = measure_ms(args.budget, || runner.realize(&[&lazy_chain(op, &x)]))? / CHAIN as f64;
             bar.inc(1);
+            let mut f = kiln::jit(|a: &[kiln::Tensor]| op.apply(&a[0]));
+            // The output is dropped inside the timed call, so the next call reuses its array.
+            let compiled = measure_ms(args.budget, || {
+                f.call(&[&x])?;
+                Ok(())
+            })?;
+            bar.inc(1);
             results[oi][0].push(single);
             results[oi][1].push(eager);
             results[oi][2].push(lazy);
+            results[oi][3].push(compiled);
         }
     }
     bar.finish_and_clear();
