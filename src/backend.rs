@@ -96,6 +96,20 @@ pub(crate) fn run_loaded(
     sites: &Sites,
     spare: Vec<air::HostData>,
 ) -> Result<Vec<HostTensor>> {
+    if profile::is_active() {
+        return profile::span(profile::Step::Run, || run_loaded_now(loaded, graph, inputs, bindings, sites, spare));
+    }
+    run_loaded_now(loaded, graph, inputs, bindings, sites, spare)
+}
+
+fn run_loaded_now(
+    loaded: &Loaded,
+    graph: &Graph,
+    inputs: &[HostTensor],
+    bindings: &Bindings,
+    sites: &Sites,
+    spare: Vec<air::HostData>,
+) -> Result<Vec<HostTensor>> {
     crate::stats::record_execution(graph.len());
     let located = |e: BoundsError| locate(e, graph, sites);
     match loaded {

@@ -93,3 +93,48 @@ fn sixty_optimizer_steps_compile_once_with_a_constant_graph() {
     assert_eq!(adam.optimizer.state().len(), 4, "m and v of weight and bias");
     assert!(adam.optimizer.state().iter().all(Tensor::is_realized), "the state is realized every step");
 }
+
+/// In the steady state a training step writes its new parameters into the arrays of the
+/// parameters two steps back (the compiled step's output reuse, PyTorch's `out=`): after the
+/// first two steps nothing is allocated for them, and the values stay those of plain steps.
+#[test]
+fn training_steps_reuse_the_parameter_arrays_of_two_steps_back() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let x = Tensor::randn_seeded(&[16, 8], 3).to_device(kiln::Device::Cpu).unwrap();
+    let y = Tensor::randn_seeded(&[16, 4], 4).to_device(kiln::Device::Cpu).unwrap();
+    let build = || {
+        let mut model = Linear::new(8, 4, true);
+        model.to_device(kiln::Device::Cpu).unwrap();
+        model
+    };
+    kiln::manual_seed(11);
+    let mut trainer = Trainer::new(build(), Sgd::new(0.1, 0.9), Loss::Mse);
+    kiln::manual_seed(11);
+    let mut plain_model = build();
+    let mut plain = Sgd::new(0.1, 0.9);
+    let ptr = |t: &Tensor| t.to_host().unwrap().data.as_bytes().as_ptr() as usize;
+    let mut weight_ptrs = Vec::new();
+    for step in 0..6 {
+        trainer.step(&x, &y).unwrap();
+        weight_ptrs.push(ptr(&trainer.model.parameters()[0]));
+        // The same step without the compiled function: the optimizer's own `step`.
+        let params = plain_model.parameters();
+        let loss = Loss::Mse.compute(&plain_model.forward(&x), &y);
+        let refs: Vec<&Tensor> = params.iter().collect();
+        let grads = kiln::grad(&loss, &refs).unwrap();
+        let done = plain.step(&params, &grads, &[&loss]).unwrap();
+        let mut next = done.params.into_iter();
+        plain_model.visit_mut(&mut |_, t, kind| {
+            if kind == ParamKind::Weight {
+                *t = next.next().unwrap();
+            }
+        });
+        for (a, b) in trainer.model.parameters().iter().zip(plain_model.parameters()) {
+            assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap(), "step {step}");
+        }
+    }
+    for i in 2..weight_ptrs.len() {
+        assert_eq!(weight_ptrs[i], weight_ptrs[i - 2], "step {i} writes into the array of step {}", i - 2);
+        assert_ne!(weight_ptrs[i], weight_ptrs[i - 1]);
+    }
+}
