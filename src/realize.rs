@@ -101,6 +101,7 @@ impl Hasher for PtrHasher {
 }
 
 type PtrMap<V> = HashMap<*const Inner, V, BuildHasherDefault<PtrHasher>>;
+type PtrSet = std::collections::HashSet<*const Inner, BuildHasherDefault<PtrHasher>>;
 
 /// Traces `roots` (error-free, one device, distinct) into a program whose outputs are `roots`.
 ///
@@ -197,7 +198,7 @@ pub(crate) fn trace_roots(roots: &[Tensor], device: Device, args: &[Tensor]) -> 
 
 /// The requested tensors that still need computing, deduplicated, or the first error.
 fn pending(tensors: &[&Tensor]) -> Result<Vec<Tensor>> {
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = PtrSet::default();
     let mut out = Vec::new();
     for t in tensors {
         t.check()?;
@@ -211,7 +212,7 @@ fn pending(tensors: &[&Tensor]) -> Result<Vec<Tensor>> {
 /// Traces `tensors` into the air program `realize` would run (requested tensors that already
 /// hold data become plain `Input` outputs). All tensors must be on one device.
 pub fn trace(tensors: &[&Tensor]) -> Result<Program> {
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = PtrSet::default();
     let mut roots = Vec::new();
     for t in tensors {
         t.check()?;
