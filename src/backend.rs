@@ -96,23 +96,9 @@ pub(crate) fn run_loaded(
     sites: &Sites,
     spare: Vec<air::HostData>,
 ) -> Result<Vec<HostTensor>> {
-    if profile::is_active() {
-        return profile::span(profile::Step::Run, || run_loaded_now(loaded, graph, inputs, bindings, sites, spare));
-    }
-    run_loaded_now(loaded, graph, inputs, bindings, sites, spare)
-}
-
-fn run_loaded_now(
-    loaded: &Loaded,
-    graph: &Graph,
-    inputs: &[HostTensor],
-    bindings: &Bindings,
-    sites: &Sites,
-    spare: Vec<air::HostData>,
-) -> Result<Vec<HostTensor>> {
     crate::stats::record_execution(graph.len());
     let located = |e: BoundsError| locate(e, graph, sites);
-    match loaded {
+    let run = || match loaded {
         Loaded::Interp => interp(graph, inputs, bindings).map_err(|e| interp_error(e, located)),
         Loaded::Cpu(exe) => {
             let before = exe.launches_run();
@@ -122,7 +108,8 @@ fn run_loaded_now(
         }
         #[cfg(feature = "wgpu")]
         Loaded::Wgpu(exe) => exe.run_recycling(inputs, bindings, spare).map_err(|e| runtime_error("wgpu", e, located)),
-    }
+    };
+    if profile::is_active() { profile::span(profile::Step::Run, run) } else { run() }
 }
 
 /// A bounds error as an [`Error::Op`] at the line that built its node (`narrow: axis 0: range
