@@ -10,7 +10,7 @@ use std::hint::black_box;
 use air::ReduceOp;
 use air::{BinaryOp, DType, Scalar, UnaryOp};
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use kiln_codegen::CpuCompiler;
+use kiln_codegen::{CpuCompiler, TileLevel, TileMode, Tiling};
 use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Param, Reg, Stmt, Var};
 
 const SIZES: [usize; 7] = [1, 729, 2187, 59049, 177147, 531441, 1594323];
@@ -220,22 +220,29 @@ fn layernorm_with(eps: f64) -> LoopKernel {
 }
 
 fn bench_kernels(c: &mut Criterion) {
-    let compiler = CpuCompiler::new().expect("host ISA");
+    // `jit`: the JIT's own 128-bit loop; `tiled`: the loop over tiles that calls the full-width
+    // routines (where the kernel is eligible; neg is not, in `Auto` mode).
+    let jit = CpuCompiler::new().expect("host ISA");
+    jit.set_tiling(Tiling { mode: TileMode::Off, level: TileLevel::detect() });
+    let tiled = CpuCompiler::new().expect("host ISA");
+    tiled.set_tiling(Tiling { mode: TileMode::Auto, level: TileLevel::detect() });
     // `sigmoid_chain8` runs 8 sigmoids per element: its time over 8 is the time per op, to
     // compare with `sigmoid` (fusion must not be slower per op than one sigmoid kernel).
     for (name, k) in [("neg", neg()), ("sigmoid", sigmoid()), ("sigmoid_chain8", sigmoid_chain(8))] {
-        let compiled = compiler.compile(&k).expect("compile");
         let mut group = c.benchmark_group(name);
         for n in SIZES {
-            let input: Vec<f32> = (0..n).map(|j| (j % 1000) as f32 * 0.01 - 5.0).collect();
-            let mut out = vec![0f32; n];
-            let ptrs = [input.as_ptr() as *mut u8, out.as_mut_ptr() as *mut u8];
-            let syms = [n as i64];
-            group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, &n| {
-                // SAFETY: both buffers hold n f32.
-                b.iter(|| unsafe { compiled.call(black_box(ptrs.as_ptr()), syms.as_ptr(), 0, n as i64) })
-            });
-            black_box(&out);
+            for (path, compiler) in [("jit", &jit), ("tiled", &tiled)] {
+                let compiled = compiler.compile(&k).expect("compile");
+                let input: Vec<f32> = (0..n).map(|j| (j % 1000) as f32 * 0.01 - 5.0).collect();
+                let mut out = vec![0f32; n];
+                let ptrs = [input.as_ptr() as *mut u8, out.as_mut_ptr() as *mut u8];
+                let syms = [n as i64];
+                group.bench_with_input(BenchmarkId::new(path, n), &n, |b, &n| {
+                    // SAFETY: both buffers hold n f32.
+                    b.iter(|| unsafe { compiled.call(black_box(ptrs.as_ptr()), syms.as_ptr(), 0, n as i64) })
+                });
+                black_box(&out);
+            }
         }
         group.finish();
     }

@@ -13,5 +13,7 @@ pub mod error;
 pub mod lru;
 pub mod wgsl;
 
-pub use cpu::{CacheStats, CompiledKernel, CpuCompiler, KernelFn, clif_text};
+pub use cpu::{
+    CacheStats, CompiledKernel, CpuCompiler, KernelFn, TileLevel, TileMode, Tiling, clif_text, clif_text_with,
+};
 pub use error::{CodegenError, Result};

@@ -1,5 +1,6 @@
 //! Accuracy of the inline f32 approximations (exp2, log2, sin, erf) over dense sweeps of their
-//! domains, against f64 `libm` as the reference, on both the vector path and the scalar tail.
+//! domains, against f64 `libm` as the reference, on both the vector path and the scalar tail,
+//! JIT-only and tiled (the full-width AOT routines, at the host's level and at the baseline).
 //! Run with `--nocapture` to see the measured errors next to those of `libm`'s f32 functions.
 //!
 //! The bounds are the figures BENCHMARKS.md publishes, to the precision it prints them (0.83 ulp
@@ -9,12 +10,26 @@ mod common;
 
 use air::{DType, UnaryOp};
 use common::*;
-use kiln_codegen::CpuCompiler;
+use kiln_codegen::{CpuCompiler, TileLevel, TileMode, Tiling};
 use lower::kir::IExpr;
 
-/// Runs `op` over `xs`: in vectors of 16 (`vector`), or in calls of 3 elements (scalar tail).
-fn run(op: UnaryOp, xs: &[f32], vector: bool) -> Vec<f32> {
+/// The code paths every sweep measures: JIT-only, and tiled at the host's best level and at the
+/// baseline (where the host's best is the baseline, twice).
+const CONFIGS: [Tiling; 3] = [
+    Tiling { mode: TileMode::Off, level: TileLevel::Base },
+    Tiling { mode: TileMode::Always, level: TileLevel::Avx2Fma },
+    Tiling { mode: TileMode::Always, level: TileLevel::Base },
+];
+
+/// Runs `op` over `xs` in every configuration; one output per configuration.
+fn run(op: UnaryOp, xs: &[f32], vector: bool) -> Vec<Vec<f32>> {
+    CONFIGS.iter().map(|t| run_with(*t, op, xs, vector)).collect()
+}
+
+/// Runs `op` over `xs`: in one call (`vector`), or in calls of 3 elements (scalar tail).
+fn run_with(tiling: Tiling, op: UnaryOp, xs: &[f32], vector: bool) -> Vec<f32> {
     let compiler = CpuCompiler::new().unwrap();
+    compiler.set_tiling(tiling);
     let k = unary_kernel(op, DType::F32, DType::F32, IExpr::Sym(0));
     let compiled = compiler.compile(&k).unwrap();
     let mut out = vec![0f32; xs.len()];
@@ -77,26 +92,30 @@ fn sweep(lo: f32, hi: f32, n: usize) -> Vec<f32> {
 }
 
 /// Measures the vector path over `xs` and the scalar path over every 97th point; returns the
-/// worse of the two.
+/// worse of the two, over every configuration.
 fn report(name: &str, xs: &[f32], op: UnaryOp, reference: fn(f64) -> f64, libm_f32: fn(f32) -> f32) -> Err {
-    let v = run(op, xs, true);
-    let ours = measure(xs, |j| v[j], reference);
     let theirs = measure(xs, |j| libm_f32(xs[j]), reference);
     let scalar_xs: Vec<f32> = xs.iter().step_by(97).copied().collect();
-    let s = run(op, &scalar_xs, false);
-    let scalar = measure(&scalar_xs, |j| s[j], reference);
-    eprintln!(
-        "{name}: kiln max {:.2} ulp (abs {:.2e}, worst x = {}), scalar path {:.2} ulp; libm f32 {:.2} ulp (abs {:.2e})",
-        ours.max_ulp, ours.max_abs, ours.worst, scalar.max_ulp, theirs.max_ulp, theirs.max_abs
-    );
-    // A sweep that measured (nearly) nothing proves nothing.
-    assert!(ours.measured * 2 > xs.len() && scalar.measured * 2 > scalar_xs.len(), "{name}: too few finite points");
-    Err {
-        max_ulp: ours.max_ulp.max(scalar.max_ulp),
-        max_abs: ours.max_abs.max(scalar.max_abs),
-        worst: ours.worst,
-        measured: ours.measured + scalar.measured,
+    let mut worst = Err { max_ulp: 0.0, max_abs: 0.0, worst: 0.0, measured: 0 };
+    for tiling in CONFIGS {
+        let v = run_with(tiling, op, xs, true);
+        let ours = measure(xs, |j| v[j], reference);
+        let s = run_with(tiling, op, &scalar_xs, false);
+        let scalar = measure(&scalar_xs, |j| s[j], reference);
+        eprintln!(
+            "{name} ({tiling:?}): kiln max {:.2} ulp (abs {:.2e}, worst x = {}), scalar path {:.2} ulp; libm f32 {:.2} ulp (abs {:.2e})",
+            ours.max_ulp, ours.max_abs, ours.worst, scalar.max_ulp, theirs.max_ulp, theirs.max_abs
+        );
+        // A sweep that measured (nearly) nothing proves nothing.
+        assert!(ours.measured * 2 > xs.len() && scalar.measured * 2 > scalar_xs.len(), "{name}: too few finite points");
+        if ours.max_ulp.max(scalar.max_ulp) >= worst.max_ulp {
+            worst.max_ulp = ours.max_ulp.max(scalar.max_ulp);
+            worst.worst = ours.worst;
+        }
+        worst.max_abs = worst.max_abs.max(ours.max_abs).max(scalar.max_abs);
+        worst.measured += ours.measured + scalar.measured;
     }
+    worst
 }
 
 /// BENCHMARKS.md: "exp2 0.83 ulp, log2 0.84 ulp, sin 1.53 ulp (abs 9.1e-8 on [-100, 100]), erf
@@ -128,13 +147,14 @@ fn exp2_is_within_the_published_ulp_over_the_normal_range() {
         0.0,
         -0.0,
     ];
-    let got = run(UnaryOp::Exp2, &xs, true);
-    for (x, g) in xs.iter().zip(&got) {
-        let want = libm::exp2(*x as f64) as f32;
-        assert!(
-            (g.is_nan() && want.is_nan()) || *g == want || (g - want).abs() <= f32::from_bits(2),
-            "exp2({x}) = {g}, want {want}"
-        );
+    for got in run(UnaryOp::Exp2, &xs, true) {
+        for (x, g) in xs.iter().zip(&got) {
+            let want = libm::exp2(*x as f64) as f32;
+            assert!(
+                (g.is_nan() && want.is_nan()) || *g == want || (g - want).abs() <= f32::from_bits(2),
+                "exp2({x}) = {g}, want {want}"
+            );
+        }
     }
 }
 
@@ -145,10 +165,11 @@ fn log2_is_within_the_published_ulp_over_all_positive_floats() {
     let ours = report("log2 (0, inf)", &xs, UnaryOp::Log2, libm::log2, libm::log2f);
     assert!(ours.max_ulp <= LOG2_ULP, "log2: {} ulp at x = {}", ours.max_ulp, ours.worst);
     let xs = [0.0, -0.0, -1.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0, 2.0, 0.5];
-    let got = run(UnaryOp::Log2, &xs, true);
     let want = [f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NAN, f32::INFINITY, f32::NAN, f32::NAN, 0.0, 1.0, -1.0];
-    for ((x, g), w) in xs.iter().zip(&got).zip(want) {
-        assert!((g.is_nan() && w.is_nan()) || *g == w, "log2({x}) = {g}, want {w}");
+    for got in run(UnaryOp::Log2, &xs, true) {
+        for ((x, g), w) in xs.iter().zip(&got).zip(want) {
+            assert!((g.is_nan() && w.is_nan()) || *g == w, "log2({x}) = {g}, want {w}");
+        }
     }
 }
 
@@ -163,8 +184,9 @@ fn sin_is_within_the_published_ulp_and_absolute_error() {
     let big = report("sin [-1e6, 1e6]", &xs, UnaryOp::Sin, libm::sin, libm::sinf);
     assert!(big.max_ulp <= SIN_ULP, "sin: {} ulp at x = {}", big.max_ulp, big.worst);
     assert!(big.max_abs <= SIN_ABS, "sin: absolute error {}", big.max_abs);
-    let got = run(UnaryOp::Sin, &[f32::INFINITY, f32::NAN, -0.0], true);
-    assert!(got[0].is_nan() && got[1].is_nan() && got[2] == 0.0 && got[2].is_sign_negative());
+    for got in run(UnaryOp::Sin, &[f32::INFINITY, f32::NAN, -0.0], true) {
+        assert!(got[0].is_nan() && got[1].is_nan() && got[2] == 0.0 && got[2].is_sign_negative());
+    }
 }
 
 #[test]
@@ -172,9 +194,10 @@ fn erf_is_within_the_published_absolute_error() {
     let xs = sweep(-6.0, 6.0, 1 << 21);
     let ours = report("erf [-6, 6]", &xs, UnaryOp::Erf, libm::erf, libm::erff);
     assert!(ours.max_abs <= ERF_ABS, "erf: absolute error {} at x = {}", ours.max_abs, ours.worst);
-    let got = run(UnaryOp::Erf, &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-30, 30.0], true);
-    assert_eq!(&got[..2], &[1.0, -1.0]);
-    assert!(got[2].is_nan());
-    assert!((got[3] - 1.128_379_2e-30).abs() < 1e-36);
-    assert_eq!(got[4], 1.0);
+    for got in run(UnaryOp::Erf, &[f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-30, 30.0], true) {
+        assert_eq!(&got[..2], &[1.0, -1.0]);
+        assert!(got[2].is_nan());
+        assert!((got[3] - 1.128_379_2e-30).abs() < 1e-36);
+        assert_eq!(got[4], 1.0);
+    }
 }

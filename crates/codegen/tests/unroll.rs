@@ -6,7 +6,7 @@ mod common;
 
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use common::*;
-use kiln_codegen::{CpuCompiler, clif_text};
+use kiln_codegen::{CpuCompiler, TileLevel, TileMode, Tiling, clif_text, clif_text_with};
 use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Stmt};
 
 /// `out[i] = exp2(a[i] * 0.25 + b[0]) + float(i) - a[i] * 0.25`: a body of more than three
@@ -125,11 +125,14 @@ fn sigmoids(body: &mut Vec<Stmt>, x: u32, first: u32, count: u32) -> u32 {
     x
 }
 
-/// A fused chain of sigmoids is a long body: four copies, interleaved statement by statement.
+/// A fused chain of sigmoids is a long body: four copies, interleaved statement by statement
+/// (when the JIT runs it itself, not tiled: see tests/tile.rs for that).
 #[test]
 fn long_bodies_interleave_four_copies_and_match_the_interpreter() {
     let f = DType::F32;
+    let jit_only = Tiling { mode: TileMode::Off, level: TileLevel::Base };
     let compiler = CpuCompiler::new().unwrap();
+    compiler.set_tiling(jit_only);
     let mut body = vec![load(0, f, 0, i(0))];
     let out = sigmoids(&mut body, 0, 1, 3);
     body.push(store(1, i(0), out));
@@ -140,7 +143,7 @@ fn long_bodies_interleave_four_copies_and_match_the_interpreter() {
     };
     // Four interleaved copies: the second copy's first load (+16 bytes) comes before the first
     // copy's second statement, and the fourth copy's store is at +48.
-    let text = clif_text(&chain).unwrap();
+    let text = clif_text_with(&chain, jit_only).unwrap();
     assert!(text.contains("+48"), "{text}");
     for n in [0usize, 1, 15, 16, 17, 33, 47, 100] {
         let a: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin() * 8.0).collect();

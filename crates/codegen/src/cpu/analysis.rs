@@ -14,9 +14,10 @@
 
 use std::collections::HashMap;
 
-use air::{DType, ReduceOp};
+use air::{BinaryOp, DType, ReduceOp, UnaryOp};
 use lower::kir::{Acc, IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 
+use super::tile::{MAX_SLOTS, TileBinary, TileMode, TileUnary};
 use crate::error::{CodegenError, Result};
 
 /// Dtypes of the kernel's registers and accumulators.
@@ -178,4 +179,197 @@ pub(crate) fn vector_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stm
         }
     }
     Some(VecPlan { reductions, size: body.len() })
+}
+
+/// What a tiled inner loop does with one statement of its body (see `tile_plan`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TileStep {
+    /// A register that does not depend on the loop variable: computed as a scalar, per tile.
+    Uniform,
+    /// A contiguous load: the register is the buffer's own tile, read in place.
+    Load,
+    /// Computed by a tile routine into scratch tile `n`.
+    Slot(usize),
+    /// Computed by a tile routine straight into the tile of the store at body index `n` (later
+    /// readers read it there).
+    Direct(usize),
+    /// A store whose value its definition already wrote (`Direct`).
+    Stored,
+    /// A store that copies its value's tile.
+    Copy,
+}
+
+/// How an inner loop runs over tiles with full-width routines.
+pub(crate) struct TilePlan {
+    /// One step per statement of the body.
+    pub(crate) steps: Vec<TileStep>,
+    /// Scratch tiles needed.
+    pub(crate) slots: usize,
+}
+
+/// The tile routine of a unary op on a varying f32 register, if there is one.
+pub(crate) fn tile_unary_op(op: UnaryOp) -> Option<TileUnary> {
+    Some(match op {
+        UnaryOp::Neg => TileUnary::Neg,
+        UnaryOp::Sqrt => TileUnary::Sqrt,
+        UnaryOp::Recip => TileUnary::Recip,
+        UnaryOp::Exp2 => TileUnary::Exp2,
+        UnaryOp::Log2 => TileUnary::Log2,
+        _ => return None,
+    })
+}
+
+/// The tile routine of a binary op on f32 registers, if there is one.
+pub(crate) fn tile_binary_op(op: BinaryOp) -> Option<TileBinary> {
+    Some(match op {
+        BinaryOp::Add => TileBinary::Add,
+        BinaryOp::Sub => TileBinary::Sub,
+        BinaryOp::Mul => TileBinary::Mul,
+        BinaryOp::Div => TileBinary::Div,
+        BinaryOp::Max => TileBinary::Max,
+        BinaryOp::Min => TileBinary::Min,
+        _ => return None,
+    })
+}
+
+/// Decides whether the innermost loop `body` over `v` (which `vector_plan` accepted) runs over
+/// tiles. Rule: every register the body defines is f32, and is either uniform (independent of
+/// `v`: constants, broadcast loads and arithmetic on them) or varying with a tile routine
+/// (contiguous unmasked loads, and the unary/binary ops `tile` implements); registers from
+/// outside the loop are f32; every store writes a varying register contiguously to an f32
+/// buffer that nothing in the body loads and no other statement stores; at most
+/// `tile::MAX_SLOTS` scratch tiles are live at once. In `Auto` mode the body must also compute
+/// `exp2` or `log2` on a varying register: a loop of cheap ops is bound by memory, and the JIT's
+/// in-register loop does not pay the tile's loads and stores.
+pub(crate) fn tile_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt], mode: TileMode) -> Option<TilePlan> {
+    if mode == TileMode::Off {
+        return None;
+    }
+    let f32_buf = |b: u32| k.params.get(b as usize).is_some_and(|p| p.dtype == DType::F32);
+    let mut varying: HashMap<Reg, usize> = HashMap::new();
+    let mut defined: HashMap<Reg, usize> = HashMap::new();
+    let mut last_use: HashMap<Reg, usize> = HashMap::new();
+    let mut steps = Vec::with_capacity(body.len());
+    let mut loaded = Vec::new();
+    let mut stored = Vec::new();
+    let mut heavy = false;
+    let is_varying = |varying: &HashMap<Reg, usize>, r: &Reg| varying.contains_key(r);
+    for (i, s) in body.iter().enumerate() {
+        let mut operand = |r: &Reg| -> Option<()> {
+            if info.regs.get(r) != Some(&DType::F32) {
+                return None;
+            }
+            last_use.insert(*r, i);
+            Some(())
+        };
+        match s {
+            Stmt::Let { reg, dtype: DType::F32, inst } => {
+                defined.insert(*reg, i);
+                let step = match inst {
+                    Inst::Load { buf, index, mask: None, .. } => {
+                        if !f32_buf(*buf) {
+                            return None;
+                        }
+                        loaded.push(*buf);
+                        if index.uses(v) {
+                            if !coeff_is(index, v, &[1]) {
+                                return None;
+                            }
+                            TileStep::Load
+                        } else {
+                            TileStep::Uniform
+                        }
+                    }
+                    Inst::Const(_) => TileStep::Uniform,
+                    Inst::Unary(op, r) => {
+                        operand(r)?;
+                        if is_varying(&varying, r) {
+                            tile_unary_op(*op)?;
+                            heavy |= matches!(op, UnaryOp::Exp2 | UnaryOp::Log2);
+                            TileStep::Slot(0)
+                        } else {
+                            TileStep::Uniform
+                        }
+                    }
+                    Inst::Binary(op, a, b) => {
+                        operand(a)?;
+                        operand(b)?;
+                        if is_varying(&varying, a) || is_varying(&varying, b) {
+                            tile_binary_op(*op)?;
+                            TileStep::Slot(0)
+                        } else {
+                            TileStep::Uniform
+                        }
+                    }
+                    _ => return None,
+                };
+                if step != TileStep::Uniform {
+                    varying.insert(*reg, i);
+                }
+                steps.push(step);
+            }
+            Stmt::Store { buf, index, value } => {
+                if !f32_buf(*buf) || stored.contains(buf) || !coeff_is(index, v, &[1]) {
+                    return None;
+                }
+                operand(value)?;
+                if !is_varying(&varying, value) {
+                    return None;
+                }
+                stored.push(*buf);
+                steps.push(TileStep::Copy);
+            }
+            _ => return None,
+        }
+    }
+    if stored.iter().any(|b| loaded.contains(b)) || (mode == TileMode::Auto && !heavy) {
+        return None;
+    }
+    // Computed registers that are stored are written straight into the store's tile.
+    for (j, s) in body.iter().enumerate() {
+        if let Stmt::Store { value, .. } = s
+            && let Some(&i) = defined.get(value)
+            && steps[i] == TileStep::Slot(0)
+        {
+            steps[i] = TileStep::Direct(j);
+            steps[j] = TileStep::Stored;
+        }
+    }
+    // Scratch tiles by liveness; an operand's tile that dies here may be the result's (the
+    // routines read each chunk before writing it).
+    let mut free: Vec<usize> = Vec::new();
+    let mut slots = 0;
+    let mut holder: HashMap<Reg, usize> = HashMap::new();
+    for (i, s) in body.iter().enumerate() {
+        let operands: Vec<Reg> = match s {
+            Stmt::Let { inst: Inst::Unary(_, r), .. } => vec![*r],
+            Stmt::Let { inst: Inst::Binary(_, a, b), .. } => vec![*a, *b],
+            Stmt::Store { value, .. } => vec![*value],
+            _ => vec![],
+        };
+        for r in operands {
+            if last_use.get(&r) == Some(&i)
+                && let Some(slot) = holder.remove(&r)
+            {
+                free.push(slot);
+            }
+        }
+        if let (Stmt::Let { reg, .. }, TileStep::Slot(_)) = (s, steps[i]) {
+            free.sort_unstable_by(|a, b| b.cmp(a));
+            let slot = free.pop().unwrap_or_else(|| {
+                slots += 1;
+                slots - 1
+            });
+            steps[i] = TileStep::Slot(slot);
+            if last_use.get(reg).is_some_and(|&u| u > i) {
+                holder.insert(*reg, slot);
+            } else {
+                free.push(slot);
+            }
+        }
+    }
+    if slots > MAX_SLOTS {
+        return None;
+    }
+    Some(TilePlan { steps, slots })
 }

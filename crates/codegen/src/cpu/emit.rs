@@ -19,6 +19,7 @@ mod control;
 mod memory;
 mod reduce;
 mod scalar;
+mod tile;
 mod vector;
 
 use std::collections::HashMap;
@@ -32,6 +33,7 @@ use lower::kir::{Acc, IExpr, LoopKernel, Reg, Stmt, Var};
 use super::analysis::KernelInfo;
 use super::helpers::Helper;
 use super::math::{ConstPool, Math};
+use super::tile::Tiling;
 use crate::error::{CodegenError, Result};
 
 /// Lanes of a vector register (Cranelift's x86 vectors are 128 bits).
@@ -110,6 +112,7 @@ pub(crate) fn emit_kernel(
     fctx: &mut FunctionBuilderContext,
     isa: &dyn TargetIsa,
     k: &LoopKernel,
+    tiling: Tiling,
 ) -> Result<()> {
     let info = KernelInfo::new(k)?;
     let target = isa.frontend_config();
@@ -140,6 +143,7 @@ pub(crate) fn emit_kernel(
         lane_offset: 0,
         flags,
         fma,
+        tiling,
         consts: ConstPool::new(entry),
     };
     match k.body.as_slice() {
@@ -204,6 +208,8 @@ struct Emitter<'a, 'f> {
     lane_offset: i64,
     flags: MemFlagsData,
     fma: bool,
+    /// When and how inner loops run over tiles with full-width routines.
+    tiling: Tiling,
     /// Constants, emitted once in the entry block.
     consts: ConstPool,
 }
@@ -213,17 +219,27 @@ impl<'f> Emitter<'_, 'f> {
         self.vec_var.is_some()
     }
 
-    pub(super) fn call(&mut self, h: Helper, args: &[Value]) -> Value {
-        let fref = match self.helper_refs.get(&h) {
+    fn helper_ref(&mut self, h: Helper) -> FuncRef {
+        match self.helper_refs.get(&h) {
             Some(f) => *f,
             None => {
                 let f = h.import(self.b.func, self.call_conv);
                 self.helper_refs.insert(h, f);
                 f
             }
-        };
+        }
+    }
+
+    pub(super) fn call(&mut self, h: Helper, args: &[Value]) -> Value {
+        let fref = self.helper_ref(h);
         let inst = self.b.ins().call(fref, args);
         self.b.inst_results(inst)[0]
+    }
+
+    /// Calls a helper that returns nothing.
+    pub(super) fn call_void(&mut self, h: Helper, args: &[Value]) {
+        let fref = self.helper_ref(h);
+        self.b.ins().call(fref, args);
     }
 
     pub(super) fn iconst(&mut self, ty: Type, c: i64) -> Value {

@@ -1,6 +1,6 @@
 //! Tiny Rust functions the generated code calls where an inline sequence is not worth it: f64
 //! transcendentals (from `libm`, bit-identical to the reference interpreter), f32 `pow`/`fmod`,
-//! the slow path of f32 `sin`, and f32 -> f16 rounding.
+//! the slow path of f32 `sin`, f32 -> f16 rounding, and the full-width tile routines of `tile`.
 //!
 //! Each is registered with `JITBuilder::symbol` under a `kiln_` name, so nothing is looked up with
 //! `dlsym`. Every JIT module declares them first, in [`Helper::ALL`]'s order, so helper `h` is
@@ -11,6 +11,8 @@ use cranelift_codegen::ir::{
     AbiParam, ExtFuncData, ExternalName, FuncRef, Function, Signature, UserExternalName, types,
 };
 use cranelift_codegen::isa::CallConv;
+
+use super::tile;
 
 /// A helper the generated code may call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,10 +27,14 @@ pub(crate) enum Helper {
     ErfF64,
     PowF64,
     FmodF64,
+    TileUnaryAvx2,
+    TileBinaryAvx2,
+    TileUnaryBase,
+    TileBinaryBase,
 }
 
 impl Helper {
-    pub(crate) const ALL: [Helper; 10] = [
+    pub(crate) const ALL: [Helper; 14] = [
         Helper::F32ToF16,
         Helper::PowF32,
         Helper::FmodF32,
@@ -39,6 +45,10 @@ impl Helper {
         Helper::ErfF64,
         Helper::PowF64,
         Helper::FmodF64,
+        Helper::TileUnaryAvx2,
+        Helper::TileBinaryAvx2,
+        Helper::TileUnaryBase,
+        Helper::TileBinaryBase,
     ];
 
     /// The helper's function index in every JIT module (its position in [`Helper::ALL`]).
@@ -72,6 +82,10 @@ impl Helper {
             Helper::ErfF64 => "kiln_erf",
             Helper::PowF64 => "kiln_pow",
             Helper::FmodF64 => "kiln_fmod",
+            Helper::TileUnaryAvx2 => "kiln_tile_unary_avx2",
+            Helper::TileBinaryAvx2 => "kiln_tile_binary_avx2",
+            Helper::TileUnaryBase => "kiln_tile_unary_base",
+            Helper::TileBinaryBase => "kiln_tile_binary_base",
         }
     }
 
@@ -87,20 +101,34 @@ impl Helper {
             Helper::ErfF64 => erf as *const u8,
             Helper::PowF64 => pow as *const u8,
             Helper::FmodF64 => fmod as *const u8,
+            Helper::TileUnaryAvx2 => tile::unary_avx2 as *const u8,
+            Helper::TileBinaryAvx2 => tile::binary_avx2 as *const u8,
+            Helper::TileUnaryBase => tile::unary_base as *const u8,
+            Helper::TileBinaryBase => tile::binary_base as *const u8,
         }
     }
 
     pub(crate) fn signature(self, call_conv: CallConv) -> Signature {
         let mut sig = Signature::new(call_conv);
         let (params, ret) = match self {
-            Helper::F32ToF16 => (&[types::F32][..], types::I32),
-            Helper::SinF32 => (&[types::F32][..], types::F32),
-            Helper::PowF32 | Helper::FmodF32 => (&[types::F32, types::F32][..], types::F32),
-            Helper::Exp2F64 | Helper::Log2F64 | Helper::SinF64 | Helper::ErfF64 => (&[types::F64][..], types::F64),
-            Helper::PowF64 | Helper::FmodF64 => (&[types::F64, types::F64][..], types::F64),
+            Helper::F32ToF16 => (&[types::F32][..], Some(types::I32)),
+            Helper::SinF32 => (&[types::F32][..], Some(types::F32)),
+            Helper::PowF32 | Helper::FmodF32 => (&[types::F32, types::F32][..], Some(types::F32)),
+            Helper::Exp2F64 | Helper::Log2F64 | Helper::SinF64 | Helper::ErfF64 => {
+                (&[types::F64][..], Some(types::F64))
+            }
+            Helper::PowF64 | Helper::FmodF64 => (&[types::F64, types::F64][..], Some(types::F64)),
+            // (op, dst, src, n)
+            Helper::TileUnaryAvx2 | Helper::TileUnaryBase => {
+                (&[types::I32, types::I64, types::I64, types::I64][..], None)
+            }
+            // (mode, dst, a, b, n)
+            Helper::TileBinaryAvx2 | Helper::TileBinaryBase => {
+                (&[types::I32, types::I64, types::I64, types::I64, types::I64][..], None)
+            }
         };
         sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
-        sig.returns.push(AbiParam::new(ret));
+        sig.returns.extend(ret.map(AbiParam::new));
         sig
     }
 }

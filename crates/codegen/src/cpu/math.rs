@@ -85,6 +85,26 @@ pub(crate) struct Math<'a, 'b> {
     pub(crate) fma: bool,
 }
 
+/// `2^f` for `|f| <= 1/2`: its degree-7 Taylor polynomial (lowest degree first).
+pub(crate) const EXP2_POLY: [f32; 8] = [
+    1.0,
+    std::f32::consts::LN_2,
+    0.240_226_5,
+    0.055_504_11,
+    0.009_618_129,
+    0.001_333_355_8,
+    0.000_154_035_3,
+    1.525_273_4e-5,
+];
+/// musl's `log2f` polynomial coefficients.
+pub(crate) const LG1: f32 = 0.666_666_6; // 0xaaaaaa.0p-24
+pub(crate) const LG2: f32 = 0.400_009_72; // 0xccce13.0p-25
+pub(crate) const LG3: f32 = 0.284_987_87; // 0x91e9ee.0p-25
+pub(crate) const LG4: f32 = 0.242_790_79; // 0xf89e26.0p-26
+/// `1 / ln 2` split in a high part (12 significant bits) and the rest.
+pub(crate) const IVLN2HI: f32 = 1.442_871_1; // 0x3fb8b000
+pub(crate) const IVLN2LO: f32 = -1.760_528_5e-4; // 0xb9389ad4
+
 /// The larger magnitude that `sin` handles inline.
 pub(crate) const SIN_FAST_LIMIT: f32 = 4096.0;
 
@@ -166,17 +186,7 @@ impl Math<'_, '_> {
         let t = self.add(x, magic);
         let n = self.sub(t, magic);
         let f = self.sub(x, n);
-        const C: [f32; 8] = [
-            1.0,
-            std::f32::consts::LN_2,
-            0.240_226_5,
-            0.055_504_11,
-            0.009_618_129,
-            0.001_333_355_8,
-            0.000_154_035_3,
-            1.525_273_4e-5,
-        ];
-        let p = self.horner(f, &C);
+        let p = self.horner(f, &EXP2_POLY);
         let tb = self.int_bits(t);
         let mb = self.i(MAGIC.to_bits() as i32);
         let ni = self.b.ins().isub(tb, mb);
@@ -227,10 +237,6 @@ impl Math<'_, '_> {
         let s = self.b.ins().fdiv(f, denom);
         let z = self.mul(s, s);
         let w = self.mul(z, z);
-        const LG1: f32 = 0.666_666_6; // 0xaaaaaa.0p-24
-        const LG2: f32 = 0.400_009_72; // 0xccce13.0p-25
-        const LG3: f32 = 0.284_987_87; // 0x91e9ee.0p-25
-        const LG4: f32 = 0.242_790_79; // 0xf89e26.0p-26
         let t1 = self.horner(w, &[LG2, LG4]);
         let t1 = self.mul(w, t1);
         let t2 = self.horner(w, &[LG1, LG3]);
@@ -249,8 +255,6 @@ impl Math<'_, '_> {
         let hr = self.add(hfsq, r);
         let shr = self.mul(s, hr);
         let lo = self.add(lo, shr);
-        const IVLN2HI: f32 = 1.442_871_1; // 0x3fb8b000
-        const IVLN2LO: f32 = -1.760_528_5e-4; // 0xb9389ad4
         let c_hi = self.f(IVLN2HI);
         let c_lo = self.f(IVLN2LO);
         let lohi = self.add(lo, hi);

@@ -37,6 +37,7 @@ mod emit;
 mod helpers;
 mod jit;
 mod math;
+mod tile;
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -55,6 +56,7 @@ use lower::kir::{Kernel, LoopKernel, Stmt};
 use crate::error::{CodegenError, Result};
 use crate::lru::{Lru, capacity_from_env};
 use jit::{Arena, Code, Jit, Linked};
+pub use tile::{TILE_ENV, TileLevel, TileMode, Tiling};
 
 /// A batch compiles on one thread unless each thread gets at least this many kernels: a thread
 /// costs tens of microseconds to start, about one small kernel's compile.
@@ -183,6 +185,8 @@ struct Inner {
     workers: Vec<Worker>,
     /// The most threads a batch compiles on.
     max_threads: usize,
+    /// When inner loops run over tiles with full-width routines (see `tile`).
+    tiling: Tiling,
 }
 
 /// What one thread needs to compile kernels. Reused: the contexts hold the register allocator's
@@ -226,6 +230,7 @@ impl CpuCompiler {
                 stats: CacheStats::default(),
                 workers: vec![Worker::new()],
                 max_threads,
+                tiling: Tiling::from_env(),
             }),
         })
     }
@@ -246,6 +251,22 @@ impl CpuCompiler {
             evicted
         };
         drop(evicted);
+    }
+
+    /// Sets when inner loops run over tiles with full-width routines, and which routines they
+    /// call, and forgets every cached kernel (compiled with the previous setting). A level the
+    /// host cannot run ([`TileLevel::Avx2Fma`] without AVX2 and FMA) becomes [`TileLevel::Base`].
+    /// The default is [`Tiling::from_env`].
+    pub fn set_tiling(&self, tiling: Tiling) {
+        let level = if TileLevel::detect() == TileLevel::Avx2Fma { tiling.level } else { TileLevel::Base };
+        let mut inner = self.lock();
+        inner.tiling = Tiling { mode: tiling.mode, level };
+        inner.cache.clear();
+    }
+
+    /// The tiling setting in force.
+    pub fn tiling(&self) -> Tiling {
+        self.lock().tiling
     }
 
     /// The most kernels the cache keeps.
@@ -383,7 +404,7 @@ impl Inner {
             self.workers.push(Worker::new());
         }
         let disasm = std::env::var_os("KILN_DISASM").is_some();
-        let codes = compile_all(&*self.isa, &mut self.workers[..threads], kernels, disasm);
+        let codes = compile_all(&*self.isa, &mut self.workers[..threads], kernels, disasm, self.tiling);
         air::work::add(codes.iter().flatten().map(|c| c.work).sum());
         let results = self.link(codes, kernels);
         self.stats.compile_time += t0.elapsed();
@@ -471,12 +492,13 @@ fn compile_all(
     workers: &mut [Worker],
     kernels: &[&LoopKernel],
     disasm: bool,
+    tiling: Tiling,
 ) -> Vec<Result<Code>> {
     let Some((own, others)) = workers.split_first_mut() else {
         return Vec::new();
     };
     if others.is_empty() {
-        return kernels.iter().map(|k| own.compile(isa, k, disasm)).collect();
+        return kernels.iter().map(|k| own.compile(isa, k, disasm, tiling)).collect();
     }
     let next = AtomicUsize::new(0);
     let work = |w: &mut Worker| {
@@ -484,7 +506,7 @@ fn compile_all(
         loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             let Some(k) = kernels.get(i) else { break done };
-            done.push((i, w.compile(isa, k, disasm)));
+            done.push((i, w.compile(isa, k, disasm, tiling)));
         }
     };
     let mut results: Vec<Option<Result<Code>>> = kernels.iter().map(|_| None).collect();
@@ -512,8 +534,8 @@ impl Worker {
     }
 
     /// Emits and compiles `k` to machine code; a failure leaves the worker ready for the next.
-    fn compile(&mut self, isa: &dyn TargetIsa, k: &LoopKernel, disasm: bool) -> Result<Code> {
-        match catch_unwind(AssertUnwindSafe(|| self.try_compile(isa, k, disasm))) {
+    fn compile(&mut self, isa: &dyn TargetIsa, k: &LoopKernel, disasm: bool, tiling: Tiling) -> Result<Code> {
+        match catch_unwind(AssertUnwindSafe(|| self.try_compile(isa, k, disasm, tiling))) {
             Ok(Ok(code)) => Ok(code),
             Ok(Err(e)) => {
                 // Emission may have stopped half-way, leaving the builder context dirty.
@@ -527,12 +549,12 @@ impl Worker {
         }
     }
 
-    fn try_compile(&mut self, isa: &dyn TargetIsa, k: &LoopKernel, disasm: bool) -> Result<Code> {
+    fn try_compile(&mut self, isa: &dyn TargetIsa, k: &LoopKernel, disasm: bool, tiling: Tiling) -> Result<Code> {
         let ctx = &mut self.ctx;
         ctx.clear();
         ctx.func.signature = kernel_signature(isa.default_call_conv());
         ctx.func.name = UserFuncName::default();
-        emit::emit_kernel(&mut ctx.func, &mut self.fctx, isa, k)?;
+        emit::emit_kernel(&mut ctx.func, &mut self.fctx, isa, k, tiling)?;
         let work = ctx.func.dfg.num_insts() as u64;
         ctx.set_disasm(disasm);
         ctx.compile(isa, &mut ControlPlane::default()).map_err(|e| {
@@ -556,12 +578,17 @@ impl Worker {
 }
 
 /// The Cranelift IR that [`CpuCompiler`] would compile for `k`, as text (before Cranelift's own
-/// optimisations), for `--dump` and golden tests.
+/// optimisations), for `--dump` and golden tests; tiled as `KILN_TILE` says ([`Tiling::from_env`]).
 pub fn clif_text(k: &LoopKernel) -> Result<String> {
+    clif_text_with(k, Tiling::from_env())
+}
+
+/// [`clif_text`] with the given tiling.
+pub fn clif_text_with(k: &LoopKernel, tiling: Tiling) -> Result<String> {
     let isa = jit::host_isa()?;
     let mut func = Function::with_name_signature(UserFuncName::user(0, 0), kernel_signature(isa.default_call_conv()));
     let mut fctx = FunctionBuilderContext::new();
-    catch_unwind(AssertUnwindSafe(|| emit::emit_kernel(&mut func, &mut fctx, &*isa, k)))
+    catch_unwind(AssertUnwindSafe(|| emit::emit_kernel(&mut func, &mut fctx, &*isa, k, tiling)))
         .map_err(|_| CodegenError::Cranelift("internal error while emitting".into()))??;
     Ok(func.display().to_string())
 }

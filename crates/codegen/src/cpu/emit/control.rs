@@ -7,7 +7,7 @@ use cranelift_frontend::Variable;
 use lower::kir::{IExpr, Stmt, Var};
 
 use super::{Emitter, Indexed, acc_ty};
-use crate::cpu::analysis::vector_plan;
+use crate::cpu::analysis::{tile_plan, vector_plan};
 use crate::error::Result;
 
 impl<'f> Emitter<'_, 'f> {
@@ -65,9 +65,11 @@ impl<'f> Emitter<'_, 'f> {
         let saved_regs = self.regs.clone();
         let saved_vars = self.vars.clone();
         let plan = if self.vector() { None } else { vector_plan(self.k, self.info, var, body) };
-        match plan {
-            Some(plan) => self.vector_loop(var, lo, hi, body, &plan)?,
-            None => {
+        let tiles = plan.as_ref().and_then(|_| tile_plan(self.k, self.info, var, body, self.tiling.mode));
+        match (plan, tiles) {
+            (Some(_), Some(tiles)) => self.tile_loop(var, lo, hi, body, &tiles)?,
+            (Some(plan), None) => self.vector_loop(var, lo, hi, body, &plan)?,
+            (None, _) => {
                 let i = self.b.declare_var(types::I64);
                 self.b.def_var(i, lo);
                 self.counted_loop(i, hi, 1, |s, iv| {

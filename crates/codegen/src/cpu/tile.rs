@@ -1,0 +1,354 @@
+//! Ahead-of-time compiled element-wise f32 routines over tiles, at the machine's full vector
+//! width, that tiled kernels call (see `emit/tile.rs` and `analysis::tile_plan`).
+//!
+//! Cranelift's x86 vectors are 128 bits wide. A kernel whose inner loop is a chain of f32
+//! element-wise ops with a transcendental in it runs instead as a JIT-ed loop over tiles of
+//! [`TILE`] elements that calls one routine per op: each routine sweeps the tile (in L1) with
+//! 256-bit AVX2 + FMA vectors, and the chain's independent elements give every step full
+//! instruction-level parallelism (a fused chain in registers is one long dependency chain).
+//!
+//! Each routine exists twice, chosen when the kernel is compiled ([`TileLevel`]): compiled with
+//! `avx2,fma` enabled (used only where `is_x86_feature_detected!` finds both), and for the
+//! baseline target (SSE2 on x86-64, 4 lanes, no FMA). The same Rust source serves both (LLVM
+//! vectorizes the 8-element chunks). The approximations are those of `math.rs`, operation for
+//! operation, so with FMA they give the JIT's results bit for bit; without FMA, `exp2` evaluates
+//! its polynomial in f64 (f32 steps would round twice each: 1.08 ulp, over the 1 ulp bound).
+//!
+//! Routines read and write through raw pointers in chunks of 8 (read a chunk, compute, write it),
+//! so a destination equal to a source is well defined.
+
+use std::ptr;
+
+use super::math::{EXP2_POLY, IVLN2HI, IVLN2LO, LG1, LG2, LG3, LG4};
+
+/// Elements in a tile: 2 KiB of f32, so a kernel's scratch tiles (at most [`MAX_SLOTS`]) and
+/// the tiles of its inputs and outputs stay in a 32 KiB L1 data cache.
+pub(crate) const TILE: i64 = 512;
+
+/// The most scratch tiles a tiled kernel may use (each `TILE` f32); beyond, it stays JIT-only.
+pub(crate) const MAX_SLOTS: usize = 8;
+
+/// Which instantiation of the tile routines a kernel calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileLevel {
+    /// 256-bit AVX2 with fused multiply-add (x86-64 hosts that have both).
+    Avx2Fma,
+    /// The baseline target: SSE2 (4 lanes) on x86-64, whatever the compiler targets elsewhere.
+    Base,
+}
+
+impl TileLevel {
+    /// The best level this host runs.
+    pub fn detect() -> TileLevel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return TileLevel::Avx2Fma;
+            }
+        }
+        TileLevel::Base
+    }
+}
+
+/// When the CPU compiler runs an eligible inner loop over tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileMode {
+    /// Never: every loop is JIT-ed only.
+    Off,
+    /// Loops whose body computes `exp2` or `log2` (compute-bound, where full width pays for the
+    /// tile's extra loads and stores).
+    Auto,
+    /// Every eligible loop (for tests of the tiled path).
+    Always,
+}
+
+/// The tiling configuration of a [`CpuCompiler`](super::CpuCompiler).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tiling {
+    /// When to tile.
+    pub mode: TileMode,
+    /// Which routines tiled kernels call.
+    pub level: TileLevel,
+}
+
+/// Environment variable for the default tiling: `off`, `auto` or `always`, optionally followed
+/// by `,base` to use the baseline routines (e.g. `KILN_TILE=always,base`).
+pub const TILE_ENV: &str = "KILN_TILE";
+
+impl Tiling {
+    /// `Auto` at the host's best level, unless `KILN_TILE` says otherwise (an unknown value is
+    /// ignored).
+    pub fn from_env() -> Tiling {
+        let mut t = Tiling { mode: TileMode::Auto, level: TileLevel::detect() };
+        if let Ok(v) = std::env::var(TILE_ENV) {
+            for part in v.split(',').map(str::trim) {
+                match part {
+                    "off" => t.mode = TileMode::Off,
+                    "auto" => t.mode = TileMode::Auto,
+                    "always" => t.mode = TileMode::Always,
+                    "base" => t.level = TileLevel::Base,
+                    _ => {}
+                }
+            }
+        }
+        t
+    }
+}
+
+/// Unary routines (the `op` argument of the unary helpers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub(crate) enum TileUnary {
+    Copy = 0,
+    Neg = 1,
+    Sqrt = 2,
+    Recip = 3,
+    Exp2 = 4,
+    Log2 = 5,
+}
+
+/// Binary routines (the low byte of the binary helpers' `mode` argument; bit 8 says `a` is a
+/// scalar, bit 9 that `b` is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub(crate) enum TileBinary {
+    Add = 0,
+    Sub = 1,
+    Mul = 2,
+    Div = 3,
+    Max = 4,
+    Min = 5,
+}
+
+/// Mode bit: operand `a` is one scalar (at `a[0]`), not a tile.
+pub(crate) const A_SCALAR: i32 = 1 << 8;
+/// Mode bit: operand `b` is one scalar.
+pub(crate) const B_SCALAR: i32 = 1 << 9;
+
+const CHUNK: usize = 8;
+
+/// `dst[i] = f(src[i])` for `i < n`.
+#[inline(always)]
+unsafe fn map1(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(f32) -> f32) {
+    let mut i = 0;
+    while i + CHUNK <= n {
+        // SAFETY: the caller's buffers hold n elements; a chunk is read before it is written.
+        unsafe {
+            let x = ptr::read_unaligned(src.add(i) as *const [f32; CHUNK]);
+            let mut y = [0f32; CHUNK];
+            for l in 0..CHUNK {
+                y[l] = f(x[l]);
+            }
+            ptr::write_unaligned(dst.add(i) as *mut [f32; CHUNK], y);
+        }
+        i += CHUNK;
+    }
+    while i < n {
+        // SAFETY: as above.
+        unsafe { *dst.add(i) = f(*src.add(i)) };
+        i += 1;
+    }
+}
+
+/// `dst[i] = f(a[i], b[i])` for `i < n`, where a scalar operand is read once and broadcast.
+#[inline(always)]
+unsafe fn map2(dst: *mut f32, a: *const f32, b: *const f32, n: usize, mode: i32, f: impl Fn(f32, f32) -> f32) {
+    // SAFETY (all three): the caller's buffers hold n elements, or one for a scalar operand.
+    unsafe {
+        match (mode & A_SCALAR != 0, mode & B_SCALAR != 0) {
+            (false, true) => {
+                let s = *b;
+                map1(dst, a, n, |x| f(x, s))
+            }
+            (true, false) => {
+                let s = *a;
+                map1(dst, b, n, |y| f(s, y))
+            }
+            _ => {
+                let mut i = 0;
+                while i + CHUNK <= n {
+                    let x = ptr::read_unaligned(a.add(i) as *const [f32; CHUNK]);
+                    let y = ptr::read_unaligned(b.add(i) as *const [f32; CHUNK]);
+                    let mut z = [0f32; CHUNK];
+                    for l in 0..CHUNK {
+                        z[l] = f(x[l], y[l]);
+                    }
+                    ptr::write_unaligned(dst.add(i) as *mut [f32; CHUNK], z);
+                    i += CHUNK;
+                }
+                while i < n {
+                    *dst.add(i) = f(*a.add(i), *b.add(i));
+                    i += 1;
+                }
+            }
+        }
+    }
+}
+
+/// `c[0] + x*(c[1] + x*(c[2] + ...))`, fused as `math.rs` fuses it.
+#[inline(always)]
+fn horner<const FMA: bool>(x: f32, c: &[f32]) -> f32 {
+    let n = c.len();
+    let mut acc = c[n - 1];
+    for &ci in c[..n - 1].iter().rev() {
+        acc = if FMA { acc.mul_add(x, ci) } else { acc * x + ci };
+    }
+    acc
+}
+
+/// [`horner`] evaluated in f64, rounded once to f32.
+#[inline(always)]
+fn horner_f64(x: f32, c: &[f32]) -> f32 {
+    let x = x as f64;
+    let n = c.len();
+    let mut acc = c[n - 1] as f64;
+    for &ci in c[..n - 1].iter().rev() {
+        acc = acc * x + ci as f64;
+    }
+    acc as f32
+}
+
+/// `math.rs`'s `exp2`, step for step (with FMA; without, the polynomial is evaluated in f64).
+#[inline(always)]
+pub(crate) fn exp2<const FMA: bool>(x: f32) -> f32 {
+    let x = if x < -160.0 { -160.0 } else { x };
+    let x = if x > 130.0 { 130.0 } else { x };
+    const MAGIC: f32 = 12_582_912.0;
+    let t = x + MAGIC;
+    let n = t - MAGIC;
+    let f = x - n;
+    // Without FMA the f32 steps round twice each and cost 1.08 ulp; in f64 they do not.
+    let p = if FMA { horner::<true>(f, &EXP2_POLY) } else { horner_f64(f, &EXP2_POLY) };
+    let ni = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let n1 = ni >> 1;
+    let n2 = ni.wrapping_sub(n1);
+    let scale = |e: i32| f32::from_bits((e.wrapping_add(127) << 23) as u32);
+    p * scale(n1) * scale(n2)
+}
+
+/// `math.rs`'s `log2` (musl's `log2f` kernel), step for step.
+#[inline(always)]
+pub(crate) fn log2<const FMA: bool>(x: f32) -> f32 {
+    let is_sub = x < f32::MIN_POSITIVE;
+    let xs = if is_sub { x * 8_388_608.0 } else { x };
+    let k_adj: i32 = if is_sub { 23 } else { 0 };
+    let ix = (xs.to_bits() as i32).wrapping_add(0x3f80_0000 - 0x3f35_04f3);
+    let k = (ix >> 23).wrapping_sub(0x7f).wrapping_sub(k_adj);
+    let m = f32::from_bits((ix & 0x007f_ffff).wrapping_add(0x3f35_04f3) as u32);
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let w = z * z;
+    let t1 = w * horner::<FMA>(w, &[LG2, LG4]);
+    let t2 = z * horner::<FMA>(w, &[LG1, LG3]);
+    let r = t2 + t1;
+    let hfsq = 0.5 * (f * f);
+    let hi = f32::from_bits((f - hfsq).to_bits() & 0xffff_f000);
+    let lo = f - hi - hfsq;
+    let lo = lo + s * (hfsq + r);
+    let y = (lo + hi) * IVLN2LO + lo * IVLN2HI + hi * IVLN2HI + k as f32;
+    let y = if x < 0.0 { f32::NAN } else { y };
+    let y = if x == 0.0 { f32::NEG_INFINITY } else { y };
+    let y = if x == f32::INFINITY { f32::INFINITY } else { y };
+    if x.is_nan() { x } else { y }
+}
+
+/// Cranelift's `fmax`: NaN if either is NaN, and `+0 > -0`.
+#[inline(always)]
+fn fmax(a: f32, b: f32) -> f32 {
+    let same = f32::from_bits(a.to_bits() & b.to_bits());
+    let m = if a > b { a } else { b };
+    let m = if a == b { same } else { m };
+    if a.is_nan() || b.is_nan() { a + b } else { m }
+}
+
+/// Cranelift's `fmin`: NaN if either is NaN, and `-0 < +0`.
+#[inline(always)]
+fn fmin(a: f32, b: f32) -> f32 {
+    let same = f32::from_bits(a.to_bits() | b.to_bits());
+    let m = if a < b { a } else { b };
+    let m = if a == b { same } else { m };
+    if a.is_nan() || b.is_nan() { a + b } else { m }
+}
+
+#[inline(always)]
+unsafe fn unary<const FMA: bool>(op: i32, dst: *mut f32, src: *const f32, n: usize) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        match op {
+            0 => map1(dst, src, n, |x| x),
+            1 => map1(dst, src, n, |x| -x),
+            2 => map1(dst, src, n, f32::sqrt),
+            3 => map1(dst, src, n, |x| 1.0 / x),
+            4 => map1(dst, src, n, exp2::<FMA>),
+            5 => map1(dst, src, n, log2::<FMA>),
+            _ => {}
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn binary(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
+    // SAFETY: forwarded to the caller.
+    unsafe {
+        match mode & 0xff {
+            0 => map2(dst, a, b, n, mode, |x, y| x + y),
+            1 => map2(dst, a, b, n, mode, |x, y| x - y),
+            2 => map2(dst, a, b, n, mode, |x, y| x * y),
+            3 => map2(dst, a, b, n, mode, |x, y| x / y),
+            4 => map2(dst, a, b, n, mode, fmax),
+            5 => map2(dst, a, b, n, mode, fmin),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn unary_avx2_fma(op: i32, dst: *mut f32, src: *const f32, n: usize) {
+    // SAFETY: forwarded to the caller.
+    unsafe { unary::<true>(op, dst, src, n) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn binary_avx2_fma(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
+    // SAFETY: forwarded to the caller.
+    unsafe { binary(mode, dst, a, b, n) }
+}
+
+/// Unary helper, AVX2 + FMA. The code generator calls it only when [`TileLevel::detect`]
+/// found both features (or a test forced a level the host has).
+pub(crate) extern "C" fn unary_avx2(op: i32, dst: *mut f32, src: *const f32, n: i64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: kernels call this only on hosts with avx2 and fma (`TileLevel::detect`), with
+    // buffers of n elements.
+    unsafe {
+        unary_avx2_fma(op, dst, src, n.max(0) as usize)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unary_base(op, dst, src, n)
+}
+
+/// Binary helper, AVX2 + FMA (see [`unary_avx2`]).
+pub(crate) extern "C" fn binary_avx2(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: i64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as for `unary_avx2`.
+    unsafe {
+        binary_avx2_fma(mode, dst, a, b, n.max(0) as usize)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    binary_base(mode, dst, a, b, n)
+}
+
+/// Unary helper for the baseline target.
+pub(crate) extern "C" fn unary_base(op: i32, dst: *mut f32, src: *const f32, n: i64) {
+    // SAFETY: kernels pass buffers of n elements.
+    unsafe { unary::<false>(op, dst, src, n.max(0) as usize) }
+}
+
+/// Binary helper for the baseline target.
+pub(crate) extern "C" fn binary_base(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: i64) {
+    // SAFETY: kernels pass buffers of n elements (one for a scalar operand).
+    unsafe { binary(mode, dst, a, b, n.max(0) as usize) }
+}

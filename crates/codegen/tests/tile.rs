@@ -1,0 +1,242 @@
+//! The tiled path (inner loops run as calls to full-width AOT routines over tiles): random
+//! element-wise trees, tiled at each routine level (AVX2 + FMA where the host has it, and the
+//! forced baseline fallback) and at lengths that cross tile boundaries, against the evaluator
+//! bit for bit for correctly rounded ops, and against the JIT-only path bit for bit for
+//! `exp2`/`log2` (same operations, both with FMA).
+
+mod common;
+
+use air::{BinaryOp, DType, Scalar, UnaryOp};
+use common::*;
+use kiln_codegen::{CpuCompiler, TileLevel, TileMode, Tiling};
+use lower::kir::{Access, Inst, LoopKernel, Stmt};
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Expr {
+    /// `in_b[i]`: a contiguous load.
+    Input(u32),
+    /// `in_b[0]`: a broadcast load (uniform).
+    Broadcast(u32),
+    Const(f32),
+    Unary(UnaryOp, Box<Expr>),
+    Binary(BinaryOp, Box<Expr>, Box<Expr>),
+}
+
+fn tree(unary: Vec<UnaryOp>) -> impl Strategy<Value = Expr> {
+    let leaf = prop_oneof![
+        4 => (0u32..3).prop_map(Expr::Input),
+        1 => (0u32..3).prop_map(Expr::Broadcast),
+        1 => prop_oneof![Just(0.0f32), Just(1.0), Just(-2.5), Just(0.1), Just(f32::INFINITY)].prop_map(Expr::Const),
+    ];
+    leaf.prop_recursive(5, 32, 2, move |inner| {
+        let un = proptest::sample::select(unary.clone());
+        let bin = prop_oneof![
+            Just(BinaryOp::Add),
+            Just(BinaryOp::Sub),
+            Just(BinaryOp::Mul),
+            Just(BinaryOp::Div),
+            Just(BinaryOp::Max),
+            Just(BinaryOp::Min),
+        ];
+        prop_oneof![
+            (un, inner.clone()).prop_map(|(op, a)| Expr::Unary(op, Box::new(a))),
+            (bin, inner.clone(), inner).prop_map(|(op, a, b)| Expr::Binary(op, Box::new(a), Box::new(b))),
+        ]
+    })
+}
+
+fn lower_expr(e: &Expr, out: &mut Vec<Stmt>, next: &mut u32) -> u32 {
+    let mut fresh = |out: &mut Vec<Stmt>, inst: Inst| {
+        let r = *next;
+        *next += 1;
+        out.push(let_(r, DType::F32, inst));
+        r
+    };
+    match e {
+        Expr::Input(b) => fresh(out, Inst::Load { buf: *b, index: i(0), mask: None, other: Scalar::Int(0) }),
+        Expr::Broadcast(b) => fresh(out, Inst::Load { buf: *b, index: c(0), mask: None, other: Scalar::Int(0) }),
+        Expr::Const(x) => fresh(out, Inst::Const(Scalar::Float(*x as f64))),
+        Expr::Unary(op, a) => {
+            let a = lower_expr(a, out, next);
+            let r = *next;
+            *next += 1;
+            out.push(let_(r, DType::F32, Inst::Unary(*op, common::r(a))));
+            r
+        }
+        Expr::Binary(op, a, b) => {
+            let a = lower_expr(a, out, next);
+            let b = lower_expr(b, out, next);
+            let r = *next;
+            *next += 1;
+            out.push(let_(r, DType::F32, Inst::Binary(*op, common::r(a), common::r(b))));
+            r
+        }
+    }
+}
+
+/// `out[i] = e` and, when `twice`, `out2[i] = e` as well (a second store of one register).
+fn kernel(e: &Expr, twice: bool) -> LoopKernel {
+    let mut body = Vec::new();
+    let mut next = 0;
+    let out = lower_expr(e, &mut body, &mut next);
+    body.push(store(3, i(0), out));
+    if twice {
+        body.push(store(4, i(0), out));
+    }
+    let d = DType::F32;
+    LoopKernel {
+        params: vec![
+            p(d, Access::Read),
+            p(d, Access::Read),
+            p(d, Access::Read),
+            p(d, Access::Write),
+            p(d, Access::Write),
+        ],
+        n_syms: 1,
+        body: vec![for_(0, lower::kir::IExpr::Sym(0), true, body)],
+    }
+}
+
+fn compiler(mode: TileMode, level: TileLevel) -> CpuCompiler {
+    let c = CpuCompiler::new().expect("host ISA");
+    c.set_tiling(Tiling { mode, level });
+    c
+}
+
+fn inputs(n: usize, seed: u64) -> Vec<Buf> {
+    (0..3)
+        .map(|j| Buf::from_vals(DType::F32, &sample(DType::F32, n, seed + j)))
+        .chain([Buf::zeros(DType::F32, n), Buf::zeros(DType::F32, n)])
+        .collect()
+}
+
+/// Runs `k` with `c` in two calls split at `split` (the runtime's thread split).
+fn run_split(c: &CpuCompiler, k: &LoopKernel, bufs: &mut [Buf], n: usize, split: usize) {
+    let split = split.min(n) as i64;
+    jit_with(c, k, bufs, &[n as i64], 0, split);
+    jit_with(c, k, bufs, &[n as i64], split, n as i64);
+}
+
+fn exact_case(e: &Expr, n: usize, seed: u64, split: usize, twice: bool) {
+    let k = kernel(e, twice);
+    let mut want = inputs(n, seed);
+    eval(&k, &mut want, &[n as i64], 0, n as i64);
+    for level in [TileLevel::Avx2Fma, TileLevel::Base] {
+        let c = compiler(TileMode::Always, level);
+        let mut got = inputs(n, seed);
+        run_split(&c, &k, &mut got, n, split);
+        let what = format!("{e:?} at {:?}", c.tiling().level);
+        assert_bufs_close(&got[3], &want[3], 0.0, &what);
+        assert_bufs_close(&got[4], &want[4], 0.0, &what);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn tiled_exact_trees_match_the_evaluator(
+        e in tree(vec![UnaryOp::Neg, UnaryOp::Sqrt, UnaryOp::Recip]),
+        n in 0usize..1300,
+        seed in 0u64..1000,
+        split in 0usize..1300,
+        twice in any::<bool>(),
+    ) {
+        exact_case(&e, n, seed, split, twice);
+    }
+
+    #[test]
+    fn tiled_exp2_log2_trees_match_the_jit_bit_for_bit(
+        e in tree(vec![UnaryOp::Neg, UnaryOp::Recip, UnaryOp::Exp2, UnaryOp::Log2]),
+        n in 0usize..1300,
+        seed in 0u64..1000,
+        split in 0usize..1300,
+    ) {
+        // Bit-for-bit needs both sides to fuse the same multiply-adds: the JIT uses FMA where
+        // the host has it, and so does the AVX2 level; the baseline level does not (its accuracy
+        // is checked by the sweeps in approx.rs).
+        if TileLevel::detect() == TileLevel::Avx2Fma {
+            let k = kernel(&e, false);
+            let mut want = inputs(n, seed);
+            run_split(&compiler(TileMode::Off, TileLevel::Base), &k, &mut want, n, split);
+            let mut got = inputs(n, seed);
+            run_split(&compiler(TileMode::Always, TileLevel::Avx2Fma), &k, &mut got, n, split);
+            assert_bufs_close(&got[3], &want[3], 0.0, &format!("{e:?}"));
+        }
+    }
+}
+
+/// A sigmoid, `1 / (1 + exp2(-x * log2 e))`, as the facade records it, 8 times over.
+fn sigmoid_chain(links: usize) -> LoopKernel {
+    let d = DType::F32;
+    let mut body = vec![load(0, d, 0, i(0))];
+    let mut x = 0;
+    let mut next = 1;
+    let mut push = |body: &mut Vec<Stmt>, inst: Inst| {
+        body.push(let_(next, d, inst));
+        next += 1;
+        next - 1
+    };
+    for _ in 0..links {
+        let neg = push(&mut body, Inst::Unary(UnaryOp::Neg, r(x)));
+        let k = push(&mut body, Inst::Const(Scalar::Float(std::f64::consts::LOG2_E)));
+        let m = push(&mut body, Inst::Binary(BinaryOp::Mul, r(neg), r(k)));
+        let e = push(&mut body, Inst::Unary(UnaryOp::Exp2, r(m)));
+        let one = push(&mut body, Inst::Const(Scalar::Float(1.0)));
+        let s = push(&mut body, Inst::Binary(BinaryOp::Add, r(e), r(one)));
+        x = push(&mut body, Inst::Unary(UnaryOp::Recip, r(s)));
+    }
+    body.push(store(1, i(0), x));
+    LoopKernel {
+        params: vec![p(d, Access::Read), p(d, Access::Write)],
+        n_syms: 1,
+        body: vec![for_(0, lower::kir::IExpr::Sym(0), true, body)],
+    }
+}
+
+#[test]
+fn sigmoid_chains_agree_at_every_level_and_length() {
+    for links in [1, 8] {
+        let k = sigmoid_chain(links);
+        for n in [0usize, 1, 7, 8, 511, 512, 513, 2047, 5000] {
+            let x: Vec<f32> = (0..n).map(|j| ((j % 97) as f32 - 48.0) / 16.0).collect();
+            let run = |mode, level| {
+                let mut bufs = vec![Buf::f32s(&x), Buf::zeros(DType::F32, n)];
+                run_split(&compiler(mode, level), &k, &mut bufs, n, n / 3);
+                bufs.swap_remove(1)
+            };
+            let jit = run(TileMode::Off, TileLevel::Base);
+            let mut want = vec![Buf::f32s(&x), Buf::zeros(DType::F32, n)];
+            eval(&k, &mut want, &[n as i64], 0, n as i64);
+            // The approximations are within 1 ulp per step; a chain of 8 stays within 1e-5.
+            assert_bufs_close(&jit, &want[1], 1e-5, "jit vs evaluator");
+            let base = run(TileMode::Auto, TileLevel::Base);
+            assert_bufs_close(&base, &want[1], 1e-5, "baseline tiles vs evaluator");
+            if TileLevel::detect() == TileLevel::Avx2Fma {
+                let avx = run(TileMode::Auto, TileLevel::Avx2Fma);
+                assert_bufs_close(&avx, &jit, 0.0, "avx2 tiles vs jit");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_level_the_host_lacks_falls_back_to_the_baseline() {
+    let c = compiler(TileMode::Always, TileLevel::Avx2Fma);
+    assert_eq!(c.tiling().level, TileLevel::detect());
+    assert_eq!(c.tiling().mode, TileMode::Always);
+}
+
+#[test]
+fn auto_tiles_loops_with_exp2_and_leaves_cheap_loops_to_the_jit() {
+    let auto = Tiling { mode: TileMode::Auto, level: TileLevel::detect() };
+    let calls = |k: &LoopKernel, t: Tiling| kiln_codegen::clif_text_with(k, t).unwrap().matches(" call ").count();
+    // One sigmoid: neg, mul, exp2, add and recip are five routine calls per tile; the load is
+    // read in place and the recip writes the output directly.
+    assert_eq!(calls(&sigmoid_chain(1), auto), 5);
+    let neg = unary_kernel(UnaryOp::Neg, DType::F32, DType::F32, lower::kir::IExpr::Sym(0));
+    assert_eq!(calls(&neg, auto), 0);
+    assert_eq!(calls(&neg, Tiling { mode: TileMode::Always, level: TileLevel::Base }), 1);
+    assert_eq!(calls(&sigmoid_chain(1), Tiling { mode: TileMode::Off, level: TileLevel::Base }), 0);
+}
