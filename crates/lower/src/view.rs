@@ -173,7 +173,7 @@ impl View {
 
     /// Reshapes this view in place of pushing a new one, when every group of dims that the
     /// reshape merges or splits is contiguous and unmasked. `None` otherwise.
-    fn reshape(&self, new: &[Dim]) -> Option<View> {
+    pub(crate) fn reshape(&self, new: &[Dim]) -> Option<View> {
         if self.shape.as_slice() == new {
             return Some(self.clone());
         }
@@ -250,6 +250,38 @@ fn range_covers((lo, hi): &(Dim, Dim), size: &Dim) -> bool {
     lo_ok && hi_ok
 }
 
+/// The coarsest shape that both `a` and `b` are merges of (size-1 dims dropped), e.g.
+/// `[8, 676]` and `[8, 1, 26, 26]` give `[8, 26, 26]`; `None` if there is none (`[2, 3]` and
+/// `[3, 2]`) or a symbolic dim would have to be split.
+pub fn common_refinement(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
+    let mut a = a.iter().filter(|d| !is_one(d)).cloned();
+    let mut b = b.iter().filter(|d| !is_one(d)).cloned();
+    let mut out = Vec::new();
+    let (mut ra, mut rb) = (a.next(), b.next());
+    loop {
+        match (ra.take(), rb.take()) {
+            (None, None) => return Some(out),
+            (Some(x), Some(y)) if x == y => {
+                out.push(x);
+                (ra, rb) = (a.next(), b.next());
+            }
+            (Some(x), Some(y)) => {
+                let (cx, cy) = (x.as_const()?, y.as_const()?);
+                if cx > cy && cy > 0 && cx % cy == 0 {
+                    out.push(y);
+                    (ra, rb) = (Some(Dim::Const(cx / cy)), b.next());
+                } else if cy > cx && cx > 0 && cy % cx == 0 {
+                    out.push(x);
+                    (ra, rb) = (a.next(), Some(Dim::Const(cy / cx)));
+                } else {
+                    return None;
+                }
+            }
+            _ => return None,
+        }
+    }
+}
+
 /// A stack of views: `views[0]` addresses the buffer (or, for index-only uses like `iota`, a
 /// virtual contiguous tensor of shape `base`); each later view addresses the linear positions of
 /// the one below it. The last view's shape is what the consumer sees.
@@ -280,6 +312,33 @@ impl ViewStack {
     /// Whether the stack is one view with no mask: its index is affine in the loop variables.
     pub fn is_affine(&self) -> bool {
         self.views.len() == 1 && self.views[0].mask.is_none()
+    }
+
+    /// Whether loop dims `d` and `d + 1` of the top view can become one loop without div/mod:
+    /// the top view can merge them, and, when it reads a view below it, the merged dim does not
+    /// straddle a boundary between two dims of the view below (there the merged index would be
+    /// split again by division when the top index is delinearized).
+    pub fn mergeable(&self, d: usize) -> bool {
+        let top = self.top();
+        if !top.mergeable(d) {
+            return false;
+        }
+        let [.., below, _] = self.views.as_slice() else { return true };
+        if is_one(&top.shape[d]) || is_one(&top.shape[d + 1]) {
+            return true;
+        }
+        let outer_stride = &top.strides[d + 1] * &top.shape[d + 1];
+        let strides = row_major(&below.shape);
+        let real: Vec<usize> = (0..below.shape.len()).filter(|&m| !is_one(&below.shape[m])).collect();
+        real.windows(2).all(|pair| strides[pair[0]] != outer_stride)
+    }
+
+    /// The shape of the view below the top one when the top view is a plain reshape of it
+    /// (contiguous, unmasked, offset 0): the finer loop shape that indexes it without div/mod.
+    pub fn reshaped_from(&self) -> Option<&[Dim]> {
+        let [.., below, top] = self.views.as_slice() else { return None };
+        let plain = top.mask.is_none() && is_zero(&top.offset) && top.strides == row_major(&top.shape);
+        plain.then_some(below.shape.as_slice())
     }
 
     fn push_contiguous(&mut self) {
@@ -607,6 +666,48 @@ mod tests {
         assert_eq!(s.views.len(), 2);
         let (i, m) = s.index(&vars(1), &cx(&[6])).unwrap();
         assert_eq!(i.to_string(), "((i0 / 2) + (i0 % 2)*3)");
+        assert!(m.is_none());
+    }
+
+    #[test]
+    fn common_refinements() {
+        let r = |a: &[i64], b: &[i64]| {
+            common_refinement(&dims(a), &dims(b)).map(|v| v.iter().map(|d| d.as_const().unwrap()).collect::<Vec<_>>())
+        };
+        assert_eq!(r(&[8, 676], &[8, 1, 26, 26]), Some(vec![8, 26, 26]));
+        assert_eq!(r(&[6, 4], &[2, 12]), Some(vec![2, 3, 4]));
+        assert_eq!(r(&[2, 3], &[3, 2]), None);
+        assert_eq!(r(&[1, 5], &[5, 1]), Some(vec![5]));
+        let n = Dim::sym("n");
+        let sym = common_refinement(&[n.clone(), Dim::Const(6)], &[n.clone(), Dim::Const(2), Dim::Const(3)]);
+        assert_eq!(sym, Some(vec![n.clone(), Dim::Const(2), Dim::Const(3)]));
+        assert_eq!(common_refinement(&[&n * &Dim::Const(2)], &[n, Dim::Const(2)]), None);
+    }
+
+    #[test]
+    fn loops_split_at_a_strided_view_need_no_div() {
+        // A shrunk [8, 1, 26, 26] window of a [8, 1, 28, 28] input, flattened to [8, 676]: the
+        // flat loop needs div/mod, the loops [8, 26, 26] (split at the view below) do not.
+        let window = ViewStack::contiguous(&dims(&[8, 1, 28, 28])).through(&[Movement::Shrink(vec![
+            (Dim::Const(0), Dim::Const(8)),
+            (Dim::Const(0), Dim::Const(1)),
+            (Dim::Const(1), Dim::Const(27)),
+            (Dim::Const(2), Dim::Const(28)),
+        ])]);
+        let flat = window.clone().through(&[Movement::Reshape(dims(&[8, 676]))]);
+        assert_eq!(flat.views.len(), 2);
+        let (i, _) = flat.index(&vars(2), &cx(&[8, 676])).unwrap();
+        assert!(i.to_string().contains('/'), "{i}");
+        let loops = common_refinement(flat.shape(), flat.reshaped_from().unwrap()).unwrap();
+        let split = flat.through(&[Movement::Reshape(loops)]);
+        assert!(!split.mergeable(1), "merging 26 x 26 would straddle the strided rows");
+        assert!(!split.mergeable(0), "merging 8 x 26 would straddle the strided images");
+        let contiguous = ViewStack::contiguous(&dims(&[8, 1, 26, 26]))
+            .through(&[Movement::Permute(vec![1, 0, 2, 3]), Movement::Reshape(dims(&[8 * 676]))]);
+        let loops = contiguous.clone().through(&[Movement::Reshape(dims(&[8, 26, 26]))]);
+        assert!(loops.mergeable(0) && loops.mergeable(1), "a contiguous view below merges");
+        let (i, m) = split.index(&vars(3), &cx(&[8, 26, 26])).unwrap();
+        assert_eq!(i.to_string(), "(((i0*784 + i1*28) + i2) + 30)");
         assert!(m.is_none());
     }
 

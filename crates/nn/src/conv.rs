@@ -5,8 +5,10 @@
 //! spatial dims are multiples of the stride. On top of the windows:
 //! - a convolution with several input channels per group stacks the windows into im2col columns
 //!   `[G, Cg * K, N * OH * OW]` (one copy kernel) and contracts them with one matmul, run as GEMM;
-//! - a depthwise convolution (one input channel per group) is the sum of each window times its
-//!   weight: one element-wise kernel, no columns;
+//!   Several filters over one input channel (a 1-to-32 convolution) take this path too: the
+//!   multiply-adds are one small GEMM, where as element-wise taps they were a scalar loop;
+//! - a depthwise convolution (one input channel and one filter per group) is the sum of each
+//!   window times its weight: one element-wise kernel, no columns;
 //! - a 1x1 convolution is a matmul on the input itself;
 //! - pooling whose windows tile the input (stride = kernel, no padding) is a reshape and one
 //!   reduce; overlapping max pooling reduces the stacked windows, average pooling sums them.
@@ -185,24 +187,14 @@ impl Conv2d {
 }
 
 impl Conv2d {
-    /// One channel per group (depthwise, with `out / groups` filters per channel): the sum over
-    /// kernel offsets of each offset's window times its weight, one fused element-wise kernel.
+    /// One channel and one filter per group (depthwise): the sum over kernel offsets of each
+    /// offset's window times its weight, one fused element-wise kernel.
     fn depthwise(&self, x: &Tensor, geo: &Geometry) -> Tensor {
         let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
-        let (g, per) = (self.groups, o / self.groups);
-        let (oh, ow) = geo.out;
         let (kh, kw) = geo.kernel;
         let weight = self.weight.reshape(&[o, kh * kw]);
         let mut acc: Option<Tensor> = None;
         for (k, win) in geo.windows(x, 0.0).into_iter().enumerate() {
-            let win = if per == 1 {
-                win
-            } else {
-                let shape = |d: Vec<usize>| -> Vec<Dim> {
-                    std::iter::once(geo.n.clone()).chain(d.into_iter().map(Dim::from)).collect()
-                };
-                win.unsqueeze(2).expand(shape(vec![g, per, oh, ow])).reshape(shape(vec![o, oh, ow]))
-            };
             let term = win.mul(weight.narrow(1, k as i64, 1).reshape(&[o, 1, 1]));
             acc = Some(match acc {
                 Some(a) => a.add(term),
@@ -269,7 +261,7 @@ impl Module for Conv2d {
         let Some(geo) = Geometry::new(x, (kh, kw), self.stride, self.padding) else {
             return bad_input(x, "conv2d_kernel_larger_than_input");
         };
-        if cg == 1 {
+        if cg == 1 && o == g {
             let y = self.depthwise(x, &geo);
             return match &self.bias {
                 Some(b) => y.add(b.reshape(&[o, 1, 1])),

@@ -30,12 +30,13 @@ fn forward_and_backward(mut module: impl Module, input: &[usize]) -> (usize, usi
 
 #[test]
 fn convolution_is_im2col_and_one_gemm() {
-    // im2col copy, bias written into the result, GEMM accumulating onto it, and (only because the
-    // result is a graph output) a copy from the GEMM's `[O, N, OH, OW]` to `[N, O, OH, OW]`.
+    // im2col copies (one per kernel offset, each writing its slice of the columns), bias written
+    // into the result, GEMM accumulating onto it, and (only because the result is a graph output)
+    // a copy from the GEMM's `[O, N, OH, OW]` to `[N, O, OH, OW]`.
     let conv = Conv2d::new(3, 32, (3, 3), (1, 1), (1, 1), 1, true).unwrap();
-    assert_eq!(forward_and_backward(conv, &[8, 3, 16, 16]), (4, 7));
+    assert_eq!(forward_and_backward(conv, &[8, 3, 16, 16]), (9 + 3, 15));
     let strided = Conv2d::new(3, 8, (3, 3), (2, 2), (1, 1), 1, false).unwrap();
-    assert_eq!(forward_and_backward(strided, &[2, 3, 16, 16]).0, 3);
+    assert_eq!(forward_and_backward(strided, &[2, 3, 16, 16]).0, 9 + 2);
 }
 
 #[test]
@@ -60,6 +61,7 @@ fn tiled_pooling_is_one_reduce() {
 fn mobilenet_kernel_budget() {
     let model = MobileNet::new(3, 8, &[(16, 1), (32, 2), (32, 1)], 10).unwrap();
     let (forward, backward) = forward_and_backward(model, &[4, 3, 32, 32]);
-    assert!(forward <= 25, "mobilenet forward: {forward} launches");
+    // The stem's im2col columns are 9 copies (one per kernel offset) into one buffer.
+    assert!(forward <= 25 + 8, "mobilenet forward: {forward} launches");
     assert!(backward <= 110, "mobilenet forward + backward: {backward} launches");
 }

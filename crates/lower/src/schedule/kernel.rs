@@ -11,7 +11,7 @@ use super::{Buffers, STATUS_BUF, is_movement, movement};
 use crate::error::LowerError;
 use crate::kir::{Acc, Access, IExpr, Inst, Kernel, LoopKernel, Param, Reg, Stmt, Var};
 use crate::program::{BufId, CheckKind, DataCheck};
-use crate::view::{IndexCx, Movement, View, ViewStack, row_major};
+use crate::view::{IndexCx, Movement, ViewStack, common_refinement, row_major};
 
 /// An expression of a loop kernel, with every read resolved to a view of a buffer.
 #[derive(Clone, Debug)]
@@ -463,6 +463,32 @@ impl Emitter {
     }
 }
 
+/// The loop shape of an element-wise kernel over `outer`: `outer` without its size-1 dims (a
+/// size-1 dim between two dims would otherwise let merging join dims that are not contiguous with
+/// each other), split further wherever a read is a plain reshape of a view that strides
+/// differently (see [`ViewStack::reshaped_from`]), when every read can take that shape without a
+/// new view. The reads are reshaped to it.
+fn refined_loops(tree: &mut KExpr, outer: Vec<Dim>) -> Vec<Dim> {
+    let mut loops: Vec<Dim> = outer.iter().filter(|d| d.as_const() != Some(1)).cloned().collect();
+    tree.for_each_view(&mut |v, _| {
+        if let Some(below) = v.reshaped_from()
+            && let Some(finer) = common_refinement(&loops, below)
+        {
+            loops = finer;
+        }
+    });
+    if loops == outer {
+        return outer;
+    }
+    let mut fits = true;
+    tree.for_each_view(&mut |v, _| fits &= v.top().reshape(&loops).is_some());
+    if !fits {
+        return outer;
+    }
+    tree.for_each_view(&mut |v, _| v.apply(&Movement::Reshape(loops.clone())));
+    loops
+}
+
 /// Groups adjacent dims `lo..hi` that every view can merge; returns the group boundaries.
 fn merge_groups(lo: usize, hi: usize, can_merge: impl Fn(usize) -> bool) -> Vec<(usize, usize)> {
     let mut groups = Vec::new();
@@ -514,8 +540,58 @@ fn max_sym_stmts(stmts: &[Stmt]) -> Option<u32> {
     m
 }
 
+/// One piece of a concatenation: the node it comes from and its `[lo, hi)` range along the axis.
+pub(super) type CatPiece = (NodeId, Dim, Dim);
+
+/// The pieces of a concatenation `n`: a chain of `add` (`or` for bool) nodes without buffers
+/// whose leaves are zero-padded along one axis to ranges that tile it (the facade's `cat`).
+/// Returns the axis and, per piece, its leaf and its `[lo, hi)` range along the axis; `None` if
+/// `n` is not such a chain.
+pub(super) fn cat_pieces(g: &Graph, bufs: &Buffers, n: NodeId) -> Option<(usize, Vec<CatPiece>)> {
+    let combine = match g.op(n) {
+        Op::Binary(op @ (BinaryOp::Add | BinaryOp::Or)) => *op,
+        _ => return None,
+    };
+    let dtype = g.ty(n).dtype;
+    let shape = g.ty(n).shape.to_vec();
+    let mut leaves = Vec::new();
+    let mut stack = vec![n];
+    while let Some(m) = stack.pop() {
+        air::work::tick();
+        match g.op(m) {
+            Op::Binary(op) if *op == combine && (m == n || !bufs.contains_key(m)) => {
+                stack.extend(g.inputs(m).iter().rev().copied());
+            }
+            Op::Pad(p) if p.value.cast(dtype) == zero_of(dtype) && g.ty(m).shape.as_ref() == shape.as_slice() => {
+                leaves.push((m, p.padding.clone()));
+            }
+            _ => return None,
+        }
+    }
+    // The axis along which every leaf is padded to a range, the ranges tiling it in some order.
+    (0..shape.len()).find_map(|axis| {
+        let mut left: Vec<CatPiece> =
+            leaves.iter().map(|(m, pad)| (*m, pad[axis].0.clone(), &shape[axis] - &pad[axis].1)).collect();
+        // Follow the ranges from 0: each piece starts where the previous one ended.
+        let mut pieces = Vec::with_capacity(left.len());
+        let mut at = Dim::Const(0);
+        while !left.is_empty() {
+            air::work::add(left.len() as u64);
+            let next = left.iter().position(|(_, lo, hi)| *lo == at && lo != hi)?;
+            let piece = left.swap_remove(next);
+            at = piece.2.clone();
+            pieces.push(piece);
+        }
+        (pieces.len() > 1 && at == shape[axis]).then_some((axis, pieces))
+    })
+}
+
 /// Builds the loop kernel that computes `root` (expanded even if it has a buffer when `expand`)
-/// into the contiguous buffer `target`. Returns the kernel and its argument buffers.
+/// into the contiguous buffer `target`. Returns the kernel and its argument buffers. With
+/// `window` (a `[start, end)` range per axis of `root`) the kernel computes only that part of
+/// `root`, into the same positions of `target`: one piece of a concatenation written into its
+/// slice of the output.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn loop_kernel(
     g: &Graph,
     bufs: &Buffers,
@@ -523,11 +599,16 @@ pub(super) fn loop_kernel(
     root: NodeId,
     expand: bool,
     target: BufId,
+    window: Option<&[(Dim, Dim)]>,
     checks: &mut Vec<DataCheck>,
 ) -> Result<(Kernel, Vec<BufId>), LowerError> {
     let mut tb = TreeBuilder { g, bufs, reduce: None };
-    let mut tree = tb.build(root, &mut Vec::new(), None, false, expand)?;
-    let root_shape: Vec<Dim> = g.ty(root).shape.to_vec();
+    let mut pending: Vec<Movement> = window.iter().map(|w| Movement::Shrink(w.to_vec())).collect();
+    let mut tree = tb.build(root, &mut pending, None, false, expand)?;
+    let root_shape: Vec<Dim> = match window {
+        None => g.ty(root).shape.to_vec(),
+        Some(w) => w.iter().map(|(a, b)| b - a).collect(),
+    };
     let (outer, red): (Vec<Dim>, Vec<Dim>) = match &tb.reduce {
         None => (root_shape.clone(), Vec::new()),
         Some(r) => (
@@ -535,7 +616,17 @@ pub(super) fn loop_kernel(
             r.axes.iter().map(|&a| r.in_shape[a].clone()).collect(),
         ),
     };
-    let mut store = ViewStack::contiguous(&outer);
+    // An element-wise kernel whose reads are plain reshapes of strided views (a flattened
+    // window) loops over the finer shape below them, so those reads index without div/mod.
+    let outer = match &tb.reduce {
+        None => refined_loops(&mut tree, outer),
+        Some(_) => outer,
+    };
+    let mut store = match window {
+        None => ViewStack::contiguous(&outer),
+        Some(w) => ViewStack::contiguous(&g.ty(root).shape)
+            .through(&[Movement::Shrink(w.to_vec()), Movement::Reshape(outer.clone())]),
+    };
     if tb.reduce.is_some() {
         tree.for_each_view(&mut |v, inner| {
             if !inner {
@@ -545,8 +636,8 @@ pub(super) fn loop_kernel(
     }
     // Merge adjacent loop dims that every view is contiguous across.
     let (n_o, n_r) = (outer.len(), red.len());
-    let mut tops: Vec<(View, bool)> = vec![(store.top().clone(), false)];
-    tree.for_each_view(&mut |v, inner| tops.push((v.top().clone(), inner)));
+    let mut tops: Vec<(ViewStack, bool)> = vec![(store.clone(), false)];
+    tree.for_each_view(&mut |v, inner| tops.push((v.clone(), inner)));
     let outer_groups = merge_groups(0, n_o, |d| tops.iter().all(|(v, _)| v.mergeable(d)));
     let red_groups =
         merge_groups(n_o, n_o + n_r, |d| tops.iter().filter(|(_, inner)| *inner).all(|(v, _)| v.mergeable(d)));

@@ -37,8 +37,16 @@
 //!
 //! The root's expression tree is built down to materialized nodes (loads through views), leaves
 //! and at most one fused reduce. The loop space is the root's shape (for a reduce kernel: the kept
-//! dims, then the reduced dims); adjacent loop dims are merged whenever every view of the kernel
-//! is contiguous across them, so element-wise kernels over contiguous data loop once over numel.
+//! dims, then the reduced dims); an element-wise kernel drops its size-1 dims and splits its dims
+//! further where a read is a reshape of a differently strided view (a flattened window), so that
+//! read indexes without div/mod. Adjacent loop dims are then merged whenever every view of the
+//! kernel is contiguous across them and no view below a reshape has a dim boundary inside the
+//! merged dim, so element-wise kernels over contiguous data loop once over numel.
+//!
+//! A concatenation (the front end's `cat`: an `add`/`or` chain of zero-padded pieces whose ranges
+//! tile one axis, see `kernel::cat_pieces`) is not one kernel evaluating every piece's masked load
+//! per element: each piece gets its own kernel over its own shape, writing its slice of the
+//! output buffer (steps that write one buffer stay in order: `batch` orders write-after-write).
 //! Instructions are hash-consed (CSE) and placed at the outermost loop level their operands allow
 //! (loop-invariant loads of a reduce kernel sit outside the reduce loop). The outermost loop over
 //! independent output elements is marked `parallel`. Identical kernels are stored once.
@@ -77,7 +85,7 @@ use crate::view::Movement;
 
 use contraction::matmul_kernel;
 pub use decide::{Decisions, FuseOptions, MatmulOperand, Plan, decide};
-use kernel::{loop_kernel, scatter_kernel};
+use kernel::{cat_pieces, loop_kernel, scatter_kernel};
 
 /// Element-wise nodes with several consumers are recomputed by each while their fused expression
 /// has at most this many ops.
@@ -206,7 +214,7 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
     };
     let mut checks = Vec::new();
     for (o, b) in copies {
-        launch(loop_kernel(g, &bufs, &symbols, o, true, b, &mut checks)?);
+        launch(loop_kernel(g, &bufs, &symbols, o, true, b, None, &mut checks)?);
     }
     for &n in &dec.order {
         air::work::tick();
@@ -216,10 +224,25 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
             Plan::Loops if matches!(g.op(n), Op::ScatterAdd(_)) => {
                 launch(scatter_kernel(g, &bufs, &symbols, n, target, &mut checks)?)
             }
-            Plan::Loops => launch(loop_kernel(g, &bufs, &symbols, n, true, target, &mut checks)?),
+            Plan::Loops => match cat_pieces(g, &bufs, n) {
+                // A concatenation: each piece is computed into its slice of the output.
+                Some((axis, pieces)) => {
+                    let shape = &g.ty(n).shape;
+                    for (leaf, lo, hi) in pieces {
+                        let window: Vec<(Dim, Dim)> =
+                            (0..shape.len())
+                                .map(|d| {
+                                    if d == axis { (lo.clone(), hi.clone()) } else { (Dim::Const(0), shape[d].clone()) }
+                                })
+                                .collect();
+                        launch(loop_kernel(g, &bufs, &symbols, leaf, true, target, Some(&window), &mut checks)?);
+                    }
+                }
+                None => launch(loop_kernel(g, &bufs, &symbols, n, true, target, None, &mut checks)?),
+            },
             Plan::Matmul { reduce, a, b, bias } => {
                 if let Some(bias) = bias {
-                    launch(loop_kernel(g, &bufs, &symbols, *bias, false, target, &mut checks)?);
+                    launch(loop_kernel(g, &bufs, &symbols, *bias, false, target, None, &mut checks)?);
                 }
                 launch(matmul_kernel(g, &bufs, &symbols, *reduce, [a, b], target, bias.is_some())?);
             }
