@@ -434,16 +434,18 @@ impl Tensor {
         Tensor::p_where(site, &negative, &self.p_unary(site, UnaryOp::Neg), &non_negative)
     }
 
-    /// Hyperbolic tangent as `2 * sigmoid(2x) - 1 = 2 / (1 + exp(-2x)) - 1`, which saturates
-    /// cleanly (`exp(-2x)` overflowing to infinity gives `-1`, underflowing to 0 gives `1`) and is
-    /// within a few `1e-7` of `tanh` absolutely. It reads `x` once and has no divide, so the
-    /// scheduler fuses it with `x`'s producer however costly that is (a form that reads `x` several
-    /// times, as a sign test and `|x|` do, makes an expensive `x` a kernel of its own).
+    /// Hyperbolic tangent as `2 * sigmoid(2x) - 1 = 2 / (1 + exp(-2x)) - 1`, within a few `1e-7`
+    /// of `tanh` absolutely and exactly `±1` where it saturates. The exponent is capped at 80 (so
+    /// `x < -40`, where `tanh` is `-1` in f32, still gives `-1`): `exp` never overflows, so neither
+    /// the value nor the gradient is ever NaN for a number. It reads `x` once and has no divide,
+    /// so the scheduler fuses it with `x`'s producer however costly that is (a form that reads `x`
+    /// several times, as a sign test and `|x|` do, makes an expensive `x` a kernel of its own).
     #[track_caller]
     pub fn tanh(&self) -> Tensor {
         let site = Site::here("tanh");
         let x = self.float_input(site);
-        let e = x.mul(-2.0).exp();
+        let t = x.mul(-2.0);
+        let e = t.p_binary(site, BinaryOp::Min, &t.splat(site, 80.0)).exp();
         let s = e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip);
         s.p_binary(site, BinaryOp::Mul, &s.splat(site, 2.0)).p_binary(site, BinaryOp::Sub, &s.splat(site, 1.0))
     }
