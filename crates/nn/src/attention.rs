@@ -54,9 +54,10 @@ impl CausalSelfAttention {
 
     /// `true` above the diagonal of a `[seq, seq]` block on `device`: the positions a query may
     /// not see. On the default device it is a lazy constant (iota compare); on another device the
-    /// full mask is realized once and moved there. The positions are `f32` (exact up to 2^24, far
-    /// past any mask that fits in memory): an `i64` iota would keep the softmax kernels that
-    /// compute the mask inline out of 4-lane vectors.
+    /// full mask is realized once and moved there. The positions are `f32`, exact below 2^24: a
+    /// `[seq, seq]` block only reads positions below `seq`, and `seq >= 2^24` would need a score
+    /// matrix of 2^48 elements. An `i64` iota would keep the softmax kernels that compute the mask
+    /// inline out of 4-lane vectors.
     fn mask(&self, seq: &Dim, device: Device) -> Tensor {
         let n = self.max_seq_len as i64;
         let full = || {
