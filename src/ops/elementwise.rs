@@ -434,25 +434,20 @@ impl Tensor {
         Tensor::p_where(site, &negative, &self.p_unary(site, UnaryOp::Neg), &non_negative)
     }
 
-    /// `where(x < 0, -x, x)`: `|x|` with gradient 1 at `x == 0`, for compositions that are smooth
-    /// there (`tanh`).
-    fn abs_smooth(&self, site: Site) -> Tensor {
-        let negative = self.p_binary(site, BinaryOp::CmpLt, &self.splat(site, 0));
-        Tensor::p_where(site, &negative, &self.p_unary(site, UnaryOp::Neg), self)
-    }
-
-    /// Hyperbolic tangent in a form that never overflows:
-    /// `t = (1 - e) / (1 + e)` with `e = exp(-2|x|)`, then the sign of `x`.
+    /// Hyperbolic tangent as `2 * sigmoid(2x) - 1 = 2 / (1 + exp(-2x)) - 1`, within a few `1e-7`
+    /// of `tanh` absolutely and exactly `±1` where it saturates. The exponent is capped at 80 (so
+    /// `x < -40`, where `tanh` is `-1` in f32, still gives `-1`): `exp` never overflows, so neither
+    /// the value nor the gradient is ever NaN for a number. It reads `x` once and has no divide,
+    /// so the scheduler fuses it with `x`'s producer however costly that is (a form that reads `x`
+    /// several times, as a sign test and `|x|` do, makes an expensive `x` a kernel of its own).
     #[track_caller]
     pub fn tanh(&self) -> Tensor {
         let site = Site::here("tanh");
         let x = self.float_input(site);
-        let e = x.abs_smooth(site).mul(-2.0).exp();
-        let one = x.splat(site, 1.0);
-        let t =
-            one.p_binary(site, BinaryOp::Sub, &e).p_binary(site, BinaryOp::Div, &one.p_binary(site, BinaryOp::Add, &e));
-        let negative = x.p_binary(site, BinaryOp::CmpLt, &x.splat(site, 0.0));
-        Tensor::p_where(site, &negative, &t.p_unary(site, UnaryOp::Neg), &t)
+        let t = x.mul(-2.0);
+        let e = t.p_binary(site, BinaryOp::Min, &t.splat(site, 80.0)).exp();
+        let s = e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip);
+        s.p_binary(site, BinaryOp::Mul, &s.splat(site, 2.0)).p_binary(site, BinaryOp::Sub, &s.splat(site, 1.0))
     }
 
     /// `1 / (1 + exp(-x))`; saturates cleanly to 0 and 1.

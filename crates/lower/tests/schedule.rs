@@ -236,8 +236,9 @@ fn softmax(b: &mut B, x: NodeId, axis: usize) -> NodeId {
     let t = b.bin(BinaryOp::Mul, d, c);
     let e = b.un(UnaryOp::Exp2, t);
     let s = b.reduce(ReduceOp::Sum, e, &[axis]);
-    let se = b.expand_like(s, x);
-    b.bin(BinaryOp::Div, e, se)
+    let r = b.un(UnaryOp::Recip, s);
+    let re = b.expand_like(r, x);
+    b.bin(BinaryOp::Mul, e, re)
 }
 
 #[test]
@@ -276,7 +277,8 @@ fn softmax_is_three_kernels() {
               acc0 <- r5
             }
             r6: f32 = read acc0
-            store b0[i0] = r6
+            r7: f32 = recip r6
+            store b0[i0] = r7
           }
         }
         k2 = kernel(b0: out f32, b1: in f32, b2: in f32, b3: in f32) {
@@ -289,7 +291,7 @@ fn softmax_is_three_kernels() {
               r4: f32 = sub r3, r0
               r5: f32 = mul r4, r1
               r6: f32 = exp2 r5
-              r7: f32 = div r6, r2
+              r7: f32 = mul r6, r2
               store b0[(i0*6 + i1)] = r7
             }
           }

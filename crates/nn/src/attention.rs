@@ -54,12 +54,16 @@ impl CausalSelfAttention {
 
     /// `true` above the diagonal of a `[seq, seq]` block on `device`: the positions a query may
     /// not see. On the default device it is a lazy constant (iota compare); on another device the
-    /// full mask is realized once and moved there.
+    /// full mask is realized once and moved there. The positions are `f32`, exact below 2^24: a
+    /// `[seq, seq]` block only reads positions below `seq`, and `seq >= 2^24` would need a score
+    /// matrix of 2^48 elements. An `i64` iota would keep the softmax kernels that compute the mask
+    /// inline out of 4-lane vectors.
     fn mask(&self, seq: &Dim, device: Device) -> Tensor {
         let n = self.max_seq_len as i64;
         let full = || {
-            let rows = Tensor::arange(0i64, n, 1i64).reshape(&[n, 1]);
-            let cols = Tensor::arange(0i64, n, 1i64).reshape(&[1, n]);
+            let positions = Tensor::arange(0.0, n as f64, 1.0);
+            let rows = positions.reshape(&[n, 1]);
+            let cols = positions.reshape(&[1, n]);
             cols.gt(&rows)
         };
         let mut full = full();
@@ -98,7 +102,9 @@ impl Module for CausalSelfAttention {
         let q = heads(self.q.forward(x));
         let k = heads(self.k.forward(x));
         let v = heads(self.v.forward(x));
-        let scores = q.matmul(&k.transpose(-2, -1)).div((head_dim.max(1) as f64).sqrt());
+        // A multiply by the reciprocal scale (as PyTorch's fused attention does), not a divide,
+        // in the kernels that read the scores.
+        let scores = q.matmul(&k.transpose(-2, -1)).mul(1.0 / (head_dim.max(1) as f64).sqrt());
         let scores = self.mask(&seq, x.device()).where_(f64::NEG_INFINITY, &scores);
         let y = scores.softmax(-1).matmul(&v).transpose(1, 2).reshape(vec![batch, seq, dim]);
         self.o.forward(&y)
