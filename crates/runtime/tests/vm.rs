@@ -268,45 +268,56 @@ fn values(n: usize, seed: u64) -> Vec<f64> {
         .collect()
 }
 
-/// `(batch, m, n, k)` matmuls with `a` plain or transposed, checked against a triple loop.
+/// `(batch, m, n, k)` matmuls with `a` plain or transposed and `b` row-major, column-major (a
+/// transposed weight, `x @ W^T`), column-major and shared by every batch entry, or column-major
+/// with padded columns, checked against a triple loop.
 #[test]
 fn matmul_launches_match_the_definition() {
     for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::F16] {
-        for &(batch, m, n, k) in &[(1i64, 3i64, 5i64, 4i64), (3, 7, 2, 9), (2, 64, 80, 70)] {
+        for &(batch, m, n, k) in &[(1i64, 3i64, 5i64, 4i64), (3, 7, 2, 9), (2, 64, 80, 70), (3, 50, 130, 67)] {
             for transposed in [false, true] {
-                let (na, nb) = (batch * m * k, batch * k * n);
-                // a's logical (b, i, p) element lives at b*m*k + i*k + p, or (transposed) p*m + i.
-                let a_op = if transposed { operand(0, 0, m * k, 1, m) } else { operand(0, 0, m * k, k, 1) };
-                let (p, tys) = matmul_program(dtype, (batch, m, n, k), a_op, operand(1, 0, k * n, n, 1), na, nb);
-                let exe = exe(p, tys);
-                let (av, bv) = (values(na as usize, 1), values(nb as usize, 2));
-                let tensor = |v: &[f64], dtype| {
-                    let data = match dtype {
-                        DType::F32 => HostData::F32(v.iter().map(|&x| x as f32).collect()),
-                        DType::F64 => HostData::F64(v.to_vec()),
-                        DType::I32 => HostData::I32(v.iter().map(|&x| x as i32).collect()),
-                        DType::I64 => HostData::I64(v.iter().map(|&x| x as i64).collect()),
-                        _ => HostData::F16(v.iter().map(|&x| half::f16::from_f64(x)).collect()),
+                for b_layout in 0..4 {
+                    // b's logical (b, q, j) element lives at bi*bs + q*br + j*bc.
+                    let (bs, br, bc, nb) = match b_layout {
+                        0 => (k * n, n, 1, batch * k * n),
+                        1 => (k * n, 1, k, batch * k * n),
+                        2 => (0, 1, k, k * n),
+                        _ => ((k + 3) * n, 1, k + 3, batch * (k + 3) * n),
                     };
-                    HostTensor::new(data, vec![v.len()]).unwrap()
-                };
-                let out = exe.run(&[tensor(&av, dtype), tensor(&bv, dtype)], &no_bindings()).unwrap();
-                let got = out[0].data.to_f64_vec();
-                for bi in 0..batch {
-                    for i in 0..m {
-                        for j in 0..n {
-                            let mut want = 0.0;
-                            for q in 0..k {
-                                let ai = if transposed { bi * m * k + q * m + i } else { bi * m * k + i * k + q };
-                                want += av[ai as usize] * bv[(bi * k * n + q * n + j) as usize];
+                    let na = batch * m * k;
+                    // a's logical (b, i, p) element lives at b*m*k + i*k + p, or (transposed) p*m + i.
+                    let a_op = if transposed { operand(0, 0, m * k, 1, m) } else { operand(0, 0, m * k, k, 1) };
+                    let (p, tys) = matmul_program(dtype, (batch, m, n, k), a_op, operand(1, 0, bs, br, bc), na, nb);
+                    let exe = exe(p, tys);
+                    let (av, bv) = (values(na as usize, 1), values(nb as usize, 2));
+                    let tensor = |v: &[f64], dtype| {
+                        let data = match dtype {
+                            DType::F32 => HostData::F32(v.iter().map(|&x| x as f32).collect()),
+                            DType::F64 => HostData::F64(v.to_vec()),
+                            DType::I32 => HostData::I32(v.iter().map(|&x| x as i32).collect()),
+                            DType::I64 => HostData::I64(v.iter().map(|&x| x as i64).collect()),
+                            _ => HostData::F16(v.iter().map(|&x| half::f16::from_f64(x)).collect()),
+                        };
+                        HostTensor::new(data, vec![v.len()]).unwrap()
+                    };
+                    let out = exe.run(&[tensor(&av, dtype), tensor(&bv, dtype)], &no_bindings()).unwrap();
+                    let got = out[0].data.to_f64_vec();
+                    for bi in 0..batch {
+                        for i in 0..m {
+                            for j in 0..n {
+                                let mut want = 0.0;
+                                for q in 0..k {
+                                    let ai = if transposed { bi * m * k + q * m + i } else { bi * m * k + i * k + q };
+                                    want += av[ai as usize] * bv[(bi * bs + q * br + j * bc) as usize];
+                                }
+                                let g = got[(bi * m * n + i * n + j) as usize];
+                                // Small integers: exact in every dtype except f16 sums past 2048.
+                                let tol = if dtype == DType::F16 { want.abs() * 1e-3 + 1.0 } else { 0.0 };
+                                assert!(
+                                    (g - want).abs() <= tol,
+                                    "{dtype} {batch}x{m}x{n}x{k} t={transposed} b={b_layout}: {g} vs {want}"
+                                );
                             }
-                            let g = got[(bi * m * n + i * n + j) as usize];
-                            // Small integers: exact in every dtype except f16 sums past 2048.
-                            let tol = if dtype == DType::F16 { want.abs() * 1e-3 + 1.0 } else { 0.0 };
-                            assert!(
-                                (g - want).abs() <= tol,
-                                "{dtype} {batch}x{m}x{n}x{k} t={transposed}: {g} vs {want}"
-                            );
                         }
                     }
                 }
@@ -340,4 +351,38 @@ fn malformed_programs_are_refused() {
         k.n_syms = 3; // reads symbols the program does not have
     }
     assert!(Executable::new(p, tys, fns, Arc::new(())).is_err());
+}
+
+/// A batched matmul small enough to be a calibration candidate (threaded or on one thread, decided
+/// by timing over the first runs) gives the definition's result on every run, whichever way the
+/// calibration goes, with `b` row-major and column-major.
+#[test]
+fn calibrated_matmul_launches_agree_on_every_run() {
+    let (batch, m, n, k) = (4i64, 64i64, 80i64, 64i64);
+    let (na, nb) = (batch * m * k, batch * k * n);
+    for b_op in [operand(1, 0, k * n, n, 1), operand(1, 0, k * n, 1, k)] {
+        let col_major = b_op.row_stride == IExpr::Const(1);
+        let (p, tys) = matmul_program(DType::F32, (batch, m, n, k), operand(0, 0, m * k, k, 1), b_op, na, nb);
+        let exe = exe(p, tys);
+        let (av, bv) = (values(na as usize, 3), values(nb as usize, 4));
+        let a = HostTensor::from_vec(av.iter().map(|&x| x as f32).collect(), vec![na as usize]).unwrap();
+        let b = HostTensor::from_vec(bv.iter().map(|&x| x as f32).collect(), vec![nb as usize]).unwrap();
+        let mut want = vec![0.0; (batch * m * n) as usize];
+        for bi in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    want[(bi * m * n + i * n + j) as usize] = (0..k)
+                        .map(|q| {
+                            let bj = if col_major { bi * k * n + j * k + q } else { bi * k * n + q * n + j };
+                            av[(bi * m * k + i * k + q) as usize] * bv[bj as usize]
+                        })
+                        .sum();
+                }
+            }
+        }
+        for run in 0..8 {
+            let out = exe.run(&[a.clone(), b.clone()], &no_bindings()).unwrap();
+            assert_eq!(out[0].data.to_f64_vec(), want, "run {run}, b column-major: {col_major}");
+        }
+    }
 }

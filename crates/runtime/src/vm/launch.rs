@@ -2,12 +2,12 @@
 //! thread split, or its GEMM sizes), and the functions that run one launch, time it for
 //! calibration, and estimate its work for the level schedule.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use lower::Program;
 use lower::kir::{IExpr, Kernel, LoopKernel, Stmt};
 
-use super::{CALIBRATE_MIN_WORK, KernelFn, PARALLEL_MIN_WORK};
+use super::{CALIBRATE_MIN_WORK, KernelFn, MATMUL_ALWAYS_SPLIT_MACS, PARALLEL_MIN_WORK};
 use crate::error::{Result, RuntimeError};
 use crate::levels::{self, StepCost};
 use crate::matmul::MatmulLaunch;
@@ -42,9 +42,17 @@ pub(super) enum Launch {
         calib_ns: AtomicU64,
         split_ns: AtomicU64,
     },
+    /// `threads`: whether the GEMM spreads over the pool (it starts from the work estimate;
+    /// calibration may turn it off); `calibrate`: whether it is timed in the calibration runs
+    /// (a launch that threads itself with little enough work that a wake-up of the pool may cost
+    /// more than the split saves), with `calib_ns` (one thread) and `split_ns` (threaded).
     Matmul {
         arg_start: u32,
         mm: Box<MatmulLaunch>,
+        threads: AtomicBool,
+        calibrate: bool,
+        calib_ns: AtomicU64,
+        split_ns: AtomicU64,
     },
 }
 
@@ -107,7 +115,17 @@ pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: 
             }
             (_, Kernel::Matmul(m)) => {
                 let numel: Vec<usize> = step.args.iter().map(|b| sizes.buf_numel[b.0 as usize]).collect();
-                Launch::Matmul { arg_start: code.arg_start, mm: Box::new(MatmulLaunch::new(m, syms, &numel)?) }
+                let mm = MatmulLaunch::new(m, syms, &numel)?;
+                // A candidate for calibration starts on one thread, as a loop candidate does.
+                let calibrate = mm.threads_itself() && mm.macs() < MATMUL_ALWAYS_SPLIT_MACS;
+                Launch::Matmul {
+                    arg_start: code.arg_start,
+                    threads: AtomicBool::new(mm.threads_itself() && !calibrate),
+                    calibrate,
+                    mm: Box::new(mm),
+                    calib_ns: AtomicU64::new(u64::MAX),
+                    split_ns: AtomicU64::new(u64::MAX),
+                }
             }
             (Code::Matmul, Kernel::Loops(_)) => {
                 return Err(RuntimeError::InvalidProgram(format!("loop kernel k{} has no code", code.kernel)));
@@ -127,6 +145,8 @@ pub(super) fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Ve
                 let vars = vec![0i64; var_count(&k.body)];
                 StepCost { work: nest_work(&k.body, &vars, syms).max(1), splits: chunks.load(Ordering::Relaxed) > 1 }
             }
+            // `splits` is what the GEMM does uncalibrated: the level schedule is fixed before the
+            // calibration runs, with the cost model of `crate::levels`.
             (Launch::Matmul { mm, .. }, _) => {
                 StepCost { work: (mm.macs() / levels::MACS_PER_WORK).max(1), splits: mm.threads_itself() }
             }
@@ -140,23 +160,22 @@ pub(super) fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Ve
 /// # Safety
 /// As for [`run_launch`].
 pub(super) unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, syms: *const i64) -> bool {
-    match launch {
+    let (was_split, calib_ns, split_ns) = match launch {
         Launch::Loop { split, chunks, calib_ns, split_ns, .. } if *split > 1 => {
-            let was_split = chunks.load(Ordering::Relaxed) > 1;
-            let t0 = std::time::Instant::now();
-            // SAFETY: the caller keeps `run_launch`'s contract.
-            let split = unsafe { run_launch(launch, table, syms, false) };
-            let ns = t0.elapsed().as_nanos() as u64;
-            if was_split {
-                split_ns.fetch_min(ns, Ordering::Relaxed)
-            } else {
-                calib_ns.fetch_min(ns, Ordering::Relaxed)
-            };
-            split
+            (chunks.load(Ordering::Relaxed) > 1, calib_ns, split_ns)
         }
-        // SAFETY: as above.
-        _ => unsafe { run_launch(launch, table, syms, false) },
-    }
+        Launch::Matmul { calibrate: true, threads, calib_ns, split_ns, .. } => {
+            (threads.load(Ordering::Relaxed), calib_ns, split_ns)
+        }
+        // SAFETY: the caller keeps `run_launch`'s contract.
+        _ => return unsafe { run_launch(launch, table, syms, false) },
+    };
+    let t0 = std::time::Instant::now();
+    // SAFETY: as above.
+    let split = unsafe { run_launch(launch, table, syms, false) };
+    let ns = t0.elapsed().as_nanos() as u64;
+    if was_split { split_ns } else { calib_ns }.fetch_min(ns, Ordering::Relaxed);
+    split
 }
 
 /// Runs one launch; `alone` runs it on the calling thread only (a step of a concurrent level).
@@ -188,9 +207,10 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
                 true
             }
         }
-        Launch::Matmul { arg_start, ref mm } => {
+        Launch::Matmul { arg_start, ref mm, ref threads, .. } => {
+            let threads = !alone && threads.load(Ordering::Relaxed);
             // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes.
-            unsafe { mm.run_threads(table.add(arg_start as usize), !alone) };
+            unsafe { mm.run_threads(table.add(arg_start as usize), threads) };
             false
         }
     }

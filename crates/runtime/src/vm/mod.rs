@@ -78,11 +78,20 @@ pub const CALIBRATE_MIN_WORK: u128 = 1 << 13;
 /// development machine (11 us, see [`PARALLEL_MIN_WORK`]), where a split saves half the time.
 pub const SPLIT_MIN_NS: u64 = 25_000;
 
+/// A matmul launch with at least this many multiply-adds always spreads over the threads when
+/// `gemm` would (`MatmulLaunch::threads_itself`); a smaller one that would is a calibration
+/// candidate like a loop kernel: a wake-up of the pool costs 4.5 us back to back but 17 us after
+/// 50 us idle and 77 us after 200 us idle (#18), while `gemm` does about 2^24 multiply-adds in
+/// 0.3 ms on one core of the development machine, where even the slowest wake-up is paid back.
+pub const MATMUL_ALWAYS_SPLIT_MACS: u128 = 1 << 24;
+
 /// Calibration of a binding set: runs `1..=CALIBRATION_RUNS` (the first run is left out: it pays
 /// for cold caches and fresh pages) time each candidate loop kernel on the calling thread; a
 /// candidate that took at least [`SPLIT_MIN_NS`] then runs split for the next `CALIBRATION_RUNS`
 /// runs, and stays split only if that was at least 15% faster (the other cores may be busy with
-/// other work: a split then only adds the fork-join). Splitting a parallel loop never changes
+/// other work: a split then only adds the fork-join). Matmul launches below
+/// [`MATMUL_ALWAYS_SPLIT_MACS`] that would thread are calibrated the same way (threaded GEMM or
+/// batch split against one thread). Splitting a parallel loop never changes
 /// results (its iterations write disjoint elements and compute them the same way).
 pub const CALIBRATION_RUNS: u32 = 2;
 
@@ -328,9 +337,9 @@ impl Runner<CpuCode> {
                 times.sort_unstable();
                 let (matmul, threads) = match l {
                     Launch::Loop { chunks, .. } => (None, chunks.load(Ordering::Relaxed)),
-                    Launch::Matmul { mm, .. } => (
+                    Launch::Matmul { mm, threads, .. } => (
                         Some((mm.batch, mm.m, mm.n, mm.k)),
-                        if mm.threads_itself() { parallel::threads() as u32 } else { 1 },
+                        if threads.load(Ordering::Relaxed) { parallel::threads() as u32 } else { 1 },
                     ),
                 };
                 LaunchTime { step, kernel: code.kernel, matmul, threads, median_ns: times[times.len() / 2] }

@@ -185,6 +185,17 @@ impl Backend for CpuCode {
         }
         if calibrating && (run == CALIBRATION_RUNS || run == 2 * CALIBRATION_RUNS) {
             for launch in &l.launches {
+                if let Launch::Matmul { calibrate: true, threads, calib_ns, split_ns, .. } = launch {
+                    // As for loops below: threaded for the second half of the calibration runs
+                    // when one thread took long enough, kept only where that was 15% faster.
+                    let one = calib_ns.load(Ordering::Relaxed);
+                    let decided = if run == CALIBRATION_RUNS {
+                        one >= SPLIT_MIN_NS
+                    } else {
+                        split_ns.load(Ordering::Relaxed) < one / 20 * 17
+                    };
+                    threads.store(decided, Ordering::Relaxed);
+                }
                 if let Launch::Loop { chunks, split, calib_ns, split_ns, .. } = launch
                     && *split > 1
                 {
