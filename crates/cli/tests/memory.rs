@@ -54,30 +54,30 @@ const PUBLISHED_CPU: [Published; 3] = [
     },
     Published {
         program: "transformer forward, 2 layers",
-        kernels: 36,
-        launches: 69,
-        arena_bytes: 145_920,
-        peak_live_bytes: 138_240,
-        naive_bytes: 483_200,
-        ratio: 3.31,
+        kernels: 34,
+        launches: 65,
+        arena_bytes: 84_480,
+        peak_live_bytes: 76_800,
+        naive_bytes: 360_320,
+        ratio: 4.27,
         wgpu_buffers_first_run: 0,
     },
 ];
 
 /// The same table for `kiln bench memory --device wgpu` (lavapipe). The Transformer program
-/// differs: on wgpu the causal mask arrives as a realized `bool` input (no `i64` iota).
+/// differs: on wgpu the causal mask arrives as a realized `bool` input.
 #[cfg(feature = "wgpu")]
 const PUBLISHED_WGPU: [Published; 3] = [
     Published { wgpu_buffers_first_run: 5, ..PUBLISHED_CPU[0] },
     Published { wgpu_buffers_first_run: 5, ..PUBLISHED_CPU[1] },
     Published {
         program: "transformer forward, 2 layers",
-        kernels: 35,
-        launches: 67,
-        arena_bytes: 145_920,
-        peak_live_bytes: 138_240,
-        naive_bytes: 479_744,
-        ratio: 3.29,
+        kernels: 33,
+        launches: 63,
+        arena_bytes: 84_480,
+        peak_live_bytes: 76_800,
+        naive_bytes: 356_864,
+        ratio: 4.22,
         wgpu_buffers_first_run: 45,
     },
 ];

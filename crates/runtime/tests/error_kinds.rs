@@ -9,7 +9,7 @@ use kiln_runtime as runtime;
 
 use air::dim::shape_of;
 use air::op::{Gather, Input};
-use air::{Bindings, DType, Dim, Graph, HostTensor, Op, TensorType, UnaryOp};
+use air::{Bindings, DType, Dim, Graph, HostTensor, Op, TensorType};
 #[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
 use runtime::{CpuDevice, ErrorKind, RuntimeError};
@@ -95,7 +95,7 @@ fn unsupported_dtypes_on_wgpu_are_unsupported() {
     };
     let mut g = Graph::new();
     let x = g.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F64, shape_of(&[3]))).unwrap();
-    let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+    let y = g.add(Op::Unary(air::UnaryOp::Neg), &[x]).unwrap();
     g.add_output(y);
     let x = HostTensor::from_vec(vec![1.0f64, 2., 3.], vec![3]).unwrap();
     let e = gpu.run(&g, &[x], &Bindings::new()).unwrap_err();
