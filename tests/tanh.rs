@@ -23,28 +23,3 @@ fn tanh_and_its_gradient_match_f64() {
         assert!(got.iter().all(|v| (-1.0..=1.0).contains(v)), "tanh out of [-1, 1] on {device}");
     }
 }
-
-/// sigmoid far below zero: the value is a tiny non-negative number and the gradient is 0 or
-/// tiny, never NaN (an uncapped `exp(-x)` overflowed to inf and its backward gave `0 * inf`), on
-/// every device and in f32 and f64. Above zero it saturates to 1 with a zero gradient.
-#[test]
-fn sigmoid_and_its_gradient_stay_finite_far_from_zero() {
-    for device in [kiln::Device::Cpu, kiln::Device::Interp] {
-        for dtype in [kiln::DType::F32, kiln::DType::F64] {
-            let xs = vec![-1000.0f32, -100.0, -90.0, -88.0, -20.0, 0.0, 20.0, 100.0, 1000.0];
-            let x = kiln::Tensor::from_vec_on(xs.clone(), &[xs.len()], device).cast(dtype);
-            let y = x.sigmoid();
-            let g = kiln::grad(&y.sum(&[0], false), &[&x]).unwrap();
-            kiln::realize(&[&y, &g[0]]).unwrap();
-            let y = y.cast(kiln::DType::F64).to_vec::<f64>().unwrap();
-            let g = g[0].cast(kiln::DType::F64).to_vec::<f64>().unwrap();
-            for (i, &v) in xs.iter().enumerate() {
-                let want = 1.0 / (1.0 + (-(v as f64)).exp());
-                let dwant = want * (1.0 - want);
-                assert!(y[i].is_finite() && g[i].is_finite(), "{device} {dtype} x={v}: {} {}", y[i], g[i]);
-                assert!((y[i] - want).abs() <= 1e-6, "{device} {dtype} sigmoid({v}) = {} vs {want}", y[i]);
-                assert!((g[i] - dwant).abs() <= 1e-6, "{device} {dtype} sigmoid'({v}) = {} vs {dwant}", g[i]);
-            }
-        }
-    }
-}
