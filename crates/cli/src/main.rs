@@ -114,6 +114,10 @@ struct ProfileArgs {
     /// default an untimed 1-layer compilation runs first; the profiled one is still uncached).
     #[arg(long)]
     cold: bool,
+    /// Also time every launch of the compiled program (median of 11 runs) and list the N
+    /// kernels that take the most time.
+    #[arg(long, value_name = "N")]
+    launches: Option<usize>,
 }
 
 #[derive(Args, Clone)]
@@ -172,6 +176,11 @@ enum Suite {
         sizes: Option<Vec<usize>>,
         #[command(flatten)]
         device: DeviceArg,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Decoding with a KV cache, batch 1: the dim-64 model and GPT-2 small's shapes.
+    Decode {
         #[command(flatten)]
         common: Common,
     },
@@ -301,6 +310,9 @@ fn profile_transformer(args: ProfileArgs) -> anyhow::Result<()> {
             "(after one untimed 1-layer compilation, so process start-up costs are left out; --cold includes them)"
         );
     }
+    if let Some(top) = args.launches {
+        print!("{}", profile_cmd::launch_table(&profiled, top)?);
+    }
     if let Some(path) = &args.trace {
         std::fs::write(path, profiled.report.chrome_trace())?;
         println!("trace: {} (open in https://ui.perfetto.dev)", path.display());
@@ -357,6 +369,10 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
             };
             let runner = Runner::for_device(&device.device)?;
             finish(bench::unary::run(&bench::unary::Args { sizes, budget: budget(common.smoke) }, &runner)?, &common)
+        }
+        Suite::Decode { common } => {
+            let args = if common.smoke { bench::decode::Args::smoke() } else { bench::decode::Args::full() };
+            finish(bench::decode::run(&args)?, &common)
         }
         Suite::Embedding { device, common } => {
             let runner = Runner::for_device(&device.device)?;

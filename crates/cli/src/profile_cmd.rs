@@ -129,3 +129,54 @@ pub fn render(config: &GptConfig, p: &Profiled) -> String {
         p.second_run_ms
     )
 }
+
+/// The `top` kernels of a profiled program by their launches' total time (each launch's median
+/// over 11 runs, one launch at a time, after the calibration runs): where the run's time goes.
+pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    let exe = &p.compiled.exe;
+    // Past the runs that calibrate each launch's threading, as a steady state is.
+    for _ in 0..2 * runtime::CALIBRATION_RUNS + 1 {
+        exe.run(&p.traced.inputs, &p.traced.bindings)?;
+    }
+    let times = exe.launch_times(&p.traced.inputs, &p.traced.bindings, 11)?;
+    let total: u64 = times.iter().map(|t| t.median_ns).sum();
+    // Per kernel: launches, total ns, the first launch's matmul sizes and threads.
+    let mut by_kernel: Vec<(u32, usize, u64, Option<(usize, usize, usize, usize)>, u32)> = Vec::new();
+    for t in &times {
+        match by_kernel.iter_mut().find(|k| k.0 == t.kernel) {
+            Some(k) => {
+                k.1 += 1;
+                k.2 += t.median_ns;
+            }
+            None => by_kernel.push((t.kernel, 1, t.median_ns, t.matmul, t.threads)),
+        }
+    }
+    by_kernel.sort_by_key(|k| std::cmp::Reverse(k.2));
+    let mut out = format!(
+        "\nlaunches: {} in {:.3} ms (sum of per-launch medians); top {} kernels by time\n",
+        times.len(),
+        total as f64 / 1e6,
+        top.min(by_kernel.len())
+    );
+    writeln!(out, "{:>6} {:>9} {:>10} {:>7} {:>8}  what", "kernel", "launches", "total us", "share", "threads")?;
+    for (kernel, count, ns, matmul, threads) in by_kernel.into_iter().take(top) {
+        let what = match (matmul, &exe.program().kernels[kernel as usize]) {
+            (Some((b, m, n, k)), lower::kir::Kernel::Matmul(mk)) => {
+                let layout = |o: &lower::kir::MatOperand| if o.col_stride == lower::kir::IExpr::Const(1) { "row" } else { "col" };
+                format!("matmul batch {b} m {m} n {n} k {k} (a {}-major, b {}-major)", layout(&mk.a), layout(&mk.b))
+            }
+            _ => "loops".to_string(),
+        };
+        writeln!(
+            out,
+            "{:>6} {:>9} {:>10.1} {:>6.1}% {:>8}  {what}",
+            format!("k{kernel}"),
+            count,
+            ns as f64 / 1e3,
+            100.0 * ns as f64 / total.max(1) as f64,
+            threads
+        )?;
+    }
+    Ok(out)
+}

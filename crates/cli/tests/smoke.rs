@@ -124,6 +124,25 @@ fn transformer_first_call_prints_its_time() {
     assert!(ms > 0.0, "{out}");
 }
 
+/// The compile benchmark on the forward with a key/value cache at start position 2.
+#[test]
+fn transformer_compile_cached_smoke() {
+    check_suite("transformer-compile", &["--start-pos", "2"]);
+}
+
+#[test]
+fn decode_smoke() {
+    check_suite("decode", &[]);
+}
+
+/// `kiln profile transformer --start-pos 2`: the cached forward's per-pass table.
+#[test]
+fn profile_transformer_at_a_start_position() {
+    let stdout = kiln(&["profile", "transformer", "--layers", "1", "--start-pos", "2", "--cold"]);
+    assert!(stdout.contains("tokens (10, 3) at start position 2"), "{stdout}");
+    assert!(stdout.contains("codegen") && stdout.contains("end to end"), "{stdout}");
+}
+
 #[test]
 fn unary_smoke() {
     check_suite("unary", &[]);

@@ -23,6 +23,75 @@ const SPLIT_BATCH_BELOW: u128 = 1 << 20;
 /// Below this many multiply-adds in total, a batched matmul runs on the calling thread.
 const PARALLEL_MIN_MACS: u128 = 1 << 16;
 
+/// The most rows of `a` a launch may have to run as dot products ([`MatmulLaunch::dots`]).
+const DOT_MAX_M: usize = 4;
+
+/// From this many bytes of `b`, a dot-shaped launch splits its columns over the threads.
+const DOT_PARALLEL_BYTES: usize = 1 << 18;
+
+/// `sum(x[p] * y[p] for p in 0..k)` in f32.
+///
+/// # Safety
+/// `x` and `y` point to `k` readable `f32` each.
+unsafe fn dot(x: *const f32, y: *const f32, k: usize) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA; the caller's contract covers the reads.
+        return unsafe { dot_avx2(x, y, k) };
+    }
+    let mut acc = [0.0f32; 8];
+    let mut p = 0;
+    while p + 8 <= k {
+        for (l, a) in acc.iter_mut().enumerate() {
+            // SAFETY: `p + l < k`.
+            *a += unsafe { *x.add(p + l) * *y.add(p + l) };
+        }
+        p += 8;
+    }
+    let mut sum: f32 = acc.iter().sum();
+    while p < k {
+        // SAFETY: `p < k`.
+        sum += unsafe { *x.add(p) * *y.add(p) };
+        p += 1;
+    }
+    sum
+}
+
+/// [`dot`] with four 8-lane FMA accumulators (32 products in flight per iteration).
+///
+/// # Safety
+/// As for [`dot`], on a CPU with AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(x: *const f32, y: *const f32, k: usize) -> f32 {
+    use std::arch::x86_64::*;
+    // SAFETY: every load reads `[p, p + 8)` with `p + 8 <= k`, or the scalar tail below `k`.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut p = 0;
+        while p + 32 <= k {
+            for (l, a) in acc.iter_mut().enumerate() {
+                let q = p + 8 * l;
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(q)), _mm256_loadu_ps(y.add(q)), *a);
+            }
+            p += 32;
+        }
+        while p + 8 <= k {
+            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x.add(p)), _mm256_loadu_ps(y.add(p)), acc[0]);
+            p += 8;
+        }
+        let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+        let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+        let mut sum = _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps(quad, quad, 1)));
+        while p < k {
+            sum += *x.add(p) * *y.add(p);
+            p += 1;
+        }
+        sum
+    }
+}
+
 /// One operand, evaluated: element `(b, r, c)` is at `offset + b*batch + r*row + c*col`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Strides {
@@ -207,6 +276,7 @@ impl MatmulLaunch {
             // SAFETY: the entry's operands lie inside their buffers (checked in `new`).
             unsafe {
                 match self.dtype {
+                    DType::F32 if self.is_dot_shaped() => self.dots(a, b, c, threaded),
                     DType::F32 => self.gemm::<f32>(a, b, c, threaded),
                     DType::F64 => self.gemm::<f64>(a, b, c, threaded),
                     DType::F16 => self.naive::<f16>(a, b, c),
@@ -216,6 +286,44 @@ impl MatmulLaunch {
                     DType::Bool => {}
                 }
             }
+        }
+    }
+
+    /// Whether an f32 entry is a few rows of dot products: `m <= DOT_MAX_M` rows of `a` and every
+    /// column of `b` contiguous along `k` (a vector or a few tokens times a `Linear`'s
+    /// `[out, in]` weight, read as `[in, out]` column-major). `gemm` packs `b` for such shapes,
+    /// which costs as much as the product; [`MatmulLaunch::dots`] streams `b` once instead.
+    fn is_dot_shaped(&self) -> bool {
+        self.m <= DOT_MAX_M && self.a.col == 1 && self.b.row == 1 && self.k >= 8
+    }
+
+    /// `c[i][j] (+)= dot(a[i, :], b[:, j])` for one entry of a dot-shaped launch: columns of `b`
+    /// split over the threads when `threaded` and `b` is large enough to be read from memory,
+    /// where two cores stream more than one.
+    unsafe fn dots(&self, a: *mut u8, b: *mut u8, c: *mut u8, threaded: bool) {
+        let (a, b, c) = (SendPtr(a), SendPtr(b), SendPtr(c));
+        let bytes = self.n * self.k * 4;
+        let run = |lo: usize, hi: usize| {
+            let (a, b, c) = (a.get() as *const f32, b.get() as *const f32, c.get() as *mut f32);
+            for j in lo..hi {
+                // SAFETY: row `i < m` of `a` (contiguous, `k` long), column `j < n` of `b`
+                // (contiguous, `k` long) and element `(i, j)` of `c` lie inside their buffers
+                // (checked in `new`); distinct `j` ranges write distinct elements of `c`.
+                unsafe {
+                    let col = b.offset(j as isize * self.b.col);
+                    for i in 0..self.m as isize {
+                        let d = dot(a.offset(i * self.a.row), col, self.k);
+                        let out = c.offset(i * self.c.row + j as isize * self.c.col);
+                        *out = if self.accumulate { *out + d } else { d };
+                    }
+                }
+            }
+        };
+        let threads = parallel::threads();
+        if threaded && threads > 1 && bytes >= DOT_PARALLEL_BYTES {
+            parallel::for_chunks(self.n, threads, &run);
+        } else {
+            run(0, self.n);
         }
     }
 

@@ -1,6 +1,7 @@
 //! The benchmark suites of `kiln bench`.
 
 pub mod check;
+pub mod decode;
 pub mod embedding;
 pub mod matmul;
 pub mod memory;
