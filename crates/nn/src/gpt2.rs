@@ -13,13 +13,14 @@
 //! | `h.{i}.attn.c_proj` `[dim, dim]`      | `blocks.{i}.attn.o`                               |
 //! | `h.{i}.mlp.c_fc` `[dim, hidden]`      | `blocks.{i}.mlp.fc`                               |
 //! | `h.{i}.mlp.c_proj` `[hidden, dim]`    | `blocks.{i}.mlp.proj`                             |
-//! | `lm_head.weight` `[vocab, dim]`       | `head.weight` (when stored; else tied to `wte`)   |
+//! | `lm_head.weight` `[vocab, dim]`       | `head.weight` when stored and untied; else `wte`  |
 //!
 //! The sizes come from the shapes (`dim` and `vocab` from `wte`, the positions from `wpe`, the
 //! MLP width from `c_fc`, the layers from the `h.{i}` present). The number of heads is not in the
 //! weights: it comes from [`Gpt2Options::n_heads`] or from Hugging Face's `config.json` beside the
-//! file (`n_head`), which also gives `layer_norm_epsilon` (1e-5 when absent) and
-//! `activation_function`; every size it declares must agree with the shapes. The old causal-mask
+//! file (`n_head`), which also gives `layer_norm_epsilon` (1e-5 when absent),
+//! `activation_function` and `tie_word_embeddings` (see [`Gpt2Options::tie_word_embeddings`]);
+//! every size it declares must agree with the shapes. The old causal-mask
 //! buffers `h.{i}.attn.bias` and `h.{i}.attn.masked_bias` are ignored; any other tensor is an
 //! error (cross-attention and extra heads are not supported), so nothing is silently dropped.
 //! Weights may be f32, f16, bf16 or f64; the model is f32.
@@ -66,6 +67,10 @@ pub struct Gpt2Options {
     pub max_seq_len: Option<usize>,
     /// MLP width (`n_inner`, `4 * dim` when `None`), checked against `c_fc`.
     pub hidden: Option<usize>,
+    /// Whether the LM head is the token embedding (`tie_word_embeddings`). `Some(false)` requires
+    /// `lm_head.weight`; `Some(true)` uses `wte` and requires a stored `lm_head.weight` to equal
+    /// it (Hugging Face ties them on load); `None` uses `lm_head.weight` when stored, else `wte`.
+    pub tie_word_embeddings: Option<bool>,
 }
 
 impl Gpt2Options {
@@ -108,6 +113,9 @@ impl Gpt2Options {
         flag("add_cross_attention", false)?;
         flag("scale_attn_weights", true)?;
         flag("scale_attn_by_inverse_layer_idx", false)?;
+        let tie_word_embeddings = field("tie_word_embeddings")
+            .map(|v| v.as_bool().ok_or_else(|| err(format!("`tie_word_embeddings` is {v}, not a boolean"))))
+            .transpose()?;
         let norm_eps = field("layer_norm_epsilon")
             .map(|v| v.as_f64().ok_or_else(|| err(format!("`layer_norm_epsilon` is {v}, not a number"))))
             .transpose()?;
@@ -133,6 +141,7 @@ impl Gpt2Options {
             vocab_size: size("vocab_size")?,
             max_seq_len: size("n_positions")?,
             hidden: size("n_inner")?,
+            tie_word_embeddings,
         })
     }
 
@@ -164,6 +173,13 @@ impl Gpt2Options {
             vocab_size: pick("vocab_size", self.vocab_size, other.vocab_size, source, &mut conflicts),
             max_seq_len: pick("max_seq_len", self.max_seq_len, other.max_seq_len, source, &mut conflicts),
             hidden: pick("hidden", self.hidden, other.hidden, source, &mut conflicts),
+            tie_word_embeddings: pick(
+                "tie_word_embeddings",
+                self.tie_word_embeddings,
+                other.tie_word_embeddings,
+                source,
+                &mut conflicts,
+            ),
         };
         if conflicts.is_empty() {
             Ok(merged)
@@ -224,6 +240,7 @@ struct Sizes {
     config: TransformerConfig,
     hidden: usize,
     activation: Activation,
+    tie_word_embeddings: Option<bool>,
 }
 
 /// A projection `in -> out` as Kiln stores it: weight `[out, in]`, bias `[out]`.
@@ -390,7 +407,12 @@ impl<'a> Reader<'a> {
             vocab_size,
             max_seq_len,
         };
-        Ok(Sizes { config, hidden, activation: options.activation.unwrap_or(Activation::GeluTanh) })
+        Ok(Sizes {
+            config,
+            hidden,
+            activation: options.activation.unwrap_or(Activation::GeluTanh),
+            tie_word_embeddings: options.tie_word_embeddings,
+        })
     }
 
     /// The elements of `key` as f32, checked to have `shape`; on a problem it is recorded and the
@@ -469,7 +491,31 @@ impl<'a> Reader<'a> {
             })
             .collect();
         let ln_f = self.norm("ln_f", dim);
-        let head = self.entries.contains_key("lm_head.weight").then(|| self.take("lm_head.weight", &[vocab_size, dim]));
+        let stored = self.entries.contains_key("lm_head.weight");
+        let head = match (sizes.tie_word_embeddings, stored) {
+            (Some(false), false) => {
+                self.problems.push(format!(
+                    "`lm_head.weight` is missing (GPT-2 needs shape {:?}): tie_word_embeddings is false, so the head is \
+                     not `{}`",
+                    [vocab_size, dim],
+                    self.display("wte.weight")
+                ));
+                None
+            }
+            (Some(true), true) => {
+                let head = self.take("lm_head.weight", &[vocab_size, dim]);
+                if !head.is_empty() && !wte.is_empty() && head != wte {
+                    self.problems.push(format!(
+                        "`lm_head.weight` differs from `{}`, but tie_word_embeddings is true (the head is the token \
+                         embedding)",
+                        self.display("wte.weight")
+                    ));
+                }
+                None
+            }
+            (_, true) => Some(self.take("lm_head.weight", &[vocab_size, dim])),
+            (_, false) => None,
+        };
         Weights { wte, wpe, blocks, ln_f, head }
     }
 
@@ -573,6 +619,7 @@ mod tests {
                 vocab_size: Some(50257),
                 max_seq_len: Some(1024),
                 hidden: None,
+                tie_word_embeddings: None,
             }
         );
     }
@@ -586,6 +633,7 @@ mod tests {
             (r#"{"activation_function": "quick_gelu"}"#, "activation_function"),
             (r#"{"n_head": "twelve"}"#, "n_head"),
             (r#"{"n_head": -1}"#, "n_head"),
+            (r#"{"tie_word_embeddings": 1}"#, "tie_word_embeddings"),
             (r#"[1, 2]"#, "not a JSON object"),
             (r#"{"n_head": "#, "config.json"),
         ] {

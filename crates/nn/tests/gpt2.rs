@@ -210,6 +210,38 @@ fn both_name_layouts_and_an_explicit_head_load_the_same_model() {
 }
 
 #[test]
+fn tie_word_embeddings_decides_the_head() {
+    let wte_times = |scale: f32| {
+        edited(|tensors| {
+            let wte = tensors.iter().find(|(n, _)| n == "transformer.wte.weight").unwrap();
+            let head: Vec<f32> = f32s(&wte.1).iter().map(|x| x * scale).collect();
+            tensors.push(("lm_head.weight".into(), owned_f32(&[VOCAB, 64], &head)));
+        })
+    };
+    let tied =
+        |tie: bool| Gpt2Options { n_heads: Some(HEADS), tie_word_embeddings: Some(tie), ..Gpt2Options::default() };
+    let without_head = std::fs::read(weights_path()).unwrap();
+    // Untied: the head must be stored.
+    let e = gpt2_from_safetensors(&without_head, &tied(false)).err().expect("untied, no head").to_string();
+    assert!(e.contains("`lm_head.weight` is missing") && e.contains("tie_word_embeddings is false"), "{e}");
+    let model = gpt2_from_safetensors(&wte_times(2.0), &tied(false)).unwrap();
+    let (head, wte) = (model.head.weight.to_vec::<f32>().unwrap(), model.wte.weight.to_vec::<f32>().unwrap());
+    assert!(head.iter().zip(&wte).all(|(h, w)| *h == 2.0 * w));
+    // Tied: a stored head must be the embedding.
+    let e = gpt2_from_safetensors(&wte_times(2.0), &tied(true)).err().expect("tied, other head").to_string();
+    assert!(e.contains("`lm_head.weight` differs from `transformer.wte.weight`"), "{e}");
+    let model = gpt2_from_safetensors(&wte_times(1.0), &tied(true)).unwrap();
+    assert_eq!(model.head.weight.to_vec::<f32>().unwrap(), model.wte.weight.to_vec::<f32>().unwrap());
+    // The fixture's config.json says tied (Hugging Face's default).
+    assert_eq!(
+        Gpt2Options::from_config_json(&std::fs::read_to_string(dir().join("config.json")).unwrap())
+            .unwrap()
+            .tie_word_embeddings,
+        Some(true)
+    );
+}
+
+#[test]
 fn half_precision_weights_load_as_their_f32_values() {
     let reference = reference();
     let (ids, shape) = ids_of(&reference["forward.ids"]);
