@@ -197,7 +197,7 @@ pub fn load_gpt2(path: impl AsRef<Path>) -> Result<Transformer> {
 
 /// Loads a Hugging Face GPT-2 safetensors file with `options`, completed by the `config.json`
 /// beside the file when there is one (a value given in both must agree). Without `n_heads` in
-/// either, it is an error. See the [module docs](self) for the layout.
+/// either, it is an error. See the [module docs](crate::gpt2) for the layout.
 pub fn load_gpt2_with(path: impl AsRef<Path>, options: &Gpt2Options) -> Result<Transformer> {
     let path = path.as_ref();
     let in_file =

@@ -57,7 +57,7 @@ mod activation;
 mod attention;
 mod conv;
 mod error;
-mod gpt2;
+pub mod gpt2;
 mod init;
 mod linear;
 mod loss;
