@@ -144,15 +144,18 @@ fn logits_match_hugging_face_on_the_interpreter_and_the_cpu() {
     }
 }
 
-/// Greedy decoding by full recompute: the whole sequence through the model at every step, the
-/// argmax (first on ties, as torch's) of each row's last position appended.
+/// Greedy decoding by full recompute: the whole sequence through the model at every step (on the
+/// CPU), the argmax (first on ties, as torch's) of each row's last position appended.
 fn greedy_by_recompute(model: &Transformer, prompt: &[i64], rows: usize, new_tokens: usize) -> Vec<Vec<i64>> {
     let mut seqs: Vec<Vec<i64>> = prompt.chunks(prompt.len() / rows).map(<[i64]>::to_vec).collect();
     let mut out = vec![Vec::new(); rows];
     for _ in 0..new_tokens {
         let len = seqs[0].len();
         let flat: Vec<i64> = seqs.concat();
-        let all = logits(model, &flat, [rows, len], Device::Cpu);
+        // The length is a symbol: one compiled program serves every step.
+        let ids =
+            Tensor::from_vec(flat, &[rows, len]).with_dims(vec![kiln::Dim::from(rows as i64), kiln::Dim::sym("seq")]);
+        let all = model.forward(&ids).to_vec::<f32>().unwrap();
         for (row, seq) in seqs.iter_mut().enumerate() {
             let last = &all[(row * len + len - 1) * VOCAB..(row * len + len) * VOCAB];
             let best = (0..VOCAB).fold(0, |best, i| if last[i] > last[best] { i } else { best });
