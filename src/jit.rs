@@ -121,6 +121,8 @@ struct Entry {
     /// The graph output each of the closure's outputs is (a tensor returned twice is one graph
     /// output).
     which: Vec<usize>,
+    /// The graph outputs written in place over an argument's array (`backend::in_place_outputs`).
+    in_place: Vec<usize>,
 }
 
 /// The traces of one compiled function, by signature: what [`Jit`] holds, usable on its own
@@ -179,22 +181,47 @@ impl JitCache {
         out: Vec<Tensor>,
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
+        self.run(args.iter().map(|t| (*t).clone()).collect(), out, f)
+    }
+
+    /// [`JitCache::call`] on arguments the caller gives up (JAX's donated arguments): when an
+    /// output is the argument updated in place (a concatenation over it that nothing else reads,
+    /// as a KV cache update `cache.slice_scatter(..)` is) and this call held the argument's only
+    /// handle and array, the output *is* that array, and only the new part is written. An
+    /// argument still shared elsewhere is copied instead; the results are the same either way.
+    pub fn call_owned<R: JitOutput>(
+        &mut self,
+        args: Vec<Tensor>,
+        f: impl FnOnce(&[Tensor]) -> R,
+    ) -> std::result::Result<Vec<Tensor>, R::Error> {
+        self.run(args, Vec::new(), f)
+    }
+
+    fn run<R: JitOutput>(
+        &mut self,
+        mut args: Vec<Tensor>,
+        out: Vec<Tensor>,
+        f: impl FnOnce(&[Tensor]) -> R,
+    ) -> std::result::Result<Vec<Tensor>, R::Error> {
         if is_tracing() {
             // Inside another trace: the arguments may be placeholders; run the closure inline.
-            let args: Vec<Tensor> = args.iter().map(|t| (*t).clone()).collect();
             return f(&args).into_outputs();
         }
-        crate::realize(args)?;
+        {
+            let refs: Vec<&Tensor> = args.iter().collect();
+            crate::realize(&refs)?;
+        }
         let device = args.first().map_or_else(Device::default, |t| t.device());
         let found = self.entries.iter().position(|e| {
             e.device == device
                 && e.signature.len() == args.len()
-                && e.signature.iter().zip(args).all(|(s, a)| s == a.ty())
+                && e.signature.iter().zip(&args).all(|(s, a)| s == a.ty())
         });
         let index = match found {
             Some(i) => i,
             None => {
-                let entry = trace(device, args, f)?;
+                let refs: Vec<&Tensor> = args.iter().collect();
+                let entry = trace(device, &refs, f)?;
                 self.traces += 1;
                 self.entries.push(entry);
                 self.entries.len() - 1
@@ -205,25 +232,38 @@ impl JitCache {
         let entry = &self.entries[index];
         let mut inputs = Vec::with_capacity(args.len() + entry.random.len() + entry.captured.len());
         let mut bindings = entry.captured_bindings.clone();
-        for a in args {
-            let data = a.inner.data.get().ok_or_else(|| Error::internal("a realized argument holds no data".into()))?;
+        for a in &mut args {
+            // The argument's own array when this was its last handle, else a shared reference.
+            let taken = Arc::get_mut(&mut a.inner).and_then(|inner| inner.data.take());
+            let data = match &taken {
+                Some(r) => r,
+                None => {
+                    a.inner.data.get().ok_or_else(|| Error::internal("a realized argument holds no data".into()))?
+                }
+            };
             if !data.bindings.is_empty() {
                 merge_bindings(&mut bindings, &data.bindings)?;
             }
-            inputs.push(data.host.clone());
+            inputs.push(match taken {
+                Some(r) => r.host,
+                None => data.host.clone(),
+            });
         }
+        drop(args);
         for draw in &entry.random {
             inputs.push(draw().map_err(Error::Jit)?);
         }
         inputs.extend(entry.captured.iter().cloned());
-        let hosts = backend::run_loaded(&entry.loaded, &entry.graph, &inputs, &bindings, &entry.sites, spare)?;
+        let hosts = backend::run_loaded(&entry.loaded, &entry.graph, inputs, &bindings, &entry.sites, spare)?;
         if hosts.len() != entry.outputs.len() {
             return Err(Error::internal(format!("{} outputs for {} traced", hosts.len(), entry.outputs.len())).into());
         }
         let mut held: Vec<Arc<HostData>> = Vec::with_capacity(hosts.len());
         let mut tensors = Vec::with_capacity(hosts.len());
-        for (host, shape) in hosts.into_iter().zip(&entry.outputs) {
-            if !held.iter().any(|h| Arc::ptr_eq(h, &host.data)) {
+        for (i, (host, shape)) in hosts.into_iter().zip(&entry.outputs).enumerate() {
+            // An output written in place is not held for reuse: the next call may be given it
+            // back as an argument, to be updated in place again.
+            if !entry.in_place.contains(&i) && !held.iter().any(|h| Arc::ptr_eq(h, &host.data)) {
                 held.push(host.data.clone());
             }
             let own = own_bindings(shape, &bindings);
@@ -315,6 +355,7 @@ fn trace<R: JitOutput>(
         signature: args.iter().map(|a| a.ty().clone()).collect(),
         outputs: roots.iter().map(|o| o.shape().clone()).collect(),
         which,
+        in_place: backend::in_place_outputs(&loaded),
         graph: program.graph,
         sites: program.sites,
         loaded,
@@ -372,6 +413,13 @@ where
     pub fn call_into(&mut self, args: &[&Tensor], out: Vec<Tensor>) -> std::result::Result<Vec<Tensor>, R::Error> {
         let f = &mut self.f;
         self.cache.call_into(args, out, |a| f(a))
+    }
+
+    /// [`Jit::call`] on arguments the caller gives up: an output updated in place over an
+    /// argument takes its array (see [`JitCache::call_owned`]).
+    pub fn call_owned(&mut self, args: Vec<Tensor>) -> std::result::Result<Vec<Tensor>, R::Error> {
+        let f = &mut self.f;
+        self.cache.call_owned(args, |a| f(a))
     }
 
     /// How many times the function was traced.

@@ -46,7 +46,7 @@ mod tensor;
 pub mod tree;
 pub use tree::Tree;
 
-pub use air::{Bindings, DType, Dim, Element, GraphKey, HostData, HostTensor, Scalar, Shape, TensorType};
+pub use air::{Bindings, DType, Dim, Element, GraphKey, HostData, HostTensor, Scalar, Shape, Symbol, TensorType};
 pub use autograd::{grad, is_grad_enabled, no_grad};
 pub use device::Device;
 pub use error::{Error, ErrorKind, Result, RuntimeError, SharedRuntimeError};

@@ -2,7 +2,7 @@
 //! in `_on` that takes its device; the plain form uses [`Device::default_device`].
 
 use air::dim::shape_of;
-use air::{Bindings, DType, Dim, Element, HostTensor, Op, Scalar, Shape, TensorType};
+use air::{Bindings, DType, Dim, Element, HostData, HostTensor, Op, Scalar, Shape, TensorType};
 
 use crate::device::Device;
 use crate::realize::merge_bindings;
@@ -104,6 +104,18 @@ impl Tensor {
     #[track_caller]
     pub fn from_host_symbolic(host: HostTensor, dims: impl IntoShape) -> Tensor {
         Tensor::from_host(host).with_dims(dims)
+    }
+
+    /// A tensor with no elements whose type, `[name, 0]` (`i32`), carries the value of the
+    /// symbol `name`: given to a [`crate::jit`] function, it binds `name` to `value` for the call,
+    /// so the function can use `args[i].shape()[0]` (the symbolic dim `name`) as a position
+    /// (`narrow`, `slice_scatter` at `start_pos`) while one compiled program serves every value.
+    #[track_caller]
+    pub fn symbol(name: &str, value: usize) -> Tensor {
+        match HostTensor::new(HostData::I32(Vec::new()), vec![value, 0]) {
+            Ok(host) => Tensor::from_host_symbolic(host, vec![Dim::sym(name), Dim::Const(0)]),
+            Err(m) => Site::here("symbol").fail(m),
+        }
     }
 
     /// This source tensor with some dims declared symbolic (see [`Tensor::from_host_symbolic`]).

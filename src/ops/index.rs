@@ -20,6 +20,60 @@ impl Tensor {
         cat_impl(Site::here("cat"), tensors, dim.to_isize())
     }
 
+    /// `self` with `src` written over positions `[start, start + src.shape[dim])` of axis `dim`
+    /// (`torch.slice_scatter`): a KV cache update. `start` may be symbolic (`Dim::sym("pos")`);
+    /// a range past the end is an error when the program runs, never a write out of bounds.
+    /// `src` must have `self`'s dtype and its shape off `dim`.
+    ///
+    /// Recorded as a concatenation of `self`'s part before the range, `src` and `self`'s part
+    /// after it. When `self` is a compiled function's argument that nothing else reads and the
+    /// result is an output, the program writes only `src`, in place over the argument's array
+    /// (see [`crate::JitCache::call_owned`]).
+    #[track_caller]
+    pub fn slice_scatter(&self, src: &Tensor, dim: impl Axis, start: impl Into<Dim>) -> Tensor {
+        let site = Site::here("slice_scatter");
+        for t in [self, src] {
+            if t.error().is_some() {
+                return t.clone();
+            }
+        }
+        let r = self.ndim();
+        let ax = match normalize_axis(dim.to_isize(), r) {
+            Ok(a) => a,
+            Err(m) => return site.fail(format!("{m} (shape {})", show(self.shape()))),
+        };
+        if src.dtype() != self.dtype() {
+            return site.fail(format!("src is {} but self is {}", src.dtype(), self.dtype()));
+        }
+        if src.ndim() != r || (0..r).any(|d| d != ax && src.shape()[d] != self.shape()[d]) {
+            return site.fail(format!(
+                "src shape {} differs from shape {} outside dim {ax}",
+                show(src.shape()),
+                show(self.shape())
+            ));
+        }
+        let start = start.into();
+        let len = src.shape()[ax].clone();
+        let end = &start + &len;
+        if let (Some(s), Some(e), Some(n)) = (start.as_const(), end.as_const(), self.shape()[ax].as_const())
+            && (s < 0 || e > n)
+        {
+            return site.fail(format!("range {s}..{e} of dim {ax} out of bounds for shape {}", show(self.shape())));
+        }
+        let window = |lo: &Dim, hi: &Dim| {
+            let ranges = (0..r)
+                .map(|d| if d == ax { (lo.clone(), hi.clone()) } else { (Dim::Const(0), self.shape()[d].clone()) });
+            self.p_shrink(site, ranges.collect())
+        };
+        let before = window(&Dim::Const(0), &start);
+        let after = window(&end, &self.shape()[ax]);
+        // Pieces known to be empty are left out (a concatenation tiles its axis with non-empty
+        // ranges).
+        let pieces: Vec<&Tensor> =
+            [&before, src, &after].into_iter().filter(|t| t.shape()[ax].as_const() != Some(0)).collect();
+        cat_impl(site, &pieces, ax as isize)
+    }
+
     /// Stacks `tensors` (all of one shape) along a new axis `dim` (`torch.stack`): `unsqueeze`
     /// each, then `cat`.
     #[track_caller]

@@ -73,6 +73,10 @@ struct ModelArgs {
     /// Tokens per sequence.
     #[arg(long, default_value_t = 3)]
     seq: usize,
+    /// Compile the forward with a key/value cache, its tokens at this start position (a symbol
+    /// of the program, as are the tokens per sequence).
+    #[arg(long)]
+    start_pos: Option<usize>,
 }
 
 impl ModelArgs {
@@ -85,6 +89,7 @@ impl ModelArgs {
             max_seq: self.max_seq,
             batch: self.batch,
             seq: self.seq,
+            start_pos: self.start_pos,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! configuration of the anchor benchmark (`shared/anchors/bench_transformer.py`: dim 64, 8 heads,
 //! vocab 64, 64 positions, token ids of shape (10, 3)), with weights from a fixed seed.
 
-use kiln::Tensor;
+use kiln::{Bindings, Dim, Symbol, Tensor};
 use nn::{Module, Transformer, TransformerConfig};
 
 /// Sizes of the model and of its input.
@@ -15,12 +15,15 @@ pub struct GptConfig {
     pub max_seq: usize,
     pub batch: usize,
     pub seq: usize,
+    /// `Some(p)`: the forward with a key/value cache, its tokens at positions `[p, p + seq)`
+    /// (`Transformer::forward_cached`, `start_pos` and `seq` symbols); `None`: the plain forward.
+    pub start_pos: Option<usize>,
 }
 
 impl Default for GptConfig {
     /// The anchor benchmark's configuration with 2 layers.
     fn default() -> GptConfig {
-        GptConfig { layers: 2, dim: 64, heads: 8, vocab: 64, max_seq: 64, batch: 10, seq: 3 }
+        GptConfig { layers: 2, dim: 64, heads: 8, vocab: 64, max_seq: 64, batch: 10, seq: 3, start_pos: None }
     }
 }
 
@@ -32,6 +35,11 @@ impl GptConfig {
         }
         if self.seq == 0 || self.seq > self.max_seq {
             return Err(format!("--seq {} must be in 1..={}", self.seq, self.max_seq));
+        }
+        if let Some(p) = self.start_pos
+            && p + self.seq > self.max_seq
+        {
+            return Err(format!("--start-pos {p} + --seq {} must be at most --max-seq {}", self.seq, self.max_seq));
         }
         if self.batch == 0 || self.vocab == 0 {
             return Err("--batch and --vocab must be positive".into());
@@ -80,5 +88,24 @@ impl Gpt {
     /// Records the forward pass (nothing runs): logits `(batch, seq, vocab)`, without gradients.
     pub fn forward(&self, tokens: &Tensor) -> Tensor {
         kiln::no_grad(|| self.model.forward(tokens))
+    }
+
+    /// Records the forward the configuration names: the plain [`Gpt::forward`], or with
+    /// `start_pos` the cached forward on a fresh (zero) key/value cache, its tokens' sequence
+    /// length the symbol `seq` and its position the symbol `start_pos`: logits, then every
+    /// block's updated keys and values. Returns the outputs and the symbol values a run needs
+    /// beyond what its inputs bind (`start_pos`).
+    pub fn outputs(&self, tokens: &Tensor) -> anyhow::Result<(Vec<Tensor>, Bindings)> {
+        let Some(start) = self.config.start_pos else {
+            return Ok((vec![self.forward(tokens)], Bindings::new()));
+        };
+        let cache = self.model.kv_cache(self.config.batch)?;
+        let kv: Vec<Tensor> = (0..self.config.layers)
+            .flat_map(|b| [cache.keys(b).cloned(), cache.values(b).cloned()])
+            .collect::<Option<_>>()
+            .ok_or_else(|| anyhow::anyhow!("the cache has fewer blocks than the model"))?;
+        let tokens = tokens.with_dims(vec![Dim::Const(self.config.batch as i64), Dim::sym("seq")]);
+        let outputs = kiln::no_grad(|| self.model.forward_cached(&tokens, &Dim::sym("start_pos"), &kv))?;
+        Ok((outputs, Bindings::from([(Symbol::new("start_pos"), start as i64)])))
     }
 }

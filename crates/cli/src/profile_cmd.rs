@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use kiln::Bindings;
 use kiln::profile::{self, Report};
 use lower::CompileOptions;
 use lower::rewrite::RewriteStats;
@@ -44,13 +45,24 @@ pub fn profile_tensors(
     options: &CompileOptions,
     keep_graphs: bool,
 ) -> anyhow::Result<Profiled> {
+    profile_bound(|| Ok((build()?, Bindings::new())), options, keep_graphs)
+}
+
+/// [`profile_tensors`] for a `build` that also returns symbol values its inputs do not bind (a
+/// position), added to the traced program's bindings.
+pub fn profile_bound(
+    build: impl FnOnce() -> anyhow::Result<(Vec<kiln::Tensor>, Bindings)>,
+    options: &CompileOptions,
+    keep_graphs: bool,
+) -> anyhow::Result<Profiled> {
     let (result, mut report) = profile::profile(|| -> anyhow::Result<(Traced, Compiled)> {
-        let outputs = build()?;
+        let (outputs, bindings) = build()?;
         let refs: Vec<&kiln::Tensor> = outputs.iter().collect();
         profile::begin(profile::Step::Trace, None);
         let traced = Traced::of(&refs);
         profile::end(traced.as_ref().ok().map(|t| t.graph.len()));
-        let traced = traced?;
+        let mut traced = traced?;
+        traced.bindings.extend(bindings);
         let compiled = pipeline::compile(&traced.graph, &traced.bindings, options, keep_graphs)?;
         pipeline::first_run(&compiled, &traced)?;
         Ok((traced, compiled))
@@ -82,11 +94,11 @@ pub fn profile_transformer_with(
     keep_graphs: bool,
 ) -> anyhow::Result<Profiled> {
     config.validate().map_err(anyhow::Error::msg)?;
-    profile_tensors(
+    profile_bound(
         || {
             let model = profile::span("init-weights", || Gpt::new(config, 0))?;
             let tokens = model.tokens(1);
-            Ok(vec![profile::span(profile::Step::Forward, || model.forward(&tokens))])
+            profile::span(profile::Step::Forward, || model.outputs(&tokens))
         },
         options,
         keep_graphs,
@@ -96,7 +108,7 @@ pub fn profile_transformer_with(
 /// The text `kiln profile transformer` prints.
 pub fn render(config: &GptConfig, p: &Profiled) -> String {
     format!(
-        "kiln profile transformer: layers {} dim {} heads {} vocab {} tokens ({}, {}) on cpu\n\
+        "kiln profile transformer: layers {} dim {} heads {} vocab {} tokens ({}, {}){} on cpu\n\
          graph: {} nodes traced -> {} kernels ({} loop kernels compiled), {} launches per run\n\n\
          {}second run: {:.3} ms\n",
         config.layers,
@@ -105,6 +117,10 @@ pub fn render(config: &GptConfig, p: &Profiled) -> String {
         config.vocab,
         config.batch,
         config.seq,
+        match config.start_pos {
+            Some(p) => format!(" at start position {p} (key/value cache of {} positions)", config.max_seq),
+            None => String::new(),
+        },
         p.traced.graph.len(),
         p.compiled.kernels,
         p.compiled.loop_kernels,

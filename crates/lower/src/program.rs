@@ -116,6 +116,11 @@ pub struct Program {
     pub buffers: Vec<BufferInfo>,
     /// The buffer of each graph output, with its type (outputs may share a buffer).
     pub outputs: Vec<(BufId, TensorType)>,
+    /// `(output, input)`: the output buffer starts the run holding the input's contents, and no
+    /// kernel reads the input (a concatenation written in place over it, as a KV cache update
+    /// is: only the new slice is written). A backend either takes the input's storage for the
+    /// output (the caller gave the input up: `Runner::run_owned`) or copies it there.
+    pub inits: Vec<(BufId, BufId)>,
     /// The conditions of the *original* graph's symbolic shapes that hold only for some symbol
     /// values (`air::constraints`), collected before any rewrite: a backend checks them once per
     /// binding set, with [`Program::check_bindings`], before it sizes anything.
@@ -185,6 +190,9 @@ impl fmt::Display for Program {
         for s in &self.steps {
             let args: Vec<String> = s.args.iter().map(|b| b.to_string()).collect();
             writeln!(f, "launch k{}({})", s.kernel, args.join(", "))?;
+        }
+        for (out, input) in &self.inits {
+            writeln!(f, "init {out} = {input}")?;
         }
         let outs: Vec<String> = self.outputs.iter().map(|(b, t)| format!("{b}: {t}")).collect();
         writeln!(f, "return {}", outs.join(", "))

@@ -66,13 +66,14 @@ impl CausalSelfAttention {
         Ok(CausalSelfAttention { q, k, v, o, n_heads, max_seq_len, mask_on_device: Mutex::new(None) })
     }
 
-    /// `true` above the diagonal of a `[seq, seq]` block on `device`: the positions a query may
-    /// not see. On the default device it is a lazy constant (iota compare); on another device the
-    /// full mask is realized once and moved there. The positions are `f32`, exact below 2^24: a
-    /// `[seq, seq]` block only reads positions below `seq`, and `seq >= 2^24` would need a score
-    /// matrix of 2^48 elements. An `i64` iota would keep the softmax kernels that compute the mask
-    /// inline out of 4-lane vectors.
-    fn mask(&self, seq: &Dim, device: Device) -> Tensor {
+    /// `true` where a query may not see a key, for queries at positions `[start, start + seq)`
+    /// and keys at `[0, start + seq)` on `device` (key after query): the full
+    /// `[max_seq_len, max_seq_len]` mask narrowed to that block. On the default device it is a
+    /// lazy constant (iota compare); on another device the full mask is realized once and moved
+    /// there. The positions are `f32`, exact below 2^24: a block only reads positions below
+    /// `max_seq_len`, and a score matrix that long would have 2^48 elements. An `i64` iota would
+    /// keep the softmax kernels that compute the mask inline out of 4-lane vectors.
+    fn mask(&self, start: &Dim, seq: &Dim, device: Device) -> Tensor {
         let n = self.max_seq_len as i64;
         let full = || {
             let positions = Tensor::arange(0.0, n as f64, 1.0);
@@ -93,34 +94,80 @@ impl CausalSelfAttention {
                 }
             }
         }
-        full.narrow(0, 0, seq.clone()).narrow(1, 0, seq.clone())
+        full.narrow(0, start.clone(), seq.clone()).narrow(1, 0, start + seq)
+    }
+
+    /// The input's `[batch, seq, dim]` and the head size (`-1` where unknown: the reshapes that
+    /// use it then report the shape).
+    fn sizes(&self, x: &Tensor) -> ([Dim; 3], i64) {
+        let [batch, seq, dim] = match x.shape().as_slice() {
+            [b, s, d] => [b.clone(), s.clone(), d.clone()],
+            // Not `[batch, seq, dim]`: let the reshape below report the shape.
+            _ => [Dim::Const(-1), Dim::Const(1), Dim::Const(1)],
+        };
+        let head_dim = match dim.as_const() {
+            Some(d) => d / self.n_heads as i64,
+            None => -1,
+        };
+        ([batch, seq, dim], head_dim)
+    }
+
+    /// `[batch, seq, dim]` to `[batch, n_heads, seq, head_dim]`.
+    fn heads(&self, t: Tensor, batch: &Dim, seq: &Dim, head_dim: i64) -> Tensor {
+        t.reshape(vec![batch.clone(), seq.clone(), Dim::Const(self.n_heads as i64), Dim::Const(head_dim)])
+            .transpose(1, 2)
+    }
+
+    /// Attention of the queries `q` (at positions `[start, start + seq)`) over `k` and `v` (at
+    /// `[0, start + seq)`), then the output projection: `[batch, seq, dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        start: &Dim,
+        sizes: &[Dim; 3],
+        head_dim: i64,
+        device: Device,
+    ) -> Tensor {
+        let [batch, seq, dim] = sizes.clone();
+        // A multiply by the reciprocal scale (as PyTorch's fused attention does), not a divide,
+        // in the kernels that read the scores.
+        let scores = q.matmul(&k.transpose(-2, -1)).mul(1.0 / (head_dim.max(1) as f64).sqrt());
+        let scores = self.mask(start, &seq, device).where_(f64::NEG_INFINITY, &scores);
+        let y = scores.softmax(-1).matmul(v).transpose(1, 2).reshape(vec![batch, seq, dim]);
+        self.o.forward(&y)
+    }
+
+    /// The forward pass of `x` (`[batch, seq, dim]`, the tokens at positions
+    /// `[start, start + seq)`) with a key/value cache: `keys` and `values`
+    /// (`[batch, n_heads, max_len, head_dim]`) hold the earlier positions' keys and values.
+    /// Returns the output and the caches with this call's keys and values written at
+    /// `[start, start + seq)`; attention reads `[0, start + seq)` of them. `start` and `seq` may
+    /// be symbolic; a range past `max_len` makes the program fail when it runs.
+    pub fn forward_cached(&self, x: &Tensor, start: &Dim, keys: &Tensor, values: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (sizes, head_dim) = self.sizes(x);
+        let [batch, seq, _] = &sizes;
+        let q = self.heads(self.q.forward(x), batch, seq, head_dim);
+        let k = self.heads(self.k.forward(x), batch, seq, head_dim);
+        let v = self.heads(self.v.forward(x), batch, seq, head_dim);
+        let keys = keys.slice_scatter(&k, 2, start.clone());
+        let values = values.slice_scatter(&v, 2, start.clone());
+        let total = start + seq;
+        let (k_all, v_all) = (keys.narrow(2, 0, total.clone()), values.narrow(2, 0, total));
+        let y = self.attend(&q, &k_all, &v_all, start, &sizes, head_dim, x.device());
+        (y, keys, values)
     }
 }
 
 impl Module for CausalSelfAttention {
     fn forward(&self, x: &Tensor) -> Tensor {
-        let shape = x.shape().to_vec();
-        let [batch, seq, dim] = match shape.as_slice() {
-            [b, s, d] => [b.clone(), s.clone(), d.clone()],
-            // Not `[batch, seq, dim]`: let the reshape below report the shape.
-            _ => [Dim::Const(-1), Dim::Const(1), Dim::Const(1)],
-        };
-        let h = self.n_heads as i64;
-        let head_dim = match dim.as_const() {
-            Some(d) => d / h,
-            None => -1,
-        };
-        let heads = |t: Tensor| {
-            t.reshape(vec![batch.clone(), seq.clone(), Dim::Const(h), Dim::Const(head_dim)]).transpose(1, 2)
-        };
-        let q = heads(self.q.forward(x));
-        let k = heads(self.k.forward(x));
-        let v = heads(self.v.forward(x));
-        // A multiply by the reciprocal scale (as PyTorch's fused attention does), not a divide,
-        // in the kernels that read the scores.
-        let scores = q.matmul(&k.transpose(-2, -1)).mul(1.0 / (head_dim.max(1) as f64).sqrt());
-        let scores = self.mask(&seq, x.device()).where_(f64::NEG_INFINITY, &scores);
-        let y = scores.softmax(-1).matmul(&v).transpose(1, 2).reshape(vec![batch, seq, dim]);
-        self.o.forward(&y)
+        let (sizes, head_dim) = self.sizes(x);
+        let [batch, seq, _] = &sizes;
+        let q = self.heads(self.q.forward(x), batch, seq, head_dim);
+        let k = self.heads(self.k.forward(x), batch, seq, head_dim);
+        let v = self.heads(self.v.forward(x), batch, seq, head_dim);
+        self.attend(&q, &k, &v, &Dim::Const(0), &sizes, head_dim, x.device())
     }
 }

@@ -12,6 +12,9 @@ pub enum NnError {
     /// A weights file does not match the model; every mismatch is listed, nothing was loaded.
     #[error("weights do not match the model (nothing was loaded):\n  {}", .0.join("\n  "))]
     Mismatch(Vec<String>),
+    /// A key/value cache cannot take the tokens (past its length, wrong batch or model).
+    #[error("kv cache: {0}")]
+    Cache(String),
     /// The safetensors data could not be read or written.
     #[error("safetensors: {0}")]
     SafeTensors(String),

@@ -88,4 +88,4 @@ pub use optim::{Adam, AdamW, Optimizer, Realize, Sgd, Step, StepInputs};
 pub use rnn::{Gru, Lstm, SimpleRnn};
 pub use serialize::{load_safetensors, load_state_dict, read_safetensors, save_safetensors, to_safetensors_bytes};
 pub use train::{LossFn, Predictor, Trainer, predict};
-pub use transformer::{Block, Mlp, Transformer, TransformerConfig};
+pub use transformer::{Block, KvCache, Mlp, Transformer, TransformerConfig};

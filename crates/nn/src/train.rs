@@ -13,7 +13,7 @@ use kiln::{JitCache, Tensor};
 
 use crate::error::{NnError, Result};
 use crate::loss::Loss;
-use crate::module::{Module, ParamKind};
+use crate::module::{Module, ModuleParams, ParamKind};
 use crate::optim::{Optimizer, StepInputs};
 
 /// A training loss: `(prediction, target) -> loss`, a one-element float tensor. Implemented by
@@ -46,7 +46,7 @@ pub fn predict(model: &mut dyn Module, x: &Tensor) -> Result<Tensor> {
 }
 
 /// Every parameter and buffer of `model`, in visit order.
-fn model_tensors(model: &dyn Module) -> Vec<Tensor> {
+pub(crate) fn model_tensors<M: ModuleParams + ?Sized>(model: &M) -> Vec<Tensor> {
     let mut tensors = Vec::new();
     model.visit(&mut |_, t, _| tensors.push(t.clone()));
     tensors
@@ -55,7 +55,11 @@ fn model_tensors(model: &dyn Module) -> Vec<Tensor> {
 /// Runs `f` with the parameters and buffers of `model` replaced by `tensors` (in visit order,
 /// stand-ins of the same types: the placeholders of a `kiln::jit` trace), then puts the model's
 /// own tensors back. This is how a compiled forward pass takes the weights as arguments.
-fn with_tensors<R>(model: &mut dyn Module, tensors: &[Tensor], f: impl FnOnce(&dyn Module) -> R) -> Result<R> {
+pub(crate) fn with_tensors<M: ModuleParams + ?Sized, R>(
+    model: &mut M,
+    tensors: &[Tensor],
+    f: impl FnOnce(&M) -> R,
+) -> Result<R> {
     let mut own = Vec::with_capacity(tensors.len());
     let mut given = tensors.iter();
     model.visit_mut(&mut |_, t, _| {

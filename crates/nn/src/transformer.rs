@@ -5,14 +5,15 @@
 //! `blocks.{i}.ln2.{weight,bias}`, `blocks.{i}.mlp.{fc,proj}.{weight,bias}`, `ln_f.{weight,bias}`,
 //! `head.weight`.
 
-use kiln::Tensor;
+use kiln::{DType, Dim, JitCache, Tensor};
 
 use crate::Module;
 use crate::activation::Activation;
 use crate::attention::CausalSelfAttention;
-use crate::error::Result;
+use crate::error::{NnError, Result};
 use crate::linear::{Embedding, Linear};
 use crate::norm::LayerNorm;
+use crate::train::{model_tensors, with_tensors};
 
 /// `proj(act(fc(x)))` with a hidden width of `hidden` (GPT-2: `4 * dim`, tanh-approximated GELU).
 #[derive(Module)]
@@ -163,5 +164,180 @@ impl Module for Transformer {
             x = block.forward(&x);
         }
         self.head.forward(&self.ln_f.forward(&x))
+    }
+}
+
+/// The keys and values of the positions a [`Transformer`] has seen, per block, for decoding one
+/// token at a time without recomputing the prefix: see [`Transformer::forward_at`].
+///
+/// Each block's keys and values are `[batch, n_heads, max_seq_len, head_dim]` arrays allocated
+/// once. A call writes its tokens' keys and values at `[start_pos, start_pos + seq)` *in place*
+/// (the arrays are given to the compiled forward and come back as its outputs, with only the new
+/// rows written; see `kiln::JitCache::call_owned`) and attends over `[0, start_pos + seq)`. The
+/// cache also holds the compiled forward: `start_pos` and `seq` are symbols of one program, so
+/// a prefill and every decoding step run without compiling again.
+pub struct KvCache {
+    /// Keys, then values, per block.
+    kv: Vec<Tensor>,
+    batch: usize,
+    max_seq_len: usize,
+    /// The number of positions filled.
+    len: usize,
+    jit: JitCache,
+}
+
+impl KvCache {
+    /// The number of positions filled (the next call's usual `start_pos`).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is filled.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The batch size the cache holds.
+    pub fn batch(&self) -> usize {
+        self.batch
+    }
+
+    /// The most positions the cache holds.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq_len
+    }
+
+    /// Block `block`'s keys, `[batch, n_heads, max_seq_len, head_dim]` (positions from
+    /// [`KvCache::len`] on are stale).
+    pub fn keys(&self, block: usize) -> Option<&Tensor> {
+        self.kv.get(2 * block)
+    }
+
+    /// Block `block`'s values, laid out as [`KvCache::keys`].
+    pub fn values(&self, block: usize) -> Option<&Tensor> {
+        self.kv.get(2 * block + 1)
+    }
+
+    /// Forgets every position (the arrays are kept; the next call starts at position 0).
+    pub fn reset(&mut self) {
+        self.len = 0;
+    }
+
+    /// How many times the cached forward was traced and compiled: 1 for every prefill and
+    /// decoding step of one batch size and token dtype.
+    pub fn traces(&self) -> usize {
+        self.jit.traces()
+    }
+}
+
+impl Transformer {
+    /// An empty key/value cache for `batch` sequences on the model's device.
+    pub fn kv_cache(&self, batch: usize) -> Result<KvCache> {
+        let c = &self.config;
+        let head_dim = c.dim / c.n_heads;
+        let device = self.wte.weight.device();
+        let dtype = self.wte.weight.dtype();
+        let shape = [batch, c.n_heads, c.max_seq_len, head_dim];
+        let kv = (0..2 * c.n_layers)
+            .map(|_| {
+                let t = Tensor::zeros_on(&shape[..], dtype, device);
+                t.realize()?;
+                Ok(t)
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { kv, batch, max_seq_len: c.max_seq_len, len: 0, jit: JitCache::new() })
+    }
+
+    /// The logits `[batch, seq, vocab]` of `tokens` (`[batch, seq]` ids) at positions
+    /// `[start_pos, start_pos + seq)`, attending over the cache's positions before `start_pos`
+    /// and over each other (causally); the tokens' keys and values are written into the cache,
+    /// whose length becomes `start_pos + seq`. Decoding feeds the prompt (`start_pos = 0`), then
+    /// one token at a time at `start_pos = cache.len()`; a smaller `start_pos` rewinds.
+    ///
+    /// Compiled once per batch size and token dtype (`kiln::jit`, with `start_pos` and `seq`
+    /// symbols): later calls run the program on the new tokens and the model's current weights.
+    /// Errors: `start_pos` past the cache's length, `start_pos + seq` past `max_seq_len`, a batch
+    /// other than the cache's, or a cache of another model's sizes.
+    pub fn forward_at(&mut self, tokens: &Tensor, start_pos: usize, cache: &mut KvCache) -> Result<Tensor> {
+        let dims = tokens.dims()?;
+        let [batch, seq] = dims[..] else {
+            return Err(NnError::Cache(format!("tokens must be [batch, seq], got {dims:?}")));
+        };
+        if batch != cache.batch
+            || cache.kv.len() != 2 * self.blocks.len()
+            || cache.max_seq_len != self.config.max_seq_len
+        {
+            return Err(NnError::Cache(format!(
+                "a cache for batch {} and {} blocks of {} positions cannot take tokens {dims:?} of a model with {} \
+                 blocks of {} positions",
+                cache.batch,
+                cache.kv.len() / 2,
+                cache.max_seq_len,
+                self.blocks.len(),
+                self.config.max_seq_len
+            )));
+        }
+        if start_pos > cache.len {
+            return Err(NnError::Cache(format!(
+                "start position {start_pos} is past the {} positions the cache holds",
+                cache.len
+            )));
+        }
+        if seq == 0 || start_pos + seq > cache.max_seq_len {
+            return Err(NnError::Cache(format!(
+                "{seq} tokens at start position {start_pos} do not fit the cache's {} positions",
+                cache.max_seq_len
+            )));
+        }
+        let tokens = tokens.with_dims(vec![Dim::Const(batch as i64), Dim::sym("seq")]);
+        let weights = model_tensors(self);
+        let n_kv = cache.kv.len();
+        let mut args = Vec::with_capacity(2 + n_kv + weights.len());
+        args.push(tokens);
+        args.push(Tensor::symbol("start_pos", start_pos).to_device(self.wte.weight.device())?);
+        // The cache arrays are given up, so the program updates them in place.
+        args.append(&mut cache.kv);
+        args.extend(weights);
+        let model = &mut *self;
+        let result = cache.jit.call_owned(args, |a: &[Tensor]| -> Result<Vec<Tensor>> {
+            let start = a[1].shape()[0].clone();
+            let kv = &a[2..2 + n_kv];
+            with_tensors(model, &a[2 + n_kv..], |m| kiln::no_grad(|| m.forward_cached(&a[0], &start, kv)))?
+        });
+        let mut out = match result {
+            Ok(out) => out,
+            Err(e) => {
+                // The arrays went to the failed call: start again from fresh ones.
+                *cache = self.kv_cache(batch)?;
+                return Err(e);
+            }
+        };
+        cache.kv = out.split_off(1);
+        cache.len = start_pos + seq;
+        out.pop().ok_or_else(|| NnError::Cache("the compiled forward returned nothing".into()))
+    }
+
+    /// The lazy forward of [`Transformer::forward_at`], for tracing it yourself: the logits of
+    /// `ids` (`[batch, seq]`) at positions `[start, start + seq)`, then each block's keys and
+    /// values with this call's written at those positions. `kv` holds each block's keys then
+    /// values, `[batch, n_heads, max_len, head_dim]`. `start` is usually a symbol
+    /// (`Dim::sym("start_pos")`) whose value the program's bindings give.
+    pub fn forward_cached(&self, ids: &Tensor, start: &Dim, kv: &[Tensor]) -> Result<Vec<Tensor>> {
+        if kv.len() != 2 * self.blocks.len() {
+            return Err(NnError::Cache(format!("{} cache arrays for {} blocks", kv.len(), self.blocks.len())));
+        }
+        let seq = ids.shape().get(1).cloned().unwrap_or(Dim::Const(1));
+        let positions = self.wpe.weight.narrow(0, start.clone(), seq);
+        let mut x = self.wte.forward(ids).add(positions);
+        let mut out = vec![Tensor::zeros(&[0], DType::F32)];
+        for (block, kv) in self.blocks.iter().zip(kv.chunks(2)) {
+            let (y, keys, values) = block.attn.forward_cached(&block.ln1.forward(&x), start, &kv[0], &kv[1]);
+            x = x.add(y);
+            x = x.add(block.mlp.forward(&block.ln2.forward(&x)));
+            out.push(keys);
+            out.push(values);
+        }
+        out[0] = self.head.forward(&self.ln_f.forward(&x));
+        Ok(out)
     }
 }

@@ -62,6 +62,22 @@ pub trait Backend: Send + Sync + Sized {
         let _ = (buffers, spare);
     }
 
+    /// The initial contents of outputs that a run writes in place (`Program::inits`), as
+    /// (output buffer, data), for the next [`bind`](Backend::bind): the output must start the
+    /// run holding exactly that data. A backend whose outputs live in host arrays takes the
+    /// array when nobody else holds it (no copy), else copies it. By default a program with
+    /// such outputs is refused.
+    fn preset(&self, buffers: &mut Self::Buffers, inits: Vec<(usize, Arc<HostData>)>) -> Result<()> {
+        let _ = buffers;
+        if inits.is_empty() {
+            return Ok(());
+        }
+        Err(crate::error::RuntimeError::InvalidProgram(format!(
+            "the {} backend cannot run a program that writes an input's storage in place",
+            Self::NAME
+        )))
+    }
+
     /// Makes `buffers` ready for a run on `inputs`: the arena holds `sized.plan`, the outputs
     /// and the status words are allocated (the status words zeroed), the inputs bound or
     /// uploaded.
@@ -214,8 +230,40 @@ impl<B: Backend> Runner<B> {
         bindings: &Bindings,
         spare: Vec<HostData>,
     ) -> Result<Vec<HostTensor>> {
+        if !self.program().inits.is_empty() {
+            return self.run_owned(inputs.to_vec(), bindings, spare);
+        }
         let sized = self.sized(bindings)?;
         self.prepared.check_inputs(inputs, &sized.sizes)?;
+        self.with_buffers(|buffers| {
+            self.backend.recycle(buffers, spare);
+            self.run_with(buffers, inputs, &sized)
+        })
+    }
+
+    /// [`Runner::run_recycling`] on inputs the caller gives up: an output the program writes in
+    /// place over an input (`Program::inits`, a KV cache update) takes that input's storage
+    /// when nothing else holds it, so only the new part is written. Inputs still shared
+    /// elsewhere are copied into the output first; either way the result is the same.
+    pub fn run_owned(
+        &self,
+        mut inputs: Vec<HostTensor>,
+        bindings: &Bindings,
+        spare: Vec<HostData>,
+    ) -> Result<Vec<HostTensor>> {
+        let sized = self.sized(bindings)?;
+        self.prepared.check_inputs(&inputs, &sized.sizes)?;
+        let inits = self.prepared.take_inits(&mut inputs);
+        self.with_buffers(|buffers| {
+            self.backend.recycle(buffers, spare);
+            self.backend.preset(buffers, inits)?;
+            self.run_with(buffers, &inputs, &sized)
+        })
+    }
+
+    /// Calls `f` with the run's buffers: the shared ones, or, while another run holds them, a set
+    /// of its own (or the shared ones after a wait, when the backend says so).
+    fn with_buffers<T>(&self, f: impl FnOnce(&mut B::Buffers) -> Result<T>) -> Result<T> {
         // Concurrent runs: the first takes the shared buffers; the others make their own for the
         // run, or wait when the backend says so.
         let mut own;
@@ -238,8 +286,7 @@ impl<B: Backend> Runner<B> {
                 &mut guard
             }
         };
-        self.backend.recycle(buffers, spare);
-        self.run_with(buffers, inputs, &sized)
+        f(buffers)
     }
 
     /// One run on `buffers`.

@@ -19,7 +19,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use air::{Bindings, HostTensor, Symbol, TensorType};
+use air::{Bindings, HostData, HostTensor, Scalar, Symbol, TensorType};
 use lower::kir::{Access, IExpr, Kernel, Stmt};
 use lower::{BufferKind, MemoryPlan, Program};
 use smallvec::SmallVec;
@@ -39,6 +39,8 @@ pub struct Prepared {
     input_types: Vec<Option<TensorType>>,
     /// Every symbol a size or check depends on, sorted: the binding-set key.
     size_symbols: Vec<Symbol>,
+    /// `Program::inits` as (output buffer, input slot), validated.
+    init_slots: Vec<(usize, usize)>,
 }
 
 /// Everything about one binding set that does not depend on the device.
@@ -166,13 +168,50 @@ impl Prepared {
                 return invalid(format!("output {buf} is the status buffer"));
             }
         }
+        // Each init fills a distinct output from a distinct input of the same dtype and size,
+        // and no step reads that input (its storage may become the output's).
+        let mut init_slots = Vec::with_capacity(program.inits.len());
+        for (k, &(out, input)) in program.inits.iter().enumerate() {
+            let (Some(o), Some(i)) = (program.buffers.get(out.0 as usize), program.buffers.get(input.0 as usize))
+            else {
+                return invalid(format!("init {k} names a missing buffer"));
+            };
+            let (BufferKind::Output(_), BufferKind::Input(slot)) = (o.kind, i.kind) else {
+                return invalid(format!("init {k}: {out} is not an output or {input} not an input"));
+            };
+            if o.dtype != i.dtype || o.numel != i.numel {
+                return invalid(format!("init {k}: {out} and {input} differ in dtype or size"));
+            }
+            if program.inits[..k].iter().any(|&(o2, i2)| o2 == out || i2 == input)
+                || program.steps.iter().any(|s| s.args.contains(&input))
+                || program.outputs.iter().any(|(b, _)| *b == input)
+            {
+                return invalid(format!("init {k}: {input} is read or initializes another output"));
+            }
+            init_slots.push((out.0 as usize, slot as usize));
+        }
         let size_symbols = program.size_symbols(&input_types);
-        Ok(Prepared { program, input_types, size_symbols })
+        Ok(Prepared { program, input_types, size_symbols, init_slots })
     }
 
     /// The lowered program.
     pub fn program(&self) -> &Program {
         &self.program
+    }
+
+    /// Takes the storage of each input that initializes an output (`Program::inits`) out of
+    /// `inputs`, as (output buffer, data): no kernel reads those inputs, so their slots are left
+    /// empty. A backend gives each output that data before the run; when nobody else holds it
+    /// (`Arc::try_unwrap` succeeds) it is the output's storage, written in place.
+    pub fn take_inits(&self, inputs: &mut [HostTensor]) -> Vec<(usize, Arc<HostData>)> {
+        self.init_slots
+            .iter()
+            .map(|&(out, slot)| {
+                let dtype = inputs[slot].data.dtype();
+                let empty = Arc::new(HostData::filled(dtype, 0, Scalar::Int(0)));
+                (out, std::mem::replace(&mut inputs[slot].data, empty))
+            })
+            .collect()
     }
 
     /// The graph's input slots and their types (`None` for a slot no input node uses).

@@ -92,6 +92,7 @@ impl Backend for RefCode {
             steps: vec![Step { kernel: 0, args: (0..args.len() as u32).map(BufId).collect() }],
             buffers: Vec::new(),
             outputs: Vec::new(),
+            inits: Vec::new(),
             checks: Vec::new(),
             data_checks: Vec::new(),
         };

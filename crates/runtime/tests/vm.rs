@@ -67,6 +67,7 @@ fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
             Step { kernel: 0, args: vec![BufId(1), BufId(2)] },
             Step { kernel: 0, args: vec![BufId(2), BufId(3)] },
         ],
+        inits: vec![],
         data_checks: vec![],
         buffers: vec![
             buf(DType::F32, n.clone(), BufferKind::Input(0)),
@@ -242,6 +243,7 @@ fn matmul_program(
         symbols: vec![],
         kernels: vec![kernel],
         steps: vec![Step { kernel: 0, args: vec![BufId(0), BufId(1), BufId(2)] }],
+        inits: vec![],
         data_checks: vec![],
         buffers: vec![
             buf(dtype, Dim::Const(na), BufferKind::Input(0)),

@@ -213,6 +213,7 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
         steps.push(Step { kernel: id, args });
     };
     let mut checks = Vec::new();
+    let mut inits = Vec::new();
     for (o, b) in copies {
         launch(loop_kernel(g, &bufs, &symbols, o, true, b, None, &mut checks)?);
     }
@@ -228,7 +229,19 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
                 // A concatenation: each piece is computed into its slice of the output.
                 Some((axis, pieces)) => {
                     let shape = &g.ty(n).shape;
+                    // Written in place over an input nobody else reads: the pieces that copy it
+                    // into its own positions are not launched (`Program::inits`).
+                    let base = match buffers[target.0 as usize].kind {
+                        BufferKind::Output(_) => in_place_base(g, dec, n, axis, &pieces),
+                        _ => None,
+                    };
+                    if let Some(x) = base {
+                        inits.push((target, bufs[x]));
+                    }
                     for (leaf, lo, hi) in pieces {
+                        if base.is_some() && copied_input(g, leaf, axis) == base {
+                            continue;
+                        }
                         let window: Vec<(Dim, Dim)> =
                             (0..shape.len())
                                 .map(|d| {
@@ -260,5 +273,63 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
             *arg = status;
         }
     }
-    Ok(Program { symbols, kernels, steps, buffers, outputs, checks: Vec::new(), data_checks: checks })
+    Ok(Program { symbols, kernels, steps, buffers, outputs, inits, checks: Vec::new(), data_checks: checks })
+}
+
+/// The input `x` that the cat piece `leaf` copies into its own positions (`pad(shrink(x))` with
+/// the same range along `axis` and whole elsewhere), if it is one.
+fn copied_input(g: &Graph, leaf: NodeId, axis: usize) -> Option<NodeId> {
+    let (Op::Pad(pad), [shrink]) = (g.op(leaf), g.inputs(leaf)) else { return None };
+    let (Op::Shrink(s), [x]) = (g.op(*shrink), g.inputs(*shrink)) else { return None };
+    if !matches!(g.op(*x), Op::Input(_)) || g.ty(*x).shape != g.ty(leaf).shape {
+        return None;
+    }
+    let shape = &g.ty(leaf).shape;
+    let same = (0..shape.len()).all(|d| {
+        let (lo, hi) = &s.ranges[d];
+        if d == axis {
+            *lo == pad.padding[d].0 && *hi == &shape[d] - &pad.padding[d].1
+        } else {
+            *lo == Dim::Const(0) && *hi == shape[d] && pad.padding[d] == (Dim::Const(0), Dim::Const(0))
+        }
+    });
+    same.then_some(*x)
+}
+
+/// The input a concatenation `n` may be written over in place: the input `x` some pieces copy
+/// into their own positions, when nothing else reads `x` (its only users are those pieces'
+/// shrinks, each used once, by a pad used once, inside `n`'s add chain of single-use nodes) and
+/// it is not an output. The caller gives the output buffer `x`'s contents before the run and
+/// launches only the other pieces, so the unchanged part is never copied (a KV cache update).
+fn in_place_base(g: &Graph, dec: &Decisions, n: NodeId, axis: usize, pieces: &[kernel::CatPiece]) -> Option<NodeId> {
+    let x = pieces.iter().find_map(|(leaf, _, _)| copied_input(g, *leaf, axis))?;
+    if g.outputs().contains(&x) {
+        return None;
+    }
+    let single_use = |m: NodeId| g.users(m).len() == 1 && !dec.plans.contains_key(m);
+    let mut from_x = 0;
+    for (leaf, _, _) in pieces {
+        if copied_input(g, *leaf, axis) == Some(x) {
+            if !single_use(*leaf) || !single_use(g.inputs(*leaf)[0]) {
+                return None;
+            }
+            from_x += 1;
+        }
+    }
+    // Every user of `x` is one of those shrinks.
+    if g.users(x).len() != from_x {
+        return None;
+    }
+    // The add chain between the pieces and `n`: no node of it is read elsewhere.
+    let mut stack: Vec<NodeId> = g.inputs(n).to_vec();
+    while let Some(m) = stack.pop() {
+        air::work::tick();
+        if matches!(g.op(m), Op::Binary(_)) {
+            if !single_use(m) {
+                return None;
+            }
+            stack.extend(g.inputs(m).iter().copied());
+        }
+    }
+    Some(x)
 }

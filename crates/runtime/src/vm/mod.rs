@@ -157,6 +157,9 @@ pub struct RunState {
     /// Arrays offered by the caller for this run's outputs ([`Backend::recycle`]), emptied by
     /// `bind`.
     spare: Vec<HostData>,
+    /// The initial contents of outputs written in place ([`Backend::preset`]), by buffer,
+    /// emptied by `bind`.
+    presets: Vec<(usize, Arc<HostData>)>,
     /// The run's status words (`lower::kir::STATUS_WORDS`), zeroed before each run; kernels
     /// record data-dependent failures here.
     status: Vec<i32>,

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use super::launch::{self, Launch};
 use super::{CALIBRATION_RUNS, CpuCode, CpuLaunches, OutputSource, RunState, SPLIT_MIN_NS};
 use crate::backend::{Backend, BindingSet};
-use crate::error::Result;
+use crate::error::{Result, RuntimeError};
 use crate::levels::{self, Phase};
 use crate::memory;
 use crate::parallel::{self, SendPtr};
@@ -63,6 +63,11 @@ impl Backend for CpuCode {
         state.spare = spare;
     }
 
+    fn preset(&self, state: &mut RunState, inits: Vec<(usize, Arc<HostData>)>) -> Result<()> {
+        state.presets = inits;
+        Ok(())
+    }
+
     /// Makes the arena big enough, allocates the fresh outputs (or takes spare arrays of the
     /// same dtype and length) and fills the pointer table.
     fn bind(
@@ -80,6 +85,21 @@ impl Backend for CpuCode {
         for (j, &b) in self.output_bufs.iter().enumerate() {
             let b = b as usize;
             let (dtype, n) = (program.buffers[b].dtype, sized.sizes.buf_numel[b]);
+            if let Some(k) = state.presets.iter().position(|(out, _)| *out == b) {
+                // Written in place: the given array itself when nobody else holds it, else a copy.
+                let (_, data) = state.presets.swap_remove(k);
+                let data = Arc::try_unwrap(data).unwrap_or_else(|shared| (*shared).clone());
+                if data.dtype() != dtype || data.len() != n {
+                    state.presets.clear();
+                    return Err(RuntimeError::InvalidProgram(format!(
+                        "buf{b} starts from {} {} elements, not {n} {dtype}",
+                        data.len(),
+                        data.dtype()
+                    )));
+                }
+                state.fresh.push(data);
+                continue;
+            }
             let spare = state.spare.iter().position(|d| d.dtype() == dtype && d.len() == n);
             state.fresh.push(match spare {
                 Some(i) => {

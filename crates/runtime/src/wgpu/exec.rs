@@ -58,6 +58,9 @@ pub struct GpuBuffers {
     /// The run's command encoder and its compute pass, between `bind` and `finish`.
     encoder: Option<::wgpu::CommandEncoder>,
     pass: Option<::wgpu::ComputePass<'static>>,
+    /// The initial contents of outputs written in place ([`Backend::preset`]), uploaded by
+    /// `bind`.
+    presets: Vec<(usize, Arc<HostData>)>,
 }
 
 /// A compiled program, ready to run on the GPU for any symbol values.
@@ -181,6 +184,11 @@ impl Backend for GpuCode {
         Ok(GpuLaunches { syms, bytes, io_bytes, dispatches })
     }
 
+    fn preset(&self, st: &mut GpuBuffers, inits: Vec<(usize, Arc<HostData>)>) -> Result<()> {
+        st.presets = inits;
+        Ok(())
+    }
+
     /// Grows the buffers that are too small, uploads the symbol values and the inputs, zeroes the
     /// status words, rebuilds the bind groups if needed and opens the run's compute pass.
     fn bind(
@@ -213,7 +221,8 @@ impl Backend for GpuCode {
                         self.ensure(&mut st.inputs[slot as usize], l.bytes[i], "kiln input", U::STORAGE | U::COPY_DST)?;
                 }
                 BufferKind::Output(_) => {
-                    replaced |= self.ensure(&mut st.outputs[i], l.bytes[i], "kiln output", U::STORAGE | U::COPY_SRC)?;
+                    let usage = U::STORAGE | U::COPY_SRC | U::COPY_DST;
+                    replaced |= self.ensure(&mut st.outputs[i], l.bytes[i], "kiln output", usage)?;
                 }
                 BufferKind::Status => {
                     let usage = U::STORAGE | U::COPY_SRC | U::COPY_DST;
@@ -254,13 +263,17 @@ impl Backend for GpuCode {
             if l.bytes[i] == 0 {
                 continue;
             }
-            match &*inputs[slot as usize].data {
-                HostData::Bool(v) => {
-                    let mut words: Vec<u32> = crate::memory::reserved_vec(v.len(), "a bool upload")?;
-                    words.extend(v.iter().map(|&x| x as u32));
-                    dev.queue.write_buffer(&target.buffer, 0, bytemuck::cast_slice(&words));
-                }
-                data => dev.queue.write_buffer(&target.buffer, 0, data.as_bytes()),
+            upload(dev, &target.buffer, &inputs[slot as usize].data)?;
+        }
+        // Outputs written in place start from their inputs' contents.
+        for (b, data) in std::mem::take(&mut st.presets) {
+            let target = st
+                .outputs
+                .get(b)
+                .and_then(Option::as_ref)
+                .ok_or_else(|| invalid(format!("buf{b} has no device buffer")))?;
+            if l.bytes[b] > 0 {
+                upload(dev, &target.buffer, &data)?;
             }
         }
 
@@ -473,4 +486,17 @@ fn download(dtype: DType, bytes: &[u8]) -> Result<HostData> {
         }
         other => return Err(RuntimeError::Unsupported { device: "wgpu", what: format!("dtype {other}") }),
     })
+}
+
+/// Writes `data` at the start of `buffer` (bools as one `u32` word each, as kernels read them).
+fn upload(dev: &super::Inner, buffer: &::wgpu::Buffer, data: &HostData) -> Result<()> {
+    match data {
+        HostData::Bool(v) => {
+            let mut words: Vec<u32> = crate::memory::reserved_vec(v.len(), "a bool upload")?;
+            words.extend(v.iter().map(|&x| x as u32));
+            dev.queue.write_buffer(buffer, 0, bytemuck::cast_slice(&words));
+        }
+        data => dev.queue.write_buffer(buffer, 0, data.as_bytes()),
+    }
+    Ok(())
 }

@@ -1,0 +1,142 @@
+//! `Tensor::slice_scatter` at a symbolic position: values against a host reference on every
+//! device, the in-place update of a donated argument (`JitCache::call_owned`: same array, only
+//! the new rows written), a shared argument left unchanged, one trace for every position, and a
+//! range past the end reported as an error.
+
+use kiln::{Device, Dim, Tensor, jit};
+
+fn devices() -> Vec<Device> {
+    let mut d = vec![Device::Cpu, Device::Interp];
+    if Device::probe(Device::Wgpu).is_ok() {
+        d.push(Device::Wgpu);
+    }
+    d
+}
+
+fn data_ptr(t: &Tensor) -> *const u8 {
+    t.to_host().unwrap().data.as_bytes().as_ptr()
+}
+
+const ROWS: usize = 6;
+const COLS: usize = 3;
+
+/// `cache[pos..pos + new.rows] = new`, then the sum of each row of the filled prefix.
+fn step(a: &[Tensor]) -> Vec<Tensor> {
+    let (cache, new, pos) = (&a[0], &a[1], a[2].shape()[0].clone());
+    let updated = cache.slice_scatter(new, 0, pos.clone());
+    let filled = &pos + &new.shape()[0];
+    let sums = updated.narrow(0, 0, filled).sum(&[1], false);
+    vec![updated, sums]
+}
+
+fn rows(n: usize, seed: f32) -> Vec<f32> {
+    (0..n * COLS).map(|i| (i as f32 * 0.7 + seed).sin()).collect()
+}
+
+#[test]
+fn a_cache_filled_step_by_step_matches_the_host_reference_and_is_updated_in_place() {
+    for device in devices() {
+        let mut f = jit(step);
+        let mut cache = Tensor::zeros_on(&[ROWS, COLS], kiln::DType::F32, device);
+        let mut reference = vec![0.0f32; ROWS * COLS];
+        let mut pos = 0;
+        // A prefill of 3 rows, then steps of 1: two traces (the row count of `new` is constant
+        // per trace; the position is a symbol).
+        for (i, n) in [3usize, 1, 1, 1].into_iter().enumerate() {
+            let new_rows = rows(n, i as f32);
+            reference[pos * COLS..(pos + n) * COLS].copy_from_slice(&new_rows);
+            let new = Tensor::from_vec_on(new_rows, &[n, COLS], device);
+            let before = data_ptr(&cache);
+            let out = f.call_owned(vec![cache, new, Tensor::symbol("pos", pos).to_device(device).unwrap()]).unwrap();
+            pos += n;
+            cache = out[0].clone();
+            assert_eq!(cache.to_vec::<f32>().unwrap(), reference, "{device} step {i}");
+            let want: Vec<f32> = reference[..pos * COLS].chunks(COLS).map(|r| r.iter().sum()).collect();
+            let got = out[1].to_vec::<f32>().unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{device} step {i}: {got:?} vs {want:?}");
+            }
+            if device == Device::Cpu && i > 0 {
+                // The argument was given up: its array is the output's.
+                assert_eq!(data_ptr(&cache), before, "{device} step {i}: the cache was copied");
+            }
+            drop(out);
+        }
+        assert_eq!(f.traces(), 2, "{device}");
+    }
+}
+
+#[test]
+fn a_shared_argument_is_copied_not_overwritten() {
+    for device in devices() {
+        let mut f = jit(step);
+        let cache = Tensor::from_vec_on(rows(ROWS, 9.0), &[ROWS, COLS], device);
+        let original = cache.to_vec::<f32>().unwrap();
+        let new = Tensor::from_vec_on(rows(2, 1.0), &[2, COLS], device);
+        let out = f
+            .call_owned(vec![cache.clone(), new.clone(), Tensor::symbol("pos", 1).to_device(device).unwrap()])
+            .unwrap();
+        assert_eq!(cache.to_vec::<f32>().unwrap(), original, "{device}: the caller's tensor changed");
+        let want = cache.slice_scatter(&new, 0, 1).to_vec::<f32>().unwrap();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), want, "{device}");
+        // The borrowed form never takes the argument's array either.
+        let out = f.call(&[&cache, &new, &Tensor::symbol("pos", 4).to_device(device).unwrap()]).unwrap();
+        assert_eq!(cache.to_vec::<f32>().unwrap(), original, "{device}");
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), cache.slice_scatter(&new, 0, 4).to_vec::<f32>().unwrap());
+    }
+}
+
+#[test]
+fn a_position_past_the_end_is_an_error() {
+    for device in devices() {
+        let mut f = jit(step);
+        let cache = Tensor::zeros_on(&[ROWS, COLS], kiln::DType::F32, device);
+        let new = Tensor::from_vec_on(rows(2, 0.0), &[2, COLS], device);
+        f.call(&[&cache, &new, &Tensor::symbol("pos", 4).to_device(device).unwrap()]).unwrap();
+        let e = f.call(&[&cache, &new, &Tensor::symbol("pos", 5).to_device(device).unwrap()]).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("slice_scatter") && msg.contains("6"), "{device}: {msg}");
+    }
+}
+
+#[test]
+fn eager_slice_scatter_checks_its_arguments() {
+    let cache = Tensor::zeros(&[4, 3], kiln::DType::F32);
+    let e = cache.slice_scatter(&Tensor::zeros(&[2, 3], kiln::DType::F32), 0, 3).to_vec::<f32>().unwrap_err();
+    assert!(e.to_string().contains("out of bounds"), "{e}");
+    let e = cache.slice_scatter(&Tensor::zeros(&[2, 2], kiln::DType::F32), 0, 0).to_vec::<f32>().unwrap_err();
+    assert!(e.to_string().contains("differs"), "{e}");
+    let e = cache.slice_scatter(&Tensor::zeros(&[1, 3], kiln::DType::F64), 0, 0).to_vec::<f32>().unwrap_err();
+    assert!(e.to_string().contains("f64"), "{e}");
+    let got = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], &[4])
+        .slice_scatter(&Tensor::from_vec(vec![9.0f32, 8.0], &[2]), 0, Dim::Const(1))
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(got, vec![1.0, 9.0, 8.0, 4.0]);
+}
+
+/// The lowered program of `outputs` on the CPU: (inits, launches).
+fn lowered(outputs: &[&Tensor]) -> (usize, usize) {
+    let program = kiln::trace(outputs).unwrap();
+    let exe = kiln::backend::cpu_device().unwrap().compile(&program.graph).unwrap();
+    (exe.program().inits.len(), exe.program().steps.len())
+}
+
+#[test]
+fn the_update_is_lowered_in_place_only_when_nothing_else_reads_the_base() {
+    let cache = Tensor::zeros(&[ROWS, COLS], kiln::DType::F32);
+    cache.realize().unwrap();
+    let new = Tensor::from_vec(rows(1, 0.0), &[1, COLS]);
+    let pos = Tensor::symbol("pos", 2);
+    let at = pos.shape()[0].clone();
+    // Only the new row is written: one launch, the base's storage given to the output.
+    assert_eq!(lowered(&[&cache.slice_scatter(&new, 0, at.clone())]), (1, 1));
+    // The base is read by another output too: no in-place update, every piece copied.
+    let (inits, launches) = lowered(&[&cache.slice_scatter(&new, 0, at.clone()), &cache.sum_all()]);
+    assert_eq!(inits, 0);
+    assert!(launches >= 3, "{launches} launches");
+    // The base is itself an output: no in-place update.
+    assert_eq!(lowered(&[&cache.slice_scatter(&new, 0, at.clone()), &cache]).0, 0);
+    // A computed base is not an input: no in-place update.
+    assert_eq!(lowered(&[&cache.add(1.0f32).slice_scatter(&new, 0, at)]).0, 0);
+}
