@@ -1,7 +1,8 @@
 //! GPT-2 checkpoints against Hugging Face `transformers` (tests/fixtures/gpt2_tiny, written by
 //! tests/fixtures/gen_gpt2.py: a tiny random `GPT2LMHeadModel` saved with `save_pretrained`, its
-//! logits, and the tokens of its greedy `generate` with the cache on): logits, greedy decoding,
-//! both name layouts, other dtypes, and the loader's errors.
+//! logits, and the tokens of its greedy `generate` with the cache on): logits, greedy decoding by
+//! full recompute and from the key/value cache (`forward_at`), both name layouts, other dtypes,
+//! and the loader's errors.
 
 mod common;
 
@@ -144,8 +145,13 @@ fn logits_match_hugging_face_on_the_interpreter_and_the_cpu() {
     }
 }
 
+/// The index of the largest logit (the first on ties, as torch's argmax).
+fn argmax(logits: &[f32]) -> i64 {
+    (0..logits.len()).fold(0, |best, i| if logits[i] > logits[best] { i } else { best }) as i64
+}
+
 /// Greedy decoding by full recompute: the whole sequence through the model at every step (on the
-/// CPU), the argmax (first on ties, as torch's) of each row's last position appended.
+/// CPU), the argmax of each row's last position appended.
 fn greedy_by_recompute(model: &Transformer, prompt: &[i64], rows: usize, new_tokens: usize) -> Vec<Vec<i64>> {
     let mut seqs: Vec<Vec<i64>> = prompt.chunks(prompt.len() / rows).map(<[i64]>::to_vec).collect();
     let mut out = vec![Vec::new(); rows];
@@ -157,10 +163,9 @@ fn greedy_by_recompute(model: &Transformer, prompt: &[i64], rows: usize, new_tok
             Tensor::from_vec(flat, &[rows, len]).with_dims(vec![kiln::Dim::from(rows as i64), kiln::Dim::sym("seq")]);
         let all = model.forward(&ids).to_vec::<f32>().unwrap();
         for (row, seq) in seqs.iter_mut().enumerate() {
-            let last = &all[(row * len + len - 1) * VOCAB..(row * len + len) * VOCAB];
-            let best = (0..VOCAB).fold(0, |best, i| if last[i] > last[best] { i } else { best });
-            seq.push(best as i64);
-            out[row].push(best as i64);
+            let best = argmax(&all[(row * len + len - 1) * VOCAB..(row * len + len) * VOCAB]);
+            seq.push(best);
+            out[row].push(best);
         }
     }
     out
@@ -364,4 +369,41 @@ fn a_bad_file_is_an_error_naming_it() {
     let empty = serialize(&[]);
     let e = load_error(&empty);
     assert!(e.contains("no tensors"), "{e}");
+}
+
+#[test]
+fn cached_decoding_reproduces_hugging_face_logits_and_generate() {
+    let reference = reference();
+    let mut model = load_gpt2(weights_path()).unwrap();
+    // The prefill's logits are the plain forward's.
+    let (ids, [rows, len]) = ids_of(&reference["forward.ids"]);
+    let mut cache = model.kv_cache(rows).unwrap();
+    let prefill = model.forward_at(&Tensor::from_vec(ids, &[rows, len]), 0, &mut cache).unwrap();
+    let want = common::values("forward.logits", &reference["forward.logits"]);
+    let got = common::values("cached logits", &prefill);
+    let close = assert_close("cached prefill logits", &got, &want, Tol { atol: 1e-4, rtol: 0.0 });
+    eprintln!("GPT-2 cached prefill logits: max abs error {:.2e}", close.max_abs);
+    // Greedy decoding one token at a time from the cache gives transformers' tokens.
+    for case in ["greedy1", "greedy2"] {
+        let (prompt, [rows, len]) = ids_of(&reference[&format!("{case}.prompt")]);
+        let (want, [_, new_tokens]) = ids_of(&reference[&format!("{case}.tokens")]);
+        let mut cache = model.kv_cache(rows).unwrap();
+        let mut next = Tensor::from_vec(prompt, &[rows, len]);
+        let mut got = vec![Vec::new(); rows];
+        for _ in 0..new_tokens {
+            let start = cache.len();
+            let logits = model.forward_at(&next, start, &mut cache).unwrap();
+            let seq = logits.dims().unwrap()[1];
+            let all = logits.to_vec::<f32>().unwrap();
+            let mut step = Vec::new();
+            for (row, tokens) in got.iter_mut().enumerate() {
+                let best = argmax(&all[(row * seq + seq - 1) * VOCAB..(row * seq + seq) * VOCAB]);
+                tokens.push(best);
+                step.push(best);
+            }
+            next = Tensor::from_vec(step, &[rows, 1]);
+        }
+        assert_eq!(got.concat(), want, "{case}: Kiln's cached greedy tokens vs transformers' generate");
+        assert_eq!(cache.traces(), 1, "{case}: one compiled program for the prefill and every step");
+    }
 }
