@@ -6,6 +6,7 @@
 //! - `kiln bench <suite>`: [`bench`], run through a [`runner::Runner`], written by [`output`] and
 //!   plotted by [`svg`]. The suites' workloads are [`workloads`], which the criterion benches of
 //!   this package (`crates/cli/benches/`) share.
+//! - [`tokenizer`]: GPT-2's byte-level BPE (embedded, offline), for generating text.
 
 pub mod bench;
 pub mod dump;
@@ -16,4 +17,5 @@ pub mod profile_cmd;
 pub mod runner;
 pub mod svg;
 pub mod timing;
+pub mod tokenizer;
 pub mod workloads;

@@ -52,6 +52,20 @@ impl CausalSelfAttention {
         })
     }
 
+    /// An attention layer over given projections (e.g. loaded weights), each `dim -> dim`; `dim`
+    /// (the rows of `q.weight`) must be a multiple of `n_heads`.
+    pub fn from_projections(
+        [q, k, v, o]: [Linear; 4],
+        n_heads: usize,
+        max_seq_len: usize,
+    ) -> Result<CausalSelfAttention> {
+        let dim = q.weight.dims()?.first().copied().unwrap_or(0);
+        if n_heads == 0 || !dim.is_multiple_of(n_heads) {
+            return Err(NnError::Config(format!("dim {dim} is not a multiple of n_heads {n_heads}")));
+        }
+        Ok(CausalSelfAttention { q, k, v, o, n_heads, max_seq_len, mask_on_device: Mutex::new(None) })
+    }
+
     /// `true` where a query may not see a key, for queries at positions `[start, start + seq)`
     /// and keys at `[0, start + seq)` on `device` (key after query): the full
     /// `[max_seq_len, max_seq_len]` mask narrowed to that block. On the default device it is a

@@ -64,7 +64,8 @@ fn chunks<const N: usize, T>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
     bytes.chunks_exact(N).map(|c| f(c.try_into().unwrap_or([0; N]))).collect()
 }
 
-fn from_le_bytes(dtype: Dtype, bytes: &[u8]) -> Option<HostData> {
+/// The elements of little-endian `bytes` of a safetensors `dtype` (`None` for a dtype Kiln has not).
+pub(crate) fn from_le_bytes(dtype: Dtype, bytes: &[u8]) -> Option<HostData> {
     Some(match dtype {
         Dtype::BOOL => HostData::Bool(bytes.iter().map(|&b| b != 0).collect()),
         Dtype::I32 => HostData::I32(chunks(bytes, i32::from_le_bytes)),
