@@ -250,6 +250,31 @@ impl GenerateConfig {
 /// Errors (with the caller's source line): an invalid config, bad prompts, a stop token outside
 /// the vocabulary, logits that are not `[batch][vocab]` or hold a NaN or infinity, and whatever
 /// the decoder returns.
+///
+/// ```
+/// use std::ops::ControlFlow;
+/// use kiln_nn::{GenerateConfig, RecomputeDecoder, Sampling, Transformer, generate};
+///
+/// kiln::manual_seed(0);
+/// let model = Transformer::new(16, 2, 1, 1e-5, 32)?;
+/// let mut decoder = RecomputeDecoder::new(&model);
+/// let config = GenerateConfig {
+///     max_new_tokens: 5,
+///     sampling: Sampling::Sample { temperature: 0.8, top_k: Some(10), top_p: Some(0.95) },
+///     seed: 42,
+///     stop_tokens: vec![0],
+/// };
+/// let mut streamed: Vec<u32> = Vec::new();
+/// let new = generate(&mut decoder, &[vec![1, 2, 3]], &config, |step| {
+///     streamed.extend(step.iter().flatten());
+///     ControlFlow::Continue(())
+/// })?;
+/// assert_eq!(new[0], streamed);
+/// assert!(new[0].len() <= 5 && new[0].iter().all(|&t| t < 32));
+/// // The same seed draws the same tokens.
+/// assert_eq!(generate(&mut decoder, &[vec![1, 2, 3]], &config, |_| ControlFlow::Continue(()))?, new);
+/// # Ok::<(), kiln_nn::NnError>(())
+/// ```
 #[track_caller]
 pub fn generate<D: Decoder + ?Sized>(
     decoder: &mut D,

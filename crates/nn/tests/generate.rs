@@ -2,8 +2,11 @@
 //! against an argmax chain computed with plain forward passes, and the sampler, stop tokens,
 //! batching, streaming and errors through fake decoders with fixed logits (fast and exact).
 
+mod common;
+
 use std::ops::ControlFlow;
 
+use common::devices;
 use kiln::Tensor;
 use kiln_nn::*;
 
@@ -378,6 +381,27 @@ fn the_recompute_decoder_checks_its_tokens_and_context() {
     let logits = decoder.feed(&[vec![5], vec![6]]).unwrap();
     assert_eq!(logits.len(), 2 * 11);
     assert_eq!(decoder.tokens(), [vec![1, 2, 5], vec![3, 4, 6]]);
+}
+
+/// The same decoding on every device: the first step's logits agree within 1e-4 and the greedy
+/// tokens of a batch of two are the argmax chains computed on the CPU device by hand.
+#[test]
+fn the_recompute_decoder_decodes_alike_on_every_device() {
+    let prompts = vec![vec![3, 1, 4], vec![2, 7, 1]];
+    let reference = tiny_transformer(5);
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| argmax_chain(&reference, p, 4)).collect();
+    let first = RecomputeDecoder::new(&reference).feed(&prompts).unwrap();
+    for device in devices() {
+        let mut model = tiny_transformer(5);
+        model.to_device(device).unwrap();
+        let mut decoder = RecomputeDecoder::new(&model);
+        let logits = decoder.feed(&prompts).unwrap();
+        let worst = logits.iter().zip(&first).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(logits.len() == first.len() && worst < 1e-4, "{device}: logits differ by {worst}");
+        let got = generate(&mut decoder, &prompts, &GenerateConfig::greedy(4), go_on).unwrap();
+        assert_eq!(got, want, "{device}");
+        assert_eq!(decoder.traces(), 1, "{device}: one compiled forward");
+    }
 }
 
 /// A decoder whose logits are the same every step; records what it was fed.
