@@ -87,7 +87,7 @@ pub enum Sampling {
         temperature: f32,
         /// Keep only the `k` most likely tokens (`k >= 1`; a `k` above the vocabulary keeps all).
         top_k: Option<usize>,
-        /// Keep only the nucleus of probability `p`, with `0 < p <= 1`.
+        /// Keep only the nucleus of probability `p`, with `0 < p <= 1` (1 keeps every token).
         top_p: Option<f32>,
     },
 }
@@ -129,63 +129,93 @@ impl Sampling {
     pub fn distribution(&self, logits: &[f32]) -> Result<Vec<(u32, f64)>> {
         let location = Location::caller();
         self.check(location)?;
-        let mut candidates = self.candidates(logits, location)?;
+        let mut scratch = Scratch::default();
+        self.candidates(logits, location, &mut scratch)?;
+        let mut candidates = scratch.weights;
         let total: f64 = candidates.iter().map(|&(_, w)| w).sum();
         candidates.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         Ok(candidates.into_iter().map(|(t, w)| (t, w / total)).collect())
     }
 
-    /// The tokens a draw may return, with positive weights proportional to their probabilities
-    /// (not normalized, in no particular order: sorting 50,257 logits every token is not free,
-    /// and a draw needs no order). The parameters are valid.
-    fn candidates(&self, logits: &[f32], location: &'static Location<'static>) -> Result<Vec<(u32, f64)>> {
+    /// Fills `scratch.weights` with the tokens a draw may return and positive weights
+    /// proportional to their probabilities (not normalized). The parameters are valid.
+    ///
+    /// Nothing is sorted that need not be: greedy is one pass over the logits; plain temperature
+    /// sampling draws in id order; top-k selects its `k` in linear time and sorts only those; top-p
+    /// sorts growing prefixes (64, 256, ... tokens, each selected in linear time) until one
+    /// reaches `p`, so a nucleus of a few hundred tokens out of 50,257 costs a few linear passes,
+    /// not a sort of the vocabulary. Every order is the one total order below, so the tokens kept
+    /// do not depend on how they were found.
+    fn candidates(&self, logits: &[f32], location: &'static Location<'static>, scratch: &mut Scratch) -> Result<()> {
+        scratch.weights.clear();
         if logits.is_empty() {
             return fail(GenerateErrorKind::Logits, location, "no logits to sample from (vocabulary size 0)".into());
         }
-        if let Some((i, l)) = logits.iter().enumerate().find(|(_, l)| !l.is_finite()) {
-            return fail(GenerateErrorKind::Logits, location, format!("logit {i} of {} is {l}", logits.len()));
-        }
-        // Most likely first; equal logits by id, lowest first. A total order: no two ids equal.
-        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        let Sampling::Sample { temperature, top_k, top_p } = *self else {
-            let best = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).min_by(order).expect("not empty");
-            return Ok(vec![(best.0, 1.0)]);
-        };
-        let mut kept: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
-        let mut sorted = false;
-        if let Some(k) = top_k
-            && k < kept.len()
-        {
-            kept.select_nth_unstable_by(k - 1, order);
-            kept.truncate(k);
-            kept.sort_unstable_by(order);
-            sorted = true;
-        }
-        if top_p.is_some() && !sorted {
-            kept.sort_unstable_by(order);
-        }
-        // softmax in f64, shifted by the largest logit: every weight is in (0, 1], the largest 1.
-        let max = kept.iter().map(|&(_, l)| l).fold(f32::NEG_INFINITY, f32::max) as f64;
-        let t = temperature as f64;
-        let mut weights: Vec<(u32, f64)> = kept.into_iter().map(|(i, l)| (i, ((l as f64 - max) / t).exp())).collect();
-        if let Some(p) = top_p {
-            let total: f64 = weights.iter().map(|&(_, w)| w).sum();
-            let target = p as f64 * total;
-            let mut sum = 0.0;
-            let mut n = weights.len();
-            for (j, &(_, w)) in weights.iter().enumerate() {
-                sum += w;
-                if sum >= target {
-                    n = j + 1;
-                    break;
-                }
+        // One pass: every logit finite, and the first of the largest.
+        let mut best = 0;
+        for (i, &l) in logits.iter().enumerate() {
+            if !l.is_finite() {
+                return fail(GenerateErrorKind::Logits, location, format!("logit {i} of {} is {l}", logits.len()));
             }
-            weights.truncate(n);
+            if l > logits[best] {
+                best = i;
+            }
+        }
+        let Sampling::Sample { temperature, top_k, top_p } = *self else {
+            scratch.weights.push((best as u32, 1.0));
+            return Ok(());
+        };
+        // A nucleus of 1 is every token: no cut (a sum in another order could stop short of
+        // the total, dropping a tail of weights below its rounding).
+        let top_p = top_p.filter(|&p| p < 1.0);
+        // softmax in f64, shifted by the largest logit: every weight is in [0, 1], the largest's 1.
+        let (max, t) = (logits[best] as f64, temperature as f64);
+        let weight = |l: f32| ((l as f64 - max) / t).exp();
+        if top_k.is_none() && top_p.is_none() {
+            scratch.weights.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, weight(l))));
+        } else {
+            // Most likely first; equal logits by id, lowest first. A total order: no two ids equal.
+            let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+            let kept = &mut scratch.order;
+            kept.clear();
+            kept.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+            if let Some(k) = top_k
+                && k < kept.len()
+            {
+                kept.select_nth_unstable_by(k - 1, order);
+                kept.truncate(k);
+            }
+            let m = kept.len();
+            let mut n = m;
+            if let Some(p) = top_p {
+                let target = p as f64 * kept.iter().map(|&(_, l)| weight(l)).sum::<f64>();
+                let mut prefix = m.min(64);
+                n = loop {
+                    if prefix < m {
+                        kept.select_nth_unstable_by(prefix - 1, order);
+                    }
+                    kept[..prefix].sort_unstable_by(order);
+                    let mut sum = 0.0;
+                    let reached = kept[..prefix].iter().position(|&(_, l)| {
+                        sum += weight(l);
+                        sum >= target
+                    });
+                    match reached {
+                        Some(j) => break j + 1,
+                        // Rounding can leave the sum of all just below `p` times the total.
+                        None if prefix == m => break m,
+                        None => prefix = m.min(prefix * 4),
+                    }
+                };
+            } else {
+                kept.sort_unstable_by(order);
+            }
+            scratch.weights.extend(kept[..n].iter().map(|&(i, l)| (i, weight(l))));
         }
         // A weight that underflowed to 0 (a logit far below the largest at a low temperature) is
         // never drawn; the largest has weight 1, so some weight is positive.
-        weights.retain(|&(_, w)| w > 0.0);
-        Ok(weights)
+        scratch.weights.retain(|&(_, w)| w > 0.0);
+        Ok(())
     }
 
     /// Draws a token from `candidates` (positive weights) with `rng`.
@@ -205,6 +235,16 @@ impl Sampling {
         // Rounding can leave `u` at the very top of the sum: the last candidate.
         candidates.last().expect("at least one candidate").0
     }
+}
+
+/// The sampler's buffers, kept across the steps of a [`generate`] call so that a step allocates
+/// nothing once they have grown to the vocabulary size.
+#[derive(Default)]
+struct Scratch {
+    /// `(token, logit)` pairs being selected and ordered (top-k, top-p).
+    order: Vec<(u32, f32)>,
+    /// The candidates of the last row and their weights.
+    weights: Vec<(u32, f64)>,
 }
 
 /// What [`generate`] does.
@@ -300,6 +340,7 @@ pub fn generate<D: Decoder + ?Sized>(
     let mut rngs: Vec<Xoshiro256> =
         (0..batch as u64).map(|r| Xoshiro256::seed_from_u64(config.seed ^ mix64(r))).collect();
     let mut finished = vec![false; batch];
+    let mut scratch = Scratch::default();
     decoder.reset()?;
     let mut logits = decoder.feed(prompts)?;
     let mut step_tokens: Vec<Option<u32>> = vec![None; batch];
@@ -320,13 +361,13 @@ pub fn generate<D: Decoder + ?Sized>(
             if finished[r] {
                 continue;
             }
-            let candidates = config.sampling.candidates(row, location).map_err(|e| match e {
+            config.sampling.candidates(row, location, &mut scratch).map_err(|e| match e {
                 NnError::Generate { kind, message, location } => {
                     NnError::Generate { kind, message: format!("step {step}, row {r}: {message}"), location }
                 }
                 other => other,
             })?;
-            let token = Sampling::draw(&candidates, &mut rngs[r]);
+            let token = Sampling::draw(&scratch.weights, &mut rngs[r]);
             out[r].push(token);
             step_tokens[r] = Some(token);
             finished[r] = config.stop_tokens.contains(&token);
@@ -528,8 +569,9 @@ mod tests {
         assert_eq!(d, vec![(1, 1.0)]);
         let mut rng = Xoshiro256::seed_from_u64(3);
         let before = rng.clone();
-        let c = Sampling::Greedy.candidates(&[0.5, 2.0, -1.0, 2.0], Location::caller()).unwrap();
-        assert_eq!(Sampling::draw(&c, &mut rng), 1);
+        let mut scratch = Scratch::default();
+        Sampling::Greedy.candidates(&[0.5, 2.0, -1.0, 2.0], Location::caller(), &mut scratch).unwrap();
+        assert_eq!(Sampling::draw(&scratch.weights, &mut rng), 1);
         assert_eq!(rng, before, "greedy draws nothing");
     }
 
@@ -560,6 +602,50 @@ mod tests {
         let tied_k = Sampling::Sample { temperature: 1.0, top_k: Some(2), top_p: None };
         let ids: Vec<u32> = tied_k.distribution(&[3.0, 1.0, 3.0, 3.0]).unwrap().into_iter().map(|(t, _)| t).collect();
         assert_eq!(ids, [0, 2]);
+    }
+
+    /// Over a vocabulary of 5,000 logits with many ties, top-k and top-p (found by growing
+    /// prefixes) keep exactly what a full sort of the vocabulary by (logit descending, id) keeps,
+    /// with the same probabilities.
+    #[test]
+    fn top_k_and_top_p_agree_with_a_full_sort() {
+        let mut rng = Xoshiro256::seed_from_u64(11);
+        // Logits on a grid of 0.25 in [-8, 8): ties everywhere.
+        let logits: Vec<f32> = (0..5000).map(|_| ((rng.next_f64() * 64.0).floor() * 0.25 - 8.0) as f32).collect();
+        for temperature in [0.3f32, 1.0, 2.5] {
+            for top_k in [None, Some(1), Some(7), Some(300), Some(4999), Some(5000), Some(9000)] {
+                for top_p in [None, Some(1e-9f32), Some(0.05), Some(0.5), Some(0.9), Some(0.999), Some(1.0)] {
+                    let sampling = Sampling::Sample { temperature, top_k, top_p };
+                    let got = sampling.distribution(&logits).unwrap();
+                    // The reference: sort everything, cut at k, softmax, cut at the nucleus.
+                    let mut all: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+                    all.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+                    all.truncate(top_k.unwrap_or(usize::MAX).min(all.len()));
+                    let w: Vec<f64> =
+                        all.iter().map(|&(_, l)| ((l as f64 - all[0].1 as f64) / temperature as f64).exp()).collect();
+                    let total: f64 = w.iter().sum();
+                    let mut n = all.len();
+                    if let Some(p) = top_p.filter(|&p| p < 1.0) {
+                        let mut sum = 0.0;
+                        if let Some(j) = w.iter().position(|&x| {
+                            sum += x;
+                            sum >= p as f64 * total
+                        }) {
+                            n = j + 1;
+                        }
+                    }
+                    let kept_total: f64 = w[..n].iter().sum();
+                    let want: Vec<(u32, f64)> =
+                        all[..n].iter().zip(&w).map(|(&(i, _), &x)| (i, x / kept_total)).collect();
+                    let what = format!("t {temperature}, top_k {top_k:?}, top_p {top_p:?}");
+                    assert_eq!(got.len(), want.len(), "{what}");
+                    for ((gi, gp), (wi, wp)) in got.iter().zip(&want) {
+                        assert_eq!(gi, wi, "{what}");
+                        assert!((gp - wp).abs() < 1e-12, "{what}: token {gi}: {gp} vs {wp}");
+                    }
+                }
+            }
+        }
     }
 
     /// Temperature divides the logits: at 0.5 the probabilities are the squares, renormalized; a
