@@ -151,16 +151,13 @@ impl Sampling {
         if logits.is_empty() {
             return fail(GenerateErrorKind::Logits, location, "no logits to sample from (vocabulary size 0)".into());
         }
-        // One pass: every logit finite, and the first of the largest.
-        let mut best = 0;
-        for (i, &l) in logits.iter().enumerate() {
-            if !l.is_finite() {
-                return fail(GenerateErrorKind::Logits, location, format!("logit {i} of {} is {l}", logits.len()));
+        let best = match first_largest(logits) {
+            Ok(best) => best,
+            Err(i) => {
+                let message = format!("logit {i} of {} is {}", logits.len(), logits[i]);
+                return fail(GenerateErrorKind::Logits, location, message);
             }
-            if l > logits[best] {
-                best = i;
-            }
-        }
+        };
         let Sampling::Sample { temperature, top_k, top_p } = *self else {
             scratch.weights.push((best as u32, 1.0));
             return Ok(());
@@ -174,30 +171,29 @@ impl Sampling {
         if top_k.is_none() && top_p.is_none() {
             scratch.weights.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, weight(l))));
         } else {
-            // Most likely first; equal logits by id, lowest first. A total order: no two ids equal.
-            let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
             let kept = &mut scratch.order;
             kept.clear();
-            kept.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+            kept.extend(logits.iter().enumerate().map(|(i, &l)| order_key(i as u32, l)));
             if let Some(k) = top_k
                 && k < kept.len()
             {
-                kept.select_nth_unstable_by(k - 1, order);
+                kept.select_nth_unstable(k - 1);
                 kept.truncate(k);
             }
+            let logit = |key: u64| logits[key as u32 as usize];
             let m = kept.len();
             let mut n = m;
             if let Some(p) = top_p {
-                let target = p as f64 * kept.iter().map(|&(_, l)| weight(l)).sum::<f64>();
+                let target = p as f64 * kept.iter().map(|&key| weight(logit(key))).sum::<f64>();
                 let mut prefix = m.min(64);
                 n = loop {
                     if prefix < m {
-                        kept.select_nth_unstable_by(prefix - 1, order);
+                        kept.select_nth_unstable(prefix - 1);
                     }
-                    kept[..prefix].sort_unstable_by(order);
+                    kept[..prefix].sort_unstable();
                     let mut sum = 0.0;
-                    let reached = kept[..prefix].iter().position(|&(_, l)| {
-                        sum += weight(l);
+                    let reached = kept[..prefix].iter().position(|&key| {
+                        sum += weight(logit(key));
                         sum >= target
                     });
                     match reached {
@@ -208,9 +204,9 @@ impl Sampling {
                     }
                 };
             } else {
-                kept.sort_unstable_by(order);
+                kept.sort_unstable();
             }
-            scratch.weights.extend(kept[..n].iter().map(|&(i, l)| (i, weight(l))));
+            scratch.weights.extend(kept[..n].iter().map(|&key| (key as u32, weight(logit(key)))));
         }
         // A weight that underflowed to 0 (a logit far below the largest at a low temperature) is
         // never drawn; the largest has weight 1, so some weight is positive.
@@ -237,12 +233,49 @@ impl Sampling {
     }
 }
 
+/// The index of the first largest of `logits` (not empty), or `Err(i)` for the first that is NaN
+/// or infinite. Lane-wise maxima and a lane-wise sum of `x * 0.0` (NaN exactly when `x` is not
+/// finite) that the compiler can vectorize, then a scan for the first index of the maximum.
+fn first_largest(logits: &[f32]) -> std::result::Result<usize, usize> {
+    const LANES: usize = 8;
+    let mut max = [f32::NEG_INFINITY; LANES];
+    let mut not_finite = [0f32; LANES];
+    let chunks = logits.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for j in 0..LANES {
+            max[j] = if chunk[j] > max[j] { chunk[j] } else { max[j] };
+            not_finite[j] += chunk[j] * 0.0;
+        }
+    }
+    for &x in rest {
+        max[0] = if x > max[0] { x } else { max[0] };
+        not_finite[0] += x * 0.0;
+    }
+    if not_finite.iter().any(|x| x.is_nan()) {
+        return Err(logits.iter().position(|l| !l.is_finite()).expect("a logit is not finite"));
+    }
+    let largest = max.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    Ok(logits.iter().position(|&l| l == largest).expect("the largest is one of the logits"))
+}
+
+/// A key whose ascending order is the sampling order: larger logits first, equal logits by id
+/// (lowest first; `-0.0` equals `0.0`, as in the greedy choice). The logit's bits, mapped to an
+/// unsigned integer that grows with the logit and inverted, above the id: integer keys select and
+/// sort faster than `(id, logit)` pairs under a comparison closure (about 1.5x for top-k and
+/// top-p over 50,257 logits, measured on a loaded 2-core machine).
+fn order_key(id: u32, logit: f32) -> u64 {
+    let bits = (logit + 0.0).to_bits();
+    let increasing = if bits >> 31 == 1 { !bits } else { bits | 1 << 31 };
+    (u64::from(!increasing) << 32) | u64::from(id)
+}
+
 /// The sampler's buffers, kept across the steps of a [`generate`] call so that a step allocates
 /// nothing once they have grown to the vocabulary size.
 #[derive(Default)]
 struct Scratch {
-    /// `(token, logit)` pairs being selected and ordered (top-k, top-p).
-    order: Vec<(u32, f32)>,
+    /// The [`order_key`]s of the tokens being selected and ordered (top-k, top-p).
+    order: Vec<u64>,
     /// The candidates of the last row and their weights.
     weights: Vec<(u32, f64)>,
 }
@@ -573,6 +606,37 @@ mod tests {
         Sampling::Greedy.candidates(&[0.5, 2.0, -1.0, 2.0], Location::caller(), &mut scratch).unwrap();
         assert_eq!(Sampling::draw(&scratch.weights, &mut rng), 1);
         assert_eq!(rng, before, "greedy draws nothing");
+    }
+
+    /// The order keys sort as (logit descending, id ascending) over every kind of finite f32, and
+    /// the greedy choice finds the first largest logit and the first non-finite one, in every lane.
+    #[test]
+    fn order_keys_and_the_greedy_scan_agree_with_plain_comparisons() {
+        let values = [f32::MAX, 1e30, 3.5, 1.0, f32::MIN_POSITIVE, 1e-45, 0.0, -0.0, -1e-45, -2.0, -1e30, f32::MIN];
+        let mut pairs: Vec<(u32, f32)> = Vec::new();
+        for (i, &v) in values.iter().cycle().take(40).enumerate() {
+            pairs.push(((i * 7 % 40) as u32, v));
+        }
+        let mut by_keys = pairs.clone();
+        by_keys.sort_by_key(|&(i, l)| order_key(i, l));
+        let mut by_compare = pairs.clone();
+        by_compare.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap().then(a.0.cmp(&b.0)));
+        assert_eq!(by_keys, by_compare);
+        for n in 1..40 {
+            for at in 0..n {
+                let mut logits: Vec<f32> = (0..n).map(|i| ((i * 13) % 7) as f32 - 3.0).collect();
+                logits[at] = 10.0;
+                let want = logits.iter().position(|&l| l == 10.0).unwrap();
+                assert_eq!(first_largest(&logits), Ok(want), "n {n}");
+                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    let mut with_bad = logits.clone();
+                    with_bad[at] = bad;
+                    assert_eq!(first_largest(&with_bad), Err(at), "n {n}, {bad} at {at}");
+                }
+            }
+        }
+        assert_eq!(first_largest(&[-0.0, 0.0, -1.0]), Ok(0), "-0.0 equals 0.0: the first");
+        assert_eq!(first_largest(&[f32::MIN, f32::MIN]), Ok(0));
     }
 
     /// Probabilities 0.4, 0.3, 0.2, 0.1 (logits their logs): the nucleus is the smallest prefix
