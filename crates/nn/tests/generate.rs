@@ -226,8 +226,9 @@ fn stop_tokens_end_a_row_and_all_rows_end_decoding() {
             vec![vec![5], vec![4]]
         ]
     );
-    // Without stop tokens: exactly max_new_tokens, around the cycle.
-    let got = generate(&mut chain, &[vec![6]], &GenerateConfig::greedy(10), go_on).unwrap();
+    // Without stop tokens: exactly max_new_tokens, around the cycle (through a `dyn Decoder`).
+    let dyn_chain: &mut dyn Decoder = &mut chain;
+    let got = generate(dyn_chain, &[vec![6]], &GenerateConfig::greedy(10), go_on).unwrap();
     assert_eq!(got, vec![vec![7, 0, 1, 2, 3, 4, 5, 6, 7, 0]]);
     assert_eq!(chain.fed.len(), 10, "the prompt and 9 steps");
     // A stop token emitted first ends at once; zero new tokens feed nothing.
