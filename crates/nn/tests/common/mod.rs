@@ -69,3 +69,22 @@ pub fn transformer_and_fixture() -> (Transformer, Fixture) {
     f.load(&mut model);
     (model, f)
 }
+
+/// The devices to run on: the interpreter, the CPU device, and wgpu when this machine has an
+/// adapter (skipped with a printed reason otherwise, unless `KILN_REQUIRE_GPU=1`).
+pub fn devices() -> Vec<kiln::Device> {
+    let mut out = vec![kiln::Device::Interp, kiln::Device::Cpu];
+    let probe = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).to_device(kiln::Device::Wgpu).and_then(|t| {
+        t.neg().realize()?;
+        Ok(())
+    });
+    match probe {
+        Ok(()) => out.push(kiln::Device::Wgpu),
+        Err(e) => {
+            let required = std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1");
+            assert!(!required, "KILN_REQUIRE_GPU=1 but the wgpu device failed: {e}");
+            eprintln!("skipping wgpu: no usable GPU adapter ({e})");
+        }
+    }
+    out
+}
