@@ -2,19 +2,11 @@
 //! signature, redraw random inputs per call, differentiate inside the trace, reuse output
 //! storage, and report misuse as `Error::Jit`.
 
-use kiln::{DType, Device, Dim, Error, HostTensor, Tensor, jit};
+mod support;
 
-fn devices() -> Vec<Device> {
-    let mut d = vec![Device::Cpu, Device::Interp];
-    if Device::probe(Device::Wgpu).is_ok() {
-        d.push(Device::Wgpu);
-    }
-    d
-}
+use support::{data_ptr, devices};
 
-fn data_ptr(t: &Tensor) -> *const u8 {
-    t.to_host().unwrap().data.as_bytes().as_ptr()
-}
+use kiln::{DType, Dim, Error, HostTensor, Tensor, jit};
 
 #[test]
 fn a_compiled_function_matches_the_closure_and_traces_once_per_signature() {

@@ -32,15 +32,10 @@ impl Tensor {
     #[track_caller]
     pub fn slice_scatter(&self, src: &Tensor, dim: impl Axis, start: impl Into<Dim>) -> Tensor {
         let site = Site::here("slice_scatter");
-        for t in [self, src] {
-            if t.error().is_some() {
-                return t.clone();
-            }
-        }
         let r = self.ndim();
-        let ax = match normalize_axis(dim.to_isize(), r) {
+        let ax = match two_operand_axis(site, self, src, dim.to_isize()) {
             Ok(a) => a,
-            Err(m) => return site.fail(format!("{m} (shape {})", show(self.shape()))),
+            Err(e) => return e,
         };
         if src.dtype() != self.dtype() {
             return site.fail(format!("src is {} but self is {}", src.dtype(), self.dtype()));
@@ -111,15 +106,10 @@ impl Tensor {
     #[track_caller]
     pub fn gather(&self, dim: impl Axis, index: &Tensor) -> Tensor {
         let site = Site::here("gather");
-        for t in [self, index] {
-            if t.error().is_some() {
-                return t.clone();
-            }
-        }
         let r = self.ndim();
-        let ax = match normalize_axis(dim.to_isize(), r) {
+        let ax = match two_operand_axis(site, self, index, dim.to_isize()) {
             Ok(a) => a,
-            Err(m) => return site.fail(format!("{m} (shape {})", show(self.shape()))),
+            Err(e) => return e,
         };
         if !index.dtype().is_int() {
             return site.fail(format!("index must be an integer tensor, got {}", index.dtype()));
@@ -198,6 +188,17 @@ impl Tensor {
         let positions = index.iota_like(site, last, index.dtype(), full);
         index.p_binary(site, BinaryOp::CmpEq, &positions).p_cast(site, DType::I64)
     }
+}
+
+/// The axis `dim` of `t` for an op of `t` and `other`, or the tensor the op returns instead: the
+/// first operand's error, or an error naming the bad axis.
+fn two_operand_axis(site: Site, t: &Tensor, other: &Tensor, dim: isize) -> Result<usize, Tensor> {
+    for x in [t, other] {
+        if x.error().is_some() {
+            return Err(x.clone());
+        }
+    }
+    normalize_axis(dim, t.ndim()).map_err(|m| site.fail(format!("{m} (shape {})", show(t.shape()))))
 }
 
 fn cat_impl(site: Site, tensors: &[&Tensor], dim: isize) -> Tensor {

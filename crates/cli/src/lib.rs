@@ -6,10 +6,12 @@
 //! - `kiln bench <suite>`: [`bench`], run through a [`runner::Runner`], written by [`output`] and
 //!   plotted by [`svg`]. The suites' workloads are [`workloads`], which the criterion benches of
 //!   this package (`crates/cli/benches/`) share.
-//! - [`tokenizer`]: GPT-2's byte-level BPE (embedded, offline), for generating text.
+//! - `kiln generate`: [`generate_cmd`], GPT-2 checkpoints decoded with a KV cache and
+//!   [`tokenizer`], GPT-2's byte-level BPE (embedded, offline).
 
 pub mod bench;
 pub mod dump;
+pub mod generate_cmd;
 pub mod model;
 pub mod output;
 pub mod pipeline;

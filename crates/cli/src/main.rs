@@ -1,9 +1,11 @@
 //! `kiln`: profile a compilation pass by pass, and run the benchmark suites.
 //!
 //! ```text
-//! kiln profile transformer --layers 2 [--trace t.json] [--dump dir]
+//! kiln profile transformer --layers 2 [--start-pos 2] [--launches 10] [--trace t.json] [--dump dir]
+//! kiln generate --weights model.safetensors --prompt "..." [--max-new-tokens 32] [--temperature T --top-k K --top-p P --seed S]
 //! kiln bench transformer-compile [--layers 1,2,4,8,16,32] [--fresh-process N] [--out dir] [--smoke]
 //! kiln bench unary | models | tree-matmul | matmul [--device cpu] [--out dir] [--smoke]
+//! kiln bench decode [--out dir] [--smoke]
 //! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--compiles 10000] [--out dir] [--smoke]
 //! ```
 //!
@@ -45,6 +47,36 @@ enum Command {
     /// Run a benchmark suite.
     #[command(subcommand)]
     Bench(Suite),
+    /// Generate text from a GPT-2 checkpoint (Hugging Face safetensors), streamed as it decodes.
+    Generate(GenerateCli),
+}
+
+#[derive(Args)]
+struct GenerateCli {
+    /// The model's safetensors file; a `config.json` beside it gives the number of heads.
+    #[arg(long)]
+    weights: PathBuf,
+    /// The text to continue.
+    #[arg(long)]
+    prompt: String,
+    /// The most tokens to generate (stops early at <|endoftext|>).
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: usize,
+    /// Sample with this temperature (default: greedy).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Sample among the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample among the most likely tokens whose probabilities sum to P.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// The sampling seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Attention heads per block, when no config.json gives them.
+    #[arg(long)]
+    n_heads: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -292,6 +324,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Profile(ProfileTarget::Transformer(args)) => profile_transformer(args),
         Command::Bench(suite) => run_suite(suite),
+        Command::Generate(g) => kiln_cli::generate_cmd::run(&kiln_cli::generate_cmd::GenerateArgs {
+            weights: g.weights,
+            n_heads: g.n_heads,
+            prompt: g.prompt,
+            max_new_tokens: g.max_new_tokens,
+            temperature: g.temperature,
+            top_k: g.top_k,
+            top_p: g.top_p,
+            seed: g.seed,
+        }),
     }
 }
 

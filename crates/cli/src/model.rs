@@ -92,9 +92,9 @@ impl Gpt {
 
     /// Records the forward the configuration names: the plain [`Gpt::forward`], or with
     /// `start_pos` the cached forward on a fresh (zero) key/value cache, its tokens' sequence
-    /// length the symbol `seq` and its position the symbol `start_pos`: logits, then every
-    /// block's updated keys and values. Returns the outputs and the symbol values a run needs
-    /// beyond what its inputs bind (`start_pos`).
+    /// length the symbol `seq`, its position the symbol `start_pos` and the attended length the
+    /// symbol `kv_len`: logits, then every block's updated keys and values. Returns the outputs
+    /// and the symbol values a run needs beyond what its inputs bind (`start_pos`, `kv_len`).
     pub fn outputs(&self, tokens: &Tensor) -> anyhow::Result<(Vec<Tensor>, Bindings)> {
         let Some(start) = self.config.start_pos else {
             return Ok((vec![self.forward(tokens)], Bindings::new()));
@@ -105,7 +105,9 @@ impl Gpt {
             .collect::<Option<_>>()
             .ok_or_else(|| anyhow::anyhow!("the cache has fewer blocks than the model"))?;
         let tokens = tokens.with_dims(vec![Dim::Const(self.config.batch as i64), Dim::sym("seq")]);
-        let outputs = kiln::no_grad(|| self.model.forward_cached(&tokens, &Dim::sym("start_pos"), &kv))?;
-        Ok((outputs, Bindings::from([(Symbol::new("start_pos"), start as i64)])))
+        let (start_pos, kv_len) = (Dim::sym("start_pos"), Dim::sym("kv_len"));
+        let outputs = kiln::no_grad(|| self.model.forward_cached(&tokens, &start_pos, &kv_len, &kv))?;
+        let len = self.model.attended_len(start, self.config.seq);
+        Ok((outputs, Bindings::from([(Symbol::new("start_pos"), start as i64), (Symbol::new("kv_len"), len as i64)])))
     }
 }

@@ -142,7 +142,8 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
     let times = exe.launch_times(&p.traced.inputs, &p.traced.bindings, 11)?;
     let total: u64 = times.iter().map(|t| t.median_ns).sum();
     // Per kernel: launches, total ns, the first launch's matmul sizes and threads.
-    let mut by_kernel: Vec<(u32, usize, u64, Option<(usize, usize, usize, usize)>, u32)> = Vec::new();
+    type Row = (u32, usize, u64, Option<(usize, usize, usize, usize)>, u32);
+    let mut by_kernel: Vec<Row> = Vec::new();
     for t in &times {
         match by_kernel.iter_mut().find(|k| k.0 == t.kernel) {
             Some(k) => {
@@ -163,7 +164,9 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
     for (kernel, count, ns, matmul, threads) in by_kernel.into_iter().take(top) {
         let what = match (matmul, &exe.program().kernels[kernel as usize]) {
             (Some((b, m, n, k)), lower::kir::Kernel::Matmul(mk)) => {
-                let layout = |o: &lower::kir::MatOperand| if o.col_stride == lower::kir::IExpr::Const(1) { "row" } else { "col" };
+                let layout = |o: &lower::kir::MatOperand| {
+                    if o.col_stride == lower::kir::IExpr::Const(1) { "row" } else { "col" }
+                };
                 format!("matmul batch {b} m {m} n {n} k {k} (a {}-major, b {}-major)", layout(&mk.a), layout(&mk.b))
             }
             _ => "loops".to_string(),

@@ -153,6 +153,23 @@ impl IExpr {
         }
     }
 
+    /// Appends the number of every symbol this expression reads to `out`.
+    pub fn symbols(&self, out: &mut Vec<u32>) {
+        match self {
+            IExpr::Const(_) | IExpr::Var(_) => {}
+            IExpr::Sym(s) => out.push(*s),
+            IExpr::Add(a, b)
+            | IExpr::Mul(a, b)
+            | IExpr::Div(a, b)
+            | IExpr::Mod(a, b)
+            | IExpr::Lt(a, b)
+            | IExpr::And(a, b) => {
+                a.symbols(out);
+                b.symbols(out);
+            }
+        }
+    }
+
     /// Evaluates with loop variable values `vars[v]` and symbol values `syms[n]`.
     pub fn eval(&self, vars: &[i64], syms: &[i64]) -> i64 {
         match self {

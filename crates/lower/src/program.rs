@@ -153,6 +153,38 @@ impl Program {
         out
     }
 
+    /// The symbols that decide the program's *structure* for a binding set: every size (of a
+    /// buffer, an input, an output), every loop extent and every matmul size, offset and
+    /// stride. The other symbols of [`Program::symbols`] are only read by kernels as index
+    /// offsets (a KV cache's write position): a binding set that differs from another only in
+    /// those has the same sizes, memory plan and launches, and a backend reuses them. Sorted,
+    /// deduplicated; a subset of [`Program::size_symbols`].
+    pub fn structure_symbols(&self, input_types: &[Option<TensorType>]) -> Vec<Symbol> {
+        let mut indices: Vec<u32> = Vec::new();
+        for k in &self.kernels {
+            match k {
+                Kernel::Loops(l) => loop_extent_syms(&l.body, &mut indices),
+                Kernel::Matmul(m) => {
+                    let ops = [&m.a, &m.b, &m.c];
+                    let exprs = [&m.batch, &m.m, &m.n, &m.k]
+                        .into_iter()
+                        .chain(ops.iter().flat_map(|o| [&o.offset, &o.batch_stride, &o.row_stride, &o.col_stride]));
+                    for e in exprs {
+                        e.symbols(&mut indices);
+                    }
+                }
+            }
+        }
+        let mut out: Vec<Symbol> = indices.iter().filter_map(|&i| self.symbols.get(i as usize).cloned()).collect();
+        let shapes = input_types.iter().flatten().chain(self.outputs.iter().map(|(_, t)| t)).flat_map(|t| &t.shape);
+        for d in shapes.chain(self.buffers.iter().map(|b| &b.numel)) {
+            out.extend(d.symbols());
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// The kernel step `s` launches, checked: the kernel exists and takes one parameter per
     /// argument of the step. Every pass that walks the steps (levels, memory plan, executor)
     /// validates a program through this one place.
@@ -196,5 +228,15 @@ impl fmt::Display for Program {
         }
         let outs: Vec<String> = self.outputs.iter().map(|(b, t)| format!("{b}: {t}")).collect();
         writeln!(f, "return {}", outs.join(", "))
+    }
+}
+
+/// The symbols (by index) the extents of the loops of `stmts` read, at any depth.
+fn loop_extent_syms(stmts: &[crate::kir::Stmt], out: &mut Vec<u32>) {
+    for s in stmts {
+        if let crate::kir::Stmt::Loop { extent, body, .. } = s {
+            extent.symbols(out);
+            loop_extent_syms(body, out);
+        }
     }
 }

@@ -67,13 +67,13 @@ impl CausalSelfAttention {
     }
 
     /// `true` where a query may not see a key, for queries at positions `[start, start + seq)`
-    /// and keys at `[0, start + seq)` on `device` (key after query): the full
+    /// and keys at `[0, len)` on `device` (key after query): the full
     /// `[max_seq_len, max_seq_len]` mask narrowed to that block. On the default device it is a
     /// lazy constant (iota compare); on another device the full mask is realized once and moved
     /// there. The positions are `f32`, exact below 2^24: a block only reads positions below
     /// `max_seq_len`, and a score matrix that long would have 2^48 elements. An `i64` iota would
     /// keep the softmax kernels that compute the mask inline out of 4-lane vectors.
-    fn mask(&self, start: &Dim, seq: &Dim, device: Device) -> Tensor {
+    fn mask(&self, start: &Dim, seq: &Dim, len: &Dim, device: Device) -> Tensor {
         let n = self.max_seq_len as i64;
         let full = || {
             let positions = Tensor::arange(0.0, n as f64, 1.0);
@@ -94,7 +94,7 @@ impl CausalSelfAttention {
                 }
             }
         }
-        full.narrow(0, start.clone(), seq.clone()).narrow(1, 0, start + seq)
+        full.narrow(0, start.clone(), seq.clone()).narrow(1, 0, len.clone())
     }
 
     /// The input's `[batch, seq, dim]` and the head size (`-1` where unknown: the reshapes that
@@ -119,7 +119,7 @@ impl CausalSelfAttention {
     }
 
     /// Attention of the queries `q` (at positions `[start, start + seq)`) over `k` and `v` (at
-    /// `[0, start + seq)`), then the output projection: `[batch, seq, dim]`.
+    /// `[0, len)`, `len` their length), then the output projection: `[batch, seq, dim]`.
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -135,7 +135,8 @@ impl CausalSelfAttention {
         // A multiply by the reciprocal scale (as PyTorch's fused attention does), not a divide,
         // in the kernels that read the scores.
         let scores = q.matmul(&k.transpose(-2, -1)).mul(1.0 / (head_dim.max(1) as f64).sqrt());
-        let scores = self.mask(start, &seq, device).where_(f64::NEG_INFINITY, &scores);
+        let len = k.shape().get(2).cloned().unwrap_or(Dim::Const(0));
+        let scores = self.mask(start, &seq, &len, device).where_(f64::NEG_INFINITY, &scores);
         let y = scores.softmax(-1).matmul(v).transpose(1, 2).reshape(vec![batch, seq, dim]);
         self.o.forward(&y)
     }
@@ -144,9 +145,18 @@ impl CausalSelfAttention {
     /// `[start, start + seq)`) with a key/value cache: `keys` and `values`
     /// (`[batch, n_heads, max_len, head_dim]`) hold the earlier positions' keys and values.
     /// Returns the output and the caches with this call's keys and values written at
-    /// `[start, start + seq)`; attention reads `[0, start + seq)` of them. `start` and `seq` may
-    /// be symbolic; a range past `max_len` makes the program fail when it runs.
-    pub fn forward_cached(&self, x: &Tensor, start: &Dim, keys: &Tensor, values: &Tensor) -> (Tensor, Tensor, Tensor) {
+    /// `[start, start + seq)`. Attention reads positions `[0, len)` of them, the ones from
+    /// `start + seq` on masked out: `len >= start + seq` must hold (a `len` rounded up keeps
+    /// the program's sizes the same over many positions). `start`, `seq` and `len` may be
+    /// symbolic; a range past `max_len` makes the program fail when it runs.
+    pub fn forward_cached(
+        &self,
+        x: &Tensor,
+        start: &Dim,
+        len: &Dim,
+        keys: &Tensor,
+        values: &Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
         let (sizes, head_dim) = self.sizes(x);
         let [batch, seq, _] = &sizes;
         let q = self.heads(self.q.forward(x), batch, seq, head_dim);
@@ -154,8 +164,7 @@ impl CausalSelfAttention {
         let v = self.heads(self.v.forward(x), batch, seq, head_dim);
         let keys = keys.slice_scatter(&k, 2, start.clone());
         let values = values.slice_scatter(&v, 2, start.clone());
-        let total = start + seq;
-        let (k_all, v_all) = (keys.narrow(2, 0, total.clone()), values.narrow(2, 0, total));
+        let (k_all, v_all) = (keys.narrow(2, 0, len.clone()), values.narrow(2, 0, len.clone()));
         let y = self.attend(&q, &k_all, &v_all, start, &sizes, head_dim, x.device());
         (y, keys, values)
     }

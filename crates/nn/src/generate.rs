@@ -20,7 +20,7 @@ use kiln::{Dim, JitCache, Tensor};
 
 use crate::error::{GenerateErrorKind, NnError, Result};
 use crate::module::Module;
-use crate::transformer::Transformer;
+use crate::transformer::{KvCache, Transformer};
 
 /// A model that decodes step by step and keeps its own state (a KV cache, or the tokens so far).
 pub trait Decoder {
@@ -550,6 +550,63 @@ impl Xoshiro256 {
     /// Uniform in `[0, 1)`: the top 53 bits as a fraction.
     fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// The [`Decoder`] that decoding uses: a [`Transformer`] with a [`KvCache`]. Each step feeds only
+/// the new tokens ([`Transformer::forward_at_last`]: one compiled program for the prompt and
+/// every step, the cache updated in place), so step `n` costs one token's forward whatever `n`.
+pub struct CachedDecoder<'a> {
+    model: &'a mut Transformer,
+    cache: Option<KvCache>,
+}
+
+impl<'a> CachedDecoder<'a> {
+    /// A decoder over `model` with nothing fed yet (the cache is allocated on the first feed,
+    /// for its batch size).
+    pub fn new(model: &'a mut Transformer) -> CachedDecoder<'a> {
+        CachedDecoder { model, cache: None }
+    }
+
+    /// The cache, once something was fed.
+    pub fn cache(&self) -> Option<&KvCache> {
+        self.cache.as_ref()
+    }
+}
+
+impl Decoder for CachedDecoder<'_> {
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        if let Some(cache) = &mut self.cache {
+            cache.reset();
+        }
+        Ok(())
+    }
+
+    /// Errors (kind [`GenerateErrorKind::Tokens`]) for bad tokens and a batch size other than
+    /// the one fed since the reset; past the model's `max_seq_len`, the cache's error.
+    #[track_caller]
+    fn feed(&mut self, tokens: &[Vec<u32>]) -> Result<Vec<f32>> {
+        let location = Location::caller();
+        let (batch, len) = check_rows(tokens, self.vocab_size(), "token", location)?;
+        let cache = match &mut self.cache {
+            Some(c) if c.batch() == batch => c,
+            Some(c) if !c.is_empty() => {
+                return fail(
+                    GenerateErrorKind::Tokens,
+                    location,
+                    format!("fed {batch} rows after {} rows (reset to change the batch size)", c.batch()),
+                );
+            }
+            _ => self.cache.insert(self.model.kv_cache(batch)?),
+        };
+        let ids: Vec<i32> = tokens.iter().flatten().map(|&t| i32::try_from(t).unwrap_or(i32::MAX)).collect();
+        let ids = Tensor::from_vec_on(ids, &[batch, len], self.model.wte.weight.device());
+        let start = cache.len();
+        Ok(self.model.forward_at_last(&ids, start, cache)?.to_vec::<f32>()?)
     }
 }
 

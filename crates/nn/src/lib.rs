@@ -76,7 +76,7 @@ pub use activation::{Activation, Dropout, Flatten};
 pub use attention::CausalSelfAttention;
 pub use conv::{AvgPool2d, Conv2d, MaxPool2d};
 pub use error::{GenerateErrorKind, NnError, Result};
-pub use generate::{Decoder, GenerateConfig, RecomputeDecoder, Sampling, generate};
+pub use generate::{CachedDecoder, Decoder, GenerateConfig, RecomputeDecoder, Sampling, generate};
 pub use gpt2::{GPT2_NORM_EPS, Gpt2Options, gpt2_from_safetensors, load_gpt2, load_gpt2_with};
 pub use kiln_nn_derive::Module;
 pub use linear::{Embedding, Linear};

@@ -161,13 +161,23 @@ impl<T: Module + ?Sized> Module for Box<T> {
 }
 
 /// `prefix.name`, or `name` when `prefix` is empty.
-fn join(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
-}
-
 /// Visits `child`'s tensors under `prefix` (none when `prefix` is empty).
 pub fn visit_child(child: &(impl ModuleParams + ?Sized), prefix: &str, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
-    child.visit(&mut |name, t, kind| f(&join(prefix, name), t, kind));
+    // One name buffer per child, reused for each of its tensors (a compiled forward visits the
+    // model on every call).
+    let mut full = String::new();
+    child.visit(&mut |name, t, kind| f(join_into(&mut full, prefix, name), t, kind));
+}
+
+/// `prefix.name` (or `name` alone) written into `buf`.
+fn join_into<'a>(buf: &'a mut String, prefix: &str, name: &str) -> &'a str {
+    buf.clear();
+    if !prefix.is_empty() {
+        buf.push_str(prefix);
+        buf.push('.');
+    }
+    buf.push_str(name);
+    buf
 }
 
 /// Visits `child`'s tensors mutably under `prefix` (none when `prefix` is empty).
@@ -176,7 +186,8 @@ pub fn visit_child_mut(
     prefix: &str,
     f: &mut dyn FnMut(&str, &mut Tensor, ParamKind),
 ) {
-    child.visit_mut(&mut |name, t, kind| f(&join(prefix, name), t, kind));
+    let mut full = String::new();
+    child.visit_mut(&mut |name, t, kind| f(join_into(&mut full, prefix, name), t, kind));
 }
 
 /// What the code `#[derive(Module)]` generates calls; not an API of its own.

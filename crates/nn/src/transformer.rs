@@ -184,6 +184,8 @@ pub struct KvCache {
     /// The number of positions filled.
     len: usize,
     jit: JitCache,
+    /// The forward returning the last position's logits only.
+    jit_last: JitCache,
 }
 
 impl KvCache {
@@ -224,9 +226,10 @@ impl KvCache {
     }
 
     /// How many times the cached forward was traced and compiled: 1 for every prefill and
-    /// decoding step of one batch size and token dtype.
+    /// decoding step of one batch size and token dtype (per kind of call:
+    /// [`Transformer::forward_at`], [`Transformer::forward_at_last`]).
     pub fn traces(&self) -> usize {
-        self.jit.traces()
+        self.jit.traces() + self.jit_last.traces()
     }
 }
 
@@ -245,7 +248,7 @@ impl Transformer {
                 Ok(t)
             })
             .collect::<Result<_>>()?;
-        Ok(KvCache { kv, batch, max_seq_len: c.max_seq_len, len: 0, jit: JitCache::new() })
+        Ok(KvCache { kv, batch, max_seq_len: c.max_seq_len, len: 0, jit: JitCache::new(), jit_last: JitCache::new() })
     }
 
     /// The logits `[batch, seq, vocab]` of `tokens` (`[batch, seq]` ids) at positions
@@ -259,6 +262,23 @@ impl Transformer {
     /// Errors: `start_pos` past the cache's length, `start_pos + seq` past `max_seq_len`, a batch
     /// other than the cache's, or a cache of another model's sizes.
     pub fn forward_at(&mut self, tokens: &Tensor, start_pos: usize, cache: &mut KvCache) -> Result<Tensor> {
+        self.forward_at_impl(tokens, start_pos, cache, false)
+    }
+
+    /// [`Transformer::forward_at`] returning only the last position's logits, `[batch, 1,
+    /// vocab]`: what decoding needs, without the vocabulary projection of every prompt token
+    /// (a second compiled program, in the same cache).
+    pub fn forward_at_last(&mut self, tokens: &Tensor, start_pos: usize, cache: &mut KvCache) -> Result<Tensor> {
+        self.forward_at_impl(tokens, start_pos, cache, true)
+    }
+
+    fn forward_at_impl(
+        &mut self,
+        tokens: &Tensor,
+        start_pos: usize,
+        cache: &mut KvCache,
+        last: bool,
+    ) -> Result<Tensor> {
         let dims = tokens.dims()?;
         let [batch, seq] = dims[..] else {
             return Err(NnError::Cache(format!("tokens must be [batch, seq], got {dims:?}")));
@@ -292,23 +312,35 @@ impl Transformer {
         let tokens = tokens.with_dims(vec![Dim::Const(batch as i64), Dim::sym("seq")]);
         let weights = model_tensors(self);
         let n_kv = cache.kv.len();
-        let mut args = Vec::with_capacity(2 + n_kv + weights.len());
+        let mut args = Vec::with_capacity(3 + n_kv + weights.len());
         args.push(tokens);
-        args.push(Tensor::symbol("start_pos", start_pos).to_device(self.wte.weight.device())?);
+        let device = self.wte.weight.device();
+        args.push(Tensor::symbol("start_pos", start_pos).to_device(device)?);
+        args.push(Tensor::symbol("kv_len", self.attended_len(start_pos, seq)).to_device(device)?);
         // The cache arrays are given up, so the program updates them in place.
         args.append(&mut cache.kv);
         args.extend(weights);
         let model = &mut *self;
-        let result = cache.jit.call_owned(args, |a: &[Tensor]| -> Result<Vec<Tensor>> {
-            let start = a[1].shape()[0].clone();
-            let kv = &a[2..2 + n_kv];
-            with_tensors(model, &a[2 + n_kv..], |m| kiln::no_grad(|| m.forward_cached(&a[0], &start, kv)))?
+        let jit = if last { &mut cache.jit_last } else { &mut cache.jit };
+        let result = jit.call_owned(args, |a: &[Tensor]| -> Result<Vec<Tensor>> {
+            let (start, len) = (a[1].shape()[0].clone(), a[2].shape()[0].clone());
+            let kv = &a[3..3 + n_kv];
+            let mut out =
+                with_tensors(model, &a[3 + n_kv..], |m| kiln::no_grad(|| m.forward_cached(&a[0], &start, &len, kv)))??;
+            if last {
+                let seq = a[0].shape()[1].clone();
+                out[0] = out[0].narrow(1, &seq - &Dim::Const(1), 1);
+            }
+            Ok(out)
         });
         let mut out = match result {
             Ok(out) => out,
             Err(e) => {
-                // The arrays went to the failed call: start again from fresh ones.
-                *cache = self.kv_cache(batch)?;
+                // The arrays went to the failed call: start again from fresh ones (the compiled
+                // programs stay).
+                let fresh = self.kv_cache(batch)?;
+                cache.kv = fresh.kv;
+                cache.len = 0;
                 return Err(e);
             }
         };
@@ -317,12 +349,26 @@ impl Transformer {
         out.pop().ok_or_else(|| NnError::Cache("the compiled forward returned nothing".into()))
     }
 
+    /// The positions of the cache a call with `seq` tokens at `start_pos` attends over: `start_pos
+    /// + seq` rounded up to a multiple of [`Transformer::KV_BUCKET`] (at most `max_seq_len`),
+    /// the positions past `start_pos + seq` masked out. The program's sizes depend on this
+    /// length and not on `start_pos`, so decoding reuses one memory plan and one set of launches
+    /// for `KV_BUCKET` positions at a time; `start_pos` is only an index offset.
+    pub fn attended_len(&self, start_pos: usize, seq: usize) -> usize {
+        (start_pos + seq).div_ceil(Self::KV_BUCKET).saturating_mul(Self::KV_BUCKET).min(self.config.max_seq_len)
+    }
+
+    /// The granularity of [`Transformer::attended_len`].
+    pub const KV_BUCKET: usize = 64;
+
     /// The lazy forward of [`Transformer::forward_at`], for tracing it yourself: the logits of
     /// `ids` (`[batch, seq]`) at positions `[start, start + seq)`, then each block's keys and
     /// values with this call's written at those positions. `kv` holds each block's keys then
-    /// values, `[batch, n_heads, max_len, head_dim]`. `start` is usually a symbol
-    /// (`Dim::sym("start_pos")`) whose value the program's bindings give.
-    pub fn forward_cached(&self, ids: &Tensor, start: &Dim, kv: &[Tensor]) -> Result<Vec<Tensor>> {
+    /// values, `[batch, n_heads, max_len, head_dim]`; attention reads their positions
+    /// `[0, len)`, which must cover `[0, start + seq)` (see [`Transformer::attended_len`]).
+    /// `start` and `len` are usually symbols (`Dim::sym("start_pos")`, `Dim::sym("kv_len")`)
+    /// whose values the program's bindings give.
+    pub fn forward_cached(&self, ids: &Tensor, start: &Dim, len: &Dim, kv: &[Tensor]) -> Result<Vec<Tensor>> {
         if kv.len() != 2 * self.blocks.len() {
             return Err(NnError::Cache(format!("{} cache arrays for {} blocks", kv.len(), self.blocks.len())));
         }
@@ -331,7 +377,7 @@ impl Transformer {
         let mut x = self.wte.forward(ids).add(positions);
         let mut out = vec![Tensor::zeros(&[0], DType::F32)];
         for (block, kv) in self.blocks.iter().zip(kv.chunks(2)) {
-            let (y, keys, values) = block.attn.forward_cached(&block.ln1.forward(&x), start, &kv[0], &kv[1]);
+            let (y, keys, values) = block.attn.forward_cached(&block.ln1.forward(&x), start, len, &kv[0], &kv[1]);
             x = x.add(y);
             x = x.add(block.mlp.forward(&block.ln2.forward(&x)));
             out.push(keys);

@@ -157,3 +157,31 @@ fn positions_past_the_cache_are_errors() {
     let e = m.forward_at(&Tensor::zeros(&[1, 1, 1], DType::I32), 0, &mut cache).unwrap_err();
     assert!(e.to_string().contains("[batch, seq]"), "{e}");
 }
+
+/// `generate` with the cache picks what it picks with a full recompute every step: greedy on a
+/// batch of two, and seeded top-k sampling (one compiled program for the prompt and the steps).
+#[test]
+fn generating_with_the_cache_matches_the_recompute_decoder() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut m = model(48, Device::Cpu);
+    // Embeddings of std 1 so that the greedy chain varies (the 0.02 init repeats one token).
+    m.wte.weight = kiln_nn::Embedding::new(64, 64).weight;
+    let prompts = vec![vec![3u32, 14, 15, 9], vec![2, 7, 1, 8]];
+    let configs = [
+        GenerateConfig::greedy(10),
+        GenerateConfig {
+            sampling: Sampling::Sample { temperature: 0.9, top_k: Some(8), top_p: None },
+            seed: 5,
+            ..GenerateConfig::greedy(10)
+        },
+    ];
+    for config in &configs {
+        let want = generate(&mut RecomputeDecoder::new(&m), &prompts, config, |_| std::ops::ControlFlow::Continue(()))
+            .unwrap();
+        let mut cached = CachedDecoder::new(&mut m);
+        let got = generate(&mut cached, &prompts, config, |_| std::ops::ControlFlow::Continue(())).unwrap();
+        assert_eq!(got, want, "{:?}", config.sampling);
+        assert_eq!(cached.cache().unwrap().len(), 4 + 9);
+        assert_eq!(cached.cache().unwrap().traces(), 1);
+    }
+}

@@ -135,10 +135,13 @@ pub trait Backend: Send + Sync + Sized {
 
 /// Everything for one binding set: the device-independent sizes, the memory plan, and the
 /// backend's launches.
+///
+/// Binding sets that differ only in symbols kernels read as index offsets (a KV cache's write
+/// position, `Prepared::structure_key`) share their plan and launches, calibration included.
 pub struct BindingSet<B: Backend> {
     pub sizes: Sizes,
-    pub plan: MemoryPlan,
-    pub launches: B::Launches,
+    pub plan: Arc<MemoryPlan>,
+    pub launches: Arc<B::Launches>,
 }
 
 /// A program on one backend, ready to run for any symbol values.
@@ -146,6 +149,9 @@ pub struct Runner<B: Backend> {
     pub(crate) prepared: Prepared,
     pub(crate) backend: B,
     sized: SizedCache<BindingSet<B>>,
+    /// Binding sets by structure key (only for programs with offset symbols): where a new binding
+    /// set finds its plan and launches.
+    structures: SizedCache<BindingSet<B>>,
     pub(crate) buffers: Mutex<B::Buffers>,
 }
 
@@ -156,7 +162,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl<B: Backend> Runner<B> {
     /// `prepared` on `backend` (the program's kernels, compiled for the device).
     pub fn with_backend(prepared: Prepared, backend: B) -> Runner<B> {
-        Runner { prepared, backend, sized: SizedCache::default(), buffers: Mutex::new(B::Buffers::default()) }
+        Runner {
+            prepared,
+            backend,
+            sized: SizedCache::default(),
+            structures: SizedCache::default(),
+            buffers: Mutex::new(B::Buffers::default()),
+        }
     }
 
     /// The lowered program.
@@ -193,6 +205,19 @@ impl<B: Backend> Runner<B> {
     pub fn sized(&self, bindings: &Bindings) -> Result<Arc<BindingSet<B>>> {
         let key = self.prepared.key(bindings)?;
         self.sized.get_or_insert(key, |key| {
+            if self.prepared.has_offset_symbols() {
+                let structure = self.prepared.structure_key(bindings)?;
+                let like = self.structures.get_or_insert(structure, |_| self.make_sized(key.clone(), bindings))?;
+                let sizes = self.prepared.resized(&like.sizes, key, bindings)?;
+                return Ok(BindingSet { sizes, plan: like.plan.clone(), launches: like.launches.clone() });
+            }
+            self.make_sized(key, bindings)
+        })
+    }
+
+    /// Sizes, plan and launches for `bindings`, computed from scratch.
+    fn make_sized(&self, key: crate::prepared::SizeKey, bindings: &Bindings) -> Result<BindingSet<B>> {
+        {
             let sizes = self.prepared.sizes(key, bindings)?;
             let launches = self.backend.size(&self.prepared, &sizes)?;
             let program = self.prepared.program();
@@ -206,13 +231,14 @@ impl<B: Backend> Runner<B> {
                 .map(|(b, &n)| self.backend.buffer_bytes(program, b, n))
                 .collect::<Result<Vec<usize>>>()?;
             let plan = self.prepared.plan(bytes, B::time_slots(&launches))?;
-            Ok(BindingSet { sizes, plan, launches })
-        })
+            Ok(BindingSet { sizes, plan: Arc::new(plan), launches: Arc::new(launches) })
+        }
     }
 
     /// Forgets every binding set (after a change to how the backend launches).
     pub(crate) fn clear_sized(&self) {
         self.sized.clear();
+        self.structures.clear();
     }
 
     /// Runs the program on `inputs` (one per input slot) with the symbol values in `bindings`,

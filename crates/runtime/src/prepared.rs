@@ -39,6 +39,10 @@ pub struct Prepared {
     input_types: Vec<Option<TensorType>>,
     /// Every symbol a size or check depends on, sorted: the binding-set key.
     size_symbols: Vec<Symbol>,
+    /// The symbols of `size_symbols` that decide sizes, loop extents and matmul launches
+    /// (`Program::structure_symbols`): binding sets equal in these share everything but the
+    /// symbol values kernels read.
+    structure_symbols: Vec<Symbol>,
     /// `Program::inits` as (output buffer, input slot), validated.
     init_slots: Vec<(usize, usize)>,
 }
@@ -91,6 +95,14 @@ fn loop_extents_ok(stmts: &[Stmt], n_syms: usize, n_vars: usize) -> bool {
         Stmt::Loop { extent, body, .. } => expr_ok(extent, n_syms, n_vars) && loop_extents_ok(body, n_syms, n_vars),
         _ => true,
     })
+}
+
+fn key_of(symbols: &[Symbol], bindings: &Bindings) -> Result<SizeKey> {
+    let mut key: SizeKey = SmallVec::with_capacity(symbols.len());
+    for s in symbols {
+        key.push(*bindings.get(s).ok_or_else(|| RuntimeError::Unbound(s.clone()))?);
+    }
+    Ok(key)
 }
 
 fn invalid<T>(msg: String) -> Result<T> {
@@ -191,7 +203,8 @@ impl Prepared {
             init_slots.push((out.0 as usize, slot as usize));
         }
         let size_symbols = program.size_symbols(&input_types);
-        Ok(Prepared { program, input_types, size_symbols, init_slots })
+        let structure_symbols = program.structure_symbols(&input_types);
+        Ok(Prepared { program, input_types, size_symbols, structure_symbols, init_slots })
     }
 
     /// The lowered program.
@@ -221,11 +234,42 @@ impl Prepared {
 
     /// The key of `bindings` in a binding-set cache: the values of the size symbols.
     pub fn key(&self, bindings: &Bindings) -> Result<SizeKey> {
-        let mut key: SizeKey = SmallVec::with_capacity(self.size_symbols.len());
-        for s in &self.size_symbols {
-            key.push(*bindings.get(s).ok_or_else(|| RuntimeError::Unbound(s.clone()))?);
-        }
-        Ok(key)
+        key_of(&self.size_symbols, bindings)
+    }
+
+    /// The key of `bindings` among binding sets of one structure: the values of the symbols
+    /// that decide sizes, extents and matmul launches (see [`Prepared::resized`]).
+    pub fn structure_key(&self, bindings: &Bindings) -> Result<SizeKey> {
+        key_of(&self.structure_symbols, bindings)
+    }
+
+    /// Whether some symbol of the program is only an index offset (not in the structure key).
+    pub fn has_offset_symbols(&self) -> bool {
+        self.structure_symbols.len() < self.size_symbols.len()
+    }
+
+    /// [`Prepared::sizes`] for `bindings` when `like` was computed for bindings with the same
+    /// structure key: the shape conditions are checked and the kernels' symbol values taken
+    /// from `bindings`; buffer, input and output sizes are `like`'s (they depend only on the
+    /// structure symbols).
+    pub fn resized(&self, like: &Sizes, key: SizeKey, bindings: &Bindings) -> Result<Sizes> {
+        self.program.check_bindings(bindings)?;
+        let syms = self.syms(bindings)?;
+        Ok(Sizes {
+            key,
+            syms,
+            buf_numel: like.buf_numel.clone(),
+            input_shapes: like.input_shapes.clone(),
+            output_shapes: like.output_shapes.clone(),
+        })
+    }
+
+    fn syms(&self, bindings: &Bindings) -> Result<Vec<i64>> {
+        self.program
+            .symbols
+            .iter()
+            .map(|s| bindings.get(s).copied().ok_or_else(|| RuntimeError::Unbound(s.clone())))
+            .collect()
     }
 
     /// Everything device-independent about `bindings` (whose key is `key`). The graph's shape
@@ -250,11 +294,7 @@ impl Prepared {
                 .ok_or_else(|| RuntimeError::BadSize(format!("{} overflows", what())))
         };
 
-        let syms = p
-            .symbols
-            .iter()
-            .map(|s| bindings.get(s).copied().ok_or_else(|| RuntimeError::Unbound(s.clone())))
-            .collect::<Result<Vec<i64>>>()?;
+        let syms = self.syms(bindings)?;
         let mut buf_numel = Vec::with_capacity(p.buffers.len());
         for (i, b) in p.buffers.iter().enumerate() {
             let n = eval(&b.numel, &|| format!("the size of buf{i}"))?;

@@ -26,8 +26,6 @@ pub struct GpuCode {
 
 /// What wgpu derives from one binding set.
 pub struct GpuLaunches {
-    /// Symbol values as the shaders read them (`vec4<i32>` packed).
-    syms: Vec<i32>,
     /// Device bytes of each buffer (`bool` is 4 bytes per element).
     bytes: Vec<u64>,
     /// Bytes of the input and output buffers.
@@ -153,12 +151,7 @@ impl Backend for GpuCode {
 
     fn size(&self, prepared: &Prepared, sizes: &Sizes) -> Result<GpuLaunches> {
         let p = prepared.program();
-        let mut syms = Vec::with_capacity(p.symbols.len());
-        for (s, &v) in p.symbols.iter().zip(&sizes.syms) {
-            let v32 = i32::try_from(v)
-                .map_err(|_| RuntimeError::BadSize(format!("symbol `{s}` = {v} does not fit in i32 (wgpu indices)")))?;
-            syms.push(v32);
-        }
+        sym_words(p, &sizes.syms)?;
         let binding_limit = self.device.inner.limits.max_storage_buffer_binding_size;
         let mut bytes = Vec::with_capacity(p.buffers.len());
         let mut io_bytes = 0u64;
@@ -181,7 +174,7 @@ impl Backend for GpuCode {
             bytes.push(size);
         }
         let dispatches = self.pipelines.iter().map(|pl| pl.wgsl.dispatch.workgroups(&sizes.syms)).collect();
-        Ok(GpuLaunches { syms, bytes, io_bytes, dispatches })
+        Ok(GpuLaunches { bytes, io_bytes, dispatches })
     }
 
     fn preset(&self, st: &mut GpuBuffers, inits: Vec<(usize, Arc<HostData>)>) -> Result<()> {
@@ -254,8 +247,11 @@ impl Backend for GpuCode {
 
         // Uploads: symbol values, then every input straight from the caller's slice.
         let syms_buf = st.syms.as_ref().ok_or_else(|| invalid("no symbol buffer".into()))?;
-        if !l.syms.is_empty() {
-            dev.queue.write_buffer(syms_buf, 0, bytemuck::cast_slice(&l.syms));
+        if !sized.sizes.syms.is_empty() {
+            // This binding set's values: binding sets that differ only in offset symbols share
+            // their launches.
+            let syms = sym_words(p, &sized.sizes.syms)?;
+            dev.queue.write_buffer(syms_buf, 0, bytemuck::cast_slice(&syms));
         }
         for (i, b) in p.buffers.iter().enumerate() {
             let BufferKind::Input(slot) = b.kind else { continue };
@@ -499,4 +495,16 @@ fn upload(dev: &super::Inner, buffer: &::wgpu::Buffer, data: &HostData) -> Resul
         data => dev.queue.write_buffer(buffer, 0, data.as_bytes()),
     }
     Ok(())
+}
+
+/// The symbol values as the kernels' `i32` words; a value out of `i32` range is an error.
+fn sym_words(p: &Program, syms: &[i64]) -> Result<Vec<i32>> {
+    p.symbols
+        .iter()
+        .zip(syms)
+        .map(|(s, &v)| {
+            i32::try_from(v)
+                .map_err(|_| RuntimeError::BadSize(format!("symbol `{s}` = {v} does not fit in i32 (wgpu indices)")))
+        })
+        .collect()
 }
