@@ -346,7 +346,13 @@ pub fn render(args: &Args, results: &[DepthResult]) -> SuiteOutput {
         format!("{} in-process compiles per depth (median); one untimed warm-up compile first", args.repeats),
     );
     out.meta("end to end", "graph build (forward + trace + structure key) + lower + codegen + memory plan + first run; weight init excluded");
-    out.meta("compiled forward", "nn::Predictor (the forward as a kiln::jit function, weights as arguments): bind tokens and weights, run the traced program");
+    out.meta(
+        "compiled forward",
+        match c.start_pos {
+            Some(_) => "Transformer::forward_at (the cached forward as a kiln::jit function of tokens, position, cache and weights; the cache given up and updated in place): bind, run",
+            None => "nn::Predictor (the forward as a kiln::jit function, weights as arguments): bind tokens and weights, run the traced program",
+        },
+    );
     out.meta("facade forward", "record the lazy forward + kiln::realize on Device::Cpu (trace, program-cache hit, run): what a user calls; like-for-like with torch eager's and jax.jit's call");
     out.meta(
         "bare Executable::run",
