@@ -254,6 +254,15 @@ impl Tensor {
         self.inner.data.get().is_some()
     }
 
+    /// An error tensor for an op built outside the facade (a library's composite op, such as
+    /// `kiln_nn::functional`'s) whose arguments are invalid: an [`Error::Op`] naming `op`, with
+    /// `message` and the caller's source line. Every op applied to it passes the error on, and
+    /// `realize` returns it, like the facade's own error tensors.
+    #[track_caller]
+    pub fn invalid(op: &'static str, message: impl Into<String>) -> Tensor {
+        Tensor::failed(Error::Op { op, message: message.into(), location: Location::caller() })
+    }
+
     /// The error this tensor carries, if an op that built it had invalid inputs.
     pub fn error(&self) -> Option<&Error> {
         self.inner.error.as_ref()

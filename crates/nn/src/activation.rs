@@ -3,6 +3,7 @@
 use kiln::{GeluApprox, Tensor};
 
 use crate::Module;
+use crate::functional;
 
 /// An element-wise activation as a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Module)]
@@ -47,8 +48,8 @@ impl Module for Activation {
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)` in training mode;
 /// the identity at inference (the default mode). The mask is drawn on the host from `kiln`'s
 /// global generator, so it is an input of the step's graph and the graph's structure does not
-/// change from step to step. Needs a concrete shape in training mode (a symbolic shape passes
-/// through unchanged).
+/// change from step to step. Needs a concrete shape in training mode (a symbolic shape is an
+/// error). The forward is [`functional::dropout`].
 #[derive(Module)]
 pub struct Dropout {
     /// The probability of zeroing an element.
@@ -66,17 +67,9 @@ impl Dropout {
 }
 
 impl Module for Dropout {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        if !self.training || self.p <= 0.0 {
-            return x.clone();
-        }
-        let Ok(dims) = x.dims() else { return x.clone() };
-        if self.p >= 1.0 {
-            return x.zeros_like();
-        }
-        let Ok(draw) = Tensor::rand(&dims).to_device(x.device()) else { return x.clone() };
-        let keep = draw.ge(self.p).cast(x.dtype());
-        x.mul(keep).mul(1.0 / (1.0 - self.p))
+        functional::dropout(x, self.p, self.training)
     }
 }
 

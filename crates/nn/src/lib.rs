@@ -57,6 +57,7 @@ mod activation;
 mod attention;
 mod conv;
 mod error;
+pub mod functional;
 mod generate;
 pub mod gpt2;
 mod init;

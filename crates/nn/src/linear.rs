@@ -3,10 +3,11 @@
 use kiln::Tensor;
 
 use crate::Module;
+use crate::functional;
 use crate::init;
 
 /// `y = x W^T + b` over the last axis (PyTorch's `nn.Linear`): `weight` is `[out, in]`, `bias`
-/// is `[out]`.
+/// is `[out]`. The forward is [`functional::linear`].
 #[derive(Module)]
 pub struct Linear {
     /// `[out_features, in_features]`.
@@ -28,12 +29,9 @@ impl Linear {
 }
 
 impl Module for Linear {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        let y = x.matmul(&self.weight.transpose(0, 1));
-        match &self.bias {
-            Some(b) => y.add(b),
-            None => y,
-        }
+        functional::linear(x, &self.weight, self.bias.as_ref())
     }
 }
 
@@ -41,7 +39,8 @@ impl Module for Linear {
 /// `weight` (`[num_embeddings, dim]`). A lookup is a gather: it costs O(ids x dim) whatever the
 /// number of rows, and reads only the rows it names (an `inf` in one row touches no other). An id
 /// outside `0..num_embeddings` makes the realize fail, as PyTorch raises an error. The weight's
-/// gradient is a scatter-add of the output gradient into the looked-up rows.
+/// gradient is a scatter-add of the output gradient into the looked-up rows. The forward is
+/// [`functional::embedding`].
 #[derive(Module)]
 pub struct Embedding {
     /// `[num_embeddings, embedding_dim]`.
@@ -57,10 +56,8 @@ impl Embedding {
 }
 
 impl Module for Embedding {
+    #[track_caller]
     fn forward(&self, ids: &Tensor) -> Tensor {
-        let mut out_shape = ids.shape().to_vec();
-        let dim = self.weight.shape().get(1).cloned().unwrap_or(kiln::Dim::Const(0));
-        out_shape.push(dim);
-        self.weight.index_select(0, &ids.reshape(&[-1])).reshape(out_shape)
+        functional::embedding(ids, &self.weight)
     }
 }

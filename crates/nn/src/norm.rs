@@ -4,10 +4,18 @@
 use kiln::Tensor;
 
 use crate::Module;
+use crate::functional;
 use crate::init;
 
-/// `(x - mean) / sqrt(var + eps) * weight + bias` over the last axis, with the biased variance
-/// (PyTorch's `nn.LayerNorm` with one normalized dim).
+/// The normalized shape of a norm layer: its weight's (concrete) dims. A weight with a symbolic
+/// dim gives `[]`, which the functional form reports as an error naming the input's shape.
+fn normalized_shape(weight: &Tensor) -> Vec<usize> {
+    weight.dims().unwrap_or_default()
+}
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias` over the trailing axes shaped like `weight`
+/// (the last axis for [`LayerNorm::new`]), with the biased variance (PyTorch's `nn.LayerNorm`).
+/// The forward is [`functional::layer_norm`].
 #[derive(Module)]
 pub struct LayerNorm {
     /// `[dim]`, initially ones.
@@ -28,14 +36,14 @@ impl LayerNorm {
 }
 
 impl Module for LayerNorm {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        let centered = x.sub(x.mean(-1, true));
-        let var = centered.square().mean(-1, true);
-        centered.mul(var.add(self.eps).rsqrt()).mul(&self.weight).add(&self.bias)
+        functional::layer_norm(x, &normalized_shape(&self.weight), Some(&self.weight), Some(&self.bias), self.eps)
     }
 }
 
-/// `x / sqrt(mean(x^2) + eps) * weight` over the last axis (PyTorch's `nn.RMSNorm`).
+/// `x / sqrt(mean(x^2) + eps) * weight` over the trailing axes shaped like `weight` (the last axis
+/// for [`RmsNorm::new`]; PyTorch's `nn.RMSNorm`). The forward is [`functional::rms_norm`].
 #[derive(Module)]
 pub struct RmsNorm {
     /// `[dim]`, initially ones.
@@ -53,8 +61,9 @@ impl RmsNorm {
 }
 
 impl Module for RmsNorm {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        x.mul(x.square().mean(-1, true).add(self.eps).rsqrt()).mul(&self.weight)
+        functional::rms_norm(x, &normalized_shape(&self.weight), Some(&self.weight), Some(self.eps))
     }
 }
 
