@@ -20,8 +20,9 @@ pub enum Device {
     /// Native kernels JIT-compiled with Cranelift (the runtime's `CpuDevice`).
     #[default]
     Cpu,
-    /// WGSL compute shaders on a GPU through wgpu (the runtime's `WgpuDevice`). f32, i32 and
-    /// bool only: WGSL has no 64-bit types, and f16/bf16 storage is not implemented yet.
+    /// WGSL compute shaders on a GPU through wgpu (the runtime's `WgpuDevice`). f32, i32, i64
+    /// (emulated with 32-bit word pairs, exact) and bool: WGSL has no 64-bit floats, and f16/bf16
+    /// storage is not implemented yet.
     ///
     /// The variant exists in every build; without kiln's `wgpu` cargo feature (on by default)
     /// realizing on it is an [`Error::Device`] saying so.

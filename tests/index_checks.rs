@@ -3,7 +3,7 @@
 //! naming the op and the value (they used to read 0). Also the values and gradient of `gather`.
 //!
 //! The wgpu device is skipped with a printed reason when this machine has no GPU adapter, unless
-//! `KILN_REQUIRE_GPU=1`. Indices are `i32` (wgpu has no 64-bit integers).
+//! `KILN_REQUIRE_GPU=1`. Indices are `i32` or `i64` on every device (wgpu emulates `i64`).
 
 use kiln::{Device, Tensor};
 
@@ -77,14 +77,50 @@ fn index_select_out_of_range_is_an_error() {
 }
 
 #[test]
-fn i64_indices_work_on_the_cpu_and_are_a_clear_error_on_wgpu() {
-    let x = Tensor::from_vec(vec![1.0f32, 2., 3.], &[3]);
-    let idx = Tensor::from_vec(vec![2i64, 0], &[2]);
-    assert_eq!(x.index_select(0, &idx).to_vec::<f32>().unwrap(), vec![3., 1.]);
-    if devices().contains(&Device::Wgpu) {
-        let x = x.to_device(Device::Wgpu).unwrap();
-        let idx = idx.to_device(Device::Wgpu).unwrap();
-        fails_with(&x.index_select(0, &idx), Device::Wgpu, "i64");
+fn i64_indices_work_on_every_device() {
+    for device in devices() {
+        let x = on(device, vec![1.0f32, 2., 3.], &[3]);
+        let idx = on(device, vec![2i64, 0], &[2]);
+        assert_eq!(x.index_select(0, &idx).to_vec::<f32>().unwrap(), vec![3., 1.], "{device}");
+        let m = on(device, vec![1.0f32, 2., 3., 4., 5., 6.], &[2, 3]);
+        let idx = on(device, vec![2i64, 0, 1, 1], &[2, 2]);
+        assert_eq!(m.gather(1, &idx).to_vec::<f32>().unwrap(), vec![3., 1., 5., 5.], "{device}");
+        // Out of range: negative, and past 2^32, whose low 32 bits alone (1) would be in range.
+        let wide = (1i64 << 32) + 1;
+        fails_with(&x.index_select(0, &on(device, vec![0i64, -3], &[2])), device, "index -3 out of range for size 3");
+        fails_with(
+            &x.index_select(0, &on(device, vec![wide], &[1])),
+            device,
+            &format!("index {wide} out of range for size 3"),
+        );
+    }
+}
+
+#[test]
+fn argmax_and_i64_arithmetic_agree_on_every_device() {
+    let values = vec![0.5f32, 3.0, -1.0, 3.0, 7.0, 2.0, -4.0, -4.5, 0.0, 1.0, 1.0, 0.25];
+    for device in devices() {
+        let x = on(device, values.clone(), &[3, 4]);
+        assert_eq!(x.argmax(1, false).to_vec::<i64>().unwrap(), vec![1, 0, 1], "{device}: argmax rows");
+        assert_eq!(x.argmax(0, false).to_vec::<i64>().unwrap(), vec![1, 0, 2, 0], "{device}: argmax columns");
+        assert_eq!(x.argmax_all().to_vec::<i64>().unwrap(), vec![4], "{device}: argmax_all");
+        // i64 values outside the i32 range are held exactly, and a product that overflows i64
+        // wraps as on the CPU (and in PyTorch).
+        let big = on(device, vec![i64::MAX, 1 << 40, -(1 << 35) - 7, i64::MIN], &[4]);
+        let by = on(device, vec![3i64, 1 << 30, 5_000_000_007, -1], &[4]);
+        let want = vec![
+            i64::MAX.wrapping_mul(3),
+            (1i64 << 40).wrapping_mul(1 << 30),
+            (-(1i64 << 35) - 7).wrapping_mul(5_000_000_007),
+            i64::MIN.wrapping_mul(-1),
+        ];
+        assert_eq!(big.mul(&by).to_vec::<i64>().unwrap(), want, "{device}: i64 mul");
+        assert_eq!(big.add(&by).to_vec::<i64>().unwrap()[0], i64::MAX.wrapping_add(3), "{device}: i64 add");
+        assert_eq!(
+            big.cast(kiln::DType::F32).to_vec::<f32>().unwrap(),
+            vec![i64::MAX as f32, (1i64 << 40) as f32, (-(1i64 << 35) - 7) as f32, i64::MIN as f32],
+            "{device}: i64 to f32"
+        );
     }
 }
 

@@ -4,7 +4,7 @@
 //! reductions without an identity and for `backward`/`grad` with nothing to differentiate.
 //!
 //! The wgpu device is skipped with a printed reason when this machine has no GPU adapter, unless
-//! `KILN_REQUIRE_VULKAN=1`. On wgpu, `i64` fixture inputs are run as `i32` (WGSL has no 64-bit types).
+//! `KILN_REQUIRE_VULKAN=1`. Integer fixtures are `i64` on every device.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,12 +33,10 @@ fn load() -> BTreeMap<String, (Vec<usize>, Vec<f64>, bool)> {
         .collect()
 }
 
-/// A fixture tensor on `device` (integers as `i64`, or `i32` on wgpu).
+/// A fixture tensor on `device` (integers as `i64`).
 fn tensor(shape: &[usize], values: &[f64], int: bool, device: Device) -> Tensor {
     let t = if !int {
         Tensor::from_vec(values.iter().map(|&v| v as f32).collect::<Vec<_>>(), shape)
-    } else if device == Device::Wgpu {
-        Tensor::from_vec(values.iter().map(|&v| v as i32).collect::<Vec<_>>(), shape)
     } else {
         Tensor::from_vec(values.iter().map(|&v| v as i64).collect::<Vec<_>>(), shape)
     };
@@ -118,10 +116,6 @@ fn check_device(device: Device) -> Vec<String> {
             failures.push(format!("{name}: no test builds this case"));
             continue;
         };
-        if device == Device::Wgpu && out.dtype() == DType::I64 {
-            eprintln!("skipping {name} on wgpu: its result is i64, which WGSL does not have");
-            continue;
-        }
         let mut results = vec![("out", out.clone())];
         if file.contains_key(&format!("{name}.grad_x")) {
             let wrt: Vec<&Tensor> = std::iter::once(&x).chain(y.as_ref().filter(|y| y.dtype().is_float())).collect();

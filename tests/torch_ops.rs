@@ -5,17 +5,16 @@
 //! fixture's inputs and arguments, realizes it, and compares with PyTorch's `out` (floats within
 //! `1e-5 + 1e-5 * |torch|`, ints and bools exactly). A failure lists every disagreeing fixture
 //! with its op, input shapes and the largest error. Every family runs once on the interpreter
-//! on the CPU backend and on the wgpu backend. WGSL has no 64-bit types, so on wgpu the fixtures
-//! holding an i64 tensor are skipped: each family states how many it skips, and the test fails
-//! when the count differs or when nothing is left to compare. Without a wgpu adapter the wgpu
-//! pass is skipped with a printed reason, unless `KILN_REQUIRE_VULKAN=1` makes that a failure.
+//! on the CPU backend and on the wgpu backend, every fixture on each (i64 included: wgpu emulates
+//! it with 32-bit word pairs), and fails when a device compares fewer fixtures than the family
+//! has. Without a wgpu adapter the wgpu pass is skipped with a printed reason, unless `KILN_REQUIRE_VULKAN=1` makes that a failure.
 //! `every_fixture_is_tested` makes sure no fixture in the file goes unused.
 
 mod common;
 
 use std::cell::Cell;
 
-use common::{Array, Data, Fixture, FixtureInfo, fixtures};
+use common::{Array, Data, Fixture, fixtures};
 use kiln::{DType, Device, Tensor};
 
 // The op names (the `op` of each fixture's metadata) each family test covers.
@@ -57,14 +56,6 @@ thread_local! {
     static DEVICE: Cell<Device> = Cell::new(Device::default());
 }
 
-/// Whether a fixture holds a 64-bit tensor (an input or `out`), which WGSL cannot hold.
-fn has_64_bit_tensor(info: &FixtureInfo) -> bool {
-    let file = fixtures();
-    file.roles(&info.name)
-        .iter()
-        .any(|role| file.tensors.get(&format!("{}.{role}", info.name)).is_some_and(|t| matches!(t.data, Data::I64(_))))
-}
-
 /// Whether the wgpu device can run here: `false` (with the reason printed) when there is no
 /// adapter, a failure instead when `KILN_REQUIRE_VULKAN=1`.
 fn wgpu_available() -> bool {
@@ -79,32 +70,21 @@ fn wgpu_available() -> bool {
     }
 }
 
-/// How many fixtures of a family the wgpu pass compares, and how many it skips because they hold
-/// a 64-bit tensor (argmax returns i64, gather takes i64 indices: those families skip all).
-struct OnWgpu {
-    compared: usize,
-    skipped: usize,
-}
-
 /// Runs a family's fixtures (see [`common::run_family`]) on the interpreter, the CPU device and
-/// (where there is an adapter) the wgpu device, which must compare and skip exactly as `wgpu` says.
-fn run_family(family: &str, ops: &[&str], wgpu: OnWgpu, eval: impl Fn(&Fixture) -> Result<Array, String>) {
-    for device in [Device::Interp, Device::Cpu] {
+/// (where there is an adapter) the wgpu device; each must compare all `expected` of them.
+fn run_family(family: &str, ops: &[&str], expected: usize, eval: impl Fn(&Fixture) -> Result<Array, String>) {
+    let mut devices = vec![Device::Interp, Device::Cpu];
+    if wgpu_available() {
+        devices.push(Device::Wgpu);
+    }
+    for device in devices {
         DEVICE.with(|d| d.set(device));
         let (compared, skipped) = common::run_family(&format!("{family} on {device}"), ops, &|_| false, &eval);
-        assert!(compared > 0 && skipped.is_empty(), "{family} on {device}: {compared} fixtures compared");
+        assert!(
+            compared == expected && skipped.is_empty(),
+            "{family} on {device}: {compared} fixtures compared of {expected}, skipped {skipped:?}"
+        );
     }
-    if !wgpu_available() {
-        return;
-    }
-    DEVICE.with(|d| d.set(Device::Wgpu));
-    let (compared, skipped) = common::run_family(&format!("{family} on wgpu"), ops, &has_64_bit_tensor, &eval);
-    eprintln!("{family} on wgpu: {compared} fixtures compared, {} skipped (64-bit): {skipped:?}", skipped.len());
-    assert_eq!(
-        (compared, skipped.len()),
-        (wgpu.compared, wgpu.skipped),
-        "{family} on wgpu: (compared, skipped for 64-bit tensors); skipped {skipped:?}"
-    );
 }
 
 /// A facade tensor holding a copy of the fixture tensor, on the current device.
@@ -183,7 +163,7 @@ fn unknown(fx: &Fixture) -> String {
 
 #[test]
 fn unary() {
-    run_family("unary", UNARY, OnWgpu { compared: 46, skipped: 4 }, |fx| {
+    run_family("unary", UNARY, 50, |fx| {
         let a = input(fx)?;
         let out = match fx.info.op.as_str() {
             "neg" => a.neg(),
@@ -207,7 +187,7 @@ fn unary() {
 
 #[test]
 fn arithmetic() {
-    run_family("arithmetic", ARITHMETIC, OnWgpu { compared: 28, skipped: 6 }, |fx| {
+    run_family("arithmetic", ARITHMETIC, 34, |fx| {
         let (a, b) = binary_operands(fx)?;
         let out = match fx.info.op.as_str() {
             "add" => apply!(a, add, &b),
@@ -222,7 +202,7 @@ fn arithmetic() {
 
 #[test]
 fn maximum_minimum_pow() {
-    run_family("maximum/minimum/pow", BINARY_OTHER, OnWgpu { compared: 21, skipped: 2 }, |fx| {
+    run_family("maximum/minimum/pow", BINARY_OTHER, 23, |fx| {
         let (a, b) = binary_operands(fx)?;
         let out = match fx.info.op.as_str() {
             "maximum" => apply!(a, maximum, &b),
@@ -236,7 +216,7 @@ fn maximum_minimum_pow() {
 
 #[test]
 fn comparisons() {
-    run_family("comparisons", COMPARE, OnWgpu { compared: 20, skipped: 2 }, |fx| {
+    run_family("comparisons", COMPARE, 22, |fx| {
         let (a, b) = binary_operands(fx)?;
         let out = match fx.info.op.as_str() {
             "lt" => apply!(a, lt, &b),
@@ -252,7 +232,7 @@ fn comparisons() {
 
 #[test]
 fn where_select() {
-    run_family("where", WHERE, OnWgpu { compared: 4, skipped: 0 }, |fx| {
+    run_family("where", WHERE, 4, |fx| {
         let (cond, a) = (tensor(fx.tensor("cond")?)?, tensor(fx.tensor("a")?)?);
         let b = if fx.has_arg("scalar") { scalar(fx)? } else { Rhs::Tensor(tensor(fx.tensor("b")?)?) };
         realize(&match &b {
@@ -265,7 +245,7 @@ fn where_select() {
 
 #[test]
 fn reductions() {
-    run_family("reductions", REDUCE, OnWgpu { compared: 31, skipped: 5 }, |fx| {
+    run_family("reductions", REDUCE, 36, |fx| {
         let a = input(fx)?;
         let keepdim = fx.arg_bool("keepdim")?;
         let out = match (fx.info.op.as_str(), fx.arg_i64s("dims")?) {
@@ -286,7 +266,7 @@ fn reductions() {
 
 #[test]
 fn softmax_log_softmax() {
-    run_family("softmax", SOFTMAX, OnWgpu { compared: 11, skipped: 0 }, |fx| {
+    run_family("softmax", SOFTMAX, 11, |fx| {
         let a = input(fx)?;
         let dim = fx.arg_i64("dim")?;
         let out = match fx.info.op.as_str() {
@@ -300,14 +280,12 @@ fn softmax_log_softmax() {
 
 #[test]
 fn argmax() {
-    run_family("argmax", ARGMAX, OnWgpu { compared: 0, skipped: 6 }, |fx| {
-        realize(&input(fx)?.argmax(fx.arg_i64("dim")?, fx.arg_bool("keepdim")?))
-    });
+    run_family("argmax", ARGMAX, 6, |fx| realize(&input(fx)?.argmax(fx.arg_i64("dim")?, fx.arg_bool("keepdim")?)));
 }
 
 #[test]
 fn matmul() {
-    run_family("matmul", MATMUL, OnWgpu { compared: 8, skipped: 0 }, |fx| {
+    run_family("matmul", MATMUL, 8, |fx| {
         let (a, b) = (tensor(fx.tensor("a")?)?, tensor(fx.tensor("b")?)?);
         realize(&a.matmul(&b))
     });
@@ -315,7 +293,7 @@ fn matmul() {
 
 #[test]
 fn movement() {
-    run_family("movement", MOVEMENT, OnWgpu { compared: 26, skipped: 0 }, |fx| {
+    run_family("movement", MOVEMENT, 26, |fx| {
         let a = input(fx)?;
         let list = |key: &str| fx.arg_i64s(key)?.ok_or_else(|| format!("argument `{key}` is null"));
         let out = match fx.info.op.as_str() {
@@ -338,7 +316,7 @@ fn movement() {
 
 #[test]
 fn pad() {
-    run_family("pad", PAD, OnWgpu { compared: 3, skipped: 0 }, |fx| {
+    run_family("pad", PAD, 3, |fx| {
         let a = input(fx)?;
         let pads = fx.arg_i64s("pads")?.ok_or("argument `pads` is null")?;
         // `F.pad` lists (before, after) pairs from the last axis backwards and may leave leading
@@ -357,7 +335,7 @@ fn pad() {
 
 #[test]
 fn cat_stack() {
-    run_family("cat/stack", JOIN, OnWgpu { compared: 7, skipped: 0 }, |fx| {
+    run_family("cat/stack", JOIN, 7, |fx| {
         let xs = inputs(fx)?;
         let refs: Vec<&Tensor> = xs.iter().collect();
         let dim = fx.arg_i64("dim")?;
@@ -372,7 +350,7 @@ fn cat_stack() {
 
 #[test]
 fn gather() {
-    run_family("gather", GATHER, OnWgpu { compared: 0, skipped: 3 }, |fx| {
+    run_family("gather", GATHER, 3, |fx| {
         let (a, index) = (tensor(fx.tensor("a")?)?, tensor(fx.tensor("index")?)?);
         realize(&a.gather(fx.arg_i64("dim")?, &index))
     });
@@ -380,7 +358,7 @@ fn gather() {
 
 #[test]
 fn cast() {
-    run_family("cast", CAST, OnWgpu { compared: 3, skipped: 4 }, |fx| {
+    run_family("cast", CAST, 7, |fx| {
         let to = fx.arg_str("to")?;
         let dtype = DType::from_name(to).ok_or_else(|| format!("unknown dtype `{to}`"))?;
         realize(&input(fx)?.cast(dtype))

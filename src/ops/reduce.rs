@@ -300,8 +300,8 @@ fn arg_extreme_as(site: Site, t: &Tensor, dim: isize, keepdim: bool, min: bool, 
 
 /// `(values, indices)` of the extreme along `dim`: the indices from [`arg_extreme`], the values
 /// picked at those indices (a sum over a one-hot selection, so the gradient reaches that one
-/// element only). The selection uses `i32` indices when the axis fits, so the values also run
-/// where 64-bit integers do not (wgpu).
+/// element only). The selection uses `i32` indices when the axis fits, which are native where
+/// 64-bit integers are emulated (wgpu).
 fn extreme_at_index(site: Site, t: &Tensor, dim: isize, keepdim: bool, min: bool) -> (Tensor, Tensor) {
     let index = arg_extreme(site, t, dim, true, min);
     if index.error().is_some() {

@@ -328,14 +328,14 @@ fn every_unary_op_validates() {
     for op in ["neg", "exp2", "log2", "sin", "sqrt", "recip", "erf", "trunc"] {
         shaders(&unary_graph(op, "f32"));
     }
-    for (op, dtype) in [("neg", "i32"), ("not", "i32"), ("not", "bool")] {
+    for (op, dtype) in [("neg", "i32"), ("not", "i32"), ("not", "bool"), ("neg", "i64"), ("not", "i64")] {
         shaders(&unary_graph(op, dtype));
     }
 }
 
 #[test]
 fn every_binary_op_validates() {
-    for dtype in ["f32", "i32"] {
+    for dtype in ["f32", "i32", "i64"] {
         for op in ["add", "sub", "mul", "div", "max", "min", "mod"] {
             shaders(&binary_graph(op, dtype, dtype));
         }
@@ -346,6 +346,7 @@ fn every_binary_op_validates() {
     shaders(&binary_graph("pow", "f32", "f32"));
     for op in ["and", "or"] {
         shaders(&binary_graph(op, "i32", "i32"));
+        shaders(&binary_graph(op, "i64", "i64"));
         shaders(&binary_graph(op, "bool", "bool"));
     }
     for op in ["max", "min"] {
@@ -358,8 +359,8 @@ fn every_binary_op_validates() {
 
 #[test]
 fn casts_where_iota_and_consts_validate() {
-    for from in ["f32", "i32", "bool"] {
-        for to in ["f32", "i32", "bool"] {
+    for from in ["f32", "i32", "i64", "bool"] {
+        for to in ["f32", "i32", "i64", "bool"] {
             shaders(&format!("graph {{\n n0 = input 0 : {from}[7]\n n1 = cast {to} n0 : {to}[7]\n return n1\n}}"));
         }
     }
@@ -380,7 +381,20 @@ fn reductions_and_views_validate() {
         "graph {\n n0 = input 0 : f32[6, 7, 300]\n n1 = reduce sum axes=[0, 2] n0 : f32[1, 7, 1]\n return n1\n}",
     );
     assert_eq!(ws[0].strategy, "workgroup-reduce");
-    shaders("graph {\n n0 = input 0 : i32[5, seq]\n n1 = reduce max axes=[1] n0 : i32[5, 1]\n return n1\n}");
+    for dtype in ["i32", "i64"] {
+        for op in ["sum", "max"] {
+            shaders(&format!(
+                "graph {{\n n0 = input 0 : {dtype}[5, seq]\n n1 = reduce {op} axes=[1] n0 : {dtype}[5, 1]\n return n1\n}}"
+            ));
+        }
+    }
+    // Gather and scatter_add with i64 indices (and i64 values scattered).
+    shaders(
+        "graph {\n n0 = input 0 : f32[4, 3]\n n1 = input 1 : i64[2, 3]\n n2 = gather axis=0 n0, n1 : f32[2, 3]\n return n2\n}",
+    );
+    shaders(
+        "graph {\n n0 = input 0 : i64[2, 3]\n n1 = input 1 : i64[2, 3]\n n2 = scatter_add axis=0 [4, 3] n0, n1 : i64[4, 3]\n return n2\n}",
+    );
     // Softmax over the last axis of a symbolic-length sequence.
     shaders(
         "graph {\n n0 = input 0 : f32[4, seq]\n n1 = reduce max axes=[1] n0 : f32[4, 1]\n n2 = expand [4, seq] n1 : f32[4, seq]\n n3 = sub n0, n2 : f32[4, seq]\n n4 = exp2 n3 : f32[4, seq]\n n5 = reduce sum axes=[1] n4 : f32[4, 1]\n n6 = expand [4, seq] n5 : f32[4, seq]\n n7 = recip n6 : f32[4, seq]\n n8 = mul n4, n7 : f32[4, seq]\n return n8\n}",
@@ -409,7 +423,7 @@ fn transposed_batched_matmul_validates() {
 
 #[test]
 fn unsupported_dtypes_are_clear_errors() {
-    for dtype in [DType::I64, DType::F64, DType::F16, DType::BF16] {
+    for dtype in [DType::F64, DType::F16, DType::BF16] {
         let text = unary_graph("neg", dtype.name());
         for k in kernels(&text) {
             match wgsl::generate(&k) {
@@ -420,6 +434,7 @@ fn unsupported_dtypes_are_clear_errors() {
         assert!(wgsl::device_elem_bytes(dtype).is_err());
     }
     assert_eq!(wgsl::device_elem_bytes(DType::Bool).unwrap(), 4);
+    assert_eq!(wgsl::device_elem_bytes(DType::I64).unwrap(), 8);
 }
 
 #[test]

@@ -14,7 +14,7 @@
 //! (F.embedding(ids, w) * c).sum().backward()
 //! ```
 //! The wgpu device is skipped with a printed reason when this machine has no GPU adapter, unless
-//! `KILN_REQUIRE_GPU=1`. Ids are `i32` (wgpu has no 64-bit integers).
+//! `KILN_REQUIRE_GPU=1`. Ids are `i32`, and `i64` in `i64_targets_match_i32_targets`.
 
 use kiln::{Device, Tensor};
 use kiln_nn::{ClassLossOptions, Embedding, Module, cross_entropy, cross_entropy_with, nll_loss};
@@ -144,5 +144,28 @@ fn ignore_index_matches_pytorch_value_and_gradient() {
         // nll_loss of log_softmax is the same loss.
         let nll = nll_loss(&logits.log_softmax(-1), &targets);
         assert_close(&[nll.item::<f32>().unwrap()], &[2.537_226_2], 1e-5, &format!("{device}: nll"));
+    }
+}
+
+/// PyTorch's default target dtype is i64: the same loss and gradient as with i32 targets, on
+/// every device (wgpu included), and an i64 label out of range is the same error.
+#[test]
+fn i64_targets_match_i32_targets() {
+    let logits_data = vec![0.5f32, -1.0, 2.0, 0.25, 1.5, 0.0, -0.5, 3.0, -2.0, 1.0, 0.5, 0.0];
+    for device in devices() {
+        let logits = on(device, logits_data.clone(), &[3, 4]);
+        let narrow = cross_entropy(&logits, &on(device, vec![1i32, -100, 3], &[3]));
+        let wide = cross_entropy(&logits, &on(device, vec![1i64, -100, 3], &[3]));
+        let g32 = kiln::grad(&narrow, &[&logits]).unwrap();
+        let g64 = kiln::grad(&wide, &[&logits]).unwrap();
+        assert_close(&[wide.item::<f32>().unwrap()], &[2.537_226_2], 1e-5, &format!("{device}: loss"));
+        assert_close(&[narrow.item::<f32>().unwrap()], &[2.537_226_2], 1e-5, &format!("{device}: i32 loss"));
+        let want = g32[0].to_vec::<f32>().unwrap();
+        assert_close(&g64[0].to_vec::<f32>().unwrap(), &want, 0.0, &format!("{device}: d logits"));
+        fails_with(
+            &cross_entropy(&logits, &on(device, vec![1i64, 4, 0], &[3])),
+            device,
+            "index 4 out of range for size 4",
+        );
     }
 }

@@ -51,10 +51,14 @@ const CPU: Backend = Backend {
     rtol: 2e-3,
 };
 
-/// WGSL has no 64-bit types, allows 2.5 ULP for division and inherits `sqrt` from
-/// `inverseSqrt`, and leaves NaN and infinities to the implementation.
-const WGPU: Backend =
-    Backend { dtypes: &[DType::F32, DType::I32, DType::Bool], exact_div_sqrt: false, specials: false, rtol: 2e-3 };
+/// WGSL has no 64-bit floats (i64 is emulated, exact), allows 2.5 ULP for division and inherits
+/// `sqrt` from `inverseSqrt`, and leaves NaN and infinities to the implementation.
+const WGPU: Backend = Backend {
+    dtypes: &[DType::F32, DType::I32, DType::I64, DType::Bool],
+    exact_div_sqrt: false,
+    specials: false,
+    rtol: 2e-3,
+};
 
 /// One step of a random graph; the numbers choose operands and variants (modulo what exists).
 #[derive(Clone, Debug)]

@@ -242,6 +242,177 @@ fn casts_where_iota_const() {
     );
 }
 
+/// `i64` values over the whole range: the edges, values around the 32-bit word boundary (the
+/// carries and borrows of the emulation), and pseudo-random wide values.
+fn i64_values(n: usize, seed: u64) -> Vec<i64> {
+    let edges = [
+        0,
+        1,
+        -1,
+        i64::MIN,
+        i64::MAX,
+        1 << 32,
+        -(1 << 32),
+        (1 << 32) - 1,
+        1 << 31,
+        -(1 << 31) - 1,
+        0xffff_ffff_0000_0001u64 as i64,
+        123_456_789_012_345,
+        -987_654_321_098,
+        7,
+        -7,
+        3,
+    ];
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            match i % 3 {
+                0 => edges[(i / 3 + seed as usize) % edges.len()],
+                1 => s as i64,
+                _ => (s as i64) >> (s % 60),
+            }
+        })
+        .collect()
+}
+
+fn i64_tensor(values: Vec<i64>) -> HostTensor {
+    let n = values.len();
+    HostTensor::from_vec(values, vec![n]).unwrap()
+}
+
+#[test]
+fn i64_arithmetic_is_exact_over_the_whole_range() {
+    let (a, b) = (i64_values(1000, 1), i64_values(1000, 2));
+    let nonzero: Vec<i64> = b.iter().map(|&x| if x == 0 { -1 } else { x }).collect();
+    let (a, b, nonzero) = (i64_tensor(a), i64_tensor(b), i64_tensor(nonzero));
+    // Wrapping overflow included: mul of two wide values, `MIN / -1`, `MIN - 1`.
+    for op in ["add", "sub", "mul", "div", "mod", "max", "min", "and", "or"] {
+        let divisor = if matches!(op, "div" | "mod") { &nonzero } else { &b };
+        check(&binary(op, "i64", "i64"), &[a.clone(), divisor.clone()], 0.0);
+    }
+    for op in ["cmplt", "cmpeq", "cmpne"] {
+        check(&binary(op, "i64", "bool"), &[a.clone(), b.clone()], 0.0);
+        check(&binary(op, "i64", "bool"), &[a.clone(), a.clone()], 0.0);
+    }
+    let x = HostTensor::from_vec(i64_values(37 * 29, 3), vec![37, 29]).unwrap();
+    for op in ["neg", "not"] {
+        check(&unary(op, "i64"), std::slice::from_ref(&x), 0.0);
+    }
+    // Small divisors take the long-division path for wide dividends.
+    let small = i64_tensor((0..1000).map(|i| [3, -3, 7, -1, 1 << 33, 10][i % 6]).collect());
+    for op in ["div", "mod"] {
+        check(&binary(op, "i64", "i64"), &[a.clone(), small.clone()], 0.0);
+    }
+    if let Some(dev) = gpu() {
+        let g = parse(&binary("div", "i64", "i64"));
+        let e = dev.run(&g, &[a.clone(), b.clone()], &Bindings::new()).expect_err("an i64 division by zero");
+        assert!(e.to_string().contains("integer division by zero in div"), "{e}");
+    }
+}
+
+#[test]
+fn i64_casts_round_and_saturate_like_the_interpreter() {
+    let mut ints = i64_values(60, 4);
+    // Ties and near-ties of the rounding to f32's 24 bits, at several exponents.
+    for shift in [0, 8, 20, 39] {
+        let base = (1i64 << 24) << shift;
+        for d in [1i64, 2, 3, 5, 6, 7] {
+            ints.extend([base + (d << shift) / 2, -(base + (d << shift) / 2), base + (d << shift) / 4 + 1]);
+        }
+    }
+    let n = ints.len();
+    let ints = i64_tensor(ints);
+    let p = 2f32.powi(63);
+    let f = HostTensor::from_vec(
+        vec![
+            1.7f32,
+            -1.7,
+            0.0,
+            -0.0,
+            f32::NAN,
+            3e9,
+            -3e9,
+            0.5,
+            p,
+            -p,
+            1e19,
+            -1e19,
+            p / 2.0,
+            4294967296.0,
+            6.5e12,
+            -f32::INFINITY,
+        ],
+        vec![16],
+    )
+    .unwrap();
+    let i = HostTensor::from_vec(vec![0i32, 1, -1, 7, i32::MAX, i32::MIN, 2, -3], vec![8]).unwrap();
+    let b = HostTensor::from_vec(vec![true, false, true, true, false, false, true, false], vec![8]).unwrap();
+    for to in ["f32", "i32", "bool"] {
+        check(
+            &format!("graph {{\n n0 = input 0 : i64[{n}]\n n1 = cast {to} n0 : {to}[{n}]\n return n1\n}}"),
+            std::slice::from_ref(&ints),
+            0.0,
+        );
+    }
+    for (from, x, len) in [("f32", &f, 16), ("i32", &i, 8), ("bool", &b, 8)] {
+        check(
+            &format!("graph {{\n n0 = input 0 : {from}[{len}]\n n1 = cast i64 n0 : i64[{len}]\n return n1\n}}"),
+            std::slice::from_ref(x),
+            0.0,
+        );
+    }
+    check(
+        "graph {\n n0 = iota axis=1 : i64[3, 4]\n n1 = const 5000000000 : i64[3, 4]\n n2 = mul n0, n1 : i64[3, 4]\n return n2\n}",
+        &[],
+        0.0,
+    );
+}
+
+#[test]
+fn i64_reductions_short_and_long() {
+    for (rows, cols) in [(7, 9), (4, 500)] {
+        let x = HostTensor::from_vec(i64_values(rows * cols, 5), vec![rows, cols]).unwrap();
+        for op in ["sum", "max"] {
+            check(
+                &format!(
+                    "graph {{\n n0 = input 0 : i64[{rows}, {cols}]\n n1 = reduce {op} axes=[1] n0 : i64[{rows}, 1]\n return n1\n}}"
+                ),
+                std::slice::from_ref(&x),
+                0.0,
+            );
+        }
+    }
+}
+
+#[test]
+fn i64_gather_and_scatter_indices() {
+    let Some(dev) = gpu() else { return };
+    let text = |op: &str| {
+        match op {
+        "gather" => "graph {\n n0 = input 0 : f32[4, 3]\n n1 = input 1 : i64[2, 3]\n n2 = gather axis=0 n0, n1 : f32[2, 3]\n return n2\n}".to_string(),
+        _ => "graph {\n n0 = input 0 : i64[2, 3]\n n1 = input 1 : i64[2, 3]\n n2 = scatter_add axis=0 [4, 3] n0, n1 : i64[4, 3]\n return n2\n}".to_string(),
+    }
+    };
+    let index = |v: Vec<i64>| HostTensor::from_vec(v, vec![2, 3]).unwrap();
+    let src = f32_tensor(&[4, 3], 6, -1.0, 1.0);
+    let wide = HostTensor::from_vec(vec![i64::MAX, -5, 1 << 40, i64::MIN, 3, 9], vec![2, 3]).unwrap();
+    check(&text("gather"), &[src.clone(), index(vec![3, 0, 2, 1, 1, 3])], 0.0);
+    check(&text("scatter"), &[index(vec![3, 0, 3, 3, 1, 0]), wide.clone()], 0.0);
+    // Out of range: negative, past the size, and past 2^32 (whose low word alone is in range).
+    for bad in [-1i64, 4, (1 << 32) + 1, i64::MIN] {
+        let ix = index(vec![0, 1, bad, 2, 3, 0]);
+        for (op, inputs) in [("gather", [src.clone(), ix.clone()]), ("scatter_add", [ix.clone(), wide.clone()])] {
+            let g = parse(&text(op));
+            let e = dev.run(&g, &inputs, &Bindings::new()).expect_err("a bad i64 index");
+            let want = format!("index {bad} out of range for size 4 in {op}");
+            assert!(e.to_string().contains(&want), "{e} (want {want})");
+        }
+    }
+}
+
 #[test]
 fn elementwise_chain_fuses_into_one_kernel() {
     let Some(dev) = gpu() else { return };
@@ -390,11 +561,15 @@ fn symbolic_dims_run_without_recompiling() {
 
 #[test]
 fn second_run_of_a_cached_program_creates_no_buffers() {
-    let Some(dev) = gpu() else { return };
+    if gpu().is_none() {
+        return;
+    }
+    // Devices of this test alone: the shared one creates buffers for tests running meanwhile.
+    let dev = WgpuDevice::new().expect("a device on the adapter the shared one found");
     // Unfused, so there are temporaries in the arena.
     let opts = lower::CompileOptions { fuse: false, ..Default::default() };
     let dev2 = WgpuDevice::with_options(opts).expect("a second device on the adapter the first one found");
-    for d in [dev, &dev2] {
+    for d in [&dev, &dev2] {
         let g = parse(&softmax("16", "500"));
         let x = f32_tensor(&[16, 500], 23, -2.0, 2.0);
         let first = d.run(&g, std::slice::from_ref(&x), &Bindings::new()).unwrap();

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Param, Reg, Stmt, Var};
 
+use super::int64::{F32_TO_I64, I64_ADD, I64_DIV, I64_DIVMOD, I64_LT, I64_MOD, I64_MUL, I64_SUB, I64_TO_F32};
 use super::{Dispatch, ELEMENTWISE_WG, REDUCE_WG, WG_REDUCE_MIN, WgslKernel, unsupported_dtype};
 use crate::error::{CodegenError, Result};
 
@@ -24,6 +25,16 @@ enum Helper {
     Pow,
     Erf,
     F2I,
+    /// 64-bit integers as `vec2<u32>` (low word, high word); see the module docs of `wgsl`.
+    AddL,
+    SubL,
+    MulL,
+    LtL,
+    DivModL,
+    DivL,
+    ModL,
+    L2F,
+    F2L,
 }
 
 impl Helper {
@@ -61,12 +72,25 @@ impl Helper {
             Helper::F2I => {
                 "fn k_f2i(x: f32) -> i32 {\n    if (k_isnan(x)) { return 0; }\n    if (x >= 2147483648.0) { return 2147483647; }\n    if (x <= -2147483648.0) { return bitcast<i32>(0x80000000u); }\n    return i32(x);\n}\n"
             }
+            Helper::AddL => I64_ADD,
+            Helper::SubL => I64_SUB,
+            Helper::MulL => I64_MUL,
+            Helper::LtL => I64_LT,
+            Helper::DivModL => I64_DIVMOD,
+            Helper::DivL => I64_DIV,
+            Helper::ModL => I64_MOD,
+            Helper::L2F => I64_TO_F32,
+            Helper::F2L => F32_TO_I64,
         }
     }
 
     fn deps(self) -> &'static [Helper] {
         match self {
             Helper::MaxF | Helper::MinF | Helper::F2I | Helper::Pow | Helper::ModF => &[Helper::IsNan],
+            Helper::DivModL => &[Helper::SubL, Helper::LtL],
+            Helper::DivL | Helper::ModL => &[Helper::DivModL, Helper::SubL, Helper::LtL],
+            Helper::F2L => &[Helper::IsNan, Helper::SubL],
+            Helper::L2F => &[Helper::SubL],
             _ => &[],
         }
     }
@@ -78,6 +102,7 @@ pub(super) fn reg_type(dtype: DType) -> Result<&'static str> {
         DType::F32 => Ok("f32"),
         DType::I32 => Ok("i32"),
         DType::Bool => Ok("bool"),
+        DType::I64 => Ok("vec2<u32>"),
         other => Err(unsupported_dtype(other)),
     }
 }
@@ -88,6 +113,7 @@ pub(super) fn storage_type(dtype: DType) -> Result<&'static str> {
         DType::F32 => Ok("f32"),
         DType::I32 => Ok("i32"),
         DType::Bool => Ok("u32"),
+        DType::I64 => Ok("vec2<u32>"),
         other => Err(unsupported_dtype(other)),
     }
 }
@@ -109,15 +135,20 @@ pub(super) fn constant(value: Scalar, dtype: DType) -> Result<String> {
             if v == i32::MIN { "bitcast<i32>(0x80000000u)".to_string() } else { format!("{v}i") }
         }
         DType::Bool => value.as_bool().to_string(),
+        DType::I64 => {
+            let v = value.as_i64() as u64;
+            format!("vec2<u32>({}u, {}u)", v as u32, (v >> 32) as u32)
+        }
         other => return Err(unsupported_dtype(other)),
     })
 }
 
 fn identity(op: ReduceOp, dtype: DType) -> Result<String> {
     match (op, dtype) {
-        (ReduceOp::Sum, DType::F32 | DType::I32) => constant(Scalar::Int(0), dtype),
+        (ReduceOp::Sum, DType::F32 | DType::I32 | DType::I64) => constant(Scalar::Int(0), dtype),
         (ReduceOp::Max, DType::F32) => Ok("bitcast<f32>(0xff800000u)".to_string()),
         (ReduceOp::Max, DType::I32) => constant(Scalar::Int(i32::MIN as i64), dtype),
+        (ReduceOp::Max, DType::I64) => constant(Scalar::Int(i64::MIN), dtype),
         (_, other) => Err(CodegenError::Unsupported(format!("{} reduction of {other} on wgpu", op.name()))),
     }
 }
@@ -241,39 +272,55 @@ impl<'a> Writer<'a> {
         })
     }
 
-    /// An `i32` index register checked against `0..size`: emits the check (recording `check` in
-    /// the status buffer on failure) and returns the WGSL expression of the safe index (0 when
-    /// out of range).
-    fn checked_index(&mut self, index: Reg, size: &IExpr, status: u32, check: u32, depth: usize) -> Result<String> {
-        if self.reg(index)? != DType::I32 {
-            return Err(CodegenError::Unsupported(format!(
-                "index {index} of dtype {} on wgpu (use i32)",
-                self.reg(index)?
-            )));
-        }
+    /// An `i32` or `i64` index register checked against `0..size`: emits the check (recording
+    /// `check` in the status buffer on failure) and returns the WGSL expressions of the failure
+    /// condition and of the safe `i32` index (0 when out of range).
+    fn checked_index(
+        &mut self,
+        index: Reg,
+        size: &IExpr,
+        status: u32,
+        check: u32,
+        depth: usize,
+    ) -> Result<(String, String)> {
         let n = self.iexpr(size)?;
-        let bad = format!("({index} < 0 || {index} >= {n})");
+        let (bad, narrow) = match self.reg(index)? {
+            DType::I32 => (format!("({index} < 0 || {index} >= {n})"), index.to_string()),
+            // Negative values have a non-zero high word; `size` is never negative.
+            DType::I64 => (format!("({index}.y != 0u || {index}.x >= u32({n}))"), format!("bitcast<i32>({index}.x)")),
+            other => return Err(CodegenError::Invalid(format!("index {index} of dtype {other}"))),
+        };
         self.line(depth, &format!("if {bad} {{"));
-        self.record_failure(status, check, &index.to_string(), depth + 1)?;
+        self.record_failure(status, check, index, depth + 1)?;
         self.line(depth, "}");
-        Ok(format!("select({index}, 0, {bad})"))
+        Ok((bad.clone(), format!("select({narrow}, 0, {bad})")))
+    }
+
+    /// The low and high `i32` words of an integer register, as the status buffer holds them.
+    fn value_words(&self, value: Reg) -> Result<(String, String)> {
+        Ok(match self.reg(value)? {
+            DType::I32 => (value.to_string(), format!("select(0, -1, {value} < 0)")),
+            DType::I64 => (format!("bitcast<i32>({value}.x)"), format!("bitcast<i32>({value}.y)")),
+            other => return Err(CodegenError::Invalid(format!("check value {value} of dtype {other}"))),
+        })
     }
 
     /// Sets the status buffer's word 0 to `check + 1` if it is 0 (the first failure wins), then
     /// the value words.
-    fn record_failure(&mut self, status: u32, check: u32, value: &str, depth: usize) -> Result<()> {
+    fn record_failure(&mut self, status: u32, check: u32, value: Reg, depth: usize) -> Result<()> {
         let p = self.param(status)?;
         if p.dtype != DType::I32 || p.access != Access::Write {
             return Err(CodegenError::Invalid(format!("status buffer b{status} is not a written i32 parameter")));
         }
         self.status.insert(status);
         let code = check as i64 + 1;
+        let (lo, hi) = self.value_words(value)?;
         // A weak compare-exchange may fail spuriously: retry while the word is still 0.
         self.line(depth, "loop {");
         self.line(depth + 1, &format!("let r = atomicCompareExchangeWeak(&b{status}[0], 0, {code});"));
         self.line(depth + 1, "if r.exchanged {");
-        self.line(depth + 2, &format!("atomicStore(&b{status}[1], {value});"));
-        self.line(depth + 2, &format!("atomicStore(&b{status}[2], select(0, -1, {value} < 0));"));
+        self.line(depth + 2, &format!("atomicStore(&b{status}[1], {lo});"));
+        self.line(depth + 2, &format!("atomicStore(&b{status}[2], {hi});"));
         self.line(depth + 2, "break;");
         self.line(depth + 1, "}");
         self.line(depth + 1, "if r.old_value != 0 { break; }");
@@ -320,6 +367,7 @@ impl<'a> Writer<'a> {
                 match dtype {
                     DType::F32 => format!("f32({i})"),
                     DType::I32 => i,
+                    DType::I64 => widen_i32(&i),
                     DType::Bool => self.cond(e)?,
                     other => return Err(unsupported_dtype(other)),
                 }
@@ -345,7 +393,11 @@ impl<'a> Writer<'a> {
         let bad = || CodegenError::Unsupported(format!("{} of {t} on wgpu", op.name()));
         Ok(match (op, t) {
             (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{r})"),
-            (UnaryOp::Not, DType::I32) => format!("(~{r})"),
+            (UnaryOp::Not, DType::I32 | DType::I64) => format!("(~{r})"),
+            (UnaryOp::Neg, DType::I64) => {
+                self.helper(Helper::SubL);
+                format!("k_subl(vec2<u32>(0u, 0u), {r})")
+            }
             (UnaryOp::Not, DType::Bool) => format!("(!{r})"),
             (_, DType::F32) => match op {
                 UnaryOp::Exp2 => format!("exp2({r})"),
@@ -375,8 +427,26 @@ impl<'a> Writer<'a> {
             format!("{name}({a}, {b})")
         };
         use BinaryOp::*;
-        use DType::{Bool, F32, I32};
+        use DType::{Bool, F32, I32, I64};
         Ok(match (op, t) {
+            (Add, I64) => call(Helper::AddL, "k_addl"),
+            (Sub, I64) => call(Helper::SubL, "k_subl"),
+            (Mul, I64) => call(Helper::MulL, "k_mull"),
+            (Div, I64) => call(Helper::DivL, "k_divl"),
+            (Mod, I64) => call(Helper::ModL, "k_modl"),
+            (Max, I64) => {
+                self.helper(Helper::LtL);
+                format!("select({a}, {b}, k_ltl({a}, {b}))")
+            }
+            (Min, I64) => {
+                self.helper(Helper::LtL);
+                format!("select({a}, {b}, k_ltl({b}, {a}))")
+            }
+            (CmpLt, I64) => call(Helper::LtL, "k_ltl"),
+            (CmpEq, I64) => format!("all({a} == {b})"),
+            (CmpNe, I64) => format!("any({a} != {b})"),
+            (And, I64) => format!("({a} & {b})"),
+            (Or, I64) => format!("({a} | {b})"),
             (Add, F32 | I32) => format!("({a} + {b})"),
             (Sub, F32 | I32) => format!("({a} - {b})"),
             (Mul, F32 | I32) => format!("({a} * {b})"),
@@ -404,9 +474,21 @@ impl<'a> Writer<'a> {
 
     fn cast(&mut self, r: Reg, to: DType) -> Result<String> {
         let from = self.reg(r)?;
-        use DType::{Bool, F32, I32};
+        use DType::{Bool, F32, I32, I64};
         Ok(match (from, to) {
             (a, b) if a == b => r.to_string(),
+            (I32, I64) => widen_i32(&r.to_string()),
+            (Bool, I64) => format!("vec2<u32>(select(0u, 1u, {r}), 0u)"),
+            (I64, I32) => format!("bitcast<i32>({r}.x)"),
+            (I64, Bool) => format!("any({r} != vec2<u32>(0u, 0u))"),
+            (I64, F32) => {
+                self.helper(Helper::L2F);
+                format!("k_l2f({r})")
+            }
+            (F32, I64) => {
+                self.helper(Helper::F2L);
+                format!("k_f2l({r})")
+            }
             (I32, F32) => format!("f32({r})"),
             (Bool, F32) => format!("select(0.0f, 1.0f, {r})"),
             (Bool, I32) => format!("select(0i, 1i, {r})"),
@@ -429,6 +511,14 @@ impl<'a> Writer<'a> {
                 format!("k_maxf({acc}, {value})")
             }
             (ReduceOp::Max, DType::I32) => format!("max({acc}, {value})"),
+            (ReduceOp::Sum, DType::I64) => {
+                self.helper(Helper::AddL);
+                format!("k_addl({acc}, {value})")
+            }
+            (ReduceOp::Max, DType::I64) => {
+                self.helper(Helper::LtL);
+                format!("select({acc}, {value}, k_ltl({acc}, {value}))")
+            }
             (_, other) => return Err(CodegenError::Unsupported(format!("{} reduction of {other} on wgpu", op.name()))),
         })
     }
@@ -439,7 +529,7 @@ impl<'a> Writer<'a> {
                 let ty = reg_type(*dtype)?;
                 let value = match inst {
                     Inst::Gather { buf, base, index, stride, size, status, check } => {
-                        let i = self.checked_index(*index, size, *status, *check, depth)?;
+                        let (_, i) = self.checked_index(*index, size, *status, *check, depth)?;
                         let (b, st) = (self.iexpr(base)?, self.iexpr_factor(stride)?);
                         self.load_at(*buf, &format!("{b} + {i} * {st}"), *dtype)?
                     }
@@ -486,24 +576,23 @@ impl<'a> Writer<'a> {
             Stmt::ScatterAdd { buf, base, index, stride, size, value, status, check } => {
                 let p = self.param(*buf)?;
                 let t = self.reg(*value)?;
-                if p.access != Access::Write || t != p.dtype || !matches!(t, DType::F32 | DType::I32) {
+                if p.access != Access::Write || t != p.dtype || !matches!(t, DType::F32 | DType::I32 | DType::I64) {
                     return Err(CodegenError::Invalid(format!("scatter_add of {value}: {t} into b{buf}")));
                 }
-                let n = self.iexpr(size)?;
-                let bad = format!("({index} < 0 || {index} >= {n})");
-                self.checked_index(*index, size, *status, *check, depth)?;
+                let (bad, i) = self.checked_index(*index, size, *status, *check, depth)?;
                 let (b, st) = (self.iexpr(base)?, self.iexpr_factor(stride)?);
+                let sum = self.combine(ReduceOp::Sum, t, &format!("b{buf}[at]"), &value.to_string())?;
                 self.line(depth, &format!("if !{bad} {{"));
-                self.line(depth + 1, &format!("let at = {b} + {index} * {st};"));
-                self.line(depth + 1, &format!("b{buf}[at] = b{buf}[at] + {value};"));
+                self.line(depth + 1, &format!("let at = {b} + {i} * {st};"));
+                self.line(depth + 1, &format!("b{buf}[at] = {sum};"));
                 self.line(depth, "}");
             }
             Stmt::Check { cond, value, status, check } => {
-                if self.reg(*cond)? != DType::Bool || self.reg(*value)? != DType::I32 {
+                if self.reg(*cond)? != DType::Bool || !matches!(self.reg(*value)?, DType::I32 | DType::I64) {
                     return Err(CodegenError::Invalid(format!("check of {cond} with value {value}")));
                 }
                 self.line(depth, &format!("if {cond} {{"));
-                self.record_failure(*status, *check, &value.to_string(), depth + 1)?;
+                self.record_failure(*status, *check, *value, depth + 1)?;
                 self.line(depth, "}");
             }
         }
@@ -735,4 +824,9 @@ pub(super) fn loop_kernel(k: &LoopKernel, force_read_write: &[bool]) -> Result<W
         workgroup_size: [workgroup_size, 1, 1],
         strategy,
     })
+}
+
+/// An `i32` WGSL expression sign-extended to an `i64` (`vec2<u32>`).
+fn widen_i32(x: &str) -> String {
+    format!("vec2<u32>(bitcast<u32>(i32({x})), select(0u, 0xffffffffu, i32({x}) < 0))")
 }

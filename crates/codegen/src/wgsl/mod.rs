@@ -21,8 +21,20 @@
 //! | `bool`    | `u32` holding 0 or 1   | `bool`       | 4 bytes per element on the device          |
 //! | `f16`     | -                      | -            | unsupported: `CodegenError::Unsupported`   |
 //! | `bf16`    | -                      | -            | unsupported: `CodegenError::Unsupported`   |
-//! | `i64`     | -                      | -            | unsupported (WGSL has no 64-bit integers)  |
+//! | `i64`     | `vec2<u32>` (lo, hi)   | `vec2<u32>`  | emulated, exact, wrapping (see below)      |
 //! | `f64`     | -                      | -            | unsupported (WGSL has no 64-bit floats)    |
+//!
+//! WGSL has no 64-bit integers, so an `i64` is a pair of 32-bit words: `x` the low word, `y` the
+//! high word, two's complement. That is the byte layout of a little-endian `i64`, so the runtime
+//! uploads and downloads `i64` buffers unchanged and no value is narrowed. Word-wise operations
+//! (`and`, `or`, `not`, `==`, `!=`, `select`, sign extension, truncation to `i32`) are inline;
+//! `add`/`sub`/`neg` propagate a carry, `mul` builds the 64-bit product of the low words from
+//! 16-bit halves, signed `<`/`max`/`min` compare the high words as `i32` then the low words as
+//! `u32`, `div`/`mod` divide magnitudes (one `u32` division when both fit, else 64 rounds of
+//! shift-and-subtract) and fix the signs, and the float casts round and saturate as Rust's `as`
+//! does (`int64.rs`). Results are exactly `air::scalar`'s. An `i64` gather or `scatter_add`
+//! index is in range only when its high word is 0 and its low word is below the size; the status
+//! words of a failure hold its two halves. `i64` sums and maxima reduce like `i32` ones.
 //!
 //! `f16`/`bf16` are refused rather than emulated: two halves share a 32-bit word, so a store needs
 //! atomics (or one thread per word) to avoid racing with the neighbour's store; that, and the
@@ -49,7 +61,7 @@
 //! The status buffer parameter of a kernel (see `lower::kir`) is declared
 //! `array<atomic<i32>>`; a failing check sets word 0 with `atomicCompareExchangeWeak` (retried
 //! while the word is still 0, so a spurious failure cannot lose the report) and then the value
-//! words. Gather indices must be `i32` (an `i64` index is `CodegenError::Unsupported`). A
+//! words. Gather and scatter indices may be `i32` or `i64`. A
 //! `scatter_add` kernel needs no float atomics: its parallel loop runs over the output positions
 //! off the scattered axis, and each invocation zeroes its line and adds its `K` index positions
 //! in order, so the work is `O(numel(out) + numel(index))` spread over `numel(out) / A` threads.
@@ -70,6 +82,7 @@
 //! float `mod` is the driver's `OpFRem`; `pow(-0, y)` ignores the sign of zero.
 
 mod emit;
+mod int64;
 mod matmul;
 
 use lower::kir::{IExpr, Kernel};
@@ -149,21 +162,22 @@ pub struct WgslKernel {
     pub strategy: &'static str,
 }
 
-/// Bytes one element of `dtype` takes in a device buffer (`bool` is a 32-bit word), or
-/// `Unsupported` for dtypes WGSL kernels do not handle.
+/// Bytes one element of `dtype` takes in a device buffer (`bool` is a 32-bit word, `i64` two, in
+/// the host's little-endian layout), or `Unsupported` for dtypes WGSL kernels do not handle.
 pub fn device_elem_bytes(dtype: DType) -> Result<usize> {
     match dtype {
         DType::F32 | DType::I32 | DType::Bool => Ok(4),
+        DType::I64 => Ok(8),
         other => Err(unsupported_dtype(other)),
     }
 }
 
 pub(crate) fn unsupported_dtype(dtype: DType) -> CodegenError {
     let why = match dtype {
-        DType::I64 | DType::F64 => "WGSL has no 64-bit types",
+        DType::F64 => "WGSL has no 64-bit floats",
         _ => "half-precision storage is not implemented in the WGSL backend",
     };
-    CodegenError::Unsupported(format!("dtype {dtype} on wgpu ({why}); use f32, i32 or bool"))
+    CodegenError::Unsupported(format!("dtype {dtype} on wgpu ({why}); use f32, i32, i64 or bool"))
 }
 
 /// Generates the WGSL shader of `kernel` (read parameters declared `read`).

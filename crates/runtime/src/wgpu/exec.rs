@@ -64,6 +64,10 @@ pub struct GpuBuffers {
 /// A compiled program, ready to run on the GPU for any symbol values.
 pub type WgpuExecutable = Runner<GpuCode>;
 
+/// The smallest binding of a storage buffer: one element of the widest element type (an `i64`
+/// is two words), so an empty tensor still binds an array a shader may declare.
+const MIN_BINDING: u64 = 8;
+
 fn invalid(msg: String) -> RuntimeError {
     RuntimeError::InvalidProgram(msg)
 }
@@ -91,7 +95,7 @@ impl GpuCode {
 
     /// Makes `slot` hold a buffer of at least `bytes`; returns whether it replaced one.
     fn ensure(&self, slot: &mut Option<Slot>, bytes: u64, label: &str, usage: ::wgpu::BufferUsages) -> Result<bool> {
-        let bytes = bytes.max(4).next_multiple_of(4);
+        let bytes = bytes.max(MIN_BINDING).next_multiple_of(4);
         if slot.as_ref().is_some_and(|s| s.capacity >= bytes) {
             return Ok(false);
         }
@@ -298,7 +302,7 @@ impl Backend for GpuCode {
                         resource: ::wgpu::BindingResource::Buffer(::wgpu::BufferBinding {
                             buffer: &slot.buffer,
                             offset,
-                            size: NonZeroU64::new(l.bytes[i].max(4)),
+                            size: NonZeroU64::new(l.bytes[i].max(MIN_BINDING)),
                         }),
                     });
                 }
@@ -475,6 +479,17 @@ fn download(dtype: DType, bytes: &[u8]) -> Result<HostData> {
             }
             HostData::I32(v)
         }
+        // Two words per element, low first: the little-endian bytes of an `i64`.
+        DType::I64 => {
+            let mut v: Vec<i64> = crate::memory::reserved_vec(words / 2, "a readback")?;
+            match bytemuck::try_cast_slice::<u8, i64>(bytes) {
+                Ok(s) => v.extend_from_slice(s),
+                Err(_) => v.extend(
+                    (0..words / 2).map(|i| (read_u32(2 * i) as u64 | (read_u32(2 * i + 1) as u64) << 32) as i64),
+                ),
+            }
+            HostData::I64(v)
+        }
         DType::Bool => {
             let mut v: Vec<bool> = crate::memory::reserved_vec(words, "a readback")?;
             v.extend((0..words).map(|i| read_u32(i) != 0));
@@ -484,7 +499,8 @@ fn download(dtype: DType, bytes: &[u8]) -> Result<HostData> {
     })
 }
 
-/// Writes `data` at the start of `buffer` (bools as one `u32` word each, as kernels read them).
+/// Writes `data` at the start of `buffer` (bools as one `u32` word each, as kernels read them;
+/// an `i64` is its little-endian bytes, the low and high words kernels read).
 fn upload(dev: &super::Inner, buffer: &::wgpu::Buffer, data: &HostData) -> Result<()> {
     match data {
         HostData::Bool(v) => {
