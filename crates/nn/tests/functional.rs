@@ -32,7 +32,7 @@ impl Args {
 
 type Call = fn(&Args) -> Tensor;
 
-/// Runs every case on every device; returns the cases skipped on wgpu (an `i64` or `f64` tensor,
+/// Runs every case on every device; returns the cases skipped on wgpu (an `f64` tensor,
 /// which WGSL cannot hold).
 fn run(cases: &[(&str, Call)]) -> BTreeSet<String> {
     let mut skipped = BTreeSet::new();
@@ -40,7 +40,7 @@ fn run(cases: &[(&str, Call)]) -> BTreeSet<String> {
         for &(name, call) in cases {
             let f = Fixture::new(fixtures(), name);
             let stored = f.group("in");
-            let wide = |t: &Tensor| matches!(t.dtype(), DType::I64 | DType::F64);
+            let wide = |t: &Tensor| matches!(t.dtype(), DType::F64);
             if device == Device::Wgpu && (stored.values().any(wide) || wide(&f.get("out"))) {
                 skipped.insert(name.to_string());
                 continue;
@@ -91,7 +91,7 @@ fn check(f: &Fixture, stored: &HashMap<String, Tensor>, call: Call, device: Devi
 fn assert_skips(skipped: BTreeSet<String>, expected: &[&str]) {
     if devices().contains(&Device::Wgpu) {
         let expected: BTreeSet<String> = expected.iter().map(|s| s.to_string()).collect();
-        assert_eq!(skipped, expected, "fixtures skipped on wgpu (i64/f64)");
+        assert_eq!(skipped, expected, "fixtures skipped on wgpu (f64)");
     }
 }
 
@@ -191,7 +191,7 @@ const LOSSES: &[(&str, Call)] = &[
 
 #[test]
 fn layers_match_pytorch() {
-    assert_skips(run(LAYERS), &["embedding", "log_softmax_f64"]);
+    assert_skips(run(LAYERS), &["log_softmax_f64"]);
 }
 
 #[test]
@@ -206,7 +206,7 @@ fn attention_matches_pytorch() {
 
 #[test]
 fn losses_match_pytorch() {
-    assert_skips(run(LOSSES), &["ce_1d", "ce_basic", "ce_none_nd", "ce_options", "nll_weighted"]);
+    assert_skips(run(LOSSES), &[]);
 }
 
 /// Every fixture in the file has a case above, so none is skipped silently.
