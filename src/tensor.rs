@@ -104,6 +104,15 @@ impl Tensor {
         })
     }
 
+    /// An error tensor from a library built on Kiln (a layer, a functional op): realizing it (or
+    /// anything built from it) returns an [`Error::Op`] naming `op`, `message` and the caller's
+    /// line, as Kiln's own ops do. Mark the function that calls this `#[track_caller]` so that
+    /// the line is its caller's.
+    #[track_caller]
+    pub fn op_error(op: &'static str, message: impl Into<String>) -> Tensor {
+        Site::here(op).fail(message)
+    }
+
     /// A source tensor holding `host`, typed with `shape` (constant or symbolic dims that
     /// `bindings` evaluate to `host.shape`).
     pub(crate) fn source(host: HostTensor, shape: Shape, bindings: Bindings, device: Device) -> Tensor {

@@ -3,6 +3,7 @@
 use kiln::Tensor;
 
 /// The mean of `(prediction - target)^2` over every element (PyTorch's `mse_loss`), shape `[]`.
+#[track_caller]
 pub fn mse_loss(prediction: &Tensor, target: &Tensor) -> Tensor {
     prediction.sub(target).square().mean_all()
 }
@@ -26,11 +27,13 @@ impl Default for ClassLossOptions {
 /// `[..., classes]` and `targets` holds integer class ids of shape `[...]`. Computed from
 /// `log_softmax`, which subtracts the row maximum, so large logits do not overflow. A target
 /// outside `0..classes` (other than the ignored value) makes the realize fail, as in PyTorch.
+#[track_caller]
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Tensor {
     cross_entropy_with(logits, targets, ClassLossOptions::default())
 }
 
 /// [`cross_entropy`] with explicit options (see [`ClassLossOptions`]).
+#[track_caller]
 pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, options: ClassLossOptions) -> Tensor {
     let classes = logits.shape().last().cloned().unwrap_or(kiln::Dim::Const(1));
     let flat = logits.reshape(vec![kiln::Dim::Const(-1), classes]);
@@ -40,6 +43,7 @@ pub fn cross_entropy_with(logits: &Tensor, targets: &Tensor, options: ClassLossO
 /// The mean over samples of `-log_probs[sample, target]` (PyTorch's `nll_loss` with its
 /// defaults: targets equal to `-100` are ignored), shape `[]`. `log_probs` is `[samples,
 /// classes]` and `targets` holds `samples` integer class ids (any shape).
+#[track_caller]
 pub fn nll_loss(log_probs: &Tensor, targets: &Tensor) -> Tensor {
     nll_loss_with(log_probs, targets, ClassLossOptions::default())
 }
@@ -47,6 +51,7 @@ pub fn nll_loss(log_probs: &Tensor, targets: &Tensor) -> Tensor {
 /// [`nll_loss`] with explicit options. With an `ignore_index`, ignored samples contribute
 /// nothing (and get no gradient) and the mean divides by the number of the other samples, so a
 /// batch whose targets are all ignored gives NaN, as in PyTorch.
+#[track_caller]
 pub fn nll_loss_with(log_probs: &Tensor, targets: &Tensor, options: ClassLossOptions) -> Tensor {
     let targets = targets.reshape(&[-1, 1]);
     let Some(ignore) = options.ignore_index else {
@@ -72,6 +77,7 @@ pub enum Loss {
 
 impl Loss {
     /// The loss of `prediction` against `target`.
+    #[track_caller]
     pub fn compute(self, prediction: &Tensor, target: &Tensor) -> Tensor {
         match self {
             Loss::Mse => mse_loss(prediction, target),
