@@ -532,8 +532,13 @@ impl Tree<Tensor> {
     }
 
     /// `Tensor::cast` on every leaf.
+    #[track_caller]
     pub fn cast(&self, dtype: DType) -> Tree<Tensor> {
-        self.map(|t| t.cast(dtype))
+        let mut out = Vec::with_capacity(self.num_leaves());
+        for t in self.leaves() {
+            out.push(t.cast(dtype));
+        }
+        self.rebuild(out)
     }
 
     /// Computes every leaf that holds no data yet, all in one program (one call of

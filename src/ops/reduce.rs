@@ -236,7 +236,7 @@ impl Tensor {
         let m = max_kept(site, &x, &axes);
         // An infinite maximum would give inf - inf = NaN; shift by 0 there instead.
         let finite = m.abs().lt(f64::INFINITY);
-        let m = finite.where_(&m, 0.0);
+        let m = finite.where_cond(&m, 0.0);
         let lse = x.sub(&m).exp().p_reduce(site, ReduceOp::Sum, axes.clone()).log().add(&m);
         finish(site, lse, &axes, keepdim)
     }

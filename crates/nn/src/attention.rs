@@ -136,7 +136,7 @@ impl CausalSelfAttention {
         // in the kernels that read the scores.
         let scores = q.matmul(&k.transpose(-2, -1)).mul(1.0 / (head_dim.max(1) as f64).sqrt());
         let len = k.shape().get(2).cloned().unwrap_or(Dim::Const(0));
-        let scores = self.mask(start, &seq, &len, device).where_(f64::NEG_INFINITY, &scores);
+        let scores = self.mask(start, &seq, &len, device).where_cond(f64::NEG_INFINITY, &scores);
         let y = scores.softmax(-1).matmul(v).transpose(1, 2).reshape(vec![batch, seq, dim]);
         self.o.forward(&y)
     }
