@@ -4,7 +4,8 @@
 
 use kiln::{Error, Tensor};
 use kiln_nn::{
-    AvgPool2d, Conv2d, Gru, LayerNorm, Linear, Lstm, MaxPool2d, Module, Sequential, SimpleRnn, cross_entropy, mse_loss,
+    AvgPool2d, CausalSelfAttention, Conv2d, Gru, LayerNorm, Linear, Lstm, MaxPool2d, Module, Sequential, SimpleRnn,
+    cross_entropy, mse_loss,
 };
 
 /// The `(op, message, file, line)` of the error `t` carries (an `Error::Op`).
@@ -42,6 +43,11 @@ fn layer_errors_name_the_callers_line() {
     assert_eq!(file_line(&bad), (file!(), line));
     let boxed: Box<dyn Module> = Box::new(Linear::new(4, 3, false));
     let (bad, line) = (boxed.forward(&input(&[1, 7])), line!());
+    assert_eq!(file_line(&bad), (file!(), line));
+
+    // A `[batch, dim]` input where attention needs `[batch, seq, dim]`.
+    let attention = CausalSelfAttention::new(8, 2, 16).unwrap();
+    let (bad, line) = (attention.forward(&input(&[2, 8])), line!());
     assert_eq!(file_line(&bad), (file!(), line));
 
     let rnn = Gru::new(4, 3);
