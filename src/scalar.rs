@@ -1,4 +1,4 @@
-//! Scalars as op arguments: `&t + 2.0`, `t.maximum(0.0)`, `mask.where_(&x, -1.0)`.
+//! Scalars as op arguments: `&t + 2.0`, `t.maximum(0.0)`, `mask.where_cond(&x, -1.0)`.
 //!
 //! A scalar next to a tensor is "weak" as in PyTorch: it takes the tensor's dtype unless its kind
 //! is higher (a float scalar with an int tensor gives `f32`, an int scalar with a bool tensor

@@ -104,6 +104,15 @@ impl Tensor {
         })
     }
 
+    /// An error tensor from a library built on Kiln (a layer, a functional op): realizing it (or
+    /// anything built from it) returns an [`Error::Op`] naming `op`, `message` and the caller's
+    /// line, as Kiln's own ops do. Mark the function that calls this `#[track_caller]` so that
+    /// the line is its caller's.
+    #[track_caller]
+    pub fn op_error(op: &'static str, message: impl Into<String>) -> Tensor {
+        Site::here(op).fail(message)
+    }
+
     /// A source tensor holding `host`, typed with `shape` (constant or symbolic dims that
     /// `bindings` evaluate to `host.shape`).
     pub(crate) fn source(host: HostTensor, shape: Shape, bindings: Bindings, device: Device) -> Tensor {
@@ -252,15 +261,6 @@ impl Tensor {
     /// Whether this tensor holds data (a source tensor, or a computed one after `realize`).
     pub fn is_realized(&self) -> bool {
         self.inner.data.get().is_some()
-    }
-
-    /// An error tensor for an op built outside the facade (a library's composite op, such as
-    /// `kiln_nn::functional`'s) whose arguments are invalid: an [`Error::Op`] naming `op`, with
-    /// `message` and the caller's source line. Every op applied to it passes the error on, and
-    /// `realize` returns it, like the facade's own error tensors.
-    #[track_caller]
-    pub fn invalid(op: &'static str, message: impl Into<String>) -> Tensor {
-        Tensor::failed(Error::Op { op, message: message.into(), location: Location::caller() })
     }
 
     /// The error this tensor carries, if an op that built it had invalid inputs.

@@ -15,7 +15,10 @@
 //!
 //! Two trees combined leaf by leaf must have the same structure: the same key paths, each a leaf
 //! in both or a node in both. Key order may differ (the left tree's order is kept). A mismatch is
-//! an [`Error::Op`] naming the first differing key path and the caller's line.
+//! an [`Error::Op`] naming the first differing key path and the caller's line. The tensor ops on
+//! trees (`a.matmul(&b)`, `&a + &b`, `&a * 2.0`) report it as tensor ops do: they return a tree
+//! whose leaves carry the error, and `realize`, `check` or `to_vecs` returns it; the generic
+//! [`Tree::zip_with`] returns it at once.
 //!
 //! ```
 //! use kiln::{Tensor, Tree};
@@ -23,7 +26,7 @@
 //! let x = |v: f32| Tensor::from_vec(vec![v, v, v, v], &[2, 2]);
 //! let a = Tree::from_pairs([("enc.w", x(1.0)), ("enc.b", x(2.0)), ("head", x(3.0))])?;
 //! let b = a.map(|t| t * 2.0);
-//! let c = a.matmul(&b)?.sigmoid();
+//! let c = a.matmul(&b).sigmoid();
 //! c.realize()?; // every leaf in one program
 //! assert_eq!(c.paths(), ["enc.w", "enc.b", "head"]);
 //! let w = c.get_leaf("enc.w").unwrap().to_vec::<f32>()?;
@@ -350,18 +353,9 @@ impl<T> Tree<T> {
     /// has `self`'s order. A structure mismatch is an error naming the first differing key path.
     #[track_caller]
     pub fn zip_with<U, V>(&self, other: &Tree<U>, mut f: impl FnMut(&T, &U) -> V) -> Result<Tree<V>> {
-        self.zip_named("zip_with", Location::caller(), other, &mut f)
-    }
-
-    fn zip_named<U, V>(
-        &self,
-        op: &'static str,
-        loc: &'static Location<'static>,
-        other: &Tree<U>,
-        f: &mut impl FnMut(&T, &U) -> V,
-    ) -> Result<Tree<V>> {
-        self.check_same_structure(other).map_err(|m| tree_error(op, m, loc))?;
-        Ok(self.zip_unchecked(other, f))
+        let loc = Location::caller();
+        self.check_same_structure(other).map_err(|m| tree_error("zip_with", m, loc))?;
+        Ok(self.zip_unchecked(other, &mut f))
     }
 
     /// Whether `other` has the same structure; the message names the first differing key path.
@@ -463,22 +457,43 @@ impl<T: fmt::Debug> fmt::Debug for Tree<T> {
 }
 
 // ----- tensor ops lifted over trees -----
+//
+// These follow the tensor convention: an op never returns a `Result`; a tree whose leaves do not
+// line up gives a tree of error tensors, reported by `realize`, `check` or `to_vecs`. Each op is
+// a plain loop over the leaves inside a `#[track_caller]` method (a closure would lose the
+// caller's line), so an error names the line that called the tree op.
 
 macro_rules! lift_unary {
-    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
-        $(#[$doc])*
+    ($($name:ident),* $(,)?) => {$(
+        #[doc = concat!("`Tensor::", stringify!($name), "` on every leaf.")]
+        #[track_caller]
         pub fn $name(&self) -> Tree<Tensor> {
-            self.map(Tensor::$name)
+            let mut out = Vec::with_capacity(self.num_leaves());
+            for t in self.leaves() {
+                out.push(t.$name());
+            }
+            self.rebuild(out)
         }
     )*};
 }
 
 macro_rules! lift_binary {
     ($($name:ident),* $(,)?) => {$(
-        #[doc = concat!("`Tensor::", stringify!($name), "` leaf by leaf; the trees must have the same structure.")]
+        #[doc = concat!(
+            "`Tensor::", stringify!($name), "` leaf by leaf. The trees must have the same structure; ",
+            "if not, every leaf of the result is an error naming the first differing key path."
+        )]
         #[track_caller]
-        pub fn $name(&self, rhs: &Tree<Tensor>) -> Result<Tree<Tensor>> {
-            self.zip_named(stringify!($name), Location::caller(), rhs, &mut |a: &Tensor, b: &Tensor| a.$name(b))
+        pub fn $name(&self, rhs: &Tree<Tensor>) -> Tree<Tensor> {
+            let rhs = match self.aligned_leaves(rhs) {
+                Ok(leaves) => leaves,
+                Err(message) => return self.fail_all(stringify!($name), message),
+            };
+            let mut out = Vec::with_capacity(rhs.len());
+            for (a, b) in self.leaves().into_iter().zip(&rhs) {
+                out.push(a.$name(b));
+            }
+            self.rebuild(out)
         }
     )*};
 }
@@ -491,9 +506,39 @@ impl Tree<Tensor> {
 
     lift_binary!(matmul, add, sub, mul, div, maximum, minimum, pow);
 
+    /// A tree of `self`'s structure whose leaves are `leaves`, in flatten order (one per leaf).
+    fn rebuild(&self, leaves: Vec<Tensor>) -> Tree<Tensor> {
+        let mut it = leaves.into_iter();
+        self.map(|_| it.next().expect("Tree::rebuild: one value per leaf"))
+    }
+
+    /// `other`'s leaves in the flatten order of `self` (the trees may order keys differently),
+    /// or the message naming the first key path where the structures differ.
+    fn aligned_leaves(&self, other: &Tree<Tensor>) -> std::result::Result<Vec<Tensor>, String> {
+        self.check_same_structure(other)?;
+        Ok(self.zip_unchecked(other, &mut |_, b: &Tensor| b.clone()).leaves().into_iter().cloned().collect())
+    }
+
+    /// The result of the tree op `op` that failed with `message` at the caller's line: `self`'s
+    /// structure with the error in every leaf (or one error leaf when `self` has no leaves, so
+    /// that the error is never lost).
+    #[track_caller]
+    fn fail_all(&self, op: &'static str, message: String) -> Tree<Tensor> {
+        let failed = Tensor::failed(tree_error(op, message, Location::caller()));
+        if self.num_leaves() == 0 {
+            return Tree::leaf(failed);
+        }
+        self.map(|_| failed.clone())
+    }
+
     /// `Tensor::cast` on every leaf.
+    #[track_caller]
     pub fn cast(&self, dtype: DType) -> Tree<Tensor> {
-        self.map(|t| t.cast(dtype))
+        let mut out = Vec::with_capacity(self.num_leaves());
+        for t in self.leaves() {
+            out.push(t.cast(dtype));
+        }
+        self.rebuild(out)
     }
 
     /// Computes every leaf that holds no data yet, all in one program (one call of
@@ -518,17 +563,21 @@ impl Tree<Tensor> {
 macro_rules! tree_operators {
     ($($tr:ident $f:ident),*) => {$(
         impl $tr<&Tree<Tensor>> for &Tree<Tensor> {
-            type Output = Result<Tree<Tensor>>;
+            type Output = Tree<Tensor>;
             #[track_caller]
-            fn $f(self, rhs: &Tree<Tensor>) -> Result<Tree<Tensor>> {
-                self.zip_named(stringify!($f), Location::caller(), rhs, &mut |a: &Tensor, b: &Tensor| a.$f(b))
+            fn $f(self, rhs: &Tree<Tensor>) -> Tree<Tensor> {
+                Tree::$f(self, rhs)
             }
         }
         impl<S: IntoScalar + Operand> $tr<S> for &Tree<Tensor> {
             type Output = Tree<Tensor>;
             #[track_caller]
             fn $f(self, rhs: S) -> Tree<Tensor> {
-                self.map(|a| a.$f(rhs))
+                let mut out = Vec::with_capacity(self.num_leaves());
+                for t in self.leaves() {
+                    out.push(t.$f(rhs));
+                }
+                self.rebuild(out)
             }
         }
     )*};
@@ -538,7 +587,8 @@ tree_operators!(Add add, Sub sub, Mul mul, Div div);
 
 impl Neg for &Tree<Tensor> {
     type Output = Tree<Tensor>;
+    #[track_caller]
     fn neg(self) -> Tree<Tensor> {
-        self.map(Tensor::neg)
+        Tree::neg(self)
     }
 }

@@ -109,10 +109,60 @@ fn mismatched_structures_name_the_first_differing_path() {
     // Lifted tensor ops report the op name.
     let x = Tree::from_pairs([("p", t(0, &[2, 2])), ("q", t(1, &[2, 2]))]).unwrap();
     let y = Tree::from_pairs([("p", t(2, &[2, 2]))]).unwrap();
-    let e = message(x.matmul(&y).unwrap_err());
+    let e = message(x.matmul(&y).realize().unwrap_err());
     assert!(e.starts_with("matmul: tree structures differ at `q`: only the left tree has it"), "{e}");
-    let e = message((&x + &y).unwrap_err());
+    let e = message((&x + &y).check().unwrap_err());
     assert!(e.starts_with("add: tree structures differ at `q`"), "{e}");
+}
+
+/// The leaf at `path` (which must be one).
+fn leaf_of(tree: &Tree<Tensor>, path: &str) -> Tensor {
+    tree.get_leaf(path).unwrap().clone()
+}
+
+/// The `(op, file, line)` of an `Error::Op`.
+fn op_site(e: &Error) -> (&'static str, &'static str, u32) {
+    match e {
+        Error::Op { op, location, .. } => (op, location.file(), location.line()),
+        other => panic!("expected an op error, got {other:?}"),
+    }
+}
+
+#[test]
+fn tree_ops_with_trees_and_scalars_both_return_trees_and_defer_errors_to_the_caller_line() {
+    let x = Tree::from_pairs([("p", t(0, &[2, 2])), ("q", t(1, &[2, 2]))]).unwrap();
+    let y = Tree::from_pairs([("p", t(2, &[2, 2]))]).unwrap();
+    // Both forms are `Tree<Tensor>`, as tensor ops are `Tensor`: nothing to unwrap.
+    let with_tree: Tree<Tensor> = &x + &x;
+    let with_scalar: Tree<Tensor> = &x + 1.0;
+    assert_eq!(with_tree.paths(), with_scalar.paths());
+    let (want_tree, want_scalar) = (leaf_of(&x, "q").add(leaf_of(&x, "q")), leaf_of(&x, "q").add(1.0));
+    assert_eq!(leaf_of(&with_tree, "q").to_vec::<f32>().unwrap(), want_tree.to_vec::<f32>().unwrap());
+    assert_eq!(leaf_of(&with_scalar, "q").to_vec::<f32>().unwrap(), want_scalar.to_vec::<f32>().unwrap());
+
+    // A structure mismatch keeps the left tree's structure, every leaf carrying the error, which
+    // names this line.
+    let (bad, line) = (&x + &y, line!());
+    assert_eq!(bad.paths(), x.paths());
+    for path in bad.paths() {
+        let e = leaf_of(&bad, &path).to_vec::<f32>().unwrap_err();
+        assert_eq!(op_site(&e), ("add", file!(), line), "{e}");
+    }
+    let (bad, line) = (x.matmul(&y), line!());
+    assert_eq!(op_site(&bad.check().unwrap_err()), ("matmul", file!(), line));
+    assert_eq!(op_site(&bad.realize().unwrap_err()), ("matmul", file!(), line));
+
+    // An empty left tree still reports the mismatch, as one error leaf.
+    let (bad, line) = (Tree::<Tensor>::new().mul(&y), line!());
+    assert_eq!(bad.num_leaves(), 1);
+    assert_eq!(op_site(&bad.check().unwrap_err()), ("mul", file!(), line));
+
+    // A leaf op that fails (here a bool negated) names this line too, not `src/tree.rs`.
+    let mask = Tree::from_pairs([("m", Tensor::from_vec(vec![true, false], &[2]))]).unwrap();
+    let (bad, line) = (-&mask, line!());
+    assert_eq!(op_site(&bad.check().unwrap_err()), ("neg", file!(), line));
+    let (bad, line) = (&mask - true, line!());
+    assert_eq!(op_site(&bad.check().unwrap_err()), ("sub", file!(), line));
 }
 
 #[test]
@@ -154,17 +204,17 @@ fn lifted_ops_match_per_leaf_results() {
     let (a, b) = pairs(7);
     let leaf = |tree: &Tree<Tensor>, p: &str| tree.get_leaf(p).unwrap().clone();
 
-    let prod = a.matmul(&b).unwrap();
+    let prod = a.matmul(&b);
     check_leaves(&prod, |p| leaf(&a, p).matmul(&leaf(&b, p)));
 
-    let chain = (&(&a + &a.sigmoid()).unwrap() * 0.5).relu();
+    let chain = (&(&a + &a.sigmoid()) * 0.5).relu();
     check_leaves(&chain, |p| ((&leaf(&a, p) + &leaf(&a, p).sigmoid()) * 0.5).relu());
 
-    let mixed = (&a - &a.map(|x| x.exp())).unwrap();
+    let mixed = &a - &a.map(|x| x.exp());
     check_leaves(&mixed, |p| &leaf(&a, p) - &leaf(&a, p).exp());
     let quotient = (&a.abs() / 3.0).neg().tanh();
     check_leaves(&quotient, |p| (-(leaf(&a, p).abs() / 3.0)).tanh());
-    let product = a.mul(&a).unwrap().maximum(&a.square()).unwrap();
+    let product = a.mul(&a).maximum(&a.square());
     check_leaves(&product, |p| leaf(&a, p).mul(leaf(&a, p)).maximum(leaf(&a, p).square()));
 
     let total = a.sum_all().reduce(|x, y| x + y).unwrap();
@@ -179,7 +229,7 @@ fn lifted_ops_match_per_leaf_results() {
 #[test]
 fn realizing_a_tree_runs_one_program() {
     let (a, b) = pairs(9);
-    let prod = a.matmul(&b).unwrap().sigmoid();
+    let prod = a.matmul(&b).sigmoid();
     let program = kiln::trace(&prod.leaves()).unwrap();
     assert_eq!(program.graph.outputs().len(), 9);
     let before = stats::graphs_executed();
@@ -232,12 +282,12 @@ fn a_tree_of_matmuls_on_the_cpu_matches_per_leaf_and_repeats_bitwise() {
     let on = |x: Tensor| x.to_device(cpu).unwrap();
     let a = Tree::from_pairs((0..8).map(|i| (format!("n{i}"), on(t(2 * i, &[32, 64]))))).unwrap();
     let b = Tree::from_pairs((0..8).map(|i| (format!("n{i}"), on(t(2 * i + 1, &[64, 128]))))).unwrap();
-    let first = a.matmul(&b).unwrap().to_vecs::<f32>().unwrap();
+    let first = a.matmul(&b).to_vecs::<f32>().unwrap();
     for (path, got) in first.flatten() {
         let want = a.get_leaf(&path).unwrap().matmul(b.get_leaf(&path).unwrap()).to_vec::<f32>().unwrap();
         air::testing::assert_close(&format!("leaf {path}"), got, &want, air::testing::Tol { atol: 1e-4, rtol: 0.0 });
     }
     for _ in 0..10 {
-        assert_eq!(a.matmul(&b).unwrap().to_vecs::<f32>().unwrap(), first, "a rerun changed the results");
+        assert_eq!(a.matmul(&b).to_vecs::<f32>().unwrap(), first, "a rerun changed the results");
     }
 }

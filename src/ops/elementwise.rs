@@ -77,6 +77,7 @@ pub(crate) fn resolve(site: Site, args: Vec<Arg>, skip: usize) -> Result<Vec<Ten
 }
 
 /// `lhs op rhs` after resolution. `float` casts non-float operands to `f32` first (true division).
+/// On two bools, `+` is logical or and `*` logical and, and `-` is an error, as in PyTorch.
 fn binary(site: Site, op: BinaryOp, lhs: Arg, rhs: Arg, float: bool) -> Tensor {
     match resolve(site, vec![lhs, rhs], 0) {
         Ok(v) => {
@@ -85,11 +86,27 @@ fn binary(site: Site, op: BinaryOp, lhs: Arg, rhs: Arg, float: bool) -> Tensor {
                 a = a.p_cast(site, DType::F32);
                 b = b.p_cast(site, DType::F32);
             }
+            let op = if a.dtype().is_bool() {
+                match op {
+                    BinaryOp::Add => BinaryOp::Or,
+                    BinaryOp::Mul => BinaryOp::And,
+                    BinaryOp::Sub => return site.fail(BOOL_SUB),
+                    other => other,
+                }
+            } else {
+                op
+            };
             a.p_binary(site, op, &b)
         }
         Err(e) => e,
     }
 }
+
+/// PyTorch refuses `-` on two bools and on one; so does Kiln, with the same advice.
+const BOOL_SUB: &str =
+    "subtracting two bool tensors is not supported (as in PyTorch); use logical_xor() or `^` instead";
+const BOOL_NEG: &str =
+    "negating a bool tensor is not supported (as in PyTorch); to invert a mask use logical_not() or `!`";
 
 /// Comparisons: bools compare as integers for the ordering ops.
 fn compare(site: Site, op: BinaryOp, lhs: Arg, rhs: Arg) -> Tensor {
@@ -108,19 +125,20 @@ fn compare(site: Site, op: BinaryOp, lhs: Arg, rhs: Arg) -> Tensor {
 
 /// The public binary ops on `Tensor`, all taking any [`Operand`] (tensor or scalar).
 impl Tensor {
-    /// Element-wise `self + rhs` with broadcasting.
+    /// Element-wise `self + rhs` with broadcasting. On two bools it is logical or (`True + True`
+    /// is `True`), as in PyTorch; a bool plus an integer scalar promotes to `i64`.
     #[track_caller]
     pub fn add(&self, rhs: impl Operand) -> Tensor {
         binary(Site::here("add"), BinaryOp::Add, Arg::Tensor(self.clone()), rhs.into_arg(), false)
     }
 
-    /// Element-wise `self - rhs`.
+    /// Element-wise `self - rhs`. Two bools are an error, as in PyTorch.
     #[track_caller]
     pub fn sub(&self, rhs: impl Operand) -> Tensor {
         binary(Site::here("sub"), BinaryOp::Sub, Arg::Tensor(self.clone()), rhs.into_arg(), false)
     }
 
-    /// Element-wise `self * rhs`.
+    /// Element-wise `self * rhs`. On two bools it is logical and, as in PyTorch.
     #[track_caller]
     pub fn mul(&self, rhs: impl Operand) -> Tensor {
         binary(Site::here("mul"), BinaryOp::Mul, Arg::Tensor(self.clone()), rhs.into_arg(), false)
@@ -233,6 +251,12 @@ impl Tensor {
         logical(Site::here("logical_or"), BinaryOp::Or, self, rhs.into_arg())
     }
 
+    /// Logical exclusive or (operands are read as `x != 0`).
+    #[track_caller]
+    pub fn logical_xor(&self, rhs: impl Operand) -> Tensor {
+        logical(Site::here("logical_xor"), BinaryOp::CmpNe, self, rhs.into_arg())
+    }
+
     /// Logical not (bool result; numbers are read as `x != 0`).
     #[track_caller]
     pub fn logical_not(&self) -> Tensor {
@@ -240,12 +264,60 @@ impl Tensor {
         self.p_cast(site, DType::Bool).p_unary(site, UnaryOp::Not)
     }
 
+    /// Bitwise and of bools or integers (`torch.bitwise_and`, the `&` operator): logical and on
+    /// bools. Floats are an error.
+    #[track_caller]
+    pub fn bitwise_and(&self, rhs: impl Operand) -> Tensor {
+        bitwise(Site::here("bitwise_and"), BinaryOp::And, self, rhs.into_arg())
+    }
+
+    /// Bitwise or of bools or integers (`torch.bitwise_or`, the `|` operator).
+    #[track_caller]
+    pub fn bitwise_or(&self, rhs: impl Operand) -> Tensor {
+        bitwise(Site::here("bitwise_or"), BinaryOp::Or, self, rhs.into_arg())
+    }
+
+    /// Bitwise exclusive or of bools or integers (`torch.bitwise_xor`, the `^` operator):
+    /// `(a | b) & !(a & b)`, which on bools is `a != b`.
+    #[track_caller]
+    pub fn bitwise_xor(&self, rhs: impl Operand) -> Tensor {
+        let site = Site::here("bitwise_xor");
+        let rhs = rhs.into_arg();
+        let either = bitwise(site, BinaryOp::Or, self, rhs.clone());
+        let both = bitwise(site, BinaryOp::And, self, rhs);
+        if either.error().is_some() {
+            return either;
+        }
+        either.p_binary(site, BinaryOp::And, &both.p_unary(site, UnaryOp::Not))
+    }
+
+    /// Bitwise not (`torch.bitwise_not`, the `!` operator, PyTorch's `~`): logical not on bools,
+    /// `-x - 1` on integers. Floats are an error.
+    #[track_caller]
+    pub fn bitwise_not(&self) -> Tensor {
+        let site = Site::here("bitwise_not");
+        if self.error().is_none() && self.dtype().is_float() {
+            return site.fail(format!("needs a bool or integer tensor, got {}", self.dtype()));
+        }
+        self.p_unary(site, UnaryOp::Not)
+    }
+
     /// `where(self, a, b)`: picks `a` where `self` (a bool tensor) is true, else `b`. All three
     /// broadcast together; `a` and `b` may be scalars. PyTorch's `torch.where(cond, a, b)`; see
-    /// also [`where_`](crate::where_).
+    /// also the free function [`where_cond`](crate::where_cond).
+    #[track_caller]
+    pub fn where_cond(&self, a: impl Operand, b: impl Operand) -> Tensor {
+        self.select_where(Site::here("where"), a, b)
+    }
+
+    /// The same as [`Tensor::where_cond`], under its first name. A trailing `_` means "in place"
+    /// in PyTorch, which this is not: new code should say `where_cond`.
     #[track_caller]
     pub fn where_(&self, a: impl Operand, b: impl Operand) -> Tensor {
-        let site = Site::here("where");
+        self.select_where(Site::here("where"), a, b)
+    }
+
+    fn select_where(&self, site: Site, a: impl Operand, b: impl Operand) -> Tensor {
         if self.error().is_none() && !self.dtype().is_bool() {
             return site.fail(format!("condition must be bool, got {}", self.dtype()));
         }
@@ -272,10 +344,31 @@ fn logical(site: Site, op: BinaryOp, lhs: &Tensor, rhs: Arg) -> Tensor {
     }
 }
 
-/// `where(cond, a, b)` as a free function (PyTorch's `torch.where`); the same as `cond.where_(a, b)`.
+/// `lhs op rhs` for the bitwise ops (`and`, `or`): bools and integers of one promoted dtype;
+/// floats are an error naming the op.
+fn bitwise(site: Site, op: BinaryOp, lhs: &Tensor, rhs: Arg) -> Tensor {
+    let v = match resolve(site, vec![Arg::Tensor(lhs.clone()), rhs], 0) {
+        Ok(v) => v,
+        Err(e) => return e,
+    };
+    if v[0].dtype().is_float() {
+        return site.fail(format!("needs bool or integer tensors, got {}", v[0].dtype()));
+    }
+    v[0].p_binary(site, op, &v[1])
+}
+
+/// `where(cond, a, b)` as a free function (PyTorch's `torch.where(cond, a, b)`); the same as
+/// `cond.where_cond(a, b)`.
+#[track_caller]
+pub fn where_cond(cond: &Tensor, a: impl Operand, b: impl Operand) -> Tensor {
+    cond.select_where(Site::here("where"), a, b)
+}
+
+/// The same as [`where_cond`], under its first name (a trailing `_` reads as "in place" in
+/// PyTorch, which this is not: new code should say `where_cond`).
 #[track_caller]
 pub fn where_(cond: &Tensor, a: impl Operand, b: impl Operand) -> Tensor {
-    cond.where_(a, b)
+    cond.select_where(Site::here("where"), a, b)
 }
 
 /// Scalar-on-the-left helpers for the operator impls (`2.0 - &t`).
@@ -311,10 +404,14 @@ impl Tensor {
         self.const_like(site, value.into_scalar(), self.dtype(), self.shape().clone())
     }
 
-    /// Element-wise negation (not for bools).
+    /// Element-wise negation. Bools are an error, as in PyTorch (use `logical_not`).
     #[track_caller]
     pub fn neg(&self) -> Tensor {
-        self.p_unary(Site::here("neg"), UnaryOp::Neg)
+        let site = Site::here("neg");
+        if self.error().is_none() && self.dtype().is_bool() {
+            return site.fail(BOOL_NEG);
+        }
+        self.p_unary(site, UnaryOp::Neg)
     }
 
     /// `2 ** x`.

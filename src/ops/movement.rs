@@ -15,6 +15,8 @@ fn live(t: &Tensor) -> Result<(), Tensor> {
 }
 
 fn axis(site: Site, t: &Tensor, a: isize) -> Result<usize, Tensor> {
+    // An error tensor keeps its own error (its placeholder shape would misreport the axis).
+    live(t)?;
     normalize_axis(a, t.ndim()).map_err(|m| site.fail(format!("{m} (shape {})", show(t.shape()))))
 }
 

@@ -83,6 +83,21 @@ fn min_kept(site: Site, t: &Tensor, axes: &AxisList) -> Tensor {
     t.p_unary(site, flip).p_reduce(site, ReduceOp::Max, axes.clone()).p_unary(site, flip)
 }
 
+/// `max`/`min` (and their PyTorch names `amax`/`amin`) over `axes`: `kept` reduces with the
+/// axes kept, then `finish` drops them unless `keepdim`. Reducing an empty axis is an error.
+fn extreme(
+    site: Site,
+    t: &Tensor,
+    axes: &[isize],
+    keepdim: bool,
+    kept: fn(Site, &Tensor, &AxisList) -> Tensor,
+) -> Tensor {
+    match reduce_axes(site, t, axes).and_then(|a| check_nonempty(site, t, &a).map(|()| a)) {
+        Ok(axes) => finish(site, kept(site, t, &axes), &axes, keepdim),
+        Err(e) => e,
+    }
+}
+
 /// The number of elements the axes cover, as a dim.
 fn count(t: &Tensor, axes: &AxisList) -> Dim {
     axes.iter().fold(Dim::Const(1), |acc, &a| &acc * &t.shape()[a])
@@ -106,26 +121,28 @@ impl Tensor {
     /// `torch.amax`: tied maxima share the gradient evenly. Reducing an empty axis is an error.
     #[track_caller]
     pub fn max(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        let site = Site::here("max");
-        let axes =
-            match reduce_axes(site, self, &axes.to_axes()).and_then(|a| check_nonempty(site, self, &a).map(|()| a)) {
-                Ok(a) => a,
-                Err(e) => return e,
-            };
-        finish(site, max_kept(site, self, &axes), &axes, keepdim)
+        extreme(Site::here("max"), self, &axes.to_axes(), keepdim, max_kept)
     }
 
     /// Minimum over `axes` (values only), like `torch.amin`: tied minima share the gradient evenly.
     /// Reducing an empty axis is an error.
     #[track_caller]
     pub fn min(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        let site = Site::here("min");
-        let axes =
-            match reduce_axes(site, self, &axes.to_axes()).and_then(|a| check_nonempty(site, self, &a).map(|()| a)) {
-                Ok(a) => a,
-                Err(e) => return e,
-            };
-        finish(site, min_kept(site, self, &axes), &axes, keepdim)
+        extreme(Site::here("min"), self, &axes.to_axes(), keepdim, min_kept)
+    }
+
+    /// PyTorch's name for [`Tensor::max`] over axes (`torch.amax(x, dim, keepdim)`): the maximum
+    /// values, tied maxima sharing the gradient evenly. Reducing an empty axis is an error.
+    #[track_caller]
+    pub fn amax(&self, axes: impl Axes, keepdim: bool) -> Tensor {
+        extreme(Site::here("amax"), self, &axes.to_axes(), keepdim, max_kept)
+    }
+
+    /// PyTorch's name for [`Tensor::min`] over axes (`torch.amin(x, dim, keepdim)`): the minimum
+    /// values, tied minima sharing the gradient evenly. Reducing an empty axis is an error.
+    #[track_caller]
+    pub fn amin(&self, axes: impl Axes, keepdim: bool) -> Tensor {
+        extreme(Site::here("amin"), self, &axes.to_axes(), keepdim, min_kept)
     }
 
     /// Mean over `axes`: `sum * (1 / n)`. Integers become `f32` first. With symbolic dims `n` is
@@ -219,7 +236,7 @@ impl Tensor {
         let m = max_kept(site, &x, &axes);
         // An infinite maximum would give inf - inf = NaN; shift by 0 there instead.
         let finite = m.abs().lt(f64::INFINITY);
-        let m = finite.where_(&m, 0.0);
+        let m = finite.where_cond(&m, 0.0);
         let lse = x.sub(&m).exp().p_reduce(site, ReduceOp::Sum, axes.clone()).log().add(&m);
         finish(site, lse, &axes, keepdim)
     }

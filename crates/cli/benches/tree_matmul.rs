@@ -55,13 +55,13 @@ fn tree_matmul(c: &mut Criterion) {
     sb.realize().unwrap();
 
     // The three agree.
-    let tree_out = run(&a.matmul(&b).unwrap().leaves());
+    let tree_out = run(&a.matmul(&b).leaves());
     let bmm_out = run(&[&sa.matmul(&sb)]);
     let bmm = bmm_out[0].as_slice::<f32>().unwrap();
     for (i, t) in tree_out.iter().enumerate() {
         assert_eq!(t.as_slice::<f32>().unwrap(), &bmm[i * out_size..(i + 1) * out_size]);
     }
-    let program = kiln::trace(&a.matmul(&b).unwrap().leaves()).unwrap();
+    let program = kiln::trace(&a.matmul(&b).leaves()).unwrap();
     let exe = dev.compile(&program.graph).unwrap();
     eprintln!(
         "tree_matmul: the tree is one program of {} launches over {} kernels; levels:\n{}",
@@ -99,11 +99,9 @@ fn tree_matmul(c: &mut Criterion) {
             run(&[&x.matmul(y)]);
         }
     });
-    cpu("tree", &mut || drop(run(&a.matmul(&b).unwrap().leaves())));
-    cpu("tree_trace_only", &mut || drop(kiln::trace(&a.matmul(&b).unwrap().leaves()).unwrap()));
-    cpu("tree_trace_compile", &mut || {
-        drop(dev.compile(&kiln::trace(&a.matmul(&b).unwrap().leaves()).unwrap().graph).unwrap())
-    });
+    cpu("tree", &mut || drop(run(&a.matmul(&b).leaves())));
+    cpu("tree_trace_only", &mut || drop(kiln::trace(&a.matmul(&b).leaves()).unwrap()));
+    cpu("tree_trace_compile", &mut || drop(dev.compile(&kiln::trace(&a.matmul(&b).leaves()).unwrap().graph).unwrap()));
     cpu("bmm", &mut || drop(run(&[&sa.matmul(&sb)])));
     cpu("tree_run", &mut || drop(exe.run(inputs, &bindings).unwrap()));
     cpu("tree_run_in_order", &mut || drop(exe_in_order.run(inputs, &bindings).unwrap()));
@@ -118,7 +116,7 @@ fn tree_matmul(c: &mut Criterion) {
             }
         })
     });
-    group.bench_function("tree", |bench| bench.iter(|| run(&a.matmul(&b).unwrap().leaves())));
+    group.bench_function("tree", |bench| bench.iter(|| run(&a.matmul(&b).leaves())));
     group.bench_function("bmm", |bench| bench.iter(|| run(&[&sa.matmul(&sb)])));
     group.bench_function("tree_run", |bench| bench.iter(|| exe.run(&program.inputs, &bindings).unwrap()));
     // The same program with the steps in order, each GEMM threaded over the cores.

@@ -113,6 +113,7 @@ impl CausalSelfAttention {
     }
 
     /// `[batch, seq, dim]` to `[batch, n_heads, seq, head_dim]`.
+    #[track_caller]
     fn heads(&self, t: Tensor, batch: &Dim, seq: &Dim, head_dim: i64) -> Tensor {
         t.reshape(vec![batch.clone(), seq.clone(), Dim::Const(self.n_heads as i64), Dim::Const(head_dim)])
             .transpose(1, 2)
@@ -120,6 +121,7 @@ impl CausalSelfAttention {
 
     /// Attention of the queries `q` (at positions `[start, start + seq)`) over `k` and `v` (at
     /// `[0, len)`, `len` their length), then the output projection: `[batch, seq, dim]`.
+    #[track_caller]
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -136,7 +138,7 @@ impl CausalSelfAttention {
         // in the kernels that read the scores.
         let scores = q.matmul(&k.transpose(-2, -1)).mul(1.0 / (head_dim.max(1) as f64).sqrt());
         let len = k.shape().get(2).cloned().unwrap_or(Dim::Const(0));
-        let scores = self.mask(start, &seq, &len, device).where_(f64::NEG_INFINITY, &scores);
+        let scores = self.mask(start, &seq, &len, device).where_cond(f64::NEG_INFINITY, &scores);
         let y = scores.softmax(-1).matmul(v).transpose(1, 2).reshape(vec![batch, seq, dim]);
         self.o.forward(&y)
     }

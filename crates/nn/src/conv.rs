@@ -21,10 +21,17 @@ use crate::Module;
 use crate::error::{NnError, Result};
 use crate::init;
 
-/// An error tensor for an input that is not `[N, C, H, W]` with concrete `C`, `H`, `W`: a reshape
-/// to a shape named after what was expected, whose error message shows the input's shape.
-pub(crate) fn bad_input(x: &Tensor, expected: &str) -> Tensor {
-    x.reshape(vec![Dim::sym(expected)])
+/// The error tensor of layer `op` for `message`, at the line that called the layer: `x`'s own
+/// error instead when `x` already carries one (the earlier error is the one to fix).
+#[track_caller]
+pub(crate) fn bad_input(x: &Tensor, op: &'static str, message: impl Into<String>) -> Tensor {
+    if x.error().is_some() { x.clone() } else { Tensor::op_error(op, message) }
+}
+
+/// A shape for an error message: `[2, 3, n]`.
+pub(crate) fn show_shape(x: &Tensor) -> String {
+    let dims: Vec<String> = x.shape().iter().map(|d| d.to_string()).collect();
+    format!("[{}]", dims.join(", "))
 }
 
 /// `(n, c, h, w)` of a 4-D input, `n` possibly symbolic.
@@ -35,11 +42,10 @@ fn nchw(x: &Tensor) -> Option<(Dim, usize, usize, usize)> {
     }
 }
 
-/// The output size of a window of `kernel` elements with `stride` over `size + 2 * padding`
-/// elements, or `None` if the window does not fit.
-fn out_size(size: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
-    let padded = size + 2 * padding;
-    (kernel > 0 && stride > 0 && kernel <= padded).then(|| (padded - kernel) / stride + 1)
+/// The output size of a window of `kernel` elements with `stride` over `padded` elements (the
+/// window fits: `0 < kernel <= padded`, `stride > 0`).
+fn out_size(padded: usize, kernel: usize, stride: usize) -> usize {
+    (padded - kernel) / stride + 1
 }
 
 /// `x[.., q + s * o, ..]` along `axis` for `o` in `0..out`, where positions outside
@@ -102,12 +108,44 @@ struct Geometry {
 }
 
 impl Geometry {
-    /// `None` if `x` is not `[N, C, H, W]` with concrete `C, H, W` or the kernel does not fit.
-    fn new(x: &Tensor, kernel: (usize, usize), stride: (usize, usize), padding: (usize, usize)) -> Option<Geometry> {
-        let (n, c, h, w) = nchw(x)?;
+    /// The geometry of a window layer over `x`, or the message saying, in words, why it does not
+    /// apply: `x` is not `[N, C, H, W]` with concrete `C, H, W`, the kernel is empty, or it is
+    /// larger than the padded input.
+    fn new(
+        x: &Tensor,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> std::result::Result<Geometry, String> {
+        let Some((n, c, h, w)) = nchw(x) else {
+            return Err(format!("input must be [N, C, H, W] with concrete C, H and W, got {}", show_shape(x)));
+        };
+        let (kh, kw) = kernel;
+        if kh == 0 || kw == 0 {
+            return Err(format!("kernel {kh}x{kw} is empty"));
+        }
+        let (hp, wp) = (h + 2 * padding.0, w + 2 * padding.1);
+        if kh > hp || kw > wp {
+            return Err(if padding == (0, 0) {
+                format!("kernel {kh}x{kw} is larger than the input {h}x{w}")
+            } else {
+                format!("kernel {kh}x{kw} is larger than the padded input {hp}x{wp} (input {h}x{w})")
+            });
+        }
         let stride = (stride.0.max(1), stride.1.max(1));
-        let out = (out_size(h, kernel.0, stride.0, padding.0)?, out_size(w, kernel.1, stride.1, padding.1)?);
-        Some(Geometry { n, c, kernel, stride, padding, out })
+        let out = (out_size(hp, kh, stride.0), out_size(wp, kw, stride.1));
+        Ok(Geometry { n, c, kernel, stride, padding, out })
+    }
+
+    /// For pooling: padding may be at most half the kernel (as PyTorch requires), or some windows
+    /// would lie wholly in the padding.
+    fn check_pool_padding(&self) -> std::result::Result<(), String> {
+        let (kh, kw) = self.kernel;
+        let (ph, pw) = self.padding;
+        if 2 * ph > kh || 2 * pw > kw {
+            return Err(format!("padding ({ph}, {pw}) must be at most half the kernel {kh}x{kw}"));
+        }
+        Ok(())
     }
 
     /// Every kernel offset's window, row-major in `(i, j)`.
@@ -189,6 +227,7 @@ impl Conv2d {
 impl Conv2d {
     /// One channel and one filter per group (depthwise): the sum over kernel offsets of each
     /// offset's window times its weight, one fused element-wise kernel.
+    #[track_caller]
     fn depthwise(&self, x: &Tensor, geo: &Geometry) -> Tensor {
         let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
         let (kh, kw) = geo.kernel;
@@ -201,11 +240,12 @@ impl Conv2d {
                 None => term,
             });
         }
-        acc.unwrap_or_else(|| bad_input(x, "conv2d_empty_kernel"))
+        acc.expect("Geometry::new rejects empty kernels")
     }
 
     /// A 1x1 convolution with stride 1 and no padding: a batched matmul on the input as it is,
     /// `[G, Og, Cg] @ [N, G, Cg, H * W]`.
+    #[track_caller]
     fn pointwise(&self, x: &Tensor, geo: &Geometry) -> Tensor {
         let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
         let (g, cg) = (self.groups, geo.c / self.groups);
@@ -223,6 +263,7 @@ impl Conv2d {
     /// whose every load is affine with a mask) and one matmul `[G, Og, Cg * K] @ columns`, which
     /// the compiler runs as GEMM. The batch sits in the matmul's N dim, so the weight gradient is
     /// a plain GEMM too.
+    #[track_caller]
     fn im2col(&self, x: &Tensor, geo: &Geometry) -> Tensor {
         let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
         let (g, cg) = (self.groups, geo.c / self.groups);
@@ -251,16 +292,32 @@ impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Tensor {
         let [o, cg, kh, kw] = match self.weight.dims().as_deref() {
             Ok(&[o, cg, kh, kw]) => [o, cg, kh, kw],
-            _ => return bad_input(&self.weight, "conv2d_weight_O_Cg_KH_KW"),
+            _ => {
+                let message = format!("weight must be [out, in / groups, kh, kw], got {}", show_shape(&self.weight));
+                return bad_input(&self.weight, "conv2d", message);
+            }
         };
         let g = self.groups;
-        let Some((_, c, _, _)) = nchw(x) else { return bad_input(x, "conv2d_input_N_C_H_W") };
-        if c != cg * g || o % g != 0 {
-            return bad_input(x, "conv2d_input_channels_mismatch");
-        }
-        let Some(geo) = Geometry::new(x, (kh, kw), self.stride, self.padding) else {
-            return bad_input(x, "conv2d_kernel_larger_than_input");
+        let geo = match Geometry::new(x, (kh, kw), self.stride, self.padding) {
+            Ok(geo) => geo,
+            Err(message) => return bad_input(x, "conv2d", message),
         };
+        if g == 0 || geo.c != cg * g || o % g != 0 {
+            let message = format!(
+                "input {} has {} channels, but weight {} with groups {g} takes {} (and needs out channels \
+                 divisible by groups)",
+                show_shape(x),
+                geo.c,
+                show_shape(&self.weight),
+                cg * g
+            );
+            return bad_input(x, "conv2d", message);
+        }
+        if let Some(b) = &self.bias
+            && b.dims().as_deref() != Ok(&[o][..])
+        {
+            return bad_input(b, "conv2d", format!("bias must be [{o}], got {}", show_shape(b)));
+        }
         if cg == 1 && o == g {
             let y = self.depthwise(x, &geo);
             return match &self.bias {
@@ -272,6 +329,22 @@ impl Module for Conv2d {
             return self.pointwise(x, &geo);
         }
         self.im2col(x, &geo)
+    }
+}
+
+/// The geometry of the pooling layer `op` over `x`, or its error tensor.
+#[track_caller]
+fn pool_geometry(
+    op: &'static str,
+    x: &Tensor,
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    padding: (usize, usize),
+) -> std::result::Result<Geometry, Tensor> {
+    // A `match`, not `map_err`: a closure would lose the caller's line.
+    match Geometry::new(x, kernel, stride, padding).and_then(|geo| geo.check_pool_padding().map(|()| geo)) {
+        Ok(geo) => Ok(geo),
+        Err(message) => Err(bad_input(x, op, message)),
     }
 }
 
@@ -299,8 +372,9 @@ impl MaxPool2d {
 
 impl Module for MaxPool2d {
     fn forward(&self, x: &Tensor) -> Tensor {
-        let Some(geo) = Geometry::new(x, self.kernel, self.stride, self.padding) else {
-            return bad_input(x, "maxpool2d_input_N_C_H_W_at_least_kernel");
+        let geo = match pool_geometry("max_pool2d", x, self.kernel, self.stride, self.padding) {
+            Ok(geo) => geo,
+            Err(e) => return e,
         };
         let one_winner = kiln::is_grad_enabled();
         if geo.tiles() {
@@ -352,8 +426,9 @@ impl AvgPool2d {
 
 impl Module for AvgPool2d {
     fn forward(&self, x: &Tensor) -> Tensor {
-        let Some(geo) = Geometry::new(x, self.kernel, self.stride, self.padding) else {
-            return bad_input(x, "avgpool2d_input_N_C_H_W_at_least_kernel");
+        let geo = match pool_geometry("avg_pool2d", x, self.kernel, self.stride, self.padding) {
+            Ok(geo) => geo,
+            Err(e) => return e,
         };
         if geo.tiles() {
             return geo.tiled(x).mean(&[3, 5], false);

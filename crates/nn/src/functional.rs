@@ -78,7 +78,7 @@ pub fn linear(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor 
         return e;
     }
     if weight.ndim() != 2 {
-        return Tensor::invalid("linear", format!("weight must be [out, in], got {}", show(weight)));
+        return Tensor::op_error("linear", format!("weight must be [out, in], got {}", show(weight)));
     }
     let y = input.matmul(&weight.transpose(0, 1));
     match bias {
@@ -97,7 +97,7 @@ pub fn embedding(input: &Tensor, weight: &Tensor) -> Tensor {
         return e;
     }
     if weight.ndim() != 2 || !input.dtype().is_int() {
-        return Tensor::invalid(
+        return Tensor::op_error(
             "embedding",
             format!(
                 "needs integer ids and a [num_embeddings, dim] weight, got ids {} {} and weight {}",
@@ -124,7 +124,7 @@ pub fn dropout(input: &Tensor, p: f64, training: bool) -> Tensor {
         return input.clone();
     }
     if !(0.0..=1.0).contains(&p) {
-        return Tensor::invalid("dropout", format!("probability has to be between 0 and 1, but got {p}"));
+        return Tensor::op_error("dropout", format!("probability has to be between 0 and 1, but got {p}"));
     }
     if !training || p == 0.0 {
         return input.clone();
@@ -135,12 +135,12 @@ pub fn dropout(input: &Tensor, p: f64, training: bool) -> Tensor {
     let dims = match input.dims() {
         Ok(dims) => dims,
         Err(e) => {
-            return Tensor::invalid("dropout", format!("needs a concrete shape in training, got {}: {e}", show(input)));
+            return Tensor::op_error("dropout", format!("needs a concrete shape in training, got {}: {e}", show(input)));
         }
     };
     match Tensor::rand(&dims).to_device(input.device()) {
         Ok(draw) => input.mul(draw.ge(p).cast(input.dtype())).mul(1.0 / (1.0 - p)),
-        Err(e) => Tensor::invalid("dropout", format!("cannot place the mask on {}: {e}", input.device())),
+        Err(e) => Tensor::op_error("dropout", format!("cannot place the mask on {}: {e}", input.device())),
     }
 }
 
@@ -181,14 +181,14 @@ fn trailing_axes(
         dims.len() == k && dims.iter().zip(normalized_shape).all(|(d, &n)| d.as_const() == Some(n as i64))
     };
     if k == 0 || k > nd || !matches(&input.shape()[nd - k..]) {
-        return Err(Tensor::invalid(
+        return Err(Tensor::op_error(
             op,
             format!("input {} does not end with normalized_shape {normalized_shape:?}", show(input)),
         ));
     }
     for p in params.iter().flatten() {
         if !matches(p.shape()) {
-            return Err(Tensor::invalid(
+            return Err(Tensor::op_error(
                 op,
                 format!("weight/bias {} is not normalized_shape {normalized_shape:?}", show(p)),
             ));
@@ -283,14 +283,14 @@ pub fn group_norm(
     }
     let channels = if input.ndim() >= 2 { input.shape()[1].as_const() } else { None };
     let Some(c) = channels.filter(|&c| num_groups > 0 && c % num_groups as i64 == 0) else {
-        return Tensor::invalid(
+        return Tensor::op_error(
             "group_norm",
             format!("input {} must be [N, C, *] with C (concrete) divisible by num_groups {num_groups}", show(input)),
         );
     };
     for p in [weight, bias].into_iter().flatten() {
         if p.ndim() != 1 || p.shape()[0].as_const() != Some(c) {
-            return Tensor::invalid(
+            return Tensor::op_error(
                 "group_norm",
                 format!("weight/bias {} is not [{c}] for input {}", show(p), show(input)),
             );
@@ -347,22 +347,22 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
     }
     let shapes = || format!("query {}, key {}, value {}", show(query), show(key), show(value));
     if query.ndim() < 2 || key.ndim() < 2 || value.ndim() < 2 {
-        return Tensor::invalid(OP, format!("needs [..., L, E] inputs, got {}", shapes()));
+        return Tensor::op_error(OP, format!("needs [..., L, E] inputs, got {}", shapes()));
     }
     if !(0.0..=1.0).contains(&options.dropout_p) {
-        return Tensor::invalid(OP, format!("dropout_p must be in [0, 1], got {}", options.dropout_p));
+        return Tensor::op_error(OP, format!("dropout_p must be in [0, 1], got {}", options.dropout_p));
     }
     if options.is_causal && options.attn_mask.is_some() {
-        return Tensor::invalid(OP, "is_causal and attn_mask cannot both be set");
+        return Tensor::op_error(OP, "is_causal and attn_mask cannot both be set");
     }
     let (mut key, mut value) = (key.clone(), value.clone());
     if options.enable_gqa && query.ndim() >= 3 && key.ndim() >= 3 && value.ndim() >= 3 {
         let heads = |t: &Tensor| t.shape()[t.ndim() - 3].as_const();
         let (Some(hq), Some(hk), Some(hv)) = (heads(query), heads(&key), heads(&value)) else {
-            return Tensor::invalid(OP, format!("enable_gqa needs concrete head counts (axis -3), got {}", shapes()));
+            return Tensor::op_error(OP, format!("enable_gqa needs concrete head counts (axis -3), got {}", shapes()));
         };
         if hk == 0 || hv == 0 || hq % hk != 0 || hq % hv != 0 {
-            return Tensor::invalid(OP, format!("query heads must be a multiple of key/value heads, got {}", shapes()));
+            return Tensor::op_error(OP, format!("query heads must be a multiple of key/value heads, got {}", shapes()));
         }
         key = repeat_heads(&key, (hq / hk) as usize);
         value = repeat_heads(&value, (hq / hv) as usize);
@@ -371,14 +371,14 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
         Some(s) => s,
         None => match query.shape()[query.ndim() - 1].as_const() {
             Some(e) => 1.0 / (e as f64).sqrt(),
-            None => return Tensor::invalid(OP, format!("the default scale needs a concrete E, got {}", shapes())),
+            None => return Tensor::op_error(OP, format!("the default scale needs a concrete E, got {}", shapes())),
         },
     };
     let mut scores = query.matmul(&key.transpose(-2, -1)).mul(scale);
     let mask = if options.is_causal {
         let (l, s) = (query.shape()[query.ndim() - 2].as_const(), key.shape()[key.ndim() - 2].as_const());
         let (Some(l), Some(s)) = (l, s) else {
-            return Tensor::invalid(OP, format!("is_causal needs concrete L and S, got {}", shapes()));
+            return Tensor::op_error(OP, format!("is_causal needs concrete L and S, got {}", shapes()));
         };
         let rows = Tensor::arange_on(0.0, l as f64, 1.0, query.device()).reshape(&[-1, 1]);
         let cols = Tensor::arange_on(0.0, s as f64, 1.0, query.device()).reshape(&[1, -1]);
@@ -431,13 +431,13 @@ fn check_class_args(
         _ => input.shape()[1].as_const(),
     };
     let Some(c) = classes else {
-        return Err(Tensor::invalid(
+        return Err(Tensor::op_error(
             op,
             format!("input {} needs a concrete class axis (axis 1, or 0 for [C])", show(input)),
         ));
     };
     if !target.dtype().is_int() || target.shape().as_ref() != sample {
-        return Err(Tensor::invalid(
+        return Err(Tensor::op_error(
             op,
             format!(
                 "target must hold integer class ids shaped like input {} without its class axis, got {} {}",
@@ -450,7 +450,7 @@ fn check_class_args(
     if let Some(w) = weight
         && (w.ndim() != 1 || w.shape()[0].as_const() != Some(c))
     {
-        return Err(Tensor::invalid(op, format!("weight {} must be [{c}] (one per class)", show(w))));
+        return Err(Tensor::op_error(op, format!("weight {} must be [{c}] (one per class)", show(w))));
     }
     Ok(c)
 }
@@ -575,7 +575,7 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, options: CrossEntropyOptio
     }
     let ls = options.label_smoothing;
     if !(0.0..=1.0).contains(&ls) {
-        return Tensor::invalid(OP, format!("label_smoothing must be in [0, 1], got {ls}"));
+        return Tensor::op_error(OP, format!("label_smoothing must be in [0, 1], got {ls}"));
     }
     let (rows, sample) = class_rows(input);
     let weight = options.weight.as_ref();
@@ -585,7 +585,7 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, options: CrossEntropyOptio
         let classes =
             if input.ndim() == 1 { input.shape()[0].as_const() } else { input.shape().get(1).and_then(Dim::as_const) };
         let Some(c) = classes.filter(|_| target.shape() == input.shape()) else {
-            return Tensor::invalid(
+            return Tensor::op_error(
                 OP,
                 format!(
                     "probability target {} must be shaped like input {} (concrete classes)",
@@ -597,7 +597,7 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, options: CrossEntropyOptio
         if let Some(w) = weight
             && (w.ndim() != 1 || w.shape()[0].as_const() != Some(c))
         {
-            return Tensor::invalid(OP, format!("weight {} must be [{c}] (one per class)", show(w)));
+            return Tensor::op_error(OP, format!("weight {} must be [{c}] (one per class)", show(w)));
         }
         let (probs, _) = class_rows(target);
         let probs = if ls > 0.0 { probs.mul(1.0 - ls).add(ls / c as f64) } else { probs };
@@ -649,7 +649,7 @@ pub fn l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Tensor 
 #[track_caller]
 pub fn smooth_l1_loss(input: &Tensor, target: &Tensor, reduction: Reduction, beta: f64) -> Tensor {
     if beta < 0.0 || beta.is_nan() {
-        return Tensor::invalid("smooth_l1_loss", format!("beta must be >= 0, got {beta}"));
+        return Tensor::op_error("smooth_l1_loss", format!("beta must be >= 0, got {beta}"));
     }
     let d = input.sub(target).abs();
     if beta == 0.0 {
@@ -670,7 +670,7 @@ pub fn binary_cross_entropy(input: &Tensor, target: &Tensor, weight: Option<&Ten
         return e;
     }
     if target.shape() != input.shape() {
-        return Tensor::invalid(
+        return Tensor::op_error(
             "binary_cross_entropy",
             format!("target {} must be shaped like input {}", show(target), show(input)),
         );
@@ -704,7 +704,7 @@ pub fn binary_cross_entropy_with_logits(input: &Tensor, target: &Tensor, options
         return e;
     }
     if target.shape() != input.shape() {
-        return Tensor::invalid(
+        return Tensor::op_error(
             "binary_cross_entropy_with_logits",
             format!("target {} must be shaped like input {}", show(target), show(input)),
         );

@@ -98,7 +98,11 @@ impl<T: ModuleParams + ?Sized> ModuleParams for Box<T> {
 /// A layer or model: a forward function over its [`ModuleParams`].
 pub trait Module: ModuleParams {
     /// The output for input `x` (lazy: nothing runs until the result is realized). Shape and dtype
-    /// errors come back as an error tensor, as with every `kiln` op.
+    /// errors come back as an error tensor, as with every `kiln` op, naming the line that called
+    /// `forward`: the method is `#[track_caller]` in every implementation (the attribute here
+    /// applies to them all), so an op called directly in a `forward` body reports its caller's
+    /// caller. Code inside a closure does not; helpers it calls must be `#[track_caller]` too.
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor;
 
     /// Every trainable parameter with its name, in visit order.
@@ -254,6 +258,11 @@ impl Sequential {
 
 impl Module for Sequential {
     fn forward(&self, x: &Tensor) -> Tensor {
-        self.layers.iter().fold(x.clone(), |x, layer| layer.forward(&x))
+        // A loop, not `fold`: the closure would lose the caller's line.
+        let mut x = x.clone();
+        for layer in &self.layers {
+            x = layer.forward(&x);
+        }
+        x
     }
 }

@@ -6,7 +6,7 @@
 use kiln::Tensor;
 
 use crate::Module;
-use crate::conv::bad_input;
+use crate::conv::{bad_input, show_shape};
 use crate::init;
 
 /// The four tensors of one recurrent layer with `gates` gates of width `hidden`.
@@ -37,6 +37,7 @@ impl Cell {
 
     /// `x W_ih^T + b_ih` for every step at once, `[batch, seq, gates * hidden]`, and the number of
     /// steps; `None` if `x` is not `[batch, seq, input]` with a concrete `seq`.
+    #[track_caller]
     fn input_part(&self, x: &Tensor) -> Option<(Tensor, usize)> {
         let seq = match x.shape().as_ref() {
             [_, s, _] => s.as_const()? as usize,
@@ -48,6 +49,7 @@ impl Cell {
     /// `x W_ih^T + b_ih + b_hh` for every step at once: the input part with the hidden bias folded
     /// in, for cells whose gates only ever use the sum `x_t W_ih^T + h W_hh^T + b_ih + b_hh` (so
     /// no step adds a bias of its own).
+    #[track_caller]
     fn input_part_both_biases(&self, x: &Tensor) -> Option<(Tensor, usize)> {
         let seq = match x.shape().as_ref() {
             [_, s, _] => s.as_const()? as usize,
@@ -95,9 +97,16 @@ fn output(states: &[Tensor], return_sequences: bool) -> Tensor {
     }
 }
 
-/// An empty sequence has no last state: an error naming the problem.
-fn empty(x: &Tensor) -> Tensor {
-    bad_input(x, "rnn_needs_at_least_one_step")
+/// An empty sequence has no last state: an error of layer `op` naming the problem.
+#[track_caller]
+fn empty(op: &'static str, x: &Tensor) -> Tensor {
+    bad_input(x, op, format!("input {} has no steps (the sequence axis is 0)", show_shape(x)))
+}
+
+/// The error of layer `op` for an input that is not `[batch, seq, input]` with a concrete `seq`.
+#[track_caller]
+fn not_batch_seq_input(op: &'static str, x: &Tensor) -> Tensor {
+    bad_input(x, op, format!("input must be [batch, seq, input] with a concrete seq, got {}", show_shape(x)))
 }
 
 macro_rules! recurrent_module {
@@ -126,12 +135,13 @@ impl SimpleRnn {
         SimpleRnn { cell: Cell::new(input, hidden, 1), return_sequences: true }
     }
 
+    #[track_caller]
     fn run(&self, x: &Tensor) -> Tensor {
         let Some((xw, seq)) = self.cell.input_part_both_biases(x) else {
-            return bad_input(x, "rnn_input_batch_seq_input");
+            return not_batch_seq_input("rnn", x);
         };
         if seq == 0 {
-            return empty(x);
+            return empty("rnn", x);
         }
         let mut states: Vec<Tensor> = Vec::with_capacity(seq);
         for t in 0..seq {
@@ -159,10 +169,11 @@ impl Gru {
         Gru { cell: Cell::new(input, hidden, 3), return_sequences: true }
     }
 
+    #[track_caller]
     fn run(&self, x: &Tensor) -> Tensor {
-        let Some((xw, seq)) = self.cell.input_part(x) else { return bad_input(x, "gru_input_batch_seq_input") };
+        let Some((xw, seq)) = self.cell.input_part(x) else { return not_batch_seq_input("gru", x) };
         if seq == 0 {
-            return empty(x);
+            return empty("gru", x);
         }
         let c = &self.cell;
         let mut states: Vec<Tensor> = Vec::with_capacity(seq);
@@ -200,12 +211,13 @@ impl Lstm {
         Lstm { cell: Cell::new(input, hidden, 4), return_sequences: true }
     }
 
+    #[track_caller]
     fn run(&self, x: &Tensor) -> Tensor {
         let Some((xw, seq)) = self.cell.input_part_both_biases(x) else {
-            return bad_input(x, "lstm_input_batch_seq_input");
+            return not_batch_seq_input("lstm", x);
         };
         if seq == 0 {
-            return empty(x);
+            return empty("lstm", x);
         }
         let c = &self.cell;
         let mut states: Vec<Tensor> = Vec::with_capacity(seq);
