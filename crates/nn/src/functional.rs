@@ -135,7 +135,10 @@ pub fn dropout(input: &Tensor, p: f64, training: bool) -> Tensor {
     let dims = match input.dims() {
         Ok(dims) => dims,
         Err(e) => {
-            return Tensor::op_error("dropout", format!("needs a concrete shape in training, got {}: {e}", show(input)));
+            return Tensor::op_error(
+                "dropout",
+                format!("needs a concrete shape in training, got {}: {e}", show(input)),
+            );
         }
     };
     match Tensor::rand(&dims).to_device(input.device()) {
@@ -362,7 +365,10 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
             return Tensor::op_error(OP, format!("enable_gqa needs concrete head counts (axis -3), got {}", shapes()));
         };
         if hk == 0 || hv == 0 || hq % hk != 0 || hq % hv != 0 {
-            return Tensor::op_error(OP, format!("query heads must be a multiple of key/value heads, got {}", shapes()));
+            return Tensor::op_error(
+                OP,
+                format!("query heads must be a multiple of key/value heads, got {}", shapes()),
+            );
         }
         key = repeat_heads(&key, (hq / hk) as usize);
         value = repeat_heads(&value, (hq / hv) as usize);
