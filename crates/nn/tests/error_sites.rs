@@ -62,9 +62,12 @@ fn loss_errors_name_the_callers_line() {
     assert_eq!((op, file, at), ("sub", file!(), line));
     let logits = input(&[2, 3]);
     let targets = Tensor::from_vec(vec![0.5f32, 1.0], &[2]);
+    // Float targets are class probabilities (PyTorch's rule), which must be shaped like the
+    // logits: the error names cross_entropy and the caller's line.
     let (bad, line) = (cross_entropy(&logits, &targets), line!());
     let (op, message, file, at) = site(&bad);
-    assert_eq!((op, file, at), ("gather", file!(), line), "{message}");
+    assert_eq!((op, file, at), ("cross_entropy", file!(), line), "{message}");
+    assert!(message.contains("probability target [2] must be shaped like input [2, 3]"), "{message}");
 }
 
 #[test]
