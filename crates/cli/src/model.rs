@@ -69,20 +69,10 @@ impl Gpt {
         Ok(Gpt { config, model })
     }
 
-    /// Token ids `(batch, seq)` as `i32`, from `seed` (splitmix64).
+    /// Token ids `(batch, seq)` as `i32`, from `seed` ([`random_ids`]).
     pub fn tokens(&self, seed: u64) -> Tensor {
         let c = &self.config;
-        let mut state = seed;
-        let ids: Vec<i32> = (0..c.batch * c.seq)
-            .map(|_| {
-                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                ((z ^ (z >> 31)) % c.vocab as u64) as i32
-            })
-            .collect();
-        Tensor::from_vec(ids, &[c.batch, c.seq])
+        Tensor::from_vec(random_ids(c.batch * c.seq, c.vocab, seed), &[c.batch, c.seq])
     }
 
     /// Records the forward pass (nothing runs): logits `(batch, seq, vocab)`, without gradients.
@@ -110,4 +100,18 @@ impl Gpt {
         let len = self.model.attended_len(start, self.config.seq);
         Ok((outputs, Bindings::from([(Symbol::new("start_pos"), start as i64), (Symbol::new("kv_len"), len as i64)])))
     }
+}
+
+/// `n` token ids below `vocab` from `seed` (splitmix64): the benchmarks' deterministic inputs.
+pub fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<i32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) % vocab as u64) as i32
+        })
+        .collect()
 }

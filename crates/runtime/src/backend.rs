@@ -261,10 +261,7 @@ impl<B: Backend> Runner<B> {
         }
         let sized = self.sized(bindings)?;
         self.prepared.check_inputs(inputs, &sized.sizes)?;
-        self.with_buffers(|buffers| {
-            self.backend.recycle(buffers, spare);
-            self.run_with(buffers, inputs, &sized)
-        })
+        self.run_checked(inputs, &sized, spare, Vec::new())
     }
 
     /// [`Runner::run_recycling`] on inputs the caller gives up: an output the program writes in
@@ -280,16 +277,19 @@ impl<B: Backend> Runner<B> {
         let sized = self.sized(bindings)?;
         self.prepared.check_inputs(&inputs, &sized.sizes)?;
         let inits = self.prepared.take_inits(&mut inputs);
-        self.with_buffers(|buffers| {
-            self.backend.recycle(buffers, spare);
-            self.backend.preset(buffers, inits)?;
-            self.run_with(buffers, &inputs, &sized)
-        })
+        self.run_checked(&inputs, &sized, spare, inits)
     }
 
-    /// Calls `f` with the run's buffers: the shared ones, or, while another run holds them, a set
-    /// of its own (or the shared ones after a wait, when the backend says so).
-    fn with_buffers<T>(&self, f: impl FnOnce(&mut B::Buffers) -> Result<T>) -> Result<T> {
+    /// One run on checked `inputs`, on the shared buffers, or, while another run holds them, on a
+    /// set of its own (or the shared ones after a wait, when the backend says so): `spare` offered
+    /// for the outputs, `inits` given to the outputs written in place.
+    fn run_checked(
+        &self,
+        inputs: &[HostTensor],
+        sized: &BindingSet<B>,
+        spare: Vec<HostData>,
+        inits: Vec<(usize, Arc<HostData>)>,
+    ) -> Result<Vec<HostTensor>> {
         // Concurrent runs: the first takes the shared buffers; the others make their own for the
         // run, or wait when the backend says so.
         let mut own;
@@ -312,7 +312,9 @@ impl<B: Backend> Runner<B> {
                 &mut guard
             }
         };
-        f(buffers)
+        self.backend.recycle(buffers, spare);
+        self.backend.preset(buffers, inits)?;
+        self.run_with(buffers, inputs, sized)
     }
 
     /// One run on `buffers`.

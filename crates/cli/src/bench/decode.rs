@@ -19,6 +19,7 @@ use std::time::Instant;
 use kiln::{Device, Tensor};
 use nn::{KvCache, Module, Transformer, TransformerConfig};
 
+use crate::model::random_ids;
 use crate::output::{Cell, SuiteOutput, Table, progress};
 use crate::svg::{Plot, Series};
 use crate::timing::median;
@@ -94,20 +95,6 @@ struct ModelResult {
     peak_rss_mb: Option<f64>,
 }
 
-/// `n` token ids below `vocab` from `seed` (splitmix64).
-fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<i32> {
-    let mut state = seed;
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            ((z ^ (z >> 31)) % vocab as u64) as i32
-        })
-        .collect()
-}
-
 fn row(ids: &[i32]) -> Tensor {
     Tensor::from_vec(ids.to_vec(), &[1, ids.len()])
 }
@@ -145,7 +132,7 @@ fn decode(model: &mut Transformer, cache: &mut KvCache, prompt: &[i32], steps: u
 /// Cached decoding against a full recompute of the prefix: 4 greedy steps.
 fn check(model: &mut Transformer, cache: &mut KvCache) -> anyhow::Result<()> {
     let vocab = model.config.vocab_size;
-    let mut ids = random_tokens(6, vocab, 3);
+    let mut ids = random_ids(6, vocab, 3);
     cache.reset();
     let mut logits = model.forward_at(&row(&ids), 0, cache)?;
     for step in 0..4 {
@@ -192,7 +179,7 @@ fn run_model(model_spec: Model, args: &Args) -> anyhow::Result<ModelResult> {
         if past + args.steps > model_spec.config.max_seq_len {
             continue;
         }
-        let prompt = random_tokens(past, vocab, past as u64);
+        let prompt = random_ids(past, vocab, past as u64);
         let mut prefill = Vec::new();
         for _ in 0..3 {
             cache.reset();
@@ -208,7 +195,7 @@ fn run_model(model_spec: Model, args: &Args) -> anyhow::Result<ModelResult> {
     }
     // The generation: compiles counted on the CPU device, the host time from the profile.
     let cpu = kiln::backend::cpu_device()?;
-    let prompt = random_tokens(args.prompt, vocab, 11);
+    let prompt = random_ids(args.prompt, vocab, 11);
     cache.reset();
     let mut logits = model.forward_at(&row(&prompt), 0, &mut cache)?;
     let compiled = cpu.stats().programs_compiled;
