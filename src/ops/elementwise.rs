@@ -547,12 +547,24 @@ impl Tensor {
         s.p_binary(site, BinaryOp::Mul, &s.splat(site, 2.0)).p_binary(site, BinaryOp::Sub, &s.splat(site, 1.0))
     }
 
-    /// `1 / (1 + exp(-x))`; saturates cleanly to 0 and 1.
+    /// `1 / (1 + exp2(min(x * -log2(e), cap)))`; saturates cleanly to 0 and 1. The exponent is
+    /// capped just below where `exp2` overflows in the dtype (127 in f32 and bf16, 15 in f16, 1022
+    /// in f64), so `1 + exp` stays finite: the gradient, whose chain rule multiplies `exp`'s
+    /// derivative by `recip`'s, is 0 rather than `0 * inf = NaN` far left (PyTorch gives 0 there
+    /// too), and the value there is `sigmoid` at the cap (`2^-127` in f32) instead of a subnormal.
+    /// Multiplying by `-log2(e)` rounds exactly as negating and then multiplying by `log2(e)`, and
+    /// saves the negation: five ops, which keeps the gate math of a recurrent step one kernel.
     #[track_caller]
     pub fn sigmoid(&self) -> Tensor {
         let site = Site::here("sigmoid");
         let x = self.float_input(site);
-        let e = x.p_unary(site, UnaryOp::Neg).exp();
+        let cap = match x.dtype() {
+            DType::F16 => 15.0,
+            DType::F64 => 1022.0,
+            _ => 127.0,
+        };
+        let t = x.p_binary(site, BinaryOp::Mul, &x.splat(site, -LOG2_E));
+        let e = t.p_binary(site, BinaryOp::Min, &t.splat(site, cap)).p_unary(site, UnaryOp::Exp2);
         e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip)
     }
 
