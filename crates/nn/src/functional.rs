@@ -8,8 +8,9 @@
 //! facade's own: invalid arguments (shapes that do not fit, an option out of range) give an
 //! error tensor naming the function, the shapes and the caller's source line, which `realize`
 //! returns as `Err`. The layer structs with a functional twin (`Linear`, `Embedding`, `Dropout`,
-//! `LayerNorm`, `RmsNorm`) and the losses at the crate root call these functions, so each
-//! computation is written once.
+//! `LayerNorm`, `RmsNorm`, `BatchNorm2d`) and the losses at the crate root call these functions, so
+//! each computation is written once. The spatial forms ([`pad`], [`interpolate`],
+//! [`adaptive_avg_pool2d`], [`batch_norm`]) live in `functional/spatial.rs`.
 //!
 //! ```
 //! use kiln::prelude::*;
@@ -25,6 +26,10 @@
 //! ```
 
 use kiln::{Axis, DType, Dim, Tensor};
+
+mod spatial;
+
+pub use spatial::{InterpolateMode, InterpolateSize, PadMode, adaptive_avg_pool2d, batch_norm, interpolate, pad};
 
 /// `cond ? a : b`, element-wise: the one place this module names the facade's select.
 #[track_caller]

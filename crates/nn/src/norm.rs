@@ -1,5 +1,5 @@
 //! Normalisation layers: `LayerNorm`, `RmsNorm` (over the last axis) and `BatchNorm2d`
-//! (inference form, over the channel axis of `[N, C, H, W]`).
+//! (inference form, over the channel axis of `[N, C, H, W]`), each a call of its functional form.
 
 use kiln::Tensor;
 
@@ -70,7 +70,9 @@ impl Module for RmsNorm {
 /// Batch normalisation of `[N, C, H, W]` with the running statistics (PyTorch's
 /// `nn.BatchNorm2d` in `eval()` mode): `(x - running_mean) / sqrt(running_var + eps) * weight +
 /// bias` per channel. The statistics are buffers: saved and loaded, never trained. Training mode
-/// also uses them (a frozen BatchNorm); batch statistics are not computed.
+/// also uses them (a frozen BatchNorm): `Module::forward` takes `&self`, so the layer cannot
+/// update its running statistics; training with batch statistics is [`functional::batch_norm`]
+/// with `training = true`, which replaces the running statistics it is lent.
 #[derive(Module)]
 pub struct BatchNorm2d {
     /// `[C]`, initially ones.
@@ -103,10 +105,18 @@ impl BatchNorm2d {
 }
 
 impl Module for BatchNorm2d {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        let per_channel = |t: &Tensor| t.reshape(&[-1, 1, 1]);
-        let scale = self.running_var.add(self.eps).rsqrt().mul(&self.weight);
-        let shift = self.bias.sub(self.running_mean.mul(&scale));
-        x.mul(per_channel(&scale)).add(per_channel(&shift))
+        let (mut mean, mut var) = (self.running_mean.clone(), self.running_var.clone());
+        functional::batch_norm(
+            x,
+            Some(&mut mean),
+            Some(&mut var),
+            Some(&self.weight),
+            Some(&self.bias),
+            false,
+            0.1,
+            self.eps,
+        )
     }
 }

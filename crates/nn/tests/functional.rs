@@ -11,7 +11,10 @@ use std::sync::OnceLock;
 use common::{Fixture, assert_close, devices, fixture_file};
 use kiln::{DType, Device, Tensor};
 use kiln_nn::functional as F;
-use kiln_nn::functional::{BceWithLogitsOptions, CrossEntropyOptions, NllLossOptions, Reduction, SdpaOptions};
+use kiln_nn::functional::{
+    BceWithLogitsOptions, CrossEntropyOptions, InterpolateMode, InterpolateSize, NllLossOptions, PadMode, Reduction,
+    SdpaOptions,
+};
 
 fn fixtures() -> &'static HashMap<String, Tensor> {
     static ALL: OnceLock<HashMap<String, Tensor>> = OnceLock::new();
@@ -189,6 +192,44 @@ const LOSSES: &[(&str, Call)] = &[
     }),
 ];
 
+fn scale(factors: &[f64]) -> InterpolateSize {
+    InterpolateSize::Scale(factors.to_vec())
+}
+
+const SPATIAL: &[(&str, Call)] = &[
+    ("pad_constant", |a| F::pad(a.get("x"), &[1, 2, 0, 1], PadMode::Constant, 0.5)),
+    ("pad_reflect", |a| F::pad(a.get("x"), &[2, 1, 1, 2], PadMode::Reflect, 0.0)),
+    ("pad_replicate", |a| F::pad(a.get("x"), &[3, 1, 2, 0], PadMode::Replicate, 0.0)),
+    ("pad_circular", |a| F::pad(a.get("x"), &[2, 3, 1, 1], PadMode::Circular, 0.0)),
+    ("pad_negative_t", |a| F::pad(a.get("x"), &[-1, 2, 1, -2], PadMode::Constant, 0.0)),
+    ("pad_reflect_1d", |a| F::pad(a.get("x"), &[3, 5], PadMode::Reflect, 0.0)),
+    ("interp_nearest_2x", |a| F::interpolate(a.get("x"), scale(&[2.0, 2.0]), InterpolateMode::Nearest, None)),
+    ("interp_nearest_size", |a| {
+        F::interpolate(a.get("x"), InterpolateSize::Size(vec![3, 10]), InterpolateMode::Nearest, None)
+    }),
+    ("interp_bilinear", |a| {
+        F::interpolate(a.get("x"), InterpolateSize::Size(vec![7, 3]), InterpolateMode::Bilinear, Some(false))
+    }),
+    ("interp_bilinear_corners", |a| {
+        F::interpolate(a.get("x"), scale(&[2.5, 2.5]), InterpolateMode::Bilinear, Some(true))
+    }),
+    ("adaptive_avg_pool2d", |a| F::adaptive_avg_pool2d(a.get("x"), (3, 4))),
+    ("adaptive_avg_pool2d_divides", |a| F::adaptive_avg_pool2d(a.get("x"), (1, 1))),
+    ("batch_norm_eval", |a| {
+        let (mut rm, mut rv) = (a.get("rm").clone(), a.get("rv").clone());
+        F::batch_norm(a.get("x"), Some(&mut rm), Some(&mut rv), Some(a.get("w")), Some(a.get("b")), false, 0.1, 1e-5)
+    }),
+    ("batch_norm_train", |a| {
+        F::batch_norm(a.get("x"), None, None, Some(a.get("w")), Some(a.get("b")), true, 0.1, 1e-5)
+    }),
+    ("batch_norm_running", |a| {
+        let (mut rm, mut rv) = (a.get("rm").clone(), a.get("rv").clone());
+        let y = F::batch_norm(a.get("x"), Some(&mut rm), Some(&mut rv), None, None, true, 0.3, 1e-3);
+        y.realize().expect("batch_norm");
+        Tensor::cat(&[&rm, &rv], 0)
+    }),
+];
+
 #[test]
 fn layers_match_pytorch() {
     assert_skips(run(LAYERS), &["log_softmax_f64"]);
@@ -209,13 +250,18 @@ fn losses_match_pytorch() {
     assert_skips(run(LOSSES), &[]);
 }
 
+#[test]
+fn spatial_forms_match_pytorch() {
+    assert_skips(run(SPATIAL), &[]);
+}
+
 /// Every fixture in the file has a case above, so none is skipped silently.
 #[test]
 fn every_fixture_is_tested() {
     let in_file: BTreeSet<String> =
         fixtures().keys().filter_map(|k| k.split_once('.')).map(|(name, _)| name.to_string()).collect();
     let tested: BTreeSet<String> =
-        [LAYERS, NORMS, ATTENTION, LOSSES].iter().flat_map(|c| c.iter()).map(|(n, _)| n.to_string()).collect();
+        [LAYERS, NORMS, ATTENTION, LOSSES, SPATIAL].iter().flat_map(|c| c.iter()).map(|(n, _)| n.to_string()).collect();
     assert_eq!(in_file, tested);
 }
 
@@ -275,6 +321,46 @@ fn bad_arguments_are_errors_naming_the_function_and_shapes() {
         "binary_cross_entropy",
         &["[2, 3, 4]", "[4, 5]"],
     );
+}
+
+#[test]
+fn bad_spatial_arguments_are_errors_naming_the_function_and_shapes() {
+    let x = Tensor::ones(&[2, 3, 4, 5], DType::F32);
+    assert_error(&F::pad(&x, &[1, 2, 3], PadMode::Constant, 0.0), "pad", &["even", "[2, 3, 4, 5]"]);
+    assert_error(&F::pad(&x, &[5, 0, 0, 0], PadMode::Reflect, 0.0), "pad", &["reflect", "below the size 5"]);
+    assert_error(&F::pad(&x, &[1, 1], PadMode::Reflect, 0.0), "pad", &["trailing axes of a [C, *] or [N, C, *]"]);
+    assert_error(&F::pad(&x, &[-1, 0], PadMode::Replicate, 0.0), "pad", &["negative", "constant mode"]);
+    assert_error(&F::pad(&x, &[-3, -3], PadMode::Constant, 0.0), "pad", &["crops 6", "size 5"]);
+    assert_error(&F::pad(&x, &[0, 6, 0, 0], PadMode::Circular, 0.0), "pad", &["at most the size 5"]);
+    let bilinear =
+        F::interpolate(&x.sum(&[0], false), InterpolateSize::Size(vec![2, 2]), InterpolateMode::Bilinear, None);
+    assert_error(&bilinear, "interpolate", &["[3, 4, 5]", "2 spatial axes"]);
+    let factors = F::interpolate(&x, InterpolateSize::Scale(vec![2.0]), InterpolateMode::Nearest, None);
+    assert_error(&factors, "interpolate", &["one positive size or factor per spatial axis"]);
+    let corners = F::interpolate(&x, InterpolateSize::Scale(vec![2.0, 2.0]), InterpolateMode::Nearest, Some(true));
+    assert_error(&corners, "interpolate", &["align_corners"]);
+    assert_error(&F::adaptive_avg_pool2d(&x, (0, 2)), "adaptive_avg_pool2d", &["[2, 3, 4, 5]", "(0, 2)"]);
+    assert_error(&F::batch_norm(&x, None, None, None, None, false, 0.1, 1e-5), "batch_norm", &["running_mean"]);
+    let mut short = Tensor::zeros(&[2], DType::F32);
+    let bn = F::batch_norm(&x, Some(&mut short), None, None, None, true, 0.1, 1e-5);
+    assert_error(&bn, "batch_norm", &["[2]", "[3]"]);
+}
+
+/// Batch norm in training mode with a symbolic batch: the running variance's Bessel correction
+/// uses the bound batch size.
+#[test]
+fn batch_norm_running_statistics_with_a_symbolic_batch() {
+    let data: Vec<f32> = (0..24).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+    let fixed = Tensor::from_vec(data.clone(), &[4, 3, 2]);
+    let symbolic = Tensor::from_vec(data, &[4, 3, 2]).with_dims(vec![kiln::Dim::sym("n"), 3.into(), 2.into()]);
+    assert!(symbolic.shape()[0].as_const().is_none());
+    let stats = |x: &Tensor| {
+        let (mut rm, mut rv) = (Tensor::zeros(&[3], DType::F32), Tensor::ones(&[3], DType::F32));
+        let y = F::batch_norm(x, Some(&mut rm), Some(&mut rv), None, None, true, 0.5, 1e-5);
+        kiln::realize(&[&y, &rm, &rv]).unwrap();
+        Tensor::cat(&[&rm, &rv], 0)
+    };
+    assert_close("running statistics", &stats(&symbolic), &stats(&fixed), 1e-6);
 }
 
 /// Out-of-range class ids fail the realize (as PyTorch raises), other than the ignored value.
