@@ -1,4 +1,6 @@
-//! 2-D convolution and pooling over `[N, C, H, W]`, built from views only.
+//! 2-D convolution and pooling over `[N, C, H, W]`, built from views only: the functional forms
+//! (`conv1d`, `conv2d`, `max_pool2d`, `avg_pool2d`, re-exported by `functional`) and the layers
+//! that call them.
 //!
 //! Each kernel offset's window is one strided, masked view of the input (see [`pick`]): pad for
 //! the border, a split `[len / s, s]` for the stride. No view needs div/mod index math when the
@@ -41,11 +43,15 @@ fn nchw(x: &Tensor) -> Option<(Dim, usize, usize, usize)> {
         _ => None,
     }
 }
-
-/// The output size of a window of `kernel` elements with `stride` over `padded` elements (the
-/// window fits: `0 < kernel <= padded`, `stride > 0`).
-fn out_size(padded: usize, kernel: usize, stride: usize) -> usize {
-    (padded - kernel) / stride + 1
+/// The output size of a window spanning `extent` elements with `stride` over `padded` elements
+/// (the window fits: `0 < extent <= padded`, `stride > 0`); with `ceil_mode` a last, partial window
+/// counts too, as long as it starts inside the input or its leading padding (PyTorch's rule).
+fn out_size(padded: usize, extent: usize, stride: usize, ceil_mode: bool, len_and_before: usize) -> usize {
+    if !ceil_mode {
+        return (padded - extent) / stride + 1;
+    }
+    let out = (padded - extent).div_ceil(stride) + 1;
+    if (out - 1) * stride >= len_and_before { out - 1 } else { out }
 }
 
 /// `x[.., q + s * o, ..]` along `axis` for `o` in `0..out`, where positions outside
@@ -90,59 +96,90 @@ fn pick(x: &Tensor, axis: usize, q: i64, s: usize, out: usize, pad_value: f64) -
 }
 
 /// The `[N, C, OH, OW]` window of `x` for kernel offset `(i, j)`: element `(oh, ow)` is
-/// `x[.., sh * oh + i - ph, sw * ow + j - pw]`, `pad_value` outside the input.
+/// `x[.., sh * oh + dh * i - ph, sw * ow + dw * j - pw]`, `pad_value` outside the input.
 fn window(x: &Tensor, offset: (usize, usize), geometry: &Geometry, pad_value: f64) -> Tensor {
     let g = geometry;
-    let rows = pick(x, 2, offset.0 as i64 - g.padding.0 as i64, g.stride.0, g.out.0, pad_value);
-    pick(&rows, 3, offset.1 as i64 - g.padding.1 as i64, g.stride.1, g.out.1, pad_value)
+    let q = |k: usize, d: usize, p: usize| (k * d) as i64 - p as i64;
+    let rows = pick(x, 2, q(offset.0, g.dilation.0, g.padding.0), g.stride.0, g.out.0, pad_value);
+    pick(&rows, 3, q(offset.1, g.dilation.1, g.padding.1), g.stride.1, g.out.1, pad_value)
 }
 
-/// The sizes of a sliding-window layer applied to one input.
+/// How a sliding-window op is laid over its input: what [`Geometry::new`] takes.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    kernel: (usize, usize),
+    stride: (usize, usize),
+    /// `(before, after)` padding of the rows and of the columns.
+    padding: [(usize, usize); 2],
+    dilation: (usize, usize),
+    ceil_mode: bool,
+}
+
+/// The sizes of a sliding-window op applied to one input.
 struct Geometry {
     n: Dim,
     c: usize,
+    /// The input's `(h, w)`.
+    input: (usize, usize),
     kernel: (usize, usize),
     stride: (usize, usize),
+    /// The padding before the rows and before the columns (the padding after only shapes `out`).
     padding: (usize, usize),
+    dilation: (usize, usize),
     out: (usize, usize),
 }
 
 impl Geometry {
-    /// The geometry of a window layer over `x`, or the message saying, in words, why it does not
-    /// apply: `x` is not `[N, C, H, W]` with concrete `C, H, W`, the kernel is empty, or it is
-    /// larger than the padded input.
-    fn new(
-        x: &Tensor,
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-    ) -> std::result::Result<Geometry, String> {
-        let Some((n, c, h, w)) = nchw(x) else {
+    /// The geometry of a window op over `x`, or the message saying, in words, why it does not
+    /// apply: `x` is not `[N, C, H, W]` with concrete `C, H, W`, the kernel is empty, or its
+    /// (dilated) extent is larger than the padded input.
+    fn new(x: &Tensor, w: Window) -> std::result::Result<Geometry, String> {
+        let Some((n, c, h, wd)) = nchw(x) else {
             return Err(format!("input must be [N, C, H, W] with concrete C, H and W, got {}", show_shape(x)));
         };
-        let (kh, kw) = kernel;
+        let (kh, kw) = w.kernel;
         if kh == 0 || kw == 0 {
             return Err(format!("kernel {kh}x{kw} is empty"));
         }
-        let (hp, wp) = (h + 2 * padding.0, w + 2 * padding.1);
-        if kh > hp || kw > wp {
-            return Err(if padding == (0, 0) {
-                format!("kernel {kh}x{kw} is larger than the input {h}x{w}")
+        if w.stride.0 == 0 || w.stride.1 == 0 || w.dilation.0 == 0 || w.dilation.1 == 0 {
+            return Err(format!("stride {:?} and dilation {:?} must be positive", w.stride, w.dilation));
+        }
+        let [(pt, pb), (pl, pr)] = w.padding;
+        let (hp, wp) = (h + pt + pb, wd + pl + pr);
+        let (eh, ew) = (w.dilation.0 * (kh - 1) + 1, w.dilation.1 * (kw - 1) + 1);
+        if eh > hp || ew > wp {
+            let what = if w.dilation == (1, 1) {
+                format!("kernel {kh}x{kw}")
             } else {
-                format!("kernel {kh}x{kw} is larger than the padded input {hp}x{wp} (input {h}x{w})")
+                format!("kernel {kh}x{kw} dilated by {:?} (extent {eh}x{ew})", w.dilation)
+            };
+            return Err(if hp == h && wp == wd {
+                format!("{what} is larger than the input {h}x{wd}")
+            } else {
+                format!("{what} is larger than the padded input {hp}x{wp} (input {h}x{wd})")
             });
         }
-        let stride = (stride.0.max(1), stride.1.max(1));
-        let out = (out_size(hp, kh, stride.0), out_size(wp, kw, stride.1));
-        Ok(Geometry { n, c, kernel, stride, padding, out })
+        let out =
+            (out_size(hp, eh, w.stride.0, w.ceil_mode, h + pt), out_size(wp, ew, w.stride.1, w.ceil_mode, wd + pl));
+        Ok(Geometry {
+            n,
+            c,
+            input: (h, wd),
+            kernel: w.kernel,
+            stride: w.stride,
+            padding: (pt, pl),
+            dilation: w.dilation,
+            out,
+        })
     }
 
-    /// For pooling: padding may be at most half the kernel (as PyTorch requires), or some windows
-    /// would lie wholly in the padding.
-    fn check_pool_padding(&self) -> std::result::Result<(), String> {
+    /// For pooling: padding may be at most half the (dilated) kernel (as PyTorch requires), or
+    /// some windows would lie wholly in the padding.
+    fn check_pool_padding(&self, padding: (usize, usize)) -> std::result::Result<(), String> {
         let (kh, kw) = self.kernel;
-        let (ph, pw) = self.padding;
-        if 2 * ph > kh || 2 * pw > kw {
+        let (eh, ew) = (self.dilation.0 * (kh - 1) + 1, self.dilation.1 * (kw - 1) + 1);
+        let (ph, pw) = padding;
+        if 2 * ph > eh || 2 * pw > ew {
             return Err(format!("padding ({ph}, {pw}) must be at most half the kernel {kh}x{kw}"));
         }
         Ok(())
@@ -154,10 +191,15 @@ impl Geometry {
         (0..kh * kw).map(|k| window(x, (k / kw, k % kw), self, pad_value)).collect()
     }
 
-    /// Whether the windows tile the input exactly: stride = kernel, no padding. Then they are a
-    /// reshape of the input: `[N, C, OH, KH, OW, KW]`.
+    /// Whether the windows tile the input: stride = kernel, no padding, no dilation, every window
+    /// inside the input. Then they are a reshape of the input: `[N, C, OH, KH, OW, KW]`.
     fn tiles(&self) -> bool {
-        self.stride == self.kernel && self.padding == (0, 0)
+        let (kh, kw) = self.kernel;
+        self.stride == self.kernel
+            && self.padding == (0, 0)
+            && self.dilation == (1, 1)
+            && self.out.0 * kh <= self.input.0
+            && self.out.1 * kw <= self.input.1
     }
 
     /// The windows as `[N, C, OH, KH, OW, KW]` when they tile the input (see [`Geometry::tiles`]).
@@ -224,128 +266,381 @@ impl Conv2d {
     }
 }
 
-impl Conv2d {
-    /// One channel and one filter per group (depthwise): the sum over kernel offsets of each
-    /// offset's window times its weight, one fused element-wise kernel.
-    #[track_caller]
-    fn depthwise(&self, x: &Tensor, geo: &Geometry) -> Tensor {
-        let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
-        let (kh, kw) = geo.kernel;
-        let weight = self.weight.reshape(&[o, kh * kw]);
-        let mut acc: Option<Tensor> = None;
-        for (k, win) in geo.windows(x, 0.0).into_iter().enumerate() {
-            let term = win.mul(weight.narrow(1, k as i64, 1).reshape(&[o, 1, 1]));
-            acc = Some(match acc {
-                Some(a) => a.add(term),
-                None => term,
-            });
+/// The padding of a convolution (PyTorch's `padding=`): explicit amounts on both sides, `"same"`
+/// (the output as large as the input; stride 1 only; the odd element, if any, after) or
+/// `"valid"` (none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Padding<T> {
+    /// The same amount before and after.
+    Explicit(T),
+    /// `"same"`.
+    Same,
+    /// `"valid"`: no padding.
+    Valid,
+}
+
+impl<T: Default> Default for Padding<T> {
+    fn default() -> Padding<T> {
+        Padding::Explicit(T::default())
+    }
+}
+
+/// The keyword arguments of [`conv2d`], PyTorch's defaults by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dOptions {
+    /// `(sh, sw)`, default `(1, 1)`.
+    pub stride: (usize, usize),
+    /// Default `Explicit((0, 0))`.
+    pub padding: Padding<(usize, usize)>,
+    /// `(dh, dw)`, default `(1, 1)`.
+    pub dilation: (usize, usize),
+    /// Channel groups, default 1.
+    pub groups: usize,
+}
+
+impl Default for Conv2dOptions {
+    fn default() -> Conv2dOptions {
+        Conv2dOptions { stride: (1, 1), padding: Padding::default(), dilation: (1, 1), groups: 1 }
+    }
+}
+
+/// The keyword arguments of [`conv1d`], PyTorch's defaults by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv1dOptions {
+    /// Default 1.
+    pub stride: usize,
+    /// Default `Explicit(0)`.
+    pub padding: Padding<usize>,
+    /// Default 1.
+    pub dilation: usize,
+    /// Channel groups, default 1.
+    pub groups: usize,
+}
+
+impl Default for Conv1dOptions {
+    fn default() -> Conv1dOptions {
+        Conv1dOptions { stride: 1, padding: Padding::default(), dilation: 1, groups: 1 }
+    }
+}
+
+/// `F.conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)` over
+/// `[N, C, H, W]` (cross-correlation): `weight` is `[out, C / groups, kh, kw]`, `bias` `[out]`.
+/// One channel and one filter per group (depthwise) is one fused element-wise kernel; a 1x1
+/// kernel with stride 1 and no padding a batched matmul on the input; everything else im2col and
+/// one GEMM (see the module docs).
+#[track_caller]
+pub fn conv2d(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, options: Conv2dOptions) -> Tensor {
+    let [o, cg, kh, kw] = match weight.dims().as_deref() {
+        Ok(&[o, cg, kh, kw]) => [o, cg, kh, kw],
+        _ => {
+            let message = format!("weight must be [out, in / groups, kh, kw], got {}", show_shape(weight));
+            return bad_input(weight, "conv2d", message);
         }
-        acc.expect("Geometry::new rejects empty kernels")
+    };
+    let Conv2dOptions { stride, padding, dilation, groups: g } = options;
+    let padding = match padding {
+        Padding::Explicit((ph, pw)) => [(ph, ph), (pw, pw)],
+        Padding::Valid => [(0, 0), (0, 0)],
+        Padding::Same if stride != (1, 1) => {
+            return bad_input(input, "conv2d", format!("padding \"same\" needs stride 1, got {stride:?}"));
+        }
+        Padding::Same => {
+            let same = |k: usize, d: usize| (d * (k.max(1) - 1) / 2, d * (k.max(1) - 1) - d * (k.max(1) - 1) / 2);
+            [same(kh, dilation.0), same(kw, dilation.1)]
+        }
+    };
+    let geo = match Geometry::new(input, Window { kernel: (kh, kw), stride, padding, dilation, ceil_mode: false }) {
+        Ok(geo) => geo,
+        Err(message) => return bad_input(input, "conv2d", message),
+    };
+    if g == 0 || geo.c != cg * g || o % g != 0 {
+        let message = format!(
+            "input {} has {} channels, but weight {} with groups {g} takes {} (and needs out channels \
+             divisible by groups)",
+            show_shape(input),
+            geo.c,
+            show_shape(weight),
+            cg * g
+        );
+        return bad_input(input, "conv2d", message);
     }
-
-    /// A 1x1 convolution with stride 1 and no padding: a batched matmul on the input as it is,
-    /// `[G, Og, Cg] @ [N, G, Cg, H * W]`.
-    #[track_caller]
-    fn pointwise(&self, x: &Tensor, geo: &Geometry) -> Tensor {
-        let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
-        let (g, cg) = (self.groups, geo.c / self.groups);
-        let (oh, ow) = geo.out;
-        let cols = x.reshape(vec![geo.n.clone(), Dim::from(g), Dim::from(cg), Dim::from(oh * ow)]);
-        let y = self.weight.reshape(&[g, o / g, cg]).matmul(&cols);
-        let y = match &self.bias {
-            Some(b) => y.add(b.reshape(&[g, o / g, 1])),
+    if let Some(b) = bias
+        && b.dims().as_deref() != Ok(&[o][..])
+    {
+        return bad_input(b, "conv2d", format!("bias must be [{o}], got {}", show_shape(b)));
+    }
+    if cg == 1 && o == g {
+        let y = depthwise(input, weight, &geo);
+        return match bias {
+            Some(b) => y.add(b.reshape(&[o, 1, 1])),
             None => y,
         };
-        y.reshape(vec![geo.n.clone(), Dim::from(o), Dim::from(oh), Dim::from(ow)])
     }
+    if (kh, kw) == (1, 1) && geo.stride == (1, 1) && padding == [(0, 0), (0, 0)] {
+        return pointwise(input, weight, bias, g, &geo);
+    }
+    im2col(input, weight, bias, g, &geo)
+}
 
-    /// im2col: the windows stacked into columns `[G, Cg * KH * KW, N * OH * OW]` (one copy kernel,
-    /// whose every load is affine with a mask) and one matmul `[G, Og, Cg * K] @ columns`, which
-    /// the compiler runs as GEMM. The batch sits in the matmul's N dim, so the weight gradient is
-    /// a plain GEMM too.
-    #[track_caller]
-    fn im2col(&self, x: &Tensor, geo: &Geometry) -> Tensor {
-        let o = self.weight.shape()[0].as_const().unwrap_or(0) as usize;
-        let (g, cg) = (self.groups, geo.c / self.groups);
-        let (oh, ow) = geo.out;
-        let k = geo.kernel.0 * geo.kernel.1;
-        // Each window as [C, 1, N, OH, OW], stacked on axis 1: [C, K, N, OH, OW].
-        let wins: Vec<Tensor> = geo.windows(x, 0.0).iter().map(|w| w.permute(&[1, 0, 2, 3]).unsqueeze(1)).collect();
-        let cols = if k == 1 {
-            wins[0].clone()
-        } else {
-            let refs: Vec<&Tensor> = wins.iter().collect();
-            Tensor::cat(&refs, 1)
-        };
-        let np = &geo.n * &Dim::from(oh * ow);
-        let cols = cols.reshape(vec![Dim::from(g), Dim::from(cg * k), np]);
-        let y = self.weight.reshape(&[g, o / g, cg * k]).matmul(&cols);
-        let y = match &self.bias {
-            Some(b) => y.add(b.reshape(&[g, o / g, 1])),
-            None => y,
-        };
-        y.reshape(vec![Dim::from(o), geo.n.clone(), Dim::from(oh), Dim::from(ow)]).permute(&[1, 0, 2, 3])
+/// `F.conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)` over
+/// `[N, C, L]`: [`conv2d`] on `[N, C, 1, L]` with `weight` `[out, C / groups, k]`.
+#[track_caller]
+pub fn conv1d(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, options: Conv1dOptions) -> Tensor {
+    if input.ndim() != 3 || weight.ndim() != 3 {
+        let message = format!(
+            "input must be [N, C, L] and weight [out, in / groups, k], got {} and {}",
+            show_shape(input),
+            show_shape(weight)
+        );
+        return bad_input(if input.error().is_some() { input } else { weight }, "conv1d", message);
     }
+    let padding = match options.padding {
+        Padding::Explicit(p) => Padding::Explicit((0, p)),
+        Padding::Same => Padding::Same,
+        Padding::Valid => Padding::Valid,
+    };
+    let options2 =
+        Conv2dOptions { stride: (1, options.stride), padding, dilation: (1, options.dilation), groups: options.groups };
+    let y = conv2d(&input.unsqueeze(2), &weight.unsqueeze(2), bias, options2);
+    if y.error().is_some() { y } else { y.squeeze(2) }
+}
+
+/// One channel and one filter per group (depthwise): the sum over kernel offsets of each
+/// offset's window times its weight, one fused element-wise kernel.
+#[track_caller]
+fn depthwise(x: &Tensor, weight: &Tensor, geo: &Geometry) -> Tensor {
+    let o = weight.shape()[0].as_const().unwrap_or(0) as usize;
+    let (kh, kw) = geo.kernel;
+    let weight = weight.reshape(&[o, kh * kw]);
+    let mut acc: Option<Tensor> = None;
+    for (k, win) in geo.windows(x, 0.0).into_iter().enumerate() {
+        let term = win.mul(weight.narrow(1, k as i64, 1).reshape(&[o, 1, 1]));
+        acc = Some(match acc {
+            Some(a) => a.add(term),
+            None => term,
+        });
+    }
+    acc.expect("Geometry::new rejects empty kernels")
+}
+
+/// A 1x1 convolution with stride 1 and no padding: a batched matmul on the input as it is,
+/// `[G, Og, Cg] @ [N, G, Cg, H * W]`.
+#[track_caller]
+fn pointwise(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, g: usize, geo: &Geometry) -> Tensor {
+    let o = weight.shape()[0].as_const().unwrap_or(0) as usize;
+    let cg = geo.c / g;
+    let (oh, ow) = geo.out;
+    let cols = x.reshape(vec![geo.n.clone(), Dim::from(g), Dim::from(cg), Dim::from(oh * ow)]);
+    let y = weight.reshape(&[g, o / g, cg]).matmul(&cols);
+    let y = match bias {
+        Some(b) => y.add(b.reshape(&[g, o / g, 1])),
+        None => y,
+    };
+    y.reshape(vec![geo.n.clone(), Dim::from(o), Dim::from(oh), Dim::from(ow)])
+}
+
+/// im2col: the windows stacked into columns `[G, Cg * KH * KW, N * OH * OW]` (one copy kernel,
+/// whose every load is affine with a mask) and one matmul `[G, Og, Cg * K] @ columns`, which
+/// the compiler runs as GEMM. The batch sits in the matmul's N dim, so the weight gradient is
+/// a plain GEMM too.
+#[track_caller]
+fn im2col(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, g: usize, geo: &Geometry) -> Tensor {
+    let o = weight.shape()[0].as_const().unwrap_or(0) as usize;
+    let cg = geo.c / g;
+    let (oh, ow) = geo.out;
+    let k = geo.kernel.0 * geo.kernel.1;
+    // Each window as [C, 1, N, OH, OW], stacked on axis 1: [C, K, N, OH, OW].
+    let wins: Vec<Tensor> = geo.windows(x, 0.0).iter().map(|w| w.permute(&[1, 0, 2, 3]).unsqueeze(1)).collect();
+    let cols = if k == 1 {
+        wins[0].clone()
+    } else {
+        let refs: Vec<&Tensor> = wins.iter().collect();
+        Tensor::cat(&refs, 1)
+    };
+    let np = &geo.n * &Dim::from(oh * ow);
+    let cols = cols.reshape(vec![Dim::from(g), Dim::from(cg * k), np]);
+    let y = weight.reshape(&[g, o / g, cg * k]).matmul(&cols);
+    let y = match bias {
+        Some(b) => y.add(b.reshape(&[g, o / g, 1])),
+        None => y,
+    };
+    y.reshape(vec![Dim::from(o), geo.n.clone(), Dim::from(oh), Dim::from(ow)]).permute(&[1, 0, 2, 3])
 }
 
 impl Module for Conv2d {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        let [o, cg, kh, kw] = match self.weight.dims().as_deref() {
-            Ok(&[o, cg, kh, kw]) => [o, cg, kh, kw],
-            _ => {
-                let message = format!("weight must be [out, in / groups, kh, kw], got {}", show_shape(&self.weight));
-                return bad_input(&self.weight, "conv2d", message);
-            }
+        let options = Conv2dOptions {
+            stride: self.stride,
+            padding: Padding::Explicit(self.padding),
+            dilation: (1, 1),
+            groups: self.groups,
         };
-        let g = self.groups;
-        let geo = match Geometry::new(x, (kh, kw), self.stride, self.padding) {
-            Ok(geo) => geo,
-            Err(message) => return bad_input(x, "conv2d", message),
-        };
-        if g == 0 || geo.c != cg * g || o % g != 0 {
-            let message = format!(
-                "input {} has {} channels, but weight {} with groups {g} takes {} (and needs out channels \
-                 divisible by groups)",
-                show_shape(x),
-                geo.c,
-                show_shape(&self.weight),
-                cg * g
-            );
-            return bad_input(x, "conv2d", message);
-        }
-        if let Some(b) = &self.bias
-            && b.dims().as_deref() != Ok(&[o][..])
-        {
-            return bad_input(b, "conv2d", format!("bias must be [{o}], got {}", show_shape(b)));
-        }
-        if cg == 1 && o == g {
-            let y = self.depthwise(x, &geo);
-            return match &self.bias {
-                Some(b) => y.add(b.reshape(&[o, 1, 1])),
-                None => y,
-            };
-        }
-        if (kh, kw) == (1, 1) && geo.stride == (1, 1) && geo.padding == (0, 0) {
-            return self.pointwise(x, &geo);
-        }
-        self.im2col(x, &geo)
+        conv2d(x, &self.weight, self.bias.as_ref(), options)
     }
 }
 
-/// The geometry of the pooling layer `op` over `x`, or its error tensor.
+/// The geometry of the pooling op `op` over `x`, or its error tensor.
 #[track_caller]
-fn pool_geometry(
-    op: &'static str,
-    x: &Tensor,
-    kernel: (usize, usize),
-    stride: (usize, usize),
-    padding: (usize, usize),
-) -> std::result::Result<Geometry, Tensor> {
+fn pool_geometry(op: &'static str, x: &Tensor, window: Window) -> std::result::Result<Geometry, Tensor> {
+    let [(ph, _), (pw, _)] = window.padding;
     // A `match`, not `map_err`: a closure would lose the caller's line.
-    match Geometry::new(x, kernel, stride, padding).and_then(|geo| geo.check_pool_padding().map(|()| geo)) {
+    match Geometry::new(x, window).and_then(|geo| geo.check_pool_padding((ph, pw)).map(|()| geo)) {
         Ok(geo) => Ok(geo),
         Err(message) => Err(bad_input(x, op, message)),
     }
+}
+
+/// The keyword arguments of [`max_pool2d`], PyTorch's defaults by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MaxPool2dOptions {
+    /// `(sh, sw)`; `None` (the default) is the kernel size.
+    pub stride: Option<(usize, usize)>,
+    /// `-inf` added on both sides, `(ph, pw)`: at most half the (dilated) kernel.
+    pub padding: (usize, usize),
+    /// `(dh, dw)`; `None` (the default) is `(1, 1)`.
+    pub dilation: Option<(usize, usize)>,
+    /// Counts a last, partial window (PyTorch's `ceil_mode`).
+    pub ceil_mode: bool,
+}
+
+/// The keyword arguments of [`avg_pool2d`], PyTorch's defaults by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AvgPool2dOptions {
+    /// `(sh, sw)`; `None` (the default) is the kernel size.
+    pub stride: Option<(usize, usize)>,
+    /// Zeros added on both sides, `(ph, pw)`: at most half the kernel.
+    pub padding: (usize, usize),
+    /// Counts a last, partial window (PyTorch's `ceil_mode`).
+    pub ceil_mode: bool,
+    /// Whether the padding counts in each window's divisor (default `true`).
+    pub count_include_pad: bool,
+    /// Divides every window's sum by this instead.
+    pub divisor_override: Option<usize>,
+}
+
+impl Default for AvgPool2dOptions {
+    fn default() -> AvgPool2dOptions {
+        AvgPool2dOptions {
+            stride: None,
+            padding: (0, 0),
+            ceil_mode: false,
+            count_include_pad: true,
+            divisor_override: None,
+        }
+    }
+}
+
+/// `F.max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False)` over
+/// `[N, C, H, W]`. As in PyTorch, each window sends its whole gradient to one position: its first
+/// maximum in row-major window order (NaN counts as the maximum), see [`Tensor::max_dim`].
+/// Routing the gradient to one element costs two extra reduces; inside `kiln::no_grad`
+/// (inference, `predict`) there is no gradient to route, and the same values come from one
+/// reduce-max.
+#[track_caller]
+pub fn max_pool2d(input: &Tensor, kernel_size: (usize, usize), options: MaxPool2dOptions) -> Tensor {
+    let (ph, pw) = options.padding;
+    let window = Window {
+        kernel: kernel_size,
+        stride: options.stride.unwrap_or(kernel_size),
+        padding: [(ph, ph), (pw, pw)],
+        dilation: options.dilation.unwrap_or((1, 1)),
+        ceil_mode: options.ceil_mode,
+    };
+    let geo = match pool_geometry("max_pool2d", input, window) {
+        Ok(geo) => geo,
+        Err(e) => return e,
+    };
+    let one_winner = kiln::is_grad_enabled();
+    if geo.tiles() {
+        let tiled = geo.tiled(input);
+        if !one_winner {
+            return tiled.max(&[3, 5], false);
+        }
+        // [N, C, OH, KH, OW, KW] -> [N, C, OH, OW, KH * KW], window positions row-major.
+        let (kh, kw) = kernel_size;
+        let (oh, ow) = geo.out;
+        let windows = tiled.permute(&[0, 1, 2, 4, 3, 5]).reshape(vec![
+            geo.n.clone(),
+            Dim::from(geo.c),
+            Dim::from(oh),
+            Dim::from(ow),
+            Dim::from(kh * kw),
+        ]);
+        return windows.max_dim(4, false).0;
+    }
+    // Overlapping windows: stacked on a new axis and reduced, so the backward pass is one
+    // reduce-max gradient rather than a chain of pairwise ones.
+    let wins: Vec<Tensor> = geo.windows(input, f64::NEG_INFINITY);
+    if wins.len() == 1 {
+        return wins[0].clone();
+    }
+    let refs: Vec<&Tensor> = wins.iter().collect();
+    let stacked = Tensor::stack(&refs, 2);
+    if one_winner { stacked.max_dim(2, false).0 } else { stacked.max(2, false) }
+}
+
+/// `F.avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
+/// count_include_pad=True, divisor_override=None)` over `[N, C, H, W]`: each window's sum over its
+/// divisor, which counts the window's elements inside the padded input (or, without
+/// `count_include_pad`, inside the input itself), unless `divisor_override` is given.
+#[track_caller]
+pub fn avg_pool2d(input: &Tensor, kernel_size: (usize, usize), options: AvgPool2dOptions) -> Tensor {
+    let (ph, pw) = options.padding;
+    let window = Window {
+        kernel: kernel_size,
+        stride: options.stride.unwrap_or(kernel_size),
+        padding: [(ph, ph), (pw, pw)],
+        dilation: (1, 1),
+        ceil_mode: options.ceil_mode,
+    };
+    let geo = match pool_geometry("avg_pool2d", input, window) {
+        Ok(geo) => geo,
+        Err(e) => return e,
+    };
+    if options.divisor_override == Some(0) {
+        return bad_input(input, "avg_pool2d", "divisor_override must be positive");
+    }
+    if geo.tiles() && options.divisor_override.is_none() {
+        // Every window lies inside the input: the divisor is the kernel's size.
+        return geo.tiled(input).mean(&[3, 5], false);
+    }
+    // The sum scaled by the divisor's reciprocal, as `mean` does (one reduce with an epilogue
+    // when the windows tile the input).
+    let sum = if geo.tiles() {
+        geo.tiled(input).sum(&[3, 5], false)
+    } else {
+        let wins = geo.windows(input, 0.0);
+        wins.iter().skip(1).fold(wins[0].clone(), |acc, w| acc.add(w))
+    };
+    if let Some(d) = options.divisor_override {
+        return sum.mul(1.0 / d as f64);
+    }
+    // The divisor of each output row (and column): how many of its window's positions count.
+    let counts = |axis: usize| -> Vec<usize> {
+        let (len, k, s, p, out) = [
+            (geo.input.0, geo.kernel.0, geo.stride.0, ph, geo.out.0),
+            (geo.input.1, geo.kernel.1, geo.stride.1, pw, geo.out.1),
+        ][axis];
+        (0..out)
+            .map(|o| {
+                let start = (o * s) as i64 - p as i64;
+                let end = (start + k as i64).min((len + p) as i64);
+                if options.count_include_pad {
+                    (end - start) as usize
+                } else {
+                    (end.min(len as i64) - start.max(0)) as usize
+                }
+            })
+            .collect()
+    };
+    let (rows, cols) = (counts(0), counts(1));
+    if rows.iter().all(|&r| r == rows[0]) && cols.iter().all(|&c| c == cols[0]) {
+        return sum.mul(1.0 / (rows[0] * cols[0]) as f64);
+    }
+    let scale: Vec<f32> = rows.iter().flat_map(|&r| cols.iter().map(move |&c| 1.0 / (r * c) as f32)).collect();
+    let scale = Tensor::from_vec_on(scale, &[geo.out.0, geo.out.1], input.device()).cast(input.dtype());
+    sum.mul(scale)
 }
 
 /// Max pooling over `kernel` windows (PyTorch's `nn.MaxPool2d`; padding is `-inf`). As in
@@ -371,37 +666,10 @@ impl MaxPool2d {
 }
 
 impl Module for MaxPool2d {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        let geo = match pool_geometry("max_pool2d", x, self.kernel, self.stride, self.padding) {
-            Ok(geo) => geo,
-            Err(e) => return e,
-        };
-        let one_winner = kiln::is_grad_enabled();
-        if geo.tiles() {
-            if !one_winner {
-                return geo.tiled(x).max(&[3, 5], false);
-            }
-            // [N, C, OH, KH, OW, KW] -> [N, C, OH, OW, KH * KW], window positions row-major.
-            let (kh, kw) = self.kernel;
-            let (oh, ow) = geo.out;
-            let windows = geo.tiled(x).permute(&[0, 1, 2, 4, 3, 5]).reshape(vec![
-                geo.n.clone(),
-                Dim::from(geo.c),
-                Dim::from(oh),
-                Dim::from(ow),
-                Dim::from(kh * kw),
-            ]);
-            return windows.max_dim(4, false).0;
-        }
-        // Overlapping windows: stacked on a new axis and reduced, so the backward pass is one
-        // reduce-max gradient rather than a chain of pairwise ones.
-        let wins: Vec<Tensor> = geo.windows(x, f64::NEG_INFINITY);
-        if wins.len() == 1 {
-            return wins[0].clone();
-        }
-        let refs: Vec<&Tensor> = wins.iter().collect();
-        let stacked = Tensor::stack(&refs, 2);
-        if one_winner { stacked.max_dim(2, false).0 } else { stacked.max(2, false) }
+        let options = MaxPool2dOptions { stride: Some(self.stride), padding: self.padding, ..Default::default() };
+        max_pool2d(x, self.kernel, options)
     }
 }
 
@@ -425,16 +693,9 @@ impl AvgPool2d {
 }
 
 impl Module for AvgPool2d {
+    #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        let geo = match pool_geometry("avg_pool2d", x, self.kernel, self.stride, self.padding) {
-            Ok(geo) => geo,
-            Err(e) => return e,
-        };
-        if geo.tiles() {
-            return geo.tiled(x).mean(&[3, 5], false);
-        }
-        let wins = geo.windows(x, 0.0);
-        let k = wins.len() as f64;
-        wins.iter().skip(1).fold(wins[0].clone(), |acc, w| acc.add(w)).div(k)
+        let options = AvgPool2dOptions { stride: Some(self.stride), padding: self.padding, ..Default::default() };
+        avg_pool2d(x, self.kernel, options)
     }
 }

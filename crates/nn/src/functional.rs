@@ -29,6 +29,9 @@ use kiln::{Axis, DType, Dim, Tensor};
 
 mod spatial;
 
+pub use crate::conv::{
+    AvgPool2dOptions, Conv1dOptions, Conv2dOptions, MaxPool2dOptions, Padding, avg_pool2d, conv1d, conv2d, max_pool2d,
+};
 pub use spatial::{InterpolateMode, InterpolateSize, PadMode, adaptive_avg_pool2d, batch_norm, interpolate, pad};
 
 /// `cond ? a : b`, element-wise: the one place this module names the facade's select.

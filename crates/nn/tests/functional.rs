@@ -12,8 +12,8 @@ use common::{Fixture, assert_close, devices, fixture_file};
 use kiln::{DType, Device, Tensor};
 use kiln_nn::functional as F;
 use kiln_nn::functional::{
-    BceWithLogitsOptions, CrossEntropyOptions, InterpolateMode, InterpolateSize, NllLossOptions, PadMode, Reduction,
-    SdpaOptions,
+    AvgPool2dOptions, BceWithLogitsOptions, Conv1dOptions, Conv2dOptions, CrossEntropyOptions, InterpolateMode,
+    InterpolateSize, MaxPool2dOptions, NllLossOptions, PadMode, Padding, Reduction, SdpaOptions,
 };
 
 fn fixtures() -> &'static HashMap<String, Tensor> {
@@ -230,6 +230,55 @@ const SPATIAL: &[(&str, Call)] = &[
     }),
 ];
 
+const CONVS: &[(&str, Call)] = &[
+    ("conv2d_dilated", |a| {
+        let options = Conv2dOptions { stride: (2, 1), padding: Padding::Explicit((1, 2)), dilation: (2, 1), groups: 2 };
+        F::conv2d(a.get("x"), a.get("w"), Some(a.get("b")), options)
+    }),
+    ("conv2d_same", |a| {
+        let options = Conv2dOptions { padding: Padding::Same, dilation: (1, 2), ..Default::default() };
+        F::conv2d(a.get("x"), a.get("w"), None, options)
+    }),
+    ("conv2d_valid_depthwise", |a| {
+        let options = Conv2dOptions { padding: Padding::Valid, dilation: (2, 2), groups: 3, ..Default::default() };
+        F::conv2d(a.get("x"), a.get("w"), Some(a.get("b")), options)
+    }),
+    ("conv1d", |a| {
+        let options = Conv1dOptions { stride: 2, padding: Padding::Explicit(1), dilation: 2, ..Default::default() };
+        F::conv1d(a.get("x"), a.get("w"), Some(a.get("b")), options)
+    }),
+    ("conv1d_same_t", |a| {
+        let options = Conv1dOptions { padding: Padding::Same, groups: 2, ..Default::default() };
+        F::conv1d(a.get("x"), a.get("w"), None, options)
+    }),
+    ("max_pool2d_ceil", |a| {
+        let options = MaxPool2dOptions { stride: Some((2, 2)), padding: (1, 1), ceil_mode: true, ..Default::default() };
+        F::max_pool2d(a.get("x"), (3, 3), options)
+    }),
+    ("max_pool2d_dilated", |a| {
+        let options =
+            MaxPool2dOptions { stride: Some((2, 3)), padding: (1, 0), dilation: Some((2, 2)), ..Default::default() };
+        F::max_pool2d(a.get("x"), (3, 2), options)
+    }),
+    ("avg_pool2d_ceil_exclude", |a| {
+        let options = AvgPool2dOptions {
+            stride: Some((2, 2)),
+            padding: (1, 1),
+            ceil_mode: true,
+            count_include_pad: false,
+            ..Default::default()
+        };
+        F::avg_pool2d(a.get("x"), (3, 3), options)
+    }),
+    ("avg_pool2d_ceil_include", |a| {
+        let options = AvgPool2dOptions { stride: Some((2, 2)), padding: (1, 1), ceil_mode: true, ..Default::default() };
+        F::avg_pool2d(a.get("x"), (3, 3), options)
+    }),
+    ("avg_pool2d_divisor", |a| {
+        F::avg_pool2d(a.get("x"), (2, 2), AvgPool2dOptions { divisor_override: Some(3), ..Default::default() })
+    }),
+];
+
 #[test]
 fn layers_match_pytorch() {
     assert_skips(run(LAYERS), &["log_softmax_f64"]);
@@ -255,13 +304,21 @@ fn spatial_forms_match_pytorch() {
     assert_skips(run(SPATIAL), &[]);
 }
 
+#[test]
+fn convolutions_and_pooling_match_pytorch() {
+    assert_skips(run(CONVS), &[]);
+}
+
 /// Every fixture in the file has a case above, so none is skipped silently.
 #[test]
 fn every_fixture_is_tested() {
     let in_file: BTreeSet<String> =
         fixtures().keys().filter_map(|k| k.split_once('.')).map(|(name, _)| name.to_string()).collect();
-    let tested: BTreeSet<String> =
-        [LAYERS, NORMS, ATTENTION, LOSSES, SPATIAL].iter().flat_map(|c| c.iter()).map(|(n, _)| n.to_string()).collect();
+    let tested: BTreeSet<String> = [LAYERS, NORMS, ATTENTION, LOSSES, SPATIAL, CONVS]
+        .iter()
+        .flat_map(|c| c.iter())
+        .map(|(n, _)| n.to_string())
+        .collect();
     assert_eq!(in_file, tested);
 }
 
@@ -341,6 +398,16 @@ fn bad_spatial_arguments_are_errors_naming_the_function_and_shapes() {
     assert_error(&corners, "interpolate", &["align_corners"]);
     assert_error(&F::adaptive_avg_pool2d(&x, (0, 2)), "adaptive_avg_pool2d", &["[2, 3, 4, 5]", "(0, 2)"]);
     assert_error(&F::batch_norm(&x, None, None, None, None, false, 0.1, 1e-5), "batch_norm", &["running_mean"]);
+    let w = Tensor::ones(&[2, 3, 3, 3], DType::F32);
+    let strided_same = Conv2dOptions { stride: (2, 2), padding: Padding::Same, ..Default::default() };
+    assert_error(&F::conv2d(&x, &w, None, strided_same), "conv2d", &["\"same\" needs stride 1"]);
+    let wide = Conv2dOptions { dilation: (3, 1), ..Default::default() };
+    assert_error(&F::conv2d(&x, &w, None, wide), "conv2d", &["dilated by (3, 1) (extent 7x3)", "input 4x5"]);
+    assert_error(&F::conv1d(&x, &w, None, Conv1dOptions::default()), "conv1d", &["[N, C, L]", "[2, 3, 4, 5]"]);
+    let zero = MaxPool2dOptions { dilation: Some((0, 1)), ..Default::default() };
+    assert_error(&F::max_pool2d(&x, (2, 2), zero), "max_pool2d", &["dilation (0, 1)"]);
+    let divisor = AvgPool2dOptions { divisor_override: Some(0), ..Default::default() };
+    assert_error(&F::avg_pool2d(&x, (2, 2), divisor), "avg_pool2d", &["divisor_override"]);
     let mut short = Tensor::zeros(&[2], DType::F32);
     let bn = F::batch_norm(&x, Some(&mut short), None, None, None, true, 0.1, 1e-5);
     assert_error(&bn, "batch_norm", &["[2]", "[3]"]);
