@@ -1,5 +1,6 @@
 //! 2-D convolution and pooling over `[N, C, H, W]`, built from views only: the functional forms
-//! (`conv1d`, `conv2d`, `max_pool2d`, `avg_pool2d`, re-exported by `functional`) and the layers
+//! (`conv1d`, `conv2d`, `conv_transpose2d`, `max_pool2d`, `avg_pool2d`, re-exported by `functional`)
+//! and the layers
 //! that call them.
 //!
 //! Each kernel offset's window is one strided, masked view of the input (see [`pick`]): pad for
@@ -403,6 +404,108 @@ pub fn conv1d(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, options: C
         Conv2dOptions { stride: (1, options.stride), padding, dilation: (1, options.dilation), groups: options.groups };
     let y = conv2d(&input.unsqueeze(2), &weight.unsqueeze(2), bias, options2);
     if y.error().is_some() { y } else { y.squeeze(2) }
+}
+
+/// The keyword arguments of [`conv_transpose2d`], PyTorch's defaults by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvTranspose2dOptions {
+    /// `(sh, sw)`, default `(1, 1)`.
+    pub stride: (usize, usize),
+    /// Removed from both sides of the output, `(ph, pw)`, default `(0, 0)`.
+    pub padding: (usize, usize),
+    /// Added to one side of the output (smaller than the stride or the dilation), default `(0, 0)`.
+    pub output_padding: (usize, usize),
+    /// Channel groups, default 1.
+    pub groups: usize,
+    /// `(dh, dw)`, default `(1, 1)`.
+    pub dilation: (usize, usize),
+}
+
+impl Default for ConvTranspose2dOptions {
+    fn default() -> ConvTranspose2dOptions {
+        ConvTranspose2dOptions { stride: (1, 1), padding: (0, 0), output_padding: (0, 0), groups: 1, dilation: (1, 1) }
+    }
+}
+
+/// `F.conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0,
+/// groups=1, dilation=1)` over `[N, C, H, W]`, `weight` `[C, out / groups, kh, kw]`: the gradient
+/// of [`conv2d`] with respect to its input. Computed as that gradient is defined: the input
+/// spread out by the stride (zeros between its elements, a pad of a reshape: views), padded by
+/// `dilation * (k - 1) - padding` on each side (`output_padding` more after; a negative amount
+/// crops), and convolved at stride 1 with the kernel flipped and its channel axes swapped.
+/// Output size `(H - 1) * sh - 2 * ph + dh * (kh - 1) + output_padding + 1`.
+#[track_caller]
+pub fn conv_transpose2d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    options: ConvTranspose2dOptions,
+) -> Tensor {
+    let op = "conv_transpose2d";
+    let [ci, og, kh, kw] = match weight.dims().as_deref() {
+        Ok(&[ci, og, kh, kw]) => [ci, og, kh, kw],
+        _ => {
+            let message = format!("weight must be [in, out / groups, kh, kw], got {}", show_shape(weight));
+            return bad_input(weight, op, message);
+        }
+    };
+    let ConvTranspose2dOptions { stride: (sh, sw), padding: (ph, pw), output_padding: (oph, opw), groups: g, dilation } =
+        options;
+    let Some((_, c, h, w)) = nchw(input) else {
+        let message = format!("input must be [N, C, H, W] with concrete C, H and W, got {}", show_shape(input));
+        return bad_input(input, op, message);
+    };
+    if g == 0 || c != ci || ci % g != 0 {
+        let message = format!(
+            "input {} has {c} channels, weight {} with groups {g} takes {ci}",
+            show_shape(input),
+            show_shape(weight)
+        );
+        return bad_input(input, op, message);
+    }
+    if sh == 0 || sw == 0 || dilation.0 == 0 || dilation.1 == 0 || kh == 0 || kw == 0 {
+        let message = format!("kernel {kh}x{kw}, stride ({sh}, {sw}) and dilation {dilation:?} must be positive");
+        return bad_input(input, op, message);
+    }
+    if oph >= sh.max(dilation.0) || opw >= sw.max(dilation.1) {
+        let message = format!(
+            "output_padding ({oph}, {opw}) must be smaller than the stride ({sh}, {sw}) or the dilation {dilation:?}"
+        );
+        return bad_input(input, op, message);
+    }
+    let (eh, ew) = (dilation.0 * (kh - 1), dilation.1 * (kw - 1));
+    let (out_h, out_w) = ((h - 1) * sh + eh + oph + 1, (w - 1) * sw + ew + opw + 1);
+    if out_h <= 2 * ph || out_w <= 2 * pw || h == 0 || w == 0 {
+        let message = format!("padding ({ph}, {pw}) leaves no output of {out_h}x{out_w}");
+        return bad_input(input, op, message);
+    }
+    // Zeros between the elements: [N, C, H, 1, W, 1] padded to [N, C, H, sh, W, sw], reshaped,
+    // and cut after the last element.
+    let n = input.shape()[0].clone();
+    let spread = input
+        .reshape(vec![n.clone(), Dim::from(c), Dim::from(h), Dim::from(1), Dim::from(w), Dim::from(1)])
+        .pad(&[(0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0), (0, sw - 1)], 0.0)
+        .reshape(vec![n, Dim::from(c), Dim::from(h * sh), Dim::from(w * sw)])
+        .narrow(2, 0, ((h - 1) * sh + 1) as i64)
+        .narrow(3, 0, ((w - 1) * sw + 1) as i64);
+    let amount = |e: usize, p: usize| e as i64 - p as i64;
+    let (bh, bw) = (amount(eh, ph), amount(ew, pw));
+    let padded = crate::functional::pad(
+        &spread,
+        &[bw, bw + opw as i64, bh, bh + oph as i64],
+        crate::functional::PadMode::Constant,
+        0.0,
+    );
+    // [C, O/g, kh, kw] -> [O, C/g, kh, kw], flipped in both spatial axes.
+    let flip = |k: usize| Tensor::from_vec_on((0..k as i64).rev().collect::<Vec<i64>>(), &[k], weight.device());
+    let kernel = weight
+        .reshape(&[g, ci / g, og, kh, kw])
+        .permute(&[0, 2, 1, 3, 4])
+        .reshape(&[g * og, ci / g, kh, kw])
+        .index_select(2, &flip(kh))
+        .index_select(3, &flip(kw));
+    let options = Conv2dOptions { stride: (1, 1), padding: Padding::Valid, dilation, groups: g };
+    conv2d(&padded, &kernel, bias, options)
 }
 
 /// One channel and one filter per group (depthwise): the sum over kernel offsets of each

@@ -30,7 +30,8 @@ use kiln::{Axis, DType, Dim, Tensor};
 mod spatial;
 
 pub use crate::conv::{
-    AvgPool2dOptions, Conv1dOptions, Conv2dOptions, MaxPool2dOptions, Padding, avg_pool2d, conv1d, conv2d, max_pool2d,
+    AvgPool2dOptions, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, MaxPool2dOptions, Padding, avg_pool2d,
+    conv_transpose2d, conv1d, conv2d, max_pool2d,
 };
 pub use spatial::{InterpolateMode, InterpolateSize, PadMode, adaptive_avg_pool2d, batch_norm, interpolate, pad};
 

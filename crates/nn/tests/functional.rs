@@ -12,8 +12,8 @@ use common::{Fixture, assert_close, devices, fixture_file};
 use kiln::{DType, Device, Tensor};
 use kiln_nn::functional as F;
 use kiln_nn::functional::{
-    AvgPool2dOptions, BceWithLogitsOptions, Conv1dOptions, Conv2dOptions, CrossEntropyOptions, InterpolateMode,
-    InterpolateSize, MaxPool2dOptions, NllLossOptions, PadMode, Padding, Reduction, SdpaOptions,
+    AvgPool2dOptions, BceWithLogitsOptions, Conv1dOptions, Conv2dOptions, ConvTranspose2dOptions, CrossEntropyOptions,
+    InterpolateMode, InterpolateSize, MaxPool2dOptions, NllLossOptions, PadMode, Padding, Reduction, SdpaOptions,
 };
 
 fn fixtures() -> &'static HashMap<String, Tensor> {
@@ -251,6 +251,20 @@ const CONVS: &[(&str, Call)] = &[
         let options = Conv1dOptions { padding: Padding::Same, groups: 2, ..Default::default() };
         F::conv1d(a.get("x"), a.get("w"), None, options)
     }),
+    ("conv_transpose2d", |a| {
+        let options = ConvTranspose2dOptions {
+            stride: (2, 3),
+            padding: (1, 0),
+            output_padding: (1, 2),
+            groups: 2,
+            dilation: (1, 2),
+        };
+        F::conv_transpose2d(a.get("x"), a.get("w"), Some(a.get("b")), options)
+    }),
+    ("conv_transpose2d_plain", |a| {
+        let options = ConvTranspose2dOptions { stride: (2, 2), padding: (1, 1), ..Default::default() };
+        F::conv_transpose2d(a.get("x"), a.get("w"), None, options)
+    }),
     ("max_pool2d_ceil", |a| {
         let options = MaxPool2dOptions { stride: Some((2, 2)), padding: (1, 1), ceil_mode: true, ..Default::default() };
         F::max_pool2d(a.get("x"), (3, 3), options)
@@ -404,6 +418,9 @@ fn bad_spatial_arguments_are_errors_naming_the_function_and_shapes() {
     let wide = Conv2dOptions { dilation: (3, 1), ..Default::default() };
     assert_error(&F::conv2d(&x, &w, None, wide), "conv2d", &["dilated by (3, 1) (extent 7x3)", "input 4x5"]);
     assert_error(&F::conv1d(&x, &w, None, Conv1dOptions::default()), "conv1d", &["[N, C, L]", "[2, 3, 4, 5]"]);
+    let big = ConvTranspose2dOptions { stride: (2, 2), output_padding: (2, 0), ..Default::default() };
+    let wt = Tensor::ones(&[3, 2, 3, 3], DType::F32);
+    assert_error(&F::conv_transpose2d(&x, &wt, None, big), "conv_transpose2d", &["output_padding (2, 0)"]);
     let zero = MaxPool2dOptions { dilation: Some((0, 1)), ..Default::default() };
     assert_error(&F::max_pool2d(&x, (2, 2), zero), "max_pool2d", &["dilation (0, 1)"]);
     let divisor = AvgPool2dOptions { divisor_override: Some(0), ..Default::default() };
