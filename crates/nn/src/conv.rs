@@ -1,7 +1,6 @@
 //! 2-D convolution and pooling over `[N, C, H, W]`, built from views only: the functional forms
 //! (`conv1d`, `conv2d`, `conv_transpose2d`, `max_pool2d`, `avg_pool2d`, re-exported by `functional`)
-//! and the layers
-//! that call them.
+//! and the layers that call them.
 //!
 //! Each kernel offset's window is one strided, masked view of the input (see [`pick`]): pad for
 //! the border, a split `[len / s, s]` for the stride. No view needs div/mod index math when the
