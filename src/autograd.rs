@@ -16,9 +16,14 @@
 //! tensor's entry is recognised as stale and swept, and its address can never be reused by another
 //! node while the entry exists.
 //!
-//! Caveat of a lazy design: `realize` drops a computed tensor's inputs, so a loss that was
-//! realized on its own before `backward` has no graph left to differentiate; `backward` reports
-//! that instead of returning zero gradients.
+//! `realize` drops a computed tensor's inputs (so a loop does not keep every old value alive),
+//! except what autodiff needs later: a float tensor realized with gradients enabled that depends
+//! on a tensor marked [`Tensor::requires_grad_`] keeps them ([`keeps_graph`]), as PyTorch keeps
+//! the graph of every tensor that requires grad, so `print(loss.item()); loss.backward()` works,
+//! through intermediates realized on their own too. Differentiating traces through the kept
+//! graph, and realizing the gradients recomputes what they need of the forward pass. Any other
+//! realized tensor is a constant to autodiff, and a realized output whose graph was dropped is an
+//! error of [`grad`] and `backward`, never zero gradients.
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -129,6 +134,33 @@ pub fn grad(output: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
         return Err(Error::op("grad", "gradients are disabled inside no_grad", loc));
     }
     Ok(differentiate(output, Wrt::Given(wrt), loc)?.into_iter().map(|(_, g)| g).collect())
+}
+
+/// Whether `realize` keeps `t`'s inputs after computing it: gradients are enabled, `t` is a
+/// computed float tensor, and it depends on a live tensor marked `requires_grad_` (through kept
+/// graphs). The walk stops at the first marked tensor, and costs nothing when no tensor is
+/// marked.
+pub(crate) fn keeps_graph(t: &Tensor) -> bool {
+    if !is_grad_enabled() || !t.dtype().is_float() || t.op().is_leaf() {
+        return false;
+    }
+    let marked: HashSet<usize> = with_registry(|r| {
+        r.entries.iter().filter(|(_, e)| e.requires_grad && e.node.strong_count() > 0).map(|(&k, _)| k).collect()
+    });
+    if marked.is_empty() {
+        return false;
+    }
+    let mut seen: HashSet<usize> = HashSet::new();
+    let mut stack = vec![t.clone()];
+    while let Some(n) = stack.pop() {
+        if marked.contains(&addr(&n)) {
+            return true;
+        }
+        if seen.insert(addr(&n)) {
+            stack.extend(n.inputs().into_iter().filter(|c| !seen.contains(&addr(c))));
+        }
+    }
+    false
 }
 
 /// The traced forward graph: node of each tensor and tensor of each node.
@@ -249,7 +281,9 @@ fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
                 traced.graph.add(t.op().clone(), &inputs)?
             }
             None => {
-                let opaque = t.is_realized() || t.is_placeholder() || stops.contains(&addr(&t));
+                // A realized tensor that kept its graph (see `keeps_graph`) is traced through.
+                let kept = t.is_realized() && !t.op().is_leaf() && !t.inputs().is_empty();
+                let opaque = (t.is_realized() && !kept) || t.is_placeholder() || stops.contains(&addr(&t));
                 if opaque {
                     let slot = traced.tensors.len() as u32;
                     traced.graph.add_leaf(Op::Input(Input { slot }), t.ty().clone())?

@@ -256,7 +256,8 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     Ok(())
 }
 
-/// Checks a backend result against the tensor's type and stores it; drops the tensor's inputs.
+/// Checks a backend result against the tensor's type and stores it; drops the tensor's inputs
+/// unless autodiff needs them later (`autograd::keeps_graph`).
 fn store(t: &Tensor, host: HostTensor, bindings: &Bindings) -> Result<()> {
     let ty = &t.inner.ty;
     let dims = air::dim::eval_shape(&ty.shape, bindings).map_err(air::AirError::from)?;
@@ -270,6 +271,9 @@ fn store(t: &Tensor, host: HostTensor, bindings: &Bindings) -> Result<()> {
         )));
     }
     let _ = t.inner.data.set(Realized { host, bindings: own_bindings(&ty.shape, bindings) });
+    if crate::autograd::keeps_graph(t) {
+        return Ok(());
+    }
     let inputs = std::mem::take(&mut *t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner));
     drop(inputs);
     Ok(())

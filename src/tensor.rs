@@ -4,7 +4,9 @@
 //! A node records an air [`Op`], its input tensors and its [`TensorType`]; nothing computes until
 //! `realize`. A node that holds data (a source tensor, or a computed one after `realize`) keeps it
 //! in a `OnceLock` and becomes an `Input` of any later graph. A computed node drops its inputs once
-//! it is realized, so a long-running loop (`w = w - lr * g`) does not keep every old value alive.
+//! it is realized, so a long-running loop (`w = w - lr * g`) does not keep every old value alive
+//! (a tensor computed from one marked `requires_grad_`, which `backward` may still need, keeps
+//! them: see `autograd`).
 
 use std::fmt;
 use std::panic::Location;

@@ -254,3 +254,42 @@ fn backward_without_grad_requiring_leaves_is_an_error() {
     assert!(e.contains("depends on none"), "{e}");
     assert!(kiln::grad(&x.sum_all(), &[]).unwrap().is_empty(), "nothing asked, nothing to refuse");
 }
+
+/// PyTorch's `print(loss.item()); loss.backward()`: a loss realized on its own keeps the graph
+/// autodiff needs, so its gradients equal those of a loss never realized first. Realized inside
+/// `no_grad` it drops its graph, and differentiating it is an error, not a zero gradient.
+#[test]
+fn backward_after_realizing_the_loss_alone() {
+    let w = Tensor::from_vec(vec![0.5f32, -1.0, 2.0], &[3]).requires_grad_();
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]);
+    let loss = w.mul(&x).tanh().sum_all();
+    let value: f32 = loss.item().unwrap();
+    loss.backward().unwrap();
+    let got: Vec<f32> = w.grad().unwrap().to_vec().unwrap();
+    let want: Vec<f32> = [0.5f32, -1.0, 2.0]
+        .iter()
+        .zip([1.0f32, 2.0, 3.0])
+        .map(|(w, x)| x * (1.0 - ((w * x) as f64).tanh().powi(2) as f32))
+        .collect();
+    for (g, e) in got.iter().zip(&want) {
+        assert!((g - e).abs() < 1e-6, "{got:?} vs {want:?}");
+    }
+    let expected_value: f32 = [0.5f32, -2.0, 6.0].iter().map(|v| v.tanh()).sum();
+    assert!((value - expected_value).abs() < 1e-6);
+
+    // Through an intermediate realized on its own too: d/dw sum((w x)^2) = 2 w x^2.
+    w.zero_grad();
+    let h = w.mul(&x);
+    h.realize().unwrap();
+    let loss = h.square().sum_all();
+    loss.item::<f32>().unwrap();
+    loss.backward().unwrap();
+    let got: Vec<f32> = w.grad().unwrap().to_vec().unwrap();
+    assert_eq!(got, vec![1.0f32, -8.0, 36.0]);
+
+    // Realized inside no_grad, the loss drops its graph: then backward says so.
+    let loss = w.mul(&x).sum_all();
+    kiln::no_grad(|| loss.realize()).unwrap();
+    let e = loss.backward().expect_err("graph dropped").to_string();
+    assert!(e.contains("realized on its own"), "{e}");
+}

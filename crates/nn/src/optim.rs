@@ -108,7 +108,10 @@ fn run_step(
     all.extend(new_params.iter());
     all.extend(new_state.iter());
     let expected = all.len();
-    let realized = realize(&all)?;
+    // Without gradient tracking, as PyTorch's `optimizer.step()`: parameters marked
+    // `requires_grad_` would otherwise make the new ones keep the step's graph (and through it every
+    // older parameter) for a `backward` that never comes.
+    let realized = kiln::no_grad(|| realize(&all))?;
     if realized.len() != expected {
         return Err(NnError::Config(format!("realize returned {} tensors for {expected}", realized.len())));
     }

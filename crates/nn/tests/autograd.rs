@@ -58,14 +58,35 @@ fn backward_fills_grad_of_marked_tensors_and_accumulates() {
 }
 
 #[test]
-fn backward_needs_a_scalar_and_an_unrealized_loss() {
+fn backward_needs_a_scalar_and_a_loss_realized_with_gradients_on() {
     let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).requires_grad_();
     let err = w.mul(2.0).backward().unwrap_err().to_string();
     assert!(err.contains("one-element"), "{err}");
+    // Realized on its own, the loss keeps its graph (PyTorch's `loss.item(); loss.backward()`).
     let loss = w.square().sum_all();
-    loss.realize().unwrap();
+    assert_eq!(loss.item::<f32>().unwrap(), 5.0);
+    loss.backward().unwrap();
+    assert_eq!(w.grad().unwrap().to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    // Realized inside no_grad, it does not.
+    let loss = w.square().sum_all();
+    kiln::no_grad(|| loss.realize()).unwrap();
     let err = loss.backward().unwrap_err().to_string();
     assert!(err.contains("realized"), "{err}");
+}
+
+/// An optimizer step realizes without gradient tracking, as PyTorch's: the new parameters are
+/// constants, not values that keep the step's graph (and every older parameter) alive.
+#[test]
+fn optimizer_steps_do_not_keep_the_graph() {
+    use kiln_nn::{Optimizer, Sgd};
+    let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).requires_grad_();
+    let loss = w.square().sum_all();
+    let grads = kiln::grad(&loss, &[&w]).unwrap();
+    let step = Sgd::new(0.1, 0.0).step(std::slice::from_ref(&w), &grads, &[&loss]).unwrap();
+    let new = &step.params[0];
+    assert_eq!(new.to_vec::<f32>().unwrap(), vec![0.8, 1.6]);
+    let err = kiln::grad(&new.sum_all(), &[&w]).unwrap_err().to_string();
+    assert!(err.contains("depends on none"), "{err}");
 }
 
 #[test]
