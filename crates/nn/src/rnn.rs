@@ -1,30 +1,83 @@
-//! Recurrent layers unrolled over time: `SimpleRnn` (tanh), `Gru` and `Lstm`, one layer each,
-//! batch first (`[batch, seq, input]`), with PyTorch's equations, gate order and parameter names
-//! (`weight_ih_l0`, `weight_hh_l0`, `bias_ih_l0`, `bias_hh_l0`). The sequence length must be
-//! concrete: the loop is unrolled when the graph is built. The initial state is zero.
+//! Recurrent layers unrolled over time: `SimpleRnn` (tanh), `Gru` and `Lstm`, batch first
+//! (`[batch, seq, input]`), stacked (`num_layers`) and optionally bidirectional, with PyTorch's
+//! equations, gate order and parameter names (`weight_ih_l0`, `weight_hh_l0`, `bias_ih_l0`,
+//! `bias_hh_l0`, then `..._l0_reverse` for the backward direction, then `..._l1`, in PyTorch's
+//! order). The sequence length must be concrete: the loop is unrolled when the graph is built.
+//! The initial state is zero.
 
 use kiln::Tensor;
 
 use crate::Module;
 use crate::conv::{bad_input, show_shape};
 use crate::init;
+use crate::module::{ModuleParams, ParamKind};
 
-/// The four tensors of one recurrent layer with `gates` gates of width `hidden`.
-#[derive(Module)]
+/// The four tensors of one direction of one recurrent layer with `gates` gates of width `hidden`,
+/// named with PyTorch's suffix (`l0`, `l1_reverse`).
 struct Cell {
-    #[param(rename = "weight_ih_l0")]
     weight_ih: Tensor,
-    #[param(rename = "weight_hh_l0")]
     weight_hh: Tensor,
-    #[param(rename = "bias_ih_l0")]
     bias_ih: Tensor,
-    #[param(rename = "bias_hh_l0")]
     bias_hh: Tensor,
     hidden: usize,
+    suffix: String,
+}
+
+impl ModuleParams for Cell {
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        let s = &self.suffix;
+        f(&format!("weight_ih_{s}"), &self.weight_ih, ParamKind::Weight);
+        f(&format!("weight_hh_{s}"), &self.weight_hh, ParamKind::Weight);
+        f(&format!("bias_ih_{s}"), &self.bias_ih, ParamKind::Weight);
+        f(&format!("bias_hh_{s}"), &self.bias_hh, ParamKind::Weight);
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        let s = &self.suffix;
+        f(&format!("weight_ih_{s}"), &mut self.weight_ih, ParamKind::Weight);
+        f(&format!("weight_hh_{s}"), &mut self.weight_hh, ParamKind::Weight);
+        f(&format!("bias_ih_{s}"), &mut self.bias_ih, ParamKind::Weight);
+        f(&format!("bias_hh_{s}"), &mut self.bias_hh, ParamKind::Weight);
+    }
+}
+
+/// Every cell of a recurrent layer stack, layer by layer, forward direction first: what PyTorch
+/// lists, in its order, under the layer's own names (no `0.`, `1.` prefixes).
+struct Cells(Vec<Cell>);
+
+impl ModuleParams for Cells {
+    fn visit(&self, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+        self.0.iter().for_each(|c| c.visit(f));
+    }
+
+    fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+        self.0.iter_mut().for_each(|c| c.visit_mut(f));
+    }
+}
+
+impl Cells {
+    /// `num_layers` layers (at least one) of one or two directions, PyTorch's initialisation.
+    fn new(input: usize, hidden: usize, gates: usize, num_layers: usize, bidirectional: bool) -> Cells {
+        let dirs = if bidirectional { 2 } else { 1 };
+        let mut cells = Vec::with_capacity(num_layers.max(1) * dirs);
+        for layer in 0..num_layers.max(1) {
+            let width = if layer == 0 { input } else { hidden * dirs };
+            for dir in 0..dirs {
+                let suffix = if dir == 0 { format!("l{layer}") } else { format!("l{layer}_reverse") };
+                cells.push(Cell::new(width, hidden, gates, suffix));
+            }
+        }
+        Cells(cells)
+    }
+
+    /// How many directions each layer has.
+    fn directions(&self) -> usize {
+        if self.0.len() > 1 && self.0[1].suffix.ends_with("_reverse") { 2 } else { 1 }
+    }
 }
 
 impl Cell {
-    fn new(input: usize, hidden: usize, gates: usize) -> Cell {
+    fn new(input: usize, hidden: usize, gates: usize, suffix: String) -> Cell {
         let bound = 1.0 / (hidden.max(1) as f32).sqrt();
         Cell {
             weight_ih: init::uniform(&[gates * hidden, input], bound),
@@ -32,6 +85,7 @@ impl Cell {
             bias_ih: init::uniform(&[gates * hidden], bound),
             bias_hh: init::uniform(&[gates * hidden], bound),
             hidden,
+            suffix,
         }
     }
 
@@ -86,14 +140,131 @@ impl Cell {
     }
 }
 
-/// The output of a recurrent layer: every step's hidden state `[batch, seq, hidden]`, or the last
-/// one `[batch, hidden]`.
-fn output(states: &[Tensor], return_sequences: bool) -> Tensor {
-    if return_sequences {
-        let refs: Vec<&Tensor> = states.iter().collect();
-        Tensor::stack(&refs, 1)
-    } else {
-        states[states.len() - 1].clone()
+/// The three recurrences, one step each.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Rnn,
+    Gru,
+    Lstm,
+}
+
+impl Kind {
+    fn op(self) -> &'static str {
+        match self {
+            Kind::Rnn => "rnn",
+            Kind::Gru => "gru",
+            Kind::Lstm => "lstm",
+        }
+    }
+
+    fn gates(self) -> usize {
+        match self {
+            Kind::Rnn => 1,
+            Kind::Gru => 3,
+            Kind::Lstm => 4,
+        }
+    }
+
+    /// The input part of every step at once: with both biases folded in where the gates only use
+    /// their sum (RNN, LSTM), with the input bias only for the GRU (whose `n` gate scales the
+    /// hidden part, bias included, by `r`).
+    #[track_caller]
+    fn input_part(self, c: &Cell, x: &Tensor) -> Option<(Tensor, usize)> {
+        match self {
+            Kind::Gru => c.input_part(x),
+            Kind::Rnn | Kind::Lstm => c.input_part_both_biases(x),
+        }
+    }
+
+    /// One step: the new hidden state (and the LSTM's new cell state) from the step's input part
+    /// and the previous states (`None` at the first step: zeros).
+    fn step(self, c: &Cell, xt: Tensor, h: Option<&Tensor>, cell: Option<&Tensor>) -> (Tensor, Option<Tensor>) {
+        match self {
+            Kind::Rnn => (c.pre_activation(xt, h).tanh(), None),
+            Kind::Gru => {
+                let hh = c.hidden_part(h);
+                let r = c.gate(&xt, 0).add(c.gate(&hh, 0)).sigmoid();
+                let z = c.gate(&xt, 1).add(c.gate(&hh, 1)).sigmoid();
+                let n = c.gate(&xt, 2).add(r.mul(c.gate(&hh, 2))).tanh();
+                let keep_new = z.neg().add(1.0).mul(&n);
+                let h = match h {
+                    Some(prev) => keep_new.add(z.mul(prev)),
+                    None => keep_new,
+                };
+                (h, None)
+            }
+            Kind::Lstm => {
+                let pre = c.pre_activation(xt, h);
+                let i = c.gate(&pre, 0).sigmoid();
+                let f = c.gate(&pre, 1).sigmoid();
+                let g = c.gate(&pre, 2).tanh();
+                let o = c.gate(&pre, 3).sigmoid();
+                let ig = i.mul(&g);
+                let next = match cell {
+                    Some(prev) => f.mul(prev).add(&ig),
+                    None => ig,
+                };
+                (o.mul(next.tanh()), Some(next))
+            }
+        }
+    }
+
+    /// Runs the stack over `x`: each layer's directions over the whole sequence (the reverse one
+    /// from the last step back), their states concatenated per step as the next layer's input.
+    /// Returns every step's output `[batch, seq, dirs * hidden]`, or, without
+    /// `return_sequences`, the final state of each direction of the last layer concatenated
+    /// `[batch, dirs * hidden]` (PyTorch's `h_n` of the last layer; the last step's output when
+    /// there is one direction).
+    #[track_caller]
+    fn run(self, cells: &Cells, x: &Tensor, return_sequences: bool) -> Tensor {
+        let dirs = cells.directions();
+        let mut input = x.clone();
+        let mut finals: Vec<Tensor> = Vec::new();
+        for layer in cells.0.chunks(dirs) {
+            let mut outputs: Vec<Vec<Tensor>> = Vec::with_capacity(dirs);
+            finals.clear();
+            for (d, c) in layer.iter().enumerate() {
+                let Some((xw, seq)) = self.input_part(c, &input) else {
+                    return not_batch_seq_input(self.op(), x);
+                };
+                if seq == 0 {
+                    return empty(self.op(), x);
+                }
+                let mut states: Vec<Tensor> = Vec::with_capacity(seq);
+                let mut cell_state: Option<Tensor> = None;
+                let steps: Box<dyn Iterator<Item = usize>> =
+                    if d == 0 { Box::new(0..seq) } else { Box::new((0..seq).rev()) };
+                for t in steps {
+                    let (h, next) = self.step(c, Cell::at(&xw, t), states.last(), cell_state.as_ref());
+                    states.push(h);
+                    cell_state = next;
+                }
+                finals.push(states[seq - 1].clone());
+                if d == 1 {
+                    states.reverse();
+                }
+                outputs.push(states);
+            }
+            let per_step: Vec<Tensor> =
+                (0..outputs[0].len())
+                    .map(|t| {
+                        if dirs == 1 {
+                            outputs[0][t].clone()
+                        } else {
+                            Tensor::cat(&[&outputs[0][t], &outputs[1][t]], -1)
+                        }
+                    })
+                    .collect();
+            let refs: Vec<&Tensor> = per_step.iter().collect();
+            input = Tensor::stack(&refs, 1);
+        }
+        if return_sequences {
+            input
+        } else if finals.len() == 1 {
+            finals.pop().expect("one final state")
+        } else {
+            Tensor::cat(&[&finals[0], &finals[1]], -1)
+        }
     }
 }
 
@@ -109,134 +280,63 @@ fn not_batch_seq_input(op: &'static str, x: &Tensor) -> Tensor {
     bad_input(x, op, format!("input must be [batch, seq, input] with a concrete seq, got {}", show_shape(x)))
 }
 
-macro_rules! recurrent_module {
-    ($t:ty) => {
+macro_rules! recurrent_layer {
+    ($(#[$doc:meta])* $t:ident, $kind:expr) => {
+        $(#[$doc])*
+        ///
+        /// `new` builds one unidirectional layer; `with_layers` a stack of `num_layers`, each
+        /// optionally bidirectional (the next layer reads both directions' states, concatenated).
+        #[derive(Module)]
+        pub struct $t {
+            #[module(flatten)]
+            cells: Cells,
+            /// Return every step's output (`[batch, seq, dirs * hidden]`, the default) or only the
+            /// final state of each direction of the last layer, concatenated (`[batch, dirs * hidden]`).
+            pub return_sequences: bool,
+        }
+
+        impl $t {
+            /// A layer `input -> hidden`.
+            pub fn new(input: usize, hidden: usize) -> $t {
+                $t::with_layers(input, hidden, 1, false)
+            }
+
+            /// `num_layers` (at least 1) stacked layers `input -> hidden`, each with a backward
+            /// direction too when `bidirectional` (PyTorch's `num_layers` and `bidirectional`).
+            pub fn with_layers(input: usize, hidden: usize, num_layers: usize, bidirectional: bool) -> $t {
+                $t {
+                    cells: Cells::new(input, hidden, $kind.gates(), num_layers, bidirectional),
+                    return_sequences: true,
+                }
+            }
+        }
+
         impl Module for $t {
+            #[track_caller]
             fn forward(&self, x: &Tensor) -> Tensor {
-                self.run(x)
+                $kind.run(&self.cells, x, self.return_sequences)
             }
         }
     };
 }
 
-/// The Elman RNN: `h_t = tanh(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)` (PyTorch's `nn.RNN`,
-/// Keras's `SimpleRNN`).
-#[derive(Module)]
-pub struct SimpleRnn {
-    #[module(flatten)]
-    cell: Cell,
-    /// Return every step's state (`[batch, seq, hidden]`, the default) or only the last.
-    pub return_sequences: bool,
-}
+recurrent_layer!(
+    /// The Elman RNN: `h_t = tanh(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)` (PyTorch's `nn.RNN`,
+    /// Keras's `SimpleRNN`).
+    SimpleRnn,
+    Kind::Rnn
+);
 
-impl SimpleRnn {
-    /// A layer `input -> hidden`.
-    pub fn new(input: usize, hidden: usize) -> SimpleRnn {
-        SimpleRnn { cell: Cell::new(input, hidden, 1), return_sequences: true }
-    }
+recurrent_layer!(
+    /// The GRU (PyTorch's `nn.GRU`, gates `r, z, n`): `r = s(x_r + h_r)`, `z = s(x_z + h_z)`,
+    /// `n = tanh(x_n + r * h_n)`, `h = (1 - z) * n + z * h_prev`.
+    Gru,
+    Kind::Gru
+);
 
-    #[track_caller]
-    fn run(&self, x: &Tensor) -> Tensor {
-        let Some((xw, seq)) = self.cell.input_part_both_biases(x) else {
-            return not_batch_seq_input("rnn", x);
-        };
-        if seq == 0 {
-            return empty("rnn", x);
-        }
-        let mut states: Vec<Tensor> = Vec::with_capacity(seq);
-        for t in 0..seq {
-            let h = self.cell.pre_activation(Cell::at(&xw, t), states.last()).tanh();
-            states.push(h);
-        }
-        output(&states, self.return_sequences)
-    }
-}
-recurrent_module!(SimpleRnn);
-
-/// The GRU (PyTorch's `nn.GRU`, gates `r, z, n`): `r = s(x_r + h_r)`, `z = s(x_z + h_z)`,
-/// `n = tanh(x_n + r * h_n)`, `h = (1 - z) * n + z * h_prev`.
-#[derive(Module)]
-pub struct Gru {
-    #[module(flatten)]
-    cell: Cell,
-    /// Return every step's state (the default) or only the last.
-    pub return_sequences: bool,
-}
-
-impl Gru {
-    /// A layer `input -> hidden`.
-    pub fn new(input: usize, hidden: usize) -> Gru {
-        Gru { cell: Cell::new(input, hidden, 3), return_sequences: true }
-    }
-
-    #[track_caller]
-    fn run(&self, x: &Tensor) -> Tensor {
-        let Some((xw, seq)) = self.cell.input_part(x) else { return not_batch_seq_input("gru", x) };
-        if seq == 0 {
-            return empty("gru", x);
-        }
-        let c = &self.cell;
-        let mut states: Vec<Tensor> = Vec::with_capacity(seq);
-        for t in 0..seq {
-            let xt = Cell::at(&xw, t);
-            let hh = c.hidden_part(states.last());
-            let r = c.gate(&xt, 0).add(c.gate(&hh, 0)).sigmoid();
-            let z = c.gate(&xt, 1).add(c.gate(&hh, 1)).sigmoid();
-            let n = c.gate(&xt, 2).add(r.mul(c.gate(&hh, 2))).tanh();
-            let keep_new = z.neg().add(1.0).mul(&n);
-            let h = match states.last() {
-                Some(prev) => keep_new.add(z.mul(prev)),
-                None => keep_new,
-            };
-            states.push(h);
-        }
-        output(&states, self.return_sequences)
-    }
-}
-recurrent_module!(Gru);
-
-/// The LSTM (PyTorch's `nn.LSTM`, gates `i, f, g, o`): `c = s(f) * c_prev + s(i) * tanh(g)`,
-/// `h = s(o) * tanh(c)`.
-#[derive(Module)]
-pub struct Lstm {
-    #[module(flatten)]
-    cell: Cell,
-    /// Return every step's state (the default) or only the last.
-    pub return_sequences: bool,
-}
-
-impl Lstm {
-    /// A layer `input -> hidden`.
-    pub fn new(input: usize, hidden: usize) -> Lstm {
-        Lstm { cell: Cell::new(input, hidden, 4), return_sequences: true }
-    }
-
-    #[track_caller]
-    fn run(&self, x: &Tensor) -> Tensor {
-        let Some((xw, seq)) = self.cell.input_part_both_biases(x) else {
-            return not_batch_seq_input("lstm", x);
-        };
-        if seq == 0 {
-            return empty("lstm", x);
-        }
-        let c = &self.cell;
-        let mut states: Vec<Tensor> = Vec::with_capacity(seq);
-        let mut cell_state: Option<Tensor> = None;
-        for t in 0..seq {
-            let pre = c.pre_activation(Cell::at(&xw, t), states.last());
-            let i = c.gate(&pre, 0).sigmoid();
-            let f = c.gate(&pre, 1).sigmoid();
-            let g = c.gate(&pre, 2).tanh();
-            let o = c.gate(&pre, 3).sigmoid();
-            let ig = i.mul(&g);
-            let next = match &cell_state {
-                Some(prev) => f.mul(prev).add(&ig),
-                None => ig,
-            };
-            states.push(o.mul(next.tanh()));
-            cell_state = Some(next);
-        }
-        output(&states, self.return_sequences)
-    }
-}
-recurrent_module!(Lstm);
+recurrent_layer!(
+    /// The LSTM (PyTorch's `nn.LSTM`, gates `i, f, g, o`): `c = s(f) * c_prev + s(i) * tanh(g)`,
+    /// `h = s(o) * tanh(c)`.
+    Lstm,
+    Kind::Lstm
+);

@@ -120,6 +120,12 @@ fn recurrent() {
     check("rnn", SimpleRnn::new(3, 4));
     check("gru", Gru::new(3, 4));
     check("lstm", Lstm::new(3, 4));
+    check("rnn_bi", SimpleRnn::with_layers(3, 4, 1, true));
+    check("gru_2layer_bi", Gru::with_layers(3, 4, 2, true));
+    check("lstm_3layer", Lstm::with_layers(3, 4, 3, false));
+    let mut last = Lstm::with_layers(3, 4, 2, true);
+    last.return_sequences = false;
+    check("lstm_bi_final", last);
 }
 
 #[test]
