@@ -1,4 +1,5 @@
-//! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections.
+//! Causal multi-head self-attention with separate `q`, `k`, `v`, `o` projections; the attention
+//! itself is `functional::scaled_dot_product_attention` with the causal block of a cached mask.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -6,6 +7,7 @@ use kiln::{Device, Dim, Tensor};
 
 use crate::Module;
 use crate::error::{NnError, Result};
+use crate::functional::{self, SdpaOptions};
 use crate::linear::Linear;
 
 /// `o(softmax(q k^T / sqrt(head_dim) + causal mask) v)` over `n_heads` heads, for input
@@ -66,8 +68,8 @@ impl CausalSelfAttention {
         Ok(CausalSelfAttention { q, k, v, o, n_heads, max_seq_len, mask_on_device: Mutex::new(None) })
     }
 
-    /// `true` where a query may not see a key, for queries at positions `[start, start + seq)`
-    /// and keys at `[0, len)` on `device` (key after query): the full
+    /// `true` where a query may see a key, for queries at positions `[start, start + seq)`
+    /// and keys at `[0, len)` on `device` (key not after query): the full
     /// `[max_seq_len, max_seq_len]` mask narrowed to that block. On the default device it is a
     /// lazy constant (iota compare); on another device the full mask is realized once and moved
     /// there. The positions are `f32`, exact below 2^24: a block only reads positions below
@@ -79,7 +81,8 @@ impl CausalSelfAttention {
             let positions = Tensor::arange(0.0, n as f64, 1.0);
             let rows = positions.reshape(&[n, 1]);
             let cols = positions.reshape(&[1, n]);
-            cols.gt(&rows)
+            // `col <= row` as one compare: `col < row + 1` (exact for these integer positions).
+            cols.lt(rows.add(1.0))
         };
         let mut full = full();
         if full.device() != device {
@@ -134,13 +137,15 @@ impl CausalSelfAttention {
         device: Device,
     ) -> Tensor {
         let [batch, seq, dim] = sizes.clone();
-        // A multiply by the reciprocal scale (as PyTorch's fused attention does), not a divide,
-        // in the kernels that read the scores.
-        let scores = q.matmul(&k.transpose(-2, -1)).mul(1.0 / (head_dim.max(1) as f64).sqrt());
         let len = k.shape().get(2).cloned().unwrap_or(Dim::Const(0));
-        let scores = self.mask(start, &seq, &len, device).where_cond(f64::NEG_INFINITY, &scores);
-        let y = scores.softmax(-1).matmul(v).transpose(1, 2).reshape(vec![batch, seq, dim]);
-        self.o.forward(&y)
+        // The mask is passed explicitly (not `is_causal`): its block may sit at a symbolic start.
+        let options = SdpaOptions {
+            attn_mask: Some(self.mask(start, &seq, &len, device)),
+            scale: Some(1.0 / (head_dim.max(1) as f64).sqrt()),
+            ..Default::default()
+        };
+        let y = functional::scaled_dot_product_attention(q, k, v, options);
+        self.o.forward(&y.transpose(1, 2).reshape(vec![batch, seq, dim]))
     }
 
     /// The forward pass of `x` (`[batch, seq, dim]`, the tokens at positions
