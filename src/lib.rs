@@ -51,7 +51,9 @@ pub use autograd::{grad, is_grad_enabled, no_grad};
 pub use device::Device;
 pub use error::{Error, ErrorKind, Result, RuntimeError, SharedRuntimeError};
 pub use jit::{Jit, JitCache, JitOutput, jit};
-pub use ops::elementwise::{GeluApprox, where_, where_cond};
+#[allow(deprecated)]
+pub use ops::elementwise::where_;
+pub use ops::elementwise::{GeluApprox, where_cond};
 pub use ops::index::{cat, stack};
 pub use random::manual_seed;
 pub use realize::{Program, realize, trace};
@@ -82,7 +84,5 @@ pub fn tune_host_allocator() -> bool {
 
 /// The usual imports: `use kiln::prelude::*;`.
 pub mod prelude {
-    pub use crate::{
-        DType, Device, Dim, Error, GeluApprox, Tensor, cat, manual_seed, realize, stack, where_, where_cond,
-    };
+    pub use crate::{DType, Device, Dim, Error, GeluApprox, Tensor, cat, manual_seed, realize, stack, where_cond};
 }

@@ -96,7 +96,7 @@ fn apply(pool: &mut Vec<Tensor>, s: &Step) {
             3 => x.add(r),
             _ => x.div(r as f64 * 0.5),
         },
-        4 => x.where_(&y, t),
+        4 => x.where_cond(&y, t),
         5 => x.reshape(&s.list),
         6 => x.permute(&s.list),
         7 => x.transpose(q, r),

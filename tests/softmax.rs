@@ -97,7 +97,7 @@ fn causal_masked_softmax_matches_the_interpreter() {
         let scores = on(device, Tensor::randn_seeded(&[2, 3, 11, 11], 6));
         let positions = Tensor::arange_on(0.0, n as f64, 1.0, device);
         let mask = positions.reshape(&[1, n]).gt(positions.reshape(&[n, 1]));
-        let p = mask.where_(f64::NEG_INFINITY, scores.mul(0.5)).softmax(-1);
+        let p = mask.where_cond(f64::NEG_INFINITY, scores.mul(0.5)).softmax(-1);
         let g = kiln::grad(&p.mul(&scores).sum_all(), &[&scores]).expect("grad");
         (values(&p), values(&g[0]))
     };

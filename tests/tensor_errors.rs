@@ -64,7 +64,7 @@ fn the_first_error_propagates() {
     assert!(e.starts_with("add: shapes [3] and [2] cannot be broadcast together (dim 3 vs 2)"), "{e}");
     assert_eq!(later.error(), bad.error());
     assert!(cat(&[&a, &bad], 0).error() == bad.error());
-    assert!(a.where_(&bad, 0.0).error().is_some());
+    assert!(a.where_cond(&bad, 0.0).error().is_some());
     let from_scalar_side = 2.0 - &bad;
     assert_eq!(from_scalar_side.error(), bad.error());
     assert!(bad.to_vec::<f32>().is_err());
@@ -114,7 +114,7 @@ fn bad_axes_and_arguments() {
         (x.narrow(1, 2, 2), "narrow: start 2 + length 2 out of range for dim 1 of shape [2, 3]"),
         (x.narrow(0, -1, 1), "narrow: start -1 + length 1 out of range"),
         (x.pad(&[(1, 1)], 0.0), "pad: 1 (before, after) pairs for shape [2, 3] of rank 2"),
-        (x.where_(&x, &x), "where: condition must be bool, got f32"),
+        (x.where_cond(&x, &x), "where: condition must be bool, got f32"),
         (x.gather(1, &x), "gather: index must be an integer tensor, got f32"),
         (
             x.gather(1, &Tensor::from_vec(vec![0i64; 2], &[2])),

@@ -207,15 +207,15 @@ fn where_selects_and_broadcasts() {
     let c = Tensor::from_vec(vec![true, false, true], &[3]);
     let a = t(&[1.0, 2.0, 3.0], &[3]);
     let b = t(&[-1.0, -2.0], &[2, 1]);
-    let w = c.where_(&a, &b);
+    let w = c.where_cond(&a, &b);
     assert_eq!(dims(&w), vec![2, 3]);
     assert_eq!(f32s(&w), vec![1.0, -1.0, 3.0, 1.0, -2.0, 3.0]);
-    assert_eq!(f32s(&where_(&c, &a, 0.0)), vec![1.0, 0.0, 3.0]);
-    assert_eq!(f32s(&c.where_(9.0, &a)), vec![9.0, 2.0, 9.0]);
-    let both = c.where_(1, 0);
+    assert_eq!(f32s(&where_cond(&c, &a, 0.0)), vec![1.0, 0.0, 3.0]);
+    assert_eq!(f32s(&c.where_cond(9.0, &a)), vec![9.0, 2.0, 9.0]);
+    let both = c.where_cond(1, 0);
     assert_eq!(both.dtype(), DType::I64);
     assert_eq!(i64s(&both), vec![1, 0, 1]);
-    let mixed = c.where_(Tensor::from_vec(vec![1i32, 2, 3], &[3]), 0.5);
+    let mixed = c.where_cond(Tensor::from_vec(vec![1i32, 2, 3], &[3]), 0.5);
     assert_eq!(mixed.dtype(), DType::F32);
     assert_eq!(f32s(&mixed), vec![1.0, 0.5, 3.0]);
 }

@@ -67,7 +67,7 @@ fn build(name: &str, x: &Tensor, y: Option<&Tensor>) -> Option<Tensor> {
         "clamp_max" => x.clamp_max(0.5),
         "maximum_ties" => x.maximum(y()),
         "minimum_ties" => x.minimum(y()),
-        "where_ge" => x.ge(0.0).where_(x, x.neg()),
+        "where_ge" => x.ge(0.0).where_cond(x, x.neg()),
         "amax_ties" => x.max(1, false),
         "amin_ties" => x.min(0, false),
         "max_all_ties" => x.max_all(),

@@ -145,6 +145,7 @@ fn logical_and_bitwise_ops_and_their_operators() {
 }
 
 #[test]
+#[allow(deprecated)]
 fn where_cond_is_torch_where_and_where_underscore_is_the_same() {
     for device in support::devices() {
         let cond = on(device, Tensor::from_vec(vec![true, false, true], &[3]));

@@ -236,9 +236,9 @@ fn where_select() {
         let (cond, a) = (tensor(fx.tensor("cond")?)?, tensor(fx.tensor("a")?)?);
         let b = if fx.has_arg("scalar") { scalar(fx)? } else { Rhs::Tensor(tensor(fx.tensor("b")?)?) };
         realize(&match &b {
-            Rhs::Tensor(b) => cond.where_(&a, b),
-            Rhs::Int(s) => cond.where_(&a, *s),
-            Rhs::Float(s) => cond.where_(&a, *s),
+            Rhs::Tensor(b) => cond.where_cond(&a, b),
+            Rhs::Int(s) => cond.where_cond(&a, *s),
+            Rhs::Float(s) => cond.where_cond(&a, *s),
         })
     });
 }

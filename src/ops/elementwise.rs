@@ -312,6 +312,7 @@ impl Tensor {
 
     /// The same as [`Tensor::where_cond`], under its first name. A trailing `_` means "in place"
     /// in PyTorch, which this is not: new code should say `where_cond`.
+    #[deprecated(note = "use `where_cond`: a trailing `_` means in-place in PyTorch, which this is not")]
     #[track_caller]
     pub fn where_(&self, a: impl Operand, b: impl Operand) -> Tensor {
         self.select_where(Site::here("where"), a, b)
@@ -366,6 +367,7 @@ pub fn where_cond(cond: &Tensor, a: impl Operand, b: impl Operand) -> Tensor {
 
 /// The same as [`where_cond`], under its first name (a trailing `_` reads as "in place" in
 /// PyTorch, which this is not: new code should say `where_cond`).
+#[deprecated(note = "use `where_cond`: a trailing `_` means in-place in PyTorch, which this is not")]
 #[track_caller]
 pub fn where_(cond: &Tensor, a: impl Operand, b: impl Operand) -> Tensor {
     cond.select_where(Site::here("where"), a, b)

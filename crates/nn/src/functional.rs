@@ -38,7 +38,7 @@ pub use spatial::{InterpolateMode, InterpolateSize, PadMode, adaptive_avg_pool2d
 /// `cond ? a : b`, element-wise: the one place this module names the facade's select.
 #[track_caller]
 fn select(cond: &Tensor, a: impl kiln::Operand, b: impl kiln::Operand) -> Tensor {
-    cond.where_(a, b)
+    cond.where_cond(a, b)
 }
 
 /// The shape as PyTorch prints it (`[2, 3]`, symbols by name).

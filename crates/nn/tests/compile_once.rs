@@ -62,7 +62,7 @@ fn sixty_optimizer_steps_compile_once_with_a_constant_graph() {
     let y = Tensor::randn_seeded(&[8, 3], 8).to_device(kiln::Device::Cpu).unwrap();
     let huber = |p: &Tensor, t: &Tensor| {
         let d = p.sub(t).abs();
-        d.lt(1.0).where_(d.mul(&d).mul(0.5), d.sub(0.5)).mean_all()
+        d.lt(1.0).where_cond(d.mul(&d).mul(0.5), d.sub(0.5)).mean_all()
     };
     fn run<O: Optimizer>(trainer: &mut Trainer<Linear, O>, x: &Tensor, y: &Tensor, compiled_so_far: &dyn Fn() -> u64) {
         let before = compiled_so_far();
