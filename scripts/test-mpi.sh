@@ -26,8 +26,9 @@ fi
 # Containers usually forbid the cross-memory attach of Open MPI's shared-memory transport.
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
-cargo clippy -p kiln-dist --features mpi --all-targets -- -D warnings
-cargo build -p kiln-dist --features mpi --example train_ddp
+# `kiln-nn/wgpu`: the features `cargo test --workspace` built the crates with, so they are reused.
+cargo clippy -p kiln-dist --features mpi,kiln-nn/wgpu --all-targets -- -D warnings
+cargo build -p kiln-dist --features mpi,kiln-nn/wgpu --example train_ddp
 exe="${CARGO_TARGET_DIR:-target}/debug/examples/train_ddp"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
