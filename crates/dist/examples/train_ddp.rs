@@ -8,7 +8,8 @@
 //! Options: `--steps N` (10), `--step-delay-ms D` (sleep after each step, to leave time to kill
 //! a rank mid-run), `--timeout-secs T` (the collectives' watchdog, 60), `--pid-dir DIR` (each
 //! rank writes `DIR/rank<r>.pid`), `--no-reference` (skip the single-process comparison: for
-//! timing runs).
+//! timing runs), `--bench-model` (the larger Transformer of `scenario::BENCH` instead of the
+//! tests' small one).
 
 #[path = "../tests/scenario/mod.rs"]
 mod scenario;
@@ -24,6 +25,7 @@ struct Options {
     timeout: Duration,
     pid_dir: Option<String>,
     reference: bool,
+    sizes: scenario::Sizes,
 }
 
 fn parse() -> Result<Options, String> {
@@ -33,6 +35,7 @@ fn parse() -> Result<Options, String> {
         timeout: Duration::from_secs(60),
         pid_dir: None,
         reference: true,
+        sizes: scenario::TEST,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -44,6 +47,7 @@ fn parse() -> Result<Options, String> {
             "--timeout-secs" => o.timeout = Duration::from_secs(number(&arg, value(&arg)?)?),
             "--pid-dir" => o.pid_dir = Some(value(&arg)?),
             "--no-reference" => o.reference = false,
+            "--bench-model" => o.sizes = scenario::BENCH,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -56,9 +60,9 @@ fn run(o: &Options) -> Result<bool, String> {
     if let Some(dir) = &o.pid_dir {
         std::fs::write(format!("{dir}/rank{rank}.pid"), std::process::id().to_string()).map_err(|e| e.to_string())?;
     }
-    let weights = scenario::initial_weights();
+    let weights = scenario::initial_weights(&o.sizes);
     let delay = o.step_delay;
-    let run = scenario::train_ranks(comm, &weights, o.steps, |rank, step| {
+    let run = scenario::train_ranks(comm, &o.sizes, &weights, o.steps, |rank, step| {
         println!("rank {rank}: step {step} done");
         std::thread::sleep(delay);
     })
@@ -74,7 +78,7 @@ fn run(o: &Options) -> Result<bool, String> {
     );
     let mut ok = run.identical_across_ranks;
     if rank == 0 && o.reference {
-        let (ref_losses, ref_params) = scenario::train_reference(&weights, size, o.steps);
+        let (ref_losses, ref_params) = scenario::train_reference(&o.sizes, &weights, size, o.steps);
         let worst = scenario::max_difference(&run.params, &ref_params);
         let worst_loss = run.losses.iter().zip(&ref_losses).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         println!(

@@ -20,17 +20,17 @@ fn on_threads<R: Send>(handles: Vec<ThreadCollective>, f: impl Fn(ThreadCollecti
 #[test]
 fn two_ranks_stay_identical_and_match_one_process_on_the_global_batch() {
     const STEPS: usize = 10;
-    let weights = initial_weights();
+    let weights = initial_weights(&TEST);
     let shared = weights.clone();
     let results: Vec<RankResult> =
-        on_threads(ThreadGroup::new(2), move |comm| train_ranks(comm, &shared, STEPS, |_, _| {}));
+        on_threads(ThreadGroup::new(2), move |comm| train_ranks(comm, &TEST, &shared, STEPS, |_, _| {}));
     let results: Vec<_> = results.into_iter().map(|r| r.expect("rank trains")).collect();
     let (losses0, params0) = (&results[0].losses, &results[0].params);
     let (losses1, params1) = (&results[1].losses, &results[1].params);
     assert!(bitwise_equal(params0, params1), "ranks' parameters differ: max {:e}", max_difference(params0, params1));
     assert!(results.iter().all(|r| r.identical_across_ranks), "the all-gather check agrees");
     assert_eq!(losses0, losses1, "every rank reports the global loss");
-    let (ref_losses, ref_params) = train_reference(&weights, 2, STEPS);
+    let (ref_losses, ref_params) = train_reference(&TEST, &weights, 2, STEPS);
     let worst = max_difference(params0, &ref_params);
     eprintln!("2 ranks vs one process, {STEPS} steps: max parameter difference {worst:.2e}");
     eprintln!("losses {losses0:?}\nreference {ref_losses:?}");
@@ -39,17 +39,17 @@ fn two_ranks_stay_identical_and_match_one_process_on_the_global_batch() {
         assert!((a - b).abs() <= 1e-5, "losses {losses0:?} vs {ref_losses:?}");
     }
     assert!(losses0[STEPS - 1] < losses0[0], "the loss goes down: {losses0:?}");
-    let moved = max_difference(params0, &parameters(&model_from(&weights)));
+    let moved = max_difference(params0, &parameters(&model_from(&TEST, &weights)));
     assert!(moved > 1e-3, "training moved the parameters ({moved:e})");
 }
 
 #[test]
 fn a_rank_that_leaves_is_an_error_on_the_others_not_a_hang() {
-    let weights = initial_weights();
+    let weights = initial_weights(&TEST);
     let started = Instant::now();
     // Rank 1 panics after its third step: its handle is dropped while unwinding.
     let results: Vec<std::thread::Result<RankResult>> = ThreadGroup::run(ThreadGroup::new(2), move |comm| {
-        train_ranks(comm, &weights, 10, |rank, step| {
+        train_ranks(comm, &TEST, &weights, 10, |rank, step| {
             if rank == 1 && step == 2 {
                 panic!("rank 1 dies");
             }
@@ -65,12 +65,12 @@ fn a_rank_that_leaves_is_an_error_on_the_others_not_a_hang() {
 
 #[test]
 fn a_hung_rank_times_out_on_the_others() {
-    let weights = initial_weights();
+    let weights = initial_weights(&TEST);
     let timeout = Duration::from_millis(1500);
     let results: Vec<(RankResult, Duration)> = on_threads(ThreadGroup::with_timeout(3, timeout), move |comm| {
         let w = weights.clone();
         let mut stalled_at = None;
-        let result = train_ranks(comm, &w, 10, |rank, step| {
+        let result = train_ranks(comm, &TEST, &w, 10, |rank, step| {
             if rank == 2 && step == 1 {
                 stalled_at = Some(Instant::now());
                 // Hangs (alive, holding its handle) well past the others' timeout.
@@ -102,14 +102,15 @@ fn a_checkpoint_resumes_with_the_same_losses_and_parameters() {
     let dir = std::env::temp_dir().join(format!("kiln-dist-ckpt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("ckpt.safetensors");
-    let weights = initial_weights();
+    let weights = initial_weights(&TEST);
     // Adam: its step count enters the bias corrections, so a wrong restore changes the losses.
     let run = move |comm: ThreadCollective, resume: Option<std::path::PathBuf>, save: Option<std::path::PathBuf>| {
         let (rank, size) = (comm.rank(), comm.size());
-        let model = model_from(&weights);
+        let model = model_from(&TEST, &weights);
         let mut trainer = DistributedTrainer::new(model, Adam::new(0.01), Loss::CrossEntropy, comm)?;
-        let (x, y) = dataset(size * LOCAL_BATCH * 6);
-        let batches = ShardedSampler::new(size * LOCAL_BATCH * 6, rank, size, SEED)?.local_batches(0, LOCAL_BATCH);
+        let (x, y) = dataset(&TEST, size * TEST.local_batch * 6);
+        let batches =
+            ShardedSampler::new(size * TEST.local_batch * 6, rank, size, SEED)?.local_batches(0, TEST.local_batch);
         let first = if let Some(p) = &resume {
             trainer.load_checkpoint(p)?;
             trainer.steps() as usize

@@ -8,13 +8,29 @@ use kiln::Tensor;
 use kiln_dist::Collective;
 use kiln_nn::{DistributedTrainer, Loss, Module, Sgd, ShardedSampler, Trainer, Transformer, TransformerConfig};
 
-/// The model: small enough for CI, two layers as the issue asks.
-pub const CONFIG: TransformerConfig =
-    TransformerConfig { dim: 16, n_heads: 2, n_layers: 2, norm_eps: 1e-5, vocab_size: 17, max_seq_len: 8 };
-/// Tokens per sequence.
-pub const SEQ: usize = 6;
-/// Sequences per rank per step.
-pub const LOCAL_BATCH: usize = 2;
+/// The sizes of a run: the model, the sequence length and the sequences per rank per step.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizes {
+    pub config: TransformerConfig,
+    pub seq: usize,
+    pub local_batch: usize,
+}
+
+/// The tests' run: a 2-layer model small enough for CI.
+pub const TEST: Sizes = Sizes {
+    config: TransformerConfig { dim: 16, n_heads: 2, n_layers: 2, norm_eps: 1e-5, vocab_size: 17, max_seq_len: 8 },
+    seq: 6,
+    local_batch: 2,
+};
+
+/// The timing run: the 2-layer Transformer of `kiln bench models`' anchor (dim 64, 8 heads,
+/// vocab 64), 32 tokens, 8 sequences per rank.
+pub const BENCH: Sizes = Sizes {
+    config: TransformerConfig { dim: 64, n_heads: 8, n_layers: 2, norm_eps: 1e-5, vocab_size: 64, max_seq_len: 32 },
+    seq: 32,
+    local_batch: 8,
+};
+
 /// The sampler's seed.
 pub const SEED: u64 = 2026;
 
@@ -28,33 +44,34 @@ fn next(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `n` sequences of `SEQ + 1` tokens: inputs `[n, SEQ]` and next-token targets `[n, SEQ]`.
-pub fn dataset(n: usize) -> (Tensor, Tensor) {
+/// `n` sequences of `seq + 1` tokens: inputs `[n, seq]` and next-token targets `[n, seq]`.
+pub fn dataset(sizes: &Sizes, n: usize) -> (Tensor, Tensor) {
+    let seq = sizes.seq;
     let mut state = 7;
-    let vocab = CONFIG.vocab_size as u64;
-    let (mut x, mut y) = (Vec::with_capacity(n * SEQ), Vec::with_capacity(n * SEQ));
+    let vocab = sizes.config.vocab_size as u64;
+    let (mut x, mut y) = (Vec::with_capacity(n * seq), Vec::with_capacity(n * seq));
     for _ in 0..n {
         // A learnable rule plus noise: mostly `t + 3 mod vocab`.
         let mut t = next(&mut state) % vocab;
-        for _ in 0..SEQ {
+        for _ in 0..seq {
             let u = if next(&mut state).is_multiple_of(4) { next(&mut state) % vocab } else { (t + 3) % vocab };
             x.push(t as i64);
             y.push(u as i64);
             t = u;
         }
     }
-    (Tensor::from_vec(x, &[n, SEQ]), Tensor::from_vec(y, &[n, SEQ]))
+    (Tensor::from_vec(x, &[n, seq]), Tensor::from_vec(y, &[n, seq]))
 }
 
 /// The initial weights every run starts from (safetensors bytes), from a fixed seed.
-pub fn initial_weights() -> Vec<u8> {
+pub fn initial_weights(sizes: &Sizes) -> Vec<u8> {
     kiln::manual_seed(1234);
-    kiln_nn::to_safetensors_bytes(&Transformer::from_config(CONFIG).expect("config")).expect("serialize")
+    kiln_nn::to_safetensors_bytes(&Transformer::from_config(sizes.config).expect("config")).expect("serialize")
 }
 
 /// A model holding `weights`.
-pub fn model_from(weights: &[u8]) -> Transformer {
-    let mut model = Transformer::from_config(CONFIG).expect("config");
+pub fn model_from(sizes: &Sizes, weights: &[u8]) -> Transformer {
+    let mut model = Transformer::from_config(sizes.config).expect("config");
     kiln_nn::load_state_dict(&mut model, &kiln_nn::read_safetensors(weights).expect("parse"), true).expect("load");
     model
 }
@@ -89,20 +106,23 @@ pub struct RankRun {
 /// after each step (a test's hook to stop or stall a rank).
 pub fn train_ranks(
     comm: impl Collective + 'static,
+    sizes: &Sizes,
     weights: &[u8],
     steps: usize,
     mut after_step: impl FnMut(usize, usize),
 ) -> kiln_nn::Result<RankRun> {
     let (rank, size) = (comm.rank(), comm.size());
-    let model = if rank == 0 { model_from(weights) } else { Transformer::from_config(CONFIG).expect("config") };
+    let model =
+        if rank == 0 { model_from(sizes, weights) } else { Transformer::from_config(sizes.config).expect("config") };
     let mut trainer = DistributedTrainer::new(model, optimizer(), Loss::CrossEntropy, comm)?;
     // Small buckets, so that a step makes several all-reduces.
     trainer.bucket_bytes = 4096;
-    let (x, y) = dataset(size * LOCAL_BATCH * steps);
-    let sampler = ShardedSampler::new(size * LOCAL_BATCH * steps, rank, size, SEED)?;
+    let n = size * sizes.local_batch * steps;
+    let (x, y) = dataset(sizes, n);
+    let sampler = ShardedSampler::new(n, rank, size, SEED)?;
     let mut losses = Vec::with_capacity(steps);
     let (mut step_time, mut communication_time) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
-    for (step, batch) in sampler.local_batches(0, LOCAL_BATCH).iter().enumerate() {
+    for (step, batch) in sampler.local_batches(0, sizes.local_batch).iter().enumerate() {
         losses.push(trainer.step(&ShardedSampler::take(&x, batch), &ShardedSampler::take(&y, batch))?);
         if step >= 2 {
             step_time += trainer.last_step_timing().total;
@@ -127,12 +147,18 @@ pub fn train_ranks(
 }
 
 /// One process trained with [`Trainer`] on the global batches of `size` ranks.
-pub fn train_reference(weights: &[u8], size: usize, steps: usize) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
-    let mut trainer = Trainer::new(model_from(weights), optimizer(), Loss::CrossEntropy);
-    let (x, y) = dataset(size * LOCAL_BATCH * steps);
-    let sampler = ShardedSampler::new(size * LOCAL_BATCH * steps, 0, size, SEED).expect("sampler");
+pub fn train_reference(
+    sizes: &Sizes,
+    weights: &[u8],
+    size: usize,
+    steps: usize,
+) -> (Vec<f32>, Vec<(String, Vec<f32>)>) {
+    let mut trainer = Trainer::new(model_from(sizes, weights), optimizer(), Loss::CrossEntropy);
+    let n = size * sizes.local_batch * steps;
+    let (x, y) = dataset(sizes, n);
+    let sampler = ShardedSampler::new(n, 0, size, SEED).expect("sampler");
     let losses = sampler
-        .global_batches(0, LOCAL_BATCH)
+        .global_batches(0, sizes.local_batch)
         .iter()
         .map(|b| trainer.step(&ShardedSampler::take(&x, b), &ShardedSampler::take(&y, b)).expect("step"))
         .collect();
