@@ -5,3 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(bash scripts/install-gpu-deps.sh)"
 cargo test --workspace "$@"
+# Data-parallel training over MPI: installs Open MPI, builds kiln-dist with `--features mpi`, runs
+# mpirun with 2 and 4 ranks and the kill/hang tests (KILN_SKIP_MPI=1 skips it).
+bash scripts/test-mpi.sh

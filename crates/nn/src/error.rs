@@ -20,6 +20,9 @@ pub enum NnError {
     /// The safetensors data could not be read or written.
     #[error("safetensors: {0}")]
     SafeTensors(String),
+    /// A collective of data-parallel training failed (a peer gone or hung, ranks that disagree).
+    #[error(transparent)]
+    Dist(#[from] kiln_dist::DistError),
     /// Reading or writing a file failed.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),

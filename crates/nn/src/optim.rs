@@ -87,6 +87,11 @@ pub trait Optimizer {
     /// The optimizer's state tensors (realized; empty before the first step).
     fn state(&self) -> Vec<Tensor>;
 
+    /// Replaces the state with `state` (what [`Optimizer::state`] returned) and the count of
+    /// steps taken with `steps`: resuming from a checkpoint. An error if `state` cannot be this
+    /// optimizer's (a wrong number of tensors); the optimizer is then unchanged.
+    fn restore(&mut self, state: Vec<Tensor>, steps: u64) -> Result<()>;
+
     /// The learning rate.
     fn learning_rate(&self) -> f64;
 
@@ -208,6 +213,15 @@ impl Optimizer for Sgd {
         self.buffers.clone()
     }
 
+    /// SGD's update does not depend on the step count: `steps` is not kept.
+    fn restore(&mut self, state: Vec<Tensor>, _steps: u64) -> Result<()> {
+        if self.momentum == 0.0 && !state.is_empty() {
+            return Err(NnError::Config(format!("SGD without momentum has no state, got {} tensors", state.len())));
+        }
+        self.buffers = state;
+        Ok(())
+    }
+
     fn learning_rate(&self) -> f64 {
         self.lr
     }
@@ -311,6 +325,16 @@ impl AdamCore {
     fn state(&self) -> Vec<Tensor> {
         self.m.iter().chain(&self.v).cloned().collect()
     }
+
+    fn restore(&mut self, mut state: Vec<Tensor>, steps: u64) -> Result<()> {
+        if !state.len().is_multiple_of(2) {
+            return Err(NnError::Config(format!("Adam's state is m then v, not {} tensors", state.len())));
+        }
+        self.v = state.split_off(state.len() / 2);
+        self.m = state;
+        self.steps = steps;
+        Ok(())
+    }
 }
 
 /// Adam with L2 weight decay added to the gradient (PyTorch's `optim.Adam`).
@@ -374,6 +398,9 @@ macro_rules! adam_optimizer {
             }
             fn state(&self) -> Vec<Tensor> {
                 self.0.state()
+            }
+            fn restore(&mut self, state: Vec<Tensor>, steps: u64) -> Result<()> {
+                self.0.restore(state, steps)
             }
             fn learning_rate(&self) -> f64 {
                 self.0.lr

@@ -80,8 +80,15 @@ pub(crate) fn from_le_bytes(dtype: Dtype, bytes: &[u8]) -> Option<HostData> {
 
 /// The module's parameters and buffers as safetensors bytes (realizing any lazy tensor first).
 pub fn to_safetensors_bytes(module: &dyn Module) -> Result<Vec<u8>> {
+    let named: Vec<(String, Tensor)> = module.state_dict().into_iter().map(|(name, t, _)| (name, t)).collect();
+    tensors_to_safetensors_bytes(&named)
+}
+
+/// Named tensors as safetensors bytes (realizing any lazy tensor first).
+pub(crate) fn tensors_to_safetensors_bytes(named: &[(String, Tensor)]) -> Result<Vec<u8>> {
     let mut entries: Vec<(String, Bytes)> = Vec::new();
-    for (name, t, _) in module.state_dict() {
+    for (name, t) in named {
+        let name = name.clone();
         let host = t.to_host()?;
         entries.push((
             name,
