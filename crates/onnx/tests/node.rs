@@ -78,12 +78,20 @@ fn run_case(root: &Path, name: &str, device: Device) -> Result<bool, String> {
         return Ok(false);
     }
     let inputs: Vec<Tensor> = inputs.into_iter().map(|h| Tensor::from_host_on(h, device)).collect();
-    let got = model.run(&inputs).map_err(|e| e.to_string())?;
+    // A model whose inner values have a dtype wgpu lacks (f64 through a Cast) is skipped there too.
+    let skip_dtype =
+        |e: String| if device == Device::Wgpu && e.contains("unsupported kernel: dtype") { Ok(false) } else { Err(e) };
+    let got = match model.run(&inputs) {
+        Ok(got) => got,
+        Err(e) => return skip_dtype(e.to_string()),
+    };
     if got.len() != want.len() {
         return Err(format!("{} outputs where the test records {}", got.len(), want.len()));
     }
     let refs: Vec<&Tensor> = got.iter().collect();
-    kiln::realize(&refs).map_err(|e| e.to_string())?;
+    if let Err(e) = kiln::realize(&refs) {
+        return skip_dtype(e.to_string());
+    }
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         let g = g.to_host().map_err(|e| e.to_string())?;
         if g.numel() == 0 && w.numel() == 0 && g.shape == w.shape && g.dtype() == w.dtype() {
@@ -98,6 +106,7 @@ fn run_case(root: &Path, name: &str, device: Device) -> Result<bool, String> {
 fn run_all(root: &Path, names: &[String], device: Device) -> (Vec<String>, Vec<(String, String)>) {
     let mut per_op: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     let (mut passed, mut failed, mut skipped) = (Vec::new(), Vec::new(), 0);
+    let start = std::time::Instant::now();
     for name in names {
         let op = Model::load(root.join(name).join("model.onnx"))
             .map(|m| label(&m))
@@ -123,10 +132,11 @@ fn run_all(root: &Path, names: &[String], device: Device) -> (Vec<String>, Vec<(
         println!("  {op:<28} {p}/{t}");
     }
     println!(
-        "total on {}: {} passed, {} failed, {skipped} skipped (dtypes)",
+        "total on {}: {} passed, {} failed, {skipped} skipped (dtypes), {:.1} s",
         device.name(),
         passed.len(),
-        failed.len()
+        failed.len(),
+        start.elapsed().as_secs_f64()
     );
     (passed, failed)
 }
