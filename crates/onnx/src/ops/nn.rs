@@ -114,3 +114,64 @@ pub(super) fn mean_variance_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let (y, _, _) = normalize(x, &axes, 1e-9);
     Ok(vec![y])
 }
+
+pub(super) fn rms_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let a = axis(ctx.int("axis", -1)?, x.ndim())?;
+    let eps = f64::from(ctx.float("epsilon", 1e-5)?);
+    let dtype = x.dtype();
+    let work = if ctx.int("stash_type", 1)? == 1 && dtype != DType::F64 { x.cast(DType::F32) } else { x.clone() };
+    let axes: Vec<usize> = (a..x.ndim()).collect();
+    let inv = work.square().mean(axes, true).add(eps).rsqrt();
+    Ok(vec![work.mul(inv).cast(dtype).mul(ctx.input(1)?)])
+}
+
+/// Negative log-likelihood of `log_prob` (`[N, C, d...]`) at `target` (`[N, d...]`), with the
+/// optional class `weight`, `ignore_index` and `reduction` attributes of NegativeLogLikelihoodLoss
+/// and SoftmaxCrossEntropyLoss.
+fn nll(ctx: &Ctx, log_prob: &Tensor, target: &Tensor, weight: Option<&Tensor>) -> OpResult<Tensor> {
+    if log_prob.ndim() < 2 || target.ndim() + 1 != log_prob.ndim() {
+        return Err(format!(
+            "input {} and target {} are not [N, C, d...] and [N, d...]",
+            super::show(log_prob),
+            super::show(target)
+        )
+        .into());
+    }
+    let keep = match ctx.attr("ignore_index") {
+        Some(_) => Some(target.ne(ctx.int("ignore_index", 0)?)),
+        None => None,
+    };
+    let safe = match &keep {
+        Some(k) => k.where_cond(target, target.zeros_like()),
+        None => target.clone(),
+    };
+    let picked = log_prob.gather(1, &safe.unsqueeze(1)).squeeze(1);
+    let mut w = match weight {
+        Some(w) => w.index_select(0, &safe.reshape(&[-1])).reshape(safe.shape()),
+        None => picked.ones_like(),
+    };
+    if let Some(k) = &keep {
+        w = k.where_cond(&w, w.zeros_like());
+    }
+    let loss = picked.neg().mul(&w);
+    Ok(match ctx.string("reduction")?.as_deref().unwrap_or("mean") {
+        "none" => loss,
+        "sum" => loss.sum_all(),
+        "mean" => loss.sum_all().div(w.sum_all()),
+        other => return Err(format!("reduction {other:?} is not none, sum or mean").into()),
+    })
+}
+
+pub(super) fn nll_loss(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    Ok(vec![nll(ctx, ctx.input(0)?, ctx.input(1)?, ctx.opt(2))?])
+}
+
+pub(super) fn softmax_cross_entropy(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let scores = ctx.input(0)?;
+    if scores.ndim() < 2 {
+        return Err("scores must be [N, C, ...]".into());
+    }
+    let log_prob = scores.log_softmax(1);
+    Ok(vec![nll(ctx, &log_prob, ctx.input(1)?, ctx.opt(2))?, log_prob])
+}
