@@ -40,14 +40,20 @@ fn normalize(x: &Tensor, axes: &[usize], eps: f64) -> (Tensor, Tensor, Tensor) {
     (centered.mul(&inv), mean, inv)
 }
 
-pub(super) fn layer_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+/// The shared attributes of LayerNormalization and RMSNormalization: the normalized axes (`axis`
+/// to the last), epsilon, and the input in the type it is computed in (`stash_type` 1, the
+/// default, is f32).
+fn last_axes_norm(ctx: &Ctx) -> OpResult<(Tensor, Vec<usize>, f64)> {
     let x = ctx.input(0)?;
     let a = axis(ctx.int("axis", -1)?, x.ndim())?;
     let eps = f64::from(ctx.float("epsilon", 1e-5)?);
-    let dtype = x.dtype();
-    // stash_type 1 (the default) computes in f32.
-    let work = if ctx.int("stash_type", 1)? == 1 && dtype != DType::F64 { x.cast(DType::F32) } else { x.clone() };
-    let axes: Vec<usize> = (a..x.ndim()).collect();
+    let work = if ctx.int("stash_type", 1)? == 1 && x.dtype() != DType::F64 { x.cast(DType::F32) } else { x.clone() };
+    Ok((work, (a..x.ndim()).collect(), eps))
+}
+
+pub(super) fn layer_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let dtype = ctx.input(0)?.dtype();
+    let (work, axes, eps) = last_axes_norm(ctx)?;
     let (mut y, mean, inv) = normalize(&work, &axes, eps);
     y = y.cast(dtype).mul(ctx.input(1)?);
     if let Some(b) = ctx.opt(2) {
@@ -116,12 +122,8 @@ pub(super) fn mean_variance_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 }
 
 pub(super) fn rms_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
-    let x = ctx.input(0)?;
-    let a = axis(ctx.int("axis", -1)?, x.ndim())?;
-    let eps = f64::from(ctx.float("epsilon", 1e-5)?);
-    let dtype = x.dtype();
-    let work = if ctx.int("stash_type", 1)? == 1 && dtype != DType::F64 { x.cast(DType::F32) } else { x.clone() };
-    let axes: Vec<usize> = (a..x.ndim()).collect();
+    let dtype = ctx.input(0)?.dtype();
+    let (work, axes, eps) = last_axes_norm(ctx)?;
     let inv = work.square().mean(axes, true).add(eps).rsqrt();
     Ok(vec![work.mul(inv).cast(dtype).mul(ctx.input(1)?)])
 }
