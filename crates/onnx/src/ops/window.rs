@@ -5,7 +5,23 @@
 
 use kiln::{Tensor, cat};
 
-use super::{Ctx, OpResult, dims};
+use kiln::Dim;
+
+use super::{Ctx, OpResult, dims, show};
+
+/// The batch dim (possibly symbolic) and the concrete channel and spatial dims of `[N, C, ...]`.
+fn batch_and_dims(x: &Tensor) -> OpResult<(Dim, Vec<usize>)> {
+    let Some((n, rest)) = x.shape().split_first() else {
+        return Err("needs an [N, C, ...] input".into());
+    };
+    let mut d = vec![0];
+    for dim in rest {
+        d.push(
+            dim.as_const().ok_or_else(|| format!("needs concrete channel and spatial dims, got {}", show(x)))? as usize
+        );
+    }
+    Ok((n.clone(), d))
+}
 
 /// Positions `q + s * o` (`o` in `0..out`) along `axis`; positions outside the axis read `fill`.
 fn strided(x: &Tensor, axis: usize, q: i64, s: usize, out: usize, fill: f64) -> Tensor {
@@ -131,18 +147,20 @@ impl Geometry {
 
 pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let (x, w) = (ctx.input(0)?, ctx.input(1)?);
-    let (xd, wd) = (dims(x)?, dims(w)?);
+    let ((n, xd), wd) = (batch_and_dims(x)?, dims(w)?);
     if xd.len() < 3 || wd.len() != xd.len() {
-        return Err(format!("X {xd:?} and W {wd:?} must be [N, C, ...] and [M, C/group, ...] of one rank >= 3").into());
+        return Err(
+            format!("X {} and W {wd:?} must be [N, C, ...] and [M, C/group, ...] of one rank >= 3", show(x)).into()
+        );
     }
     let group = ctx.int("group", 1)?;
     let g = usize::try_from(group)
         .ok()
         .filter(|&g| g >= 1 && xd[1] % g == 0 && wd[0] % g == 0)
         .ok_or_else(|| format!("group {group} does not divide the channels"))?;
-    let (n, c, m) = (xd[0], xd[1], wd[0]);
+    let (c, m) = (xd[1], wd[0]);
     if wd[1] * g != c {
-        return Err(format!("W {wd:?} takes {} channels per group; X {xd:?} has {c} in {g} groups", wd[1]).into());
+        return Err(format!("W {wd:?} takes {} channels per group; X {} has {c} in {g} groups", wd[1], show(x)).into());
     }
     let kernel = match ctx.ints("kernel_shape")? {
         Some(k) => k.iter().map(|&v| v.max(0) as usize).collect(),
@@ -155,10 +173,10 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let k: usize = geo.kernel.iter().product();
     let o: usize = geo.out.iter().product();
     // Columns [N, g, C/g * K, O] times weights [g, M/g, C/g * K] -> [N, g, M/g, O].
-    let cols = geo.stacked(x, 0.0).reshape(vec![n, g, (c / g) * k, o]);
+    let cols = geo.stacked(x, 0.0).reshape(vec![n.clone(), g.into(), ((c / g) * k).into(), o.into()]);
     let weights = w.reshape(vec![g, m / g, (c / g) * k]);
-    let mut shape = vec![n, m];
-    shape.extend(&geo.out);
+    let mut shape = vec![n, m.into()];
+    shape.extend(geo.out.iter().map(|&d| Dim::from(d)));
     let mut y = weights.matmul(&cols).reshape(shape);
     if let Some(b) = ctx.opt(2) {
         let mut bshape = vec![m];
@@ -170,9 +188,9 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 
 pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
-    let xd = dims(x)?;
+    let (_, xd) = batch_and_dims(x)?;
     if xd.len() < 3 {
-        return Err(format!("X {xd:?} must be [N, C, ...]").into());
+        return Err(format!("X {} must be [N, C, ...]", show(x)).into());
     }
     if ctx.node.output.len() > 1 && ctx.node.output[1..].iter().any(|o| !o.is_empty()) {
         return Err("the Indices output of MaxPool is not supported".into());
