@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(bash scripts/install-gpu-deps.sh)"
+# ONNX's backend node tests, the reference of crates/onnx/tests/node.rs (onnx 1.22.0 wheel, pip).
+KILN_ONNX_NODE_DIR="${KILN_ONNX_NODE_DIR:-$(bash scripts/onnx-node-data.sh)}"
+export KILN_ONNX_NODE_DIR
 cargo test --workspace "$@"
 # Data-parallel training over MPI: installs Open MPI, builds kiln-dist with `--features mpi`, runs
 # mpirun with 2 and 4 ranks and the kill/hang tests (KILN_SKIP_MPI=1 skips it).

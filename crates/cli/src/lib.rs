@@ -6,6 +6,8 @@
 //! - `kiln bench <suite>`: [`bench`], run through a [`runner::Runner`], written by [`output`] and
 //!   plotted by [`svg`]. The suites' workloads are [`workloads`], which the criterion benches of
 //!   this package (`crates/cli/benches/`) share.
+//! - `kiln onnx info`, `kiln profile onnx`, `kiln bench onnx`: [`onnx_cmd`], models imported
+//!   with `kiln-onnx`.
 //! - `kiln generate`: [`generate_cmd`], GPT-2 checkpoints decoded with a KV cache and
 //!   [`tokenizer`], GPT-2's byte-level BPE (embedded, offline).
 
@@ -13,6 +15,7 @@ pub mod bench;
 pub mod dump;
 pub mod generate_cmd;
 pub mod model;
+pub mod onnx_cmd;
 pub mod output;
 pub mod pipeline;
 pub mod profile_cmd;

@@ -7,6 +7,9 @@
 //! kiln bench unary | models | tree-matmul | matmul [--device cpu] [--out dir] [--smoke]
 //! kiln bench decode [--out dir] [--smoke]
 //! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--compiles 10000] [--out dir] [--smoke]
+//! kiln onnx info model.onnx
+//! kiln profile onnx model.onnx [--dim batch=8] [--no-fuse] [--trace t.json]
+//! kiln bench onnx model.onnx [--dim batch=8] [--device cpu] [--smoke]
 //! ```
 //!
 //! `-v` (repeatable) or `RUST_LOG=info|debug|trace` shows the libraries' `log` records on stderr
@@ -23,7 +26,7 @@ use kiln_cli::model::GptConfig;
 use kiln_cli::output::SuiteOutput;
 use kiln_cli::runner::Runner;
 use kiln_cli::timing::Budget;
-use kiln_cli::{dump, profile_cmd};
+use kiln_cli::{dump, onnx_cmd, profile_cmd};
 
 #[global_allocator]
 static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;
@@ -49,6 +52,27 @@ enum Command {
     Bench(Suite),
     /// Generate text from a GPT-2 checkpoint (Hugging Face safetensors), streamed as it decodes.
     Generate(GenerateCli),
+    /// Inspect an ONNX model.
+    #[command(subcommand)]
+    Onnx(OnnxCmd),
+}
+
+#[derive(Subcommand)]
+enum OnnxCmd {
+    /// Inputs, outputs, weights, the op histogram and the ops Kiln does not support.
+    Info {
+        /// The .onnx file.
+        model: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct OnnxArgs {
+    /// The .onnx file.
+    model: PathBuf,
+    /// The size of a symbolic input dim (the file's dim_param), e.g. --dim batch=8; repeatable.
+    #[arg(long = "dim", value_name = "NAME=SIZE")]
+    dims: Vec<String>,
 }
 
 #[derive(Args)]
@@ -83,6 +107,17 @@ struct GenerateCli {
 enum ProfileTarget {
     /// The GPT-style decoder of `nn` (the anchor benchmark's model).
     Transformer(ProfileArgs),
+    /// An imported ONNX model (inputs: a fixed pattern; symbolic dims from --dim).
+    Onnx {
+        #[command(flatten)]
+        onnx: OnnxArgs,
+        /// Compile without fusion (one kernel per element-wise or reduce op).
+        #[arg(long)]
+        no_fuse: bool,
+        /// Write the spans as a Chrome trace-event file (opens in Perfetto).
+        #[arg(long, value_name = "FILE.json")]
+        trace: Option<PathBuf>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -237,6 +272,16 @@ enum Suite {
         #[command(flatten)]
         common: Common,
     },
+    /// An ONNX model: load (decode + validate), first call (import + compile + run), steady call.
+    Onnx {
+        #[command(flatten)]
+        onnx: OnnxArgs,
+        #[command(flatten)]
+        device: DeviceArg,
+        /// Few repeats: a CI check that the command runs.
+        #[arg(long)]
+        smoke: bool,
+    },
     /// (512x1024)@(1024x2048) and 1024^3, GFLOP/s.
     Matmul {
         #[command(flatten)]
@@ -323,6 +368,20 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Profile(ProfileTarget::Transformer(args)) => profile_transformer(args),
+        Command::Profile(ProfileTarget::Onnx { onnx, no_fuse, trace }) => {
+            let options = lower::CompileOptions { fuse: !no_fuse, ..lower::CompileOptions::default() };
+            let (_, profiled) = onnx_cmd::profile(&onnx.model, &onnx_cmd::parse_dims(&onnx.dims)?, &options)?;
+            print!("{}", onnx_cmd::render_profile(&onnx.model, &profiled));
+            if let Some(path) = &trace {
+                std::fs::write(path, profiled.report.chrome_trace())?;
+                println!("trace: {} (open in https://ui.perfetto.dev)", path.display());
+            }
+            Ok(())
+        }
+        Command::Onnx(OnnxCmd::Info { model }) => {
+            print!("{}", onnx_cmd::info(&model)?);
+            Ok(())
+        }
         Command::Bench(suite) => run_suite(suite),
         Command::Generate(g) => kiln_cli::generate_cmd::run(&kiln_cli::generate_cmd::GenerateArgs {
             weights: g.weights,
@@ -437,6 +496,15 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
                 bench::tree::Args::default()
             };
             finish(bench::tree::run(&args, &runner)?, &common)
+        }
+        Suite::Onnx { onnx, device, smoke } => {
+            let device = kiln::Device::parse(&device.device)?;
+            let r = onnx_cmd::bench(&onnx.model, &onnx_cmd::parse_dims(&onnx.dims)?, device, budget(smoke))?;
+            println!("kiln bench onnx: {} on {}", onnx.model.display(), device.name());
+            println!("  load (decode + validate)          {:>10.3} ms", r.load_ms);
+            println!("  first call (import+compile+run)   {:>10.3} ms", r.first_call_ms);
+            println!("  steady call (median)              {:>10.3} ms", r.steady_ms);
+            Ok(())
         }
         Suite::Matmul { device, common } => {
             let runner = Runner::for_device(&device.device)?;

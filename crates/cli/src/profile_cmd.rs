@@ -107,10 +107,8 @@ pub fn profile_transformer_with(
 
 /// The text `kiln profile transformer` prints.
 pub fn render(config: &GptConfig, p: &Profiled) -> String {
-    format!(
-        "kiln profile transformer: layers {} dim {} heads {} vocab {} tokens ({}, {}){} on cpu\n\
-         graph: {} nodes traced -> {} kernels ({} loop kernels compiled), {} launches per run\n\n\
-         {}second run: {:.3} ms\n",
+    let title = format!(
+        "kiln profile transformer: layers {} dim {} heads {} vocab {} tokens ({}, {}){} on cpu",
         config.layers,
         config.dim,
         config.heads,
@@ -121,6 +119,17 @@ pub fn render(config: &GptConfig, p: &Profiled) -> String {
             Some(p) => format!(" at start position {p} (key/value cache of {} positions)", config.max_seq),
             None => String::new(),
         },
+    );
+    render_titled(&title, p)
+}
+
+/// `title`, the graph and kernel counts, the per-pass table and the second run's time: what every
+/// `kiln profile` target prints.
+pub fn render_titled(title: &str, p: &Profiled) -> String {
+    format!(
+        "{title}\n\
+         graph: {} nodes traced -> {} kernels ({} loop kernels compiled), {} launches per run\n\n\
+         {}second run: {:.3} ms\n",
         p.traced.graph.len(),
         p.compiled.kernels,
         p.compiled.loop_kernels,

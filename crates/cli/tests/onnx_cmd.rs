@@ -1,0 +1,110 @@
+//! `kiln onnx info`, `kiln profile onnx` and `kiln bench onnx` on a small model written here:
+//! `y = softmax(x @ w + b)` with a symbolic batch and one op the importer lacks in a second file.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use kiln_cli::onnx_cmd;
+use kiln_cli::timing::Budget;
+use kiln_onnx::proto::tensor_proto::DataType;
+use kiln_onnx::proto::tensor_shape_proto::{Dimension, dimension};
+use kiln_onnx::proto::{
+    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    type_proto,
+};
+use prost::Message;
+
+fn value(name: &str, dims: Vec<dimension::Value>) -> ValueInfoProto {
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(DataType::Float as i32),
+                shape: Some(TensorShapeProto {
+                    dim: dims.into_iter().map(|v| Dimension { value: Some(v), ..Default::default() }).collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(op: &str, inputs: &[&str], output: &str) -> NodeProto {
+    NodeProto {
+        name: Some(format!("{op}_0")),
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: vec![output.into()],
+        ..Default::default()
+    }
+}
+
+/// Writes the model (with `extra` as the last op when given) and returns its path.
+fn write_model(file: &str, extra: Option<&str>) -> PathBuf {
+    let w: Vec<u8> = (0..12).flat_map(|i| (i as f32 * 0.1 - 0.5).to_le_bytes()).collect();
+    let mut nodes =
+        vec![node("MatMul", &["x", "w"], "xw"), node("Add", &["xw", "b"], "z"), node("Softmax", &["z"], "y")];
+    if let Some(op) = extra {
+        nodes.push(node(op, &["y"], "y2"));
+    }
+    let out = if extra.is_some() { "y2" } else { "y" };
+    let batch = dimension::Value::DimParam("batch".into());
+    let m = ModelProto {
+        ir_version: Some(9),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(18) }],
+        graph: Some(GraphProto {
+            node: nodes,
+            input: vec![value("x", vec![batch.clone(), dimension::Value::DimValue(4)])],
+            output: vec![value(out, vec![batch, dimension::Value::DimValue(3)])],
+            initializer: vec![
+                TensorProto {
+                    name: Some("w".into()),
+                    dims: vec![4, 3],
+                    data_type: Some(DataType::Float as i32),
+                    raw_data: Some(w),
+                    ..Default::default()
+                },
+                TensorProto {
+                    name: Some("b".into()),
+                    dims: vec![3],
+                    data_type: Some(DataType::Float as i32),
+                    float_data: vec![0.1, 0.2, 0.3],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let path = std::env::temp_dir().join(format!("kiln-cli-{}-{file}", std::process::id()));
+    std::fs::write(&path, m.encode_to_vec()).unwrap();
+    path
+}
+
+#[test]
+fn info_lists_io_ops_and_unsupported_ones() {
+    let path = write_model("info.onnx", Some("Det"));
+    let text = onnx_cmd::info(&path).unwrap();
+    assert!(text.contains("x: FLOAT [batch, 4]"), "{text}");
+    assert!(text.contains("weights: 2 tensors, 60 bytes"), "{text}");
+    assert!(text.contains("MatMul") && text.contains("Softmax"), "{text}");
+    assert!(text.contains("unsupported ops (1):") && text.contains("Det (node \"Det_0\", opset 18)"), "{text}");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn profile_and_bench_run_the_imported_model() {
+    let path = write_model("run.onnx", None);
+    let dims: HashMap<String, usize> = onnx_cmd::parse_dims(&["batch=5".to_string()]).unwrap();
+    let (_, p) = onnx_cmd::profile(&path, &dims, &lower::CompileOptions::default()).unwrap();
+    let text = onnx_cmd::render_profile(&path, &p);
+    assert!(text.contains("kiln profile onnx") && text.contains("codegen"), "{text}");
+    let r = onnx_cmd::bench(&path, &dims, kiln::Device::Cpu, Budget::SMOKE).unwrap();
+    assert!(r.first_call_ms > 0.0 && r.steady_ms > 0.0);
+    // A symbolic dim without --dim is an error that says what to pass.
+    let err = onnx_cmd::bench(&path, &HashMap::new(), kiln::Device::Cpu, Budget::SMOKE).err().unwrap().to_string();
+    assert!(err.contains("--dim batch=N"), "{err}");
+    assert!(onnx_cmd::parse_dims(&["batch".to_string()]).is_err());
+    std::fs::remove_file(path).unwrap();
+}

@@ -1,0 +1,349 @@
+//! `Model`: a decoded, validated ONNX model (initializers decoded, nodes in a topological order,
+//! every name resolved), and `run`, which builds Kiln's lazy graph for given inputs.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use kiln::{DType, Device, Dim, HostTensor, Tensor};
+use prost::Message;
+
+use crate::data::{elem_type_name, from_tensor_proto, to_dtype};
+use crate::error::{Error, Result, UnsupportedOp};
+use crate::ops;
+use crate::proto::{GraphProto, ModelProto, NodeProto, ValueInfoProto, tensor_shape_proto::dimension, type_proto};
+
+/// A graph input or output: its name, element type and dims (`dim_param` names become symbolic
+/// [`Dim`]s; a dim the file leaves unnamed and unsized is the symbol `"{name}:{axis}"`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueInfo {
+    /// The value's name in the graph.
+    pub name: String,
+    /// ONNX's element type number (`1` is FLOAT); `0` when the file gives none.
+    pub elem_type: i32,
+    /// The Kiln dtype, `None` for element types Kiln lacks.
+    pub dtype: Option<DType>,
+    /// The dims, `None` when the file gives no shape.
+    pub dims: Option<Vec<Dim>>,
+}
+
+impl ValueInfo {
+    fn from_proto(v: &ValueInfoProto) -> ValueInfo {
+        let name = v.name.clone().unwrap_or_default();
+        let (mut elem_type, mut dims) = (0, None);
+        if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            elem_type = t.elem_type.unwrap_or(0);
+            dims = t.shape.as_ref().map(|s| {
+                s.dim
+                    .iter()
+                    .enumerate()
+                    .map(|(axis, d)| match &d.value {
+                        Some(dimension::Value::DimValue(v)) => Dim::from(*v),
+                        Some(dimension::Value::DimParam(p)) if !p.is_empty() => Dim::sym(p),
+                        _ => Dim::sym(&format!("{name}:{axis}")),
+                    })
+                    .collect()
+            });
+        }
+        ValueInfo { dtype: to_dtype(elem_type), name, elem_type, dims }
+    }
+
+    /// `"x: FLOAT [batch, 3, 224, 224]"`.
+    pub fn describe(&self) -> String {
+        let dims = match &self.dims {
+            Some(d) => format!("[{}]", d.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+            None => "(no shape)".into(),
+        };
+        format!("{}: {} {dims}", self.name, elem_type_name(self.elem_type))
+    }
+}
+
+/// A decoded and validated ONNX model, ready to [`Model::run`].
+#[derive(Debug)]
+pub struct Model {
+    graph: GraphProto,
+    opsets: HashMap<String, i64>,
+    dir: Option<PathBuf>,
+    initializers: Vec<(String, HostTensor)>,
+    inputs: Vec<ValueInfo>,
+    outputs: Vec<ValueInfo>,
+    order: Vec<usize>,
+}
+
+/// The domain a node's op belongs to, with ONNX's two spellings of the default one merged.
+fn domain(node: &NodeProto) -> &str {
+    match node.domain.as_deref() {
+        None | Some("") | Some("ai.onnx") => "",
+        Some(d) => d,
+    }
+}
+
+impl Model {
+    /// Reads and validates the model at `path`; external data is read relative to its folder.
+    pub fn load(path: impl AsRef<Path>) -> Result<Model> {
+        let path = path.as_ref();
+        let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+        let dir = path.parent().map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() });
+        Model::decode(&bytes, dir)
+    }
+
+    /// Decodes and validates a model from its bytes (external data is an error: it needs a folder).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Model> {
+        Model::decode(bytes, None)
+    }
+
+    fn decode(bytes: &[u8], dir: Option<PathBuf>) -> Result<Model> {
+        let proto = ModelProto::decode(bytes).map_err(|e| Error::Decode(e.to_string()))?;
+        let graph = proto.graph.ok_or_else(|| Error::Invalid("the model has no graph".into()))?;
+        let mut opsets = HashMap::new();
+        for o in &proto.opset_import {
+            let d = match o.domain.as_deref() {
+                None | Some("ai.onnx") => "",
+                Some(d) => d,
+            };
+            opsets.insert(d.to_string(), o.version.unwrap_or(1));
+        }
+        let mut initializers = Vec::with_capacity(graph.initializer.len());
+        for t in &graph.initializer {
+            let name = t.name.clone().unwrap_or_default();
+            if name.is_empty() {
+                return Err(Error::Invalid("an initializer has no name".into()));
+            }
+            initializers.push((name, from_tensor_proto(t, dir.as_deref())?));
+        }
+        if !graph.sparse_initializer.is_empty() {
+            return Err(Error::Invalid("sparse initializers are not supported".into()));
+        }
+        let init_names: HashSet<&str> = initializers.iter().map(|(n, _)| n.as_str()).collect();
+        let inputs: Vec<ValueInfo> =
+            graph.input.iter().map(ValueInfo::from_proto).filter(|v| !init_names.contains(v.name.as_str())).collect();
+        let outputs: Vec<ValueInfo> = graph.output.iter().map(ValueInfo::from_proto).collect();
+        let order = topo_order(&graph, inputs.iter().map(|v| v.name.as_str()).chain(init_names.iter().copied()))?;
+        for o in &outputs {
+            let produced = graph.node.iter().any(|n| n.output.contains(&o.name));
+            if !produced && !init_names.contains(o.name.as_str()) && !inputs.iter().any(|i| i.name == o.name) {
+                return Err(Error::Invalid(format!("graph output {:?} is produced by nothing", o.name)));
+            }
+        }
+        drop(init_names);
+        Ok(Model { graph, opsets, dir, initializers, inputs, outputs, order })
+    }
+
+    /// The graph's inputs that the caller supplies (initializers listed as inputs excluded).
+    pub fn inputs(&self) -> &[ValueInfo] {
+        &self.inputs
+    }
+
+    /// The graph's outputs, in order.
+    pub fn outputs(&self) -> &[ValueInfo] {
+        &self.outputs
+    }
+
+    /// The opset version imported for `domain` (`""` is the default ONNX domain).
+    pub fn opset(&self, domain: &str) -> Option<i64> {
+        self.opsets.get(domain).copied()
+    }
+
+    /// The nodes, in the order the import runs them.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeProto> {
+        self.order.iter().map(|&i| &self.graph.node[i])
+    }
+
+    /// The initializers (weights): name and data.
+    pub fn initializers(&self) -> &[(String, HostTensor)] {
+        &self.initializers
+    }
+
+    fn node_opset(&self, node: &NodeProto) -> i64 {
+        self.opsets.get(domain(node)).copied().unwrap_or(1)
+    }
+
+    /// Every node whose op the importer does not know, in node order.
+    pub fn unsupported(&self) -> Vec<UnsupportedOp> {
+        self.nodes()
+            .filter(|n| !ops::is_supported(domain(n), n.op_type.as_deref().unwrap_or(""), self.node_opset(n)))
+            .map(|n| UnsupportedOp {
+                node: n.name.clone().unwrap_or_default(),
+                op_type: match domain(n) {
+                    "" => n.op_type.clone().unwrap_or_default(),
+                    d => format!("{d}.{}", n.op_type.as_deref().unwrap_or("")),
+                },
+                opset: self.node_opset(n),
+            })
+            .collect()
+    }
+
+    /// Builds the lazy graph of the model for `inputs` (one per [`Model::inputs`], in order) and
+    /// returns its outputs, unrealized. Initializers become tensors on the first input's device
+    /// (the default device without inputs). Inputs keep their own dims: pass tensors with
+    /// symbolic dims (see [`Model::input_tensor`]) for one program to serve every size.
+    pub fn run(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let unsupported = self.unsupported();
+        if !unsupported.is_empty() {
+            return Err(Error::Unsupported(unsupported));
+        }
+        if inputs.len() != self.inputs.len() {
+            return Err(Error::Inputs(format!("the model takes {} inputs, {} given", self.inputs.len(), inputs.len())));
+        }
+        let device = match inputs.first() {
+            Some(t) => t.device(),
+            None => Device::default_device()?,
+        };
+        let mut env: HashMap<&str, Tensor> = HashMap::new();
+        for (info, t) in self.inputs.iter().zip(inputs) {
+            check_input(info, t)?;
+            env.insert(&info.name, t.clone());
+        }
+        for (name, host) in &self.initializers {
+            env.insert(name, Tensor::from_host_on(host.clone(), device));
+        }
+        for node in self.nodes() {
+            let fail = |message: String| Error::Node {
+                node: node.name.clone().unwrap_or_default(),
+                op_type: node.op_type.clone().unwrap_or_default(),
+                opset: self.node_opset(node),
+                message,
+            };
+            let args = node
+                .input
+                .iter()
+                .map(|name| if name.is_empty() { None } else { env.get(name.as_str()).cloned() })
+                .collect();
+            let ctx = ops::Ctx { node, opset: self.node_opset(node), inputs: args, device, dir: self.dir.as_deref() };
+            let outs = ops::import(&ctx).map_err(|e| match e {
+                ops::OpError::Message(m) => fail(m),
+                ops::OpError::Other(e) => e,
+            })?;
+            for (i, name) in node.output.iter().enumerate() {
+                if name.is_empty() {
+                    continue;
+                }
+                let Some(t) = outs.get(i) else {
+                    return Err(fail(format!(
+                        "the importer gives {} outputs, the node names {}",
+                        outs.len(),
+                        node.output.len()
+                    )));
+                };
+                if let Some(e) = t.error() {
+                    return Err(fail(e.to_string()));
+                }
+                env.insert(name, t.clone());
+            }
+        }
+        self.outputs
+            .iter()
+            .map(|o| {
+                env.get(o.name.as_str())
+                    .cloned()
+                    .ok_or_else(|| Error::Invalid(format!("output {:?} was not computed", o.name)))
+            })
+            .collect()
+    }
+
+    /// A tensor holding `host` for input `index`, typed with the input's declared dims where they
+    /// are symbolic (`batch`, `seq`): programs built from it serve every value of those symbols.
+    pub fn input_tensor(&self, index: usize, host: HostTensor, device: Device) -> Result<Tensor> {
+        let info = self.inputs.get(index).ok_or_else(|| Error::Inputs(format!("no input {index}")))?;
+        let t = Tensor::from_host_on(host.clone(), device);
+        let Some(dims) = &info.dims else { return Ok(t) };
+        if dims.len() != host.shape.len() || dims.iter().all(|d| d.as_const().is_some()) {
+            return Ok(t);
+        }
+        // Keep only dims that are plain symbols; anything else takes the given size.
+        let dims: Vec<Dim> = dims
+            .iter()
+            .zip(&host.shape)
+            .map(
+                |(d, &n)| if d.as_const().is_none() && !d.to_string().contains(':') { d.clone() } else { Dim::from(n) },
+            )
+            .collect();
+        let t = t.with_dims(dims);
+        match t.error() {
+            Some(e) => Err(Error::Inputs(format!("input {:?}: {e}", info.name))),
+            None => Ok(t),
+        }
+    }
+}
+
+fn check_input(info: &ValueInfo, t: &Tensor) -> Result<()> {
+    if let Some(dtype) = info.dtype
+        && t.dtype() != dtype
+    {
+        return Err(Error::Inputs(format!(
+            "input {:?} is {} where the model declares {}",
+            info.name,
+            t.dtype().name(),
+            dtype.name()
+        )));
+    }
+    if let Some(dims) = &info.dims {
+        let ok = dims.len() == t.ndim()
+            && dims.iter().zip(t.shape().iter()).all(|(d, g)| match (d.as_const(), g.as_const()) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            });
+        if !ok {
+            let show = |s: &[Dim]| s.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
+            return Err(Error::Inputs(format!(
+                "input {:?} has shape [{}] where the model declares [{}]",
+                info.name,
+                show(t.shape()),
+                show(dims)
+            )));
+        }
+    }
+    if let Some(e) = t.error() {
+        return Err(Error::Inputs(format!("input {:?}: {e}", info.name)));
+    }
+    Ok(())
+}
+
+/// The nodes of `graph` in a topological order (Kahn's algorithm, stable in file order), or the
+/// error naming a dangling input, a value produced twice, or the nodes on a cycle.
+fn topo_order<'a>(graph: &'a GraphProto, sources: impl Iterator<Item = &'a str>) -> Result<Vec<usize>> {
+    let sources: HashSet<&str> = sources.collect();
+    let mut producer: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in graph.node.iter().enumerate() {
+        for o in n.output.iter().filter(|o| !o.is_empty()) {
+            if sources.contains(o.as_str()) || producer.insert(o, i).is_some() {
+                return Err(Error::Invalid(format!("value {o:?} is produced more than once")));
+            }
+        }
+    }
+    let mut pending = vec![0usize; graph.node.len()];
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); graph.node.len()];
+    for (i, n) in graph.node.iter().enumerate() {
+        for name in n.input.iter().filter(|x| !x.is_empty()) {
+            if let Some(&p) = producer.get(name.as_str()) {
+                pending[i] += 1;
+                users[p].push(i);
+            } else if !sources.contains(name.as_str()) {
+                return Err(Error::Invalid(format!(
+                    "node {:?} ({}) reads {name:?}, which no input, initializer or node provides",
+                    n.name.as_deref().unwrap_or(""),
+                    n.op_type.as_deref().unwrap_or("")
+                )));
+            }
+        }
+    }
+    let mut ready: std::collections::BTreeSet<usize> = (0..graph.node.len()).filter(|&i| pending[i] == 0).collect();
+    let mut order = Vec::with_capacity(graph.node.len());
+    while let Some(i) = ready.pop_first() {
+        order.push(i);
+        for &u in &users[i] {
+            pending[u] -= 1;
+            if pending[u] == 0 {
+                ready.insert(u);
+            }
+        }
+    }
+    if order.len() != graph.node.len() {
+        let stuck: Vec<String> = (0..graph.node.len())
+            .filter(|&i| pending[i] > 0)
+            .take(5)
+            .map(|i| format!("{:?}", graph.node[i].name.as_deref().unwrap_or("")))
+            .collect();
+        return Err(Error::Invalid(format!("the graph has a cycle through node(s) {}", stuck.join(", "))));
+    }
+    Ok(order)
+}

@@ -1,0 +1,94 @@
+//! Reductions (ReduceSum/Mean/Max/Min/L1/L2/SumSquare/LogSum/LogSumExp), ArgMax/ArgMin and
+//! Softmax/LogSoftmax/Hardmax, with each opset's axis rules.
+
+use kiln::Tensor;
+
+use super::shape::take;
+use super::{Ctx, OpResult, axis};
+
+pub(super) fn reduce(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    // Axes moved from an attribute to input 1: ReduceSum at opset 13, the others at 18.
+    let since = if ctx.op() == "ReduceSum" { 13 } else { 18 };
+    let axes = if ctx.opset < since { ctx.ints("axes")? } else { ctx.opt_values(1)? };
+    let keep = ctx.int("keepdims", 1)? != 0;
+    let axes: Vec<usize> = match axes {
+        Some(a) if !a.is_empty() => a.iter().map(|&a| axis(a, x.ndim())).collect::<OpResult<_>>()?,
+        _ if ctx.opset >= since && ctx.int("noop_with_empty_axes", 0)? != 0 => {
+            let y = match ctx.op() {
+                "ReduceL1" => x.abs(),
+                "ReduceSumSquare" => x.square(),
+                "ReduceL2" => x.square().sqrt(),
+                "ReduceLogSum" => x.log(),
+                _ => x.clone(),
+            };
+            return Ok(vec![y]);
+        }
+        _ => (0..x.ndim()).collect(),
+    };
+    let y = match ctx.op() {
+        "ReduceSum" => x.sum(axes, keep),
+        "ReduceMean" => x.mean(axes, keep),
+        "ReduceMax" => x.amax(axes, keep),
+        "ReduceMin" => x.amin(axes, keep),
+        "ReduceL1" => x.abs().sum(axes, keep),
+        "ReduceL2" => x.square().sum(axes, keep).sqrt(),
+        "ReduceSumSquare" => x.square().sum(axes, keep),
+        "ReduceLogSum" => x.sum(axes, keep).log(),
+        "ReduceLogSumExp" => x.logsumexp(axes, keep),
+        other => return Err(format!("{other} is not a reduction").into()),
+    };
+    Ok(vec![y])
+}
+
+pub(super) fn arg(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let a = axis(ctx.int("axis", 0)?, x.ndim())?;
+    let keep = ctx.int("keepdims", 1)? != 0;
+    let max = ctx.op() == "ArgMax";
+    let pick = |t: &Tensor| if max { t.argmax(a, keep) } else { t.argmin(a, keep) };
+    if ctx.int("select_last_index", 0)? == 0 {
+        return Ok(vec![pick(x)]);
+    }
+    // The last extremum is the first one of the reversed axis.
+    let n = x.shape()[a].as_const().ok_or("select_last_index needs a concrete axis")?;
+    let reversed = take(ctx, x, a, (0..n).rev().collect());
+    Ok(vec![pick(&reversed).neg().add(n - 1)])
+}
+
+pub(super) fn softmax(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let r = x.ndim();
+    let apply = |t: &Tensor, a: usize| -> Tensor {
+        match ctx.op() {
+            "Softmax" => t.softmax(a),
+            "LogSoftmax" => t.log_softmax(a),
+            _ => {
+                let n = t.shape()[a].as_const().unwrap_or(0);
+                let mut shape = vec![1usize; t.ndim()];
+                shape[a] = n.max(0) as usize;
+                let iota = ctx.i64s((0..n).collect(), &shape);
+                t.argmax(a, true).eq(&iota).cast(t.dtype())
+            }
+        }
+    };
+    if r == 0 {
+        return Err("needs rank >= 1".into());
+    }
+    if ctx.opset >= 13 {
+        let a = axis(ctx.int("axis", -1)?, r)?;
+        if ctx.op() == "Hardmax" && x.shape()[a].as_const().is_none() {
+            return Err("Hardmax needs a concrete axis".into());
+        }
+        return Ok(vec![apply(x, a)]);
+    }
+    // Before opset 13: the input is seen as 2-D [prod(dims[..axis]), prod(dims[axis..])].
+    let a = ctx.int("axis", 1)?;
+    let a = if a < 0 { a + r as i64 } else { a };
+    if a < 0 || a > r as i64 {
+        return Err(format!("axis {a} is out of range for rank {r}").into());
+    }
+    let flat = if a == 0 { x.flatten(0, -1).unsqueeze(0) } else { x.flatten(a, -1).flatten(0, a - 1) };
+    let flat = if a as usize == r { x.flatten(0, -1).unsqueeze(1) } else { flat };
+    Ok(vec![apply(&flat, 1).reshape(x.shape())])
+}

@@ -1,0 +1,443 @@
+//! Shape and data-movement ops: Reshape, Transpose, Concat, Flatten, (Un)Squeeze, Expand,
+//! Slice, Gather(Elements), Shape, Size, Constant(OfShape), Range, Split, Tile, Pad, Trilu,
+//! EyeLike. Shapes, axes and pads given as tensors are read as constants at import.
+
+use kiln::{DType, Dim, HostData, HostTensor, Scalar, Tensor};
+
+use super::{Ctx, OpResult, axis, dims};
+
+/// `t`'s number of dims.
+fn rank(t: &Tensor) -> usize {
+    t.ndim()
+}
+
+pub(super) fn reshape(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let shape = if ctx.opset < 5 {
+        ctx.ints("shape")?.ok_or("attribute shape is required")?
+    } else {
+        ctx.values(ctx.input(1)?)?
+    };
+    let allowzero = ctx.int("allowzero", 0)? != 0;
+    let mut out = Vec::with_capacity(shape.len());
+    for (i, &d) in shape.iter().enumerate() {
+        out.push(match d {
+            0 if !allowzero => x
+                .shape()
+                .get(i)
+                .cloned()
+                .ok_or_else(|| format!("shape {shape:?} copies dim {i} of a rank-{} input", x.ndim()))?,
+            -1 => Dim::Const(-1),
+            d if d < 0 => return Err(format!("shape {shape:?} has the negative dim {d}").into()),
+            d => Dim::Const(d),
+        });
+    }
+    Ok(vec![x.reshape(out)])
+}
+
+pub(super) fn transpose(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let perm = match ctx.ints("perm")? {
+        Some(p) => p,
+        None => (0..x.ndim() as i64).rev().collect(),
+    };
+    Ok(vec![x.permute(perm)])
+}
+
+pub(super) fn concat(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let xs = ctx.all();
+    let first = xs.first().ok_or("needs at least one input")?;
+    let a = axis(ctx.int("axis", if ctx.opset < 4 { 1 } else { i64::MIN })?, rank(first))
+        .map_err(|_| "attribute axis is missing or out of range")?;
+    Ok(vec![kiln::cat(&xs, a)])
+}
+
+pub(super) fn flatten(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let r = x.ndim();
+    let a = ctx.int("axis", 1)?;
+    let a = if a < 0 { a + r as i64 } else { a };
+    if a < 0 || a > r as i64 {
+        return Err(format!("axis {a} is out of range for rank {r}").into());
+    }
+    let a = a as usize;
+    let y = if r == 0 {
+        x.reshape(&[1, 1])
+    } else if a == 0 {
+        x.flatten(0, -1).unsqueeze(0)
+    } else if a == r {
+        x.flatten(0, -1).unsqueeze(1)
+    } else {
+        x.flatten(a as i64, -1).flatten(0, a as i64 - 1)
+    };
+    Ok(vec![y])
+}
+
+/// The axes of an op that took them as an attribute before `since` and as input 1 from then.
+fn axes_arg(ctx: &Ctx, since: i64) -> OpResult<Option<Vec<i64>>> {
+    if ctx.opset < since { ctx.ints("axes") } else { ctx.opt_values(1) }
+}
+
+pub(super) fn squeeze(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let Some(axes) = axes_arg(ctx, 13)? else {
+        return Ok(vec![x.squeeze_all()]);
+    };
+    let mut axes = axes.iter().map(|&a| axis(a, x.ndim())).collect::<OpResult<Vec<_>>>()?;
+    axes.sort_unstable();
+    axes.dedup();
+    let mut y = x.clone();
+    for &a in axes.iter().rev() {
+        if x.shape()[a].as_const() != Some(1) {
+            return Err(format!("cannot squeeze axis {a} of size {}", x.shape()[a]).into());
+        }
+        y = y.squeeze(a);
+    }
+    Ok(vec![y])
+}
+
+pub(super) fn unsqueeze(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let axes = axes_arg(ctx, 13)?.ok_or("axes are required")?;
+    let out_rank = x.ndim() + axes.len();
+    let mut axes = axes.iter().map(|&a| axis(a, out_rank)).collect::<OpResult<Vec<_>>>()?;
+    axes.sort_unstable();
+    if axes.windows(2).any(|w| w[0] == w[1]) {
+        return Err("axes repeat".into());
+    }
+    let mut y = x.clone();
+    for &a in &axes {
+        y = y.unsqueeze(a);
+    }
+    Ok(vec![y])
+}
+
+pub(super) fn expand(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let shape = ctx.values(ctx.input(1)?)?;
+    let rank = shape.len().max(x.ndim());
+    let mut out = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let have = (i + x.ndim()).checked_sub(rank).map(|j| x.shape()[j].clone());
+        let want = (i + shape.len()).checked_sub(rank).map(|j| shape[j]);
+        out.push(match (have, want) {
+            (Some(h), Some(1)) | (Some(h), None) => h,
+            (_, Some(w)) => Dim::Const(w),
+            (None, None) => unreachable!("rank is the larger of both"),
+        });
+    }
+    Ok(vec![x.expand(out)])
+}
+
+/// The positions `start, start + step, ...` ONNX's Slice takes along an axis of `len` elements.
+fn slice_positions(len: i64, start: i64, end: i64, step: i64) -> Vec<i64> {
+    let norm = |v: i64| if v < 0 { v + len } else { v };
+    let (s, e) = (norm(start), norm(end));
+    let mut out = Vec::new();
+    if step > 0 {
+        let (mut i, e) = (s.clamp(0, len), e.clamp(0, len));
+        while i < e {
+            out.push(i);
+            i += step;
+        }
+    } else {
+        let (mut i, e) = (s.clamp(0, len - 1), e.clamp(-1, len - 1));
+        while i > e {
+            out.push(i);
+            i += step;
+        }
+    }
+    out
+}
+
+/// `x`'s elements at `positions` along `axis` (a narrow when they are consecutive).
+pub(super) fn take(ctx: &Ctx, x: &Tensor, axis: usize, positions: Vec<i64>) -> Tensor {
+    let consecutive = positions.windows(2).all(|w| w[1] == w[0] + 1);
+    match positions.first() {
+        None => x.narrow(axis as i64, 0, 0),
+        Some(&p0) if consecutive => x.narrow(axis as i64, p0, positions.len() as i64),
+        Some(_) => {
+            let n = positions.len();
+            x.index_select(axis, &ctx.i64s(positions, &[n]))
+        }
+    }
+}
+
+pub(super) fn slice(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let (starts, ends, axes, steps) = if ctx.opset < 10 {
+        (
+            ctx.ints("starts")?.ok_or("starts are required")?,
+            ctx.ints("ends")?.ok_or("ends are required")?,
+            ctx.ints("axes")?,
+            None,
+        )
+    } else {
+        (ctx.values(ctx.input(1)?)?, ctx.values(ctx.input(2)?)?, ctx.opt_values(3)?, ctx.opt_values(4)?)
+    };
+    let n = starts.len();
+    let axes = axes.unwrap_or_else(|| (0..n as i64).collect());
+    let steps = steps.unwrap_or_else(|| vec![1; n]);
+    if ends.len() != n || axes.len() != n || steps.len() != n {
+        return Err(format!(
+            "starts, ends, axes and steps differ in length ({n}, {}, {}, {})",
+            ends.len(),
+            axes.len(),
+            steps.len()
+        )
+        .into());
+    }
+    let shape = dims(x)?;
+    let mut y = x.clone();
+    for i in 0..n {
+        let a = axis(axes[i], x.ndim())?;
+        if steps[i] == 0 {
+            return Err("a step is 0".into());
+        }
+        let positions = slice_positions(shape[a] as i64, starts[i], ends[i], steps[i]);
+        y = take(ctx, &y, a, positions);
+    }
+    Ok(vec![y])
+}
+
+/// `idx` with negative entries counted from the end of an axis of `len` elements.
+fn wrap_negative(idx: &Tensor, len: &Dim) -> Tensor {
+    match len.as_const() {
+        Some(n) => idx.lt(0).where_cond(idx.add(n), idx),
+        None => idx.clone(),
+    }
+}
+
+pub(super) fn gather(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (x, idx) = (ctx.input(0)?, ctx.input(1)?);
+    let a = axis(ctx.int("axis", 0)?, x.ndim())?;
+    let idx = wrap_negative(idx, &x.shape()[a]);
+    let mut out: Vec<Dim> = x.shape()[..a].to_vec();
+    out.extend(idx.shape().iter().cloned());
+    out.extend(x.shape()[a + 1..].iter().cloned());
+    Ok(vec![x.index_select(a, &idx.reshape(&[-1])).reshape(out)])
+}
+
+pub(super) fn gather_elements(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (x, idx) = (ctx.input(0)?, ctx.input(1)?);
+    let a = axis(ctx.int("axis", 0)?, x.ndim())?;
+    Ok(vec![x.gather(a, &wrap_negative(idx, &x.shape()[a]))])
+}
+
+pub(super) fn shape(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let d: Vec<i64> = dims(x)?.into_iter().map(|d| d as i64).collect();
+    let r = d.len() as i64;
+    let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let start = clamp(ctx.int("start", 0)?);
+    let end = clamp(ctx.int("end", r)?);
+    let part = d[start..end.max(start)].to_vec();
+    let n = part.len();
+    Ok(vec![ctx.i64s(part, &[n])])
+}
+
+pub(super) fn size(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let n: usize = dims(ctx.input(0)?)?.iter().product();
+    Ok(vec![ctx.i64s(vec![n as i64], &[])])
+}
+
+pub(super) fn constant(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let host = if let Some(t) = ctx.tensor_attr("value")? {
+        t
+    } else if let Some(a) = ctx.attr("value_float") {
+        HostTensor::new(HostData::F32(vec![a.f.unwrap_or(0.0)]), vec![])?
+    } else if let Some(v) = ctx.floats("value_floats")? {
+        let n = v.len();
+        HostTensor::new(HostData::F32(v), vec![n])?
+    } else if let Some(a) = ctx.attr("value_int") {
+        HostTensor::new(HostData::I64(vec![a.i.unwrap_or(0)]), vec![])?
+    } else if let Some(v) = ctx.ints("value_ints")? {
+        let n = v.len();
+        HostTensor::new(HostData::I64(v), vec![n])?
+    } else {
+        return Err("no supported value attribute (value, value_float(s), value_int(s))".into());
+    };
+    Ok(vec![ctx.constant(host)])
+}
+
+/// The non-negative sizes of a shape given as a tensor.
+fn sizes(shape: &[i64]) -> OpResult<Vec<usize>> {
+    shape
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("negative dim {d} in shape {shape:?}").into()))
+        .collect()
+}
+
+pub(super) fn constant_of_shape(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let shape = sizes(&ctx.values(ctx.input(0)?)?)?;
+    let (value, dtype) = match ctx.tensor_attr("value")? {
+        Some(t) if t.numel() == 1 => (t.data.get(0), t.dtype()),
+        Some(t) => return Err(format!("value has {} elements, not 1", t.numel()).into()),
+        None => (Scalar::Float(0.0), DType::F32),
+    };
+    Ok(vec![Tensor::full_on(shape, value, dtype, ctx.device)])
+}
+
+pub(super) fn range(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let dtype = ctx.input(0)?.dtype();
+    let start = ctx.scalar_f64(ctx.input(0)?)?;
+    let limit = ctx.scalar_f64(ctx.input(1)?)?;
+    let delta = ctx.scalar_f64(ctx.input(2)?)?;
+    if delta == 0.0 || !delta.is_finite() {
+        return Err(format!("delta {delta} is not a finite, non-zero step").into());
+    }
+    let n = ((limit - start) / delta).ceil().max(0.0) as usize;
+    let iota = ctx.i64s((0..n as i64).collect(), &[n]).cast(dtype);
+    Ok(vec![iota.mul(Scalar::Float(delta).cast(dtype)).add(Scalar::Float(start).cast(dtype))])
+}
+
+pub(super) fn split(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let a = axis(ctx.int("axis", 0)?, x.ndim())?;
+    let len = x.shape()[a].as_const().ok_or("the split axis must be concrete")?;
+    let parts = ctx.node.output.len();
+    let sizes: Vec<i64> = match if ctx.opset < 13 { ctx.ints("split")? } else { ctx.opt_values(1)? } {
+        Some(s) => s,
+        None => {
+            let n = ctx.int("num_outputs", parts as i64)?.max(1);
+            let chunk = (len + n - 1) / n;
+            (0..n).map(|i| (len - i * chunk).clamp(0, chunk)).collect()
+        }
+    };
+    if sizes.iter().any(|&s| s < 0) || sizes.iter().sum::<i64>() != len {
+        return Err(format!("split sizes {sizes:?} do not add up to the axis' {len}").into());
+    }
+    let mut start = 0;
+    let mut out = Vec::with_capacity(sizes.len());
+    for s in sizes {
+        out.push(x.narrow(a as i64, start, s));
+        start += s;
+    }
+    Ok(out)
+}
+
+pub(super) fn tile(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let reps = ctx.values(ctx.input(1)?)?;
+    let d = dims(x)?;
+    if reps.len() != d.len() || reps.iter().any(|&r| r < 0) {
+        return Err(format!("repeats {reps:?} do not fit rank {}", d.len()).into());
+    }
+    let mut split = Vec::new();
+    let mut big = Vec::new();
+    let mut out = Vec::new();
+    for (&n, &r) in d.iter().zip(&reps) {
+        split.extend([1, n as i64]);
+        big.extend([r, n as i64]);
+        out.push(r * n as i64);
+    }
+    Ok(vec![x.reshape(split).expand(big).reshape(out)])
+}
+
+/// The positions of an axis of `len` elements padded by `(before, after)` in `mode` ("edge"
+/// repeats the border, "reflect" mirrors without repeating it, "wrap" is periodic).
+fn pad_positions(mode: &str, len: i64, before: i64, after: i64) -> OpResult<Vec<i64>> {
+    (-before..len + after)
+        .map(|i| match mode {
+            "edge" => Ok(i.clamp(0, len - 1)),
+            "wrap" => Ok(i.rem_euclid(len)),
+            "reflect" if len > 1 => {
+                let period = 2 * (len - 1);
+                let m = i.rem_euclid(period);
+                Ok(if m < len { m } else { period - m })
+            }
+            "reflect" => Ok(0),
+            other => Err(format!("mode {other:?} is not supported").into()),
+        })
+        .collect()
+}
+
+pub(super) fn pad(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let r = x.ndim();
+    let mode = ctx.string("mode")?.unwrap_or_else(|| "constant".into());
+    let (pads, value) = if ctx.opset < 11 {
+        let pads = ctx.ints(if ctx.opset < 2 { "paddings" } else { "pads" })?.ok_or("pads are required")?;
+        (pads, f64::from(ctx.float("value", 0.0)?))
+    } else {
+        let value = match ctx.opt(2) {
+            Some(v) => ctx.scalar_f64(v)?,
+            None => 0.0,
+        };
+        (ctx.values(ctx.input(1)?)?, value)
+    };
+    let axes: Vec<usize> = match ctx.opt_values(3)? {
+        Some(a) if ctx.opset >= 18 => a.iter().map(|&a| axis(a, r)).collect::<OpResult<_>>()?,
+        _ => (0..r).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(format!("{} pads for {} axes", pads.len(), axes.len()).into());
+    }
+    let n = axes.len();
+    let mut y = x.clone();
+    // Negative pads crop first; then the positive ones pad.
+    let mut amounts = vec![(0usize, 0usize); r];
+    for (k, &a) in axes.iter().enumerate() {
+        let (b, e) = (pads[k], pads[k + n]);
+        let len = y.shape()[a].as_const().ok_or("padding needs concrete dims")?;
+        let (cb, ce) = ((-b).max(0), (-e).max(0));
+        if cb + ce > len {
+            return Err(format!("pads {pads:?} crop more than axis {a} holds").into());
+        }
+        if cb + ce > 0 {
+            y = y.narrow(a as i64, cb, len - cb - ce);
+        }
+        amounts[a] = (b.max(0) as usize, e.max(0) as usize);
+    }
+    if mode == "constant" {
+        if amounts.iter().any(|&(b, e)| b + e > 0) {
+            y = y.pad(&amounts, value);
+        }
+        return Ok(vec![y]);
+    }
+    for (a, &(b, e)) in amounts.iter().enumerate() {
+        if b + e == 0 {
+            continue;
+        }
+        let len = y.shape()[a].as_const().ok_or("padding needs concrete dims")?;
+        if len == 0 {
+            return Err(format!("cannot {mode}-pad an empty axis").into());
+        }
+        let positions = pad_positions(&mode, len, b as i64, e as i64)?;
+        y = take(ctx, &y, a, positions);
+    }
+    Ok(vec![y])
+}
+
+/// `[rows, cols]` i64 tensor of `col - row`.
+fn diagonal_offsets(ctx: &Ctx, rows: usize, cols: usize) -> Tensor {
+    let r = ctx.i64s((0..rows as i64).collect(), &[rows, 1]);
+    let c = ctx.i64s((0..cols as i64).collect(), &[1, cols]);
+    c.sub(&r)
+}
+
+pub(super) fn trilu(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let d = dims(x)?;
+    if d.len() < 2 {
+        return Err("needs rank >= 2".into());
+    }
+    let k = match ctx.opt(1) {
+        Some(k) => ctx.scalar_f64(k)? as i64,
+        None => 0,
+    };
+    let off = diagonal_offsets(ctx, d[d.len() - 2], d[d.len() - 1]);
+    let keep = if ctx.int("upper", 1)? != 0 { off.ge(k) } else { off.le(k) };
+    Ok(vec![keep.where_cond(x, x.zeros_like())])
+}
+
+pub(super) fn eye_like(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let d = dims(x)?;
+    if d.len() != 2 {
+        return Err("needs a rank-2 input".into());
+    }
+    let dtype = if ctx.attr("dtype").is_some() { ctx.dtype_attr("dtype")? } else { x.dtype() };
+    let k = ctx.int("k", 0)?;
+    Ok(vec![diagonal_offsets(ctx, d[0], d[1]).eq(k).cast(dtype)])
+}

@@ -1,0 +1,228 @@
+//! Sliding-window ops over `[N, C, D1, ..., Dn]` (any number of spatial dims): Conv (groups,
+//! dilations, strides, pads, auto_pad) as im2col + one batched matmul, MaxPool/AveragePool
+//! (ceil_mode, count_include_pad, dilations) and the global pools. Windows are views: a pad, a
+//! narrow and a reshape per axis, no index arithmetic beyond what the views compose to.
+
+use kiln::{Tensor, cat};
+
+use kiln::Dim;
+
+use super::{Ctx, OpResult, dims, show};
+
+/// The batch dim (possibly symbolic) and the concrete channel and spatial dims of `[N, C, ...]`.
+fn batch_and_dims(x: &Tensor) -> OpResult<(Dim, Vec<usize>)> {
+    let Some((n, rest)) = x.shape().split_first() else {
+        return Err("needs an [N, C, ...] input".into());
+    };
+    let mut d = vec![0];
+    for dim in rest {
+        d.push(
+            dim.as_const().ok_or_else(|| format!("needs concrete channel and spatial dims, got {}", show(x)))? as usize
+        );
+    }
+    Ok((n.clone(), d))
+}
+
+/// Positions `q + s * o` (`o` in `0..out`) along `axis`; positions outside the axis read `fill`.
+fn strided(x: &Tensor, axis: usize, q: i64, s: usize, out: usize, fill: f64) -> Tensor {
+    let len = x.shape()[axis].as_const().unwrap_or(0);
+    let span = (s * out) as i64;
+    let before = (-q).max(0);
+    let after = (q + span - len).max(0);
+    let mut y = x.clone();
+    if before + after > 0 {
+        let mut pads = vec![(0, 0); x.ndim()];
+        pads[axis] = (before as usize, after as usize);
+        y = y.pad(&pads, fill);
+    }
+    y = y.narrow(axis as i64, q + before, span);
+    if s == 1 {
+        return y;
+    }
+    let mut split: Vec<kiln::Dim> = y.shape().to_vec();
+    split[axis] = out.into();
+    split.insert(axis + 1, s.into());
+    y.reshape(split).narrow(axis as i64 + 1, 0, 1).squeeze(axis + 1)
+}
+
+/// The geometry of a window op: per spatial axis the kernel, stride, dilation, padding before
+/// and after, and output size.
+struct Geometry {
+    kernel: Vec<usize>,
+    stride: Vec<usize>,
+    dilation: Vec<usize>,
+    pad_before: Vec<usize>,
+    pad_after: Vec<usize>,
+    out: Vec<usize>,
+}
+
+impl Geometry {
+    /// From the node's attributes for input dims `spatial` and `kernel`.
+    fn new(ctx: &Ctx, spatial: &[usize], kernel: Vec<usize>, ceil_mode: bool) -> OpResult<Geometry> {
+        let n = spatial.len();
+        let list = |name: &str| -> OpResult<Vec<usize>> {
+            match ctx.ints(name)? {
+                None => Ok(vec![1; n]),
+                Some(v) if v.len() == n && v.iter().all(|&x| x >= 1) => Ok(v.iter().map(|&x| x as usize).collect()),
+                Some(v) => Err(format!("{name} {v:?} do not fit {n} spatial dims").into()),
+            }
+        };
+        let (stride, dilation) = (list("strides")?, list("dilations")?);
+        if kernel.len() != n || kernel.contains(&0) {
+            return Err(format!("kernel {kernel:?} does not fit {n} spatial dims").into());
+        }
+        let auto = ctx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+        let (mut before, mut after) = (vec![0usize; n], vec![0usize; n]);
+        match auto.as_str() {
+            "NOTSET" => {
+                if let Some(p) = ctx.ints("pads")? {
+                    if p.len() != 2 * n || p.iter().any(|&x| x < 0) {
+                        return Err(format!("pads {p:?} do not fit {n} spatial dims").into());
+                    }
+                    for i in 0..n {
+                        before[i] = p[i] as usize;
+                        after[i] = p[i + n] as usize;
+                    }
+                }
+            }
+            "VALID" => {}
+            "SAME_UPPER" | "SAME_LOWER" => {
+                for i in 0..n {
+                    let out = spatial[i].div_ceil(stride[i]);
+                    let span = (kernel[i] - 1) * dilation[i] + 1;
+                    let total = ((out.max(1) - 1) * stride[i] + span).saturating_sub(spatial[i]);
+                    let small = total / 2;
+                    (before[i], after[i]) =
+                        if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+                }
+            }
+            other => return Err(format!("auto_pad {other:?} is not supported").into()),
+        }
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let padded = spatial[i] + before[i] + after[i];
+            let span = (kernel[i] - 1) * dilation[i] + 1;
+            if span > padded {
+                return Err(format!("the window ({span}) is larger than the padded input ({padded})").into());
+            }
+            let mut o =
+                if ceil_mode { (padded - span).div_ceil(stride[i]) + 1 } else { (padded - span) / stride[i] + 1 };
+            // A window must start inside the input or its leading padding.
+            if ceil_mode && (o - 1) * stride[i] >= spatial[i] + before[i] {
+                o -= 1;
+            }
+            out.push(o);
+        }
+        Ok(Geometry { kernel, stride, dilation, pad_before: before, pad_after: after, out })
+    }
+
+    /// Every kernel offset, first axis slowest.
+    fn offsets(&self) -> Vec<Vec<usize>> {
+        let mut all = vec![vec![]];
+        for &k in &self.kernel {
+            all =
+                all.into_iter().flat_map(|p: Vec<usize>| (0..k).map(move |j| [p.clone(), vec![j]].concat())).collect();
+        }
+        all
+    }
+
+    /// The window of `x` (`[N, C, spatial...]`) at kernel `offset`: `[N, C, out...]`, `fill`
+    /// outside the input.
+    fn window(&self, x: &Tensor, offset: &[usize], fill: f64) -> Tensor {
+        let mut y = x.clone();
+        for (i, &k) in offset.iter().enumerate() {
+            let q = (k * self.dilation[i]) as i64 - self.pad_before[i] as i64;
+            y = strided(&y, 2 + i, q, self.stride[i], self.out[i], fill);
+        }
+        y
+    }
+
+    /// All windows stacked on a new axis 2: `[N, C, K, out...]`.
+    fn stacked(&self, x: &Tensor, fill: f64) -> Tensor {
+        let windows: Vec<Tensor> = self.offsets().iter().map(|o| self.window(x, o, fill).unsqueeze(2)).collect();
+        let refs: Vec<&Tensor> = windows.iter().collect();
+        cat(&refs, 2)
+    }
+}
+
+pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    let ((n, xd), wd) = (batch_and_dims(x)?, dims(w)?);
+    if xd.len() < 3 || wd.len() != xd.len() {
+        return Err(
+            format!("X {} and W {wd:?} must be [N, C, ...] and [M, C/group, ...] of one rank >= 3", show(x)).into()
+        );
+    }
+    let group = ctx.int("group", 1)?;
+    let g = usize::try_from(group)
+        .ok()
+        .filter(|&g| g >= 1 && xd[1] % g == 0 && wd[0] % g == 0)
+        .ok_or_else(|| format!("group {group} does not divide the channels"))?;
+    let (c, m) = (xd[1], wd[0]);
+    if wd[1] * g != c {
+        return Err(format!("W {wd:?} takes {} channels per group; X {} has {c} in {g} groups", wd[1], show(x)).into());
+    }
+    let kernel = match ctx.ints("kernel_shape")? {
+        Some(k) => k.iter().map(|&v| v.max(0) as usize).collect(),
+        None => wd[2..].to_vec(),
+    };
+    if kernel != wd[2..] {
+        return Err(format!("kernel_shape {kernel:?} differs from W's {:?}", &wd[2..]).into());
+    }
+    let geo = Geometry::new(ctx, &xd[2..], kernel, false)?;
+    let k: usize = geo.kernel.iter().product();
+    let o: usize = geo.out.iter().product();
+    // Columns [N, g, C/g * K, O] times weights [g, M/g, C/g * K] -> [N, g, M/g, O].
+    let cols = geo.stacked(x, 0.0).reshape(vec![n.clone(), g.into(), ((c / g) * k).into(), o.into()]);
+    let weights = w.reshape(vec![g, m / g, (c / g) * k]);
+    let mut shape = vec![n, m.into()];
+    shape.extend(geo.out.iter().map(|&d| Dim::from(d)));
+    let mut y = weights.matmul(&cols).reshape(shape);
+    if let Some(b) = ctx.opt(2) {
+        let mut bshape = vec![m];
+        bshape.extend(std::iter::repeat_n(1, geo.out.len()));
+        y = y.add(b.reshape(bshape));
+    }
+    Ok(vec![y])
+}
+
+pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let (_, xd) = batch_and_dims(x)?;
+    if xd.len() < 3 {
+        return Err(format!("X {} must be [N, C, ...]", show(x)).into());
+    }
+    if ctx.node.output.len() > 1 && ctx.node.output[1..].iter().any(|o| !o.is_empty()) {
+        return Err("the Indices output of MaxPool is not supported".into());
+    }
+    let kernel: Vec<usize> =
+        ctx.ints("kernel_shape")?.ok_or("kernel_shape is required")?.iter().map(|&v| v.max(0) as usize).collect();
+    let geo = Geometry::new(ctx, &xd[2..], kernel, ctx.int("ceil_mode", 0)? != 0)?;
+    if ctx.op() == "MaxPool" {
+        return Ok(vec![geo.stacked(x, f64::NEG_INFINITY).amax(2, false)]);
+    }
+    let sum = geo.stacked(x, 0.0).sum(2, false);
+    // The divisor: how many positions of each window are in the input (plus the explicit
+    // padding with count_include_pad), never the positions ceil_mode adds past the padding.
+    let mut ones_shape = vec![1, 1];
+    ones_shape.extend(&xd[2..]);
+    let ones = Tensor::ones_on(ones_shape, x.dtype(), ctx.device);
+    let count = if ctx.int("count_include_pad", 0)? != 0 {
+        let mut amounts = vec![(0, 0), (0, 0)];
+        amounts.extend(geo.pad_before.iter().zip(&geo.pad_after).map(|(&b, &a)| (b, a)));
+        let unpadded = Geometry { pad_before: vec![0; geo.kernel.len()], ..geo };
+        unpadded.stacked(&ones.pad(&amounts, 1.0), 0.0).sum(2, false)
+    } else {
+        geo.stacked(&ones, 0.0).sum(2, false)
+    };
+    Ok(vec![sum.div(count)])
+}
+
+pub(super) fn global_pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    if x.ndim() < 3 {
+        return Err(format!("X must be [N, C, ...], got rank {}", x.ndim()).into());
+    }
+    let axes: Vec<usize> = (2..x.ndim()).collect();
+    Ok(vec![if ctx.op() == "GlobalMaxPool" { x.amax(axes, true) } else { x.mean(axes, true) }])
+}

@@ -1,0 +1,46 @@
+//! Models exported by `torch.onnx.export` (`fixtures/gen_onnx.py`: an MLP, and a CNN with conv,
+//! batch norm, max pooling, a residual add and global average pooling) match onnxruntime's
+//! recorded outputs within 1e-4 at batch sizes 1 and 3, with the batch a symbolic dim (one
+//! program serves both sizes).
+
+use std::path::PathBuf;
+
+use air::testing::{Tol, check_host};
+use kiln::{Device, Tensor};
+use kiln_onnx::Model;
+use kiln_onnx::proto::TensorProto;
+use prost::Message;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+}
+
+fn read(name: &str) -> kiln::HostTensor {
+    let bytes = std::fs::read(fixture(name)).unwrap();
+    kiln_onnx::from_tensor_proto(&TensorProto::decode(bytes.as_slice()).unwrap(), None).unwrap()
+}
+
+fn check_model(name: &str, device: Device) {
+    let model = Model::load(fixture(&format!("{name}.onnx"))).unwrap();
+    assert!(model.unsupported().is_empty(), "{:?}", model.unsupported());
+    for batch in [1, 3] {
+        let x = model.input_tensor(0, read(&format!("{name}_b{batch}_input.pb")), device).unwrap();
+        assert_eq!(x.shape()[0].to_string(), "batch", "the batch stays symbolic");
+        let y: Tensor = model.run(&[x]).unwrap().remove(0);
+        let want = read(&format!("{name}_b{batch}_output.pb"));
+        check_host(&y.to_host().unwrap(), &want, Tol { atol: 1e-4, rtol: 1e-4 })
+            .unwrap_or_else(|e| panic!("{name} at batch {batch} on {}: {e}", device.name()));
+    }
+}
+
+#[test]
+fn exported_mlp_matches_onnxruntime() {
+    check_model("mlp", Device::Cpu);
+    check_model("mlp", Device::Interp);
+}
+
+#[test]
+fn exported_cnn_matches_onnxruntime() {
+    check_model("cnn", Device::Cpu);
+    check_model("cnn", Device::Interp);
+}

@@ -1,0 +1,316 @@
+//! Import behaviour beyond op numerics: unsupported ops reported all at once, malformed models
+//! (dangling names, cycles, wrong attribute types, truncated or mutated bytes) as errors and never
+//! panics, external data, symbolic `dim_param` inputs, and node errors naming the node.
+
+use kiln::{Device, HostData, HostTensor, Tensor};
+use kiln_onnx::proto::tensor_proto::{DataLocation, DataType};
+use kiln_onnx::proto::tensor_shape_proto::{Dimension, dimension};
+use kiln_onnx::proto::{
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
+    TensorShapeProto, TypeProto, ValueInfoProto, attribute_proto::AttributeType, type_proto,
+};
+use kiln_onnx::{Error, Model};
+use proptest::prelude::*;
+use prost::Message;
+
+fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// A float tensor value `name` of `dims` (`Err(param)` dims are symbolic).
+fn value(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
+    let dim = dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Ok(v) => dimension::Value::DimValue(*v),
+                Err(p) => dimension::Value::DimParam(p.to_string()),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(DataType::Float as i32),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn model(
+    nodes: Vec<NodeProto>,
+    inputs: Vec<ValueInfoProto>,
+    outputs: Vec<ValueInfoProto>,
+    inits: Vec<TensorProto>,
+) -> ModelProto {
+    ModelProto {
+        ir_version: Some(9),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        graph: Some(GraphProto {
+            node: nodes,
+            name: Some("g".into()),
+            input: inputs,
+            output: outputs,
+            initializer: inits,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn floats(name: &str, dims: &[i64], data: &[f32]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float as i32),
+        raw_data: Some(data.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        ..Default::default()
+    }
+}
+
+/// `y = relu(x @ w + b)`, x `[batch, 3]`.
+fn mlp() -> ModelProto {
+    model(
+        vec![
+            node("mm", "MatMul", &["x", "w"], &["xw"]),
+            node("add", "Add", &["xw", "b"], &["h"]),
+            node("act", "Relu", &["h"], &["y"]),
+        ],
+        vec![value("x", &[Err("batch"), Ok(3)])],
+        vec![value("y", &[Err("batch"), Ok(2)])],
+        vec![floats("w", &[3, 2], &[1.0, -1.0, 2.0, 0.5, -3.0, 1.0]), floats("b", &[2], &[0.5, -0.25])],
+    )
+}
+
+fn mlp_reference(x: &[f32]) -> Vec<f32> {
+    let w = [[1.0, -1.0], [2.0, 0.5], [-3.0, 1.0]];
+    let b = [0.5, -0.25];
+    x.chunks(3)
+        .flat_map(|r| (0..2).map(move |j| (r[0] * w[0][j] + r[1] * w[1][j] + r[2] * w[2][j] + b[j]).max(0.0)))
+        .collect()
+}
+
+#[test]
+fn mlp_runs_at_two_batch_sizes_with_a_symbolic_batch() {
+    let m = Model::from_bytes(&mlp().encode_to_vec()).unwrap();
+    assert_eq!(m.inputs()[0].dims.as_ref().unwrap()[0].to_string(), "batch");
+    for batch in [2usize, 5] {
+        let data: Vec<f32> = (0..batch * 3).map(|i| (i as f32 * 0.37).sin()).collect();
+        let host = HostTensor::new(HostData::F32(data.clone()), vec![batch, 3]).unwrap();
+        let x = m.input_tensor(0, host, Device::Cpu).unwrap();
+        assert_eq!(x.shape()[0].to_string(), "batch");
+        let y = m.run(&[x]).unwrap().remove(0);
+        air::testing::assert_close(
+            "mlp",
+            &y.to_vec::<f32>().unwrap(),
+            &mlp_reference(&data),
+            air::testing::Tol::both(1e-6),
+        );
+    }
+}
+
+#[test]
+fn every_unsupported_op_is_reported_at_once() {
+    let g = model(
+        vec![
+            node("first", "FancyOp", &["x"], &["a"]),
+            node("ok", "Relu", &["a"], &["b"]),
+            node("second", "OtherOp", &["b"], &["y"]),
+        ],
+        vec![value("x", &[Ok(2)])],
+        vec![value("y", &[Ok(2)])],
+        vec![],
+    );
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let names: Vec<String> = m.unsupported().iter().map(|u| format!("{}:{}:{}", u.node, u.op_type, u.opset)).collect();
+    assert_eq!(names, ["first:FancyOp:17", "second:OtherOp:17"]);
+    let err = m.run(&[Tensor::from_vec(vec![1.0f32, 2.0], &[2])]).unwrap_err();
+    assert!(matches!(&err, Error::Unsupported(ops) if ops.len() == 2), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("FancyOp") && text.contains("OtherOp") && text.contains("\"second\""), "{text}");
+}
+
+#[test]
+fn dangling_names_and_cycles_are_errors() {
+    let dangling = model(
+        vec![node("n", "Relu", &["nowhere"], &["y"])],
+        vec![value("x", &[Ok(1)])],
+        vec![value("y", &[Ok(1)])],
+        vec![],
+    );
+    let err = Model::from_bytes(&dangling.encode_to_vec()).unwrap_err().to_string();
+    assert!(err.contains("\"nowhere\"") && err.contains("no input, initializer or node"), "{err}");
+
+    let cycle = model(
+        vec![node("p", "Add", &["x", "q_out"], &["p_out"]), node("q", "Relu", &["p_out"], &["q_out"])],
+        vec![value("x", &[Ok(1)])],
+        vec![value("q_out", &[Ok(1)])],
+        vec![],
+    );
+    let err = Model::from_bytes(&cycle.encode_to_vec()).unwrap_err().to_string();
+    assert!(err.contains("cycle") && err.contains("\"p\""), "{err}");
+
+    let twice = model(
+        vec![node("a", "Relu", &["x"], &["y"]), node("b", "Relu", &["x"], &["y"])],
+        vec![value("x", &[Ok(1)])],
+        vec![value("y", &[Ok(1)])],
+        vec![],
+    );
+    let err = Model::from_bytes(&twice.encode_to_vec()).unwrap_err().to_string();
+    assert!(err.contains("produced more than once"), "{err}");
+}
+
+#[test]
+fn bad_attributes_and_shapes_name_the_node() {
+    let mut t = node("flip", "Transpose", &["x"], &["y"]);
+    t.attribute.push(AttributeProto {
+        name: Some("perm".into()),
+        r#type: Some(AttributeType::Floats as i32),
+        floats: vec![1.0, 0.0],
+        ..Default::default()
+    });
+    let g = model(vec![t], vec![value("x", &[Ok(2), Ok(3)])], vec![value("y", &[Ok(3), Ok(2)])], vec![]);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let err = m.run(&[Tensor::zeros(&[2, 3], kiln::DType::F32)]).unwrap_err().to_string();
+    assert!(err.contains("\"flip\"") && err.contains("Transpose") && err.contains("FLOATS"), "{err}");
+
+    // A reshape to a size that does not fit: the facade's error, under the node's name.
+    let g = model(
+        vec![node("rs", "Reshape", &["x", "shape"], &["y"])],
+        vec![value("x", &[Ok(2), Ok(3)])],
+        vec![value("y", &[Ok(4)])],
+        vec![TensorProto {
+            name: Some("shape".into()),
+            dims: vec![1],
+            data_type: Some(DataType::Int64 as i32),
+            int64_data: vec![4],
+            ..Default::default()
+        }],
+    );
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let err = m.run(&[Tensor::zeros(&[2, 3], kiln::DType::F32)]).unwrap_err().to_string();
+    assert!(err.contains("\"rs\"") && err.contains("Reshape") && err.contains("reshape"), "{err}");
+
+    // Inputs that do not match the declared ones.
+    let m = Model::from_bytes(&mlp().encode_to_vec()).unwrap();
+    let err = m.run(&[Tensor::zeros(&[2, 4], kiln::DType::F32)]).unwrap_err().to_string();
+    assert!(err.contains("input \"x\"") && err.contains("[2, 4]"), "{err}");
+    assert!(m.run(&[]).is_err());
+}
+
+#[test]
+fn initializers_read_external_data() {
+    let dir = std::env::temp_dir().join(format!("kiln-onnx-external-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bias: Vec<u8> = [10.0f32, 20.0, 30.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut blob = vec![0u8; 8];
+    blob.extend(&bias);
+    std::fs::write(dir.join("weights.bin"), &blob).unwrap();
+    let entry = |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
+    let external = TensorProto {
+        name: Some("b".into()),
+        dims: vec![3],
+        data_type: Some(DataType::Float as i32),
+        data_location: Some(DataLocation::External as i32),
+        external_data: vec![entry("location", "weights.bin"), entry("offset", "8"), entry("length", "12")],
+        ..Default::default()
+    };
+    let g = model(
+        vec![node("add", "Add", &["x", "b"], &["y"])],
+        vec![value("x", &[Ok(3)])],
+        vec![value("y", &[Ok(3)])],
+        vec![external.clone()],
+    );
+    std::fs::write(dir.join("model.onnx"), g.encode_to_vec()).unwrap();
+    let m = Model::load(dir.join("model.onnx")).unwrap();
+    let y = m.run(&[Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])]).unwrap().remove(0);
+    assert_eq!(y.to_vec::<f32>().unwrap(), [11.0, 22.0, 33.0]);
+    // Without a folder, or reaching outside it, or past the file's end: errors.
+    assert!(Model::from_bytes(&g.encode_to_vec()).unwrap_err().to_string().contains("folder"));
+    for (key, v) in [("location", "../weights.bin"), ("length", "400")] {
+        let mut bad = external.clone();
+        bad.external_data.retain(|e| e.key.as_deref() != Some(key));
+        bad.external_data.push(entry(key, v));
+        let g = model(
+            vec![node("add", "Add", &["x", "b"], &["y"])],
+            vec![value("x", &[Ok(3)])],
+            vec![value("y", &[Ok(3)])],
+            vec![bad],
+        );
+        std::fs::write(dir.join("bad.onnx"), g.encode_to_vec()).unwrap();
+        assert!(Model::load(dir.join("bad.onnx")).is_err(), "{key} = {v} loaded");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn wrong_sized_tensor_data_is_an_error() {
+    let g = model(
+        vec![node("add", "Add", &["x", "b"], &["y"])],
+        vec![value("x", &[Ok(3)])],
+        vec![value("y", &[Ok(3)])],
+        vec![floats("b", &[4], &[1.0, 2.0, 3.0])],
+    );
+    let err = Model::from_bytes(&g.encode_to_vec()).unwrap_err().to_string();
+    assert!(err.contains("tensor \"b\"") && err.contains("12 bytes"), "{err}");
+}
+
+/// Decodes and, when that succeeds, runs a model on zero inputs of its declared shapes: any
+/// outcome but a panic is fine.
+fn decode_and_run(bytes: &[u8]) {
+    let Ok(m) = Model::from_bytes(bytes) else { return };
+    let _ = m.unsupported();
+    let inputs: Option<Vec<Tensor>> = m
+        .inputs()
+        .iter()
+        .map(|i| {
+            let dims: Option<Vec<usize>> = i
+                .dims
+                .as_ref()?
+                .iter()
+                .map(|d| d.as_const().filter(|&v| (0..=64).contains(&v)).map(|v| v as usize))
+                .collect();
+            Some(Tensor::zeros(dims?, i.dtype?))
+        })
+        .collect();
+    if let Some(inputs) = inputs
+        && let Ok(outs) = m.run(&inputs)
+    {
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        let _ = kiln::realize(&refs);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        decode_and_run(&bytes);
+    }
+
+    #[test]
+    fn mutated_models_never_panic(
+        cut in 0usize..400,
+        flips in proptest::collection::vec((0usize..400, any::<u8>()), 0..6),
+    ) {
+        let mut bytes = mlp().encode_to_vec();
+        for (at, v) in flips {
+            let n = bytes.len();
+            bytes[at % n] = v;
+        }
+        bytes.truncate(bytes.len().saturating_sub(cut % 64));
+        decode_and_run(&bytes);
+    }
+}
