@@ -30,7 +30,13 @@
 //! so extraction then tries each group of nodes made together by the multi-root rule as one
 //! move, keeping it when the *DAG* cost (each chosen class counted once) drops. The result is
 //! kept only when its DAG cost is below the DAG cost of the graph as given ([`baseline`], taken
-//! before any rule runs: afterwards the original nodes of merged classes can form cycles).
+//! before any rule runs: afterwards the original nodes of merged classes can form cycles), by
+//! at least [`MIN_GAIN_NS`] and [`MIN_GAIN_FRACTION`] of it.
+//!
+//! Known problem (FIXME): on the 8-layer Transformer at `O2`, stopped by the time limit, the
+//! extracted program (modelled 0.008% cheaper) ran in 22 ms against 1.6 ms: something in it
+//! (probably a matmul operand view that contraction recognition no longer sees as a GEMM) broke
+//! fusion. The relative threshold keeps such programs out; the cause is not yet found.
 
 use std::collections::HashMap;
 
@@ -52,6 +58,10 @@ pub const SYMBOL_SIZE: i64 = 64;
 /// The least modelled saving (ns) for which a graph is replaced: smaller ones are view
 /// bookkeeping that the greedy rules and fusion would reach anyway.
 pub const MIN_GAIN_NS: f64 = 100.0;
+/// The least modelled saving, as a fraction of the graph's cost, for which it is replaced. The
+/// model is coarse (it cannot see fusion), so a saving within its noise is not worth the risk:
+/// on the 8-layer Transformer a 0.008% modelled saving ran 14x slower (see the module docs).
+pub const MIN_GAIN_FRACTION: f64 = 0.01;
 
 /// What a node does, before weighting.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -184,7 +194,7 @@ pub fn baseline(eg: &EG, roots: &[Id]) -> Option<f64> {
 }
 
 /// The cheapest program found and its DAG cost, when that is below `before` by at least
-/// [`MIN_GAIN_NS`].
+/// [`MIN_GAIN_NS`] and [`MIN_GAIN_FRACTION`] of it.
 pub fn extract(eg: &EG, roots: &[Id], before: f64) -> Option<(f64, HashMap<Id, ANode>)> {
     let ext = Extractor::new(eg, TreeCost { eg });
     let mut overrides: HashMap<Id, ANode> = HashMap::new();
@@ -202,7 +212,7 @@ pub fn extract(eg: &EG, roots: &[Id], before: f64) -> Option<(f64, HashMap<Id, A
             (cost, choice, overrides) = (c2, ch2, trial);
         }
     }
-    (cost < before - MIN_GAIN_NS).then_some((cost, choice))
+    (cost < before - MIN_GAIN_NS.max(MIN_GAIN_FRACTION * before)).then_some((cost, choice))
 }
 
 #[cfg(test)]
