@@ -179,7 +179,7 @@ impl Phase {
         use runtime::Step as Device;
         match step {
             Step::Forward | Step::Trace | Step::Device(Device::GraphKey | Device::CacheHit) => Phase::GraphBuild,
-            Step::Device(Device::Lower(Pass::Verify | Pass::Optimize)) => Phase::Rewrite,
+            Step::Device(Device::Lower(Pass::Verify | Pass::Optimize | Pass::Saturate)) => Phase::Rewrite,
             Step::Device(Device::Lower(Pass::DecideFusion | Pass::EmitKernels)) => Phase::Schedule,
             Step::Device(Device::MemoryPlan) => Phase::MemoryPlan,
             Step::DeviceInit | Step::Device(Device::Codegen) => Phase::Codegen,

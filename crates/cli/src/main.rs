@@ -185,6 +185,19 @@ struct ProfileArgs {
     /// kernels that take the most time.
     #[arg(long, value_name = "N")]
     launches: Option<usize>,
+    /// Optimization level: 1 greedy rewrites only, 2 also equality saturation (exact rules),
+    /// 3 also fast-math saturation (float matmul reassociation). Default: `KILN_OPT`, else 1.
+    #[arg(long, value_name = "LEVEL")]
+    opt: Option<u8>,
+}
+
+fn opt_level(level: u8) -> anyhow::Result<lower::OptLevel> {
+    Ok(match level {
+        1 => lower::OptLevel::O1,
+        2 => lower::OptLevel::O2,
+        3 => lower::OptLevel::O3,
+        other => anyhow::bail!("--opt {other}: the levels are 1, 2 and 3"),
+    })
 }
 
 #[derive(Args, Clone)]
@@ -398,12 +411,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 
 fn profile_transformer(args: ProfileArgs) -> anyhow::Result<()> {
     let config = args.model.config(args.layers);
-    let options = lower::CompileOptions { fuse: !args.no_fuse, ..lower::CompileOptions::default() };
+    let mut options = lower::CompileOptions { fuse: !args.no_fuse, ..lower::CompileOptions::default() };
+    if let Some(level) = args.opt {
+        options.level = opt_level(level)?;
+    }
     if !args.cold {
         profile_cmd::profile_transformer(GptConfig { layers: 1, ..config }, &options)?;
     }
     let profiled = profile_cmd::profile_transformer_with(config, &options, args.dump.is_some())?;
     print!("{}", profile_cmd::render(&config, &profiled));
+    if let Some(s) = &profiled.compiled.saturate {
+        println!("saturate: {s}");
+    }
     if args.cold {
         println!("(cold: the first compilation of this process, start-up costs included)");
     } else {

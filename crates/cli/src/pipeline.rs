@@ -12,6 +12,7 @@ use air::{Bindings, Graph, HostTensor};
 use kiln::profile::{self, AllocCounts, ProfileObserver};
 use lower::kir::Kernel;
 use lower::rewrite::RewriteStats;
+use lower::saturate::SaturateStats;
 use lower::{CompileOptions, Pass, PassOutput, Program};
 use runtime::vm::Executable;
 use runtime::{CompileObserver, CpuDevice, Step};
@@ -41,6 +42,8 @@ pub struct Compiled {
     pub launches: usize,
     /// The rewriter's counters from the `optimize` pass (all zero when it did not run).
     pub rewrite: RewriteStats,
+    /// What the `saturate` pass did, when it ran (`OptLevel::O2` and above).
+    pub saturate: Option<SaturateStats>,
     /// The graph after each graph pass that changed it (`optimize`), when [`compile`] was asked
     /// to keep it; empty otherwise.
     pub graphs: Vec<(Pass, Graph)>,
@@ -66,6 +69,7 @@ struct PipelineObserver {
     profile: ProfileObserver,
     keep_graphs: bool,
     rewrite: RewriteStats,
+    saturate: Option<SaturateStats>,
     graphs: Vec<(Pass, Graph)>,
 }
 
@@ -79,11 +83,20 @@ impl CompileObserver for PipelineObserver {
     }
 
     fn pass_output(&mut self, pass: Pass, output: PassOutput<'_>) {
-        if let PassOutput::Optimized(graph, stats) = output {
-            self.rewrite = stats.clone();
-            if self.keep_graphs {
-                self.graphs.push((pass, graph.clone()));
+        match output {
+            PassOutput::Optimized(graph, stats) => {
+                self.rewrite = stats.clone();
+                if self.keep_graphs {
+                    self.graphs.push((pass, graph.clone()));
+                }
             }
+            PassOutput::Saturated(graph, stats) => {
+                self.saturate = Some(stats.clone());
+                if self.keep_graphs && stats.changed {
+                    self.graphs.push((pass, graph.clone()));
+                }
+            }
+            _ => {}
         }
     }
 
@@ -107,6 +120,7 @@ pub fn compile(
         profile: ProfileObserver::default(),
         keep_graphs,
         rewrite: RewriteStats::default(),
+        saturate: None,
         graphs: Vec::new(),
     };
     let exe = device.compile_observed(graph, &mut observer)?;
@@ -116,7 +130,15 @@ pub fn compile(
     let kernels = exe.program().kernels.len();
     let loop_kernels = exe.program().kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();
     let launches = exe.launches();
-    Ok(Compiled { exe, kernels, loop_kernels, launches, rewrite: observer.rewrite, graphs: observer.graphs })
+    Ok(Compiled {
+        exe,
+        kernels,
+        loop_kernels,
+        launches,
+        rewrite: observer.rewrite,
+        saturate: observer.saturate,
+        graphs: observer.graphs,
+    })
 }
 
 /// Runs the compiled program once (a span named `first-run`).
@@ -126,7 +148,7 @@ pub fn first_run(compiled: &Compiled, traced: &Traced) -> anyhow::Result<Vec<Hos
 
 /// The compile steps whose work [`compile_work`] counts, in order: the device's steps
 /// (`CpuDevice::compile_observed`) and then the memory plan of the first binding set.
-pub const WORK_STEPS: [Step; 8] = Step::COMPILE;
+pub const WORK_STEPS: [Step; 9] = Step::COMPILE;
 
 /// Counts of the work a compilation does, for the compile-time regression guard: deterministic,
 /// unlike times.

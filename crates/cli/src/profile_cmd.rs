@@ -77,6 +77,11 @@ pub fn profile_bound(
     report.counters.push(("rewrites".into(), rewrite.rewrites));
     report.counters.push(("cse merged".into(), rewrite.cse_merged));
     report.counters.push(("dead removed".into(), rewrite.dead_removed));
+    if let Some(s) = &compiled.saturate {
+        report.counters.push(("saturate iterations".into(), s.iterations as u64));
+        report.counters.push(("e-nodes".into(), s.enodes as u64));
+        report.counters.push(("e-classes".into(), s.eclasses as u64));
+    }
     Ok(Profiled { report, traced, compiled, rewrite, second_run_ms })
 }
 

@@ -1,6 +1,7 @@
 //! The entry point of lowering: `compile` turns an `air::Graph` into a kir `Program` through the
 //! passes of [`Pass`] (`verify`, which also collects the graph's run-time shape conditions into
-//! `Program::checks`, `optimize`, `decide-fusion`, `emit-kernels`), each bracketed by an optional
+//! `Program::checks`, `optimize`, `saturate` at [`OptLevel::O2`] and above, `decide-fusion`,
+//! `emit-kernels`), each bracketed by an optional
 //! [`PassObserver`] so that a profiler can time them, and a tool can see what each produced,
 //! without touching the passes.
 
@@ -11,6 +12,7 @@ use air::Graph;
 use crate::error::LowerError;
 use crate::program::Program;
 use crate::rewrite::RewriteStats;
+use crate::saturate::{SaturateOptions, SaturateStats};
 use crate::schedule::{self, FuseOptions};
 
 /// What `compile` does.
@@ -23,11 +25,50 @@ pub struct CompileOptions {
     pub matmul: bool,
     /// Run the graph rewrites (`rewrite::optimize`) first.
     pub optimize: bool,
+    /// How hard `optimize` works (only when `optimize` is on).
+    pub level: OptLevel,
 }
 
 impl Default for CompileOptions {
+    /// Fusing, matmuls and rewrites on, at [`OptLevel::from_env`].
     fn default() -> CompileOptions {
-        CompileOptions { fuse: true, matmul: true, optimize: true }
+        CompileOptions { fuse: true, matmul: true, optimize: true, level: OptLevel::from_env() }
+    }
+}
+
+/// Optimization levels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OptLevel {
+    /// The greedy exact rules only (`rewrite::optimize`): cheap, linear in the graph. The default.
+    #[default]
+    O1,
+    /// Greedy, then equality saturation with the exact rules (`saturate`), then greedy again to
+    /// tidy what extraction built. Costs milliseconds on graphs with matmuls.
+    O2,
+    /// `O2` with fast-math saturation rules: float matmul reassociation and scaling through
+    /// matmuls, which change rounding.
+    O3,
+}
+
+impl OptLevel {
+    /// The level named by the `KILN_OPT` environment variable (`1`, `2` or `3`, read once per
+    /// process), [`OptLevel::O1`] when it is unset or anything else.
+    pub fn from_env() -> OptLevel {
+        static LEVEL: std::sync::OnceLock<OptLevel> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(|| match std::env::var("KILN_OPT").as_deref() {
+            Ok("2") => OptLevel::O2,
+            Ok("3") => OptLevel::O3,
+            _ => OptLevel::O1,
+        })
+    }
+
+    /// The saturation budget of this level, `None` below `O2`.
+    pub fn saturation(self) -> Option<SaturateOptions> {
+        match self {
+            OptLevel::O1 => None,
+            OptLevel::O2 => Some(SaturateOptions::default()),
+            OptLevel::O3 => Some(SaturateOptions { fast_math: true, ..SaturateOptions::default() }),
+        }
     }
 }
 
@@ -38,6 +79,9 @@ pub enum Pass {
     Verify,
     /// The graph rewrites (`rewrite::optimize`) and the acyclicity check after them.
     Optimize,
+    /// Equality saturation (`saturate::saturate`, at `OptLevel::O2` and above), then the greedy
+    /// rewrites again when it changed the graph.
+    Saturate,
     /// Kernel boundaries (`schedule::decide`); the graph is unchanged.
     DecideFusion,
     /// Kernel emission and ordering (`schedule::emit`): the program.
@@ -45,14 +89,15 @@ pub enum Pass {
 }
 
 impl Pass {
-    /// Every pass, in the order `compile` runs them (`optimize` only when asked for).
-    pub const ALL: [Pass; 4] = [Pass::Verify, Pass::Optimize, Pass::DecideFusion, Pass::EmitKernels];
+    /// Every pass, in the order `compile` runs them (`optimize` and `saturate` only when asked for).
+    pub const ALL: [Pass; 5] = [Pass::Verify, Pass::Optimize, Pass::Saturate, Pass::DecideFusion, Pass::EmitKernels];
 
     /// The pass's kebab-case name, for display (`decide-fusion`).
     pub fn name(self) -> &'static str {
         match self {
             Pass::Verify => "verify",
             Pass::Optimize => "optimize",
+            Pass::Saturate => "saturate",
             Pass::DecideFusion => "decide-fusion",
             Pass::EmitKernels => "emit-kernels",
         }
@@ -73,6 +118,8 @@ pub enum PassOutput<'a> {
     Graph(&'a Graph),
     /// The graph after `optimize`, with the rewriter's counters.
     Optimized(&'a Graph, &'a RewriteStats),
+    /// The graph after `saturate`, with its counters.
+    Saturated(&'a Graph, &'a SaturateStats),
     /// The program after `emit-kernels` (its `checks` filled in).
     Program(&'a Program),
 }
@@ -137,6 +184,17 @@ pub fn compile_observed(
             Ok(stats)
         })?;
         observer.output(Pass::Optimize, PassOutput::Optimized(&g, &stats));
+        if let Some(budget) = options.level.saturation() {
+            let stats = pass(observer, Pass::Saturate, &mut g, |g| {
+                let stats = crate::saturate::saturate(g, &budget);
+                if stats.changed {
+                    crate::rewrite::optimize(g);
+                    g.check_acyclic()?;
+                }
+                Ok(stats)
+            })?;
+            observer.output(Pass::Saturate, PassOutput::Saturated(&g, &stats));
+        }
     }
     let fuse = FuseOptions { fuse: options.fuse, matmul: options.matmul };
     let decisions = pass(observer, Pass::DecideFusion, &mut g, |g| Ok(schedule::decide(g, fuse)))?;

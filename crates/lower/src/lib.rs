@@ -14,11 +14,12 @@ pub mod kir;
 pub mod memplan;
 pub mod program;
 pub mod rewrite;
+pub mod saturate;
 pub mod schedule;
 pub mod view;
 
 pub use autodiff::{AutodiffError, grad, grad_with_seed};
-pub use compile::{CompileOptions, NoObserver, Pass, PassObserver, PassOutput, compile, compile_observed};
+pub use compile::{CompileOptions, NoObserver, OptLevel, Pass, PassObserver, PassOutput, compile, compile_observed};
 pub use error::LowerError;
 pub use memplan::{MemoryPlan, MemoryStats};
 pub use program::{BufId, BufferInfo, BufferKind, CheckKind, DataCheck, Program, Step};

@@ -35,6 +35,9 @@ impl PassObserver for Recorder {
                 self.events.push(format!("optimized {pass} {}", g.len()));
                 self.optimized = Some((air::text::print(g), stats.clone()));
             }
+            PassOutput::Saturated(g, stats) => {
+                self.events.push(format!("saturated {pass} {} {}", g.len(), stats.changed));
+            }
             PassOutput::Program(p) => {
                 self.events.push(format!("program {pass}"));
                 self.program = Some(p.to_string());
@@ -75,5 +78,5 @@ fn a_failed_pass_ends_without_output() {
     assert!(compile_observed(&g, &CompileOptions::default(), &mut rec).is_err());
     assert_eq!(rec.events, ["begin verify 2", "end verify 2"]);
     let names: Vec<&str> = Pass::ALL.iter().map(|p| p.name()).collect();
-    assert_eq!(names, ["verify", "optimize", "decide-fusion", "emit-kernels"]);
+    assert_eq!(names, ["verify", "optimize", "saturate", "decide-fusion", "emit-kernels"]);
 }

@@ -25,10 +25,11 @@ pub enum Step {
 
 impl Step {
     /// The steps of a compile that misses the cache, in order, then the memory plan.
-    pub const COMPILE: [Step; 8] = [
+    pub const COMPILE: [Step; 9] = [
         Step::GraphKey,
         Step::Lower(Pass::Verify),
         Step::Lower(Pass::Optimize),
+        Step::Lower(Pass::Saturate),
         Step::Lower(Pass::DecideFusion),
         Step::Lower(Pass::EmitKernels),
         Step::Codegen,

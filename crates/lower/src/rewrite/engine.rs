@@ -99,7 +99,7 @@ impl RuleSet {
 }
 
 /// Builds a template's nodes; `None` if a node does not type-check.
-fn instantiate(b: &mut Builder<'_>, t: &Template, root: NodeId, m: &Match<'_>) -> Option<NodeId> {
+pub(crate) fn instantiate(b: &mut Builder<'_>, t: &Template, root: NodeId, m: &Match<'_>) -> Option<NodeId> {
     match t {
         Template::Capture(v) => m.var(*v),
         Template::Const(lit) => {

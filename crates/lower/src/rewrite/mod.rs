@@ -30,6 +30,7 @@ use std::fmt;
 
 use air::Graph;
 
+pub(crate) use engine::instantiate;
 pub use engine::{RuleSet, apply_rules, cse};
 pub use pattern::Match;
 pub use rules::{Builder, Compute, Guard, RULES, Rhs, Rule};

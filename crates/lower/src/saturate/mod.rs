@@ -1,0 +1,148 @@
+//! Equality saturation with `egg`: the rewrites a greedy rewriter cannot find (those that make the
+//! graph bigger first, that need a choice among alternatives by cost, or that span several
+//! roots), within a compile budget.
+//!
+//! [`saturate`] converts a graph into an e-graph ([`lang`]: air's ops plus a composite `MatMul`
+//! recognised from the canonical expand-multiply-sum pattern), runs the rewrites of [`rules`]
+//! (the greedy table translated, plus matmul reassociation, scales and transposes through
+//! matmuls, and the multi-root merge of matmuls sharing an input) under egg's
+//! `BackoffScheduler` with node, iteration and time limits, extracts the cheapest program by the
+//! cost model of [`cost`], and replaces the graph with it only when it is cheaper than the graph
+//! as given. A graph without a matmul is left alone without building an e-graph.
+//!
+//! Inputs (unused ones included) keep their slots and types, outputs their order and types.
+//! `KILN_SATURATE_DEBUG=1` prints each egg iteration (e-nodes, search/apply/rebuild times, rules
+//! applied) to stderr.
+
+pub mod cost;
+pub mod lang;
+pub mod rules;
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use air::Graph;
+use egg::{BackoffScheduler, Rewrite, Runner, StopReason};
+
+use lang::{ANode, Types};
+
+/// The budget and rule set of a saturation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SaturateOptions {
+    /// Also the rules that change float rounding (matmul reassociation and scaling of floats, and
+    /// the table's inexact rules).
+    pub fast_math: bool,
+    /// Stop when the e-graph has this many e-nodes.
+    pub node_limit: usize,
+    /// Stop after this many iterations.
+    pub iter_limit: usize,
+    /// Stop after this long.
+    pub time_limit: Duration,
+}
+
+impl Default for SaturateOptions {
+    fn default() -> SaturateOptions {
+        SaturateOptions { fast_math: false, node_limit: 20_000, iter_limit: 8, time_limit: Duration::from_millis(50) }
+    }
+}
+
+/// What a saturation did (the profiler's `saturate` row).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SaturateStats {
+    /// Matmuls recognised in the graph.
+    pub matmuls: usize,
+    /// Iterations egg ran.
+    pub iterations: usize,
+    /// E-nodes at the end.
+    pub enodes: usize,
+    /// E-classes at the end.
+    pub eclasses: usize,
+    /// Why it stopped: `saturated`, `iter-limit`, `node-limit`, `time-limit`, or `no-matmul`
+    /// when there was nothing to saturate.
+    pub stop: String,
+    /// Modelled cost (ns) of the graph as given, and of the extracted program.
+    pub cost_before: f64,
+    /// Modelled cost (ns) of the program kept.
+    pub cost_after: f64,
+    /// Whether the graph was replaced.
+    pub changed: bool,
+}
+
+impl fmt::Display for SaturateStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "iterations {} e-nodes {} e-classes {} stop {} matmuls {} cost {:.0} -> {:.0} ns{}",
+            self.iterations,
+            self.enodes,
+            self.eclasses,
+            self.stop,
+            self.matmuls,
+            self.cost_before,
+            self.cost_after,
+            if self.changed { "" } else { " (unchanged)" }
+        )
+    }
+}
+
+fn rewrites(fast_math: bool) -> &'static [Rewrite<ANode, Types>] {
+    static EXACT: OnceLock<Vec<Rewrite<ANode, Types>>> = OnceLock::new();
+    static FAST: OnceLock<Vec<Rewrite<ANode, Types>>> = OnceLock::new();
+    let cell = if fast_math { &FAST } else { &EXACT };
+    cell.get_or_init(|| rules::rewrites(fast_math))
+}
+
+/// Saturates `graph` and replaces it with the cheapest equivalent program found, if that is
+/// cheaper by the cost model (see the module docs).
+pub fn saturate(graph: &mut Graph, options: &SaturateOptions) -> SaturateStats {
+    let mut stats = SaturateStats { stop: "no-matmul".into(), ..SaturateStats::default() };
+    let Some((egraph, conv)) = lang::to_egraph(graph) else { return stats };
+    stats.matmuls = conv.matmuls;
+    if conv.matmuls == 0 {
+        return stats;
+    }
+    let Some(before) = cost::baseline(&egraph, &conv.roots) else { return stats };
+    stats.cost_before = before;
+    stats.cost_after = before;
+    let runner: Runner<ANode, Types> = Runner::new(Types::default())
+        .with_egraph(egraph)
+        .with_node_limit(options.node_limit)
+        .with_iter_limit(options.iter_limit)
+        .with_time_limit(options.time_limit)
+        .with_scheduler(BackoffScheduler::default())
+        .run(rewrites(options.fast_math));
+    let eg = &runner.egraph;
+    air::work::add(eg.total_number_of_nodes() as u64);
+    stats.iterations = runner.iterations.len();
+    stats.enodes = eg.total_number_of_nodes();
+    stats.eclasses = eg.number_of_classes();
+    stats.stop = match &runner.stop_reason {
+        Some(StopReason::Saturated) => "saturated".into(),
+        Some(StopReason::IterationLimit(_)) => "iter-limit".into(),
+        Some(StopReason::NodeLimit(_)) => "node-limit".into(),
+        Some(StopReason::TimeLimit(_)) => "time-limit".into(),
+        Some(StopReason::Other(s)) => s.clone(),
+        None => "none".into(),
+    };
+    if std::env::var_os("KILN_SATURATE_DEBUG").is_some() {
+        for it in &runner.iterations {
+            eprintln!(
+                "saturate: nodes {} search {:.2} ms apply {:.2} ms rebuild {:.2} ms applied {:?}",
+                it.egraph_nodes,
+                it.search_time * 1e3,
+                it.apply_time * 1e3,
+                it.rebuild_time * 1e3,
+                it.applied
+            );
+        }
+    }
+    if let Some((after, choice)) = cost::extract(eg, &conv.roots, before)
+        && let Some(g) = lang::to_graph(eg, &choice, &conv)
+    {
+        *graph = g;
+        stats.cost_after = after;
+        stats.changed = true;
+    }
+    stats
+}
