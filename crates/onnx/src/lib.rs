@@ -28,5 +28,5 @@ pub mod proto;
 
 pub use data::{elem_type_name, from_tensor_proto, to_dtype};
 pub use error::{Error, Result, UnsupportedOp};
-pub use model::{Model, ValueInfo};
+pub use model::{Model, Session, ValueInfo};
 pub use ops::is_supported;

@@ -347,3 +347,35 @@ fn topo_order<'a>(graph: &'a GraphProto, sources: impl Iterator<Item = &'a str>)
     }
     Ok(order)
 }
+
+/// A model compiled once per input signature: [`Model::run`] traced by `kiln::jit` on the first
+/// call with a new signature (device, dtypes, shapes with symbols kept), after which a call binds
+/// the inputs and runs the compiled program, without rebuilding or tracing the imported graph.
+/// The initializers are constants of the compiled program; the outputs come back realized.
+pub struct Session<'m> {
+    model: &'m Model,
+    cache: kiln::JitCache,
+}
+
+impl Model {
+    /// A [`Session`] over this model.
+    pub fn session(&self) -> Session<'_> {
+        Session { model: self, cache: kiln::JitCache::new() }
+    }
+}
+
+impl Session<'_> {
+    /// Runs the model on `inputs` (compiling it first for a new input signature); the outputs are
+    /// realized. The same errors as [`Model::run`], plus a shape computed from an input's value
+    /// at import time (a `Shape` whose dims are read), which a compiled function cannot know
+    /// before it runs: [`Model::run`] handles such models.
+    pub fn run(&mut self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let model = self.model;
+        self.cache.call(inputs, |args: &[Tensor]| model.run(args))
+    }
+
+    /// How many signatures were traced (and compiled) so far.
+    pub fn traces(&self) -> usize {
+        self.cache.traces()
+    }
+}

@@ -1,7 +1,7 @@
 //! Models exported by `torch.onnx.export` (`fixtures/gen_onnx.py`: an MLP, and a CNN with conv,
 //! batch norm, max pooling, a residual add and global average pooling) match onnxruntime's
 //! recorded outputs within 1e-4 at batch sizes 1 and 3, with the batch a symbolic dim (one
-//! program serves both sizes).
+//! program serves both sizes), lazily and through a compiled `Session` traced once.
 
 use std::path::PathBuf;
 
@@ -23,14 +23,22 @@ fn read(name: &str) -> kiln::HostTensor {
 fn check_model(name: &str, device: Device) {
     let model = Model::load(fixture(&format!("{name}.onnx"))).unwrap();
     assert!(model.unsupported().is_empty(), "{:?}", model.unsupported());
+    let mut session = model.session();
     for batch in [1, 3] {
         let x = model.input_tensor(0, read(&format!("{name}_b{batch}_input.pb")), device).unwrap();
         assert_eq!(x.shape()[0].to_string(), "batch", "the batch stays symbolic");
-        let y: Tensor = model.run(&[x]).unwrap().remove(0);
         let want = read(&format!("{name}_b{batch}_output.pb"));
-        check_host(&y.to_host().unwrap(), &want, Tol { atol: 1e-4, rtol: 1e-4 })
-            .unwrap_or_else(|e| panic!("{name} at batch {batch} on {}: {e}", device.name()));
+        // The imported graph run lazily, and the compiled session (twice: the second call runs
+        // the compiled program directly).
+        let lazy: Tensor = model.run(std::slice::from_ref(&x)).unwrap().remove(0);
+        let compiled = session.run(&[&x]).unwrap().remove(0);
+        let again = session.run(&[&x]).unwrap().remove(0);
+        for (how, y) in [("run", lazy), ("session", compiled), ("session, again", again)] {
+            check_host(&y.to_host().unwrap(), &want, Tol { atol: 1e-4, rtol: 1e-4 })
+                .unwrap_or_else(|e| panic!("{name} ({how}) at batch {batch} on {}: {e}", device.name()));
+        }
     }
+    assert_eq!(session.traces(), 1, "one trace serves both batch sizes");
 }
 
 #[test]
