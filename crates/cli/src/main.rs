@@ -264,6 +264,11 @@ enum Suite {
         #[command(flatten)]
         common: Common,
     },
+    /// Data-parallel training steps at 1, 2 and 4 in-process ranks: step and all-reduce time.
+    Dist {
+        #[command(flatten)]
+        common: Common,
+    },
     /// Embedding lookup (gather) at vocab 64 and 50,257, beside the one-hot GEMM it replaced.
     Embedding {
         #[command(flatten)]
@@ -493,6 +498,10 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
         Suite::Decode { common } => {
             let args = if common.smoke { bench::decode::Args::smoke() } else { bench::decode::Args::full() };
             finish(bench::decode::run(&args)?, &common)
+        }
+        Suite::Dist { common } => {
+            let args = if common.smoke { bench::dist::Args::smoke() } else { bench::dist::Args::full() };
+            finish(bench::dist::run(&args)?, &common)
         }
         Suite::Embedding { device, common } => {
             let runner = Runner::for_device(&device.device)?;

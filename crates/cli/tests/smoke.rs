@@ -135,6 +135,11 @@ fn decode_smoke() {
     check_suite("decode", &[]);
 }
 
+#[test]
+fn dist_smoke() {
+    check_suite("dist", &[]);
+}
+
 /// `kiln profile transformer --start-pos 2`: the cached forward's per-pass table.
 #[test]
 fn profile_transformer_at_a_start_position() {

@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod decode;
+pub mod dist;
 pub mod embedding;
 pub mod matmul;
 pub mod memory;
