@@ -177,7 +177,16 @@ fn eval1(g: &mut Graph, out: NodeId, data: &[HostTensor]) -> Vec<f64> {
 /// Checks the gradient of `sum(out * w)` (random `w`) with respect to every input of `net` against
 /// central differences, once through `grad` on the scalar loss and once through `grad_with_seed`
 /// with `w` as the seed. Returns the largest error, relative to `1 + |finite difference|`.
-fn check(mut net: Net, out: NodeId) -> f64 {
+fn check(net: Net, out: NodeId) -> f64 {
+    match try_check(net, out) {
+        Ok(worst) => worst,
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// [`check`], returning an error instead of panicking when too few elements have a usable finite
+/// difference (the random chains redraw then: such a chain is no reference for anything).
+fn try_check(mut net: Net, out: NodeId) -> Result<f64, String> {
     let out_shape = net.shape(out);
     let n_out: usize = out_shape.iter().product();
     let w_values: Vec<f64> = (0..n_out).map(|_| net.rng.uniform(-1.0, 1.0)).collect();
@@ -236,12 +245,13 @@ fn check(mut net: Net, out: NodeId) -> f64 {
         }
     }
     // Skipping curved elements must leave most of them: a check of nothing proves nothing.
-    assert!(
-        compared * 2 >= elements && compared > 0,
-        "only {compared} of {elements} elements had a usable finite difference\n{}",
-        air::print(&net.g)
-    );
-    worst
+    if compared * 2 < elements || compared == 0 {
+        return Err(format!(
+            "only {compared} of {elements} elements had a usable finite difference\n{}",
+            air::print(&net.g)
+        ));
+    }
+    Ok(worst)
 }
 
 fn report(name: &str, err: f64) {
@@ -810,16 +820,18 @@ proptest! {
     #[test]
     fn random_chains_match_finite_differences(seed in any::<u64>(), len in 1usize..=15) {
         let mut rng = Rng(seed);
-        // Redraw (a bounded number of times) until every value is modest.
+        // Redraw (a bounded number of times) until every value is modest and most elements have
+        // a usable finite difference (a chain too curved for central differences is no reference).
         for _ in 0..50 {
             let (mut net, out) = random_chain(&mut rng, len);
             if well_scaled(&mut net, out) {
                 net.g.set_outputs(Vec::new());
-                let err = check(net, out);
-                prop_assert!(err <= TOL);
-                return Ok(());
+                if let Ok(err) = try_check(net, out) {
+                    prop_assert!(err <= TOL);
+                    return Ok(());
+                }
             }
         }
-        prop_assert!(false, "no well-scaled chain in 50 draws");
+        prop_assert!(false, "no well-scaled chain with usable finite differences in 50 draws");
     }
 }
