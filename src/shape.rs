@@ -83,8 +83,8 @@ pub trait Axis: Copy {
     fn to_isize(self) -> isize;
 }
 
-/// A list of axes: one [`Axis`] (`x.sum(1, true)`), a borrowed array or slice
-/// (`x.sum(&[0, -1], false)`) or a vector. Arrays are accepted only borrowed, so the PyTorch-like
+/// A list of axes: one [`Axis`] (`x.sum_keepdim(1)`), a borrowed array or slice
+/// (`x.sum(&[0, -1])`) or a vector. Arrays are accepted only borrowed, so the PyTorch-like
 /// spelling `&[1]` is the one spelling (and clippy has no borrow to call needless).
 pub trait Axes {
     /// The axes, in the order given.

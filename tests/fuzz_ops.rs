@@ -112,23 +112,27 @@ fn apply(pool: &mut Vec<Tensor>, s: &Step) {
             x.pad(&pads, t)
         }
         15 => match r.rem_euclid(4) {
-            0 => x.sum(&s.list, t > 0),
-            1 => x.max(&s.list, t > 0),
-            2 => x.min(q, t > 0),
-            _ => x.mean(&s.list, t > 0),
+            0 if t > 0 => x.sum_keepdim(&s.list),
+            0 => x.sum(&s.list),
+            1 if t > 0 => x.max_keepdim(&s.list),
+            1 => x.max(&s.list),
+            2 if t > 0 => x.min_keepdim(q),
+            2 => x.min(q),
+            _ if t > 0 => x.mean_keepdim(&s.list),
+            _ => x.mean(&s.list),
         },
         16 => match r.rem_euclid(3) {
             0 => x.softmax(q),
             1 => x.log_softmax(q),
-            _ => x.logsumexp(&s.list, t > 0),
+            _ if t > 0 => x.logsumexp_keepdim(&s.list),
+            _ => x.logsumexp(&s.list),
         },
-        17 => {
-            if r > 0 {
-                x.argmax(q, t > 0)
-            } else {
-                x.argmin(q, t > 0)
-            }
-        }
+        17 => match (r > 0, t > 0) {
+            (true, true) => x.argmax_keepdim(q),
+            (true, false) => x.argmax(q),
+            (false, true) => x.argmin_keepdim(q),
+            (false, false) => x.argmin(q),
+        },
         18 => x.matmul(&y),
         19 => kiln::cat(&[&x, &y], q),
         20 => kiln::stack(&[&x, &y], q),

@@ -101,8 +101,8 @@ fn argmax_and_i64_arithmetic_agree_on_every_device() {
     let values = vec![0.5f32, 3.0, -1.0, 3.0, 7.0, 2.0, -4.0, -4.5, 0.0, 1.0, 1.0, 0.25];
     for device in devices() {
         let x = on(device, values.clone(), &[3, 4]);
-        assert_eq!(x.argmax(1, false).to_vec::<i64>().unwrap(), vec![1, 0, 1], "{device}: argmax rows");
-        assert_eq!(x.argmax(0, false).to_vec::<i64>().unwrap(), vec![1, 0, 2, 0], "{device}: argmax columns");
+        assert_eq!(x.argmax(1).to_vec::<i64>().unwrap(), vec![1, 0, 1], "{device}: argmax rows");
+        assert_eq!(x.argmax(0).to_vec::<i64>().unwrap(), vec![1, 0, 2, 0], "{device}: argmax columns");
         assert_eq!(x.argmax_all().to_vec::<i64>().unwrap(), vec![4], "{device}: argmax_all");
         // i64 values outside the i32 range are held exactly, and a product that overflows i64
         // wraps as on the CPU (and in PyTorch).

@@ -13,7 +13,7 @@ fn a_compiled_function_matches_the_closure_and_traces_once_per_signature() {
     for device in devices() {
         let w = Tensor::from_vec_on(vec![0.5f32, -1.0, 2.0, 0.25, 1.5, -0.75], &[3, 2], device);
         let b = Tensor::from_vec_on(vec![0.1f32, -0.2], &[2], device);
-        let model = |x: &Tensor| x.matmul(&w).add(&b).relu().sum(&[1], false);
+        let model = |x: &Tensor| x.matmul(&w).add(&b).relu().sum(&[1]);
         let mut f = jit(|a: &[Tensor]| model(&a[0]));
         for (i, rows) in [2usize, 2, 5, 2].into_iter().enumerate() {
             let x: Vec<f32> = (0..rows * 3).map(|k| (k as f32 * 0.37 + i as f32).sin()).collect();
@@ -32,7 +32,7 @@ fn a_compiled_function_matches_the_closure_and_traces_once_per_signature() {
 
 #[test]
 fn symbolic_arguments_share_one_trace() {
-    let mut f = jit(|a: &[Tensor]| a[0].mul(2.0).exp().sum(&[0], false));
+    let mut f = jit(|a: &[Tensor]| a[0].mul(2.0).exp().sum(&[0]));
     for n in [3usize, 7, 1] {
         let v: Vec<f32> = (0..n).map(|k| k as f32 * 0.1).collect();
         let x = Tensor::from_host_symbolic(HostTensor::from_vec(v.clone(), vec![n]).unwrap(), &[Dim::sym("n")]);
@@ -86,7 +86,7 @@ fn random_draws_are_fresh_on_every_call_as_when_the_closure_runs() {
 
 #[test]
 fn gradients_taken_inside_the_trace_match_eager_gradients() {
-    let loss = |w: &Tensor, x: &Tensor| x.matmul(w).tanh().square().mean(&[0, 1], false);
+    let loss = |w: &Tensor, x: &Tensor| x.matmul(w).tanh().square().mean(&[0, 1]);
     let mut f = jit(|a: &[Tensor]| -> kiln::Result<Vec<Tensor>> {
         let l = loss(&a[0], &a[1]);
         let g = kiln::grad(&l, &[&a[0]])?;
@@ -143,7 +143,7 @@ fn call_into_writes_into_the_storage_of_a_given_tensor() {
 #[test]
 fn realizing_an_argument_while_tracing_is_a_jit_error() {
     let mut f = jit(|a: &[Tensor]| -> kiln::Result<Tensor> {
-        let s = a[0].sum(&[0], false).item::<f32>()?;
+        let s = a[0].sum(&[0]).item::<f32>()?;
         Ok(a[0].mul(s as f64))
     });
     let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2]);

@@ -14,7 +14,7 @@ fn default_device_realize_compiles_and_launches_native_kernels() {
     );
     // A graph no other realize in this binary builds: its program cannot come from the cache.
     let x = Tensor::from_vec((0..7 * 13).map(|i| i as f32 * 0.25 - 3.0).collect::<Vec<_>>(), &[7, 13]);
-    let y = x.sin().mul(3.0).add(x.exp().sum(1, true)).softmax(0);
+    let y = x.sin().mul(3.0).add(x.exp().sum_keepdim(1)).softmax(0);
     assert_eq!(y.device(), Device::Cpu);
     let program = kiln::trace(&[&y]).unwrap();
     let cpu = kiln::backend::cpu_device().unwrap();
@@ -37,7 +37,7 @@ fn default_device_realize_compiles_and_launches_native_kernels() {
     // And the native result is the interpreter's.
     let want: Vec<f32> = {
         let x = x.to_device(Device::Interp).unwrap();
-        x.sin().mul(3.0).add(x.exp().sum(1, true)).softmax(0).to_vec().unwrap()
+        x.sin().mul(3.0).add(x.exp().sum_keepdim(1)).softmax(0).to_vec().unwrap()
     };
     assert_eq!(kiln::stats::interp_runs(), interp + 1, "the reference ran on the interpreter");
     air::testing::assert_close("cpu vs interp", &got, &want, air::testing::Tol::both(1e-5));

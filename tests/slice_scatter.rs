@@ -17,7 +17,7 @@ fn step(a: &[Tensor]) -> Vec<Tensor> {
     let (cache, new, pos) = (&a[0], &a[1], a[2].shape()[0].clone());
     let updated = cache.slice_scatter(new, 0, pos.clone());
     let filled = &pos + &new.shape()[0];
-    let sums = updated.narrow(0, 0, filled).sum(&[1], false);
+    let sums = updated.narrow(0, 0, filled).sum(&[1]);
     vec![updated, sums]
 }
 

@@ -12,9 +12,9 @@ fn programs(device: Device) -> Vec<(&'static str, Tensor)> {
     let w = on(Tensor::randn_seeded(&[6, 5], 2));
     let b = on(Tensor::randn_seeded(&[5], 3));
     let seq = on(Tensor::randn_seeded(&[2, 3, 8], 4));
-    let mean = seq.mean(-1, true);
+    let mean = seq.mean_keepdim(-1);
     let centered = &seq - &mean;
-    let var = (&centered * &centered).mean(-1, true);
+    let var = (&centered * &centered).mean_keepdim(-1);
     vec![
         ("sigmoid-chain", x.neg().exp().sigmoid()),
         ("sum-all", x.neg().exp().sigmoid().sum_all()),
@@ -24,7 +24,7 @@ fn programs(device: Device) -> Vec<(&'static str, Tensor)> {
         ("transposed-matmul", x.transpose(0, 1).matmul(&x)),
         ("layernorm", &centered * (&var + 1e-5).rsqrt()),
         ("views", x.reshape(&[2, 12]).permute(&[1, 0]).narrow(0, 3, 5).pad(&[(1, 2), (0, 1)], 0.5)),
-        ("batched", seq.matmul(&seq.transpose(1, 2)).max(-1, false)),
+        ("batched", seq.matmul(&seq.transpose(1, 2)).max(-1)),
     ]
 }
 

@@ -96,11 +96,11 @@ fn bad_axes_and_arguments() {
     let x = t(&[0.0; 6], &[2, 3]);
     let first_line = line!();
     let cases: Vec<(Tensor, &str)> = vec![
-        (x.sum(&[2], false), "sum: dim 2 out of range for rank 2 (expected -2 to 1) (shape [2, 3])"),
-        (x.sum(&[1, -1], true), "sum: dims [1, -1] repeat an axis"),
-        (x.max(-3, false), "max: dim -3 out of range"),
+        (x.sum(&[2]), "sum: dim 2 out of range for rank 2 (expected -2 to 1) (shape [2, 3])"),
+        (x.sum_keepdim(&[1, -1]), "sum: dims [1, -1] repeat an axis"),
+        (x.max(-3), "max: dim -3 out of range"),
         (x.softmax(5), "softmax: dim 5 out of range"),
-        (x.argmax(2, false), "argmax: dim 2 out of range"),
+        (x.argmax(2), "argmax: dim 2 out of range"),
         (x.permute(&[0, 0]), "permute: [0, 0] is not a permutation of the axes of shape [2, 3]"),
         (x.permute(&[0]), "permute: [0] is not a permutation"),
         (x.transpose(0, 2), "transpose: dim 2 out of range"),

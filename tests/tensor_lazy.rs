@@ -13,7 +13,7 @@ fn t(data: &[f32], shape: &[usize]) -> Tensor {
 fn building_computes_nothing() {
     let before = stats::graphs_executed();
     let x = t(&[1.0, 2.0, 3.0], &[3]);
-    let y = (&x * 2.0).exp().sum(&[0], false);
+    let y = (&x * 2.0).exp().sum(&[0]);
     let z = y.add(1.0).unsqueeze(0).matmul(&x.unsqueeze(0));
     assert!(!y.is_realized());
     assert!(!z.is_realized());
@@ -144,7 +144,7 @@ fn seq_program(n: usize) -> (Tensor, Vec<f32>) {
     let data: Vec<f32> = (0..n * 4).map(|i| (i % 7) as f32 * 0.5).collect();
     let host = HostTensor::from_vec(data.clone(), vec![n, 4]).unwrap();
     let x = Tensor::from_host_symbolic(host, &[Dim::sym("seq"), Dim::from(4)]);
-    let y = x.softmax(-1).mul(&x).sum(&[0], false).add(x.mean(&[0, 1], false));
+    let y = x.softmax(-1).mul(&x).sum(&[0]).add(x.mean(&[0, 1]));
     // Reference on the host.
     let mut want = [0.0f32; 4];
     for r in 0..n {

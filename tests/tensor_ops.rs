@@ -300,19 +300,19 @@ fn m23() -> Tensor {
 #[test]
 fn sum_over_axes() {
     let x = m23();
-    let s = x.sum(&[1], true);
+    let s = x.sum_keepdim(&[1]);
     assert_eq!(dims(&s), vec![2, 1]);
     assert_eq!(f32s(&s), vec![9.0, 12.0]);
-    let s = x.sum(&[1], false);
+    let s = x.sum(&[1]);
     assert_eq!(dims(&s), vec![2]);
-    assert_eq!(f32s(&x.sum(-1, false)), vec![9.0, 12.0]);
-    assert_eq!(f32s(&x.sum(&[0], false)), vec![5.0, 7.0, 9.0]);
-    assert_eq!(dims(&x.sum(0, true)), vec![1, 3]);
-    let all = x.sum(&[0, -1], false);
+    assert_eq!(f32s(&x.sum(-1)), vec![9.0, 12.0]);
+    assert_eq!(f32s(&x.sum(&[0])), vec![5.0, 7.0, 9.0]);
+    assert_eq!(dims(&x.sum_keepdim(0)), vec![1, 3]);
+    let all = x.sum(&[0, -1]);
     assert_eq!(dims(&all), Vec::<usize>::new());
     assert_eq!(all.item::<f32>().unwrap(), 21.0);
     assert_eq!(x.sum_all().item::<f32>().unwrap(), 21.0);
-    assert_eq!(dims(&x.sum(&[1, 0], true)), vec![1, 1]);
+    assert_eq!(dims(&x.sum_keepdim(&[1, 0])), vec![1, 1]);
     let i = Tensor::from_vec(vec![1i32, 2, 3], &[3]);
     assert_eq!(i.sum_all().dtype(), DType::I64);
     assert_eq!(i.sum_all().item::<i64>().unwrap(), 6);
@@ -323,26 +323,26 @@ fn sum_over_axes() {
 #[test]
 fn max_min_mean() {
     let x = m23();
-    assert_eq!(f32s(&x.max(&[1], false)), vec![5.0, 6.0]);
-    assert_eq!(f32s(&x.max(&[0], true)), vec![4.0, 5.0, 6.0]);
-    assert_eq!(dims(&x.max(&[0], true)), vec![1, 3]);
-    assert_eq!(f32s(&x.min(-1, true)), vec![1.0, 2.0]);
-    assert_eq!(dims(&x.min(-1, true)), vec![2, 1]);
-    assert_eq!(f32s(&x.min(&[0], false)), vec![1.0, 2.0, 3.0]);
+    assert_eq!(f32s(&x.max(&[1])), vec![5.0, 6.0]);
+    assert_eq!(f32s(&x.max_keepdim(&[0])), vec![4.0, 5.0, 6.0]);
+    assert_eq!(dims(&x.max_keepdim(&[0])), vec![1, 3]);
+    assert_eq!(f32s(&x.min_keepdim(-1)), vec![1.0, 2.0]);
+    assert_eq!(dims(&x.min_keepdim(-1)), vec![2, 1]);
+    assert_eq!(f32s(&x.min(&[0])), vec![1.0, 2.0, 3.0]);
     assert_eq!(x.max_all().item::<f32>().unwrap(), 6.0);
     assert_eq!(x.min_all().item::<f32>().unwrap(), 1.0);
-    close(&f32s(&x.mean(&[1], false)), &[3.0, 4.0]);
-    close(&f32s(&x.mean(&[0], true)), &[2.5, 3.5, 4.5]);
+    close(&f32s(&x.mean(&[1])), &[3.0, 4.0]);
+    close(&f32s(&x.mean_keepdim(&[0])), &[2.5, 3.5, 4.5]);
     close(&[x.mean_all().item::<f32>().unwrap()], &[3.5]);
     let i = Tensor::from_vec(vec![i64::MIN, 0, i64::MAX, -5], &[2, 2]);
-    assert_eq!(i64s(&i.min(&[1], false)), vec![i64::MIN, -5]);
-    assert_eq!(i64s(&i.max(&[1], false)), vec![0, i64::MAX]);
+    assert_eq!(i64s(&i.min(&[1])), vec![i64::MIN, -5]);
+    assert_eq!(i64s(&i.max(&[1])), vec![0, i64::MAX]);
     let m = Tensor::from_vec(vec![1i32, 2], &[2]).mean_all();
     assert_eq!(m.dtype(), DType::F32);
     assert_eq!(m.item::<f32>().unwrap(), 1.5);
     let b = Tensor::from_vec(vec![true, false, false, false], &[2, 2]);
-    assert_eq!(bools(&b.max(&[1], false)), vec![true, false]);
-    assert_eq!(bools(&b.min(&[0], false)), vec![false, false]);
+    assert_eq!(bools(&b.max(&[1])), vec![true, false]);
+    assert_eq!(bools(&b.min(&[0])), vec![false, false]);
 }
 
 #[test]
@@ -359,29 +359,29 @@ fn softmax_family() {
     let col = x.softmax(0);
     assert_eq!(dims(&col), vec![2, 3]);
     close(&f32s(&col), &[0.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
-    let lse = x.logsumexp(&[1], false);
+    let lse = x.logsumexp(&[1]);
     close(&f32s(&lse), &[z.ln() as f32, (1000.0 + 3f64.ln()) as f32]);
-    assert_eq!(dims(&x.logsumexp(&[1], true)), vec![2, 1]);
+    assert_eq!(dims(&x.logsumexp_keepdim(&[1])), vec![2, 1]);
     let inf = t(&[f32::NEG_INFINITY, f32::NEG_INFINITY], &[2]);
-    close(&f32s(&inf.logsumexp(0, false)), &[f32::NEG_INFINITY]);
+    close(&f32s(&inf.logsumexp(0)), &[f32::NEG_INFINITY]);
 }
 
 #[test]
 fn argmax_argmin_first_occurrence() {
     let x = t(&[1.0, 3.0, 3.0, 2.0, 0.0, 0.0, 0.0, 5.0], &[2, 4]);
-    let a = x.argmax(-1, false);
+    let a = x.argmax(-1);
     assert_eq!(a.dtype(), DType::I64);
     assert_eq!(i64s(&a), vec![1, 3]);
-    assert_eq!(dims(&x.argmax(1, true)), vec![2, 1]);
-    assert_eq!(i64s(&x.argmax(0, false)), vec![0, 0, 0, 1]);
-    assert_eq!(i64s(&x.argmin(1, false)), vec![0, 0]);
-    assert_eq!(i64s(&x.argmin(0, true)), vec![1, 1, 1, 0]);
+    assert_eq!(dims(&x.argmax_keepdim(1)), vec![2, 1]);
+    assert_eq!(i64s(&x.argmax(0)), vec![0, 0, 0, 1]);
+    assert_eq!(i64s(&x.argmin(1)), vec![0, 0]);
+    assert_eq!(i64s(&x.argmin_keepdim(0)), vec![1, 1, 1, 0]);
     assert_eq!(x.argmax_all().item::<i64>().unwrap(), 7);
     assert_eq!(x.argmin_all().item::<i64>().unwrap(), 4);
     let nan = t(&[1.0, f32::NAN, 7.0, f32::NAN], &[4]);
-    assert_eq!(nan.argmax(0, false).item::<i64>().unwrap(), 1);
+    assert_eq!(nan.argmax(0).item::<i64>().unwrap(), 1);
     let ints = Tensor::from_vec(vec![4i32, 9, 9], &[3]);
-    assert_eq!(ints.argmax(0, false).item::<i64>().unwrap(), 1);
+    assert_eq!(ints.argmax(0).item::<i64>().unwrap(), 1);
 }
 
 // ----- matmul -----

@@ -68,20 +68,20 @@ fn build(name: &str, x: &Tensor, y: Option<&Tensor>) -> Option<Tensor> {
         "maximum_ties" => x.maximum(y()),
         "minimum_ties" => x.minimum(y()),
         "where_ge" => x.ge(0.0).where_cond(x, x.neg()),
-        "amax_ties" => x.max(1, false),
-        "amin_ties" => x.min(0, false),
+        "amax_ties" => x.max(1),
+        "amin_ties" => x.min(0),
         "max_all_ties" => x.max_all(),
-        "max_dim_ties" => x.max_dim(1, false).0,
-        "min_dim_ties" => x.min_dim(1, false).0,
-        "max_dim_ties_index" => x.max_dim(1, false).1,
+        "max_dim_ties" => x.max_dim(1).0,
+        "min_dim_ties" => x.min_dim(1).0,
+        "max_dim_ties_index" => x.max_dim(1).1,
         "remainder" | "remainder_int" => x.remainder(y()),
         "fmod" | "fmod_int" => x.fmod(y()),
         "remainder_inf" => x.remainder(f64::INFINITY),
         "remainder_neg_inf" => x.remainder(f64::NEG_INFINITY),
-        "sum_empty_axis" => x.sum(1, false),
-        "mean_empty_axis" => x.mean(1, false),
+        "sum_empty_axis" => x.sum(1),
+        "mean_empty_axis" => x.mean(1),
         "mean_empty_all" => x.mean_all(),
-        "logsumexp_empty_axis" => x.logsumexp(1, false),
+        "logsumexp_empty_axis" => x.logsumexp(1),
         _ => return None,
     })
 }
@@ -198,17 +198,17 @@ fn empty_reductions_without_identity_are_errors() {
     let empty = Tensor::zeros(&[3, 0], DType::F32);
     let empty_ints = Tensor::from_vec(Vec::<i64>::new(), &[0]);
     let cases: Vec<(&str, Tensor)> = vec![
-        ("max", empty.max(1, false)),
-        ("min", empty.min(-1, true)),
+        ("max", empty.max(1)),
+        ("min", empty.min_keepdim(-1)),
         ("max", empty.max_all()),
         ("min", empty.min_all()),
-        ("argmax", empty.argmax(1, false)),
-        ("argmin", empty.argmin(1, false)),
+        ("argmax", empty.argmax(1)),
+        ("argmin", empty.argmin(1)),
         ("argmax", empty.argmax_all()),
         ("argmin", empty_ints.argmin_all()),
-        ("max_dim", empty.max_dim(1, false).0),
-        ("min_dim", empty.min_dim(1, false).1),
-        ("max", empty_ints.max(0, false)),
+        ("max_dim", empty.max_dim(1).0),
+        ("min_dim", empty.min_dim(1).1),
+        ("max", empty_ints.max(0)),
     ];
     for (op, t) in cases {
         let e = t.realize().expect_err(op).to_string();
@@ -216,11 +216,11 @@ fn empty_reductions_without_identity_are_errors() {
         assert!(e.contains("empty") && e.contains("torch_edges.rs"), "{op}: {e}");
     }
     // Reducing the non-empty axis of an empty tensor is fine: the result is empty.
-    let fine = empty.max(0, false);
+    let fine = empty.max(0);
     fine.realize().unwrap();
     assert_eq!(fine.dims().unwrap(), vec![0]);
     // These have an identity (or a value at the empty axis) and stay values.
-    let sum = empty.sum(1, false);
+    let sum = empty.sum(1);
     let mean = empty.mean_all();
     kiln::realize(&[&sum, &mean]).unwrap();
     assert_eq!(sum.to_vec::<f32>().unwrap(), vec![0.0; 3]);

@@ -32,22 +32,22 @@ fn amax_and_amin_are_max_and_min_under_pytorchs_names() {
         let x = on(device, Tensor::from_vec(vec![1.0f32, 5.0, 2.0, 7.0, 0.0, 7.0], &[2, 3]));
         // torch.amax(x, 1) = [5, 7]; torch.amin(x, 0, keepdim=True) = [[1, 0, 2]];
         // torch.amax(x, (0, 1)) = 7.
-        assert_eq!(x.amax(1, false).to_vec::<f32>().unwrap(), [5.0, 7.0]);
-        let kept = x.amin(0, true);
+        assert_eq!(x.amax(1).to_vec::<f32>().unwrap(), [5.0, 7.0]);
+        let kept = x.amin_keepdim(0);
         assert_eq!(kept.dims().unwrap(), [1, 3]);
         assert_eq!(kept.to_vec::<f32>().unwrap(), [1.0, 0.0, 2.0]);
-        assert_eq!(x.amax(&[0, 1], false).item::<f32>().unwrap(), 7.0);
-        assert_eq!(x.amax(-1, false).to_vec::<f32>().unwrap(), x.max(-1, false).to_vec::<f32>().unwrap());
-        assert_eq!(x.amin(&[0, 1], true).to_vec::<f32>().unwrap(), x.min(&[0, 1], true).to_vec::<f32>().unwrap());
+        assert_eq!(x.amax(&[0, 1]).item::<f32>().unwrap(), 7.0);
+        assert_eq!(x.amax(-1).to_vec::<f32>().unwrap(), x.max(-1).to_vec::<f32>().unwrap());
+        assert_eq!(x.amin_keepdim(&[0, 1]).to_vec::<f32>().unwrap(), x.min_keepdim(&[0, 1]).to_vec::<f32>().unwrap());
         let ints = on(device, Tensor::from_vec(vec![3i32, -4, 9, 2], &[2, 2]));
-        assert_eq!(ints.amin(1, false).to_vec::<i32>().unwrap(), [-4, 2]);
+        assert_eq!(ints.amin(1).to_vec::<i32>().unwrap(), [-4, 2]);
     }
     // Tied maxima share the gradient evenly, like torch.amax: x.grad = [0, 0.5, 0, 0.5].
     let x = Tensor::from_vec(vec![1.0f32, 7.0, 2.0, 7.0], &[4]);
-    let g = kiln::grad(&x.amax(0, false), &[&x]).unwrap();
+    let g = kiln::grad(&x.amax(0), &[&x]).unwrap();
     assert_eq!(g[0].to_vec::<f32>().unwrap(), [0.0, 0.5, 0.0, 0.5]);
 
-    let (bad, line) = (Tensor::zeros(&[2, 0], kiln::DType::F32).amin(1, false), line!());
+    let (bad, line) = (Tensor::zeros(&[2, 0], kiln::DType::F32).amin(1), line!());
     let e = bad.to_vec::<f32>().unwrap_err();
     let (op, message, file, at) = op_error(&e);
     assert_eq!((op, file, at), ("amin", file!(), line));

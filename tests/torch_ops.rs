@@ -249,10 +249,14 @@ fn reductions() {
         let a = input(fx)?;
         let keepdim = fx.arg_bool("keepdim")?;
         let out = match (fx.info.op.as_str(), fx.arg_i64s("dims")?) {
-            ("sum", Some(d)) => a.sum(d, keepdim),
-            ("max", Some(d)) => a.max(d, keepdim),
-            ("min", Some(d)) => a.min(d, keepdim),
-            ("mean", Some(d)) => a.mean(d, keepdim),
+            ("sum", Some(d)) if keepdim => a.sum_keepdim(d),
+            ("sum", Some(d)) => a.sum(d),
+            ("max", Some(d)) if keepdim => a.max_keepdim(d),
+            ("max", Some(d)) => a.max(d),
+            ("min", Some(d)) if keepdim => a.min_keepdim(d),
+            ("min", Some(d)) => a.min(d),
+            ("mean", Some(d)) if keepdim => a.mean_keepdim(d),
+            ("mean", Some(d)) => a.mean(d),
             // PyTorch's reductions without `dim` give a rank-0 tensor.
             ("sum", None) => a.sum_all(),
             ("max", None) => a.max_all(),
@@ -280,7 +284,10 @@ fn softmax_log_softmax() {
 
 #[test]
 fn argmax() {
-    run_family("argmax", ARGMAX, 6, |fx| realize(&input(fx)?.argmax(fx.arg_i64("dim")?, fx.arg_bool("keepdim")?)));
+    run_family("argmax", ARGMAX, 6, |fx| {
+        let (a, dim) = (input(fx)?, fx.arg_i64("dim")?);
+        realize(&if fx.arg_bool("keepdim")? { a.argmax_keepdim(dim) } else { a.argmax(dim) })
+    });
 }
 
 #[test]

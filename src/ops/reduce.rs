@@ -2,8 +2,9 @@
 //! `argmax` and `argmin`.
 //!
 //! Axes may be negative; an empty axis list reduces every axis (as PyTorch's `dim=[]` does).
-//! `keepdim = true` keeps the reduced axes with size 1, `false` removes them (a reshape after
-//! the air `reduce`, which always keeps them).
+//! As in PyTorch, where `keepdim` defaults to false, `x.sum(axes)` removes the reduced axes and
+//! `x.sum_keepdim(axes)` keeps them with size 1 (`keepdim=True`); every reduction comes in both
+//! forms. Removing is a reshape after the air `reduce`, which always keeps them.
 //!
 //! # Empty reductions (as PyTorch)
 //!
@@ -103,94 +104,154 @@ fn count(t: &Tensor, axes: &AxisList) -> Dim {
     axes.iter().fold(Dim::Const(1), |acc, &a| &acc * &t.shape()[a])
 }
 
+/// `sum` over `axes`, the reduced axes kept or removed.
+fn sum(site: Site, t: &Tensor, axes: &[isize], keepdim: bool) -> Tensor {
+    let axes = match reduce_axes(site, t, axes) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let x = if t.dtype().is_float() { t.clone() } else { t.p_cast(site, DType::I64) };
+    finish(site, x.p_reduce(site, ReduceOp::Sum, axes.clone()), &axes, keepdim)
+}
+
+/// `mean` over `axes`, the reduced axes kept or removed.
+fn mean(site: Site, t: &Tensor, axes: &[isize], keepdim: bool) -> Tensor {
+    let axes = match reduce_axes(site, t, axes) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let x = t.float_input(site);
+    let sum = x.p_reduce(site, ReduceOp::Sum, axes.clone());
+    let mean = match count(&x, &axes).as_const() {
+        // `0 * (1 / 0)` is NaN, but a GPU compiler may fold `0 * inf` to 0: say NaN directly.
+        Some(0) => sum.splat(site, f64::NAN),
+        Some(n) => sum.p_binary(site, BinaryOp::Mul, &sum.splat(site, 1.0 / n as f64)),
+        None => {
+            let n = x.splat(site, 1.0).p_reduce(site, ReduceOp::Sum, axes.clone());
+            sum.p_binary(site, BinaryOp::Div, &n)
+        }
+    };
+    finish(site, mean, &axes, keepdim)
+}
+
+/// `logsumexp` over `axes`, the reduced axes kept or removed.
+fn logsumexp(site: Site, t: &Tensor, axes: &[isize], keepdim: bool) -> Tensor {
+    let x = t.float_input(site);
+    let axes = match reduce_axes(site, &x, axes) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let m = max_kept(site, &x, &axes);
+    // An infinite maximum would give inf - inf = NaN; shift by 0 there instead.
+    let finite = m.abs().lt(f64::INFINITY);
+    let m = finite.where_cond(&m, 0.0);
+    let lse = x.sub(&m).exp().p_reduce(site, ReduceOp::Sum, axes.clone()).log().add(&m);
+    finish(site, lse, &axes, keepdim)
+}
+
 impl Tensor {
-    /// Sum over `axes` (negative allowed; empty = all). Integers and bools sum as `i64`, as in
-    /// PyTorch.
+    /// Sum over `axes` (negative allowed; empty = all), removing them (`torch.sum(x, dim)`).
+    /// Integers and bools sum as `i64`, as in PyTorch.
     #[track_caller]
-    pub fn sum(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        let site = Site::here("sum");
-        let axes = match reduce_axes(site, self, &axes.to_axes()) {
-            Ok(a) => a,
-            Err(e) => return e,
-        };
-        let x = if self.dtype().is_float() { self.clone() } else { self.p_cast(site, DType::I64) };
-        finish(site, x.p_reduce(site, ReduceOp::Sum, axes.clone()), &axes, keepdim)
+    pub fn sum(&self, axes: impl Axes) -> Tensor {
+        sum(Site::here("sum"), self, &axes.to_axes(), false)
     }
 
-    /// Maximum over `axes` (values only; see [`Tensor::max_dim`] for values and indices), like
-    /// `torch.amax`: tied maxima share the gradient evenly. Reducing an empty axis is an error.
+    /// [`Tensor::sum`] keeping the reduced axes with size 1 (`keepdim=True`).
     #[track_caller]
-    pub fn max(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        extreme(Site::here("max"), self, &axes.to_axes(), keepdim, max_kept)
+    pub fn sum_keepdim(&self, axes: impl Axes) -> Tensor {
+        sum(Site::here("sum"), self, &axes.to_axes(), true)
     }
 
-    /// Minimum over `axes` (values only), like `torch.amin`: tied minima share the gradient evenly.
-    /// Reducing an empty axis is an error.
+    /// Maximum over `axes`, removing them (values only; see [`Tensor::max_dim`] for values and
+    /// indices), like `torch.amax`: tied maxima share the gradient evenly. Reducing an empty axis
+    /// is an error.
     #[track_caller]
-    pub fn min(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        extreme(Site::here("min"), self, &axes.to_axes(), keepdim, min_kept)
+    pub fn max(&self, axes: impl Axes) -> Tensor {
+        extreme(Site::here("max"), self, &axes.to_axes(), false, max_kept)
     }
 
-    /// PyTorch's name for [`Tensor::max`] over axes (`torch.amax(x, dim, keepdim)`): the maximum
-    /// values, tied maxima sharing the gradient evenly. Reducing an empty axis is an error.
+    /// [`Tensor::max`] keeping the reduced axes with size 1.
     #[track_caller]
-    pub fn amax(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        extreme(Site::here("amax"), self, &axes.to_axes(), keepdim, max_kept)
+    pub fn max_keepdim(&self, axes: impl Axes) -> Tensor {
+        extreme(Site::here("max"), self, &axes.to_axes(), true, max_kept)
     }
 
-    /// PyTorch's name for [`Tensor::min`] over axes (`torch.amin(x, dim, keepdim)`): the minimum
-    /// values, tied minima sharing the gradient evenly. Reducing an empty axis is an error.
+    /// Minimum over `axes`, removing them (values only), like `torch.amin`: tied minima share the
+    /// gradient evenly. Reducing an empty axis is an error.
     #[track_caller]
-    pub fn amin(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        extreme(Site::here("amin"), self, &axes.to_axes(), keepdim, min_kept)
+    pub fn min(&self, axes: impl Axes) -> Tensor {
+        extreme(Site::here("min"), self, &axes.to_axes(), false, min_kept)
     }
 
-    /// Mean over `axes`: `sum * (1 / n)`. Integers become `f32` first. With symbolic dims `n` is
-    /// itself computed as a sum of ones. Over an empty axis the mean is NaN (`0 / 0`), as in
-    /// PyTorch.
+    /// [`Tensor::min`] keeping the reduced axes with size 1.
     #[track_caller]
-    pub fn mean(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        let site = Site::here("mean");
-        let axes = match reduce_axes(site, self, &axes.to_axes()) {
-            Ok(a) => a,
-            Err(e) => return e,
-        };
-        let x = self.float_input(site);
-        let sum = x.p_reduce(site, ReduceOp::Sum, axes.clone());
-        let mean = match count(&x, &axes).as_const() {
-            // `0 * (1 / 0)` is NaN, but a GPU compiler may fold `0 * inf` to 0: say NaN directly.
-            Some(0) => sum.splat(site, f64::NAN),
-            Some(n) => sum.p_binary(site, BinaryOp::Mul, &sum.splat(site, 1.0 / n as f64)),
-            None => {
-                let n = x.splat(site, 1.0).p_reduce(site, ReduceOp::Sum, axes.clone());
-                sum.p_binary(site, BinaryOp::Div, &n)
-            }
-        };
-        finish(site, mean, &axes, keepdim)
+    pub fn min_keepdim(&self, axes: impl Axes) -> Tensor {
+        extreme(Site::here("min"), self, &axes.to_axes(), true, min_kept)
+    }
+
+    /// PyTorch's name for [`Tensor::max`] over axes (`torch.amax(x, dim)`): the maximum values,
+    /// tied maxima sharing the gradient evenly. Reducing an empty axis is an error.
+    #[track_caller]
+    pub fn amax(&self, axes: impl Axes) -> Tensor {
+        extreme(Site::here("amax"), self, &axes.to_axes(), false, max_kept)
+    }
+
+    /// [`Tensor::amax`] keeping the reduced axes with size 1.
+    #[track_caller]
+    pub fn amax_keepdim(&self, axes: impl Axes) -> Tensor {
+        extreme(Site::here("amax"), self, &axes.to_axes(), true, max_kept)
+    }
+
+    /// PyTorch's name for [`Tensor::min`] over axes (`torch.amin(x, dim)`): the minimum values,
+    /// tied minima sharing the gradient evenly. Reducing an empty axis is an error.
+    #[track_caller]
+    pub fn amin(&self, axes: impl Axes) -> Tensor {
+        extreme(Site::here("amin"), self, &axes.to_axes(), false, min_kept)
+    }
+
+    /// [`Tensor::amin`] keeping the reduced axes with size 1.
+    #[track_caller]
+    pub fn amin_keepdim(&self, axes: impl Axes) -> Tensor {
+        extreme(Site::here("amin"), self, &axes.to_axes(), true, min_kept)
+    }
+
+    /// Mean over `axes`, removing them: `sum * (1 / n)`. Integers become `f32` first. With
+    /// symbolic dims `n` is itself computed as a sum of ones. Over an empty axis the mean is NaN
+    /// (`0 / 0`), as in PyTorch.
+    #[track_caller]
+    pub fn mean(&self, axes: impl Axes) -> Tensor {
+        mean(Site::here("mean"), self, &axes.to_axes(), false)
+    }
+
+    /// [`Tensor::mean`] keeping the reduced axes with size 1.
+    #[track_caller]
+    pub fn mean_keepdim(&self, axes: impl Axes) -> Tensor {
+        mean(Site::here("mean"), self, &axes.to_axes(), true)
     }
 
     /// Sum of every element, shape `[]`.
     #[track_caller]
     pub fn sum_all(&self) -> Tensor {
-        self.sum(&[0usize; 0], false)
+        self.sum(&[0usize; 0])
     }
 
     /// Maximum of every element, shape `[]`.
     #[track_caller]
     pub fn max_all(&self) -> Tensor {
-        self.max(&[0usize; 0], false)
+        self.max(&[0usize; 0])
     }
 
     /// Minimum of every element, shape `[]`.
     #[track_caller]
     pub fn min_all(&self) -> Tensor {
-        self.min(&[0usize; 0], false)
+        self.min(&[0usize; 0])
     }
 
     /// Mean of every element, shape `[]`.
     #[track_caller]
     pub fn mean_all(&self) -> Tensor {
-        self.mean(&[0usize; 0], false)
+        self.mean(&[0usize; 0])
     }
 
     /// `exp(x) / sum(exp(x))` along `dim`, computed stably: `e = exp(x - max)`, then
@@ -224,62 +285,81 @@ impl Tensor {
         shifted.sub(shifted.exp().p_reduce(site, ReduceOp::Sum, axes).log())
     }
 
-    /// `log(sum(exp(x)))` over `axes`, computed stably around the maximum.
+    /// `log(sum(exp(x)))` over `axes`, removing them, computed stably around the maximum.
     #[track_caller]
-    pub fn logsumexp(&self, axes: impl Axes, keepdim: bool) -> Tensor {
-        let site = Site::here("logsumexp");
-        let x = self.float_input(site);
-        let axes = match reduce_axes(site, &x, &axes.to_axes()) {
-            Ok(a) => a,
-            Err(e) => return e,
-        };
-        let m = max_kept(site, &x, &axes);
-        // An infinite maximum would give inf - inf = NaN; shift by 0 there instead.
-        let finite = m.abs().lt(f64::INFINITY);
-        let m = finite.where_cond(&m, 0.0);
-        let lse = x.sub(&m).exp().p_reduce(site, ReduceOp::Sum, axes.clone()).log().add(&m);
-        finish(site, lse, &axes, keepdim)
+    pub fn logsumexp(&self, axes: impl Axes) -> Tensor {
+        logsumexp(Site::here("logsumexp"), self, &axes.to_axes(), false)
     }
 
-    /// Index (`i64`) of the maximum along `dim`; the first one on ties and NaN counts as the
-    /// maximum, as in PyTorch. Built as `min(where(x == max(x), iota, i64::MAX))`.
+    /// [`Tensor::logsumexp`] keeping the reduced axes with size 1.
     #[track_caller]
-    pub fn argmax(&self, dim: impl Axis, keepdim: bool) -> Tensor {
-        arg_extreme(Site::here("argmax"), self, dim.to_isize(), keepdim, false)
+    pub fn logsumexp_keepdim(&self, axes: impl Axes) -> Tensor {
+        logsumexp(Site::here("logsumexp"), self, &axes.to_axes(), true)
     }
 
-    /// Index (`i64`) of the minimum along `dim`; the first one on ties.
+    /// Index (`i64`) of the maximum along `dim`, removing it; the first one on ties and NaN
+    /// counts as the maximum, as in PyTorch. Built as `min(where(x == max(x), iota, i64::MAX))`.
     #[track_caller]
-    pub fn argmin(&self, dim: impl Axis, keepdim: bool) -> Tensor {
-        arg_extreme(Site::here("argmin"), self, dim.to_isize(), keepdim, true)
+    pub fn argmax(&self, dim: impl Axis) -> Tensor {
+        arg_extreme(Site::here("argmax"), self, dim.to_isize(), false, false)
     }
 
-    /// The maximum along `dim` and its index (`i64`), like `torch.max(x, dim)`: the index is the
-    /// first maximum (NaN counts as the maximum), and the whole gradient of the values goes to the
-    /// element at that index (where [`Tensor::max`] splits it among ties). An empty `dim` is an
-    /// error.
+    /// [`Tensor::argmax`] keeping `dim` with size 1.
     #[track_caller]
-    pub fn max_dim(&self, dim: impl Axis, keepdim: bool) -> (Tensor, Tensor) {
-        extreme_at_index(Site::here("max_dim"), self, dim.to_isize(), keepdim, false)
+    pub fn argmax_keepdim(&self, dim: impl Axis) -> Tensor {
+        arg_extreme(Site::here("argmax"), self, dim.to_isize(), true, false)
     }
 
-    /// The minimum along `dim` and its index (`i64`), like `torch.min(x, dim)`; see
-    /// [`Tensor::max_dim`].
+    /// Index (`i64`) of the minimum along `dim`, removing it; the first one on ties.
     #[track_caller]
-    pub fn min_dim(&self, dim: impl Axis, keepdim: bool) -> (Tensor, Tensor) {
-        extreme_at_index(Site::here("min_dim"), self, dim.to_isize(), keepdim, true)
+    pub fn argmin(&self, dim: impl Axis) -> Tensor {
+        arg_extreme(Site::here("argmin"), self, dim.to_isize(), false, true)
+    }
+
+    /// [`Tensor::argmin`] keeping `dim` with size 1.
+    #[track_caller]
+    pub fn argmin_keepdim(&self, dim: impl Axis) -> Tensor {
+        arg_extreme(Site::here("argmin"), self, dim.to_isize(), true, true)
+    }
+
+    /// The maximum along `dim` and its index (`i64`), removing `dim`, like `torch.max(x, dim)`:
+    /// the index is the first maximum (NaN counts as the maximum), and the whole gradient of the
+    /// values goes to the element at that index (where [`Tensor::max`] splits it among ties). An
+    /// empty `dim` is an error.
+    #[track_caller]
+    pub fn max_dim(&self, dim: impl Axis) -> (Tensor, Tensor) {
+        extreme_at_index(Site::here("max_dim"), self, dim.to_isize(), false, false)
+    }
+
+    /// [`Tensor::max_dim`] keeping `dim` with size 1.
+    #[track_caller]
+    pub fn max_dim_keepdim(&self, dim: impl Axis) -> (Tensor, Tensor) {
+        extreme_at_index(Site::here("max_dim"), self, dim.to_isize(), true, false)
+    }
+
+    /// The minimum along `dim` and its index (`i64`), removing `dim`, like `torch.min(x, dim)`;
+    /// see [`Tensor::max_dim`].
+    #[track_caller]
+    pub fn min_dim(&self, dim: impl Axis) -> (Tensor, Tensor) {
+        extreme_at_index(Site::here("min_dim"), self, dim.to_isize(), false, true)
+    }
+
+    /// [`Tensor::min_dim`] keeping `dim` with size 1.
+    #[track_caller]
+    pub fn min_dim_keepdim(&self, dim: impl Axis) -> (Tensor, Tensor) {
+        extreme_at_index(Site::here("min_dim"), self, dim.to_isize(), true, true)
     }
 
     /// Index of the maximum of the flattened tensor, shape `[]` (PyTorch's `argmax()`).
     #[track_caller]
     pub fn argmax_all(&self) -> Tensor {
-        self.flatten(0, -1).argmax(0, false)
+        self.flatten(0, -1).argmax(0)
     }
 
     /// Index of the minimum of the flattened tensor, shape `[]`.
     #[track_caller]
     pub fn argmin_all(&self) -> Tensor {
-        self.flatten(0, -1).argmin(0, false)
+        self.flatten(0, -1).argmin(0)
     }
 }
 

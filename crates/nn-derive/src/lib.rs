@@ -4,7 +4,8 @@
 //! Field attributes (a field without one is not part of the parameter tree):
 //! - `#[param]`: a trainable tensor (`ParamKind::Weight`), a `Tensor` or an `Option<Tensor>` (a
 //!   `None` is skipped, as an absent bias).
-//! - `#[buffer]`: a saved but untrained tensor (`ParamKind::Buffer`), same types.
+//! - `#[buffer]`: a saved but untrained tensor (`ParamKind::Buffer`), same types, or a
+//!   `RefCell<Tensor>` that a `&self` forward updates (BatchNorm's running statistics).
 //! - `#[module]`: a child whose own parameters are visited under `field.` (anything implementing
 //!   `ModuleParams`: a layer, `Vec<T>` with children named `0`, `1`, ..., `Option<T>`,
 //!   `Box<dyn Module>`). `set_training` is passed on to it.

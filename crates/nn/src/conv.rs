@@ -657,7 +657,7 @@ pub fn max_pool2d(input: &Tensor, kernel_size: (usize, usize), options: MaxPool2
     if geo.tiles() {
         let tiled = geo.tiled(input);
         if !one_winner {
-            return tiled.max(&[3, 5], false);
+            return tiled.max(&[3, 5]);
         }
         // [N, C, OH, KH, OW, KW] -> [N, C, OH, OW, KH * KW], window positions row-major.
         let (kh, kw) = kernel_size;
@@ -669,7 +669,7 @@ pub fn max_pool2d(input: &Tensor, kernel_size: (usize, usize), options: MaxPool2
             Dim::from(ow),
             Dim::from(kh * kw),
         ]);
-        return windows.max_dim(4, false).0;
+        return windows.max_dim(4).0;
     }
     // Overlapping windows: stacked on a new axis and reduced, so the backward pass is one
     // reduce-max gradient rather than a chain of pairwise ones.
@@ -679,7 +679,7 @@ pub fn max_pool2d(input: &Tensor, kernel_size: (usize, usize), options: MaxPool2
     }
     let refs: Vec<&Tensor> = wins.iter().collect();
     let stacked = Tensor::stack(&refs, 2);
-    if one_winner { stacked.max_dim(2, false).0 } else { stacked.max(2, false) }
+    if one_winner { stacked.max_dim(2).0 } else { stacked.max(2) }
 }
 
 /// `F.avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False,
@@ -705,12 +705,12 @@ pub fn avg_pool2d(input: &Tensor, kernel_size: (usize, usize), options: AvgPool2
     }
     if geo.tiles() && options.divisor_override.is_none() {
         // Every window lies inside the input: the divisor is the kernel's size.
-        return geo.tiled(input).mean(&[3, 5], false);
+        return geo.tiled(input).mean(&[3, 5]);
     }
     // The sum scaled by the divisor's reciprocal, as `mean` does (one reduce with an epilogue
     // when the windows tile the input).
     let sum = if geo.tiles() {
-        geo.tiled(input).sum(&[3, 5], false)
+        geo.tiled(input).sum(&[3, 5])
     } else {
         let wins = geo.windows(input, 0.0);
         wins.iter().skip(1).fold(wins[0].clone(), |acc, w| acc.add(w))

@@ -29,7 +29,7 @@ use crate::error::{NnError, Result};
 use crate::module::{Module, ParamKind};
 use crate::optim::{Optimizer, StepInputs};
 use crate::serialize::{read_safetensors, tensors_to_safetensors_bytes};
-use crate::train::{LossFn, model_tensors, with_tensors};
+use crate::train::{LossFn, model_tensors, set_tensors, with_tensors_updating};
 
 /// Where the time of the last [`DistributedTrainer::step`] went.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -57,6 +57,8 @@ pub struct DistributedTrainer<M: Module, O: Optimizer> {
     grad_jit: JitCache,
     update_jit: JitCache,
     timing: StepTiming,
+    /// Visit positions of the buffers the forward updates (found when the step is traced).
+    updated_buffers: Vec<usize>,
 }
 
 impl<M: Module, O: Optimizer> DistributedTrainer<M, O> {
@@ -103,6 +105,7 @@ impl<M: Module, O: Optimizer> DistributedTrainer<M, O> {
             grad_jit: JitCache::new(),
             update_jit: JitCache::new(),
             timing: StepTiming::default(),
+            updated_buffers: Vec::new(),
         })
     }
 
@@ -153,18 +156,30 @@ impl<M: Module, O: Optimizer> DistributedTrainer<M, O> {
         // 1. The gradient program: loss and gradients.
         let mut args: Vec<&Tensor> = vec![x, y];
         args.extend(&tensors);
-        let (model, loss_fn) = (&mut self.model, &mut self.loss);
-        let out = self.grad_jit.call(&args, |a: &[Tensor]| -> Result<Vec<Tensor>> {
+        let (model, loss_fn, updated_buffers) = (&mut self.model, &mut self.loss, &mut self.updated_buffers);
+        let mut out = self.grad_jit.call(&args, |a: &[Tensor]| -> Result<Vec<Tensor>> {
             let stand_ins = &a[2..2 + n_tensors];
             let params: Vec<&Tensor> = stand_ins.iter().zip(&is_weight).filter(|(_, w)| **w).map(|(t, _)| t).collect();
-            let loss = with_tensors(model, stand_ins, |m| loss_fn.loss(&m.forward(&a[0]), &a[1]))?;
+            let (loss, buffers) = with_tensors_updating(model, stand_ins, |m| loss_fn.loss(&m.forward(&a[0]), &a[1]))?;
             let mut out = vec![loss.clone()];
             out.extend(kiln::grad(&loss, &params)?);
+            *updated_buffers = buffers.iter().map(|(i, _)| *i).collect();
+            out.extend(buffers.into_iter().map(|(_, t)| t));
             Ok(out)
         })?;
-        if out.len() != 1 + params.len() {
+        if out.len() != 1 + params.len() + self.updated_buffers.len() {
             return Err(NnError::Config("the model's parameter list changed during a step".into()));
         }
+        // Buffers the forward updated (BatchNorm's running statistics): rank 0's values on every
+        // rank, as PyTorch's DistributedDataParallel broadcasts them (`broadcast_buffers=True`).
+        let buffers = out.split_off(1 + params.len());
+        let mut synced = Vec::with_capacity(buffers.len());
+        for b in &buffers {
+            let mut data = f32_data(b, "a buffer", b)?;
+            self.comm.broadcast(data.as_mut_slice().into(), 0)?;
+            synced.push(from_host(data, b)?);
+        }
+        set_tensors(&mut self.model, &self.updated_buffers, synced);
 
         // 2. The mean over the ranks of the gradients and the loss, bucket by bucket.
         let (loss, grads) = out.split_first().expect("length checked above");

@@ -234,8 +234,8 @@ pub fn layer_norm(
 /// `(x - mean) / sqrt(var + eps)` over `axes`, with the biased variance.
 #[track_caller]
 fn standardize(x: &Tensor, axes: &[isize], eps: f64) -> Tensor {
-    let centered = x.sub(x.mean(axes, true));
-    let var = centered.square().mean(axes, true);
+    let centered = x.sub(x.mean_keepdim(axes));
+    let var = centered.square().mean_keepdim(axes);
     centered.mul(var.add(eps).rsqrt())
 }
 
@@ -275,7 +275,7 @@ pub fn rms_norm(input: &Tensor, normalized_shape: &[usize], weight: Option<&Tens
         Err(e) => return e,
     };
     let eps = eps.unwrap_or_else(|| finfo_eps(input.dtype()));
-    affine(input.mul(input.square().mean(&axes, true).add(eps).rsqrt()), weight, None)
+    affine(input.mul(input.square().mean_keepdim(&axes).add(eps).rsqrt()), weight, None)
 }
 
 /// `F.group_norm(input, num_groups, weight=None, bias=None, eps=1e-5)`: `input` is `[N, C, *]`;
@@ -620,7 +620,7 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, options: CrossEntropyOptio
         if let Some(w) = weight {
             terms = terms.mul(w);
         }
-        let losses = terms.sum(-1, false).neg();
+        let losses = terms.sum(-1).neg();
         let count = losses.ones_like().sum_all();
         return reduce_rows(&losses, options.reduction, &count, &sample);
     }
@@ -637,7 +637,7 @@ pub fn cross_entropy(input: &Tensor, target: &Tensor, options: CrossEntropyOptio
     if let Some(w) = weight {
         every = every.mul(w);
     }
-    let mut smooth = every.sum(-1, false);
+    let mut smooth = every.sum(-1);
     if let Some(k) = &picked.keep {
         smooth = select(&k.reshape(&[-1]), &smooth, 0.0);
     }

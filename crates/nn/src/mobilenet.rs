@@ -81,6 +81,6 @@ impl Module for MobileNet {
         for block in &self.blocks {
             x = block.pw.forward(&block.dw.forward(&x));
         }
-        self.fc.forward(&x.mean(&[2, 3], false))
+        self.fc.forward(&x.mean(&[2, 3]))
     }
 }

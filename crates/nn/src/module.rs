@@ -219,6 +219,17 @@ pub mod __derive {
         }
     }
 
+    /// A buffer a `&self` forward updates (BatchNorm's running statistics).
+    impl ParamSlot for std::cell::RefCell<Tensor> {
+        fn visit_slot(&self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
+            f(name, &self.borrow(), kind);
+        }
+
+        fn visit_slot_mut(&mut self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
+            f(name, self.get_mut(), kind);
+        }
+    }
+
     impl ParamSlot for Option<Tensor> {
         fn visit_slot(&self, name: &str, kind: ParamKind, f: &mut dyn FnMut(&str, &Tensor, ParamKind)) {
             if let Some(t) = self {

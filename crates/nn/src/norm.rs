@@ -1,5 +1,8 @@
-//! Normalisation layers: `LayerNorm`, `RmsNorm` (over the last axis) and `BatchNorm2d`
-//! (inference form, over the channel axis of `[N, C, H, W]`), each a call of its functional form.
+//! Normalisation layers: `LayerNorm`, `RmsNorm` (over the last axis) and `BatchNorm2d` (over
+//! the channel axis of `[N, C, H, W]`, batch statistics in training mode), each a call of its
+//! functional form.
+
+use std::cell::RefCell;
 
 use kiln::Tensor;
 
@@ -67,12 +70,20 @@ impl Module for RmsNorm {
     }
 }
 
-/// Batch normalisation of `[N, C, H, W]` with the running statistics (PyTorch's
-/// `nn.BatchNorm2d` in `eval()` mode): `(x - running_mean) / sqrt(running_var + eps) * weight +
-/// bias` per channel. The statistics are buffers: saved and loaded, never trained. Training mode
-/// also uses them (a frozen BatchNorm): `Module::forward` takes `&self`, so the layer cannot
-/// update its running statistics; training with batch statistics is [`functional::batch_norm`]
-/// with `training = true`, which replaces the running statistics it is lent.
+/// Batch normalisation of `[N, C, H, W]` per channel, PyTorch's `nn.BatchNorm2d`:
+/// [`functional::batch_norm`] with the layer's affine parameters and running statistics.
+///
+/// In training mode (`set_training(true)`; a new layer starts in eval mode, like every Kiln
+/// layer, [`Trainer`] turns training on, [`predict`] and [`Predictor`] off) the batch's mean and biased variance normalize,
+/// and every forward replaces the running statistics by `(1 - momentum) * running + momentum *
+/// batch` (unbiased variance, no gradient). `forward` takes `&self`, so the statistics sit in a
+/// `RefCell`; they are buffers (saved, loaded, never trained), and a training step compiled by
+/// [`Trainer`] returns their new values from the same program. In eval mode the running statistics
+/// normalize, folded into one scale and one shift per channel.
+///
+/// [`Trainer`]: crate::Trainer
+/// [`predict`]: crate::predict
+/// [`Predictor`]: crate::Predictor
 #[derive(Module)]
 pub struct BatchNorm2d {
     /// `[C]`, initially ones.
@@ -81,25 +92,32 @@ pub struct BatchNorm2d {
     /// `[C]`, initially zeros.
     #[param]
     pub bias: Tensor,
-    /// `[C]` buffer, initially zeros.
+    /// `[C]` buffer, initially zeros; updated by a training-mode forward.
     #[buffer]
-    pub running_mean: Tensor,
-    /// `[C]` buffer, initially ones.
+    pub running_mean: RefCell<Tensor>,
+    /// `[C]` buffer, initially ones; updated by a training-mode forward.
     #[buffer]
-    pub running_var: Tensor,
+    pub running_var: RefCell<Tensor>,
     /// Added to the variance.
     pub eps: f64,
+    /// The weight of the batch's statistics in the running ones (PyTorch's default 0.1).
+    pub momentum: f64,
+    /// Batch statistics (and running-statistics updates) when true, running statistics when false.
+    #[training]
+    pub training: bool,
 }
 
 impl BatchNorm2d {
-    /// A layer over `channels` channels.
+    /// A layer over `channels` channels, in eval mode, momentum 0.1.
     pub fn new(channels: usize, eps: f64) -> BatchNorm2d {
         BatchNorm2d {
             weight: init::filled(&[channels], 1.0),
             bias: init::filled(&[channels], 0.0),
-            running_mean: init::filled_buffer(&[channels], 0.0),
-            running_var: init::filled_buffer(&[channels], 1.0),
+            running_mean: RefCell::new(init::filled_buffer(&[channels], 0.0)),
+            running_var: RefCell::new(init::filled_buffer(&[channels], 1.0)),
             eps,
+            momentum: 0.1,
+            training: false,
         }
     }
 }
@@ -107,16 +125,21 @@ impl BatchNorm2d {
 impl Module for BatchNorm2d {
     #[track_caller]
     fn forward(&self, x: &Tensor) -> Tensor {
-        let (mut mean, mut var) = (self.running_mean.clone(), self.running_var.clone());
-        functional::batch_norm(
+        let (mut mean, mut var) = (self.running_mean.borrow().clone(), self.running_var.borrow().clone());
+        let y = functional::batch_norm(
             x,
             Some(&mut mean),
             Some(&mut var),
             Some(&self.weight),
             Some(&self.bias),
-            false,
-            0.1,
+            self.training,
+            self.momentum,
             self.eps,
-        )
+        );
+        if self.training && y.error().is_none() {
+            *self.running_mean.borrow_mut() = mean;
+            *self.running_var.borrow_mut() = var;
+        }
+        y
     }
 }

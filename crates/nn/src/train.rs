@@ -81,6 +81,41 @@ pub(crate) fn with_tensors<M: ModuleParams + ?Sized, R>(
     result
 }
 
+/// [`with_tensors`], also returning the buffers `f` replaced (a training-mode BatchNorm's running
+/// statistics): their positions in visit order and their new values, which a compiled step
+/// returns as outputs so that the update is not lost when the model's own tensors come back.
+pub(crate) fn with_tensors_updating<M: ModuleParams + ?Sized, R>(
+    model: &mut M,
+    tensors: &[Tensor],
+    f: impl FnOnce(&M) -> R,
+) -> Result<(R, Vec<(usize, Tensor)>)> {
+    with_tensors(model, tensors, |m| {
+        let result = f(m);
+        let mut updated = Vec::new();
+        let mut i = 0;
+        m.visit(&mut |_, t, kind| {
+            if kind == ParamKind::Buffer && tensors.get(i).is_some_and(|given| !Tensor::ptr_eq(given, t)) {
+                updated.push((i, t.clone()));
+            }
+            i += 1;
+        });
+        (result, updated)
+    })
+}
+
+/// Writes `values` into the model's tensors at the visit positions `at` (the buffers a compiled
+/// step updated, see [`with_tensors_updating`]).
+pub(crate) fn set_tensors<M: ModuleParams + ?Sized>(model: &mut M, at: &[usize], values: Vec<Tensor>) {
+    let mut values = at.iter().copied().zip(values).peekable();
+    let mut i = 0;
+    model.visit_mut(&mut |_, t, _| {
+        if let Some((_, v)) = values.next_if(|(at, _)| *at == i) {
+            *t = v;
+        }
+        i += 1;
+    });
+}
+
 /// A model's forward pass compiled once per input signature (`kiln::jit`): the model's
 /// parameters and buffers are arguments of the compiled function, not constants, so predicting
 /// after the weights changed (training, `load`) uses the new weights without tracing again.
@@ -130,6 +165,8 @@ pub struct Trainer<M: Module, O: Optimizer> {
     loss: Box<dyn LossFn>,
     steps: u64,
     jit: JitCache,
+    /// Visit positions of the buffers the step updates (found when the step is traced).
+    updated_buffers: Vec<usize>,
 }
 
 impl<M: Module, O: Optimizer> Trainer<M, O> {
@@ -137,7 +174,7 @@ impl<M: Module, O: Optimizer> Trainer<M, O> {
     /// The model is put in training mode.
     pub fn new(mut model: M, optimizer: O, loss: impl LossFn + 'static) -> Trainer<M, O> {
         model.set_training(true);
-        Trainer { model, optimizer, loss: Box::new(loss), steps: 0, jit: JitCache::new() }
+        Trainer { model, optimizer, loss: Box::new(loss), steps: 0, jit: JitCache::new(), updated_buffers: Vec::new() }
     }
 
     /// How many structurally different step graphs have been compiled: 1 when every step reused
@@ -171,6 +208,7 @@ impl<M: Module, O: Optimizer> Trainer<M, O> {
         args.extend(&inputs.state);
         args.extend(&inputs.scalars);
         let (model, optimizer, loss_fn) = (&mut self.model, &self.optimizer, &mut self.loss);
+        let updated_buffers = &mut self.updated_buffers;
         let out = self.jit.call(&args, |a: &[Tensor]| -> Result<Vec<Tensor>> {
             let (x, y) = (&a[0], &a[1]);
             let stand_ins = &a[2..2 + n_tensors];
@@ -184,17 +222,19 @@ impl<M: Module, O: Optimizer> Trainer<M, O> {
                 .filter(|(_, k)| **k == ParamKind::Weight)
                 .map(|(t, _)| t.clone())
                 .collect();
-            let loss = with_tensors(model, stand_ins, |m| loss_fn.loss(&m.forward(x), y))?;
+            let (loss, buffers) = with_tensors_updating(model, stand_ins, |m| loss_fn.loss(&m.forward(x), y))?;
             let refs: Vec<&Tensor> = params.iter().collect();
             let grads = kiln::grad(&loss, &refs)?;
             let (new_params, new_state) = optimizer.update(&params, &grads, &step)?;
-            let mut out = Vec::with_capacity(1 + new_params.len() + new_state.len());
+            let mut out = Vec::with_capacity(1 + new_params.len() + new_state.len() + buffers.len());
             out.push(loss);
             out.extend(new_params);
             out.extend(new_state);
+            *updated_buffers = buffers.iter().map(|(i, _)| *i).collect();
+            out.extend(buffers.into_iter().map(|(_, t)| t));
             Ok(out)
         })?;
-        if out.len() != 1 + params.len() + n_state {
+        if out.len() != 1 + params.len() + n_state + self.updated_buffers.len() {
             return Err(NnError::Config("the model's parameter list changed during a step".into()));
         }
         let mut out = out.into_iter();
@@ -207,7 +247,8 @@ impl<M: Module, O: Optimizer> Trainer<M, O> {
                 *t = p.requires_grad_();
             }
         });
-        self.optimizer.commit(out.collect());
+        self.optimizer.commit(out.by_ref().take(n_state).collect());
+        set_tensors(&mut self.model, &self.updated_buffers, out.collect());
         self.steps += 1;
         Ok(loss.item::<f32>()?)
     }

@@ -25,7 +25,7 @@ fn grad_matches_finite_differences() {
     let data: Vec<f32> = (0..12).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
     let f = |x: &Tensor| -> Tensor {
         let y = x.reshape(&[3, 4]);
-        y.matmul(&y.transpose(0, 1)).softmax(-1).mul(y.sum(1, true).tanh()).sum_all().add(y.gelu().mean_all())
+        y.matmul(&y.transpose(0, 1)).softmax(-1).mul(y.sum_keepdim(1).tanh()).sum_all().add(y.gelu().mean_all())
     };
     let x = Tensor::from_vec(data.clone(), &[12]);
     let g = kiln::grad(&f(&x), &[&x]).unwrap().remove(0).to_vec::<f32>().unwrap();

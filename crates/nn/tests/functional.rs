@@ -403,8 +403,7 @@ fn bad_spatial_arguments_are_errors_naming_the_function_and_shapes() {
     assert_error(&F::pad(&x, &[-1, 0], PadMode::Replicate, 0.0), "pad", &["negative", "constant mode"]);
     assert_error(&F::pad(&x, &[-3, -3], PadMode::Constant, 0.0), "pad", &["crops 6", "size 5"]);
     assert_error(&F::pad(&x, &[0, 6, 0, 0], PadMode::Circular, 0.0), "pad", &["at most the size 5"]);
-    let bilinear =
-        F::interpolate(&x.sum(&[0], false), InterpolateSize::Size(vec![2, 2]), InterpolateMode::Bilinear, None);
+    let bilinear = F::interpolate(&x.sum(&[0]), InterpolateSize::Size(vec![2, 2]), InterpolateMode::Bilinear, None);
     assert_error(&bilinear, "interpolate", &["[3, 4, 5]", "2 spatial axes"]);
     let factors = F::interpolate(&x, InterpolateSize::Scale(vec![2.0]), InterpolateMode::Nearest, None);
     assert_error(&factors, "interpolate", &["one positive size or factor per spatial axis"]);

@@ -12,13 +12,16 @@ fn launches(outputs: &[&Tensor]) -> usize {
     device.compile(&program.graph).expect("compile").launches()
 }
 
-/// Launches of `module`'s forward pass and of its forward + backward (loss, every gradient).
+/// Launches of `module`'s forward pass in eval mode (inference) and of its forward + backward in
+/// training mode (loss, every gradient; BatchNorm on batch statistics).
 fn forward_and_backward(mut module: impl Module, input: &[usize]) -> (usize, usize) {
     module.to_device(Device::Cpu).expect("to cpu");
     kiln::manual_seed(0);
     let x = Tensor::randn(input).to_device(Device::Cpu).expect("input");
+    module.set_training(false);
     let y = kiln::no_grad(|| module.forward(&x));
     let forward = launches(&[&y]);
+    module.set_training(true);
     let loss = module.forward(&x).square().sum_all();
     let params = module.parameters();
     let refs: Vec<&Tensor> = params.iter().collect();
@@ -63,7 +66,9 @@ fn mobilenet_kernel_budget() {
     let (forward, backward) = forward_and_backward(model, &[4, 3, 32, 32]);
     // The stem's im2col columns are 9 copies (one per kernel offset) into one buffer.
     assert!(forward <= 25 + 8, "mobilenet forward: {forward} launches");
-    assert!(backward <= 110, "mobilenet forward + backward: {backward} launches");
+    // Training mode: each of the 7 BatchNorms computes its batch's mean and variance (and their
+    // gradients), 127 launches against 110 with frozen statistics.
+    assert!(backward <= 128, "mobilenet forward + backward: {backward} launches");
 }
 
 #[test]

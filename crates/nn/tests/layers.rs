@@ -19,16 +19,20 @@ fn fixtures() -> &'static HashMap<String, Tensor> {
 const FORWARD_TOL: f64 = 1e-5;
 const GRAD_TOL: f64 = 1e-4;
 
-/// Loads `name`'s weights into `module`, checks the output and every gradient on the reference
-/// interpreter and on the CPU device; returns the largest error seen.
+/// Loads `name`'s weights into `module` (in eval mode: the fixtures of layers with batch
+/// statistics are PyTorch's `eval()`), checks the output and every gradient on the reference
+/// interpreter, the CPU device and wgpu (where this machine has an adapter); returns the largest
+/// error seen.
 fn check(name: &str, mut module: impl Module) -> f64 {
     let f = Fixture::new(fixtures(), name);
     f.load(&mut module);
-    module.to_device(Device::Interp).unwrap();
-    let on_interp = check_on(&f, &module, Device::Interp);
-    module.to_device(Device::Cpu).unwrap();
-    let on_cpu = check_on(&f, &module, Device::Cpu);
-    on_interp.max(on_cpu)
+    module.set_training(false);
+    let mut worst = 0.0f64;
+    for device in common::devices() {
+        module.to_device(device).unwrap();
+        worst = worst.max(check_on(&f, &module, device));
+    }
+    worst
 }
 
 fn check_on(f: &Fixture, module: &dyn Module, device: Device) -> f64 {
@@ -76,6 +80,32 @@ fn norms() {
     check("layernorm", LayerNorm::new(6, 1e-5));
     check("rmsnorm", RmsNorm::new(6, 1e-6));
     check("batchnorm", BatchNorm2d::new(3, 1e-5));
+}
+
+#[test]
+fn batchnorm_training_mode_uses_batch_statistics_and_moves_the_running_ones() {
+    let f = Fixture::new(fixtures(), "batchnorm_train");
+    for device in common::devices() {
+        let mut bn = BatchNorm2d::new(3, 1e-5);
+        f.load(&mut bn);
+        bn.to_device(device).unwrap();
+        bn.set_training(true);
+        // The forward and gradients of `nn.BatchNorm2d.train()`.
+        check_on(&f, &bn, device);
+        let at = |role: &str| format!("batchnorm_train ({device}).{role}");
+        assert_close(&at("after1.running_mean"), &bn.running_mean.borrow(), &f.get("after1.running_mean"), FORWARD_TOL);
+        assert_close(&at("after1.running_var"), &bn.running_var.borrow(), &f.get("after1.running_var"), FORWARD_TOL);
+        let x2 = f.get("x2").to_device(device).unwrap();
+        kiln::no_grad(|| bn.forward(&x2)).realize().unwrap();
+        assert_close(&at("after2.running_mean"), &bn.running_mean.borrow(), &f.get("after2.running_mean"), FORWARD_TOL);
+        assert_close(&at("after2.running_var"), &bn.running_var.borrow(), &f.get("after2.running_var"), FORWARD_TOL);
+        bn.set_training(false);
+        assert_close(&at("eval_out"), &bn.forward(&x2), &f.get("eval_out"), FORWARD_TOL);
+        // Eval mode leaves the statistics alone.
+        let before = bn.running_var.borrow().to_vec::<f32>().unwrap();
+        bn.forward(&x2).realize().unwrap();
+        assert_eq!(bn.running_var.borrow().to_vec::<f32>().unwrap(), before);
+    }
 }
 
 #[test]

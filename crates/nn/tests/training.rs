@@ -38,6 +38,53 @@ fn classifier_with_conv_and_adamw_learns() {
 }
 
 #[test]
+fn a_compiled_training_step_moves_batchnorms_running_statistics() {
+    // BatchNorm first, so its batch statistics depend on the batches only: the running statistics
+    // after the steps follow `(1 - 0.1) * running + 0.1 * batch` (unbiased variance) per channel.
+    kiln::manual_seed(5);
+    let model = Sequential::new().push(BatchNorm2d::new(2, 1e-5)).push(Flatten).push(Linear::new(2 * 3 * 3, 1, true));
+    let batches: Vec<(Tensor, Tensor)> = (0..3)
+        .map(|i| (Tensor::randn(&[4, 2, 3, 3]).mul(1.0 + i as f64).add(i as f64), Tensor::randn(&[4, 1])))
+        .collect();
+    let mut trainer = Trainer::new(model, Sgd::new(0.05, 0.0), Loss::Mse);
+    trainer.fit(&batches, 1).unwrap();
+    assert_eq!(trainer.distinct_step_graphs(), 1);
+    let (mut mean, mut var) = (vec![0.0f64; 2], vec![1.0f64; 2]);
+    for (x, _) in &batches {
+        let x = x.to_vec::<f32>().unwrap();
+        for c in 0..2 {
+            let values: Vec<f64> =
+                (0..4).flat_map(|n| (0..9).map(move |k| (n * 2 + c) * 9 + k)).map(|i| f64::from(x[i])).collect();
+            let m = values.iter().sum::<f64>() / 36.0;
+            let v = values.iter().map(|x| (x - m).powi(2)).sum::<f64>() / 35.0;
+            mean[c] = 0.9 * mean[c] + 0.1 * m;
+            var[c] = 0.9 * var[c] + 0.1 * v;
+        }
+    }
+    let state: std::collections::HashMap<String, Tensor> =
+        trainer.model.state_dict().into_iter().map(|(n, t, _)| (n, t)).collect();
+    let got = |name: &str| state[name].to_vec::<f32>().unwrap().iter().map(|&v| f64::from(v)).collect::<Vec<_>>();
+    for (name, want) in [("0.running_mean", &mean), ("0.running_var", &var)] {
+        let got = got(name);
+        assert!(
+            got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-5 * (1.0 + w.abs())),
+            "{name}: {got:?} vs {want:?}"
+        );
+    }
+    // Prediction runs in eval mode: the running statistics normalize, and stay as they are.
+    let mut predictor = Predictor::new();
+    assert_eq!(predictor.predict(&mut trainer.model, &batches[0].0).unwrap().dims().unwrap(), [4, 1]);
+    assert_eq!(got("0.running_var"), var_f32(&trainer.model));
+}
+
+/// The model's first running variance, as the state dict holds it now.
+fn var_f32(model: &Sequential) -> Vec<f64> {
+    let state = model.state_dict();
+    let (_, t, _) = state.iter().find(|(n, _, _)| n == "0.running_var").expect("a BatchNorm buffer");
+    t.to_vec::<f32>().unwrap().iter().map(|&v| f64::from(v)).collect()
+}
+
+#[test]
 fn dropout_acts_only_in_training() {
     let x = Tensor::ones(&[1000], DType::F32);
     let mut dropout = Dropout::new(0.5);

@@ -368,8 +368,8 @@ pub fn batch_norm(
     let per_channel = |t: &Tensor| t.reshape(per_channel.clone());
     let axes: Vec<isize> = std::iter::once(0).chain(2..nd as isize).collect();
     let y = if training {
-        let centered = input.sub(input.mean(&axes, true));
-        let biased = centered.square().mean(&axes, true);
+        let centered = input.sub(input.mean_keepdim(&axes));
+        let biased = centered.square().mean_keepdim(&axes);
         if running_mean.is_some() || running_var.is_some() {
             // Bessel's correction `n / (n - 1)`, `n` the elements per channel (symbolic when the
             // batch is).
@@ -379,12 +379,12 @@ pub fn batch_norm(
             let unbiased = match n.as_const() {
                 Some(n) => batch_var.mul(n as f64 / (n as f64 - 1.0)),
                 None => {
-                    let n = input.ones_like().cast(input.dtype()).sum(&axes, false);
+                    let n = input.ones_like().cast(input.dtype()).sum(&axes);
                     batch_var.mul(n.div(n.sub(1.0)))
                 }
             }
             .detach();
-            let batch_mean = input.mean(&axes, false).detach();
+            let batch_mean = input.mean(&axes).detach();
             let blend = |running: &mut Tensor, batch: Tensor| {
                 *running = running.mul(1.0 - momentum).add(batch.mul(momentum).cast(running.dtype()));
             };

@@ -46,9 +46,12 @@ impl Fixture {
     }
 }
 
-/// The elements of `t` as f64 (panics naming `what` if it cannot be realized).
+/// The elements of `t` as f64 (panics naming `what` if it cannot be realized); cast on the CPU,
+/// so that tensors of devices without 64-bit floats compare too.
 pub fn values(what: &str, t: &Tensor) -> Vec<f64> {
-    t.cast(kiln::DType::F64).to_vec::<f64>().unwrap_or_else(|e| panic!("{what}: {e}"))
+    t.to_device(kiln::Device::Cpu)
+        .and_then(|t| t.cast(kiln::DType::F64).to_vec::<f64>())
+        .unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
 /// Asserts `got` matches `want` within `|got - want| <= tol * (1 + |want|)` (absolute near 0,

@@ -34,9 +34,9 @@ pub(super) fn gemm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 
 /// `(x - mean) * rsqrt(var + eps)` over `axes`, with the mean and the inverse deviation.
 fn normalize(x: &Tensor, axes: &[usize], eps: f64) -> (Tensor, Tensor, Tensor) {
-    let mean = x.mean(axes.to_vec(), true);
+    let mean = x.mean_keepdim(axes.to_vec());
     let centered = x.sub(&mean);
-    let inv = centered.square().mean(axes.to_vec(), true).add(eps).rsqrt();
+    let inv = centered.square().mean_keepdim(axes.to_vec()).add(eps).rsqrt();
     (centered.mul(&inv), mean, inv)
 }
 
@@ -104,8 +104,8 @@ pub(super) fn lp_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
     let a = axis(ctx.int("axis", -1)?, x.ndim())?;
     let norm = match ctx.int("p", 2)? {
-        1 => x.abs().sum(a, true),
-        2 => x.square().sum(a, true).sqrt(),
+        1 => x.abs().sum_keepdim(a),
+        2 => x.square().sum_keepdim(a).sqrt(),
         p => return Err(format!("p = {p} is not 1 or 2").into()),
     };
     // A zero norm (an all-zero slice) gives zeros, not 0/0.
@@ -124,7 +124,7 @@ pub(super) fn mean_variance_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 pub(super) fn rms_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let dtype = ctx.input(0)?.dtype();
     let (work, axes, eps) = last_axes_norm(ctx)?;
-    let inv = work.square().mean(axes, true).add(eps).rsqrt();
+    let inv = work.square().mean_keepdim(axes).add(eps).rsqrt();
     Ok(vec![work.mul(inv).cast(dtype).mul(ctx.input(1)?)])
 }
 

@@ -27,18 +27,31 @@ pub(super) fn reduce(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         _ => (0..x.ndim()).collect(),
     };
     let y = match ctx.op() {
-        "ReduceSum" => x.sum(axes, keep),
-        "ReduceMean" => x.mean(axes, keep),
-        "ReduceMax" => x.amax(axes, keep),
-        "ReduceMin" => x.amin(axes, keep),
-        "ReduceL1" => x.abs().sum(axes, keep),
-        "ReduceL2" => x.square().sum(axes, keep).sqrt(),
-        "ReduceSumSquare" => x.square().sum(axes, keep),
-        "ReduceLogSum" => x.sum(axes, keep).log(),
-        "ReduceLogSumExp" => x.logsumexp(axes, keep),
+        "ReduceSum" => x.sum_keepdim(&axes),
+        "ReduceMean" => x.mean_keepdim(&axes),
+        "ReduceMax" => x.amax_keepdim(&axes),
+        "ReduceMin" => x.amin_keepdim(&axes),
+        "ReduceL1" => x.abs().sum_keepdim(&axes),
+        "ReduceL2" => x.square().sum_keepdim(&axes).sqrt(),
+        "ReduceSumSquare" => x.square().sum_keepdim(&axes),
+        "ReduceLogSum" => x.sum_keepdim(&axes).log(),
+        "ReduceLogSumExp" => x.logsumexp_keepdim(&axes),
         other => return Err(format!("{other} is not a reduction").into()),
     };
-    Ok(vec![y])
+    Ok(vec![without(y, &axes, keep)])
+}
+
+/// `y` with the reduced `axes` (kept with size 1) removed unless `keep` (ONNX's `keepdims`).
+fn without(mut y: Tensor, axes: &[usize], keep: bool) -> Tensor {
+    if !keep {
+        let mut axes = axes.to_vec();
+        axes.sort_unstable();
+        axes.dedup();
+        for &a in axes.iter().rev() {
+            y = y.squeeze(a);
+        }
+    }
+    y
 }
 
 pub(super) fn arg(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
@@ -46,7 +59,7 @@ pub(super) fn arg(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let a = axis(ctx.int("axis", 0)?, x.ndim())?;
     let keep = ctx.int("keepdims", 1)? != 0;
     let max = ctx.op() == "ArgMax";
-    let pick = |t: &Tensor| if max { t.argmax(a, keep) } else { t.argmin(a, keep) };
+    let pick = |t: &Tensor| without(if max { t.argmax_keepdim(a) } else { t.argmin_keepdim(a) }, &[a], keep);
     if ctx.int("select_last_index", 0)? == 0 {
         return Ok(vec![pick(x)]);
     }
@@ -68,7 +81,7 @@ pub(super) fn softmax(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
                 let mut shape = vec![1usize; t.ndim()];
                 shape[a] = n.max(0) as usize;
                 let iota = ctx.i64s((0..n).collect(), &shape);
-                t.argmax(a, true).eq(&iota).cast(t.dtype())
+                t.argmax_keepdim(a).eq(&iota).cast(t.dtype())
             }
         }
     };

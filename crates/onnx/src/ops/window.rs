@@ -199,9 +199,9 @@ pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         ctx.ints("kernel_shape")?.ok_or("kernel_shape is required")?.iter().map(|&v| v.max(0) as usize).collect();
     let geo = Geometry::new(ctx, &xd[2..], kernel, ctx.int("ceil_mode", 0)? != 0)?;
     if ctx.op() == "MaxPool" {
-        return Ok(vec![geo.stacked(x, f64::NEG_INFINITY).amax(2, false)]);
+        return Ok(vec![geo.stacked(x, f64::NEG_INFINITY).amax(2)]);
     }
-    let sum = geo.stacked(x, 0.0).sum(2, false);
+    let sum = geo.stacked(x, 0.0).sum(2);
     // The divisor: how many positions of each window are in the input (plus the explicit
     // padding with count_include_pad), never the positions ceil_mode adds past the padding.
     let mut ones_shape = vec![1, 1];
@@ -211,9 +211,9 @@ pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         let mut amounts = vec![(0, 0), (0, 0)];
         amounts.extend(geo.pad_before.iter().zip(&geo.pad_after).map(|(&b, &a)| (b, a)));
         let unpadded = Geometry { pad_before: vec![0; geo.kernel.len()], ..geo };
-        unpadded.stacked(&ones.pad(&amounts, 1.0), 0.0).sum(2, false)
+        unpadded.stacked(&ones.pad(&amounts, 1.0), 0.0).sum(2)
     } else {
-        geo.stacked(&ones, 0.0).sum(2, false)
+        geo.stacked(&ones, 0.0).sum(2)
     };
     Ok(vec![sum.div(count)])
 }
@@ -224,5 +224,5 @@ pub(super) fn global_pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         return Err(format!("X must be [N, C, ...], got rank {}", x.ndim()).into());
     }
     let axes: Vec<usize> = (2..x.ndim()).collect();
-    Ok(vec![if ctx.op() == "GlobalMaxPool" { x.amax(axes, true) } else { x.mean(axes, true) }])
+    Ok(vec![if ctx.op() == "GlobalMaxPool" { x.amax_keepdim(axes) } else { x.mean_keepdim(axes) }])
 }
