@@ -248,6 +248,23 @@ impl Tensor {
         Tensor::arange_in((start.into_scalar(), end.into_scalar(), step.into_scalar()), Some(device))
     }
 
+    /// `[0, 1, ..., len - 1]` as `dtype` on `device`, where `len` may be symbolic (a sequence
+    /// length bound when the program runs): `arange(0, len, 1)` for a length known only by name.
+    #[track_caller]
+    pub fn iota_on(len: impl Into<Dim>, dtype: DType, device: Device) -> Tensor {
+        let site = Site::here("iota");
+        let len = len.into();
+        if len.as_const().is_some_and(|n| n < 0) {
+            return site.fail(format!("negative length {len}"));
+        }
+        Tensor::leaf(
+            site,
+            Op::Iota(air::op::Iota { axis: 0 }),
+            TensorType::new(dtype, smallvec::smallvec![len]),
+            device,
+        )
+    }
+
     #[track_caller]
     fn arange_in((start, end, step): (Scalar, Scalar, Scalar), device: Option<Device>) -> Tensor {
         let site = Site::here("arange");

@@ -193,8 +193,14 @@ impl Model {
             check_input(info, t)?;
             env.insert(&info.name, t.clone());
         }
+        // Shape values known at import (see `ops::known`): small integer constants, `Shape`
+        // outputs and what is computed from them.
+        let mut known: HashMap<&str, ops::known::Known> = HashMap::new();
         for (name, host) in &self.initializers {
             env.insert(name, Tensor::from_host_on(host.clone(), device));
+            if let Some(k) = ops::known::Known::of_host(host) {
+                known.insert(name, k);
+            }
         }
         for node in self.nodes() {
             let fail = |message: String| Error::Node {
@@ -208,11 +214,35 @@ impl Model {
                 .iter()
                 .map(|name| if name.is_empty() { None } else { env.get(name.as_str()).cloned() })
                 .collect();
-            let ctx = ops::Ctx { node, opset: self.node_opset(node), inputs: args, device, dir: self.dir.as_deref() };
+            let known_args = node.input.iter().map(|name| known.get(name.as_str()).cloned()).collect();
+            let ctx = ops::Ctx {
+                node,
+                opset: self.node_opset(node),
+                inputs: args,
+                known: known_args,
+                device,
+                dir: self.dir.as_deref(),
+            };
             let outs = ops::import(&ctx).map_err(|e| match e {
                 ops::OpError::Message(m) => fail(m),
                 ops::OpError::Other(e) => e,
             })?;
+            let mut known_outs = ops::known::propagate(&ctx);
+            // A Constant's tensor holds its data already: reading it back realizes nothing.
+            if node.op_type.as_deref() == Some("Constant")
+                && let Some(t) = outs.first()
+                && matches!(t.dtype(), DType::I64 | DType::I32)
+                && let Ok(host) = t.to_host()
+            {
+                known_outs = vec![ops::known::Known::of_host(&host)];
+            }
+            for (name, k) in node.output.iter().zip(known_outs) {
+                if let Some(k) = k
+                    && !name.is_empty()
+                {
+                    known.insert(name, k);
+                }
+            }
             for (i, name) in node.output.iter().enumerate() {
                 if name.is_empty() {
                     continue;

@@ -52,3 +52,10 @@ fn exported_cnn_matches_onnxruntime() {
     check_model("cnn", Device::Cpu);
     check_model("cnn", Device::Interp);
 }
+
+#[test]
+fn exported_recurrent_model_matches_onnxruntime() {
+    // A bidirectional GRU into an LSTM: ONNX's GRU (linear_before_reset) and LSTM ops.
+    check_model("rnn", Device::Cpu);
+    check_model("rnn", Device::Interp);
+}

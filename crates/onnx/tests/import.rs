@@ -120,6 +120,80 @@ fn mlp_runs_at_two_batch_sizes_with_a_symbolic_batch() {
     }
 }
 
+fn ints(name: &str, dims: &[i64], data: &[i64]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Int64 as i32),
+        raw_data: Some(data.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        ..Default::default()
+    }
+}
+
+/// An exporter's shape arithmetic on a `[batch, seq, 4]` input, as torch.onnx writes it: the
+/// shape `[batch * seq, 4]` built from `Shape`, `Gather`, `Mul`, `Unsqueeze` and `Concat` feeds a
+/// `Reshape`; `Range(0, seq, 1)` gives the positions, added to a `Slice` up to `seq` of a longer
+/// table.
+fn shape_arithmetic() -> ModelProto {
+    let int_attr = |mut n: NodeProto, name: &str, v: i64| {
+        n.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Int as i32),
+            i: Some(v),
+            ..Default::default()
+        });
+        n
+    };
+    let u_rows = node("u_rows", "Unsqueeze", &["rows", "zero_axis"], &["rows1"]);
+    let u_seq = node("u_seq", "Unsqueeze", &["seq", "zero_axis"], &["seq1"]);
+    model(
+        vec![
+            node("shape", "Shape", &["x"], &["s"]),
+            node("g0", "Gather", &["s", "i0"], &["batch"]),
+            node("g1", "Gather", &["s", "i1"], &["seq"]),
+            node("mul", "Mul", &["batch", "seq"], &["rows"]),
+            u_rows,
+            int_attr(node("cat", "Concat", &["rows1", "four"], &["target"]), "axis", 0),
+            node("reshape", "Reshape", &["x", "target"], &["flat"]),
+            node("range", "Range", &["i0", "seq", "one"], &["pos"]),
+            int_attr(node("cast", "Cast", &["pos"], &["posf"]), "to", DataType::Float as i64),
+            u_seq,
+            node("slice", "Slice", &["table", "zero1", "seq1"], &["picked"]),
+            node("add2", "Add", &["picked", "posf"], &["z"]),
+            node("id", "Identity", &["flat"], &["y"]),
+        ],
+        vec![value("x", &[Err("batch"), Err("seq"), Ok(4)])],
+        vec![value("y", &[Err("rows"), Ok(4)]), value("z", &[Err("seq")])],
+        vec![
+            ints("i0", &[], &[0]),
+            ints("i1", &[], &[1]),
+            ints("one", &[], &[1]),
+            ints("four", &[1], &[4]),
+            ints("zero_axis", &[1], &[0]),
+            ints("zero1", &[1], &[0]),
+            floats("table", &[16], &(0..16).map(|i| 100.0 + i as f32).collect::<Vec<_>>()),
+        ],
+    )
+}
+
+#[test]
+fn shape_values_computed_from_symbolic_dims_drive_reshape_range_and_slice() {
+    let m = Model::from_bytes(&shape_arithmetic().encode_to_vec()).unwrap();
+    let mut session = m.session();
+    for (batch, seq) in [(2usize, 3usize), (1, 5), (3, 2)] {
+        let data: Vec<f32> = (0..batch * seq * 4).map(|i| i as f32).collect();
+        let host = HostTensor::new(HostData::F32(data.clone()), vec![batch, seq, 4]).unwrap();
+        let x = m.input_tensor(0, host, Device::Cpu).unwrap();
+        for outs in [m.run(std::slice::from_ref(&x)).unwrap(), session.run(&[&x]).unwrap()] {
+            assert_eq!(outs[0].to_vec::<f32>().unwrap(), data, "batch {batch} seq {seq}");
+            assert_eq!(outs[0].dims().unwrap(), [batch * seq, 4]);
+            let want: Vec<f32> = (0..seq).map(|p| 100.0 + 2.0 * p as f32).collect();
+            assert_eq!(outs[1].to_vec::<f32>().unwrap(), want, "batch {batch} seq {seq}");
+        }
+    }
+    assert_eq!(session.traces(), 1, "one trace serves every batch and sequence length");
+}
+
 #[test]
 fn every_unsupported_op_is_reported_at_once() {
     let g = model(

@@ -8,7 +8,7 @@ use super::{Ctx, OpResult};
 /// `max(x, 0) + log(1 + e)` with `e = exp(-|x|)`: softplus without overflow for large `x`, and
 /// with `log(1 + e)` as its series `e - e^2/2 + e^3/3` for `e < 0.01` (where `1 + e` would round
 /// away `e`'s low bits; the series' error is below `e^4/4`).
-fn softplus(x: &Tensor) -> Tensor {
+pub(super) fn softplus(x: &Tensor) -> Tensor {
     let e = x.abs().neg().exp();
     let series = e.mul(e.mul(e.div(3.0).sub(0.5)).add(1.0));
     x.maximum(0.0).add(e.lt(0.01).where_cond(&series, e.add(1.0).log()))

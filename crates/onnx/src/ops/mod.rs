@@ -5,14 +5,16 @@
 //! unsupported ops a model reports is exactly what `import` would refuse.
 
 mod elementwise;
+pub(crate) mod known;
 mod nn;
 mod reduce;
+mod rnn;
 mod shape;
 mod window;
 
 use std::path::Path;
 
-use kiln::{DType, Device, HostData, HostTensor, Tensor};
+use kiln::{DType, Device, Dim, HostData, HostTensor, Tensor};
 
 use crate::data::{from_tensor_proto, to_dtype};
 use crate::error::Error;
@@ -52,6 +54,8 @@ pub(crate) struct Ctx<'a> {
     pub node: &'a NodeProto,
     pub opset: i64,
     pub inputs: Vec<Option<Tensor>>,
+    /// The inputs' values where they are known shape values (see [`known`]).
+    pub known: Vec<Option<known::Known>>,
     pub device: Device,
     pub dir: Option<&'a Path>,
 }
@@ -111,6 +115,12 @@ impl Ctx<'_> {
         Ok(self.typed(name, AttributeType::Floats)?.map(|a| a.floats.clone()))
     }
 
+    pub fn strings(&self, name: &str) -> OpResult<Option<Vec<String>>> {
+        Ok(self
+            .typed(name, AttributeType::Strings)?
+            .map(|a| a.strings.iter().map(|s| String::from_utf8_lossy(s).into_owned()).collect()))
+    }
+
     pub fn string(&self, name: &str) -> OpResult<Option<String>> {
         Ok(self
             .typed(name, AttributeType::String)?
@@ -132,6 +142,25 @@ impl Ctx<'_> {
             .ok_or_else(|| format!("{name} = {} is not a supported type", crate::data::elem_type_name(t as i32)).into())
     }
 
+    /// Input `i`'s values if it is a known shape value.
+    pub fn known(&self, i: usize) -> Option<&known::Known> {
+        self.known.get(i).and_then(Option::as_ref)
+    }
+
+    /// The values of integer input `i` as dims: symbolic where it is a known shape value computed
+    /// from a symbolic dim, else its constant values.
+    pub fn dim_values(&self, i: usize) -> OpResult<Vec<Dim>> {
+        match self.known(i) {
+            Some(k) => Ok(k.values.clone()),
+            None => Ok(self.values_at(i)?.into_iter().map(Dim::Const).collect()),
+        }
+    }
+
+    /// The values of integer input `i` (required), which the import needs as constants.
+    pub fn values_at(&self, i: usize) -> OpResult<Vec<i64>> {
+        self.opt_values(i)?.ok_or_else(|| format!("input {i} is required").into())
+    }
+
     /// The values of an integer tensor the import needs as constants (a shape, axes, pads),
     /// realizing it if it is computed.
     pub fn values(&self, t: &Tensor) -> OpResult<Vec<i64>> {
@@ -143,8 +172,15 @@ impl Ctx<'_> {
         })
     }
 
-    /// The values of optional input `i`, if given.
+    /// The values of optional input `i`, if given; a known shape value must be concrete.
     pub fn opt_values(&self, i: usize) -> OpResult<Option<Vec<i64>>> {
+        if let Some(k) = self.known(i) {
+            let values: Vec<String> = k.values.iter().map(|d| d.to_string()).collect();
+            return k
+                .consts()
+                .map(Some)
+                .ok_or_else(|| format!("input {i} is [{}], where a constant is needed", values.join(", ")).into());
+        }
         self.opt(i).map(|t| self.values(t)).transpose()
     }
 
@@ -246,6 +282,7 @@ fn handler(op: &str) -> Option<Handler> {
         "Conv" => window::conv,
         "MaxPool" | "AveragePool" => window::pool,
         "GlobalAveragePool" | "GlobalMaxPool" => window::global_pool,
+        "RNN" | "GRU" | "LSTM" => rnn::recurrent,
         _ => return None,
     })
 }

@@ -1,6 +1,7 @@
 //! Shape and data-movement ops: Reshape, Transpose, Concat, Flatten, (Un)Squeeze, Expand,
 //! Slice, Gather(Elements), Shape, Size, Constant(OfShape), Range, Split, Tile, Pad, Trilu,
-//! EyeLike. Shapes, axes and pads given as tensors are read as constants at import.
+//! EyeLike. Shapes, axes and pads given as tensors are read at import: as known shape values
+//! (`known`, possibly symbolic) where the op accepts symbolic sizes, else as constants.
 
 use kiln::{DType, Dim, HostData, HostTensor, Scalar, Tensor};
 
@@ -14,22 +15,22 @@ fn rank(t: &Tensor) -> usize {
 pub(super) fn reshape(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
     let shape = if ctx.opset < 5 {
-        ctx.ints("shape")?.ok_or("attribute shape is required")?
+        ctx.ints("shape")?.ok_or("attribute shape is required")?.into_iter().map(Dim::Const).collect()
     } else {
-        ctx.values(ctx.input(1)?)?
+        ctx.dim_values(1)?
     };
     let allowzero = ctx.int("allowzero", 0)? != 0;
     let mut out = Vec::with_capacity(shape.len());
-    for (i, &d) in shape.iter().enumerate() {
-        out.push(match d {
-            0 if !allowzero => x
+    for (i, d) in shape.iter().enumerate() {
+        out.push(match d.as_const() {
+            Some(0) if !allowzero => x
                 .shape()
                 .get(i)
                 .cloned()
                 .ok_or_else(|| format!("shape {shape:?} copies dim {i} of a rank-{} input", x.ndim()))?,
-            -1 => Dim::Const(-1),
-            d if d < 0 => return Err(format!("shape {shape:?} has the negative dim {d}").into()),
-            d => Dim::Const(d),
+            Some(-1) => Dim::Const(-1),
+            Some(d) if d < 0 => return Err(format!("shape {shape:?} has the negative dim {d}").into()),
+            _ => d.clone(),
         });
     }
     Ok(vec![x.reshape(out)])
@@ -114,15 +115,16 @@ pub(super) fn unsqueeze(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 
 pub(super) fn expand(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
-    let shape = ctx.values(ctx.input(1)?)?;
+    let shape = ctx.dim_values(1)?;
     let rank = shape.len().max(x.ndim());
     let mut out = Vec::with_capacity(rank);
     for i in 0..rank {
         let have = (i + x.ndim()).checked_sub(rank).map(|j| x.shape()[j].clone());
-        let want = (i + shape.len()).checked_sub(rank).map(|j| shape[j]);
+        let want = (i + shape.len()).checked_sub(rank).map(|j| shape[j].clone());
         out.push(match (have, want) {
-            (Some(h), Some(1)) | (Some(h), None) => h,
-            (_, Some(w)) => Dim::Const(w),
+            (Some(h), None) => h,
+            (Some(h), Some(w)) if w.as_const() == Some(1) => h,
+            (_, Some(w)) => w,
             (None, None) => unreachable!("rank is the larger of both"),
         });
     }
@@ -130,7 +132,7 @@ pub(super) fn expand(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 }
 
 /// The positions `start, start + step, ...` ONNX's Slice takes along an axis of `len` elements.
-fn slice_positions(len: i64, start: i64, end: i64, step: i64) -> Vec<i64> {
+pub(super) fn slice_positions(len: i64, start: i64, end: i64, step: i64) -> Vec<i64> {
     let norm = |v: i64| if v < 0 { v + len } else { v };
     let (s, e) = (norm(start), norm(end));
     let mut out = Vec::new();
@@ -173,7 +175,12 @@ pub(super) fn slice(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
             None,
         )
     } else {
-        (ctx.values(ctx.input(1)?)?, ctx.values(ctx.input(2)?)?, ctx.opt_values(3)?, ctx.opt_values(4)?)
+        let (starts, ends) = (ctx.dim_values(1)?, ctx.dim_values(2)?);
+        if starts.iter().chain(&ends).any(|d| !d.is_const()) {
+            return symbolic_slice(ctx, x, starts, ends);
+        }
+        let consts = |v: Vec<Dim>| v.iter().filter_map(Dim::as_const).collect::<Vec<i64>>();
+        (consts(starts), consts(ends), ctx.opt_values(3)?, ctx.opt_values(4)?)
     };
     let n = starts.len();
     let axes = axes.unwrap_or_else(|| (0..n as i64).collect());
@@ -187,17 +194,59 @@ pub(super) fn slice(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         )
         .into());
     }
-    let shape = dims(x)?;
     let mut y = x.clone();
     for i in 0..n {
         let a = axis(axes[i], x.ndim())?;
         if steps[i] == 0 {
             return Err("a step is 0".into());
         }
-        let positions = slice_positions(shape[a] as i64, starts[i], ends[i], steps[i]);
+        let positions = match x.shape()[a].as_const() {
+            Some(len) => slice_positions(len, starts[i], ends[i], steps[i]),
+            // A symbolic axis: the forward, unit-step slices exported models take of it.
+            None => {
+                y = narrow_symbolic(&y, a, &Dim::Const(starts[i]), &Dim::Const(ends[i]), steps[i])?;
+                continue;
+            }
+        };
         y = take(ctx, &y, a, positions);
     }
     Ok(vec![y])
+}
+
+/// A Slice whose starts or ends are symbolic shape values: forward, unit steps, as `narrow`
+/// (whose range the program checks when it runs).
+fn symbolic_slice(ctx: &Ctx, x: &Tensor, starts: Vec<Dim>, ends: Vec<Dim>) -> OpResult<Vec<Tensor>> {
+    let n = starts.len();
+    let axes = ctx.opt_values(3)?.unwrap_or_else(|| (0..n as i64).collect());
+    let steps = ctx.opt_values(4)?.unwrap_or_else(|| vec![1; n]);
+    if ends.len() != n || axes.len() != n || steps.len() != n {
+        return Err("starts, ends, axes and steps differ in length".into());
+    }
+    let mut y = x.clone();
+    for i in 0..n {
+        y = narrow_symbolic(&y, axis(axes[i], x.ndim())?, &starts[i], &ends[i], steps[i])?;
+    }
+    Ok(vec![y])
+}
+
+/// `x[start:end]` along `axis` with step 1, where the bounds or the axis are symbolic: a
+/// negative constant counts from the end, an end past a concrete axis (ONNX's `INT64_MAX`)
+/// stops at it.
+fn narrow_symbolic(x: &Tensor, axis: usize, start: &Dim, end: &Dim, step: i64) -> OpResult<Tensor> {
+    if step != 1 {
+        return Err(format!("a slice with symbolic bounds or axis needs step 1, got {step}").into());
+    }
+    let len = x.shape()[axis].clone();
+    let resolve = |d: &Dim| -> OpResult<Dim> {
+        Ok(match d.as_const() {
+            Some(v) if v < 0 => len.checked_add(&Dim::Const(v)).ok_or("a slice bound overflows")?,
+            Some(v) if len.as_const().is_some_and(|l| v > l) || (v > i32::MAX as i64 && !len.is_const()) => len.clone(),
+            _ => d.clone(),
+        })
+    };
+    let (s, e) = (resolve(start)?, resolve(end)?);
+    let length = e.checked_sub(&s).ok_or("a slice length overflows")?;
+    Ok(x.narrow(axis, s, length))
 }
 
 /// `idx` with negative entries counted from the end of an axis of `len` elements.
@@ -226,14 +275,27 @@ pub(super) fn gather_elements(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 
 pub(super) fn shape(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
-    let d: Vec<i64> = dims(x)?.into_iter().map(|d| d as i64).collect();
-    let r = d.len() as i64;
+    let r = x.ndim() as i64;
     let clamp = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
     let start = clamp(ctx.int("start", 0)?);
     let end = clamp(ctx.int("end", r)?);
-    let part = d[start..end.max(start)].to_vec();
+    let part: Vec<Dim> = x.shape()[start..end.max(start)].to_vec();
     let n = part.len();
-    Ok(vec![ctx.i64s(part, &[n])])
+    if let Some(values) = part.iter().map(Dim::as_const).collect::<Option<Vec<i64>>>() {
+        return Ok(vec![ctx.i64s(values, &[n])]);
+    }
+    // A symbolic dim's value as data: the sum of ones over it (its value is known at import
+    // too, see `known`, for the ops that take shapes).
+    let one_each: Vec<Tensor> = part
+        .iter()
+        .map(|d| match d.as_const() {
+            Some(v) => ctx.i64s(vec![v], &[1]),
+            None => Tensor::ones_on(vec![d.clone()], DType::I64, ctx.device)
+                .sum_keepdim(0)
+                .add(super::known::tie(Some(x), DType::I64).expect("an anchor gives a zero")),
+        })
+        .collect();
+    Ok(vec![kiln::cat(&one_each.iter().collect::<Vec<_>>(), 0)])
 }
 
 pub(super) fn size(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
@@ -260,26 +322,40 @@ pub(super) fn constant(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     Ok(vec![ctx.constant(host)])
 }
 
-/// The non-negative sizes of a shape given as a tensor.
-fn sizes(shape: &[i64]) -> OpResult<Vec<usize>> {
-    shape
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| format!("negative dim {d} in shape {shape:?}").into()))
-        .collect()
-}
-
 pub(super) fn constant_of_shape(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
-    let shape = sizes(&ctx.values(ctx.input(0)?)?)?;
+    let shape = ctx.dim_values(0)?;
+    if let Some(d) = shape.iter().find(|d| d.as_const().is_some_and(|v| v < 0)) {
+        return Err(format!("negative dim {d} in shape {shape:?}").into());
+    }
     let (value, dtype) = match ctx.tensor_attr("value")? {
         Some(t) if t.numel() == 1 => (t.data.get(0), t.dtype()),
         Some(t) => return Err(format!("value has {} elements, not 1", t.numel()).into()),
         None => (Scalar::Float(0.0), DType::F32),
     };
-    Ok(vec![Tensor::full_on(shape, value, dtype, ctx.device)])
+    let full = Tensor::full_on(shape, value, dtype, ctx.device);
+    Ok(vec![match super::known::tie(ctx.known(0).and_then(|k| k.anchor.as_ref()), dtype) {
+        Some(zero) => full.add(zero),
+        None => full,
+    }])
 }
 
 pub(super) fn range(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let dtype = ctx.input(0)?.dtype();
+    // A symbolic limit (a sequence length): `start + iota(limit - start)` with a unit step.
+    if let Some(limit) = ctx.known(1).filter(|k| k.values.iter().any(|d| !d.is_const())) {
+        let (start, delta) = (ctx.dim_values(0)?, ctx.dim_values(2)?);
+        let (Some(s), Some(1)) = (start.first().and_then(Dim::as_const), delta.first().and_then(Dim::as_const)) else {
+            return Err(
+                format!("a symbolic range needs a constant start and step 1, got {start:?} and {delta:?}").into()
+            );
+        };
+        let len = limit.values[0].checked_sub(&Dim::Const(s)).ok_or("the range's length overflows")?;
+        let mut y = Tensor::iota_on(len, dtype, ctx.device).add(Scalar::Int(s).cast(dtype));
+        if let Some(zero) = super::known::tie(limit.anchor.as_ref(), dtype) {
+            y = y.add(zero);
+        }
+        return Ok(vec![y]);
+    }
     let start = ctx.scalar_f64(ctx.input(0)?)?;
     let limit = ctx.scalar_f64(ctx.input(1)?)?;
     let delta = ctx.scalar_f64(ctx.input(2)?)?;
