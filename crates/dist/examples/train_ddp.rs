@@ -10,7 +10,9 @@
 //! rank writes `DIR/rank<r>.pid`, and `DIR/rank<r>.exit` with the code it exits with),
 //! `--hang-rank R` (rank `R` sleeps for ten minutes after its third step instead of joining the
 //! next collective), `--no-reference` (skip the single-process comparison: for timing runs),
-//! `--bench-model` (the larger Transformer of `scenario::BENCH` instead of the tests' small one).
+//! `--bench-model` (the larger Transformer of `scenario::BENCH` instead of the tests' small one),
+//! `--time-all-reduce N` (instead of training: time 100 all-reduces of `N` f32s, each after a
+//! barrier, and print the median and mean per rank).
 //!
 //! Exit codes: 0 ok, 1 a check failed, 2 bad arguments, 3 a collective failed (the error is
 //! printed as `rank <r>: collective failed: ...`; the rank then checks that its poisoned
@@ -33,6 +35,7 @@ struct Options {
     timeout: Duration,
     pid_dir: Option<String>,
     hang_rank: Option<usize>,
+    time_all_reduce: Option<usize>,
     reference: bool,
     sizes: scenario::Sizes,
 }
@@ -44,6 +47,7 @@ fn parse() -> Result<Options, String> {
         timeout: Duration::from_secs(60),
         pid_dir: None,
         hang_rank: None,
+        time_all_reduce: None,
         reference: true,
         sizes: scenario::TEST,
     };
@@ -57,6 +61,7 @@ fn parse() -> Result<Options, String> {
             "--timeout-secs" => o.timeout = Duration::from_secs(number(&arg, value(&arg)?)?),
             "--pid-dir" => o.pid_dir = Some(value(&arg)?),
             "--hang-rank" => o.hang_rank = Some(number(&arg, value(&arg)?)? as usize),
+            "--time-all-reduce" => o.time_all_reduce = Some(number(&arg, value(&arg)?)? as usize),
             "--no-reference" => o.reference = false,
             "--bench-model" => o.sizes = scenario::BENCH,
             other => return Err(format!("unknown argument {other}")),
@@ -91,12 +96,44 @@ impl Collective for Shared {
     }
 }
 
+/// Writes `line` and a newline to stderr in one write, so that `mpirun`, which merges the ranks'
+/// output, cannot interleave another rank's output into it.
+fn report(line: String) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 /// How `run` failed.
 enum Failure {
     /// A collective failed: exit code 3.
     Collective(DistError),
     /// Anything else: exit code 4.
     Other(String),
+}
+
+/// Times 100 all-reduces (sum) of `n` f32s, each after a barrier so that the ranks start
+/// together, and prints the median and the mean.
+fn time_all_reduce(comm: &mut Shared, n: usize) -> kiln_dist::Result<()> {
+    let mut buf = vec![comm.rank() as f32; n];
+    for _ in 0..10 {
+        comm.all_reduce(buf.as_mut_slice().into(), ReduceOp::Sum)?;
+    }
+    let mut times = Vec::with_capacity(100);
+    for _ in 0..100 {
+        comm.barrier()?;
+        let started = Instant::now();
+        comm.all_reduce(buf.as_mut_slice().into(), ReduceOp::Sum)?;
+        times.push(started.elapsed());
+    }
+    let mean = times.iter().sum::<Duration>() / times.len() as u32;
+    times.sort();
+    report(format!(
+        "rank {}: all_reduce of {n} f32: median {:.1} us, mean {:.1} us",
+        comm.rank(),
+        times[times.len() / 2].as_secs_f64() * 1e6,
+        mean.as_secs_f64() * 1e6
+    ));
+    Ok(())
 }
 
 /// After a collective failed: the collective must fail the next call at once, naming the first
@@ -124,6 +161,10 @@ fn run(o: &Options, rank_out: &mut Option<usize>) -> Result<bool, Failure> {
         std::fs::write(format!("{dir}/rank{rank}.pid"), std::process::id().to_string())
             .map_err(|e| Failure::Other(e.to_string()))?;
     }
+    if let Some(n) = o.time_all_reduce {
+        time_all_reduce(&mut comm, n).map_err(Failure::Collective)?;
+        return Ok(true);
+    }
     let weights = scenario::initial_weights(&o.sizes);
     let delay = o.step_delay;
     let hang_rank = o.hang_rank;
@@ -138,9 +179,9 @@ fn run(o: &Options, rank_out: &mut Option<usize>) -> Result<bool, Failure> {
     let run = match trained {
         Ok(run) => run,
         Err(NnError::Dist(e)) => {
-            eprintln!("rank {rank}: collective failed: {e}");
+            report(format!("rank {rank}: collective failed: {e}"));
             match check_poisoned(&mut comm, &e) {
-                Ok(message) => eprintln!("rank {rank}: {message}"),
+                Ok(message) => report(format!("rank {rank}: {message}")),
                 Err(message) => return Err(Failure::Other(message)),
             }
             return Err(Failure::Collective(e));
@@ -188,11 +229,11 @@ fn main() -> ExitCode {
             1
         }
         Err(Failure::Collective(e)) => {
-            eprintln!("train_ddp: error: {e}");
+            report(format!("train_ddp: error: {e}"));
             3
         }
         Err(Failure::Other(e)) => {
-            eprintln!("train_ddp: error: {e}");
+            report(format!("train_ddp: error: {e}"));
             4
         }
     };

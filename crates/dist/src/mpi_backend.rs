@@ -5,9 +5,10 @@
 //!
 //! Every collective runs as MPI's non-blocking form (`MPI_Ireduce`, `MPI_Ibcast`,
 //! `MPI_Iallgather`, `MPI_Ibarrier`) and the calling thread polls it with `MPI_Test` until it
-//! completes or the group's timeout has passed since the call began. A poll that finds the
-//! operation unfinished spins briefly, then yields, then sleeps (up to a millisecond), so a rank
-//! waiting for a slow peer does not burn a core. Past the deadline the call returns
+//! completes or the group's timeout has passed since the call began. Between polls it spins
+//! briefly, then yields its core, and once the call has taken longer than its data could need, it
+//! sleeps (up to a millisecond), so a rank waiting out a hung peer does not burn a core (see
+//! `Patience`). Past the deadline the call returns
 //! [`ErrorKind::Timeout`] naming the operation, the rank, the group's size and the wait (MPI does
 //! not say which peer is missing, so `missing` is empty).
 //!
@@ -146,54 +147,57 @@ impl MpiCollective {
         Err(error)
     }
 
-    fn all_reduce_of<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, deadline: Instant) -> bool {
+    fn all_reduce_of<T: Element>(&mut self, buf: &mut [T], op: ReduceOp, started: Instant) -> bool {
+        let patience = &Patience::new(started, self.timeout, std::mem::size_of_val(buf));
         let [send, recv] = T::staging(&mut self.staging);
         send.clear();
         send.extend_from_slice(buf);
-        recv.clear();
+        // MPI overwrites `recv` whole: only its length matters (unchanged from call to call
+        // when the buckets are, so this costs nothing then).
         recv.resize(buf.len(), T::default());
         let root = self.world.process_at_rank(0);
         let reduced = if self.rank == 0 {
             mpi::request::scope(|scope| {
-                wait(root.immediate_reduce_into_root(scope, &send[..], &mut recv[..], system_op(op)), deadline)
+                wait(root.immediate_reduce_into_root(scope, &send[..], &mut recv[..], system_op(op)), patience)
             })
         } else {
-            mpi::request::scope(|scope| wait(root.immediate_reduce_into(scope, &send[..], system_op(op)), deadline))
+            mpi::request::scope(|scope| wait(root.immediate_reduce_into(scope, &send[..], system_op(op)), patience))
         };
         let done =
-            reduced && mpi::request::scope(|scope| wait(root.immediate_broadcast_into(scope, &mut recv[..]), deadline));
+            reduced && mpi::request::scope(|scope| wait(root.immediate_broadcast_into(scope, &mut recv[..]), patience));
         if done {
             buf.copy_from_slice(recv);
         }
         done
     }
 
-    fn broadcast_of<T: Element>(&mut self, buf: &mut [T], root: usize, deadline: Instant) -> bool {
+    fn broadcast_of<T: Element>(&mut self, buf: &mut [T], root: usize, started: Instant) -> bool {
+        let patience = &Patience::new(started, self.timeout, std::mem::size_of_val(buf));
         let [data, _] = T::staging(&mut self.staging);
-        data.clear();
         if self.rank == root {
+            data.clear();
             data.extend_from_slice(buf);
         } else {
             data.resize(buf.len(), T::default());
         }
         let root_process = self.world.process_at_rank(root as i32);
         let done =
-            mpi::request::scope(|scope| wait(root_process.immediate_broadcast_into(scope, &mut data[..]), deadline));
+            mpi::request::scope(|scope| wait(root_process.immediate_broadcast_into(scope, &mut data[..]), patience));
         if done && self.rank != root {
             buf.copy_from_slice(data);
         }
         done
     }
 
-    fn all_gather_of<T: Element>(&mut self, send: &[T], recv: &mut [T], deadline: Instant) -> bool {
+    fn all_gather_of<T: Element>(&mut self, send: &[T], recv: &mut [T], started: Instant) -> bool {
+        let patience = &Patience::new(started, self.timeout, std::mem::size_of_val(recv));
         let [staged_send, staged_recv] = T::staging(&mut self.staging);
         staged_send.clear();
         staged_send.extend_from_slice(send);
-        staged_recv.clear();
         staged_recv.resize(recv.len(), T::default());
         let world = &self.world;
         let done = mpi::request::scope(|scope| {
-            wait(world.immediate_all_gather_into(scope, &staged_send[..], &mut staged_recv[..]), deadline)
+            wait(world.immediate_all_gather_into(scope, &staged_send[..], &mut staged_recv[..]), patience)
         });
         if done {
             recv.copy_from_slice(staged_recv);
@@ -209,11 +213,13 @@ impl Drop for MpiCollective {
             drop(self.universe.take());
             return;
         };
-        eprintln!(
+        // One write, so that a launcher merging the ranks' output keeps the line whole.
+        let message = format!(
             "kiln-dist: rank {} of {}: not finalizing MPI after a failed collective ({}); the launcher will report \
-             that this process exited without MPI_Finalize",
+             that this process exited without MPI_Finalize\n",
             self.rank, self.size, failure.error
         );
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), message.as_bytes());
         // The pending operation may still write into these, and MPI may still use the
         // communicator: neither is freed, and MPI is not finalized.
         std::mem::forget(failure.abandoned);
@@ -229,13 +235,13 @@ fn system_op(op: ReduceOp) -> SystemOperation {
     }
 }
 
-/// Polls `request` until it completes (true) or `deadline` passes (false). An operation left
+/// Polls `request` until it completes (true) or the deadline passes (false). An operation left
 /// pending is released from its scope without being completed: the caller must then keep the
 /// buffers it uses alive and untouched for the rest of the process (see the module doc).
-fn wait<'a, D: ?Sized, S: Scope<'a>>(request: Request<'a, D, S>, deadline: Instant) -> bool {
+fn wait<'a, D: ?Sized, S: Scope<'a>>(request: Request<'a, D, S>, patience: &Patience) -> bool {
     let mut pending = Some(request);
     let completed =
-        poll_until(deadline, || match pending.take().expect("the request is pending between polls").test() {
+        poll_until(patience, || match pending.take().expect("the request is pending between polls").test() {
             Ok(_status) => true,
             Err(request) => {
                 pending = Some(request);
@@ -252,17 +258,44 @@ fn wait<'a, D: ?Sized, S: Scope<'a>>(request: Request<'a, D, S>, deadline: Insta
     completed
 }
 
-/// How long a waiting rank polls without pausing, then polls yielding its core, before it
-/// sleeps between polls.
-const SPIN: Duration = Duration::from_micros(200);
-const YIELD: Duration = Duration::from_millis(2);
-/// The first and the longest sleep between polls (doubling in between).
+/// How a call waits: until when, and how long it polls without sleeping.
+///
+/// MPI makes progress on a pending operation only inside MPI calls, here `MPI_Test`: a large
+/// message moves in many fragments, each needing both sides to poll, so a rank that sleeps while
+/// data flows slows the collective down by its sleeps (a 4 MiB all-reduce took a second with
+/// 1 ms sleeps from the start, against 6 ms spinning). A rank therefore polls without sleeping
+/// (spinning briefly, then yielding its core to any other runnable thread between polls) for
+/// [`BUSY_FOR`] plus [`BUSY_PER_BYTE`] per byte of the call, long enough for a collective whose
+/// peers are all there; past that it is waiting for a peer and sleeps between polls, from
+/// [`FIRST_SLEEP`] doubling to [`LONGEST_SLEEP`], so a rank waiting out a hung peer's timeout
+/// does not burn a core.
+struct Patience {
+    deadline: Instant,
+    busy_for: Duration,
+}
+
+/// How long a wait spins before it yields between polls.
+const SPIN: Duration = Duration::from_micros(50);
+/// How long any wait polls without sleeping.
+const BUSY_FOR: Duration = Duration::from_millis(100);
+/// How much longer a wait polls without sleeping per byte of the call's data.
+const BUSY_PER_BYTE: Duration = Duration::from_nanos(16);
+/// The first sleep between polls.
 const FIRST_SLEEP: Duration = Duration::from_micros(50);
+/// The longest sleep between polls (the sleeps double up to it).
 const LONGEST_SLEEP: Duration = Duration::from_millis(1);
 
-/// Calls `done` until it returns true (then true) or `deadline` passes (then false), pausing
-/// between calls with a growing backoff. `done` is called at least once.
-fn poll_until(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+impl Patience {
+    /// A call begun at `started` that may take `timeout` and moves `bytes` bytes per rank.
+    fn new(started: Instant, timeout: Duration, bytes: usize) -> Patience {
+        let per_byte = BUSY_PER_BYTE.saturating_mul(u32::try_from(bytes).unwrap_or(u32::MAX));
+        Patience { deadline: started + timeout, busy_for: BUSY_FOR.saturating_add(per_byte) }
+    }
+}
+
+/// Calls `done` until it returns true (then true) or the deadline passes (then false), pausing
+/// between calls as [`Patience`] says. `done` is called at least once.
+fn poll_until(patience: &Patience, mut done: impl FnMut() -> bool) -> bool {
     let started = Instant::now();
     let mut sleep = FIRST_SLEEP;
     loop {
@@ -270,16 +303,16 @@ fn poll_until(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
             return true;
         }
         let now = Instant::now();
-        if now >= deadline {
+        if now >= patience.deadline {
             return false;
         }
         let waited = now - started;
         if waited < SPIN {
             std::hint::spin_loop();
-        } else if waited < YIELD {
+        } else if waited < patience.busy_for {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(sleep.min(deadline - now));
+            std::thread::sleep(sleep.min(patience.deadline - now));
             sleep = (sleep * 2).min(LONGEST_SLEEP);
         }
     }
@@ -331,24 +364,23 @@ impl Collective for MpiCollective {
         self.check_healthy(call)?;
         check_call(call, self.rank, self.size, (&buf, None))?;
         let started = Instant::now();
-        let deadline = started + self.timeout;
         let n = self.size;
         let done = match buf {
             BufMut::F32(b) => {
-                let done = self.all_reduce_of(b, op, deadline);
+                let done = self.all_reduce_of(b, op, started);
                 if done && op == ReduceOp::Mean {
                     b.iter_mut().for_each(|x| *x /= n as f32);
                 }
                 done
             }
             BufMut::F64(b) => {
-                let done = self.all_reduce_of(b, op, deadline);
+                let done = self.all_reduce_of(b, op, started);
                 if done && op == ReduceOp::Mean {
                     b.iter_mut().for_each(|x| *x /= n as f64);
                 }
                 done
             }
-            BufMut::I32(b) => self.all_reduce_of(b, op, deadline),
+            BufMut::I32(b) => self.all_reduce_of(b, op, started),
         };
         self.finish(call, started, done)
     }
@@ -358,11 +390,10 @@ impl Collective for MpiCollective {
         self.check_healthy(call)?;
         check_call(call, self.rank, self.size, (&buf, None))?;
         let started = Instant::now();
-        let deadline = started + self.timeout;
         let done = match buf {
-            BufMut::F32(b) => self.broadcast_of(b, root, deadline),
-            BufMut::F64(b) => self.broadcast_of(b, root, deadline),
-            BufMut::I32(b) => self.broadcast_of(b, root, deadline),
+            BufMut::F32(b) => self.broadcast_of(b, root, started),
+            BufMut::F64(b) => self.broadcast_of(b, root, started),
+            BufMut::I32(b) => self.broadcast_of(b, root, started),
         };
         self.finish(call, started, done)
     }
@@ -371,11 +402,10 @@ impl Collective for MpiCollective {
         self.check_healthy(Op::AllGather)?;
         check_call(Op::AllGather, self.rank, self.size, (&send, Some(&recv)))?;
         let started = Instant::now();
-        let deadline = started + self.timeout;
         let done = match (send, recv) {
-            (BufMut::F32(s), BufMut::F32(r)) => self.all_gather_of(s, r, deadline),
-            (BufMut::F64(s), BufMut::F64(r)) => self.all_gather_of(s, r, deadline),
-            (BufMut::I32(s), BufMut::I32(r)) => self.all_gather_of(s, r, deadline),
+            (BufMut::F32(s), BufMut::F32(r)) => self.all_gather_of(s, r, started),
+            (BufMut::F64(s), BufMut::F64(r)) => self.all_gather_of(s, r, started),
+            (BufMut::I32(s), BufMut::I32(r)) => self.all_gather_of(s, r, started),
             _ => unreachable!("check_call compared the buffers' types"),
         };
         self.finish(Op::AllGather, started, done)
@@ -384,7 +414,7 @@ impl Collective for MpiCollective {
     fn barrier(&mut self) -> Result<()> {
         self.check_healthy(Op::Barrier)?;
         let started = Instant::now();
-        let done = wait(self.world.immediate_barrier(), started + self.timeout);
+        let done = wait(self.world.immediate_barrier(), &Patience::new(started, self.timeout, 0));
         self.finish(Op::Barrier, started, done)
     }
 }
@@ -396,8 +426,8 @@ mod tests {
     #[test]
     fn poll_until_returns_once_done() {
         let mut calls = 0;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        assert!(poll_until(deadline, || {
+        let patience = Patience::new(Instant::now(), Duration::from_secs(60), 0);
+        assert!(poll_until(&patience, || {
             calls += 1;
             calls == 3
         }));
@@ -409,7 +439,9 @@ mod tests {
         let timeout = Duration::from_millis(300);
         let started = Instant::now();
         let mut calls = 0u64;
-        assert!(!poll_until(started + timeout, || {
+        // Sleeping after 5 ms of polling.
+        let patience = Patience { deadline: started + timeout, busy_for: Duration::from_millis(5) };
+        assert!(!poll_until(&patience, || {
             calls += 1;
             false
         }));
@@ -417,7 +449,8 @@ mod tests {
         assert!(waited >= timeout, "gave up after {waited:?}, before the deadline");
         assert!(waited < timeout + Duration::from_millis(200), "gave up only after {waited:?}");
         // Spinning the whole time would poll millions of times; sleeping up to 1 ms after the
-        // first 2 ms leaves a few thousand at most.
+        // first 5 ms leaves a few thousand at most (yielding, on an idle core, polls about as
+        // often as spinning).
         assert!(calls < 20_000, "{calls} polls in {waited:?}: the wait does not back off");
     }
 }
