@@ -1,46 +1,50 @@
-//! The MPI backend (cargo feature `mpi`): one rank per process, over the system's MPI through
-//! rsmpi (`MPI_COMM_WORLD`, launched by `mpirun`).
+//! The MPI backend (cargo feature `mpi`): one rank per process, over the system's MPI through rsmpi
+//! (`MPI_COMM_WORLD`, launched by `mpirun`).
 //!
 //! # Bounded waits
 //!
-//! Every collective runs as MPI's non-blocking form (`MPI_Ireduce`, `MPI_Ibcast`,
-//! `MPI_Iallgather`, `MPI_Ibarrier`) and the calling thread polls it with `MPI_Test` until it
-//! completes or the group's timeout has passed since the call began. Between polls it spins
-//! briefly, then yields its core, and once the call has taken longer than its data could need, it
-//! sleeps (up to a millisecond), so a rank waiting out a hung peer does not burn a core (see
-//! `Patience`). Past the deadline the call returns
-//! [`ErrorKind::Timeout`] naming the operation, the rank, the group's size and the wait (MPI does
-//! not say which peer is missing, so `missing` is empty).
+//! Every collective runs as MPI's non-blocking form (`MPI_Ireduce`, `MPI_Ibcast`, `MPI_Iallgather`,
+//! `MPI_Ibarrier`) and the calling thread polls it with `MPI_Test` until it completes or the
+//! group's timeout has passed since the call began. Between polls it spins briefly, then yields its
+//! core, and once the call has taken longer than its data could need, it sleeps (up to a
+//! millisecond), so a rank waiting out a hung peer does not burn a core (see `Patience`). Past the
+//! deadline the call returns [`ErrorKind::Timeout`] naming the operation, the rank, the group's
+//! size and the wait (MPI does not say which peer is missing, so `missing` is empty). There is no
+//! watchdog thread and nothing ends the process: the caller decides.
 //!
 //! # A failed group stays failed
 //!
 //! A started MPI collective cannot be cancelled: the operation left pending after a timeout may
-//! still read or write its buffers whenever MPI makes progress. So a collective never hands MPI
-//! the caller's slices: it copies them into staging buffers owned by the [`MpiCollective`] and
-//! copies the result back only once the operation has completed. After a timeout the staging
+//! still read or write its buffers whenever MPI makes progress. So a collective never hands MPI the
+//! caller's slices: it copies them into staging buffers owned by the [`MpiCollective`] and copies
+//! the result back only once the operation has completed (one copy in and one out per call; the
+//! staging buffers are reused, so steady calls allocate nothing). After a timeout the staging
 //! buffers of the pending operation are moved aside and never freed, read or written again (they
-//! are deliberately leaked when the collective is dropped), and the collective is *poisoned*:
-//! every later call returns [`ErrorKind::GroupFailed`] at once, naming the first failure.
+//! are deliberately leaked when the collective is dropped), and the collective is *poisoned*: every
+//! later call returns [`ErrorKind::GroupFailed`] at once, naming the first failure.
 //!
-//! Dropping a poisoned collective does not call `MPI_Finalize`. Open MPI 4.1's finalize waits for
-//! every rank (a fence), so with a hung peer it never returns; the pending operation would also
-//! violate finalize's precondition. The process instead exits without finalizing, which its
-//! launcher reports (see below). A collective that never failed finalizes MPI when dropped.
+//! Dropping a poisoned collective does not call `MPI_Finalize` (it prints one line saying so). Open
+//! MPI 4.1's finalize waits for every rank, so with a hung peer it never returns (tested); and
+//! finalizing with an operation pending is erroneous in MPI anyway. The process goes on (to log,
+//! save a checkpoint) and exits without finalizing, which its launcher reports (see below). MPI
+//! cannot be initialized again in that process. A collective that never failed finalizes MPI when
+//! dropped.
 //!
 //! # What the launcher does (Open MPI 4.1, as `scripts/test-mpi.sh` tests it)
 //!
 //! - A hung peer (alive, never joining): the others get `Err(Timeout)` after the timeout. When
 //!   such a rank then exits with a non-zero status, plain `mpirun` ends the job (the hung rank
-//!   too) and exits with that status.
-//! - A dead peer under plain `mpirun` (killed, crashed): `mpirun` notices and ends every other
-//!   rank of the job at once (they get no `Err`), then exits non-zero naming the rank that died.
-//! - A dead peer under `mpirun --enable-recovery`: the surviving ranks keep running, their
-//!   pending collective reaches the deadline and they get `Err(Timeout)`, and can log, save and
-//!   exit. Under that option `mpirun` does not end the job when a rank exits with an error (a
-//!   hung peer keeps the job alive until it ends by itself) and it exits 0 whatever the ranks
-//!   returned, so the ranks must report failure themselves (logs, files). (`--mca
-//!   orte_abort_on_non_zero_status 0` is no substitute: the survivors get their `Err`, but
-//!   `mpirun` itself never ends after a rank is killed.)
+//!   too) and exits with that status. No rank hangs and no job outlives the timeout by more than the time
+//!   the ranks take to exit.
+//! - A dead peer under plain `mpirun` (killed, crashed): `mpirun` notices and ends every other rank
+//!   of the job at once (they get no `Err`), then exits non-zero naming the rank that died.
+//! - A dead peer under `mpirun --enable-recovery -n N program` (the launch line for ranks that must
+//!   outlive a dead peer): the surviving ranks keep running, their pending collective reaches the
+//!   deadline and they get `Err(Timeout)`, and can log, save and exit. Under that option `mpirun`
+//!   does not end the job when a rank exits with an error (a hung peer keeps the job alive until it
+//!   ends by itself) and it exits 0 whatever the ranks returned, so the ranks must report failure
+//!   themselves (logs, files). (`--mca orte_abort_on_non_zero_status 0` is no substitute: the
+//!   survivors get their `Err`, but `mpirun` itself never ends after a rank is killed.)
 //!
 //! Results are the same bits on every rank: a reduction goes to rank 0 (`MPI_Ireduce`) and is
 //! broadcast from there, since `MPI_Allreduce` does not promise identical rounding everywhere.
