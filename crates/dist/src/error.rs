@@ -63,7 +63,7 @@ pub enum ErrorKind {
     Timeout {
         /// How long this rank waited.
         waited: Duration,
-        /// The ranks that had not joined.
+        /// The ranks that had not joined (empty where the backend cannot tell: MPI).
         missing: Vec<usize>,
     },
     /// A rank left the group (its handle was dropped: its thread ended or panicked) before
@@ -73,7 +73,8 @@ pub enum ErrorKind {
         /// The rank that left.
         peer: usize,
     },
-    /// An earlier collective failed on some rank; the group cannot be used any more.
+    /// An earlier collective failed on some rank (on MPI: on this rank); the group cannot be used
+    /// any more.
     #[error("the group failed earlier: {0}")]
     GroupFailed(String),
     /// The ranks called different collectives, or gave buffers of different types or lengths.
