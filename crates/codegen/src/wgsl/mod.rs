@@ -46,7 +46,7 @@
 //! GLSL.std.450 `Exp2`, `Log2`, `Sin`, `Pow` take no 64-bit floats, so those are range
 //! reduction plus polynomials (`sin` reduces any finite argument modulo `pi/2` exactly enough,
 //! Payne-Hanek style); casts to and from every dtype are exact or round and saturate as Rust's
-//! `as` does. Sums accumulate in `f64`, like the interpreter's.
+//! `as` does. Sums accumulate in `f64`, like the interpreter's (in the kernel's order).
 //!
 //! `f16`/`bf16` are refused rather than emulated: two halves share a 32-bit word, so a store needs
 //! atomics (or one thread per word) to avoid racing with the neighbour's store; that, and the
@@ -66,7 +66,8 @@
 //! - Any other kernel runs its whole body in one invocation (correct, not fast).
 //! - `Kernel::Matmul` becomes a tiled GEMM: 64x64 output tiles per 16x16 workgroup, each thread a
 //!   4x4 register block, 16-deep K slices staged through `var<workgroup>` memory, with the
-//!   operands' strides (transposes) and batch strides applied in the loads.
+//!   operands' strides (transposes) and batch strides applied in the loads; one shader text for
+//!   `f32` and `f64` (lowering makes matmul kernels of `f32` contractions only so far).
 //!
 //! # Data-dependent checks
 //!
@@ -87,8 +88,11 @@
 //! bits (sign aside) are non-zero; `cmpne` is `!(a == b)`; `erf` is a polynomial (Taylor series
 //! below 0.5, Abramowitz-Stegun 7.1.26 above: absolute error under 2e-7); `pow` handles negative
 //! bases with integer exponents, `pow(x, 0) = 1` and `pow(1, y) = 1`.
-//! `f64` matches the same list; `exp2`, `log2`, `sin` are within a few ULP of libm and `erf`
-//! within a few more (the bounds are asserted in `crates/runtime/tests/wgpu_ops.rs`).
+//! `f64` matches the same list (and `pow(-0, y)` keeps the sign of zero); `exp2`, `log2`, `sin`
+//! are within a few ULP of libm and `erf` within a few more (the bounds are asserted in
+//! `crates/runtime/tests/wgpu_ops.rs`). Lavapipe's `f64` `trunc` and `f64 <-> u32` conversions
+//! are wrong for some values, so the helpers build `trunc` from `floor` and convert words through
+//! `i32`.
 //! Deviations: float sums accumulate in `f32` in the kernel's order (a tree order in workgroup
 //! reductions), where the interpreter sums in `f64`; `exp2`/`log2`/`sin`/`sqrt`/`/` have the
 //! driver's precision (Vulkan allows a few ULP; `sin` is only absolutely accurate to about 2^-11
