@@ -846,8 +846,50 @@ fn f64_binary_ops_match_the_interpreter() {
     }
     // NaN, signed zeros, infinities, exact fmod of huge quotients, pow's special cases.
     let inf = f64::INFINITY;
-    let x = vec![f64::NAN, 1.0, -0.0, 0.0, -2.0, -2.0, 3.0, -8.0, -0.0, -0.0, -inf, -inf, -1.0, 0.5, 1e300, -7.5, 5.0];
-    let y = vec![1.0, f64::NAN, 0.0, -0.0, 3.0, 2.0, 0.0, 0.5, 3.0, -3.0, 3.0, 0.5, inf, -inf, 3.0, 2.0, inf];
+    let x = vec![
+        f64::NAN,
+        1.0,
+        -0.0,
+        0.0,
+        -2.0,
+        -2.0,
+        3.0,
+        -8.0,
+        -0.0,
+        -0.0,
+        -inf,
+        -inf,
+        -1.0,
+        0.5,
+        1e300,
+        -7.5,
+        5.0,
+        f64::MAX,
+        1e-310,
+        -7e-300,
+    ];
+    let y = vec![
+        1.0,
+        f64::NAN,
+        0.0,
+        -0.0,
+        3.0,
+        2.0,
+        0.0,
+        0.5,
+        3.0,
+        -3.0,
+        3.0,
+        0.5,
+        inf,
+        -inf,
+        3.0,
+        2.0,
+        inf,
+        5e-324,
+        3e-320,
+        -1.1e-308,
+    ];
     let n = x.len();
     for op in ["max", "min", "pow", "mod", "cmpne", "cmpeq", "cmplt"] {
         let out = if op.starts_with("cmp") { "bool" } else { "f64" };

@@ -76,7 +76,9 @@ pub(super) const MOD: &str = "fn k_modd(a: f64, b: f64) -> f64 {
     let ey = k_ilogbd(y);
     var r = x;
     for (var i = 0; i < 2200 && r >= y; i++) {
-        var s = ldexp(y, k_ilogbd(r) - ey);
+        // `y * 2^d` in three exact steps: `d` reaches 2097 (a subnormal `y`), past `ldexp`'s range.
+        let d = k_ilogbd(r) - ey;
+        var s = ldexp(ldexp(ldexp(y, d / 3), d / 3), d - 2 * (d / 3));
         if (s > r) { s = s * 0.5lf; }
         r = r - s;
     }
@@ -177,9 +179,11 @@ pub(super) const LOG2: &str = "fn k_log2d(x: f64) -> f64 {
     if (x == 0.0lf) { return -f64(bitcast<f32>(0x7f800000u)); }
     if (x > 1.7976931348623157e308lf) { return x; }
     var k = k_ilogbd(x);
-    var f = ldexp(x, -k);
+    var f: f64;
     if (k < -1022) {
         f = ldexp(ldexp(x, 54), -k - 54);
+    } else {
+        f = ldexp(x, -k);
     }
     if (f > 1.4142135623730951lf) {
         f = f * 0.5lf;
