@@ -21,8 +21,9 @@ pub enum Device {
     #[default]
     Cpu,
     /// WGSL compute shaders on a GPU through wgpu (the runtime's `WgpuDevice`). f32, i32, i64
-    /// (emulated with 32-bit word pairs, exact) and bool: WGSL has no 64-bit floats, and f16/bf16
-    /// storage is not implemented yet.
+    /// (emulated with 32-bit word pairs, exact), bool, and f64 where the adapter has 64-bit float
+    /// shaders (`SHADER_F64`: lavapipe and NVIDIA do; elsewhere f64 is an `Unsupported` error);
+    /// f16/bf16 storage is not implemented yet.
     ///
     /// The variant exists in every build; without kiln's `wgpu` cargo feature (on by default)
     /// realizing on it is an [`Error::Device`] saying so.

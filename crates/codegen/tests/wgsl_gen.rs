@@ -7,12 +7,14 @@ use kiln_codegen::CodegenError;
 use kiln_codegen::wgsl::{self, WgslKernel};
 use lower::kir::Kernel;
 
-/// Parses and validates `source` with naga, panicking with the shader text on an error.
-fn validate(source: &str) {
+/// Parses and validates `source` with naga, panicking with the shader text on an error. Only a
+/// shader that says it uses `f64` gets naga's `FLOAT64` capability (what wgpu grants with
+/// `SHADER_F64`), so a wrong `uses_f64` fails here.
+fn validate(source: &str, uses_f64: bool) {
     let module =
         naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{}\n{source}", e.emit_to_string(source)));
-    let mut validator =
-        naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::empty());
+    let caps = if uses_f64 { naga::valid::Capabilities::FLOAT64 } else { naga::valid::Capabilities::empty() };
+    let mut validator = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
     if let Err(e) = validator.validate(&module) {
         panic!("{}\n{source}", e.emit_to_string(source));
     }
@@ -30,7 +32,7 @@ fn shaders(text: &str) -> Vec<WgslKernel> {
         .iter()
         .map(|k| {
             let w = wgsl::generate(k).unwrap_or_else(|e| panic!("{e}\n{k}"));
-            validate(&w.source);
+            validate(&w.source, w.uses_f64);
             w
         })
         .collect()
@@ -325,8 +327,11 @@ fn binary_graph(op: &str, dtype: &str, out: &str) -> String {
 
 #[test]
 fn every_unary_op_validates() {
-    for op in ["neg", "exp2", "log2", "sin", "sqrt", "recip", "erf", "trunc"] {
-        shaders(&unary_graph(op, "f32"));
+    for dtype in ["f32", "f64"] {
+        for op in ["neg", "exp2", "log2", "sin", "sqrt", "recip", "erf", "trunc"] {
+            let ws = shaders(&unary_graph(op, dtype));
+            assert_eq!(ws.iter().any(|w| w.uses_f64), dtype == "f64", "{op} {dtype}");
+        }
     }
     for (op, dtype) in [("neg", "i32"), ("not", "i32"), ("not", "bool"), ("neg", "i64"), ("not", "i64")] {
         shaders(&unary_graph(op, dtype));
@@ -335,7 +340,7 @@ fn every_unary_op_validates() {
 
 #[test]
 fn every_binary_op_validates() {
-    for dtype in ["f32", "i32", "i64"] {
+    for dtype in ["f32", "f64", "i32", "i64"] {
         for op in ["add", "sub", "mul", "div", "max", "min", "mod"] {
             shaders(&binary_graph(op, dtype, dtype));
         }
@@ -344,6 +349,7 @@ fn every_binary_op_validates() {
         }
     }
     shaders(&binary_graph("pow", "f32", "f32"));
+    shaders(&binary_graph("pow", "f64", "f64"));
     for op in ["and", "or"] {
         shaders(&binary_graph(op, "i32", "i32"));
         shaders(&binary_graph(op, "i64", "i64"));
@@ -359,8 +365,8 @@ fn every_binary_op_validates() {
 
 #[test]
 fn casts_where_iota_and_consts_validate() {
-    for from in ["f32", "i32", "i64", "bool"] {
-        for to in ["f32", "i32", "i64", "bool"] {
+    for from in ["f32", "f64", "i32", "i64", "bool"] {
+        for to in ["f32", "f64", "i32", "i64", "bool"] {
             shaders(&format!("graph {{\n n0 = input 0 : {from}[7]\n n1 = cast {to} n0 : {to}[7]\n return n1\n}}"));
         }
     }
@@ -369,6 +375,10 @@ fn casts_where_iota_and_consts_validate() {
     );
     shaders(
         "graph {\n n0 = iota axis=1 : i32[3, 4]\n n1 = const -2147483648 : i32[3, 4]\n n2 = add n0, n1 : i32[3, 4]\n return n2\n}",
+    );
+    // f64 constants: non-finite ones are widened f32 infinities and NaN, subnormals are literals.
+    shaders(
+        "graph {\n n0 = input 0 : bool[4]\n n1 = input 1 : f64[4]\n n2 = const -inf : f64[4]\n n3 = where n0, n1, n2 : f64[4]\n n4 = iota axis=0 : f64[4]\n n5 = add n3, n4 : f64[4]\n n6 = const nan : f64[4]\n n7 = max n5, n6 : f64[4]\n n8 = const 5e-324 : f64[4]\n n9 = mul n7, n8 : f64[4]\n return n9\n}",
     );
 }
 
@@ -381,7 +391,7 @@ fn reductions_and_views_validate() {
         "graph {\n n0 = input 0 : f32[6, 7, 300]\n n1 = reduce sum axes=[0, 2] n0 : f32[1, 7, 1]\n return n1\n}",
     );
     assert_eq!(ws[0].strategy, "workgroup-reduce");
-    for dtype in ["i32", "i64"] {
+    for dtype in ["i32", "i64", "f64"] {
         for op in ["sum", "max"] {
             shaders(&format!(
                 "graph {{\n n0 = input 0 : {dtype}[5, seq]\n n1 = reduce {op} axes=[1] n0 : {dtype}[5, 1]\n return n1\n}}"
@@ -394,6 +404,9 @@ fn reductions_and_views_validate() {
     );
     shaders(
         "graph {\n n0 = input 0 : i64[2, 3]\n n1 = input 1 : i64[2, 3]\n n2 = scatter_add axis=0 [4, 3] n0, n1 : i64[4, 3]\n return n2\n}",
+    );
+    shaders(
+        "graph {\n n0 = input 0 : f64[4, 3]\n n1 = input 1 : i64[2, 3]\n n2 = gather axis=0 n0, n1 : f64[2, 3]\n n3 = scatter_add axis=0 [4, 3] n1, n2 : f64[4, 3]\n return n3\n}",
     );
     // Softmax over the last axis of a symbolic-length sequence.
     shaders(
@@ -419,11 +432,24 @@ fn a_view_of_padding_only_validates() {
 fn transposed_batched_matmul_validates() {
     let ws = shaders(&matmul_graph("3", "16", "8", "5", true));
     assert!(ws.iter().any(|w| w.strategy == "matmul"), "no matmul kernel");
+    // Lowering makes matmul kernels of f32 contractions only; the shader is generic, so the same
+    // kernel retyped to f64 must give a valid f64 shader.
+    let mut retyped = 0;
+    for k in kernels(&matmul_graph("3", "16", "8", "5", true)) {
+        let Kernel::Matmul(mut m) = k else { continue };
+        m.dtype = DType::F64;
+        m.params.iter_mut().for_each(|p| p.dtype = DType::F64);
+        let w = wgsl::generate(&Kernel::Matmul(m)).unwrap();
+        assert!(w.uses_f64 && w.source.contains("vec4<f64>"), "{}", w.source);
+        validate(&w.source, true);
+        retyped += 1;
+    }
+    assert_eq!(retyped, 1);
 }
 
 #[test]
 fn unsupported_dtypes_are_clear_errors() {
-    for dtype in [DType::F64, DType::F16, DType::BF16] {
+    for dtype in [DType::F16, DType::BF16] {
         let text = unary_graph("neg", dtype.name());
         for k in kernels(&text) {
             match wgsl::generate(&k) {
@@ -435,6 +461,7 @@ fn unsupported_dtypes_are_clear_errors() {
     }
     assert_eq!(wgsl::device_elem_bytes(DType::Bool).unwrap(), 4);
     assert_eq!(wgsl::device_elem_bytes(DType::I64).unwrap(), 8);
+    assert_eq!(wgsl::device_elem_bytes(DType::F64).unwrap(), 8);
 }
 
 #[test]

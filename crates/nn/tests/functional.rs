@@ -35,23 +35,15 @@ impl Args {
 
 type Call = fn(&Args) -> Tensor;
 
-/// Runs every case on every device; returns the cases skipped on wgpu (an `f64` tensor,
-/// which WGSL cannot hold).
-fn run(cases: &[(&str, Call)]) -> BTreeSet<String> {
-    let mut skipped = BTreeSet::new();
+/// Runs every case on every device (wgpu included, `f64` fixtures too: nothing is skipped).
+fn run(cases: &[(&str, Call)]) {
     for device in devices() {
         for &(name, call) in cases {
             let f = Fixture::new(fixtures(), name);
             let stored = f.group("in");
-            let wide = |t: &Tensor| matches!(t.dtype(), DType::F64);
-            if device == Device::Wgpu && (stored.values().any(wide) || wide(&f.get("out"))) {
-                skipped.insert(name.to_string());
-                continue;
-            }
             check(&f, &stored, call, device);
         }
     }
-    skipped
 }
 
 fn check(f: &Fixture, stored: &HashMap<String, Tensor>, call: Call, device: Device) {
@@ -81,21 +73,13 @@ fn check(f: &Fixture, stored: &HashMap<String, Tensor>, call: Call, device: Devi
     all.extend(grads.iter());
     kiln::realize(&all).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(out.dtype(), f.get("out").dtype(), "{what}: dtype");
-    // Compared on the host side (the comparison casts to f64, which wgpu cannot).
+    // Compared on the host side.
     let host = |t: &Tensor| t.to_device(Device::Cpu).unwrap();
     let mut worst = assert_close(&format!("{what}.out"), &host(&out), &f.get("out"), FORWARD_TOL);
     for ((k, want), got) in expected.iter().zip(&grads) {
         worst = worst.max(assert_close(&format!("{what}.grad.{k}"), &host(got), want, GRAD_TOL));
     }
     eprintln!("{what}: max error {worst:.2e}");
-}
-
-/// Checks the wgpu skips are exactly `expected` (when this machine has a wgpu adapter).
-fn assert_skips(skipped: BTreeSet<String>, expected: &[&str]) {
-    if devices().contains(&Device::Wgpu) {
-        let expected: BTreeSet<String> = expected.iter().map(|s| s.to_string()).collect();
-        assert_eq!(skipped, expected, "fixtures skipped on wgpu (f64)");
-    }
 }
 
 const LAYERS: &[(&str, Call)] = &[
@@ -295,32 +279,32 @@ const CONVS: &[(&str, Call)] = &[
 
 #[test]
 fn layers_match_pytorch() {
-    assert_skips(run(LAYERS), &["log_softmax_f64"]);
+    run(LAYERS);
 }
 
 #[test]
 fn norms_match_pytorch() {
-    assert_skips(run(NORMS), &[]);
+    run(NORMS);
 }
 
 #[test]
 fn attention_matches_pytorch() {
-    assert_skips(run(ATTENTION), &[]);
+    run(ATTENTION);
 }
 
 #[test]
 fn losses_match_pytorch() {
-    assert_skips(run(LOSSES), &[]);
+    run(LOSSES);
 }
 
 #[test]
 fn spatial_forms_match_pytorch() {
-    assert_skips(run(SPATIAL), &[]);
+    run(SPATIAL);
 }
 
 #[test]
 fn convolutions_and_pooling_match_pytorch() {
-    assert_skips(run(CONVS), &[]);
+    run(CONVS);
 }
 
 /// Every fixture in the file has a case above, so none is skipped silently.

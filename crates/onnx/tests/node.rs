@@ -1,6 +1,6 @@
 //! ONNX's backend node tests (from the onnx 1.22.0 wheel) as the reference: every folder named
 //! in `node-allowlist.txt` must import, run and match its recorded outputs on `cpu` and `interp`,
-//! and on `wgpu` where its dtypes are ones wgpu has (not f64/f16/bf16; a missing adapter skips
+//! and on `wgpu` where its dtypes are ones wgpu has (not f16/bf16; a missing adapter skips
 //! wgpu unless `CI` or `KILN_REQUIRE_VULKAN=1` is set).
 //!
 //! The data: `bash scripts/onnx-node-data.sh` installs the wheel into a throwaway venv and prints
@@ -66,7 +66,7 @@ fn label(model: &Model) -> String {
 }
 
 fn is_wgpu_dtype(d: DType) -> bool {
-    !matches!(d, DType::F64 | DType::F16 | DType::BF16)
+    !matches!(d, DType::F16 | DType::BF16)
 }
 
 /// Runs test folder `name` on `device`: `Ok(false)` when the device cannot take its dtypes.
@@ -79,7 +79,7 @@ fn run_case(root: &Path, name: &str, device: Device) -> Result<bool, String> {
         return Ok(false);
     }
     let inputs: Vec<Tensor> = inputs.into_iter().map(|h| Tensor::from_host_on(h, device)).collect();
-    // A model whose inner values have a dtype wgpu lacks (f64 through a Cast) is skipped there too.
+    // A model whose inner values have a dtype wgpu lacks (f16 through a Cast) is skipped there too.
     let skip_dtype =
         |e: String| if device == Device::Wgpu && e.contains("unsupported kernel: dtype") { Ok(false) } else { Err(e) };
     let got = match model.run(&inputs) {

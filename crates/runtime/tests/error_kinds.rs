@@ -8,7 +8,7 @@ mod common;
 use kiln_runtime as runtime;
 
 use air::dim::shape_of;
-use air::op::{Gather, Input};
+use air::op::{Cast, Gather, Input};
 use air::{Bindings, DType, Dim, Graph, HostTensor, Op, TensorType};
 #[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
@@ -93,14 +93,34 @@ fn unsupported_dtypes_on_wgpu_are_unsupported() {
             return;
         }
     };
+    // f16 registers (an f32 input negated in f16) are refused.
+    let mut g = Graph::new();
+    let x = g.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F32, shape_of(&[3]))).unwrap();
+    let h = g.add(Op::Cast(Cast { to: DType::F16 }), &[x]).unwrap();
+    let y = g.add(Op::Unary(air::UnaryOp::Neg), &[h]).unwrap();
+    let z = g.add(Op::Cast(Cast { to: DType::F32 }), &[y]).unwrap();
+    g.add_output(z);
+    let x = HostTensor::from_vec(vec![1.0f32, 2., 3.], vec![3]).unwrap();
+    let e = gpu.run(&g, &[x], &Bindings::new()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    assert!(e.to_string().contains("f16"), "{e}");
+    // f64 runs where the adapter has SHADER_F64, and is Unsupported, naming it, elsewhere.
     let mut g = Graph::new();
     let x = g.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F64, shape_of(&[3]))).unwrap();
     let y = g.add(Op::Unary(air::UnaryOp::Neg), &[x]).unwrap();
     g.add_output(y);
     let x = HostTensor::from_vec(vec![1.0f64, 2., 3.], vec![3]).unwrap();
-    let e = gpu.run(&g, &[x], &Bindings::new()).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-    assert!(e.to_string().contains("f64"), "{e}");
+    match gpu.run(&g, &[x], &Bindings::new()) {
+        Ok(out) => {
+            assert!(gpu.supports_f64());
+            assert_eq!(out[0].data.to_f64_vec(), vec![-1.0, -2.0, -3.0]);
+        }
+        Err(e) => {
+            assert!(!gpu.supports_f64(), "{e}");
+            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+            assert!(e.to_string().contains("f64") && e.to_string().contains("SHADER_F64"), "{e}");
+        }
+    }
 }
 
 #[cfg(feature = "wgpu")]

@@ -51,7 +51,8 @@ const CPU: Backend = Backend {
     rtol: 2e-3,
 };
 
-/// WGSL has no 64-bit floats (i64 is emulated, exact), allows 2.5 ULP for division and inherits
+/// Like the CPU's, without f64 (this generator's float is f32; wgpu_ops.rs's random graphs run
+/// f64 on wgpu); i64 is emulated, exact. WGSL allows 2.5 ULP for division and inherits
 /// `sqrt` from `inverseSqrt`, and leaves NaN and infinities to the implementation.
 const WGPU: Backend = Backend {
     dtypes: &[DType::F32, DType::I32, DType::I64, DType::Bool],

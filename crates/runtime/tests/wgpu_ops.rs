@@ -604,14 +604,25 @@ fn bad_inputs_and_unsupported_dtypes_are_errors() {
     let sym = parse(&softmax("4", "seq"));
     let e = dev.run(&sym, &[f32_tensor(&[4, 3], 1, 0.0, 1.0)], &Bindings::new()).unwrap_err();
     assert!(matches!(&e, RuntimeError::Unbound(s) if s.name() == "seq"), "{e}");
+    // f64 needs the adapter's SHADER_F64: without it the error names the dtype and the adapter.
     let f64g = parse(&unary("neg", "f64"));
     match dev.compile(&f64g) {
+        Ok(_) => assert!(dev.supports_f64(), "f64 compiled without SHADER_F64"),
         Err(e @ RuntimeError::Codegen(_)) => {
-            assert!(e.to_string().contains("f64"), "{e}");
+            assert!(!dev.supports_f64(), "{e}");
+            assert!(e.to_string().contains("f64") && e.to_string().contains(&dev.adapter().name), "{e}");
             assert_eq!(e.kind(), ErrorKind::Unsupported);
         }
         Err(other) => panic!("expected a codegen error, got {other}"),
-        Ok(_) => panic!("f64 compiled on wgpu"),
+    }
+    let f16g = parse(&unary("neg", "f16"));
+    match dev.compile(&f16g) {
+        Err(e @ RuntimeError::Codegen(_)) => {
+            assert!(e.to_string().contains("f16"), "{e}");
+            assert_eq!(e.kind(), ErrorKind::Unsupported);
+        }
+        Err(other) => panic!("expected a codegen error, got {other}"),
+        Ok(_) => panic!("f16 compiled on wgpu"),
     }
 }
 
@@ -642,9 +653,9 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-fn build(rows: usize, cols: usize, steps: &[Step], extra_output: usize) -> Graph {
+fn build(dtype: DType, rows: usize, cols: usize, steps: &[Step], extra_output: usize) -> Graph {
     let mut g = Graph::new();
-    let ty = TensorType::new(DType::F32, shape_of(&[rows, cols]));
+    let ty = TensorType::new(dtype, shape_of(&[rows, cols]));
     let mut nodes: Vec<NodeId> =
         (0..2).map(|slot| g.add_leaf(Op::Input(Input { slot }), ty.clone()).unwrap()).collect();
     for s in steps {
@@ -682,11 +693,15 @@ proptest! {
         steps in prop::collection::vec(step(), 1..9),
         extra in any::<usize>(),
         seed in any::<u64>(),
+        wide in any::<bool>(),
     ) {
         if let Some(dev) = gpu() {
-            let g = build(rows, cols, &steps, extra);
+            // f64 graphs too, where the adapter has SHADER_F64 (lavapipe and NVIDIA do).
+            let (dtype, tol) = if wide && dev.supports_f64() { (DType::F64, 1e-9) } else { (DType::F32, 1e-4) };
+            let g = build(dtype, rows, cols, &steps, extra);
             let inputs = [f32_tensor(&[rows, cols], seed, -2.0, 2.0), f32_tensor(&[rows, cols], seed ^ 0xabcdef, -2.0, 2.0)];
-            check_graph(dev, &g, &inputs, &Bindings::new(), 1e-4);
+            let inputs = inputs.map(|t| if dtype == DType::F64 { widen(&t) } else { t });
+            check_graph(dev, &g, &inputs, &Bindings::new(), tol);
         }
     }
 }
@@ -699,4 +714,287 @@ fn bool_data_round_trips() {
         &[b],
         0.0,
     );
+}
+
+// f64 (naga's `f64`, wgpu's SHADER_F64).
+
+/// The GPU device when it runs f64 kernels; without SHADER_F64 the tests print why and return,
+/// unless `KILN_REQUIRE_VULKAN=1` (CI's lavapipe has `shaderFloat64`).
+fn gpu_f64() -> Option<&'static WgpuDevice> {
+    let dev = gpu()?;
+    if !dev.supports_f64() {
+        assert!(!require_vulkan(), "KILN_REQUIRE_VULKAN=1 but adapter {} has no SHADER_F64", dev.adapter());
+        eprintln!("skipping: adapter {} has no SHADER_F64", dev.adapter());
+        return None;
+    }
+    Some(dev)
+}
+
+fn widen(t: &HostTensor) -> HostTensor {
+    HostTensor::from_vec(t.data.to_f64_vec(), t.shape.clone()).unwrap()
+}
+
+fn f64_tensor(v: Vec<f64>) -> HostTensor {
+    let n = v.len();
+    HostTensor::from_vec(v, vec![n]).unwrap()
+}
+
+/// Distance in units in the last place (0 for equal values, NaN against NaN, and `+0`/`-0`).
+fn ulps(a: f64, b: f64) -> u64 {
+    if a == b || (a.is_nan() && b.is_nan()) {
+        return 0;
+    }
+    if a.is_nan() || b.is_nan() {
+        return u64::MAX;
+    }
+    let ordered = |x: f64| {
+        let bits = x.to_bits() as i64;
+        if bits < 0 { i64::MIN - bits } else { bits }
+    };
+    ordered(a).abs_diff(ordered(b))
+}
+
+/// Runs the unary `op` on `xs` on the GPU and returns the largest ULP distance from the
+/// interpreter (libm), with the input where it occurs.
+fn worst_ulps(dev: &WgpuDevice, op: &str, xs: &[f64]) -> (u64, f64) {
+    let n = xs.len();
+    let g = parse(&format!("graph {{\n n0 = input 0 : f64[{n}]\n n1 = {op} n0 : f64[{n}]\n return n1\n}}"));
+    let input = f64_tensor(xs.to_vec());
+    let want = air::interp::eval(&g, std::slice::from_ref(&input), &Bindings::new()).unwrap();
+    let got = dev.run(&g, &[input], &Bindings::new()).unwrap_or_else(|e| panic!("{op}: {e}"));
+    let (got, want) = (got[0].data.to_f64_vec(), want[0].data.to_f64_vec());
+    let mut worst = (0, 0.0);
+    for ((&x, &a), &b) in xs.iter().zip(&got).zip(&want) {
+        let u = ulps(a, b);
+        if u > worst.0 {
+            worst = (u, x);
+        }
+    }
+    worst
+}
+
+/// Deterministic values `m * 2^e` with `m` in `[1, 2)` and `e` in `[lo, hi)`, both signs when
+/// `signed`.
+fn f64_magnitudes(n: usize, seed: u64, lo: i32, hi: i32, signed: bool) -> Vec<f64> {
+    let m = values(n, seed, 1.0, 2.0);
+    let e = values(n, seed ^ 0x5151, lo as f64, hi as f64);
+    let s = values(n, seed ^ 0x7777, -1.0, 1.0);
+    (0..n).map(|i| m[i] * 2f64.powi(e[i].floor() as i32) * if signed && s[i] < 0.0 { -1.0 } else { 1.0 }).collect()
+}
+
+#[test]
+fn f64_transcendentals_are_within_a_few_ulps_of_libm() {
+    let Some(dev) = gpu_f64() else { return };
+    let specials = [0.0, -0.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1.0, -1.0, 0.5, 2.0, f64::MAX, f64::MIN];
+    let tiny = [f64::MIN_POSITIVE, 4.9e-324, -4.9e-324, 1e-310, 2.5e-320];
+    // exp2 over its whole range (overflow at 1024, subnormal results below -1022, 0 from -1075).
+    let mut xs = values(4000, 11, -1100.0, 1100.0);
+    xs.extend(values(4000, 12, -2.0, 2.0));
+    xs.extend(specials.iter().chain(&tiny));
+    xs.extend([1023.999, 1024.0, -1022.0, -1074.0, -1074.5, -1075.0, -1030.3, 1e-17, -1e-300]);
+    let (u, x) = worst_ulps(dev, "exp2", &xs);
+    eprintln!("f64 exp2 on wgpu: at most {u} ulps from libm (at {x:e})");
+    assert!(u <= 2, "exp2: {u} ulps at {x:e}");
+    // log2 of every binary order of magnitude, subnormals and near 1.
+    let mut xs = f64_magnitudes(6000, 13, -1075, 1024, false);
+    xs.extend(values(3000, 14, 0.5, 2.0));
+    xs.extend(specials.iter().chain(&tiny));
+    xs.extend([1.0 + f64::EPSILON, 1.0 - f64::EPSILON / 2.0, std::f64::consts::SQRT_2, -3.0]);
+    let (u, x) = worst_ulps(dev, "log2", &xs);
+    eprintln!("f64 log2 on wgpu: at most {u} ulps from libm (at {x:e})");
+    assert!(u <= 4, "log2: {u} ulps at {x:e}");
+    // sin: small, moderate, huge (Payne-Hanek) and the hardest double to reduce.
+    let mut xs = values(4000, 15, -10.0, 10.0);
+    xs.extend(f64_magnitudes(6000, 16, -30, 1024, true));
+    xs.extend(specials.iter().chain(&tiny));
+    xs.extend([std::f64::consts::PI, std::f64::consts::FRAC_PI_2, std::f64::consts::FRAC_PI_4, 1e22, -1e22]);
+    xs.push(6381956970095103.0 * 2f64.powi(797));
+    let (u, x) = worst_ulps(dev, "sin", &xs);
+    eprintln!("f64 sin on wgpu: at most {u} ulps from libm (at {x:e})");
+    assert!(u <= 3, "sin: {u} ulps at {x:e}");
+    // erf on both sides of each branch switch (2^-28, 1.25, 6).
+    let mut xs = values(6000, 17, -7.0, 7.0);
+    xs.extend(f64_magnitudes(2000, 18, -1075, 1, true));
+    xs.extend(specials.iter().chain(&tiny));
+    xs.extend([3.7e-9, 3.8e-9, 1.2499999, 1.25, -1.25, 5.999, 6.0, -6.0]);
+    let (u, x) = worst_ulps(dev, "erf", &xs);
+    eprintln!("f64 erf on wgpu: at most {u} ulps from libm (at {x:e})");
+    assert!(u <= 8, "erf: {u} ulps at {x:e}");
+}
+
+#[test]
+fn f64_binary_ops_match_the_interpreter() {
+    let Some(dev) = gpu_f64() else { return };
+    let a = widen(&f32_tensor(&[1000], 5, -3.0, 3.0));
+    let b = widen(&f32_tensor(&[1000], 6, -3.0, 3.0));
+    let g = |op: &str, out: &str| parse(&binary(op, "f64", out));
+    for op in ["add", "sub", "mul", "div", "max", "min", "mod"] {
+        check_graph(dev, &g(op, "f64"), &[a.clone(), b.clone()], &Bindings::new(), 0.0);
+    }
+    for op in ["cmplt", "cmpeq", "cmpne"] {
+        check_graph(dev, &g(op, "bool"), &[a.clone(), b.clone()], &Bindings::new(), 0.0);
+        check_graph(dev, &g(op, "bool"), &[a.clone(), a.clone()], &Bindings::new(), 0.0);
+    }
+    let base = widen(&f32_tensor(&[1000], 7, 0.1, 4.0));
+    check_graph(dev, &g("pow", "f64"), &[base, b.clone()], &Bindings::new(), 1e-14);
+    // Exact unary ops (trunc from floor: lavapipe's own f64 trunc keeps -2147483648.5).
+    let mut xs = values(500, 8, -1e10, 1e10);
+    xs.extend([-2147483648.5, -4294967296.5, 0.5, -0.5, -0.0, 2.5e-320, 1e300, f64::INFINITY, f64::NAN, 9.5e15]);
+    for op in ["neg", "trunc", "sqrt", "recip"] {
+        let (u, x) = worst_ulps(dev, op, &xs);
+        assert_eq!(u, 0, "{op} at {x:e}");
+    }
+    // NaN, signed zeros, infinities, exact fmod of huge quotients, pow's special cases.
+    let inf = f64::INFINITY;
+    let x = vec![
+        f64::NAN,
+        1.0,
+        -0.0,
+        0.0,
+        -2.0,
+        -2.0,
+        3.0,
+        -8.0,
+        -0.0,
+        -0.0,
+        -inf,
+        -inf,
+        -1.0,
+        0.5,
+        1e300,
+        -7.5,
+        5.0,
+        f64::MAX,
+        1e-310,
+        -7e-300,
+    ];
+    let y = vec![
+        1.0,
+        f64::NAN,
+        0.0,
+        -0.0,
+        3.0,
+        2.0,
+        0.0,
+        0.5,
+        3.0,
+        -3.0,
+        3.0,
+        0.5,
+        inf,
+        -inf,
+        3.0,
+        2.0,
+        inf,
+        5e-324,
+        3e-320,
+        -1.1e-308,
+    ];
+    let n = x.len();
+    for op in ["max", "min", "pow", "mod", "cmpne", "cmpeq", "cmplt"] {
+        let out = if op.starts_with("cmp") { "bool" } else { "f64" };
+        let text = format!(
+            "graph {{\n n0 = input 0 : f64[{n}]\n n1 = input 1 : f64[{n}]\n n2 = {op} n0, n1 : {out}[{n}]\n return n2\n}}"
+        );
+        let inputs = [f64_tensor(x.clone()), f64_tensor(y.clone())];
+        let got = dev.run(&parse(&text), &inputs, &Bindings::new()).unwrap();
+        let want = air::interp::eval(&parse(&text), &inputs, &Bindings::new()).unwrap();
+        if op == "pow" {
+            // exp2(y * log2 |x|): a few ULP off libm, the special cases exact.
+            for (g, w) in got[0].data.to_f64_vec().iter().zip(want[0].data.to_f64_vec()) {
+                assert!(
+                    ulps(*g, w) <= 16 && (g.is_nan() || g.is_sign_negative() == w.is_sign_negative()),
+                    "pow: {g} vs {w}"
+                );
+            }
+        } else if out == "f64" {
+            // Exact, zeros' signs included.
+            let bits =
+                |t: &HostTensor| t.data.to_f64_vec().iter().map(|v| if v.is_nan() { 0 } else { v.to_bits() }).collect();
+            let (g, w): (Vec<u64>, Vec<u64>) = (bits(&got[0]), bits(&want[0]));
+            assert_eq!(g, w, "{op}: {:?} vs {:?}", got[0].data.to_f64_vec(), want[0].data.to_f64_vec());
+        } else {
+            assert_close(&got[0], &want[0], 0.0, op);
+        }
+    }
+}
+
+#[test]
+fn f64_casts_are_exact_and_saturate_like_rust() {
+    let Some(dev) = gpu_f64() else { return };
+    let p63 = 2f64.powi(63);
+    let halfway = f32::MAX as f64 + 2f64.powi(103);
+    let mut xs = vec![
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1.5,
+        -2.5,
+        0.9999999,
+        -0.9999999,
+        2147483647.9,
+        2147483648.0,
+        -2147483648.5,
+        -2147483649.0,
+        4294967296.5,
+        -4294967297.75,
+        p63,
+        -p63,
+        p63 - 1024.0,
+        -p63 - 2048.0,
+        1e300,
+        -1e300,
+        halfway,
+        -halfway,
+        halfway - 2f64.powi(75),
+        1e-40,
+        -1e-45,
+        1e-320,
+        1.0000000596046448,
+        16777217.0,
+        9007199254740993.0,
+    ];
+    xs.extend(values(200, 21, -1e12, 1e12));
+    xs.extend(f64_magnitudes(200, 22, -1075, 1024, true));
+    let n = xs.len();
+    let x = f64_tensor(xs);
+    for to in ["f32", "i32", "i64", "bool"] {
+        let text = format!("graph {{\n n0 = input 0 : f64[{n}]\n n1 = cast {to} n0 : {to}[{n}]\n return n1\n}}");
+        check_graph(dev, &parse(&text), std::slice::from_ref(&x), &Bindings::new(), 0.0);
+    }
+    // Into f64: i64 rounds to nearest even (ties at 2^53 + odd), the rest are exact.
+    let mut ints = i64_values(100, 23);
+    ints.extend([i64::MAX, i64::MIN, i64::MAX - 511, (1 << 53) + 1, (1 << 53) + 3, -(1 << 53) - 1, (1 << 54) + 2]);
+    let m = ints.len();
+    let f = HostTensor::from_vec(vec![1.7f32, -0.0, f32::NAN, f32::INFINITY, 1e-40, f32::MAX, -3e9], vec![7]).unwrap();
+    let i = HostTensor::from_vec(vec![0i32, 1, -1, i32::MAX, i32::MIN], vec![5]).unwrap();
+    let b = HostTensor::from_vec(vec![true, false, true], vec![3]).unwrap();
+    for (from, t, len) in [("i64", &i64_tensor(ints), m), ("f32", &f, 7), ("i32", &i, 5), ("bool", &b, 3)] {
+        let text = format!("graph {{\n n0 = input 0 : {from}[{len}]\n n1 = cast f64 n0 : f64[{len}]\n return n1\n}}");
+        check_graph(dev, &parse(&text), std::slice::from_ref(t), &Bindings::new(), 0.0);
+    }
+}
+
+#[test]
+fn f64_matmul_reductions_gather_and_scatter_match_cpu() {
+    let Some(dev) = gpu_f64() else { return };
+    let wide = |shape: &[usize], seed| widen(&f32_tensor(shape, seed, -1.0, 1.0));
+    // Lowering makes matmul kernels of f32 only, so this is a loop kernel; kept small, because a
+    // long single-invocation loop stops early on lavapipe (i32 too; see the report).
+    let mm = matmul("2", "9", "20", "7", true, true).replace("f32", "f64");
+    let inputs = [wide(&[2, 20, 9], 31), wide(&[2, 20, 7], 32), wide(&[2, 9, 7], 33)];
+    check_graph(dev, &parse(&mm), &inputs, &Bindings::new(), 1e-12);
+    for (op, cols) in [("sum", 7), ("sum", 3000), ("max", 7), ("max", 3000)] {
+        let text = format!(
+            "graph {{\n n0 = input 0 : f64[5, {cols}]\n n1 = reduce {op} axes=[1] n0 : f64[5, 1]\n return n1\n}}"
+        );
+        check_graph(dev, &parse(&text), &[wide(&[5, cols], 34)], &Bindings::new(), 1e-12);
+    }
+    let full = "graph {\n n0 = input 0 : f64[4096]\n n1 = reduce sum axes=[0] n0 : f64[1]\n return n1\n}";
+    check_graph(dev, &parse(full), &[wide(&[4096], 35)], &Bindings::new(), 1e-12);
+    let idx = HostTensor::from_vec(vec![3i64, 0, 1, 3, 2, 0], vec![2, 3]).unwrap();
+    let text = "graph {\n n0 = input 0 : f64[4, 3]\n n1 = input 1 : i64[2, 3]\n n2 = gather axis=0 n0, n1 : f64[2, 3]\n n3 = scatter_add axis=0 [4, 3] n1, n2 : f64[4, 3]\n return n2, n3\n}";
+    check_graph(dev, &parse(text), &[wide(&[4, 3], 36), idx], &Bindings::new(), 0.0);
 }

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Param, Reg, Stmt, Var};
 
+use super::float64;
 use super::int64::{F32_TO_I64, I64_ADD, I64_DIV, I64_DIVMOD, I64_LT, I64_MOD, I64_MUL, I64_SUB, I64_TO_F32};
 use super::{Dispatch, ELEMENTWISE_WG, REDUCE_WG, WG_REDUCE_MIN, WgslKernel, unsupported_dtype};
 use crate::error::{CodegenError, Result};
@@ -35,6 +36,24 @@ enum Helper {
     ModL,
     L2F,
     F2L,
+    /// 64-bit floats (naga's `f64`); see `float64.rs`.
+    IsNanD,
+    IlogbD,
+    TruncD,
+    MaxD,
+    MinD,
+    ModD,
+    D2I,
+    D2F,
+    L2D,
+    D2L,
+    ExpCoreD,
+    Exp2D,
+    ExpD,
+    Log2D,
+    SinD,
+    ErfD,
+    PowD,
 }
 
 impl Helper {
@@ -81,6 +100,23 @@ impl Helper {
             Helper::ModL => I64_MOD,
             Helper::L2F => I64_TO_F32,
             Helper::F2L => F32_TO_I64,
+            Helper::IsNanD => float64::IS_NAN,
+            Helper::IlogbD => float64::ILOGB,
+            Helper::TruncD => float64::TRUNC,
+            Helper::MaxD => float64::MAX,
+            Helper::MinD => float64::MIN,
+            Helper::ModD => float64::MOD,
+            Helper::D2I => float64::TO_I32,
+            Helper::D2F => float64::TO_F32,
+            Helper::L2D => float64::FROM_I64,
+            Helper::D2L => float64::TO_I64,
+            Helper::ExpCoreD => float64::EXP_CORE,
+            Helper::Exp2D => float64::EXP2,
+            Helper::ExpD => float64::EXP,
+            Helper::Log2D => float64::LOG2,
+            Helper::SinD => float64::SIN,
+            Helper::ErfD => float64::ERF,
+            Helper::PowD => float64::POW,
         }
     }
 
@@ -91,6 +127,15 @@ impl Helper {
             Helper::DivL | Helper::ModL => &[Helper::DivModL, Helper::SubL, Helper::LtL],
             Helper::F2L => &[Helper::IsNan, Helper::SubL],
             Helper::L2F => &[Helper::SubL],
+            Helper::MaxD | Helper::MinD | Helper::D2I | Helper::D2F => &[Helper::IsNanD],
+            Helper::D2L => &[Helper::IsNanD, Helper::TruncD],
+            Helper::Exp2D => &[Helper::IsNanD, Helper::ExpCoreD],
+            Helper::ExpD => &[Helper::ExpCoreD],
+            Helper::ModD | Helper::Log2D | Helper::SinD => &[Helper::IsNanD, Helper::IlogbD],
+            Helper::ErfD => &[Helper::IsNanD, Helper::IlogbD, Helper::TruncD, Helper::ExpD, Helper::ExpCoreD],
+            Helper::PowD => {
+                &[Helper::IsNanD, Helper::IlogbD, Helper::TruncD, Helper::Exp2D, Helper::ExpCoreD, Helper::Log2D]
+            }
             _ => &[],
         }
     }
@@ -103,6 +148,7 @@ pub(super) fn reg_type(dtype: DType) -> Result<&'static str> {
         DType::I32 => Ok("i32"),
         DType::Bool => Ok("bool"),
         DType::I64 => Ok("vec2<u32>"),
+        DType::F64 => Ok("f64"),
         other => Err(unsupported_dtype(other)),
     }
 }
@@ -114,6 +160,7 @@ pub(super) fn storage_type(dtype: DType) -> Result<&'static str> {
         DType::I32 => Ok("i32"),
         DType::Bool => Ok("u32"),
         DType::I64 => Ok("vec2<u32>"),
+        DType::F64 => Ok("f64"),
         other => Err(unsupported_dtype(other)),
     }
 }
@@ -128,6 +175,18 @@ pub(super) fn constant(value: Scalar, dtype: DType) -> Result<String> {
                 if text.contains(['.', 'e']) { format!("{text}f") } else { format!("{text}.0f") }
             } else {
                 format!("bitcast<f32>(0x{:08x}u)", x.to_bits())
+            }
+        }
+        DType::F64 => {
+            let x = value.as_f64();
+            if x.is_nan() {
+                float64::NAN.to_string()
+            } else if x.is_infinite() {
+                if x > 0.0 { float64::INF.to_string() } else { format!("(-{})", float64::INF) }
+            } else {
+                // `{:?}` is the shortest text that parses back to the same value (subnormals too).
+                let text = format!("{x:?}");
+                if text.contains(['.', 'e']) { format!("{text}lf") } else { format!("{text}.0lf") }
             }
         }
         DType::I32 => {
@@ -145,8 +204,9 @@ pub(super) fn constant(value: Scalar, dtype: DType) -> Result<String> {
 
 fn identity(op: ReduceOp, dtype: DType) -> Result<String> {
     match (op, dtype) {
-        (ReduceOp::Sum, DType::F32 | DType::I32 | DType::I64) => constant(Scalar::Int(0), dtype),
+        (ReduceOp::Sum, DType::F32 | DType::I32 | DType::I64 | DType::F64) => constant(Scalar::Int(0), dtype),
         (ReduceOp::Max, DType::F32) => Ok("bitcast<f32>(0xff800000u)".to_string()),
+        (ReduceOp::Max, DType::F64) => Ok(format!("(-{})", float64::INF)),
         (ReduceOp::Max, DType::I32) => constant(Scalar::Int(i32::MIN as i64), dtype),
         (ReduceOp::Max, DType::I64) => constant(Scalar::Int(i64::MIN), dtype),
         (_, other) => Err(CodegenError::Unsupported(format!("{} reduction of {other} on wgpu", op.name()))),
@@ -366,6 +426,7 @@ impl<'a> Writer<'a> {
                 let i = self.iexpr(e)?;
                 match dtype {
                     DType::F32 => format!("f32({i})"),
+                    DType::F64 => format!("f64({i})"),
                     DType::I32 => i,
                     DType::I64 => widen_i32(&i),
                     DType::Bool => self.cond(e)?,
@@ -392,7 +453,7 @@ impl<'a> Writer<'a> {
         let t = self.reg(r)?;
         let bad = || CodegenError::Unsupported(format!("{} of {t} on wgpu", op.name()));
         Ok(match (op, t) {
-            (UnaryOp::Neg, DType::F32 | DType::I32) => format!("(-{r})"),
+            (UnaryOp::Neg, DType::F32 | DType::I32 | DType::F64) => format!("(-{r})"),
             (UnaryOp::Not, DType::I32 | DType::I64) => format!("(~{r})"),
             (UnaryOp::Neg, DType::I64) => {
                 self.helper(Helper::SubL);
@@ -412,6 +473,20 @@ impl<'a> Writer<'a> {
                 }
                 _ => return Err(bad()),
             },
+            (_, DType::F64) => {
+                let h = match op {
+                    UnaryOp::Sqrt => return Ok(format!("sqrt({r})")),
+                    UnaryOp::Recip => return Ok(format!("(1.0lf / {r})")),
+                    UnaryOp::Trunc => (Helper::TruncD, "k_truncd"),
+                    UnaryOp::Exp2 => (Helper::Exp2D, "k_exp2d"),
+                    UnaryOp::Log2 => (Helper::Log2D, "k_log2d"),
+                    UnaryOp::Sin => (Helper::SinD, "k_sind"),
+                    UnaryOp::Erf => (Helper::ErfD, "k_erfd"),
+                    _ => return Err(bad()),
+                };
+                self.helper(h.0);
+                format!("{}({r})", h.1)
+            }
             _ => return Err(bad()),
         })
     }
@@ -427,8 +502,18 @@ impl<'a> Writer<'a> {
             format!("{name}({a}, {b})")
         };
         use BinaryOp::*;
-        use DType::{Bool, F32, I32, I64};
+        use DType::{Bool, F32, F64, I32, I64};
         Ok(match (op, t) {
+            (Add, F64) => format!("({a} + {b})"),
+            (Sub, F64) => format!("({a} - {b})"),
+            (Mul, F64) => format!("({a} * {b})"),
+            (Div, F64) => format!("({a} / {b})"),
+            (Mod, F64) => call(Helper::ModD, "k_modd"),
+            (Max, F64) => call(Helper::MaxD, "k_maxd"),
+            (Min, F64) => call(Helper::MinD, "k_mind"),
+            (Pow, F64) => call(Helper::PowD, "k_powd"),
+            (CmpLt, F64) => format!("({a} < {b})"),
+            (CmpNe, F64) => format!("(!({a} == {b}))"),
             (Add, I64) => call(Helper::AddL, "k_addl"),
             (Sub, I64) => call(Helper::SubL, "k_subl"),
             (Mul, I64) => call(Helper::MulL, "k_mull"),
@@ -474,28 +559,30 @@ impl<'a> Writer<'a> {
 
     fn cast(&mut self, r: Reg, to: DType) -> Result<String> {
         let from = self.reg(r)?;
-        use DType::{Bool, F32, I32, I64};
+        use DType::{Bool, F32, F64, I32, I64};
+        let mut call = |h: Helper, name: &str| {
+            self.helper(h);
+            format!("{name}({r})")
+        };
         Ok(match (from, to) {
             (a, b) if a == b => r.to_string(),
+            (F32 | I32, F64) => format!("f64({r})"),
+            (Bool, F64) => format!("select(0.0lf, 1.0lf, {r})"),
+            (I64, F64) => call(Helper::L2D, "k_l2d"),
+            (F64, F32) => call(Helper::D2F, "k_d2f"),
+            (F64, I32) => call(Helper::D2I, "k_d2i"),
+            (F64, I64) => call(Helper::D2L, "k_d2l"),
+            (F64, Bool) => format!("(!({r} == 0.0lf))"),
             (I32, I64) => widen_i32(&r.to_string()),
             (Bool, I64) => format!("vec2<u32>(select(0u, 1u, {r}), 0u)"),
             (I64, I32) => format!("bitcast<i32>({r}.x)"),
             (I64, Bool) => format!("any({r} != vec2<u32>(0u, 0u))"),
-            (I64, F32) => {
-                self.helper(Helper::L2F);
-                format!("k_l2f({r})")
-            }
-            (F32, I64) => {
-                self.helper(Helper::F2L);
-                format!("k_f2l({r})")
-            }
+            (I64, F32) => call(Helper::L2F, "k_l2f"),
+            (F32, I64) => call(Helper::F2L, "k_f2l"),
             (I32, F32) => format!("f32({r})"),
             (Bool, F32) => format!("select(0.0f, 1.0f, {r})"),
             (Bool, I32) => format!("select(0i, 1i, {r})"),
-            (F32, I32) => {
-                self.helper(Helper::F2I);
-                format!("k_f2i({r})")
-            }
+            (F32, I32) => call(Helper::F2I, "k_f2i"),
             (F32, Bool) => format!("((bitcast<u32>({r}) & 0x7fffffffu) != 0u)"),
             (I32, Bool) => format!("({r} != 0i)"),
             (a, b) => return Err(unsupported_dtype(if reg_type(a).is_err() { a } else { b })),
@@ -505,7 +592,11 @@ impl<'a> Writer<'a> {
     /// `acc op value` for an accumulator of `dtype`.
     fn combine(&mut self, op: ReduceOp, dtype: DType, acc: &str, value: &str) -> Result<String> {
         Ok(match (op, dtype) {
-            (ReduceOp::Sum, DType::F32 | DType::I32) => format!("{acc} + {value}"),
+            (ReduceOp::Sum, DType::F32 | DType::I32 | DType::F64) => format!("{acc} + {value}"),
+            (ReduceOp::Max, DType::F64) => {
+                self.helper(Helper::MaxD);
+                format!("k_maxd({acc}, {value})")
+            }
             (ReduceOp::Max, DType::F32) => {
                 self.helper(Helper::MaxF);
                 format!("k_maxf({acc}, {value})")
@@ -576,7 +667,10 @@ impl<'a> Writer<'a> {
             Stmt::ScatterAdd { buf, base, index, stride, size, value, status, check } => {
                 let p = self.param(*buf)?;
                 let t = self.reg(*value)?;
-                if p.access != Access::Write || t != p.dtype || !matches!(t, DType::F32 | DType::I32 | DType::I64) {
+                if p.access != Access::Write
+                    || t != p.dtype
+                    || !matches!(t, DType::F32 | DType::I32 | DType::I64 | DType::F64)
+                {
                     return Err(CodegenError::Invalid(format!("scatter_add of {value}: {t} into b{buf}")));
                 }
                 let (bad, i) = self.checked_index(*index, size, *status, *check, depth)?;
@@ -823,6 +917,7 @@ pub(super) fn loop_kernel(k: &LoopKernel, force_read_write: &[bool]) -> Result<W
         dispatch,
         workgroup_size: [workgroup_size, 1, 1],
         strategy,
+        uses_f64: false,
     })
 }
 

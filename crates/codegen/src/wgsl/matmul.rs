@@ -1,6 +1,8 @@
 //! The tiled matmul shader: 64x64 output tiles per 16x16 workgroup, a 4x4 register block per
 //! thread, 16-deep K slices staged through workgroup memory. Strides and offsets come from the
-//! kernel's `MatOperand`s, so transposed and batched operands need no copy.
+//! kernel's `MatOperand`s, so transposed and batched operands need no copy. One shader text for
+//! `f32` and `f64` (the element type is a parameter of the text; `f64` products accumulate in
+//! `f64`).
 
 use air::DType;
 use lower::kir::{Access, MatmulKernel};
@@ -13,14 +15,16 @@ use crate::error::{CodegenError, Result};
 const TK: i64 = 16;
 
 pub(super) fn matmul_kernel(k: &MatmulKernel, force_read_write: &[bool]) -> Result<WgslKernel> {
-    if k.dtype != DType::F32 {
-        return Err(CodegenError::Unsupported(format!("matmul of {} on wgpu (f32 only)", k.dtype)));
-    }
+    let (ty, zero) = match k.dtype {
+        DType::F32 => ("f32", "0.0f"),
+        DType::F64 => ("f64", "0.0lf"),
+        other => return Err(CodegenError::Unsupported(format!("matmul of {other} on wgpu (f32 and f64 only)"))),
+    };
     for (name, o) in [("a", &k.a), ("b", &k.b), ("c", &k.c)] {
         let p = k.params.get(o.buf as usize).ok_or_else(|| {
             CodegenError::Invalid(format!("matmul operand {name} reads missing parameter b{}", o.buf))
         })?;
-        if p.dtype != DType::F32 {
+        if p.dtype != k.dtype {
             return Err(CodegenError::Invalid(format!("matmul operand {name} is {}", p.dtype)));
         }
     }
@@ -40,7 +44,7 @@ pub(super) fn matmul_kernel(k: &MatmulKernel, force_read_write: &[bool]) -> Resu
     let (ab, bb, cb) = (k.a.buf, k.b.buf, k.c.buf);
     let loads = (t * TK) / 256;
     let shared =
-        format!("var<workgroup> tile_a: array<f32, {}>;\nvar<workgroup> tile_b: array<f32, {}>;\n", t * TK, t * TK);
+        format!("var<workgroup> tile_a: array<{ty}, {}>;\nvar<workgroup> tile_b: array<{ty}, {}>;\n", t * TK, t * TK);
     let mut body = String::new();
     let mut l = |depth: usize, s: &str| {
         for _ in 0..depth {
@@ -68,19 +72,19 @@ pub(super) fn matmul_kernel(k: &MatmulKernel, force_read_write: &[bool]) -> Resu
     l(2, &format!("for (var row0: i32 = i32(wid.y) * {t}; row0 < m; row0 += i32(nwg.y) * {t}) {{"));
     l(3, &format!("for (var col0: i32 = i32(wid.x) * {t}; col0 < n; col0 += i32(nwg.x) * {t}) {{"));
     for i in 0..4 {
-        l(4, &format!("var acc{i} = vec4<f32>();"));
+        l(4, &format!("var acc{i} = vec4<{ty}>();"));
     }
     l(4, &format!("for (var k0: i32 = 0; k0 < kk; k0 += {TK}) {{"));
     l(5, &format!("for (var q: i32 = 0; q < {loads}; q += 1) {{"));
     l(6, "let e = lid + 256 * q;");
     l(6, &format!("let ar = row0 + e / {TK};"));
     l(6, &format!("let ak = k0 + e % {TK};"));
-    l(6, "var av = 0.0f;");
+    l(6, &format!("var av = {zero};"));
     l(6, &format!("if (ar < m && ak < kk) {{ av = b{ab}[a_base + ar * {a_rs} + ak * {a_cs}]; }}"));
     l(6, &format!("tile_a[(e % {TK}) * {t} + e / {TK}] = av;"));
     l(6, &format!("let bk = k0 + e / {t};"));
     l(6, &format!("let bc = col0 + e % {t};"));
-    l(6, "var bv = 0.0f;");
+    l(6, &format!("var bv = {zero};"));
     l(6, &format!("if (bk < kk && bc < n) {{ bv = b{bb}[b_base + bk * {b_rs} + bc * {b_cs}]; }}"));
     l(6, "tile_b[e] = bv;");
     l(5, "}");
@@ -88,7 +92,7 @@ pub(super) fn matmul_kernel(k: &MatmulKernel, force_read_write: &[bool]) -> Resu
     l(5, &format!("for (var p: i32 = 0; p < {TK}; p += 1) {{"));
     l(6, &format!("let ra = p * {t} + ty;"));
     l(6, &format!("let rb = p * {t} + tx;"));
-    l(6, "let bq = vec4<f32>(tile_b[rb], tile_b[rb + 16], tile_b[rb + 32], tile_b[rb + 48]);");
+    l(6, &format!("let bq = vec4<{ty}>(tile_b[rb], tile_b[rb + 16], tile_b[rb + 32], tile_b[rb + 48]);"));
     for i in 0..4 {
         l(6, &format!("acc{i} += tile_a[ra + {}] * bq;", 16 * i));
     }
@@ -127,5 +131,6 @@ pub(super) fn matmul_kernel(k: &MatmulKernel, force_read_write: &[bool]) -> Resu
         dispatch: Dispatch::Matmul { m: k.m.clone(), n: k.n.clone(), batch: k.batch.clone() },
         workgroup_size: [16, 16, 1],
         strategy: "matmul",
+        uses_f64: false,
     })
 }

@@ -22,7 +22,7 @@
 //! | `f16`     | -                      | -            | unsupported: `CodegenError::Unsupported`   |
 //! | `bf16`    | -                      | -            | unsupported: `CodegenError::Unsupported`   |
 //! | `i64`     | `vec2<u32>` (lo, hi)   | `vec2<u32>`  | emulated, exact, wrapping (see below)      |
-//! | `f64`     | -                      | -            | unsupported (WGSL has no 64-bit floats)    |
+//! | `f64`     | `f64`                  | `f64`        | native, needs `SHADER_F64` (see below)     |
 //!
 //! WGSL has no 64-bit integers, so an `i64` is a pair of 32-bit words: `x` the low word, `y` the
 //! high word, two's complement. That is the byte layout of a little-endian `i64`, so the runtime
@@ -35,6 +35,18 @@
 //! does (`int64.rs`). Results are exactly `air::scalar`'s. An `i64` gather or `scatter_add`
 //! index is in range only when its high word is 0 and its low word is below the size; the status
 //! words of a failure hold its two halves. `i64` sums and maxima reduce like `i32` ones.
+//!
+//! `f64` is naga's `f64` (not core WGSL): a shader that uses it validates only with naga's
+//! `FLOAT64` capability, which wgpu grants when the device has `SHADER_F64` (Vulkan's
+//! `shaderFloat64`: lavapipe and NVIDIA have it). [`WgslKernel::uses_f64`] says whether a kernel
+//! needs it; the runtime refuses such a kernel on an adapter without it, naming the adapter.
+//! `+ - * /`, compares, `select`, `sqrt`, `floor` and `ldexp` are native;
+//! everything else is a helper in `float64.rs`, written without reading a float's bits (WGSL
+//! cannot bitcast an `f64`): NaN is `!(x == x)`, the sign of a zero that of `1 / x`. Vulkan's
+//! GLSL.std.450 `Exp2`, `Log2`, `Sin`, `Pow` take no 64-bit floats, so those are range
+//! reduction plus polynomials (`sin` reduces any finite argument modulo `pi/2` exactly enough,
+//! Payne-Hanek style); casts to and from every dtype are exact or round and saturate as Rust's
+//! `as` does. Sums accumulate in `f64`, like the interpreter's (in the kernel's order).
 //!
 //! `f16`/`bf16` are refused rather than emulated: two halves share a 32-bit word, so a store needs
 //! atomics (or one thread per word) to avoid racing with the neighbour's store; that, and the
@@ -54,7 +66,8 @@
 //! - Any other kernel runs its whole body in one invocation (correct, not fast).
 //! - `Kernel::Matmul` becomes a tiled GEMM: 64x64 output tiles per 16x16 workgroup, each thread a
 //!   4x4 register block, 16-deep K slices staged through `var<workgroup>` memory, with the
-//!   operands' strides (transposes) and batch strides applied in the loads.
+//!   operands' strides (transposes) and batch strides applied in the loads; one shader text for
+//!   `f32` and `f64` (lowering makes matmul kernels of `f32` contractions only so far).
 //!
 //! # Data-dependent checks
 //!
@@ -75,17 +88,27 @@
 //! bits (sign aside) are non-zero; `cmpne` is `!(a == b)`; `erf` is a polynomial (Taylor series
 //! below 0.5, Abramowitz-Stegun 7.1.26 above: absolute error under 2e-7); `pow` handles negative
 //! bases with integer exponents, `pow(x, 0) = 1` and `pow(1, y) = 1`.
+//! `f64` matches the same list (and `pow(-0, y)` keeps the sign of zero); `exp2`, `log2`, `sin`
+//! are within a few ULP of libm and `erf` within a few more (the bounds are asserted in
+//! `crates/runtime/tests/wgpu_ops.rs`). Lavapipe's `f64` `trunc` and `f64 <-> u32` conversions
+//! are wrong for some values, so the helpers build `trunc` from `floor` and convert words through
+//! `i32`.
 //! Deviations: float sums accumulate in `f32` in the kernel's order (a tree order in workgroup
 //! reductions), where the interpreter sums in `f64`; `exp2`/`log2`/`sin`/`sqrt`/`/` have the
 //! driver's precision (Vulkan allows a few ULP; `sin` is only absolutely accurate to about 2^-11
 //! on `[-pi, pi]`); `pow` is `exp2(y * log2(|x|))` (relative error grows with `|y * log2 x|`);
-//! float `mod` is the driver's `OpFRem`; `pow(-0, y)` ignores the sign of zero.
+//! float `mod` is the driver's `OpFRem`; `pow(-0, y)` ignores the sign of zero. For `f64`: `/`
+//! and `sqrt` have the driver's precision (correctly rounded on lavapipe and NVIDIA, though
+//! Vulkan only promises single-precision accuracy), `pow` is `exp2(y * log2(|x|))` like the
+//! `f32` one (relative error grows with `|y * log2 x|`, about 1e-13 at 1000), and subnormal
+//! results depend on the driver preserving `f64` denormals.
 
 mod emit;
+mod float64;
 mod int64;
 mod matmul;
 
-use lower::kir::{IExpr, Kernel};
+use lower::kir::{IExpr, Kernel, Stmt};
 
 use crate::error::{CodegenError, Result};
 use air::DType;
@@ -160,6 +183,9 @@ pub struct WgslKernel {
     /// How the kernel was mapped, for reports and tests (`grid`, `workgroup-reduce`, `single`,
     /// `matmul`).
     pub strategy: &'static str,
+    /// Whether the shader uses `f64` (buffers, registers or accumulators), so the device needs
+    /// `SHADER_F64` (naga's `FLOAT64` capability) to compile it.
+    pub uses_f64: bool,
 }
 
 /// Bytes one element of `dtype` takes in a device buffer (`bool` is a 32-bit word, `i64` two, in
@@ -167,17 +193,15 @@ pub struct WgslKernel {
 pub fn device_elem_bytes(dtype: DType) -> Result<usize> {
     match dtype {
         DType::F32 | DType::I32 | DType::Bool => Ok(4),
-        DType::I64 => Ok(8),
+        DType::I64 | DType::F64 => Ok(8),
         other => Err(unsupported_dtype(other)),
     }
 }
 
 pub(crate) fn unsupported_dtype(dtype: DType) -> CodegenError {
-    let why = match dtype {
-        DType::F64 => "WGSL has no 64-bit floats",
-        _ => "half-precision storage is not implemented in the WGSL backend",
-    };
-    CodegenError::Unsupported(format!("dtype {dtype} on wgpu ({why}); use f32, i32, i64 or bool"))
+    CodegenError::Unsupported(format!(
+        "dtype {dtype} on wgpu (half-precision storage is not implemented in the WGSL backend); use f32, f64, i32, i64 or bool"
+    ))
 }
 
 /// Generates the WGSL shader of `kernel` (read parameters declared `read`).
@@ -193,8 +217,26 @@ pub fn generate_with_access(kernel: &Kernel, force_read_write: &[bool]) -> Resul
     for p in kernel.params() {
         device_elem_bytes(p.dtype)?;
     }
-    match kernel {
-        Kernel::Loops(k) => emit::loop_kernel(k, force_read_write),
-        Kernel::Matmul(m) => matmul::matmul_kernel(m, force_read_write),
+    let mut w = match kernel {
+        Kernel::Loops(k) => emit::loop_kernel(k, force_read_write)?,
+        Kernel::Matmul(m) => matmul::matmul_kernel(m, force_read_write)?,
+    };
+    w.uses_f64 = uses_f64(kernel);
+    Ok(w)
+}
+
+/// Whether any parameter, register or accumulator of `kernel` is `f64`.
+pub fn uses_f64(kernel: &Kernel) -> bool {
+    fn stmts(body: &[Stmt]) -> bool {
+        body.iter().any(|s| match s {
+            Stmt::Let { dtype, .. } | Stmt::AccInit { dtype, .. } => *dtype == DType::F64,
+            Stmt::Loop { body, .. } => stmts(body),
+            _ => false,
+        })
     }
+    kernel.params().iter().any(|p| p.dtype == DType::F64)
+        || match kernel {
+            Kernel::Loops(k) => stmts(&k.body),
+            Kernel::Matmul(m) => m.dtype == DType::F64,
+        }
 }

@@ -490,6 +490,16 @@ fn download(dtype: DType, bytes: &[u8]) -> Result<HostData> {
             }
             HostData::I64(v)
         }
+        DType::F64 => {
+            let mut v: Vec<f64> = crate::memory::reserved_vec(words / 2, "a readback")?;
+            match bytemuck::try_cast_slice::<u8, f64>(bytes) {
+                Ok(s) => v.extend_from_slice(s),
+                Err(_) => v.extend(
+                    (0..words / 2).map(|i| f64::from_bits(read_u32(2 * i) as u64 | (read_u32(2 * i + 1) as u64) << 32)),
+                ),
+            }
+            HostData::F64(v)
+        }
         DType::Bool => {
             let mut v: Vec<bool> = crate::memory::reserved_vec(words, "a readback")?;
             v.extend((0..words).map(|i| read_u32(i) != 0));

@@ -25,7 +25,7 @@
 //! staging buffer for downloads; all are reused by every run and replaced only when a binding set
 //! needs more. [`WgpuDevice::buffers_created`] counts every buffer ever created.
 //!
-//! Uploads: `f32`/`i32` inputs go from the caller's slice to `queue.write_buffer` without a host
+//! Uploads: `f32`/`i32`/`i64`/`f64` inputs go from the caller's slice to `queue.write_buffer` without a host
 //! copy; `bool` inputs are widened to one `u32` per element first (WGSL has no byte type).
 //!
 //! # Caches
@@ -172,6 +172,8 @@ pub(crate) struct Inner {
     pub(crate) queue: ::wgpu::Queue,
     pub(crate) limits: ::wgpu::Limits,
     adapter: AdapterReport,
+    /// Whether the device was created with `SHADER_F64` (kernels may use `f64`).
+    shader_f64: bool,
     options: lower::CompileOptions,
     pipelines: Mutex<Lru<PipelineKey, Arc<Pipeline>>>,
     programs: Mutex<Lru<GraphKey, Arc<WgpuExecutable>>>,
@@ -239,9 +241,13 @@ impl WgpuDevice {
         };
         log::info!("kiln wgpu: adapter {report}");
         let limits = adapter.limits();
+        // `f64` kernels need the adapter's 64-bit floats (Vulkan's `shaderFloat64`); without
+        // them an `f64` program is refused when it is compiled (see `GpuCode::new`).
+        let features = adapter.features() & ::wgpu::Features::SHADER_F64;
+        log::info!("kiln wgpu: shader-f64 {}", if features.is_empty() { "unavailable" } else { "enabled" });
         let (device, queue) = pollster::block_on(adapter.request_device(&::wgpu::DeviceDescriptor {
             label: Some("kiln"),
-            required_features: ::wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             experimental_features: ::wgpu::ExperimentalFeatures::disabled(),
             memory_hints: ::wgpu::MemoryHints::Performance,
@@ -262,6 +268,7 @@ impl WgpuDevice {
                 queue,
                 limits,
                 adapter: report,
+                shader_f64: !features.is_empty(),
                 options,
                 pipelines: Mutex::new(Lru::new(capacity_from_env(PIPELINE_CACHE_ENV, PIPELINE_CACHE_CAPACITY))),
                 programs: Mutex::new(Lru::new(capacity_from_env(WGPU_PROGRAM_CACHE_ENV, WGPU_PROGRAM_CACHE_CAPACITY))),
@@ -278,6 +285,13 @@ impl WgpuDevice {
     /// The adapter this device runs on.
     pub fn adapter(&self) -> &AdapterReport {
         &self.inner.adapter
+    }
+
+    /// Whether this device runs `f64` kernels (the adapter offers `SHADER_F64` and the device was
+    /// created with it). Without it, compiling a program with an `f64` value is an `Unsupported`
+    /// error naming the dtype and the adapter.
+    pub fn supports_f64(&self) -> bool {
+        self.inner.shader_f64
     }
 
     /// The limits the device was created with (the adapter's).
@@ -356,6 +370,12 @@ impl WgpuDevice {
             return Ok(p.clone());
         }
         let w = wgsl::generate_with_access(kernel, force_rw)?;
+        if w.uses_f64 && !self.inner.shader_f64 {
+            return Err(WgpuError::Codegen(codegen::CodegenError::Unsupported(format!(
+                "dtype f64 on wgpu: adapter {} lacks 64-bit float shaders (SHADER_F64)",
+                self.inner.adapter
+            ))));
+        }
         let device = &self.inner.device;
         let mut entries = vec![::wgpu::BindGroupLayoutEntry {
             binding: 0,
