@@ -235,3 +235,17 @@ fn detach_stops_the_gradient() {
     let g = kiln::grad(&y, &[&x]).unwrap();
     assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0]);
 }
+
+#[test]
+fn reshape_infers_minus_one_by_cancelling_shared_symbolic_dims() {
+    // Splitting heads off a symbolic `[batch, seq, 32]`: the `-1` is 32 / 8.
+    let data: Vec<f32> = (0..2 * 3 * 32).map(|i| i as f32).collect();
+    let x = Tensor::from_vec(data.clone(), &[2, 3, 32]).with_dims(vec![Dim::sym("batch"), Dim::sym("seq"), 32.into()]);
+    let y = x.reshape(vec![Dim::sym("batch"), Dim::sym("seq"), Dim::Const(-1), Dim::Const(8)]);
+    assert_eq!(y.shape()[2], Dim::Const(4));
+    assert_eq!(y.to_vec::<f32>().unwrap(), data);
+    assert_eq!(y.dims().unwrap(), [2, 3, 4, 8]);
+    // A symbolic dim the input does not have is still an error, never a guess.
+    let z = x.reshape(vec![Dim::sym("other"), Dim::Const(-1)]);
+    assert!(z.error().is_some());
+}

@@ -20,6 +20,29 @@ fn axis(site: Site, t: &Tensor, a: isize) -> Result<usize, Tensor> {
     normalize_axis(a, t.ndim()).map_err(|m| site.fail(format!("{m} (shape {})", show(t.shape()))))
 }
 
+/// The `-1` at `skip` of a reshape of `shape` to `target` by cancelling the symbolic dims the two
+/// share: `[batch, seq, 32]` to `[batch, seq, -1, 8]` leaves `32 / 8`. `None` when a symbolic
+/// target dim is not one of `shape`'s or the constants do not divide.
+fn cancel_common_dims(shape: &[Dim], target: &[Dim], skip: usize) -> Option<Dim> {
+    let mut rest: Vec<&Dim> = shape.iter().collect();
+    let mut known = 1i64;
+    for (j, d) in target.iter().enumerate().filter(|&(j, _)| j != skip) {
+        match d.as_const() {
+            Some(v) => known = known.checked_mul(v)?,
+            None => {
+                let at = rest.iter().position(|r| *r == d)?;
+                rest.remove(at);
+            }
+        }
+    }
+    let (consts, symbolic): (Vec<&Dim>, Vec<&Dim>) = rest.into_iter().partition(|d| d.is_const());
+    let c = consts.iter().try_fold(1i64, |acc, d| acc.checked_mul(d.as_const()?))?;
+    if known <= 0 || c % known != 0 {
+        return None;
+    }
+    Some(symbolic.into_iter().fold(Dim::Const(c / known), |acc, d| &acc * d))
+}
+
 impl Tensor {
     /// The same elements (row-major) in a new shape; one dim may be `-1` (inferred).
     #[track_caller]
@@ -45,7 +68,7 @@ impl Tensor {
                     Some(0) => None,
                     Some(k) => total.exact_div(k),
                     None if known == total => Some(Dim::Const(1)),
-                    None => {
+                    None => cancel_common_dims(self.shape(), &dims, *i).or_else(|| {
                         // Symbolic by symbolic: look for a product of some of this tensor's dims
                         // that completes the known part (rank is small, so 2^rank is cheap).
                         let shape = self.shape();
@@ -59,7 +82,7 @@ impl Tensor {
                                 })
                             })
                             .flatten()
-                    }
+                    }),
                 };
                 let Some(inferred) = inferred else { return Err(bad()) };
                 let mut out: Shape = dims.into_iter().collect();

@@ -72,6 +72,7 @@ pub(crate) fn propagate(ctx: &Ctx) -> Vec<Option<Known>> {
         "Unsqueeze" | "Reshape" => ctx.known(0).map(|k| Known::vector(k.values.clone(), k.anchor.clone())),
         "Squeeze" => ctx.known(0).map(|k| Known { scalar: k.values.len() == 1, ..k.clone() }),
         "Concat" => concat(ctx),
+        "ConstantOfShape" => constant_of_shape(ctx),
         "Gather" => gather(ctx),
         "Slice" => slice(ctx),
         "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Equal" | "Where" => arithmetic(ctx),
@@ -108,6 +109,18 @@ fn concat(ctx: &Ctx) -> Option<Known> {
     }
     let values = parts.iter().flat_map(|k| k.values.iter().cloned()).collect();
     Some(Known::vector(values, anchor_of(parts)))
+}
+
+/// A short integer vector filled with one value (`where(shape == -1, ones, shape)` in exports).
+fn constant_of_shape(ctx: &Ctx) -> Option<Known> {
+    let shape = ctx.known(0)?.consts()?;
+    let [n] = shape[..] else { return None };
+    let value = match ctx.tensor_attr("value").ok()? {
+        Some(t) => Known::of_host(&HostTensor::new((*t.data).clone(), vec![]).ok()?)?.values.first()?.clone(),
+        None => return None,
+    };
+    let n = usize::try_from(n).ok().filter(|&n| n <= MAX_LEN)?;
+    Some(Known::vector(vec![value; n], ctx.known(0)?.anchor.clone()))
 }
 
 fn gather(ctx: &Ctx) -> Option<Known> {
@@ -156,6 +169,16 @@ fn arithmetic(ctx: &Ctx) -> Option<Known> {
                 "Add" => a.checked_add(&b),
                 "Sub" => a.checked_sub(&b),
                 "Mul" => a.checked_mul(&b),
+                // Sizes are never negative: a symbolic size differs from -1 (exports test a shape
+                // for -1 before expanding to it), and equals itself.
+                "Equal" if a == b => Some(Dim::Const(1)),
+                "Equal"
+                    if [(&a, &b), (&b, &a)]
+                        .iter()
+                        .any(|(x, y)| !x.is_const() && y.as_const().is_some_and(|v| v < 0)) =>
+                {
+                    Some(Dim::Const(0))
+                }
                 "Where" => {
                     let c = at(args[2], i);
                     Some(if a.as_const()? != 0 { b } else { c })
