@@ -26,7 +26,7 @@ fn axis(site: Site, t: &Tensor, a: isize) -> Result<usize, Tensor> {
 fn cancel_common_dims(shape: &[Dim], target: &[Dim], skip: usize) -> Option<Dim> {
     let mut rest: Vec<&Dim> = shape.iter().collect();
     let mut known = 1i64;
-    for (j, d) in target.iter().enumerate().filter(|&(j, _)| j != skip) {
+    for (_, d) in target.iter().enumerate().filter(|&(j, _)| j != skip) {
         match d.as_const() {
             Some(v) => known = known.checked_mul(v)?,
             None => {

@@ -1,11 +1,13 @@
 //! Sliding-window ops over `[N, C, D1, ..., Dn]` (any number of spatial dims): Conv (groups,
-//! dilations, strides, pads, auto_pad) as im2col + one batched matmul, MaxPool/AveragePool
-//! (ceil_mode, count_include_pad, dilations) and the global pools. Windows are views: a pad, a
-//! narrow and a reshape per axis, no index arithmetic beyond what the views compose to.
+//! dilations, strides, pads, auto_pad), MaxPool/AveragePool (ceil_mode, count_include_pad,
+//! dilations) and the global pools. Two spatial dims with the same padding on both sides (what
+//! PyTorch exports) go through `kiln_nn::functional`'s `conv2d`/`max_pool2d`/`avg_pool2d`, one
+//! implementation with the models' fast paths (depthwise, 1x1, tiled pooling); the rest is the
+//! general N-d form here: im2col + one batched matmul, windows as views (a pad, a narrow and a
+//! reshape per axis, no index arithmetic beyond what the views compose to).
 
-use kiln::{Tensor, cat};
-
-use kiln::Dim;
+use kiln::{Dim, Tensor, cat};
+use kiln_nn::functional as F;
 
 use super::{Ctx, OpResult, dims, show};
 
@@ -116,6 +118,13 @@ impl Geometry {
         Ok(Geometry { kernel, stride, dilation, pad_before: before, pad_after: after, out })
     }
 
+    /// `(h, w)` of a 2-D window op whose padding is the same before and after each axis.
+    fn symmetric_2d(&self) -> Option<((usize, usize), (usize, usize), (usize, usize))> {
+        let pair = |v: &[usize]| (v[0], v[1]);
+        (self.kernel.len() == 2 && self.pad_before == self.pad_after)
+            .then(|| (pair(&self.stride), pair(&self.pad_before), pair(&self.dilation)))
+    }
+
     /// Every kernel offset, first axis slowest.
     fn offsets(&self) -> Vec<Vec<usize>> {
         let mut all = vec![vec![]];
@@ -170,6 +179,10 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         return Err(format!("kernel_shape {kernel:?} differs from W's {:?}", &wd[2..]).into());
     }
     let geo = Geometry::new(ctx, &xd[2..], kernel, false)?;
+    if let Some((stride, padding, dilation)) = geo.symmetric_2d() {
+        let options = F::Conv2dOptions { stride, padding: F::Padding::Explicit(padding), dilation, groups: g };
+        return Ok(vec![F::conv2d(x, w, ctx.opt(2), options)]);
+    }
     let k: usize = geo.kernel.iter().product();
     let o: usize = geo.out.iter().product();
     // Columns [N, g, C/g * K, O] times weights [g, M/g, C/g * K] -> [N, g, M/g, O].
@@ -197,7 +210,28 @@ pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     }
     let kernel: Vec<usize> =
         ctx.ints("kernel_shape")?.ok_or("kernel_shape is required")?.iter().map(|&v| v.max(0) as usize).collect();
-    let geo = Geometry::new(ctx, &xd[2..], kernel, ctx.int("ceil_mode", 0)? != 0)?;
+    let ceil_mode = ctx.int("ceil_mode", 0)? != 0;
+    let geo = Geometry::new(ctx, &xd[2..], kernel, ceil_mode)?;
+    let kernel_2d = (geo.kernel.len() == 2).then(|| (geo.kernel[0], geo.kernel[1]));
+    if let (Some((stride, padding, dilation)), Some(k)) = (geo.symmetric_2d(), kernel_2d) {
+        // PyTorch's pools take padding of at most half the (dilated) kernel; ONNX allows more.
+        let extent = |i: usize| dilation_of(dilation, i) * (geo.kernel[i] - 1) + 1;
+        let within = 2 * padding.0 <= extent(0) && 2 * padding.1 <= extent(1);
+        if within && ctx.op() == "MaxPool" {
+            let options = F::MaxPool2dOptions { stride: Some(stride), padding, dilation: Some(dilation), ceil_mode };
+            return Ok(vec![F::max_pool2d(x, k, options)]);
+        }
+        if within && dilation == (1, 1) {
+            let options = F::AvgPool2dOptions {
+                stride: Some(stride),
+                padding,
+                ceil_mode,
+                count_include_pad: ctx.int("count_include_pad", 0)? != 0,
+                divisor_override: None,
+            };
+            return Ok(vec![F::avg_pool2d(x, k, options)]);
+        }
+    }
     if ctx.op() == "MaxPool" {
         return Ok(vec![geo.stacked(x, f64::NEG_INFINITY).amax(2)]);
     }
@@ -216,6 +250,10 @@ pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         geo.stacked(&ones, 0.0).sum(2)
     };
     Ok(vec![sum.div(count)])
+}
+
+fn dilation_of(d: (usize, usize), i: usize) -> usize {
+    if i == 0 { d.0 } else { d.1 }
 }
 
 pub(super) fn global_pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
