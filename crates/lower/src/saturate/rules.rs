@@ -142,6 +142,50 @@ fn matches(eg: &EG, pat: &Pat, class: Id, caps: &Caps) -> Vec<(Caps, MTree)> {
     }
 }
 
+/// The classes (canonical, ascending) holding an air op that satisfies `f`, through egg's index
+/// of classes by discriminant (each interned op is one): searching only these, rather than every
+/// class for every rule, is what keeps a search linear in the matches instead of rules x classes.
+fn classes_where(eg: &EG, f: impl Fn(&Op) -> bool) -> Vec<Id> {
+    let mut out = Vec::new();
+    for (r, (op, _)) in eg.analysis.ops() {
+        if f(op)
+            && let Some(classes) = eg.classes_for_op(&Some(r))
+        {
+            out.extend(classes);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The classes (canonical, ascending) holding a `MatMul`.
+fn matmul_classes(eg: &EG) -> Vec<Id> {
+    let mut out: Vec<Id> = eg.classes_for_op(&None).map(|c| c.collect()).unwrap_or_default();
+    out.sort_unstable();
+    out
+}
+
+/// Searches `classes` in order with `search` until `limit` substitutions are found.
+fn search_classes<'a>(
+    classes: Vec<Id>,
+    limit: usize,
+    mut search: impl FnMut(Id, usize) -> Option<SearchMatches<'a, ANode>>,
+) -> Vec<SearchMatches<'a, ANode>> {
+    let mut out = Vec::new();
+    let mut left = limit;
+    for c in classes {
+        if left == 0 {
+            break;
+        }
+        if let Some(m) = search(c, left) {
+            left = left.saturating_sub(m.substs.len());
+            out.push(m);
+        }
+    }
+    out
+}
+
 /// One row of the greedy table, ready for the e-graph.
 #[derive(Clone)]
 struct TableRule {
@@ -183,6 +227,15 @@ impl Searcher<ANode, super::lang::Types> for TableRule {
         substs.dedup();
         substs.truncate(limit);
         (!substs.is_empty()).then_some(SearchMatches { eclass, substs, ast: None })
+    }
+
+    fn search_with_limit(&self, eg: &EG, limit: usize) -> Vec<SearchMatches<'_, ANode>> {
+        let classes = match &self.lhs {
+            Pat::Op { head, .. } => classes_where(eg, |op| head.accepts(op)),
+            Pat::Const(_) => classes_where(eg, |op| matches!(op, Op::Const(_))),
+            Pat::Capture { .. } => eg.classes().map(|c| c.id).collect(),
+        };
+        search_classes(classes, limit, |c, left| self.search_eclass_with_limit(eg, c, left))
     }
 
     fn vars(&self) -> Vec<Var> {
@@ -242,6 +295,14 @@ impl Applier<ANode, super::lang::Types> for TableRule {
         _: Option<&egg::PatternAst<ANode>>,
         _: Symbol,
     ) -> Vec<Id> {
+        let memo = (
+            self.rule as *const Rule as usize,
+            eg.find(eclass),
+            self.vars.iter().map(|v| subst.get(*v).map_or(Id::from(usize::MAX), |&c| eg.find(c))).collect(),
+        );
+        if !eg.analysis.applied.insert(memo) {
+            return Vec::new();
+        }
         let empty: Caps = smallvec::smallvec![None; self.names.len()];
         let found = matches(eg, &self.lhs, eclass, &empty);
         let Some((_, tree)) = found.iter().find(|(c, _)| self.subst(c) == *subst) else { return Vec::new() };
@@ -424,25 +485,21 @@ impl Searcher<ANode, super::lang::Types> for MatRule {
     }
 
     fn search_with_limit(&self, eg: &EG, limit: usize) -> Vec<SearchMatches<'_, ANode>> {
-        if self.kind != Kind::MergeSharedLhs {
-            let mut out = Vec::new();
-            let mut left = limit;
-            for c in eg.classes() {
-                if left == 0 {
-                    break;
-                }
-                if let Some(m) = self.search_eclass_with_limit(eg, c.id, left) {
-                    left -= m.substs.len();
-                    out.push(m);
-                }
+        let roots = match self.kind {
+            Kind::Transpose => classes_where(eg, is_transpose),
+            Kind::ScaleIn => classes_where(eg, |op| matches!(op, Op::Binary(BinaryOp::Mul))),
+            Kind::AssocLeft | Kind::AssocRight | Kind::ScaleLeft | Kind::ScaleRight | Kind::MergeSharedLhs => {
+                matmul_classes(eg)
             }
-            return out;
+        };
+        if self.kind != Kind::MergeSharedLhs {
+            return search_classes(roots, limit, |c, left| self.search_eclass_with_limit(eg, c, left));
         }
         // Buckets of matmul classes by their (shared) left operand, in class order.
         let mut by_lhs: HashMap<Id, Vec<(Id, Id)>> = HashMap::new();
         let mut order = Vec::new();
-        for c in eg.classes() {
-            for [a, b] in matmuls(eg, c.id) {
+        for c in roots {
+            for [a, b] in matmuls(eg, c) {
                 let (a, b) = (eg.find(a), eg.find(b));
                 if eg[b].data.shape.len() != 2 || eg.analysis.concats.iter().any(|&k| eg.find(k) == b) {
                     continue;
@@ -451,8 +508,8 @@ impl Searcher<ANode, super::lang::Types> for MatRule {
                     order.push(a);
                     Vec::new()
                 });
-                if !bucket.iter().any(|&(m, w)| m == c.id || w == b) && bucket.len() < MAX_MERGE {
-                    bucket.push((c.id, b));
+                if !bucket.iter().any(|&(m, w)| m == c || w == b) && bucket.len() < MAX_MERGE {
+                    bucket.push((c, b));
                 }
             }
         }
