@@ -79,6 +79,32 @@ struct MTree {
 
 type Caps = SmallVec<[Option<Id>; 4]>;
 
+/// Whether `pat` may match `class`, ignoring whether repeated captures agree: a check that
+/// allocates nothing, run before [`matches`] (which builds every match) so that the classes a
+/// search visits and rejects cost little.
+fn may_match(eg: &EG, pat: &Pat, class: Id) -> bool {
+    match pat {
+        Pat::Capture { class: dclass, .. } => dclass.accepts(eg[class].data.dtype),
+        Pat::Const(lit) => eg[class]
+            .nodes
+            .iter()
+            .any(|n| matches!(op_of(eg, n), Some(Op::Const(c)) if lit.is_none_or(|l| l.matches(c.value)))),
+        Pat::Op { head, inputs } => eg[class].nodes.iter().any(|n| {
+            let Some(op) = op_of(eg, n) else { return false };
+            let args = n.children();
+            if !head.accepts(op) || args.len() != inputs.len() {
+                return false;
+            }
+            let direct = inputs.iter().zip(args).all(|(p, &a)| may_match(eg, p, a));
+            direct
+                || (args.len() == 2
+                    && matches!(op, Op::Binary(b) if b.is_commutative())
+                    && may_match(eg, &inputs[0], args[1])
+                    && may_match(eg, &inputs[1], args[0]))
+        }),
+    }
+}
+
 /// Every way `pat` matches `class` given the captures so far (at most `MATCHES_PER_CLASS`).
 fn matches(eg: &EG, pat: &Pat, class: Id, caps: &Caps) -> Vec<(Caps, MTree)> {
     let class = eg.find(class);
@@ -221,6 +247,9 @@ impl TableRule {
 
 impl Searcher<ANode, super::lang::Types> for TableRule {
     fn search_eclass_with_limit(&self, eg: &EG, eclass: Id, limit: usize) -> Option<SearchMatches<'_, ANode>> {
+        if !may_match(eg, &self.lhs, eclass) {
+            return None;
+        }
         let empty: Caps = smallvec::smallvec![None; self.names.len()];
         let mut substs: Vec<Subst> =
             matches(eg, &self.lhs, eclass, &empty).iter().map(|(c, _)| self.subst(c)).collect();
