@@ -9,8 +9,9 @@
 //!
 //! Workloads: the matmul chain `(A @ B) @ v` (512x512 matrices, a 512x1 vector) at `O3`
 //! (reassociation is fast-math for floats), three projections of one 512x64 input (attention's
-//! Q, K and V) at `O2`, and the 2- and 8-layer Transformer forward of `kiln profile` at `O2` and
-//! `O3`.
+//! Q, K and V) at `O2`, the 2- and 8-layer Transformer forward of `kiln profile` at `O2` and
+//! `O3`, and the 2-layer forward on 32 sequences of 64 tokens at `O2` (where the QKV merge
+//! pays: 2048 rows per projection).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,7 +53,11 @@ fn run_ms(exe: &Executable, program: &kiln::Program, runs: usize) -> anyhow::Res
 }
 
 fn transformer(layers: usize) -> anyhow::Result<kiln::Program> {
-    let model = Gpt::new(GptConfig { layers, ..GptConfig::default() }, 0)?;
+    transformer_with(GptConfig { layers, ..GptConfig::default() })
+}
+
+fn transformer_with(config: GptConfig) -> anyhow::Result<kiln::Program> {
+    let model = Gpt::new(config, 0)?;
     let (outputs, _) = model.outputs(&model.tokens(1))?;
     Ok(kiln::trace(&outputs.iter().collect::<Vec<_>>())?)
 }
@@ -76,6 +81,13 @@ fn main() -> anyhow::Result<()> {
         Workload { name: "transformer forward, 2 layers".into(), level: OptLevel::O2, program: transformer(2)? },
         Workload { name: "transformer forward, 2 layers".into(), level: OptLevel::O3, program: transformer(2)? },
         Workload { name: "transformer forward, 8 layers".into(), level: OptLevel::O2, program: transformer(8)? },
+        // 32 sequences of 64 tokens: 2048 rows per projection, where one wider QKV GEMM reads
+        // the normalised activations once instead of three times.
+        Workload {
+            name: "transformer forward, 2 layers, 32x64 tokens".into(),
+            level: OptLevel::O2,
+            program: transformer_with(GptConfig { layers: 2, batch: 32, seq: 64, ..GptConfig::default() })?,
+        },
     ];
     println!("workload | level | compile O1 ms | compile ms | run O1 ms | run ms | run ratio per round (level / O1)");
     for w in &workloads {

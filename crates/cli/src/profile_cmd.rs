@@ -81,6 +81,8 @@ pub fn profile_bound(
         report.counters.push(("saturate iterations".into(), s.iterations as u64));
         report.counters.push(("e-nodes".into(), s.enodes as u64));
         report.counters.push(("e-classes".into(), s.eclasses as u64));
+        report.counters.push(("saturate regions".into(), s.regions as u64));
+        report.counters.push(("distinct regions".into(), s.distinct as u64));
     }
     Ok(Profiled { report, traced, compiled, rewrite, second_run_ms })
 }

@@ -282,6 +282,54 @@ fn three_projections_of_one_input_merge_into_one_gemm() {
     assert_eq!(count(&o.graph, |op| matches!(op, Op::Shrink(_))), 3);
 }
 
+/// `layers` layers of `h + (q + k + v) / 20`, each with its own Q, K and V projections of `h`.
+fn projection_layers(layers: usize) -> Graph {
+    let mut b = B::new(DType::F32);
+    let mut h = b.input(&[512, 32]);
+    for _ in 0..layers {
+        let (wq, wk, wv) = (b.input(&[32, 32]), b.input(&[32, 32]), b.input(&[32, 32]));
+        let (q, k, v) = (b.mm(h, wq), b.mm(h, wk), b.mm(h, wv));
+        let qk = b.g.add(Op::Binary(BinaryOp::Add), &[q, k]).unwrap();
+        let qkv = b.g.add(Op::Binary(BinaryOp::Add), &[qk, v]).unwrap();
+        // Scaled so that values stay near 1 through the layers.
+        let small = b.scale(qkv, 0.05);
+        h = b.g.add(Op::Binary(BinaryOp::Add), &[h, small]).unwrap();
+    }
+    b.out(&[h])
+}
+
+#[test]
+fn identical_layers_are_saturated_once_and_each_merges_its_projections() {
+    // The first layer reads a graph input and the last writes the output, so three regions are
+    // distinct whatever the depth: the saturation work is flat in depth.
+    for layers in [4, 8] {
+        let g = projection_layers(layers);
+        let mut opt = g.clone();
+        kiln_lower::rewrite::optimize(&mut opt);
+        let budget = SaturateOptions { time_limit: Duration::from_secs(20), ..SaturateOptions::default() };
+        let stats = saturate(&mut opt, &budget);
+        assert_eq!((stats.regions, stats.distinct), (layers, 3), "{stats}");
+        assert_eq!(stats.matmuls, 3 * layers, "{stats}");
+        assert!(stats.changed, "{stats}");
+    }
+    let o = run(&projection_layers(4), OptLevel::O2, F32_TOL);
+    assert_eq!(matmul_flops(&o.greedy), (12, 12 * 2 * 512 * 32 * 32));
+    assert_eq!(matmul_flops(&o.saturated), (4, 4 * 2 * 512 * 96 * 32));
+}
+
+#[test]
+fn regions_without_repetition_are_saturated_whole() {
+    // One layer and a chain: nothing repeats, so the graph is one region and the chain may
+    // reassociate across what would have been a cut.
+    let g = projection_layers(1);
+    let mut opt = g.clone();
+    kiln_lower::rewrite::optimize(&mut opt);
+    let stats =
+        saturate(&mut opt, &SaturateOptions { time_limit: Duration::from_secs(20), ..SaturateOptions::default() });
+    assert_eq!((stats.regions, stats.distinct), (1, 1), "{stats}");
+    assert!(stats.changed, "{stats}");
+}
+
 #[test]
 fn two_heads_of_different_widths_merge() {
     let mut b = B::new(DType::F32);

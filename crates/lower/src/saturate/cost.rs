@@ -25,8 +25,8 @@
 //!
 //! # Extraction
 //!
-//! egg's bottom-up extractor picks, per class, the node of least *tree* cost (shared children
-//! counted once per use). Tree cost cannot see that one merged matmul serves several outputs,
+//! [`Best`] picks, per class, the node of least *tree* cost (shared children counted once per
+//! use), settling each class once. Tree cost cannot see that one merged matmul serves several outputs,
 //! so extraction then tries each group of nodes made together by the multi-root rule as one
 //! move, keeping it when the *DAG* cost (each chosen class counted once) drops. The result is
 //! kept only when its DAG cost is below the DAG cost of the graph as given ([`baseline`], taken
@@ -38,10 +38,12 @@
 //! (probably a matmul operand view that contraction recognition no longer sees as a GEMM) broke
 //! fusion. The relative threshold keeps such programs out; the cause is not yet found.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 use air::{Dim, Op, TensorType};
-use egg::{CostFunction, Extractor, Id, Language};
+use egg::{Id, Language};
+use smallvec::SmallVec;
 
 use super::lang::{ANode, EG};
 
@@ -124,7 +126,7 @@ pub fn op_work(op: &Op, inputs: &[&TensorType], out: &TensorType) -> Work {
 
 /// The cost of one e-node (its children not included).
 pub fn node_cost(eg: &EG, node: &ANode) -> f64 {
-    let kids: Vec<&TensorType> = node.children().iter().map(|&c| &eg[c].data).collect();
+    let kids: SmallVec<[&TensorType; 3]> = node.children().iter().map(|&c| &eg[c].data).collect();
     match node {
         ANode::MatMul(_) => match super::lang::matmul_type(kids[0], kids[1]) {
             Some(out) => matmul_work(kids[0], kids[1], &out).cost(),
@@ -137,18 +139,89 @@ pub fn node_cost(eg: &EG, node: &ANode) -> f64 {
     }
 }
 
-struct TreeCost<'a> {
-    eg: &'a EG,
+/// The e-node of least tree cost in every class (its own cost plus its children's tree costs,
+/// a shared child counted once per use), found by Knuth's generalisation of Dijkstra's
+/// algorithm: a node's tree cost is never below a child's, so the cheapest pending node settles
+/// its class for good. Each e-node is priced once and each class settled once, O(E log E) in
+/// e-nodes, where egg's `Extractor` re-prices every node of every class until nothing changes
+/// (one pass per level of the graph: quadratic on a deep graph, and most of saturation's time).
+pub struct Best {
+    /// `(tree cost, node)` per class, by the canonical class id's index.
+    best: Vec<Option<(f64, ANode)>>,
 }
 
-impl CostFunction<ANode> for TreeCost<'_> {
-    type Cost = f64;
+impl Best {
+    /// Computes the best node of every class of `eg` (which must be rebuilt).
+    pub fn new(eg: &EG) -> Best {
+        let slots = eg.classes().map(|c| usize::from(c.id) + 1).max().unwrap_or(0);
+        // Every e-node once, with its class; `pending`: its distinct child classes not settled.
+        let mut nodes: Vec<(Id, &ANode)> = Vec::with_capacity(eg.total_number_of_nodes());
+        let mut pending: Vec<u32> = Vec::with_capacity(eg.total_number_of_nodes());
+        let mut users: Vec<Vec<u32>> = vec![Vec::new(); slots];
+        let mut heap: BinaryHeap<Reverse<(Price, u32)>> = BinaryHeap::new();
+        for class in eg.classes() {
+            for node in class.iter() {
+                let at = u32::try_from(nodes.len()).expect("fewer than 2^32 e-nodes");
+                let mut kids: SmallVec<[Id; 3]> = node.children().iter().map(|&k| eg.find(k)).collect();
+                kids.sort_unstable();
+                kids.dedup();
+                for &k in &kids {
+                    users[usize::from(k)].push(at);
+                }
+                nodes.push((class.id, node));
+                pending.push(kids.len() as u32);
+                if kids.is_empty() {
+                    heap.push(Reverse((Price(node_cost(eg, node)), at)));
+                }
+            }
+        }
+        let mut best: Vec<Option<(f64, ANode)>> = vec![None; slots];
+        while let Some(Reverse((Price(cost), at))) = heap.pop() {
+            let (class, node) = nodes[at as usize];
+            let slot = usize::from(class);
+            if best[slot].is_some() {
+                continue;
+            }
+            best[slot] = Some((cost, node.clone()));
+            for &user in &users[slot] {
+                pending[user as usize] -= 1;
+                if pending[user as usize] == 0 {
+                    let (_, parent) = nodes[user as usize];
+                    let kids: f64 = parent
+                        .children()
+                        .iter()
+                        .map(|&k| best[usize::from(eg.find(k))].as_ref().map_or(f64::INFINITY, |b| b.0))
+                        .sum();
+                    heap.push(Reverse((Price(node_cost(eg, parent) + kids), user)));
+                }
+            }
+        }
+        air::work::add(nodes.len() as u64);
+        Best { best }
+    }
 
-    fn cost<C>(&mut self, enode: &ANode, mut costs: C) -> f64
-    where
-        C: FnMut(Id) -> f64,
-    {
-        node_cost(self.eg, enode) + enode.children().iter().map(|&c| costs(c)).sum::<f64>()
+    /// The best node of class `c` (canonical), if it has one (a class whose every node depends
+    /// on itself has none).
+    pub fn node(&self, c: Id) -> Option<&ANode> {
+        self.best.get(usize::from(c))?.as_ref().map(|b| &b.1)
+    }
+}
+
+/// A cost, totally ordered (costs are sums of non-negative prices, never NaN).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Price(f64);
+
+impl Eq for Price {}
+
+impl PartialOrd for Price {
+    fn partial_cmp(&self, other: &Price) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Price {
+    fn cmp(&self, other: &Price) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
     }
 }
 
@@ -196,9 +269,9 @@ pub fn baseline(eg: &EG, roots: &[Id]) -> Option<f64> {
 /// The cheapest program found and its DAG cost, when that is below `before` by at least
 /// [`MIN_GAIN_NS`] and [`MIN_GAIN_FRACTION`] of it.
 pub fn extract(eg: &EG, roots: &[Id], before: f64) -> Option<(f64, HashMap<Id, ANode>)> {
-    let ext = Extractor::new(eg, TreeCost { eg });
+    let ext = Best::new(eg);
     let mut overrides: HashMap<Id, ANode> = HashMap::new();
-    let best = |c: Id, o: &HashMap<Id, ANode>| o.get(&c).cloned().or_else(|| Some(ext.find_best_node(c).clone()));
+    let best = |c: Id, o: &HashMap<Id, ANode>| o.get(&c).or_else(|| ext.node(c)).cloned();
     let (mut cost, mut choice) = dag_cost(eg, roots, &|c| best(c, &overrides))?;
     for group in &eg.analysis.groups {
         let mut trial = overrides.clone();

@@ -76,7 +76,12 @@ impl fmt::Display for ANode {
 #[derive(Debug, Default)]
 pub struct Types {
     ops: Vec<(Op, TensorType)>,
-    index: HashMap<(Op, TensorType), OpRef>,
+    index: rustc_hash::FxHashMap<(Op, TensorType), OpRef>,
+    /// Table-rule applications already made (rule, class, captures; all canonical when made):
+    /// egg hands a rewrite every match again each iteration, and re-running a rule's guard and
+    /// builder on an unchanged match was most of saturation's time. A class merged since then
+    /// has a new canonical id, so its matches run again.
+    pub applied: rustc_hash::FxHashSet<(usize, Id, SmallVec<[Id; 4]>)>,
     /// Groups of e-nodes that the multi-root rule made together (each `(class, node)`): they pay
     /// off only when extraction takes all of them, so it tries them as one move.
     pub groups: Vec<Vec<(Id, ANode)>>,
@@ -99,6 +104,11 @@ impl Types {
     /// The op and result type behind `r`.
     pub fn get(&self, r: OpRef) -> &(Op, TensorType) {
         &self.ops[r.0 as usize]
+    }
+
+    /// Every interned op with its result type.
+    pub fn ops(&self) -> impl Iterator<Item = (OpRef, &(Op, TensorType))> {
+        self.ops.iter().enumerate().map(|(i, o)| (OpRef(i as u32), o))
     }
 }
 
@@ -233,6 +243,11 @@ fn find_matmul(g: &Graph, root: NodeId) -> Option<Found> {
         return None;
     };
     Some(Found { a_view, b_view })
+}
+
+/// Whether `n` is the root of a canonical matmul pattern (see `find_matmul`).
+pub(crate) fn is_matmul(g: &Graph, n: NodeId) -> bool {
+    find_matmul(g, n).is_some()
 }
 
 /// Class of `view` reshaped to `shape`: the view's own input when that already has the shape

@@ -10,19 +10,25 @@
 //! cost model of [`cost`], and replaces the graph with it only when it is cheaper than the graph
 //! as given. A graph without a matmul is left alone without building an e-graph.
 //!
+//! A graph whose regions repeat (the layers of a Transformer) is cut into regions at its
+//! narrowest points between matmuls, and each distinct region is saturated once, its result
+//! reused for every identical region ([`blocks`]), so the cost is flat in depth.
+//!
 //! Inputs (unused ones included) keep their slots and types, outputs their order and types.
 //! `KILN_SATURATE_DEBUG=1` prints each egg iteration (e-nodes, search/apply/rebuild times, rules
-//! applied) to stderr.
+//! applied) and each distinct region's result to stderr.
 
+pub mod blocks;
 pub mod cost;
 pub mod lang;
 pub mod rules;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use air::Graph;
+use air::{Graph, GraphKey, NodeId};
 use egg::{BackoffScheduler, Rewrite, Runner, StopReason};
 
 use lang::{ANode, Types};
@@ -67,13 +73,38 @@ pub struct SaturateStats {
     pub cost_after: f64,
     /// Whether the graph was replaced.
     pub changed: bool,
+    /// Regions saturated separately (1: the whole graph; see [`blocks`]).
+    pub regions: usize,
+    /// Distinct regions among them, each saturated once.
+    pub distinct: usize,
+}
+
+impl SaturateStats {
+    /// Adds the counters of one saturation of a distinct region.
+    fn absorb(&mut self, s: &SaturateStats) {
+        self.iterations += s.iterations;
+        self.enodes += s.enodes;
+        self.eclasses += s.eclasses;
+        self.distinct += 1;
+        // A limit outranks `saturated`, which outranks `no-matmul`.
+        let rank = |stop: &str| match stop {
+            "no-matmul" => 0,
+            "saturated" => 1,
+            _ => 2,
+        };
+        if rank(&s.stop) > rank(&self.stop) {
+            self.stop = s.stop.clone();
+        }
+    }
 }
 
 impl fmt::Display for SaturateStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "iterations {} e-nodes {} e-classes {} stop {} matmuls {} cost {:.0} -> {:.0} ns{}",
+            "regions {} ({} distinct) iterations {} e-nodes {} e-classes {} stop {} matmuls {} cost {:.0} -> {:.0} ns{}",
+            self.regions,
+            self.distinct,
             self.iterations,
             self.enodes,
             self.eclasses,
@@ -94,9 +125,55 @@ fn rewrites(fast_math: bool) -> &'static [Rewrite<ANode, Types>] {
 }
 
 /// Saturates `graph` and replaces it with the cheapest equivalent program found, if that is
-/// cheaper by the cost model (see the module docs).
+/// cheaper by the cost model (see the module docs). A graph whose regions repeat (the layers of
+/// a Transformer) is saturated per distinct region, each once ([`blocks`]); any other as a whole.
 pub fn saturate(graph: &mut Graph, options: &SaturateOptions) -> SaturateStats {
-    let mut stats = SaturateStats { stop: "no-matmul".into(), ..SaturateStats::default() };
+    let regions = blocks::regions(graph);
+    if regions.len() < 2 {
+        return saturate_whole(graph, options);
+    }
+    let blocks = blocks::blocks(graph, &regions);
+    let (keys, repeats) = blocks::keys(&blocks);
+    if !repeats {
+        return saturate_whole(graph, options);
+    }
+    let debug = std::env::var_os("KILN_SATURATE_DEBUG").is_some();
+    let mut stats = SaturateStats { stop: "no-matmul".into(), regions: blocks.len(), ..SaturateStats::default() };
+    let mut done: HashMap<&GraphKey, (Option<Graph>, SaturateStats)> = HashMap::new();
+    let mut replaced: HashMap<NodeId, NodeId> = HashMap::new();
+    for (block, key) in blocks.iter().zip(&keys) {
+        if !done.contains_key(key) {
+            let mut g = block.graph.clone();
+            let s = saturate_whole(&mut g, options);
+            if debug {
+                eprintln!("saturate: region of {} nodes: {s}", block.graph.len());
+            }
+            stats.absorb(&s);
+            done.insert(key, (s.changed.then_some(g), s));
+        }
+        let (result, s) = &done[key];
+        stats.matmuls += s.matmuls;
+        stats.cost_before += s.cost_before;
+        stats.cost_after += s.cost_after;
+        if let Some(result) = result {
+            let boundary: Vec<NodeId> = block.boundary.iter().map(|b| *replaced.get(b).unwrap_or(b)).collect();
+            let outputs = blocks::instantiate(graph, result, &boundary);
+            for (&old, &new) in block.outputs.iter().zip(&outputs) {
+                graph.replace_all_uses_unchecked(old, new);
+                replaced.insert(old, new);
+            }
+            stats.changed = true;
+        }
+    }
+    if stats.changed {
+        graph.remove_dead();
+    }
+    stats
+}
+
+/// Saturates `graph` as one region.
+fn saturate_whole(graph: &mut Graph, options: &SaturateOptions) -> SaturateStats {
+    let mut stats = SaturateStats { stop: "no-matmul".into(), regions: 1, distinct: 1, ..SaturateStats::default() };
     let Some((egraph, conv)) = lang::to_egraph(graph) else { return stats };
     stats.matmuls = conv.matmuls;
     if conv.matmuls == 0 {

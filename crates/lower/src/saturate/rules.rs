@@ -79,6 +79,32 @@ struct MTree {
 
 type Caps = SmallVec<[Option<Id>; 4]>;
 
+/// Whether `pat` may match `class`, ignoring whether repeated captures agree: a check that
+/// allocates nothing, run before [`matches`] (which builds every match) so that the classes a
+/// search visits and rejects cost little.
+fn may_match(eg: &EG, pat: &Pat, class: Id) -> bool {
+    match pat {
+        Pat::Capture { class: dclass, .. } => dclass.accepts(eg[class].data.dtype),
+        Pat::Const(lit) => eg[class]
+            .nodes
+            .iter()
+            .any(|n| matches!(op_of(eg, n), Some(Op::Const(c)) if lit.is_none_or(|l| l.matches(c.value)))),
+        Pat::Op { head, inputs } => eg[class].nodes.iter().any(|n| {
+            let Some(op) = op_of(eg, n) else { return false };
+            let args = n.children();
+            if !head.accepts(op) || args.len() != inputs.len() {
+                return false;
+            }
+            let direct = inputs.iter().zip(args).all(|(p, &a)| may_match(eg, p, a));
+            direct
+                || (args.len() == 2
+                    && matches!(op, Op::Binary(b) if b.is_commutative())
+                    && may_match(eg, &inputs[0], args[1])
+                    && may_match(eg, &inputs[1], args[0]))
+        }),
+    }
+}
+
 /// Every way `pat` matches `class` given the captures so far (at most `MATCHES_PER_CLASS`).
 fn matches(eg: &EG, pat: &Pat, class: Id, caps: &Caps) -> Vec<(Caps, MTree)> {
     let class = eg.find(class);
@@ -142,6 +168,50 @@ fn matches(eg: &EG, pat: &Pat, class: Id, caps: &Caps) -> Vec<(Caps, MTree)> {
     }
 }
 
+/// The classes (canonical, ascending) holding an air op that satisfies `f`, through egg's index
+/// of classes by discriminant (each interned op is one): searching only these, rather than every
+/// class for every rule, is what keeps a search linear in the matches instead of rules x classes.
+fn classes_where(eg: &EG, f: impl Fn(&Op) -> bool) -> Vec<Id> {
+    let mut out = Vec::new();
+    for (r, (op, _)) in eg.analysis.ops() {
+        if f(op)
+            && let Some(classes) = eg.classes_for_op(&Some(r))
+        {
+            out.extend(classes);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The classes (canonical, ascending) holding a `MatMul`.
+fn matmul_classes(eg: &EG) -> Vec<Id> {
+    let mut out: Vec<Id> = eg.classes_for_op(&None).map(|c| c.collect()).unwrap_or_default();
+    out.sort_unstable();
+    out
+}
+
+/// Searches `classes` in order with `search` until `limit` substitutions are found.
+fn search_classes<'a>(
+    classes: Vec<Id>,
+    limit: usize,
+    mut search: impl FnMut(Id, usize) -> Option<SearchMatches<'a, ANode>>,
+) -> Vec<SearchMatches<'a, ANode>> {
+    let mut out = Vec::new();
+    let mut left = limit;
+    for c in classes {
+        if left == 0 {
+            break;
+        }
+        if let Some(m) = search(c, left) {
+            left = left.saturating_sub(m.substs.len());
+            out.push(m);
+        }
+    }
+    out
+}
+
 /// One row of the greedy table, ready for the e-graph.
 #[derive(Clone)]
 struct TableRule {
@@ -177,12 +247,24 @@ impl TableRule {
 
 impl Searcher<ANode, super::lang::Types> for TableRule {
     fn search_eclass_with_limit(&self, eg: &EG, eclass: Id, limit: usize) -> Option<SearchMatches<'_, ANode>> {
+        if !may_match(eg, &self.lhs, eclass) {
+            return None;
+        }
         let empty: Caps = smallvec::smallvec![None; self.names.len()];
         let mut substs: Vec<Subst> =
             matches(eg, &self.lhs, eclass, &empty).iter().map(|(c, _)| self.subst(c)).collect();
         substs.dedup();
         substs.truncate(limit);
         (!substs.is_empty()).then_some(SearchMatches { eclass, substs, ast: None })
+    }
+
+    fn search_with_limit(&self, eg: &EG, limit: usize) -> Vec<SearchMatches<'_, ANode>> {
+        let classes = match &self.lhs {
+            Pat::Op { head, .. } => classes_where(eg, |op| head.accepts(op)),
+            Pat::Const(_) => classes_where(eg, |op| matches!(op, Op::Const(_))),
+            Pat::Capture { .. } => eg.classes().map(|c| c.id).collect(),
+        };
+        search_classes(classes, limit, |c, left| self.search_eclass_with_limit(eg, c, left))
     }
 
     fn vars(&self) -> Vec<Var> {
@@ -242,6 +324,14 @@ impl Applier<ANode, super::lang::Types> for TableRule {
         _: Option<&egg::PatternAst<ANode>>,
         _: Symbol,
     ) -> Vec<Id> {
+        let memo = (
+            self.rule as *const Rule as usize,
+            eg.find(eclass),
+            self.vars.iter().map(|v| subst.get(*v).map_or(Id::from(usize::MAX), |&c| eg.find(c))).collect(),
+        );
+        if !eg.analysis.applied.insert(memo) {
+            return Vec::new();
+        }
         let empty: Caps = smallvec::smallvec![None; self.names.len()];
         let found = matches(eg, &self.lhs, eclass, &empty);
         let Some((_, tree)) = found.iter().find(|(c, _)| self.subst(c) == *subst) else { return Vec::new() };
@@ -424,25 +514,21 @@ impl Searcher<ANode, super::lang::Types> for MatRule {
     }
 
     fn search_with_limit(&self, eg: &EG, limit: usize) -> Vec<SearchMatches<'_, ANode>> {
-        if self.kind != Kind::MergeSharedLhs {
-            let mut out = Vec::new();
-            let mut left = limit;
-            for c in eg.classes() {
-                if left == 0 {
-                    break;
-                }
-                if let Some(m) = self.search_eclass_with_limit(eg, c.id, left) {
-                    left -= m.substs.len();
-                    out.push(m);
-                }
+        let roots = match self.kind {
+            Kind::Transpose => classes_where(eg, is_transpose),
+            Kind::ScaleIn => classes_where(eg, |op| matches!(op, Op::Binary(BinaryOp::Mul))),
+            Kind::AssocLeft | Kind::AssocRight | Kind::ScaleLeft | Kind::ScaleRight | Kind::MergeSharedLhs => {
+                matmul_classes(eg)
             }
-            return out;
+        };
+        if self.kind != Kind::MergeSharedLhs {
+            return search_classes(roots, limit, |c, left| self.search_eclass_with_limit(eg, c, left));
         }
         // Buckets of matmul classes by their (shared) left operand, in class order.
         let mut by_lhs: HashMap<Id, Vec<(Id, Id)>> = HashMap::new();
         let mut order = Vec::new();
-        for c in eg.classes() {
-            for [a, b] in matmuls(eg, c.id) {
+        for c in roots {
+            for [a, b] in matmuls(eg, c) {
                 let (a, b) = (eg.find(a), eg.find(b));
                 if eg[b].data.shape.len() != 2 || eg.analysis.concats.iter().any(|&k| eg.find(k) == b) {
                     continue;
@@ -451,8 +537,8 @@ impl Searcher<ANode, super::lang::Types> for MatRule {
                     order.push(a);
                     Vec::new()
                 });
-                if !bucket.iter().any(|&(m, w)| m == c.id || w == b) && bucket.len() < MAX_MERGE {
-                    bucket.push((c.id, b));
+                if !bucket.iter().any(|&(m, w)| m == c || w == b) && bucket.len() < MAX_MERGE {
+                    bucket.push((c, b));
                 }
             }
         }
