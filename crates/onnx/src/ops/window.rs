@@ -9,6 +9,9 @@
 use kiln::{Dim, Tensor, cat};
 use kiln_nn::functional as F;
 
+/// `(h, w)` of a 2-D window op.
+type Pair = (usize, usize);
+
 use super::{Ctx, OpResult, dims, show};
 
 /// The batch dim (possibly symbolic) and the concrete channel and spatial dims of `[N, C, ...]`.
@@ -118,11 +121,12 @@ impl Geometry {
         Ok(Geometry { kernel, stride, dilation, pad_before: before, pad_after: after, out })
     }
 
-    /// `(h, w)` of a 2-D window op whose padding is the same before and after each axis.
-    fn symmetric_2d(&self) -> Option<((usize, usize), (usize, usize), (usize, usize))> {
+    /// The `(h, w)` stride, padding and dilation of a 2-D window op whose padding is the same
+    /// before and after each axis.
+    fn symmetric_2d(&self) -> Option<[Pair; 3]> {
         let pair = |v: &[usize]| (v[0], v[1]);
         (self.kernel.len() == 2 && self.pad_before == self.pad_after)
-            .then(|| (pair(&self.stride), pair(&self.pad_before), pair(&self.dilation)))
+            .then(|| [pair(&self.stride), pair(&self.pad_before), pair(&self.dilation)])
     }
 
     /// Every kernel offset, first axis slowest.
@@ -179,7 +183,7 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         return Err(format!("kernel_shape {kernel:?} differs from W's {:?}", &wd[2..]).into());
     }
     let geo = Geometry::new(ctx, &xd[2..], kernel, false)?;
-    if let Some((stride, padding, dilation)) = geo.symmetric_2d() {
+    if let Some([stride, padding, dilation]) = geo.symmetric_2d() {
         let options = F::Conv2dOptions { stride, padding: F::Padding::Explicit(padding), dilation, groups: g };
         return Ok(vec![F::conv2d(x, w, ctx.opt(2), options)]);
     }
@@ -213,7 +217,7 @@ pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let ceil_mode = ctx.int("ceil_mode", 0)? != 0;
     let geo = Geometry::new(ctx, &xd[2..], kernel, ceil_mode)?;
     let kernel_2d = (geo.kernel.len() == 2).then(|| (geo.kernel[0], geo.kernel[1]));
-    if let (Some((stride, padding, dilation)), Some(k)) = (geo.symmetric_2d(), kernel_2d) {
+    if let (Some([stride, padding, dilation]), Some(k)) = (geo.symmetric_2d(), kernel_2d) {
         // PyTorch's pools take padding of at most half the (dilated) kernel; ONNX allows more.
         let extent = |i: usize| dilation_of(dilation, i) * (geo.kernel[i] - 1) + 1;
         let within = 2 * padding.0 <= extent(0) && 2 * padding.1 <= extent(1);
