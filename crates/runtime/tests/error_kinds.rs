@@ -8,7 +8,7 @@ mod common;
 use kiln_runtime as runtime;
 
 use air::dim::shape_of;
-use air::op::{Cast, Gather, Input};
+use air::op::{Gather, Input};
 use air::{Bindings, DType, Dim, Graph, HostTensor, Op, TensorType};
 #[cfg(feature = "wgpu")]
 use runtime::wgpu::WgpuDevice;
@@ -96,9 +96,9 @@ fn unsupported_dtypes_on_wgpu_are_unsupported() {
     // f16 registers (an f32 input negated in f16) are refused.
     let mut g = Graph::new();
     let x = g.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F32, shape_of(&[3]))).unwrap();
-    let h = g.add(Op::Cast(Cast { to: DType::F16 }), &[x]).unwrap();
+    let h = g.add(Op::Cast(air::op::Cast { to: DType::F16 }), &[x]).unwrap();
     let y = g.add(Op::Unary(air::UnaryOp::Neg), &[h]).unwrap();
-    let z = g.add(Op::Cast(Cast { to: DType::F32 }), &[y]).unwrap();
+    let z = g.add(Op::Cast(air::op::Cast { to: DType::F32 }), &[y]).unwrap();
     g.add_output(z);
     let x = HostTensor::from_vec(vec![1.0f32, 2., 3.], vec![3]).unwrap();
     let e = gpu.run(&g, &[x], &Bindings::new()).unwrap_err();
