@@ -20,6 +20,22 @@ fn read(name: &str) -> kiln::HostTensor {
     kiln_onnx::from_tensor_proto(&TensorProto::decode(bytes.as_slice()).unwrap(), None).unwrap()
 }
 
+/// Checks `name` on the interpreter, the CPU device and (where this machine has an adapter, and
+/// always under `CI` or `KILN_REQUIRE_VULKAN=1`) wgpu.
+fn check_everywhere(name: &str) {
+    check_model(name, Device::Cpu);
+    check_model(name, Device::Interp);
+    match Device::Wgpu.probe() {
+        Ok(()) => check_model(name, Device::Wgpu),
+        Err(e) => {
+            let required =
+                std::env::var_os("CI").is_some() || std::env::var_os("KILN_REQUIRE_VULKAN").is_some_and(|v| v == "1");
+            assert!(!required, "wgpu is unavailable where it is required (CI or KILN_REQUIRE_VULKAN=1): {e}");
+            eprintln!("skipping {name} on wgpu: {e}");
+        }
+    }
+}
+
 fn check_model(name: &str, device: Device) {
     let model = Model::load(fixture(&format!("{name}.onnx"))).unwrap();
     assert!(model.unsupported().is_empty(), "{:?}", model.unsupported());
@@ -43,21 +59,18 @@ fn check_model(name: &str, device: Device) {
 
 #[test]
 fn exported_mlp_matches_onnxruntime() {
-    check_model("mlp", Device::Cpu);
-    check_model("mlp", Device::Interp);
+    check_everywhere("mlp");
 }
 
 #[test]
 fn exported_cnn_matches_onnxruntime() {
-    check_model("cnn", Device::Cpu);
-    check_model("cnn", Device::Interp);
+    check_everywhere("cnn");
 }
 
 #[test]
 fn exported_recurrent_model_matches_onnxruntime() {
     // A bidirectional GRU into an LSTM: ONNX's GRU (linear_before_reset) and LSTM ops.
-    check_model("rnn", Device::Cpu);
-    check_model("rnn", Device::Interp);
+    check_everywhere("rnn");
 }
 
 #[test]
@@ -65,6 +78,5 @@ fn exported_gpt2_matches_onnxruntime_at_two_batch_sizes_and_sequence_lengths() {
     // transformers' GPT-2 with dynamic batch and sequence axes: its reshapes, masks and position
     // ids are computed from `Shape` ops, so both axes stay symbolic and one trace serves batch 1
     // of 5 tokens and batch 3 of 9.
-    check_model("gpt2", Device::Cpu);
-    check_model("gpt2", Device::Interp);
+    check_everywhere("gpt2");
 }
