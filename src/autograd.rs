@@ -18,7 +18,7 @@
 //!
 //! `realize` drops a computed tensor's inputs (so a loop does not keep every old value alive),
 //! except what autodiff needs later: a float tensor realized with gradients enabled that depends
-//! on a tensor marked [`Tensor::requires_grad_`] keeps them ([`keeps_graph`]), as PyTorch keeps
+//! on a tensor marked [`Tensor::requires_grad_`] keeps them ([`keeps_graphs`]), as PyTorch keeps
 //! the graph of every tensor that requires grad, so `print(loss.item()); loss.backward()` works,
 //! through intermediates realized on their own too. Differentiating traces through the kept
 //! graph, and realizing the gradients recomputes what they need of the forward pass. Any other
@@ -136,31 +136,42 @@ pub fn grad(output: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
     Ok(differentiate(output, Wrt::Given(wrt), loc)?.into_iter().map(|(_, g)| g).collect())
 }
 
-/// Whether `realize` keeps `t`'s inputs after computing it: gradients are enabled, `t` is a
-/// computed float tensor, and it depends on a live tensor marked `requires_grad_` (through kept
-/// graphs). The walk stops at the first marked tensor, and costs nothing when no tensor is
-/// marked.
-pub(crate) fn keeps_graph(t: &Tensor) -> bool {
-    if !is_grad_enabled() || !t.dtype().is_float() || t.op().is_leaf() {
-        return false;
+/// For each of `roots` (realized together), whether `realize` keeps its inputs after computing
+/// it: gradients are enabled, the root is a computed float tensor, and it depends on a live tensor
+/// marked `requires_grad_` (through kept graphs). One walk serves all the roots (each node is
+/// decided once), and nothing is walked when no tensor is marked.
+pub(crate) fn keeps_graphs(roots: &[Tensor]) -> Vec<bool> {
+    let mut keep = vec![false; roots.len()];
+    if !is_grad_enabled() || !roots.iter().any(|t| t.dtype().is_float() && !t.op().is_leaf()) {
+        return keep;
     }
     let marked: HashSet<usize> = with_registry(|r| {
         r.entries.iter().filter(|(_, e)| e.requires_grad && e.node.strong_count() > 0).map(|(&k, _)| k).collect()
     });
     if marked.is_empty() {
-        return false;
+        return keep;
     }
-    let mut seen: HashSet<usize> = HashSet::new();
-    let mut stack = vec![t.clone()];
-    while let Some(n) = stack.pop() {
-        if marked.contains(&addr(&n)) {
-            return true;
+    // Whether each visited node reaches a marked tensor, decided after its inputs (post-order);
+    // the marked tensors themselves do.
+    let mut reaches: HashMap<usize, bool> = marked.iter().map(|&a| (a, true)).collect();
+    for (root, keep) in roots.iter().zip(&mut keep) {
+        if !root.dtype().is_float() || root.op().is_leaf() {
+            continue;
         }
-        if seen.insert(addr(&n)) {
-            stack.extend(n.inputs().into_iter().filter(|c| !seen.contains(&addr(c))));
+        let mut stack = vec![(root.clone(), false)];
+        while let Some((n, inputs_done)) = stack.pop() {
+            let a = addr(&n);
+            if inputs_done {
+                let hit = n.inputs().iter().any(|c| reaches.get(&addr(c)) == Some(&true));
+                reaches.insert(a, hit);
+            } else if !reaches.contains_key(&a) {
+                stack.push((n.clone(), true));
+                stack.extend(n.inputs().into_iter().filter(|c| !reaches.contains_key(&addr(c))).map(|c| (c, false)));
+            }
         }
+        *keep = reaches.get(&addr(root)) == Some(&true);
     }
-    false
+    keep
 }
 
 /// The traced forward graph: node of each tensor and tensor of each node.
@@ -281,7 +292,7 @@ fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
                 traced.graph.add(t.op().clone(), &inputs)?
             }
             None => {
-                // A realized tensor that kept its graph (see `keeps_graph`) is traced through.
+                // A realized tensor that kept its graph (see `keeps_graphs`) is traced through.
                 let kept = t.is_realized() && !t.op().is_leaf() && !t.inputs().is_empty();
                 let opaque = (t.is_realized() && !kept) || t.is_placeholder() || stops.contains(&addr(&t));
                 if opaque {

@@ -249,16 +249,17 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         if outputs.len() != roots.len() {
             return Err(Error::internal(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));
         }
-        for (t, host) in roots.iter().zip(outputs) {
-            store(t, host, &program.bindings)?;
+        let keep = crate::autograd::keeps_graphs(&roots);
+        for ((t, host), keep) in roots.iter().zip(outputs).zip(keep) {
+            store(t, host, &program.bindings, keep)?;
         }
     }
     Ok(())
 }
 
 /// Checks a backend result against the tensor's type and stores it; drops the tensor's inputs
-/// unless autodiff needs them later (`autograd::keeps_graph`).
-fn store(t: &Tensor, host: HostTensor, bindings: &Bindings) -> Result<()> {
+/// unless autodiff needs them later (`keep`, from `autograd::keeps_graphs`).
+fn store(t: &Tensor, host: HostTensor, bindings: &Bindings, keep: bool) -> Result<()> {
     let ty = &t.inner.ty;
     let dims = air::dim::eval_shape(&ty.shape, bindings).map_err(air::AirError::from)?;
     if host.dtype() != ty.dtype || host.shape != dims {
@@ -271,7 +272,7 @@ fn store(t: &Tensor, host: HostTensor, bindings: &Bindings) -> Result<()> {
         )));
     }
     let _ = t.inner.data.set(Realized { host, bindings: own_bindings(&ty.shape, bindings) });
-    if crate::autograd::keeps_graph(t) {
+    if keep {
         return Ok(());
     }
     let inputs = std::mem::take(&mut *t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner));

@@ -74,6 +74,19 @@ fn backward_needs_a_scalar_and_a_loss_realized_with_gradients_on() {
     assert!(err.contains("realized"), "{err}");
 }
 
+#[test]
+fn losses_realized_together_each_keep_their_graph() {
+    // Two losses sharing `w^2`, and a root unrelated to `w`, realized as one program: one walk
+    // decides for all three roots which keep their inputs.
+    let w = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).requires_grad_();
+    let shared = w.square();
+    let (l1, l2) = (shared.sum_all(), shared.mul(3.0).sum_all());
+    let other = Tensor::from_vec(vec![0.5f32, 1.5], &[2]).exp().sum_all();
+    kiln::realize(&[&l1, &l2, &other]).unwrap();
+    assert_eq!(kiln::grad(&l1, &[&w]).unwrap()[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+    assert_eq!(kiln::grad(&l2, &[&w]).unwrap()[0].to_vec::<f32>().unwrap(), vec![6.0, 12.0]);
+}
+
 /// An optimizer step realizes without gradient tracking, as PyTorch's: the new parameters are
 /// constants, not values that keep the step's graph (and every older parameter) alive.
 #[test]
