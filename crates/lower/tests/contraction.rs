@@ -2,8 +2,10 @@
 //! into batch, M, N and K groups becomes a `Kernel::Matmul` (matmul gradients, einsum-style
 //! layouts, reductions over a middle or the first axis), and agrees with the interpreter.
 
+mod common;
+
 use air::op::{Expand, Input, Permute, Reduce, Reshape};
-use air::{BinaryOp, Bindings, DType, Dim, Graph, HostData, HostTensor, NodeId, Op, ReduceOp, TensorType, UnaryOp};
+use air::{BinaryOp, Bindings, DType, Dim, Graph, NodeId, Op, ReduceOp, TensorType, UnaryOp};
 use expect_test::{Expect, expect};
 use kiln_lower::kir::{Inst, Kernel, Stmt};
 use kiln_lower::{CompileOptions, Program, compile, exec, grad_with_seed};
@@ -78,26 +80,9 @@ fn options(optimize: bool) -> CompileOptions {
     CompileOptions { optimize, ..CompileOptions::default() }
 }
 
-/// Deterministic pseudo-random f32 inputs for every input node of `g`.
-fn inputs_for(g: &Graph, seed: u64) -> Vec<HostTensor> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
-    };
-    g.input_nodes()
-        .into_iter()
-        .map(|(_, n)| {
-            let shape = air::dim::eval_shape(&g.ty(n).shape, &Bindings::new()).unwrap();
-            let numel: usize = shape.iter().product();
-            HostTensor::new(HostData::F32((0..numel).map(|_| next() as f32).collect()), shape).unwrap()
-        })
-        .collect()
-}
-
 /// Compares `exec::run(program)` with `air::interp::eval(g)`.
 fn agree(g: &Graph, program: &Program, seed: u64) -> Result<(), String> {
-    let inputs = inputs_for(g, seed);
+    let inputs = common::inputs_for(g, &Bindings::new(), seed, 10.0);
     let want = air::eval(g, &inputs, &Bindings::new()).map_err(|e| format!("interp: {e}"))?;
     let got = exec::run(program, &inputs, &Bindings::new()).map_err(|e| format!("exec: {e}\n{program}"))?;
     if want.len() != got.len() {

@@ -3,11 +3,13 @@
 //! structure found (matmul launches and their FLOPs, where scales and slices sit) and that the
 //! saturated graph and the compiled program agree with `air::interp` on the original graph.
 
+mod common;
+
 use std::time::Duration;
 
 use air::op::{Const, Input, Permute};
 use air::testing::{Tol, check_host};
-use air::{BinaryOp, Bindings, DType, Dim, Graph, HostData, HostTensor, NodeId, Op, Scalar, TensorType};
+use air::{BinaryOp, Bindings, DType, Dim, Graph, NodeId, Op, Scalar, TensorType};
 use kiln_lower::kir::Kernel;
 use kiln_lower::saturate::lang::expand_matmul;
 use kiln_lower::saturate::{SaturateOptions, saturate};
@@ -55,28 +57,6 @@ impl B {
 
 fn level(l: OptLevel) -> CompileOptions {
     CompileOptions { level: l, ..CompileOptions::default() }
-}
-
-/// Pseudo-random inputs in [-1, 1) (floats) or [-3, 3] (integers) for every input of `g`.
-fn inputs_for(g: &Graph, seed: u64) -> Vec<HostTensor> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
-    };
-    g.input_nodes()
-        .into_iter()
-        .map(|(_, n)| {
-            let ty = g.ty(n);
-            let shape = air::dim::eval_shape(&ty.shape, &Bindings::new()).unwrap();
-            let numel: usize = shape.iter().product();
-            let data = match ty.dtype {
-                DType::I32 => HostData::I32((0..numel).map(|_| (next() * 3.5) as i32).collect()),
-                _ => HostData::F32((0..numel).map(|_| next() as f32).collect()),
-            };
-            HostTensor::new(data, shape).unwrap()
-        })
-        .collect()
 }
 
 /// Matmul launches of a program and their multiply-adds (times two: FLOPs).
@@ -132,7 +112,7 @@ fn run(g: &Graph, l: OptLevel, tol: Tol) -> Outcome {
     let greedy = compile(g, &level(OptLevel::O1)).unwrap();
     let saturated = compile(&opt, &level(OptLevel::O1)).unwrap();
     for seed in [1, 2] {
-        let inputs = inputs_for(g, seed);
+        let inputs = common::inputs_for(g, &Bindings::new(), seed, 3.5);
         let want = air::eval(g, &inputs, &Bindings::new()).unwrap();
         let got = air::eval(&opt, &inputs, &Bindings::new()).unwrap();
         let ran = exec::run(&saturated, &inputs, &Bindings::new()).unwrap();

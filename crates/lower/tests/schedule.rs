@@ -1,11 +1,10 @@
 //! Scheduling tests: golden kir dumps of fused programs, and a property test that
 //! `exec::run(compile(g))` agrees with `air::interp::eval(g)` on random graphs, fused and not.
 
+mod common;
+
 use air::op::{Cast, Const, Expand, Input, Iota, Pad, Permute, Reduce, Reshape, Shrink};
-use air::{
-    BinaryOp, Bindings, DType, Dim, Graph, HostData, HostTensor, NodeId, Op, ReduceOp, Scalar, Symbol, TensorType,
-    UnaryOp,
-};
+use air::{BinaryOp, Bindings, DType, Dim, Graph, NodeId, Op, ReduceOp, Scalar, Symbol, TensorType, UnaryOp};
 use expect_test::{Expect, expect};
 use kiln_lower::exec;
 use kiln_lower::{CompileOptions, Program, compile};
@@ -98,37 +97,9 @@ fn unfused() -> CompileOptions {
     CompileOptions { fuse: false, optimize: false, ..CompileOptions::default() }
 }
 
-/// Deterministic pseudo-random inputs for every input node of `g`.
-fn inputs_for(g: &Graph, bindings: &Bindings, seed: u64) -> Vec<HostTensor> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    let mut next = move || {
-        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        ((state >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0
-    };
-    g.input_nodes()
-        .into_iter()
-        .map(|(_, n)| {
-            let ty = g.ty(n);
-            let shape = air::dim::eval_shape(&ty.shape, bindings).unwrap();
-            let numel: usize = shape.iter().product();
-            let vals: Vec<f64> = (0..numel).map(|_| next()).collect();
-            let data = match ty.dtype {
-                DType::F32 => HostData::F32(vals.iter().map(|&v| v as f32).collect()),
-                DType::F64 => HostData::F64(vals),
-                DType::I32 => HostData::I32(vals.iter().map(|&v| (v * 10.0) as i32).collect()),
-                DType::I64 => HostData::I64(vals.iter().map(|&v| (v * 10.0) as i64).collect()),
-                DType::Bool => HostData::Bool(vals.iter().map(|&v| v > 0.0).collect()),
-                DType::F16 => HostData::F16(vals.iter().map(|&v| half::f16::from_f64(v)).collect()),
-                DType::BF16 => HostData::BF16(vals.iter().map(|&v| half::bf16::from_f64(v)).collect()),
-            };
-            HostTensor::new(data, shape).unwrap()
-        })
-        .collect()
-}
-
 /// Compares `exec::run(program)` with `air::interp::eval(g)`.
 fn agree(g: &Graph, program: &Program, bindings: &Bindings, seed: u64) -> Result<(), String> {
-    let inputs = inputs_for(g, bindings, seed);
+    let inputs = common::inputs_for(g, bindings, seed, 10.0);
     let want = match air::eval(g, &inputs, bindings) {
         // A random int divisor of 0 is an error of the run: the program must report it too.
         Err(e) if e.to_string().contains("integer division by zero") => {
