@@ -160,7 +160,23 @@ impl View {
         for (d, (before, _)) in padding.iter().enumerate() {
             offset = &offset - &(before * &self.strides[d]);
         }
-        let mask = self.mask_or_full().iter().zip(padding).map(|((lo, hi), (b, _))| (lo + b, hi + b)).collect();
+        // The valid range is clamped to the dim before it is shifted: past the old edges lie the
+        // new padding's positions, which a range reaching beyond them (left by a shrink) must
+        // not cover.
+        let mask = self
+            .mask_or_full()
+            .iter()
+            .zip(&self.shape)
+            .zip(padding)
+            .map(|(((lo, hi), size), (b, _))| {
+                let lo = if lo.as_const().is_some_and(|l| l < 0) { Dim::Const(0) } else { lo.clone() };
+                let hi = match (hi.as_const(), size.as_const()) {
+                    (Some(h), Some(s)) if h > s => size.clone(),
+                    _ => hi.clone(),
+                };
+                (&lo + b, &hi + b)
+            })
+            .collect();
         let mut v = View {
             shape: self.shape.iter().zip(padding).map(|(s, (b, a))| &(s + b) + a).collect(),
             strides: self.strides.clone(),
@@ -743,5 +759,21 @@ mod tests {
             .through(&[Movement::Shrink(vec![(Dim::Const(1), Dim::Const(3)), (Dim::Const(0), Dim::Const(4))])]);
         let (j, _) = t.index(&vars(2), &cx(&[2, 4])).unwrap();
         assert_eq!(j.to_string(), "((i0*4 + i1) + 4)");
+    }
+
+    #[test]
+    fn padding_an_emptied_dim_is_all_padding() {
+        // Row 1 of a padded [2, 1] is padding; shrinking the columns to none and padding one back
+        // leaves only padding, although the row mask's column range (0..1) outlives the shrink.
+        let r = |a: i64, b: i64| (Dim::Const(a), Dim::Const(b));
+        let s = ViewStack::contiguous(&dims(&[2, 1])).through(&[
+            Movement::Shrink(vec![r(0, 1), r(0, 1)]),
+            Movement::Pad(vec![r(0, 1), r(0, 0)]),
+            Movement::Shrink(vec![r(0, 2), r(0, 0)]),
+            Movement::Pad(vec![r(0, 0), r(0, 1)]),
+        ]);
+        let (_, m) = s.index(&vars(2), &cx(&[2, 1])).unwrap();
+        let m = m.expect("a mask");
+        assert!((0..2).all(|row| m.eval(&[row, 0], &[]) == 0), "{m}");
     }
 }
