@@ -11,8 +11,9 @@ use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Stmt};
 
 #[test]
 fn golden_clif_of_a_small_scalar_kernel() {
-    // i64 is not vectorized, so the dump stays small: out[i] = in[i] + 1 for i in 0..3.
-    let k = LoopKernel {
+    // i64 is not vectorized, so the dump stays small: out[i] = in[i] + 1 for i in 0..3, a short
+    // constant loop of a small body, emitted as three straight-line copies (no loop left).
+    let mut k = LoopKernel {
         params: vec![p(DType::I64, Access::Read), p(DType::I64, Access::Write)],
         n_syms: 0,
         body: vec![for_(
@@ -32,32 +33,44 @@ fn golden_clif_of_a_small_scalar_kernel() {
         block0(v0: i64, v1: i64, v2: i64, v3: i64):
             v4 = load.i64 notrap v0
             v5 = load.i64 notrap v0+8
-            v6 = iconst.i64 3
-            v7 = iconst.i64 0
-            v8 = icmp slt v7, v6  ; v7 = 0, v6 = 3
-            v14 = iconst.i64 1
-            brif v8, block1(v7), block2  ; v7 = 0
-
-        block1(v9: i64):
-            v10 = iconst.i64 3
-            v11 = ishl v9, v10  ; v10 = 3
-            v12 = iadd.i64 v4, v11
-            v13 = load.i64 notrap v12
-            v15 = iadd v13, v14  ; v14 = 1
+            v6 = iconst.i64 0
+            v7 = iconst.i64 3
+            v8 = ishl v6, v7  ; v6 = 0, v7 = 3
+            v9 = iadd v4, v8
+            v10 = load.i64 notrap v9
+            v11 = iconst.i64 1
+            v12 = iadd v10, v11  ; v11 = 1
+            v13 = iconst.i64 3
+            v14 = ishl v6, v13  ; v6 = 0, v13 = 3
+            v15 = iadd v5, v14
+            store notrap v12, v15
             v16 = iconst.i64 3
-            v17 = ishl v9, v16  ; v16 = 3
-            v18 = iadd.i64 v5, v17
-            store notrap v15, v18
-            v19 = iconst.i64 1
-            v20 = iadd v9, v19  ; v19 = 1
-            v21 = icmp slt v20, v6  ; v6 = 3
-            brif v21, block1(v20), block2
-
-        block2:
+            v17 = ishl v11, v16  ; v11 = 1, v16 = 3
+            v18 = iadd v4, v17
+            v19 = load.i64 notrap v18
+            v20 = iadd v19, v11  ; v11 = 1
+            v21 = iconst.i64 3
+            v22 = ishl v11, v21  ; v11 = 1, v21 = 3
+            v23 = iadd v5, v22
+            store notrap v20, v23
+            v24 = iconst.i64 2
+            v25 = iconst.i64 3
+            v26 = ishl v24, v25  ; v24 = 2, v25 = 3
+            v27 = iadd v4, v26
+            v28 = load.i64 notrap v27
+            v29 = iadd v28, v11  ; v11 = 1
+            v30 = iconst.i64 3
+            v31 = ishl v24, v30  ; v24 = 2, v30 = 3
+            v32 = iadd v5, v31
+            store notrap v29, v32
             return
         }
     "#]]
     .assert_eq(&clif_text(&k).unwrap());
+    // The same body over 0..100 stays a loop.
+    let Stmt::Loop { extent, .. } = &mut k.body[0] else { unreachable!() };
+    *extent = c(100);
+    assert!(clif_text(&k).unwrap().contains("brif"));
 }
 
 #[test]
@@ -66,13 +79,16 @@ fn vectorization_decisions() {
     assert!(clif_text(&neg).unwrap().contains("f32x4"));
     let neg64 = unary_kernel(UnaryOp::Neg, DType::F64, DType::F64, IExpr::Sym(0));
     assert!(!clif_text(&neg64).unwrap().contains("x4"));
-    // Strided (coefficient 2) loads stay scalar.
-    let strided = LoopKernel {
+    // Stride-2 loads (a pooling's columns) are two vector loads and a shuffle; wider strides
+    // stay scalar.
+    let strided = |stride: i64| LoopKernel {
         params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
         n_syms: 0,
-        body: vec![for_(0, c(8), true, vec![load(0, DType::F32, 0, IExpr::mul(i(0), c(2))), store(1, i(0), 0)])],
+        body: vec![for_(0, c(8), true, vec![load(0, DType::F32, 0, IExpr::mul(i(0), c(stride))), store(1, i(0), 0)])],
     };
-    assert!(!clif_text(&strided).unwrap().contains("x4"));
+    let text = clif_text(&strided(2)).unwrap();
+    assert!(text.contains("f32x4") && text.contains("shuffle"), "{text}");
+    assert!(!clif_text(&strided(3)).unwrap().contains("x4"));
     // An f32 sum reduction gets f64x2 partial accumulators.
     let sum = LoopKernel {
         params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],

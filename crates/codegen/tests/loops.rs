@@ -516,3 +516,51 @@ fn matmul_kernels_and_invalid_kernels_are_errors() {
     let err = unsafe { compiled.run(&[], &[1], 0, 1) };
     assert!(matches!(err, Err(CodegenError::Arity { .. })));
 }
+
+/// A 2x2, stride-2 pooling of `rows * 2` rows of `w` elements into `rows x cols` outputs:
+/// `out[r, c] = reduce over (i, j) in 2x2 of in[(2r + i) * w + 2c + j]`, the window loops
+/// constant (they unroll) and the column loop vectorized with stride-2 loads and one
+/// accumulator per lane.
+fn pool_2x2(d: DType, op: ReduceOp, cols: i64, w: i64) -> LoopKernel {
+    let at = IExpr::add(
+        IExpr::add(IExpr::mul(IExpr::add(IExpr::mul(i(0), c(2)), i(2)), c(w)), IExpr::mul(i(1), c(2))),
+        i(3),
+    );
+    LoopKernel {
+        params: vec![p(d, Access::Read), p(d, Access::Write)],
+        n_syms: 1,
+        body: vec![for_(
+            0,
+            IExpr::Sym(0),
+            true,
+            vec![for_(
+                1,
+                c(cols),
+                false,
+                vec![
+                    acc_init(0, d, op),
+                    for_(2, c(2), false, vec![for_(3, c(2), false, vec![load(0, d, 0, at.clone()), acc_update(0, 0)])]),
+                    let_(1, d, Inst::ReadAcc(Acc(0))),
+                    store(1, IExpr::add(IExpr::mul(i(0), c(cols)), i(1)), 1),
+                ],
+            )],
+        )],
+    }
+}
+
+#[test]
+fn pooling_windows_vectorize_lane_wise_with_stride_two_loads() {
+    for (d, op) in [(DType::F32, ReduceOp::Max), (DType::I32, ReduceOp::Max), (DType::I32, ReduceOp::Sum)] {
+        // 13 and 21 columns: a vector main loop and a scalar tail; 3: the tail alone. The row is
+        // one element wider than the windows need, and the last row ends the buffer.
+        for cols in [3, 13, 21] {
+            let (rows, w) = (3, 2 * cols + 1);
+            let k = pool_2x2(d, op, cols, w);
+            let text = kiln_codegen::clif_text(&k).unwrap();
+            assert_eq!(text.contains("shuffle"), cols >= 4, "{d} {op:?} cols={cols}: {text}");
+            let a = Buf::from_vals(d, &sample(d, (2 * rows * w) as usize, cols as u64));
+            let o = Buf::zeros(d, (rows * cols) as usize);
+            check(&k, &[a, o], &[rows], 0, rows, 0.0, &format!("pool {op:?} {d} cols={cols}"));
+        }
+    }
+}

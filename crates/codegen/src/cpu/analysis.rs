@@ -103,82 +103,145 @@ fn coeff_is(e: &IExpr, v: Var, allowed: &[i64]) -> bool {
     matches!(e.linear_coeff(v), Some(IExpr::Const(c)) if allowed.contains(&c))
 }
 
-/// Decides whether the innermost loop `body` over `v` can be vectorized.
+/// Decides whether the innermost loop `body` over `v` can be vectorized. Loops nested in it
+/// must unroll fully (`unrolls_fully`: a pooling window, a convolution's taps); an accumulator
+/// initialized inside the body (a window's maximum per output) then runs lane-wise, one lane per
+/// value of `v`.
 pub(crate) fn vector_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt]) -> Option<VecPlan> {
-    let mut reductions = Vec::new();
-    let mut loads: Vec<(u32, &IExpr)> = Vec::new();
-    let mut stores: Vec<(u32, &IExpr)> = Vec::new();
-    let reg_ok = |r: &Reg| info.regs.get(r).is_some_and(|d| lane_dtype(*d));
-    for s in body {
-        match s {
-            Stmt::Let { dtype, inst, .. } => {
-                if !lane_dtype(*dtype) {
-                    return None;
-                }
-                match inst {
-                    Inst::Load { buf, index, mask, .. } => {
-                        let pd = k.params.get(*buf as usize)?.dtype;
-                        if pd != *dtype || pd == DType::Bool || !coeff_is(index, v, &[0, 1]) {
-                            return None;
-                        }
-                        if mask.as_ref().is_some_and(|m| m.uses(v)) {
-                            return None;
-                        }
-                        loads.push((*buf, index));
-                    }
-                    Inst::Const(_) => {}
-                    Inst::Index(e) => {
-                        if !coeff_is(e, v, &[0, 1]) {
-                            return None;
-                        }
-                    }
-                    Inst::Unary(_, r) | Inst::Cast(r) => {
-                        if !reg_ok(r) {
-                            return None;
-                        }
-                    }
-                    Inst::Binary(_, a, b) => {
-                        if !reg_ok(a) || !reg_ok(b) {
-                            return None;
-                        }
-                    }
-                    Inst::Where(c, a, b) => {
-                        if !reg_ok(c) || !reg_ok(a) || !reg_ok(b) {
-                            return None;
-                        }
-                    }
-                    // Data-dependent addresses and checks stay scalar.
-                    Inst::ReadAcc(_) | Inst::Gather { .. } => return None,
-                }
-            }
-            Stmt::Store { buf, index, value } => {
-                let pd = k.params.get(*buf as usize)?.dtype;
-                if !matches!(pd, DType::F32 | DType::I32) || info.regs.get(value) != Some(&pd) {
-                    return None;
-                }
-                if !coeff_is(index, v, &[1]) {
-                    return None;
-                }
-                stores.push((*buf, index));
-            }
-            Stmt::AccUpdate { acc, value } => {
-                let (d, _) = info.accs.get(acc)?;
-                if !matches!(d, DType::F32 | DType::I32) || info.regs.get(value) != Some(d) {
-                    return None;
-                }
-                if !reductions.contains(acc) {
-                    reductions.push(*acc);
-                }
-            }
-            Stmt::Loop { .. } | Stmt::AccInit { .. } | Stmt::ScatterAdd { .. } | Stmt::Check { .. } => return None,
-        }
-    }
-    for (sb, si) in &stores {
-        if loads.iter().any(|(lb, li)| lb == sb && li != si) {
+    let mut scan =
+        VecScan { k, info, v, reductions: Vec::new(), local: Vec::new(), loads: Vec::new(), stores: Vec::new() };
+    scan.stmts(body)?;
+    for (sb, si) in &scan.stores {
+        if scan.loads.iter().any(|(lb, li)| lb == sb && li != si) {
             return None;
         }
     }
-    Some(VecPlan { reductions, size: body.len() })
+    Some(VecPlan { reductions: scan.reductions, size: unrolled_size(body)? })
+}
+
+/// What [`vector_plan`] has seen of a body so far.
+struct VecScan<'k> {
+    k: &'k LoopKernel,
+    info: &'k KernelInfo,
+    v: Var,
+    /// Accumulators initialized outside the body: reduced across the vectorized variable.
+    reductions: Vec<Acc>,
+    /// Accumulators initialized inside the body: one per lane.
+    local: Vec<Acc>,
+    loads: Vec<(u32, &'k IExpr)>,
+    stores: Vec<(u32, &'k IExpr)>,
+}
+
+impl<'k> VecScan<'k> {
+    fn stmts(&mut self, body: &'k [Stmt]) -> Option<()> {
+        let (k, info, v) = (self.k, self.info, self.v);
+        let reg_ok = |r: &Reg| info.regs.get(r).is_some_and(|d| lane_dtype(*d));
+        for s in body {
+            match s {
+                Stmt::Let { dtype, inst, .. } => {
+                    if !lane_dtype(*dtype) {
+                        return None;
+                    }
+                    match inst {
+                        Inst::Load { buf, index, mask, .. } => {
+                            let pd = k.params.get(*buf as usize)?.dtype;
+                            // Coefficient 2 (a stride-2 window, a pooling's columns): two vector
+                            // loads and a lane shuffle (`Emitter::load_now`).
+                            let strides: &[i64] = if pd.size_bytes() == 4 { &[0, 1, 2] } else { &[0, 1] };
+                            if pd != *dtype || pd == DType::Bool || !coeff_is(index, v, strides) {
+                                return None;
+                            }
+                            if mask.as_ref().is_some_and(|m| m.uses(v)) {
+                                return None;
+                            }
+                            self.loads.push((*buf, index));
+                        }
+                        Inst::Const(_) => {}
+                        Inst::Index(e) => {
+                            if !coeff_is(e, v, &[0, 1]) {
+                                return None;
+                            }
+                        }
+                        Inst::Unary(_, r) | Inst::Cast(r) => {
+                            if !reg_ok(r) {
+                                return None;
+                            }
+                        }
+                        Inst::Binary(_, a, b) => {
+                            if !reg_ok(a) || !reg_ok(b) {
+                                return None;
+                            }
+                        }
+                        Inst::Where(c, a, b) => {
+                            if !reg_ok(c) || !reg_ok(a) || !reg_ok(b) {
+                                return None;
+                            }
+                        }
+                        Inst::ReadAcc(acc) if self.local.contains(acc) && info.accs.get(acc)?.0 == *dtype => {}
+                        // Data-dependent addresses and checks stay scalar.
+                        Inst::ReadAcc(_) | Inst::Gather { .. } => return None,
+                    }
+                }
+                Stmt::Store { buf, index, value } => {
+                    let pd = k.params.get(*buf as usize)?.dtype;
+                    if !matches!(pd, DType::F32 | DType::I32) || info.regs.get(value) != Some(&pd) {
+                        return None;
+                    }
+                    if !coeff_is(index, v, &[1]) {
+                        return None;
+                    }
+                    self.stores.push((*buf, index));
+                }
+                Stmt::AccInit { acc, dtype, op } => {
+                    // Lane-wise: a maximum, in the lanes' own type (an f32 sum accumulates in
+                    // f64 in scalar code, so it stays scalar).
+                    if !matches!((dtype, op), (DType::F32 | DType::I32, ReduceOp::Max) | (DType::I32, ReduceOp::Sum)) {
+                        return None;
+                    }
+                    self.local.push(*acc);
+                }
+                Stmt::AccUpdate { acc, value } => {
+                    let (d, _) = info.accs.get(acc)?;
+                    if !matches!(d, DType::F32 | DType::I32) || info.regs.get(value) != Some(d) {
+                        return None;
+                    }
+                    if !self.local.contains(acc) && !self.reductions.contains(acc) {
+                        self.reductions.push(*acc);
+                    }
+                }
+                Stmt::Loop { extent, body, .. } => {
+                    if !extent.as_const().is_some_and(|n| unrolls_fully(n, body)) {
+                        return None;
+                    }
+                    self.stmts(body)?;
+                }
+                Stmt::ScatterAdd { .. } | Stmt::Check { .. } => return None,
+            }
+        }
+        Some(())
+    }
+}
+
+/// Whether a loop of constant extent `n` over `body` is emitted as `n` straight-line copies:
+/// a short loop of a small body (a pooling window, a convolution's taps), where the loop's own
+/// control and a vector loop's set-up and horizontal reduce would cost more than the work.
+/// Nested loops count by their unrolled size, and must unroll too.
+pub(crate) fn unrolls_fully(n: i64, body: &[Stmt]) -> bool {
+    /// The most iterations a loop unrolls into, and the most statements all its copies hold.
+    const MAX_TRIPS: i64 = 16;
+    const MAX_STMTS: usize = 64;
+    (0..=MAX_TRIPS).contains(&n) && unrolled_size(body).is_some_and(|s| n as usize * s <= MAX_STMTS)
+}
+
+/// Statements in `body` once its nested loops are unrolled, or `None` when one of them is not.
+fn unrolled_size(body: &[Stmt]) -> Option<usize> {
+    body.iter().try_fold(0usize, |total, s| match s {
+        Stmt::Loop { extent, body, .. } => {
+            let n = extent.as_const()?;
+            unrolls_fully(n, body).then(|| total + n as usize * unrolled_size(body).unwrap_or(0))
+        }
+        _ => Some(total + 1),
+    })
 }
 
 /// What a tiled inner loop does with one statement of its body (see `tile_plan`).

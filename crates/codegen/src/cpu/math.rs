@@ -26,9 +26,8 @@ use cranelift_codegen::ir::{Block, InstBuilder, MemFlagsData, Type, Value, types
 use cranelift_frontend::FunctionBuilder;
 
 /// Constants (scalar or splatted), each emitted once, in the entry block, so that loop bodies
-/// and their unrolled copies share them. This saves Cranelift the work of deduplicating and
-/// hoisting hundreds of identical constants (most of a small kernel's IR), and gives the same
-/// code at `opt_level = "none"`.
+/// and their unrolled copies share them. This saves Cranelift's e-graph pass the work of
+/// deduplicating and hoisting hundreds of identical constants (most of a small kernel's IR).
 pub(crate) struct ConstPool {
     entry: Block,
     map: HashMap<(Type, u64), Value>,
@@ -129,6 +128,27 @@ impl Math<'_, '_> {
         self.b.ins().bitcast(ty, MemFlagsData::new(), x)
     }
     /// `cond ? a : b` for a comparison result (`i8` scalar or lane mask).
+    /// NaN-propagating maximum (`max`) or minimum of `a` and `b`, as Cranelift's `fmax`/`fmin`
+    /// (a tie of +0 and -0 gives +0 for the maximum, -0 for the minimum). For `f32x4`, from
+    /// x86's `maxps`/`minps` (matched from a compare and a bit-select), which return the second
+    /// operand on a tie or a NaN: both operand orders, combined bitwise (which settles the signed
+    /// zeros), then every lane where either operand is NaN set to all ones (a NaN). Five
+    /// instructions where Cranelift's NaN-exact sequence takes eight.
+    pub(crate) fn min_max(&mut self, a: Value, b: Value, max: bool) -> Value {
+        if self.ty != types::F32X4 {
+            return if max { self.b.ins().fmax(a, b) } else { self.b.ins().fmin(a, b) };
+        }
+        let native = |m: &mut Self, x: Value, y: Value| {
+            let c = if max { m.b.ins().fcmp(FloatCC::LessThan, y, x) } else { m.b.ins().fcmp(FloatCC::LessThan, x, y) };
+            m.sel(c, x, y)
+        };
+        let (ab, ba) = (native(self, a, b), native(self, b, a));
+        let both = if max { self.b.ins().band(ab, ba) } else { self.b.ins().bor(ab, ba) };
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, a, b);
+        let nan = self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), nan);
+        self.b.ins().bor(both, nan)
+    }
+
     pub(crate) fn sel(&mut self, cond: Value, a: Value, b: Value) -> Value {
         let t = self.b.func.dfg.value_type(a);
         if t.is_vector() {

@@ -6,8 +6,8 @@ use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::Variable;
 use lower::kir::{IExpr, Stmt, Var};
 
-use super::{Emitter, Indexed, acc_ty};
-use crate::cpu::analysis::{tile_plan, vector_plan};
+use super::{Emitter, Indexed, LANES, acc_ty, vector_ty};
+use crate::cpu::analysis::{tile_plan, unrolls_fully, vector_plan};
 use crate::error::Result;
 
 impl<'f> Emitter<'_, 'f> {
@@ -20,7 +20,8 @@ impl<'f> Emitter<'_, 'f> {
                 }
                 Stmt::Loop { var, extent, body, .. } => self.emit_loop(*var, extent, body, None)?,
                 Stmt::AccInit { acc, dtype, op } => {
-                    let ty = acc_ty(*dtype, *op);
+                    // In a vector body the accumulator is lane-wise (`analysis::vector_plan`).
+                    let ty = if self.vector() { vector_ty(*dtype)? } else { acc_ty(*dtype, *op) };
                     let var = self.b.declare_var(ty);
                     let init = self.identity(ty, *op);
                     self.b.def_var(var, init);
@@ -54,6 +55,16 @@ impl<'f> Emitter<'_, 'f> {
         body: &[Stmt],
         range: Option<(Value, Value)>,
     ) -> Result<()> {
+        let plan = if self.vector() { None } else { vector_plan(self.k, self.info, var, body) };
+        // A short loop unrolls fully, unless it holds at least one full vector of iterations
+        // that the vector loop would run (inside a vector body, nested loops always unroll).
+        if range.is_none()
+            && let Some(n) = extent.as_const()
+            && unrolls_fully(n, body)
+            && (plan.is_none() || n < LANES)
+        {
+            return self.unrolled_loop(var, n, body);
+        }
         let ext = self.iexpr(extent)?;
         let (lo, hi) = match range {
             Some((s, e)) => {
@@ -64,11 +75,13 @@ impl<'f> Emitter<'_, 'f> {
         };
         let saved_regs = self.regs.clone();
         let saved_vars = self.vars.clone();
-        let plan = if self.vector() { None } else { vector_plan(self.k, self.info, var, body) };
         let tiles = plan.as_ref().and_then(|_| tile_plan(self.k, self.info, var, body, self.tiling.mode));
         match (plan, tiles) {
             (Some(_), Some(tiles)) => self.tile_loop(var, lo, hi, body, &tiles)?,
-            (Some(plan), None) => self.vector_loop(var, lo, hi, body, &plan)?,
+            (Some(plan), None) => {
+                let trips = if range.is_none() { extent.as_const() } else { None };
+                self.vector_loop(var, (lo, hi), trips, body, &plan)?
+            }
             (None, _) => {
                 let i = self.b.declare_var(types::I64);
                 self.b.def_var(i, lo);
@@ -77,6 +90,21 @@ impl<'f> Emitter<'_, 'f> {
                     s.emit_stmts(body)
                 })?;
             }
+        }
+        self.regs = saved_regs;
+        self.vars = saved_vars;
+        Ok(())
+    }
+
+    /// `body` once per value `0..n` of `var`, in straight-line code: the variable is a constant in
+    /// each copy, so its index arithmetic folds away and no loop control is left.
+    fn unrolled_loop(&mut self, var: Var, n: i64, body: &[Stmt]) -> Result<()> {
+        let saved_regs = self.regs.clone();
+        let saved_vars = self.vars.clone();
+        for j in 0..n {
+            let iv = self.iconst(types::I64, j);
+            self.vars.insert(var, iv);
+            self.emit_stmts(body)?;
         }
         self.regs = saved_regs;
         self.vars = saved_vars;

@@ -108,7 +108,17 @@ impl<'f> Emitter<'_, 'f> {
             let ty = vector_ty(pd)?;
             let flags = self.flags;
             let off = self.contiguous_offset(pd);
-            let v = self.b.ins().load(ty, flags, addr, off);
+            let stride2 = self.vec_var.and_then(|v| index.linear_coeff(v)) == Some(IExpr::Const(2));
+            if !stride2 {
+                let v = self.b.ins().load(ty, flags, addr, off);
+                return Ok(Val { v, vector: true });
+            }
+            // Elements e, e+2, e+4, e+6 (4-byte lanes): lanes 0 and 2 of [e, e+4) and lanes 1
+            // and 3 of [e+3, e+7), so nothing past the last element the lanes need is read.
+            let size = pd.size_bytes() as i32;
+            let lo = self.b.ins().load(ty, flags, addr, 2 * off);
+            let hi = self.b.ins().load(ty, flags, addr, 2 * off + 3 * size);
+            let v = self.pick_lanes(lo, hi, [0, 2, 5, 7]);
             return Ok(Val { v, vector: true });
         }
         let v = self.scalar_load(d, pd, buf, index)?;

@@ -22,11 +22,11 @@ impl<'f> Emitter<'_, 'f> {
     }
 
     pub(super) fn reduce_op(&mut self, op: ReduceOp, a: Value, b: Value) -> Value {
-        let float = self.b.func.dfg.value_type(a).lane_type().is_float();
-        match (op, float) {
+        let ty = self.b.func.dfg.value_type(a);
+        match (op, ty.lane_type().is_float()) {
             (ReduceOp::Sum, true) => self.b.ins().fadd(a, b),
             (ReduceOp::Sum, false) => self.b.ins().iadd(a, b),
-            (ReduceOp::Max, true) => self.b.ins().fmax(a, b),
+            (ReduceOp::Max, true) => self.math(ty).min_max(a, b, true),
             (ReduceOp::Max, false) => self.b.ins().smax(a, b),
         }
     }
@@ -35,6 +35,15 @@ impl<'f> Emitter<'_, 'f> {
         let (ad, op) = self.info.acc(acc)?;
         let vd = self.info.reg(value)?;
         let val = self.reg(value)?;
+        if self.vector() && !self.partials.contains_key(&acc) {
+            // A lane-wise accumulator, initialized inside the vector body.
+            let var =
+                *self.accs.get(&acc).ok_or_else(|| CodegenError::Invalid(format!("{acc} used before its init")))?;
+            let cur = self.b.use_var(var);
+            let next = self.reduce_op(op, cur, val.v);
+            self.b.def_var(var, next);
+            return Ok(());
+        }
         if self.vector() {
             let parts = self
                 .partials
@@ -73,11 +82,17 @@ impl<'f> Emitter<'_, 'f> {
 
     /// Lanes 2, 3 of an `f32x4` moved to lanes 0, 1.
     pub(super) fn swap_halves(&mut self, v: Value) -> Value {
+        self.pick_lanes(v, v, [2, 3, 2, 3])
+    }
+
+    /// The 4-byte lanes `lanes` of `a` (0-3) and `b` (4-7), as a vector of `a`'s type.
+    pub(super) fn pick_lanes(&mut self, a: Value, b: Value, lanes: [u8; 4]) -> Value {
+        let ty = self.b.func.dfg.value_type(a);
         let le = MemFlagsData::new().with_endianness(Endianness::Little);
-        let bytes = self.b.ins().bitcast(types::I8X16, le, v);
-        let mask: Vec<u8> = (8..16).chain(8..16).collect();
+        let (a, b) = (self.b.ins().bitcast(types::I8X16, le, a), self.b.ins().bitcast(types::I8X16, le, b));
+        let mask: Vec<u8> = lanes.iter().flat_map(|&l| (0..4).map(move |k| 4 * l + k)).collect();
         let imm = self.b.func.dfg.immediates.push(ConstantData::from(mask));
-        let sh = self.b.ins().shuffle(bytes, bytes, imm);
-        self.b.ins().bitcast(types::F32X4, le, sh)
+        let sh = self.b.ins().shuffle(a, b, imm);
+        self.b.ins().bitcast(ty, le, sh)
     }
 }

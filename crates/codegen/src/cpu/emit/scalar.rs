@@ -201,12 +201,17 @@ impl<'f> Emitter<'_, 'f> {
                 Ok(val(v))
             }
             Inst::ReadAcc(acc) => {
-                if vector {
-                    return Err(CodegenError::Invalid(format!("read {acc} in a vector loop")));
-                }
                 let (ad, op) = self.info.acc(*acc)?;
                 let var =
                     *self.accs.get(acc).ok_or_else(|| CodegenError::Invalid(format!("{acc} read before its init")))?;
+                if vector {
+                    // A lane-wise accumulator of the vector body (`analysis::vector_plan`), in
+                    // the register's own type.
+                    if self.partials.contains_key(acc) || ad != d {
+                        return Err(CodegenError::Invalid(format!("read {acc} in a vector loop")));
+                    }
+                    return Ok(val(self.b.use_var(var)));
+                }
                 let mut v = self.b.use_var(var);
                 if acc_ty(ad, op) == types::F64 && ad != DType::F64 {
                     v = self.b.ins().fdemote(types::F32, v);
@@ -356,8 +361,8 @@ impl<'f> Emitter<'_, 'f> {
                 BinaryOp::Sub => self.b.ins().fsub(a, b),
                 BinaryOp::Mul => self.b.ins().fmul(a, b),
                 BinaryOp::Div => self.b.ins().fdiv(a, b),
-                BinaryOp::Max => self.b.ins().fmax(a, b),
-                BinaryOp::Min => self.b.ins().fmin(a, b),
+                BinaryOp::Max => self.math(ty).min_max(a, b, true),
+                BinaryOp::Min => self.math(ty).min_max(a, b, false),
                 BinaryOp::CmpLt => self.b.ins().fcmp(FloatCC::LessThan, a, b),
                 BinaryOp::CmpEq => self.b.ins().fcmp(FloatCC::Equal, a, b),
                 BinaryOp::CmpNe => self.b.ins().fcmp(FloatCC::NotEqual, a, b),

@@ -13,9 +13,23 @@ use crate::error::{CodegenError, Result};
 impl<'f> Emitter<'_, 'f> {
     /// Main loop of `unroll` vector bodies, then a scalar tail (fewer than `4 * unroll`
     /// iterations). There is no one-vector loop between them: each body costs compile time
-    /// (about a third of a kernel's, for sigmoid), and the tail is short.
-    pub(super) fn vector_loop(&mut self, var: Var, lo: Value, hi: Value, body: &[Stmt], plan: &VecPlan) -> Result<()> {
-        let unroll = unroll_factor(plan.size);
+    /// (about a third of a kernel's, for sigmoid), and the tail is short. A loop of a known,
+    /// short trip count (`trips`: a pooling row of 13 outputs) unrolls less where that leaves
+    /// fewer than 4 iterations to the scalar tail.
+    pub(super) fn vector_loop(
+        &mut self,
+        var: Var,
+        (lo, hi): (Value, Value),
+        trips: Option<i64>,
+        body: &[Stmt],
+        plan: &VecPlan,
+    ) -> Result<()> {
+        let mut unroll = unroll_factor(plan.size);
+        if let Some(n) = trips {
+            while unroll > 1 && n % (LANES * unroll) >= LANES {
+                unroll /= 2;
+            }
+        }
         let step = LANES * unroll;
         let i = self.b.declare_var(types::I64);
         self.b.def_var(i, lo);
@@ -55,14 +69,17 @@ impl<'f> Emitter<'_, 'f> {
                 // The copies are interleaved statement by statement, each with its own
                 // registers, so that their independent dependency chains sit side by side
                 // in the instruction stream (see `unroll_factor`).
-                let mut copy_regs = vec![s.regs.clone(); unroll as usize];
+                // Lane-wise accumulators are per copy too.
+                let mut copy_regs = vec![(s.regs.clone(), s.accs.clone()); unroll as usize];
                 for stmt in body {
-                    for (u, regs) in copy_regs.iter_mut().enumerate() {
+                    for (u, (regs, accs)) in copy_regs.iter_mut().enumerate() {
                         s.copy = u;
                         s.lane_offset = u as i64 * LANES;
                         std::mem::swap(&mut s.regs, regs);
+                        std::mem::swap(&mut s.accs, accs);
                         let r = s.emit_stmts(std::slice::from_ref(stmt));
                         std::mem::swap(&mut s.regs, regs);
+                        std::mem::swap(&mut s.accs, accs);
                         r?;
                     }
                 }
