@@ -156,6 +156,11 @@ const CASES: &[(&str, &str)] = &[
     ("shrink-const", "c = const 7 : i64[5]; y = shrink [(1, 3)] c : i64[2]; return y"),
     ("pad-const", "c = const 0.0 : f32[2]; y = pad [(1, 2)] value=0.0 c : f32[5]; return y"),
     ("reduce-max-const", "c = const -2.5 : f32[3, 4]; y = reduce max axes=[1] c : f32[3, 1]; return y"),
+    (
+        "reduce-max-of-max-const",
+        "x = input 0 : f32[3, 4]; z = const 0.0 : f32[3, 4]; r = max x, z : f32[3, 4]; \
+         t = reshape [3, 2, 2] r : f32[3, 2, 2]; y = reduce max axes=[2] t : f32[3, 2, 1]; return y",
+    ),
     ("mul-one", "x = input 0 : f32[4]; one = const 1.0 : f32[4]; y = mul x, one : f32[4]; return y"),
     ("mul-zero-int", "x = input 0 : i32[4]; zero = const 0 : i32[4]; y = mul zero, x : i32[4]; return y"),
     ("add-zero-int", "x = input 0 : i64[4]; zero = const 0 : i64[4]; y = add zero, x : i64[4]; return y"),
@@ -236,6 +241,7 @@ fn every_rule_fires_on_its_case() {
         shrink-const: n0 = const 7 : i64[2]; return n0
         pad-const: n0 = const 0.0 : f32[5]; return n0
         reduce-max-const: n0 = const -2.5 : f32[3, 1]; return n0
+        reduce-max-of-max-const: n0 = input 0 : f32[3, 4]; n1 = reshape [3, 2, 2] n0 : f32[3, 2, 2]; n2 = reduce max axes=[2] n1 : f32[3, 2, 1]; n3 = const 0.0 : f32[3, 2, 1]; n4 = max n2, n3 : f32[3, 2, 1]; return n4
         mul-one: n0 = input 0 : f32[4]; return n0
         mul-zero-int: n0 = const 0 : i32[4]; return n0
         add-zero-int: n0 = input 0 : i64[4]; return n0

@@ -185,10 +185,29 @@ impl Geometry {
         Ok(())
     }
 
-    /// Every kernel offset's window, row-major in `(i, j)`.
+    /// Every kernel offset's window, row-major in `(i, j)`: views of one padded input (the
+    /// padding, and any rows past it that a window or the stride split reaches, added once), so
+    /// that the compiler sees one padded tensor read by every window and can write it once
+    /// rather than evaluate the border masks in each of them.
     fn windows(&self, x: &Tensor, pad_value: f64) -> Vec<Tensor> {
         let (kh, kw) = self.kernel;
-        (0..kh * kw).map(|k| window(x, (k / kw, k % kw), self, pad_value)).collect()
+        // `(before, after)` along one axis: every window inside, the length a stride multiple.
+        let reach = |out: usize, s: usize, d: usize, k: usize, p: usize, len: usize| {
+            let last = s * (out - 1) + d * (k - 1) + 1;
+            let padded = (p + len).max(last).div_ceil(s) * s;
+            (p, padded - p - len)
+        };
+        let rows = reach(self.out.0, self.stride.0, self.dilation.0, kh, self.padding.0, self.input.0);
+        let cols = reach(self.out.1, self.stride.1, self.dilation.1, kw, self.padding.1, self.input.1);
+        let padded =
+            if rows == (0, 0) && cols == (0, 0) { x.clone() } else { x.pad(&[(0, 0), (0, 0), rows, cols], pad_value) };
+        let inside = Geometry {
+            n: self.n.clone(),
+            input: (self.input.0 + rows.0 + rows.1, self.input.1 + cols.0 + cols.1),
+            padding: (0, 0),
+            ..*self
+        };
+        (0..kh * kw).map(|k| window(&padded, (k / kw, k % kw), &inside, pad_value)).collect()
     }
 
     /// Whether the windows tile the input: stride = kernel, no padding, no dilation, every window

@@ -24,6 +24,9 @@
 //! - A reduction over size-1 axes is the identity for `max` (`maximum(-inf, x) = x`) and for
 //!   integer `sum`, but not for float `sum`: the interpreter accumulates from `+0.0`, which turns
 //!   `-0.0` into `+0.0`.
+//! - `reduce max` over non-empty axes of `max(x, c)` (through reshapes, permutes and shrinks)
+//!   is `max(reduce max x, c)`: IEEE `maximum` is associative and commutative, NaN and signed
+//!   zeros included.
 //! - Movement ops only move elements, so composing them, dropping identities, and moving a
 //!   uniform const through them (a const is the same value at every index) are exact. `reduce max`
 //!   of a const is the const only when no reduced axis can be empty (all reduced dims are known
@@ -151,6 +154,7 @@ const COMPOSE_PERMUTE: Compute = Compute { name: "compose-permute", f: compose_p
 const COMPOSE_SHRINK: Compute = Compute { name: "compose-shrink", f: compose_shrink };
 const COMPOSE_PAD: Compute = Compute { name: "compose-pad", f: compose_pad };
 
+const HOIST_MAX_CONST: Compute = Compute { name: "hoist-max-const", f: hoist_max_const };
 const SAME_TYPE: Guard = Guard { name: "same-type", f: same_type };
 const LOSSLESS_ROUNDTRIP: Guard = Guard { name: "lossless-roundtrip", f: lossless_roundtrip };
 const LOSSLESS_INNER: Guard = Guard { name: "lossless-inner", f: lossless_inner };
@@ -177,6 +181,7 @@ pub static RULES: &[Rule] = &[
     computed("shrink-const", "(shrink (const))", REFILL),
     computed("pad-const", "(pad (const))", REFILL).when(PAD_VALUE_IS_CONST),
     computed("reduce-max-const", "(reduce (const))", REFILL).when(MAX_OVER_NONEMPTY),
+    computed("reduce-max-of-max-const", "(reduce ?x)", HOIST_MAX_CONST).when(MAX_OVER_NONEMPTY),
     // Algebraic identities.
     exact("mul-one", "(mul ?x (const 1))", "?x"),
     exact("mul-zero-int", "(mul ?x:int (const 0))", "(const 0)"),
@@ -278,6 +283,39 @@ fn compose_shrink(b: &mut Builder<'_>, root: NodeId, m: &Match<'_>) -> Option<No
     }
     let ranges = inner.ranges.iter().zip(&outer.ranges).map(|((s1, _), (s2, e2))| (s1 + s2, s1 + e2)).collect();
     b.add(Op::Shrink(Shrink { ranges }), &[m.get("x")?])
+}
+
+/// `reduce max(view(max(x, c)))` for a const `c` and a chain of reshapes, permutes and shrinks
+/// (which only move elements) is `max(reduce max(view(x)), c)`: one `max` with `c` per result
+/// instead of per reduced element (a ReLU before a max pool). The guard keeps every reduced axis
+/// non-empty, where the maximum of the `c`s is `c`.
+fn hoist_max_const(b: &mut Builder<'_>, root: NodeId, _: &Match<'_>) -> Option<NodeId> {
+    let g = b.graph();
+    let Op::Reduce(r) = g.op(root) else { return None };
+    let mut chain = Vec::new();
+    let mut cur = g.inputs(root)[0];
+    while matches!(g.op(cur), Op::Reshape(_) | Op::Permute(_) | Op::Shrink(_)) {
+        chain.push(cur);
+        cur = g.inputs(cur)[0];
+    }
+    if g.op(cur) != &Op::Binary(BinaryOp::Max) {
+        return None;
+    }
+    let [x, y] = [g.inputs(cur)[0], g.inputs(cur)[1]];
+    let (x, value) = match (const_value(g, x), const_value(g, y)) {
+        (None, Some(c)) => (x, c),
+        (Some(c), None) => (y, c),
+        _ => return None,
+    };
+    let (r, root_ty) = (r.clone(), g.ty(root).clone());
+    let ops: Vec<Op> = chain.iter().rev().map(|&m| g.op(m).clone()).collect();
+    let mut moved = x;
+    for op in ops {
+        moved = b.add(op, &[moved])?;
+    }
+    let reduced = b.add(Op::Reduce(r), &[moved])?;
+    let c = b.add_leaf(Op::Const(Const { value }), root_ty)?;
+    b.add(Op::Binary(BinaryOp::Max), &[reduced, c])
 }
 
 /// `pad(pad(x, inner, v), outer, v)` pads by the sums.

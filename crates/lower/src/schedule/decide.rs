@@ -6,7 +6,7 @@ use air::{BinaryOp, DType, Graph, NodeId, Op, OpClass, ReduceOp};
 use slotmap::SecondaryMap;
 
 use super::contraction::{contraction, is_one, is_zero};
-use super::{BROADCAST_MAX, MAX_DEPTH, RECOMPUTE_MAX, is_movement, movement};
+use super::{BROADCAST_MAX, MAX_DEPTH, RECOMPUTE_MAX, STENCIL_READS, is_movement, movement};
 use crate::view::{Movement, ViewStack};
 
 /// What to fuse.
@@ -155,6 +155,9 @@ impl Decider<'_> {
                     self.materialize(inputs[0]);
                 }
                 self.cost.insert(n, self.read_cost(inputs[0]));
+                if self.opts.fuse && matches!(g.op(n), Op::Pad(_)) && self.consumers[n] >= STENCIL_READS {
+                    self.materialize(n);
+                }
             }
             OpClass::Elementwise => {
                 if !self.opts.fuse {

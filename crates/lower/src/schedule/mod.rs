@@ -24,11 +24,13 @@
 //!   (recomputing it per broadcast element would multiply the work);
 //! - it is element-wise and carries a fused reduce but has several consumers or is read through a
 //!   view (a reduce result cannot be recomputed or re-indexed inside another loop);
+//! - it is a `pad` read by `STENCIL_READS` or more consumers (the windows of a convolution or a
+//!   pooling): one kernel writes the padded tensor, and the windows read it without masks;
 //! - its fused expression tree would be deeper than `MAX_DEPTH` (bounds kernel size and the
 //!   recursion that builds it).
 //!
-//! Movement ops are never materialized (except as outputs or to give a matmul an affine operand
-//! that fits a GEMM): they become index arithmetic (`view::ViewStack`) in the kernels that read
+//! Movement ops are never materialized (except as outputs, shared pads, or to give a matmul an
+//! affine operand that fits a GEMM): they become index arithmetic (`view::ViewStack`) in the kernels that read
 //! them. `const` and `iota` leaves are never buffers: they become `Inst::Const`/`Inst::Index`. With
 //! `fuse = false` every element-wise and reduce node is its own kernel (movement ops still fuse as
 //! views), which gives the memory planner the most buffers to place.
@@ -93,6 +95,12 @@ pub const RECOMPUTE_MAX: u32 = 8;
 /// Element-wise nodes read through a broadcasting expand are recomputed while they cost at most
 /// this many ops.
 pub const BROADCAST_MAX: u32 = 4;
+
+/// A `pad` read by at least this many consumers (a convolution's or a pooling's windows, each a
+/// shifted view of one padded input) is written once into a buffer of its own: each window then
+/// reads it without border masks (a masked load per tap kept the stencil scalar and recomputed
+/// the padded producer in every tap).
+pub const STENCIL_READS: u32 = 3;
 
 /// The placeholder of the status buffer while kernels are emitted (replaced at the end of `emit`).
 const STATUS_BUF: BufId = BufId(u32::MAX);
