@@ -7,8 +7,9 @@
 //! kiln bench unary | models | tree-matmul | matmul [--device cpu] [--out dir] [--smoke]
 //! kiln bench decode [--out dir] [--smoke]
 //! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--compiles 10000] [--out dir] [--smoke]
+//! kiln profile model conv-32 [--fit] [--launches 10] [--trace t.json] [--dump DIR]
 //! kiln onnx info model.onnx
-//! kiln profile onnx model.onnx [--dim batch=8] [--no-fuse] [--trace t.json]
+//! kiln profile onnx model.onnx [--dim batch=8] [--no-fuse] [--trace t.json] [--launches 10] [--dump DIR]
 //! kiln bench onnx model.onnx [--dim batch=8] [--device cpu] [--smoke]
 //! ```
 //!
@@ -107,6 +108,29 @@ struct GenerateCli {
 enum ProfileTarget {
     /// The GPT-style decoder of `nn` (the anchor benchmark's model).
     Transformer(ProfileArgs),
+    /// A model of the suite of `kiln bench models` (`nn::zoo`): its predict program, or with
+    /// --fit its loss and gradients.
+    Model {
+        /// The model: dense-tiny, dense-large, conv-1, conv-32, simple-rnn, gru, lstm, mobilenet
+        /// or attention.
+        name: String,
+        /// Profile the training program (loss and every parameter's gradient) instead.
+        #[arg(long)]
+        fit: bool,
+        /// Compile without fusion (one kernel per element-wise or reduce op).
+        #[arg(long)]
+        no_fuse: bool,
+        /// Write the spans as a Chrome trace-event file (opens in Perfetto).
+        #[arg(long, value_name = "FILE.json")]
+        trace: Option<PathBuf>,
+        /// Also time every launch of the compiled program (median of 11 runs) and list the N
+        /// kernels that take the most time.
+        #[arg(long, value_name = "N")]
+        launches: Option<usize>,
+        /// Write the graph after each pass (air text, DOT), the kernel IR and the CLIF into DIR.
+        #[arg(long, value_name = "DIR")]
+        dump: Option<PathBuf>,
+    },
     /// An imported ONNX model (inputs: a fixed pattern; symbolic dims from --dim).
     Onnx {
         #[command(flatten)]
@@ -117,6 +141,13 @@ enum ProfileTarget {
         /// Write the spans as a Chrome trace-event file (opens in Perfetto).
         #[arg(long, value_name = "FILE.json")]
         trace: Option<PathBuf>,
+        /// Also time every launch of the compiled program (median of 11 runs) and list the N
+        /// kernels that take the most time.
+        #[arg(long, value_name = "N")]
+        launches: Option<usize>,
+        /// Write the graph after each pass (air text, DOT), the kernel IR and the CLIF into DIR.
+        #[arg(long, value_name = "DIR")]
+        dump: Option<PathBuf>,
     },
 }
 
@@ -386,15 +417,19 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Profile(ProfileTarget::Transformer(args)) => profile_transformer(args),
-        Command::Profile(ProfileTarget::Onnx { onnx, no_fuse, trace }) => {
+        Command::Profile(ProfileTarget::Onnx { onnx, no_fuse, trace, launches, dump }) => {
             let options = lower::CompileOptions { fuse: !no_fuse, ..lower::CompileOptions::default() };
-            let (_, profiled) = onnx_cmd::profile(&onnx.model, &onnx_cmd::parse_dims(&onnx.dims)?, &options)?;
+            let dims = onnx_cmd::parse_dims(&onnx.dims)?;
+            let (_, profiled) = onnx_cmd::profile(&onnx.model, &dims, &options, dump.is_some())?;
             print!("{}", onnx_cmd::render_profile(&onnx.model, &profiled));
-            if let Some(path) = &trace {
-                std::fs::write(path, profiled.report.chrome_trace())?;
-                println!("trace: {} (open in https://ui.perfetto.dev)", path.display());
-            }
-            Ok(())
+            report_extras(&profiled, launches, trace.as_deref(), dump.as_deref())
+        }
+        Command::Profile(ProfileTarget::Model { name, fit, no_fuse, trace, launches, dump }) => {
+            let options = lower::CompileOptions { fuse: !no_fuse, ..lower::CompileOptions::default() };
+            let profiled = profile_cmd::profile_model(&name, fit, &options, dump.is_some())?;
+            let what = if fit { "loss and gradients" } else { "predict" };
+            print!("{}", profile_cmd::render_titled(&format!("kiln profile model: {name} ({what}) on cpu"), &profiled));
+            report_extras(&profiled, launches, trace.as_deref(), dump.as_deref())
         }
         Command::Onnx(OnnxCmd::Info { model }) => {
             print!("{}", onnx_cmd::info(&model)?);
@@ -435,14 +470,25 @@ fn profile_transformer(args: ProfileArgs) -> anyhow::Result<()> {
             "(after one untimed 1-layer compilation, so process start-up costs are left out; --cold includes them)"
         );
     }
-    if let Some(top) = args.launches {
-        print!("{}", profile_cmd::launch_table(&profiled, top)?);
+    report_extras(&profiled, args.launches, args.trace.as_deref(), args.dump.as_deref())
+}
+
+/// What both profile commands print or write on request: the launch table, the Chrome trace
+/// and the dump of graphs, kernel IR and CLIF.
+fn report_extras(
+    profiled: &profile_cmd::Profiled,
+    launches: Option<usize>,
+    trace: Option<&std::path::Path>,
+    dump: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    if let Some(top) = launches {
+        print!("{}", profile_cmd::launch_table(profiled, top)?);
     }
-    if let Some(path) = &args.trace {
+    if let Some(path) = trace {
         std::fs::write(path, profiled.report.chrome_trace())?;
         println!("trace: {} (open in https://ui.perfetto.dev)", path.display());
     }
-    if let Some(dir) = &args.dump {
+    if let Some(dir) = dump {
         let files = dump::write(dir, &profiled.traced.graph, &profiled.compiled)?;
         println!("dump: {} files in {}", files.len(), dir.display());
     }

@@ -116,6 +116,7 @@ pub fn profile(
     path: &Path,
     dims: &HashMap<String, usize>,
     options: &CompileOptions,
+    keep_graphs: bool,
 ) -> anyhow::Result<(Model, Profiled)> {
     let model = Model::load(path)?;
     let profiled = profile_cmd::profile_tensors(
@@ -124,7 +125,7 @@ pub fn profile(
             Ok(kiln::profile::span(kiln::profile::Step::Forward, || model.run(&x))?)
         },
         options,
-        false,
+        keep_graphs,
     )?;
     Ok((model, profiled))
 }

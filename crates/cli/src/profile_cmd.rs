@@ -1,5 +1,6 @@
-//! `kiln profile transformer`: build the decoder, compile it, run it once, all inside
-//! `kiln::profile`, and report the per-pass table, the totals and the planned memory.
+//! `kiln profile transformer` and `kiln profile model`: build the decoder (or a model of
+//! `nn::zoo`), compile it, run it once, all inside `kiln::profile`, and report the per-pass
+//! table, the totals and the planned memory.
 
 use std::time::Instant;
 
@@ -198,4 +199,27 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
         )?;
     }
     Ok(out)
+}
+
+/// Builds the model `name` of `nn::zoo` and profiles its predict program (the forward pass under
+/// `kiln::no_grad`, as `nn::Predictor` runs it) or, with `fit`, its training program without the
+/// optimizer: the loss and the gradient of every parameter.
+pub fn profile_model(name: &str, fit: bool, options: &CompileOptions, keep_graphs: bool) -> anyhow::Result<Profiled> {
+    let mut case = nn::zoo::build(name)?;
+    profile_tensors(
+        || {
+            let forward = |model: &mut dyn nn::Module| profile::span(profile::Step::Forward, || model.forward(&case.x));
+            if !fit {
+                return Ok(vec![kiln::no_grad(|| forward(&mut *case.model))]);
+            }
+            let loss = case.loss.compute(&forward(&mut *case.model), &case.y);
+            let params = case.model.parameters();
+            let refs: Vec<&kiln::Tensor> = params.iter().collect();
+            let mut out = vec![loss.clone()];
+            out.extend(kiln::grad(&loss, &refs)?);
+            Ok(out)
+        },
+        options,
+        keep_graphs,
+    )
 }

@@ -97,7 +97,7 @@ fn info_lists_io_ops_and_unsupported_ones() {
 fn profile_and_bench_run_the_imported_model() {
     let path = write_model("run.onnx", None);
     let dims: HashMap<String, usize> = onnx_cmd::parse_dims(&["batch=5".to_string()]).unwrap();
-    let (_, p) = onnx_cmd::profile(&path, &dims, &lower::CompileOptions::default()).unwrap();
+    let (_, p) = onnx_cmd::profile(&path, &dims, &lower::CompileOptions::default(), false).unwrap();
     let text = onnx_cmd::render_profile(&path, &p);
     assert!(text.contains("kiln profile onnx") && text.contains("codegen"), "{text}");
     let r = onnx_cmd::bench(&path, &dims, kiln::Device::Cpu, Budget::SMOKE).unwrap();
