@@ -148,6 +148,17 @@ fn profile_transformer_at_a_start_position() {
     assert!(stdout.contains("codegen") && stdout.contains("end to end"), "{stdout}");
 }
 
+/// `kiln profile model`: a model of the suite, predict and fit, with the launch table.
+#[test]
+fn profile_model_predict_and_fit_with_launches() {
+    let predict = kiln(&["profile", "model", "conv-32", "--launches", "3"]);
+    assert!(predict.contains("conv-32 (predict)") && predict.contains("top 3 kernels by time"), "{predict}");
+    let fit = kiln(&["profile", "model", "dense-tiny", "--fit"]);
+    assert!(fit.contains("dense-tiny (loss and gradients)") && fit.contains("codegen"), "{fit}");
+    let bad = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["profile", "model", "no-such-model"]).output().unwrap();
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("no-such-model"));
+}
+
 #[test]
 fn unary_smoke() {
     check_suite("unary", &[]);
