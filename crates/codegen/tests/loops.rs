@@ -564,3 +564,57 @@ fn pooling_windows_vectorize_lane_wise_with_stride_two_loads() {
         }
     }
 }
+
+/// `out[r, j] = in[r - 1, j - 1]` inside a border of one (`-5` on it), over `rows + 2` rows of
+/// `cols + 2` outputs: the column loop splits at its two cuts into border and interior segments,
+/// and the interior, unmasked along the columns, vectorizes. With `symbolic`, the column extent
+/// is a symbol, so the last segment runs to it.
+fn padded_copy(symbolic: bool, cols: i64) -> LoopKernel {
+    let hi = if symbolic { IExpr::Sym(1) } else { c(cols + 1) };
+    let extent = if symbolic { IExpr::add(IExpr::Sym(1), c(1)) } else { c(cols + 2) };
+    let inside = |v: u32, hi: IExpr| IExpr::and(IExpr::lt(c(0), i(v)), IExpr::lt(i(v), hi));
+    let mask = IExpr::and(inside(0, IExpr::add(IExpr::Sym(0), c(1))), inside(1, hi));
+    let width = if symbolic { IExpr::add(IExpr::Sym(1), c(-1)) } else { c(cols) };
+    let index = IExpr::add(IExpr::add(IExpr::mul(IExpr::add(i(0), c(-1)), width), i(1)), c(-1));
+    let out_width = IExpr::add(extent.clone(), c(0));
+    LoopKernel {
+        params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
+        n_syms: 2,
+        body: vec![for_(
+            0,
+            IExpr::add(IExpr::Sym(0), c(2)),
+            true,
+            vec![for_(
+                1,
+                extent,
+                false,
+                vec![
+                    let_(0, DType::F32, Inst::Load { buf: 0, index, mask: Some(mask), other: Scalar::Float(-5.0) }),
+                    let_(1, DType::Bool, Inst::Index(inside(1, IExpr::Const(cols + 1)))),
+                    let_(2, DType::F32, Inst::Cast(lower::kir::Reg(1))),
+                    let_(3, DType::F32, Inst::Binary(BinaryOp::Add, lower::kir::Reg(0), lower::kir::Reg(2))),
+                    store(1, IExpr::add(IExpr::mul(i(0), out_width), i(1)), 3),
+                ],
+            )],
+        )],
+    }
+}
+
+#[test]
+fn masked_borders_split_from_a_vectorized_interior() {
+    for symbolic in [false, true] {
+        for cols in [1i64, 3, 9, 30] {
+            let rows = 3i64;
+            let k = padded_copy(symbolic, cols);
+            // (Rows of up to 12 outputs unroll fully instead: short constant loops.)
+            if !symbolic && cols >= 16 {
+                let text = kiln_codegen::clif_text(&k).unwrap();
+                assert!(text.contains("f32x4"), "cols={cols}: {text}");
+            }
+            let a = Buf::from_vals(DType::F32, &sample(DType::F32, (rows * cols) as usize, cols as u64));
+            let out = Buf::zeros(DType::F32, ((rows + 2) * (cols + 2)) as usize);
+            let syms = [rows, cols + 1];
+            check(&k, &[a, out], &syms, 0, rows + 2, 0.0, &format!("padded copy cols={cols} symbolic={symbolic}"));
+        }
+    }
+}

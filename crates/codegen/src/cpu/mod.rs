@@ -37,6 +37,7 @@ mod emit;
 mod helpers;
 mod jit;
 mod math;
+mod split;
 mod tile;
 
 use std::collections::HashMap;

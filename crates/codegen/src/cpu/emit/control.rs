@@ -8,6 +8,7 @@ use lower::kir::{IExpr, Stmt, Var};
 
 use super::{Emitter, Indexed, LANES, acc_ty, vector_ty};
 use crate::cpu::analysis::{tile_plan, unrolls_fully, vector_plan};
+use crate::cpu::split;
 use crate::error::Result;
 
 impl<'f> Emitter<'_, 'f> {
@@ -65,6 +66,12 @@ impl<'f> Emitter<'_, 'f> {
         {
             return self.unrolled_loop(var, n, body);
         }
+        if range.is_none() && !self.vector() {
+            let cuts = split::cuts(body, var, extent.as_const());
+            if !cuts.is_empty() {
+                return self.split_loop(var, extent, body, &cuts);
+            }
+        }
         let ext = self.iexpr(extent)?;
         let (lo, hi) = match range {
             Some((s, e)) => {
@@ -93,6 +100,24 @@ impl<'f> Emitter<'_, 'f> {
         }
         self.regs = saved_regs;
         self.vars = saved_vars;
+        Ok(())
+    }
+
+    /// The loop over `var` as consecutive segments between `cuts` (see `split`), each emitted
+    /// as a loop over its sub-range with the comparisons of `var` folded.
+    fn split_loop(&mut self, var: Var, extent: &IExpr, body: &[Stmt], cuts: &[i64]) -> Result<()> {
+        let ext = self.iexpr(extent)?;
+        let mut lo = 0;
+        for hi in cuts.iter().copied().map(Some).chain([None]) {
+            let seg = split::segment(body, var, lo, hi);
+            let start = self.iconst(types::I64, lo);
+            let end = match hi {
+                Some(h) => self.iconst(types::I64, h),
+                None => ext,
+            };
+            self.emit_loop(var, extent, &seg, Some((start, end)))?;
+            lo = hi.unwrap_or(lo);
+        }
         Ok(())
     }
 

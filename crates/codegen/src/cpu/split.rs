@@ -1,0 +1,89 @@
+//! Border splitting: an innermost loop whose masks compare its variable with constants (a padded
+//! copy's `0 < i && i < 17`) runs as consecutive segments of its range, each with those
+//! comparisons folded to constants. The interior segment is then unmasked along the loop (so it
+//! vectorizes) and the border segments lose their branches.
+
+use std::collections::BTreeSet;
+
+use lower::kir::{IExpr, Inst, Stmt, Var};
+
+/// The most cut points a loop is split at (a padded dim has two: one segment per border and the
+/// interior).
+const MAX_CUTS: usize = 4;
+
+/// Where the range of `v` splits: the sorted values `t` at which a mask or index condition of
+/// `body` of the form `c < v` or `v < c` changes truth, inside `1..extent` when the extent is a
+/// constant. Empty when nothing is to be gained: the body holds a loop, or there are no such
+/// comparisons, or too many.
+pub(crate) fn cuts(body: &[Stmt], v: Var, extent: Option<i64>) -> Vec<i64> {
+    let mut out = BTreeSet::new();
+    for s in body {
+        match s {
+            Stmt::Loop { .. } => return Vec::new(),
+            Stmt::Let { inst: Inst::Load { mask: Some(m), .. }, .. } | Stmt::Let { inst: Inst::Index(m), .. } => {
+                collect(m, v, &mut out)
+            }
+            _ => {}
+        }
+    }
+    out.retain(|&t| t > 0 && extent.is_none_or(|n| t < n));
+    if out.len() > MAX_CUTS { Vec::new() } else { out.into_iter().collect() }
+}
+
+fn collect(e: &IExpr, v: Var, out: &mut BTreeSet<i64>) {
+    match e {
+        IExpr::Lt(a, b) => match (a.as_ref(), b.as_ref()) {
+            (IExpr::Const(c), IExpr::Var(w)) if *w == v => {
+                out.insert(c.saturating_add(1));
+            }
+            (IExpr::Var(w), IExpr::Const(c)) if *w == v => {
+                out.insert(*c);
+            }
+            _ => {}
+        },
+        IExpr::And(a, b) => {
+            collect(a, v, out);
+            collect(b, v, out);
+        }
+        _ => {}
+    }
+}
+
+/// `body` for `v` in `lo..hi` (`hi` `None`: to the loop's end), where no cut lies strictly
+/// inside: every `c < v` and `v < c` is a constant there, and masks that fold to true are
+/// dropped.
+pub(crate) fn segment(body: &[Stmt], v: Var, lo: i64, hi: Option<i64>) -> Vec<Stmt> {
+    body.iter()
+        .map(|s| match s {
+            Stmt::Let { reg, dtype, inst: Inst::Load { buf, index, mask: Some(m), other } } => {
+                let m = fold(m, v, lo, hi);
+                let mask = if m.as_const().is_some_and(|c| c != 0) { None } else { Some(m) };
+                Stmt::Let {
+                    reg: *reg,
+                    dtype: *dtype,
+                    inst: Inst::Load { buf: *buf, index: index.clone(), mask, other: *other },
+                }
+            }
+            Stmt::Let { reg, dtype, inst: Inst::Index(e) } => {
+                Stmt::Let { reg: *reg, dtype: *dtype, inst: Inst::Index(fold(e, v, lo, hi)) }
+            }
+            other => other.clone(),
+        })
+        .collect()
+}
+
+/// `e` with its comparisons of `v` against constants evaluated for `v` in `lo..hi`.
+fn fold(e: &IExpr, v: Var, lo: i64, hi: Option<i64>) -> IExpr {
+    let f = |x: &IExpr| fold(x, v, lo, hi);
+    match e {
+        IExpr::Lt(a, b) => match (a.as_ref(), b.as_ref()) {
+            // `c < v` for every `v >= lo` exactly when `c < lo` (no cut inside the segment).
+            (IExpr::Const(c), IExpr::Var(w)) if *w == v => IExpr::Const((*c < lo) as i64),
+            // `v < c` for every `v < hi` exactly when `hi <= c`.
+            (IExpr::Var(w), IExpr::Const(c)) if *w == v => IExpr::Const(hi.is_some_and(|h| h <= *c) as i64),
+            _ => IExpr::lt(f(a), f(b)),
+        },
+        IExpr::And(a, b) => IExpr::and(f(a), f(b)),
+        other => other.clone(),
+    }
+}
