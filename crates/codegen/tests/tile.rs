@@ -239,4 +239,15 @@ fn auto_tiles_loops_with_exp2_and_leaves_cheap_loops_to_the_jit() {
     assert_eq!(calls(&neg, auto), 0);
     assert_eq!(calls(&neg, Tiling { mode: TileMode::Always, level: TileLevel::Base }), 1);
     assert_eq!(calls(&sigmoid_chain(1), Tiling { mode: TileMode::Off, level: TileLevel::Base }), 0);
+    // A loop known to run 16 times (a softmax over 16 keys, inside an outer loop) stays in
+    // registers: five calls per 16 elements would cost more than the loop.
+    let short = |trips: i64| {
+        let mut k = sigmoid_chain(1);
+        let Stmt::Loop { body, .. } = k.body.remove(0) else { unreachable!() };
+        k.body = vec![for_(1, lower::kir::IExpr::Sym(0), true, vec![for_(0, c(trips), false, body)])];
+        k
+    };
+    assert_eq!(calls(&short(16), auto), 0);
+    assert_eq!(calls(&short(16), Tiling { mode: TileMode::Always, level: TileLevel::Base }), 5);
+    assert_eq!(calls(&short(64), auto), 5);
 }

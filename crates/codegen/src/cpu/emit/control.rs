@@ -9,6 +9,10 @@ use lower::kir::{IExpr, Stmt, Var};
 use super::{Emitter, Indexed, LANES, acc_ty, vector_ty};
 use crate::cpu::analysis::{tile_plan, unrolls_fully, vector_plan};
 use crate::cpu::split;
+use crate::cpu::tile::TileMode;
+
+/// The fewest iterations a loop of known trip count needs to run over tiles (see `tile_plan`).
+const TILE_MIN_TRIPS: i64 = 64;
 use crate::error::Result;
 
 impl<'f> Emitter<'_, 'f> {
@@ -82,13 +86,17 @@ impl<'f> Emitter<'_, 'f> {
         };
         let saved_regs = self.regs.clone();
         let saved_vars = self.vars.clone();
-        let tiles = plan.as_ref().and_then(|_| tile_plan(self.k, self.info, var, body, self.tiling.mode));
+        let trips = if range.is_none() { extent.as_const() } else { None };
+        // A loop known to be shorter than `TILE_MIN_TRIPS` stays in registers (in `Auto` mode):
+        // a tile routine's call per op would cost more than the loop (a softmax over 16 keys).
+        let long_enough = trips.is_none_or(|n| n >= TILE_MIN_TRIPS) || self.tiling.mode == TileMode::Always;
+        let tiles = plan
+            .as_ref()
+            .filter(|_| long_enough)
+            .and_then(|_| tile_plan(self.k, self.info, var, body, self.tiling.mode));
         match (plan, tiles) {
             (Some(_), Some(tiles)) => self.tile_loop(var, lo, hi, body, &tiles)?,
-            (Some(plan), None) => {
-                let trips = if range.is_none() { extent.as_const() } else { None };
-                self.vector_loop(var, (lo, hi), trips, body, &plan)?
-            }
+            (Some(plan), None) => self.vector_loop(var, (lo, hi), trips, body, &plan)?,
             (None, _) => {
                 let i = self.b.declare_var(types::I64);
                 self.b.def_var(i, lo);
