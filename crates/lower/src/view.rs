@@ -492,6 +492,50 @@ impl Affine {
     }
 }
 
+/// A sum `sum(coef * part) + constant` where each part is a loop variable or any other
+/// subexpression taken whole (an *atom*: a `div`, a `mod`, a symbol product), for splitting
+/// `div`/`mod` by a constant where the affine form alone cannot ([`IndexCx::split`]).
+#[derive(Clone, Debug, Default)]
+struct Sum {
+    parts: Vec<(IExpr, i64)>,
+    constant: i64,
+}
+
+impl Sum {
+    fn of(e: &IExpr) -> Option<Sum> {
+        let mut s = Sum::default();
+        s.add(e, 1)?;
+        Some(s)
+    }
+
+    fn add(&mut self, e: &IExpr, k: i64) -> Option<()> {
+        match e {
+            IExpr::Const(c) => self.constant = self.constant.checked_add(c.checked_mul(k)?)?,
+            IExpr::Add(a, b) => {
+                self.add(a, k)?;
+                self.add(b, k)?;
+            }
+            IExpr::Mul(a, b) if b.as_const().is_some() => self.add(a, k.checked_mul(b.as_const()?)?)?,
+            IExpr::Mul(a, b) if a.as_const().is_some() => self.add(b, k.checked_mul(a.as_const()?)?)?,
+            part => match self.parts.iter_mut().find(|(p, _)| p == part) {
+                Some((_, c)) => *c = c.checked_add(k)?,
+                None => self.parts.push((part.clone(), k)),
+            },
+        }
+        Some(())
+    }
+
+    fn expr(&self) -> IExpr {
+        let mut e = IExpr::Const(0);
+        for (p, c) in &self.parts {
+            if *c != 0 {
+                e = IExpr::add(e, IExpr::mul(p.clone(), IExpr::Const(*c)));
+            }
+        }
+        IExpr::add(e, IExpr::Const(self.constant))
+    }
+}
+
 impl IndexCx {
     /// A context where symbol `symbols[n]` becomes `IExpr::Sym(n)`, with no loop extents known yet.
     pub fn new(symbols: Vec<Symbol>) -> IndexCx {
@@ -560,54 +604,86 @@ impl IndexCx {
         }
     }
 
-    /// `e / d` and `e % d` where `e`'s terms split cleanly at `d`: `(quotient, remainder)`.
-    fn split(&self, e: &IExpr, d: i64) -> Option<(IExpr, IExpr)> {
+    /// The smallest and largest value of `e` by interval arithmetic over the known loop extents
+    /// (`None` where a symbol or an unknown extent leaves it open).
+    fn range(&self, e: &IExpr) -> Option<(i64, i64)> {
+        Some(match e {
+            IExpr::Const(c) => (*c, *c),
+            IExpr::Var(v) => (0, (*self.extents.get(v.0 as usize)?)?.max(1) - 1),
+            IExpr::Add(a, b) => {
+                let ((a0, a1), (b0, b1)) = (self.range(a)?, self.range(b)?);
+                (a0.checked_add(b0)?, a1.checked_add(b1)?)
+            }
+            IExpr::Mul(a, b) => {
+                let ((a0, a1), (b0, b1)) = (self.range(a)?, self.range(b)?);
+                let ends = [a0.checked_mul(b0)?, a0.checked_mul(b1)?, a1.checked_mul(b0)?, a1.checked_mul(b1)?];
+                (*ends.iter().min()?, *ends.iter().max()?)
+            }
+            IExpr::Div(a, b) => {
+                let ((a0, a1), d) = (self.range(a)?, b.as_const().filter(|d| *d > 0)?);
+                (a0.div_euclid(d), a1.div_euclid(d))
+            }
+            IExpr::Mod(a, b) => {
+                let ((a0, a1), d) = (self.range(a)?, b.as_const().filter(|d| *d > 0)?);
+                if a0 >= 0 && a1 < d { (a0, a1) } else { (0, d - 1) }
+            }
+            IExpr::Lt(..) | IExpr::And(..) => (0, 1),
+            IExpr::Sym(_) => return None,
+        })
+    }
+
+    /// `e = d * q + r` for a constant `d > 0`, with `q` the parts of `e` whose coefficients `d`
+    /// divides (and the constant's quotient) and `r` the rest, known non-negative: then
+    /// `e / d = q + r / d` and `e % d = r % d` exactly. Returns `(q, r, r < d)`.
+    fn split(&self, e: &IExpr, d: i64) -> Option<(IExpr, IExpr, bool)> {
         if d <= 0 {
             return None;
         }
-        let a = Affine::of(e)?;
-        let mut q = Affine { terms: BTreeMap::new(), constant: a.constant.div_euclid(d) };
-        let mut r = Affine { terms: BTreeMap::new(), constant: a.constant.rem_euclid(d) };
-        for (&v, &c) in &a.terms {
+        let s = Sum::of(e)?;
+        let mut q = Sum { parts: Vec::new(), constant: s.constant.div_euclid(d) };
+        let mut r = Sum { parts: Vec::new(), constant: s.constant.rem_euclid(d) };
+        for (p, c) in &s.parts {
             if c % d == 0 {
-                q.terms.insert(v, c / d);
+                q.parts.push((p.clone(), c / d));
             } else {
-                r.terms.insert(v, c);
+                r.parts.push((p.clone(), *c));
             }
         }
-        let (lo, hi) = self.bounds(&r.expr())?;
-        (lo >= 0 && hi < d).then(|| (q.expr(), r.expr()))
+        let r_expr = r.expr();
+        let (lo, hi) = self.range(&r_expr)?;
+        (lo >= 0).then(|| (q.expr(), r_expr, hi < d))
     }
 
-    /// `e / d` (floor division of a non-negative index), simplified when `d` is a constant that
-    /// splits `e`'s affine form exactly.
+    /// `e / d` (floor division of a non-negative index), simplified when `d` is a constant: the
+    /// parts of `e` that are multiples of `d` leave the division (`(i0*36 + i1) / 36` is
+    /// `i0 + i1 / 36`, and `i0` when `i1 < 36`).
     ///
     /// # Errors
     /// `LowerError::InvalidGraph` if `d` cannot be written as an index expression.
     pub fn div(&self, e: IExpr, d: &Dim) -> Result<IExpr, LowerError> {
         if let Some(c) = d.as_const()
-            && let Some((q, _)) = self.split(&e, c)
+            && let Some((q, r, small)) = self.split(&e, c)
         {
-            return Ok(q);
+            return Ok(if small { q } else { IExpr::add(q, IExpr::div(r, IExpr::Const(c))) });
         }
         Ok(IExpr::div(e, self.dim(d)?))
     }
 
-    /// `e % d`, simplified to `e` when its known bounds lie in `[0, d)`, or to the remainder of an
-    /// exact affine split when `d` is a constant.
+    /// `e % d`, simplified to `e` when its known bounds lie in `[0, d)`, or, for a constant `d`,
+    /// to the remainder of the parts of `e` that are not multiples of `d`.
     ///
     /// # Errors
     /// `LowerError::InvalidGraph` if `d` cannot be written as an index expression.
     pub fn rem(&self, e: IExpr, d: &Dim) -> Result<IExpr, LowerError> {
         if let Some(c) = d.as_const() {
-            if let Some((lo, hi)) = self.bounds(&e)
+            if let Some((lo, hi)) = self.bounds(&e).or_else(|| self.range(&e))
                 && lo >= 0
                 && hi < c
             {
                 return Ok(e);
             }
-            if let Some((_, r)) = self.split(&e, c) {
-                return Ok(r);
+            if let Some((_, r, small)) = self.split(&e, c) {
+                return Ok(if small { r } else { IExpr::rem(r, IExpr::Const(c)) });
             }
         }
         Ok(IExpr::rem(e, self.dim(d)?))
@@ -759,6 +835,31 @@ mod tests {
             .through(&[Movement::Shrink(vec![(Dim::Const(1), Dim::Const(3)), (Dim::Const(0), Dim::Const(4))])]);
         let (j, _) = t.index(&vars(2), &cx(&[2, 4])).unwrap();
         assert_eq!(j.to_string(), "((i0*4 + i1) + 4)");
+    }
+
+    #[test]
+    fn div_and_mod_keep_only_the_parts_they_need() {
+        let x = cx(&[4, 16, 16]);
+        let v = vars(3);
+        let c = |k: i64| IExpr::Const(k);
+        let sum = |parts: &[(usize, i64)], k: i64| {
+            parts.iter().fold(c(k), |e, &(i, m)| IExpr::add(e, IExpr::mul(v[i].clone(), c(m))))
+        };
+        let lin = sum(&[(0, 5184), (1, 18), (2, 1)], 19);
+        let q = x.div(lin.clone(), &Dim::Const(36)).unwrap();
+        assert_eq!(q.to_string(), "(i0*144 + (((i1*18 + i2) + 19) / 36))");
+        // The quotient's remainder by 9: the multiple of 9 leaves, the rest is below 9.
+        let r = x.rem(q.clone(), &Dim::Const(9)).unwrap();
+        assert_eq!(r.to_string(), "(((i1*18 + i2) + 19) / 36)");
+        let m = x.rem(lin.clone(), &Dim::Const(36)).unwrap();
+        assert_eq!(m.to_string(), "(((i1*18 + i2) + 19) % 36)");
+        for (a, b, d) in (0..4).flat_map(|a| (0..16).flat_map(move |b| (0..16).map(move |d| (a, b, d)))) {
+            let at = [a, b, d];
+            let want = lin.eval(&at, &[]);
+            assert_eq!(q.eval(&at, &[]), want.div_euclid(36));
+            assert_eq!(r.eval(&at, &[]), want.div_euclid(36).rem_euclid(9));
+            assert_eq!(m.eval(&at, &[]), want.rem_euclid(36));
+        }
     }
 
     #[test]
