@@ -381,7 +381,9 @@ fn topo_order<'a>(graph: &'a GraphProto, sources: impl Iterator<Item = &'a str>)
 /// A model compiled once per input signature: [`Model::run`] traced by `kiln::jit` on the first
 /// call with a new signature (device, dtypes, shapes with symbols kept), after which a call binds
 /// the inputs and runs the compiled program, without rebuilding or tracing the imported graph.
-/// The initializers are constants of the compiled program; the outputs come back realized.
+/// The initializers are constants of the compiled program; the outputs come back realized,
+/// without gradient history, so the model is traced under `kiln::no_grad` (inference: a max
+/// pool is one reduce, with no winner kept for a backward pass).
 pub struct Session<'m> {
     model: &'m Model,
     cache: kiln::JitCache,
@@ -401,7 +403,7 @@ impl Session<'_> {
     /// before it runs: [`Model::run`] handles such models.
     pub fn run(&mut self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         let model = self.model;
-        self.cache.call(inputs, |args: &[Tensor]| model.run(args))
+        self.cache.call(inputs, |args: &[Tensor]| kiln::no_grad(|| model.run(args)))
     }
 
     /// How many signatures were traced (and compiled) so far.
