@@ -117,38 +117,34 @@ enum ProfileTarget {
         /// Profile the training program (loss and every parameter's gradient) instead.
         #[arg(long)]
         fit: bool,
-        /// Compile without fusion (one kernel per element-wise or reduce op).
-        #[arg(long)]
-        no_fuse: bool,
-        /// Write the spans as a Chrome trace-event file (opens in Perfetto).
-        #[arg(long, value_name = "FILE.json")]
-        trace: Option<PathBuf>,
-        /// Also time every launch of the compiled program (median of 11 runs) and list the N
-        /// kernels that take the most time.
-        #[arg(long, value_name = "N")]
-        launches: Option<usize>,
-        /// Write the graph after each pass (air text, DOT), the kernel IR and the CLIF into DIR.
-        #[arg(long, value_name = "DIR")]
-        dump: Option<PathBuf>,
+        #[command(flatten)]
+        out: ProfileOut,
     },
     /// An imported ONNX model (inputs: a fixed pattern; symbolic dims from --dim).
     Onnx {
         #[command(flatten)]
         onnx: OnnxArgs,
-        /// Compile without fusion (one kernel per element-wise or reduce op).
-        #[arg(long)]
-        no_fuse: bool,
-        /// Write the spans as a Chrome trace-event file (opens in Perfetto).
-        #[arg(long, value_name = "FILE.json")]
-        trace: Option<PathBuf>,
-        /// Also time every launch of the compiled program (median of 11 runs) and list the N
-        /// kernels that take the most time.
-        #[arg(long, value_name = "N")]
-        launches: Option<usize>,
-        /// Write the graph after each pass (air text, DOT), the kernel IR and the CLIF into DIR.
-        #[arg(long, value_name = "DIR")]
-        dump: Option<PathBuf>,
+        #[command(flatten)]
+        out: ProfileOut,
     },
+}
+
+/// What `kiln profile model` and `kiln profile onnx` can add to the per-pass table.
+#[derive(Args, Clone)]
+struct ProfileOut {
+    /// Compile without fusion (one kernel per element-wise or reduce op).
+    #[arg(long)]
+    no_fuse: bool,
+    /// Write the spans as a Chrome trace-event file (opens in Perfetto).
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
+    /// Also time every launch of the compiled program (median of 11 runs) and list the N
+    /// kernels that take the most time.
+    #[arg(long, value_name = "N")]
+    launches: Option<usize>,
+    /// Write the graph after each pass (air text, DOT), the kernel IR and the CLIF into DIR.
+    #[arg(long, value_name = "DIR")]
+    dump: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -417,19 +413,19 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Profile(ProfileTarget::Transformer(args)) => profile_transformer(args),
-        Command::Profile(ProfileTarget::Onnx { onnx, no_fuse, trace, launches, dump }) => {
-            let options = lower::CompileOptions { fuse: !no_fuse, ..lower::CompileOptions::default() };
+        Command::Profile(ProfileTarget::Onnx { onnx, out }) => {
+            let options = lower::CompileOptions { fuse: !out.no_fuse, ..lower::CompileOptions::default() };
             let dims = onnx_cmd::parse_dims(&onnx.dims)?;
-            let (_, profiled) = onnx_cmd::profile(&onnx.model, &dims, &options, dump.is_some())?;
+            let (_, profiled) = onnx_cmd::profile(&onnx.model, &dims, &options, out.dump.is_some())?;
             print!("{}", onnx_cmd::render_profile(&onnx.model, &profiled));
-            report_extras(&profiled, launches, trace.as_deref(), dump.as_deref())
+            report_extras(&profiled, out.launches, out.trace.as_deref(), out.dump.as_deref())
         }
-        Command::Profile(ProfileTarget::Model { name, fit, no_fuse, trace, launches, dump }) => {
-            let options = lower::CompileOptions { fuse: !no_fuse, ..lower::CompileOptions::default() };
-            let profiled = profile_cmd::profile_model(&name, fit, &options, dump.is_some())?;
+        Command::Profile(ProfileTarget::Model { name, fit, out }) => {
+            let options = lower::CompileOptions { fuse: !out.no_fuse, ..lower::CompileOptions::default() };
+            let profiled = profile_cmd::profile_model(&name, fit, &options, out.dump.is_some())?;
             let what = if fit { "loss and gradients" } else { "predict" };
             print!("{}", profile_cmd::render_titled(&format!("kiln profile model: {name} ({what}) on cpu"), &profiled));
-            report_extras(&profiled, launches, trace.as_deref(), dump.as_deref())
+            report_extras(&profiled, out.launches, out.trace.as_deref(), out.dump.as_deref())
         }
         Command::Onnx(OnnxCmd::Info { model }) => {
             print!("{}", onnx_cmd::info(&model)?);
