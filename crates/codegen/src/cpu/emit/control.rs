@@ -10,10 +10,10 @@ use super::{Emitter, Indexed, LANES, acc_ty, vector_ty};
 use crate::cpu::analysis::{tile_plan, unrolls_fully, vector_plan};
 use crate::cpu::split;
 use crate::cpu::tile::TileMode;
+use crate::error::Result;
 
 /// The fewest iterations a loop of known trip count needs to run over tiles (see `tile_plan`).
 const TILE_MIN_TRIPS: i64 = 64;
-use crate::error::Result;
 
 impl<'f> Emitter<'_, 'f> {
     pub(super) fn emit_stmts(&mut self, stmts: &[Stmt]) -> Result<()> {
