@@ -580,22 +580,6 @@ impl IndexCx {
         Ok(out)
     }
 
-    /// The smallest and largest value of `e`, where it is affine in variables of known extent.
-    fn bounds(&self, e: &IExpr) -> Option<(i64, i64)> {
-        let a = Affine::of(e)?;
-        let (mut lo, mut hi) = (a.constant, a.constant);
-        for (&v, &c) in &a.terms {
-            let ext = (*self.extents.get(v as usize)?)?;
-            let top = c.checked_mul(ext.max(1) - 1)?;
-            if c >= 0 {
-                hi = hi.checked_add(top)?;
-            } else {
-                lo = lo.checked_add(top)?;
-            }
-        }
-        Some((lo, hi))
-    }
-
     /// An affine expression in canonical order (`i0*64 + i1 + 3`); others unchanged.
     pub fn canon(&self, e: IExpr) -> IExpr {
         match Affine::of(&e) {
@@ -676,7 +660,7 @@ impl IndexCx {
     /// `LowerError::InvalidGraph` if `d` cannot be written as an index expression.
     pub fn rem(&self, e: IExpr, d: &Dim) -> Result<IExpr, LowerError> {
         if let Some(c) = d.as_const() {
-            if let Some((lo, hi)) = self.bounds(&e).or_else(|| self.range(&e))
+            if let Some((lo, hi)) = self.range(&e)
                 && lo >= 0
                 && hi < c
             {
@@ -709,7 +693,7 @@ impl IndexCx {
     /// The condition `lo <= e < hi`, or `None` where it always holds for `e` in `0..size`.
     pub fn range_cond(&self, e: &IExpr, range: &(Dim, Dim), size: &Dim) -> Result<Option<IExpr>, LowerError> {
         let (lo, hi) = range;
-        let bounds = self.bounds(e);
+        let bounds = self.range(e);
         let mut cond: Option<IExpr> = None;
         let lo_needed = match lo.as_const() {
             Some(l) => l > 0 && bounds.is_none_or(|(min, _)| min < l),

@@ -60,7 +60,11 @@ impl<'f> Emitter<'_, 'f> {
         body: &[Stmt],
         range: Option<(Value, Value)>,
     ) -> Result<()> {
-        let plan = if self.vector() { None } else { vector_plan(self.k, self.info, var, body) };
+        // Masks that compare `var` with constants (cut points) keep the whole loop scalar, so
+        // the vector plan is only worth making without them.
+        let cuts =
+            if range.is_none() && !self.vector() { split::cuts(body, var, extent.as_const()) } else { Vec::new() };
+        let plan = if self.vector() || !cuts.is_empty() { None } else { vector_plan(self.k, self.info, var, body) };
         // A short loop unrolls fully, unless it holds at least one full vector of iterations
         // that the vector loop would run (inside a vector body, nested loops always unroll).
         if range.is_none()
@@ -70,11 +74,8 @@ impl<'f> Emitter<'_, 'f> {
         {
             return self.unrolled_loop(var, n, body);
         }
-        if range.is_none() && !self.vector() {
-            let cuts = split::cuts(body, var, extent.as_const());
-            if !cuts.is_empty() {
-                return self.split_loop(var, extent, body, &cuts);
-            }
+        if !cuts.is_empty() {
+            return self.split_loop(var, extent, body, &cuts);
         }
         let ext = self.iexpr(extent)?;
         let (lo, hi) = match range {
