@@ -311,6 +311,17 @@ fn regions_without_repetition_are_saturated_whole() {
 }
 
 #[test]
+fn a_matmul_chain_is_one_region() {
+    // Identical links would repeat as regions if a cut could fall inside a matmul's pattern
+    // (between its product and its sum), leaving regions that hold half a matmul.
+    let mut b = B::new(DType::I32);
+    let xs: Vec<NodeId> = (0..6).map(|_| b.input(&[16, 16])).collect();
+    let y = xs[1..].iter().fold(xs[0], |y, &x| b.mm(y, x));
+    let g = b.out(&[y]);
+    assert_eq!(kiln_lower::saturate::blocks::regions(&g).len(), 1);
+}
+
+#[test]
 fn two_heads_of_different_widths_merge() {
     let mut b = B::new(DType::F32);
     let x = b.input(&[4, 512, 16]);

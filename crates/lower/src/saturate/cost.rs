@@ -39,10 +39,11 @@
 //! fusion. The relative threshold keeps such programs out; the cause is not yet found.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use air::{Dim, Op, TensorType};
 use egg::{Id, Language};
+use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
 
 use super::lang::{ANode, EG};
@@ -126,7 +127,7 @@ pub fn op_work(op: &Op, inputs: &[&TensorType], out: &TensorType) -> Work {
 
 /// The cost of one e-node (its children not included).
 pub fn node_cost(eg: &EG, node: &ANode) -> f64 {
-    let kids: SmallVec<[&TensorType; 3]> = node.children().iter().map(|&c| &eg[c].data).collect();
+    let kids: SmallVec<[&TensorType; 3]> = node.children().iter().map(|&c| &eg[c].data.ty).collect();
     match node {
         ANode::MatMul(_) => match super::lang::matmul_type(kids[0], kids[1]) {
             Some(out) => matmul_work(kids[0], kids[1], &out).cost(),
@@ -229,8 +230,8 @@ impl Ord for Price {
 /// choice of each reachable class; `None` if the choice is cyclic or a class has no choice.
 pub fn dag_cost(eg: &EG, roots: &[Id], pick: &dyn Fn(Id) -> Option<ANode>) -> Option<(f64, HashMap<Id, ANode>)> {
     // 0: on the stack, 1: done.
-    let mut state: HashMap<Id, u8> = HashMap::new();
-    let mut choice = HashMap::new();
+    let mut state: HashMap<Id, u8> = HashMap::default();
+    let mut choice = HashMap::default();
     let mut total = 0.0;
     let mut stack: Vec<(Id, bool)> = roots.iter().map(|&r| (eg.find(r), false)).collect();
     while let Some((c, exiting)) = stack.pop() {
@@ -270,7 +271,7 @@ pub fn baseline(eg: &EG, roots: &[Id]) -> Option<f64> {
 /// [`MIN_GAIN_NS`] and [`MIN_GAIN_FRACTION`] of it.
 pub fn extract(eg: &EG, roots: &[Id], before: f64) -> Option<(f64, HashMap<Id, ANode>)> {
     let ext = Best::new(eg);
-    let mut overrides: HashMap<Id, ANode> = HashMap::new();
+    let mut overrides: HashMap<Id, ANode> = HashMap::default();
     let best = |c: Id, o: &HashMap<Id, ANode>| o.get(&c).or_else(|| ext.node(c)).cloned();
     let (mut cost, mut choice) = dag_cost(eg, roots, &|c| best(c, &overrides))?;
     for group in &eg.analysis.groups {

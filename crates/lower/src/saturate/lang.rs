@@ -3,12 +3,12 @@
 //! `air::Graph` and an `EGraph` (recognising the canonical matmul pattern on the way in and
 //! expanding it back on the way out).
 
-use std::collections::HashMap;
 use std::fmt;
 
 use air::op::{Permute, Reduce, Reshape};
 use air::{BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Shape, TensorType};
 use egg::{Id, Language};
+use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
 
 /// An interned `(Op, TensorType)`: the op with its typed attributes and the type of its value.
@@ -87,18 +87,49 @@ pub struct Types {
     pub groups: Vec<Vec<(Id, ANode)>>,
     /// Classes the multi-root rule built as concatenations (never merged again).
     pub concats: Vec<Id>,
+    /// Set while the conversion copies the graph's own nodes (see [`ClassData::fresh`]).
+    copying: bool,
+    /// `near_fresh[d]`: the canonical classes (ascending) at most `d` parent steps above a fresh
+    /// class, as of the start of the current iteration ([`index_fresh`]). A table pattern of
+    /// depth `d + 1` (ops and consts; captures are opaque to guards) can only match at these.
+    pub near_fresh: Vec<Vec<Id>>,
+}
+
+/// Levels of [`Types::near_fresh`] kept (the table's deepest pattern has depth 2): a deeper
+/// pattern searches every class of its head.
+pub const FRESH_LEVELS: usize = 2;
+
+/// Recomputes [`Types::near_fresh`] for the current (rebuilt) e-graph; the runner calls it
+/// before each iteration's search.
+pub fn index_fresh(eg: &mut EG) {
+    let mut fresh: Vec<Id> = eg.classes().filter(|c| c.data.fresh).map(|c| c.id).collect();
+    fresh.sort_unstable();
+    let mut levels = vec![fresh];
+    while levels.len() < FRESH_LEVELS {
+        let last = &levels[levels.len() - 1];
+        let mut next = last.clone();
+        for &c in last {
+            next.extend(eg[c].parents().map(|p| eg.find(p)));
+        }
+        next.sort_unstable();
+        next.dedup();
+        levels.push(next);
+    }
+    eg.analysis.near_fresh = levels;
 }
 
 impl Types {
     /// The interned form of `op` with result type `ty`.
     pub fn intern(&mut self, op: Op, ty: TensorType) -> OpRef {
-        if let Some(r) = self.index.get(&(op.clone(), ty.clone())) {
-            return *r;
+        let next = OpRef(u32::try_from(self.ops.len()).expect("fewer than 2^32 distinct ops"));
+        match self.index.entry((op, ty)) {
+            std::collections::hash_map::Entry::Occupied(e) => *e.get(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                self.ops.push(e.key().clone());
+                e.insert(next);
+                next
+            }
         }
-        let r = OpRef(u32::try_from(self.ops.len()).expect("fewer than 2^32 distinct ops"));
-        self.ops.push((op.clone(), ty.clone()));
-        self.index.insert((op, ty), r);
-        r
     }
 
     /// The op and result type behind `r`.
@@ -115,20 +146,37 @@ impl Types {
 /// The e-graph saturation runs on.
 pub type EG = egg::EGraph<ANode, Types>;
 
-impl egg::Analysis<ANode> for Types {
-    type Data = TensorType;
+/// What the analysis knows of an e-class.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClassData {
+    /// The type of every value in the class.
+    pub ty: TensorType,
+    /// Whether the class changed since the conversion copied the graph: it holds an e-node that
+    /// is not a plain copy of a graph node (a rule built it, or the conversion did: matmuls and
+    /// their operand views), or it was merged with another class. The converted graph is at the
+    /// greedy rewriter's fixpoint, so a table rule can only match where it touches a fresh
+    /// class (see [`Types::near_fresh`]).
+    pub fresh: bool,
+}
 
-    fn make(egraph: &mut EG, enode: &ANode, _: Id) -> TensorType {
-        match enode {
+impl egg::Analysis<ANode> for Types {
+    type Data = ClassData;
+
+    fn make(egraph: &mut EG, enode: &ANode, _: Id) -> ClassData {
+        let ty = match enode {
             ANode::Op(r, _) => egraph.analysis.get(*r).1.clone(),
             ANode::MatMul([a, b]) => {
-                matmul_type(&egraph[*a].data, &egraph[*b].data).expect("matmul nodes are type-checked when added")
+                matmul_type(&egraph[*a].data.ty, &egraph[*b].data.ty).expect("matmul nodes are type-checked when added")
             }
-        }
+        };
+        ClassData { ty, fresh: !egraph.analysis.copying }
     }
 
-    fn merge(&mut self, a: &mut TensorType, b: TensorType) -> egg::DidMerge {
-        debug_assert_eq!(*a, b, "only values of one type are merged");
+    fn merge(&mut self, a: &mut ClassData, b: ClassData) -> egg::DidMerge {
+        debug_assert_eq!(a.ty, b.ty, "only values of one type are merged");
+        a.fresh = true;
+        // Freshness is read class by class, never derived from children: parents need no
+        // re-analysis, so the merge reports no change.
         egg::DidMerge(false, false)
     }
 }
@@ -166,7 +214,7 @@ fn broadcast(x: &[Dim], y: &[Dim]) -> Option<Shape> {
 /// Adds an op node after type-checking it against its children's classes; `None` if the type
 /// rule rejects it.
 pub fn add_op(eg: &mut EG, op: Op, children: &[Id]) -> Option<Id> {
-    let types: Vec<TensorType> = children.iter().map(|&c| eg[c].data.clone()).collect();
+    let types: Vec<TensorType> = children.iter().map(|&c| eg[c].data.ty.clone()).collect();
     let ty = op.infer(&types.iter().collect::<Vec<_>>()).ok()?;
     let r = eg.analysis.intern(op, ty);
     Some(eg.add(ANode::Op(r, children.iter().copied().collect())))
@@ -180,7 +228,7 @@ pub fn add_leaf(eg: &mut EG, op: Op, ty: TensorType) -> Id {
 
 /// Adds `a @ b` after type-checking it; `None` if it does not type-check.
 pub fn add_matmul(eg: &mut EG, a: Id, b: Id) -> Option<Id> {
-    matmul_type(&eg[a].data, &eg[b].data)?;
+    matmul_type(&eg[a].data.ty, &eg[b].data.ty)?;
     Some(eg.add(ANode::MatMul([a, b])))
 }
 
@@ -196,19 +244,59 @@ pub fn is_transpose(op: &Op) -> bool {
     matches!(op, Op::Permute(p) if p.perm.len() >= 2 && p.perm == swap_last_two(p.perm.len()))
 }
 
-/// Adds the transpose (last two axes swapped) of class `x`.
+/// Adds the transpose (last two axes swapped) of class `x`; the transpose of a transpose is the
+/// class it transposes (no node is added, so no rule has to fold the pair).
 pub fn add_transpose(eg: &mut EG, x: Id) -> Option<Id> {
-    let rank = eg[x].data.shape.len();
+    let rank = eg[x].data.ty.shape.len();
     if rank < 2 {
         return None;
     }
-    add_op(eg, Op::Permute(Permute { perm: swap_last_two(rank) }), &[x])
+    let inner = eg[x].nodes.iter().find_map(|n| match n {
+        ANode::Op(r, kids) if is_transpose(&eg.analysis.get(*r).0) => Some(kids[0]),
+        _ => None,
+    });
+    match inner {
+        Some(y) => Some(eg.find(y)),
+        None => add_op(eg, Op::Permute(Permute { perm: swap_last_two(rank) }), &[x]),
+    }
 }
 
-/// A matmul found in a graph: its operands' views of the product space (before any expand).
+/// A matmul found in a graph: its operands' views of the product space (before any expand),
+/// and the shapes of its `MatMul`'s operands (`a`, and `b` transposed) and result.
 struct Found {
     a_view: NodeId,
     b_view: NodeId,
+    a_shape: Shape,
+    bt_shape: Shape,
+    shape: Shape,
+}
+
+/// Where a `MatMul` operand comes from (see [`operand`]).
+#[derive(Clone, Copy)]
+enum Operand {
+    /// This node's value as it is.
+    Node(NodeId),
+    /// The `MatMul` of this recognised matmul.
+    Matmul(NodeId),
+    /// This node's value reshaped.
+    Reshaped(NodeId),
+}
+
+/// The source of a `MatMul` operand of shape `shape` read through `view`: the view's own input
+/// when that already has the shape (the facade's `reshape` under the expand), or the `MatMul`
+/// of a recognised matmul that the view reshapes when the shapes agree (a matmul reading
+/// another's result); else the view reshaped.
+fn operand(g: &Graph, found: &HashMap<NodeId, Found>, view: NodeId, shape: &Shape) -> Operand {
+    if let Op::Reshape(_) = g.op(view) {
+        let inner = g.inputs(view)[0];
+        if found.get(&inner).is_some_and(|f| f.shape == *shape) {
+            return Operand::Matmul(inner);
+        }
+        if g.ty(inner).shape == *shape {
+            return Operand::Node(inner);
+        }
+    }
+    Operand::Reshaped(view)
 }
 
 /// Recognises the canonical matmul pattern (the facade's `canonical_matmul`, after the greedy
@@ -242,7 +330,26 @@ fn find_matmul(g: &Graph, root: NodeId) -> Option<Found> {
     } else {
         return None;
     };
-    Some(Found { a_view, b_view })
+    let (av, bv) = (&g.ty(a_view).shape, &g.ty(b_view).shape);
+    let mut a_shape: Shape = av.iter().enumerate().filter(|&(i, _)| i != rank - 2).map(|(_, d)| d.clone()).collect();
+    let mut bt_shape: Shape = bv.iter().enumerate().filter(|&(i, _)| i != rank - 3).map(|(_, d)| d.clone()).collect();
+    // Leading 1s only broadcast: drop them from one operand while the other keeps the result's
+    // rank (a weight shared by a batch stays a matrix).
+    while bt_shape.len() > 2 && bt_shape[0] == one {
+        bt_shape.remove(0);
+    }
+    while a_shape.len() > 2 && a_shape[0] == one && bt_shape.len() == rank - 1 {
+        a_shape.remove(0);
+    }
+    let dtype = g.ty(root).dtype;
+    let b_shape: Shape = bt_shape[..bt_shape.len() - 2]
+        .iter()
+        .chain([&bt_shape[bt_shape.len() - 1], &bt_shape[bt_shape.len() - 2]])
+        .cloned()
+        .collect();
+    let shape =
+        matmul_type(&TensorType { dtype, shape: a_shape.clone() }, &TensorType { dtype, shape: b_shape })?.shape;
+    Some(Found { a_view, b_view, a_shape, bt_shape, shape })
 }
 
 /// Whether `n` is the root of a canonical matmul pattern (see `find_matmul`).
@@ -250,30 +357,19 @@ pub(crate) fn is_matmul(g: &Graph, n: NodeId) -> bool {
     find_matmul(g, n).is_some()
 }
 
-/// Class of `view` reshaped to `shape`: the view's own input when that already has the shape
-/// (the facade's `reshape` under the expand), else a new reshape node.
-/// When that input is a recognised matmul whose result has the shape (a matmul reading another's
-/// result), the matmul's class itself.
-fn squeeze(
-    g: &Graph,
+/// The class of a `MatMul` operand of shape `shape` read from `read` (see [`operand`]).
+fn operand_class(
     eg: &mut EG,
     ids: &HashMap<NodeId, Id>,
     mm_of: &HashMap<NodeId, Id>,
-    view: NodeId,
-    shape: Shape,
+    read: Operand,
+    shape: &Shape,
 ) -> Option<Id> {
-    if let Op::Reshape(_) = g.op(view) {
-        let inner = g.inputs(view)[0];
-        if g.ty(inner).shape == shape {
-            return ids.get(&inner).copied();
-        }
-        if let Some(&mm) = mm_of.get(&inner)
-            && eg[mm].data.shape == shape
-        {
-            return Some(mm);
-        }
+    match read {
+        Operand::Node(v) => ids.get(&v).copied(),
+        Operand::Matmul(v) => mm_of.get(&v).copied(),
+        Operand::Reshaped(v) => add_op(eg, Op::Reshape(Reshape { shape: shape.clone() }), &[*ids.get(&v)?]),
     }
-    add_op(eg, Op::Reshape(Reshape { shape }), &[*ids.get(&view)?])
 }
 
 /// What the conversion of a graph into an e-graph remembers about the graph.
@@ -287,32 +383,54 @@ pub struct Converted {
 }
 
 /// Converts the live part of `g` into an e-graph, each canonical matmul becoming one `MatMul`.
+/// Only what the outputs need is converted: a recognised matmul reads its operands as
+/// [`operand`] says (not its product space), and its result with the summed axis kept only when
+/// something other than a reshape reads it.
 pub fn to_egraph(g: &Graph) -> Option<(EG, Converted)> {
     let order = g.live_order();
-    let mut found = HashMap::new();
+    let mut found = HashMap::default();
     for &id in &order {
         if let Some(f) = find_matmul(g, id) {
             found.insert(id, f);
         }
     }
-    // What the outputs need, reading each recognised matmul through its two operand views only.
-    let mut needed = std::collections::HashSet::new();
+    let reads = |f: &Found| [operand(g, &found, f.a_view, &f.a_shape), operand(g, &found, f.b_view, &f.bt_shape)];
+    let mut needed = rustc_hash::FxHashSet::default();
+    // Recognised matmuls whose result (with the summed axis) is read as such.
+    let mut kept: rustc_hash::FxHashSet<NodeId> =
+        g.outputs().iter().copied().filter(|o| found.contains_key(o)).collect();
     let mut stack: Vec<NodeId> = g.outputs().to_vec();
     while let Some(n) = stack.pop() {
-        if needed.insert(n) {
-            match found.get(&n) {
-                Some(f) => stack.extend([f.a_view, f.b_view]),
-                None => stack.extend(g.inputs(n).iter().copied()),
+        if !needed.insert(n) {
+            continue;
+        }
+        match found.get(&n) {
+            Some(f) => {
+                for read in reads(f) {
+                    let (Operand::Node(v) | Operand::Matmul(v) | Operand::Reshaped(v)) = read;
+                    if !matches!(read, Operand::Matmul(_)) && found.contains_key(&v) {
+                        kept.insert(v);
+                    }
+                    stack.push(v);
+                }
+            }
+            None => {
+                if !matches!(g.op(n), Op::Reshape(_)) {
+                    kept.extend(g.inputs(n).iter().copied().filter(|i| found.contains_key(i)));
+                }
+                stack.extend(g.inputs(n).iter().copied())
             }
         }
     }
     let mut eg = EG::new(Types::default());
-    let mut ids: HashMap<NodeId, Id> = HashMap::with_capacity(order.len());
-    let mut mm_of: HashMap<NodeId, Id> = HashMap::new();
+    let mut ids: HashMap<NodeId, Id> = HashMap::with_capacity_and_hasher(order.len(), Default::default());
+    let mut mm_of: HashMap<NodeId, Id> = HashMap::default();
     let mut inputs = Vec::new();
     for (slot, id) in g.input_nodes() {
         let r = eg.analysis.intern(g.op(id).clone(), g.ty(id).clone());
+        eg.analysis.copying = true;
         let class = eg.add(ANode::Op(r, SmallVec::new()));
+        eg.analysis.copying = false;
         ids.insert(id, class);
         inputs.push((slot, r, class));
     }
@@ -321,29 +439,27 @@ pub fn to_egraph(g: &Graph) -> Option<(EG, Converted)> {
             continue;
         }
         let node = g.node(id);
+        // A reshape of a recognised matmul's result reads the `MatMul` directly (it is the
+        // matmul's own class when the shapes agree), not the reshape that keeps the summed axis.
+        if let Op::Reshape(Reshape { shape }) = &node.op
+            && let Some(&mm) = mm_of.get(&node.inputs[0])
+        {
+            let class = if eg[mm].data.ty.shape == *shape { mm } else { add_op(&mut eg, node.op.clone(), &[mm])? };
+            ids.insert(id, class);
+            continue;
+        }
         let enode = if let Some(f) = found.get(&id) {
-            let (av, bv) = (&g.ty(f.a_view).shape, &g.ty(f.b_view).shape);
-            let r = av.len();
-            let mut a_shape: Shape =
-                av.iter().enumerate().filter(|&(i, _)| i != r - 2).map(|(_, d)| d.clone()).collect();
-            let mut bt_shape: Shape =
-                bv.iter().enumerate().filter(|&(i, _)| i != r - 3).map(|(_, d)| d.clone()).collect();
-            // Leading 1s only broadcast: drop them from one operand while the other keeps the
-            // result's rank (a weight shared by a batch stays a matrix).
-            let one = Dim::Const(1);
-            while bt_shape.len() > 2 && bt_shape[0] == one {
-                bt_shape.remove(0);
-            }
-            while a_shape.len() > 2 && a_shape[0] == one && bt_shape.len() == r - 1 {
-                a_shape.remove(0);
-            }
-            let a = squeeze(g, &mut eg, &ids, &mm_of, f.a_view, a_shape)?;
-            let bt = squeeze(g, &mut eg, &ids, &mm_of, f.b_view, bt_shape)?;
+            let [ra, rb] = reads(f);
+            let a = operand_class(&mut eg, &ids, &mm_of, ra, &f.a_shape)?;
+            let bt = operand_class(&mut eg, &ids, &mm_of, rb, &f.bt_shape)?;
             let b = add_transpose(&mut eg, bt)?;
             let mm = add_matmul(&mut eg, a, b)?;
             mm_of.insert(id, mm);
+            if !kept.contains(&id) {
+                continue;
+            }
             // The reduce keeps the summed axis as size 1.
-            let mut keep = eg[mm].data.clone();
+            let mut keep = eg[mm].data.ty.clone();
             keep.shape.push(Dim::Const(1));
             if keep != node.ty {
                 return None;
@@ -354,9 +470,11 @@ pub fn to_egraph(g: &Graph) -> Option<(EG, Converted)> {
             )
         } else {
             let children: SmallVec<[Id; 3]> = node.inputs.iter().map(|i| ids[i]).collect();
+            eg.analysis.copying = true;
             ANode::Op(eg.analysis.intern(node.op.clone(), node.ty.clone()), children)
         };
         let class = eg.add(enode);
+        eg.analysis.copying = false;
         ids.insert(id, class);
     }
     eg.rebuild();
@@ -372,7 +490,7 @@ pub fn to_egraph(g: &Graph) -> Option<(EG, Converted)> {
 /// type-check (a broken invariant of a rule) or the choice is cyclic.
 pub fn to_graph(eg: &EG, choice: &HashMap<Id, ANode>, conv: &Converted) -> Option<Graph> {
     let mut g = Graph::new();
-    let mut built: HashMap<Id, NodeId> = HashMap::new();
+    let mut built: HashMap<Id, NodeId> = HashMap::default();
     for &(_, r, class) in &conv.inputs {
         let (op, ty) = eg.analysis.get(r).clone();
         built.insert(eg.find(class), g.add_leaf(op, ty).ok()?);
@@ -412,7 +530,7 @@ fn build(
         }
         ANode::MatMul(_) => expand_matmul(g, kids[0], kids[1])?,
     };
-    if g.ty(id) != &eg[class].data {
+    if g.ty(id) != &eg[class].data.ty {
         return None;
     }
     built.insert(class, id);

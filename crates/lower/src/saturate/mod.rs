@@ -23,13 +23,13 @@ pub mod cost;
 pub mod lang;
 pub mod rules;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use air::{Graph, GraphKey, NodeId};
+use air::{Graph, NodeId};
 use egg::{BackoffScheduler, Rewrite, Runner, StopReason};
+use rustc_hash::FxHashMap as HashMap;
 
 use lang::{ANode, Types};
 
@@ -133,25 +133,29 @@ pub fn saturate(graph: &mut Graph, options: &SaturateOptions) -> SaturateStats {
         return saturate_whole(graph, options);
     }
     let blocks = blocks::blocks(graph, &regions);
-    let (keys, repeats) = blocks::keys(&blocks);
+    let (reps, repeats) = blocks::representatives(graph, &blocks);
     if !repeats {
         return saturate_whole(graph, options);
     }
     let debug = std::env::var_os("KILN_SATURATE_DEBUG").is_some();
     let mut stats = SaturateStats { stop: "no-matmul".into(), regions: blocks.len(), ..SaturateStats::default() };
-    let mut done: HashMap<&GraphKey, (Option<Graph>, SaturateStats)> = HashMap::new();
-    let mut replaced: HashMap<NodeId, NodeId> = HashMap::new();
-    for (block, key) in blocks.iter().zip(&keys) {
-        if !done.contains_key(key) {
-            let mut g = block.graph.clone();
+    // Per block that is the first of its structure: the saturated graph if it changed, and the
+    // counters of its saturation.
+    let mut done: Vec<Option<(Option<Graph>, SaturateStats)>> = vec![None; blocks.len()];
+    let mut replaced: HashMap<NodeId, NodeId> = HashMap::default();
+    for (i, block) in blocks.into_iter().enumerate() {
+        let rep = reps[i];
+        if rep == i {
+            let mut g = block.graph(graph);
+            let nodes = g.len();
             let s = saturate_whole(&mut g, options);
             if debug {
-                eprintln!("saturate: region of {} nodes: {s}", block.graph.len());
+                eprintln!("saturate: region of {nodes} nodes: {s}");
             }
             stats.absorb(&s);
-            done.insert(key, (s.changed.then_some(g), s));
+            done[i] = Some((s.changed.then_some(g), s));
         }
-        let (result, s) = &done[key];
+        let (result, s) = done[rep].as_ref().expect("a block's first of its structure comes before it");
         stats.matmuls += s.matmuls;
         stats.cost_before += s.cost_before;
         stats.cost_after += s.cost_after;
@@ -188,6 +192,10 @@ fn saturate_whole(graph: &mut Graph, options: &SaturateOptions) -> SaturateStats
         .with_iter_limit(options.iter_limit)
         .with_time_limit(options.time_limit)
         .with_scheduler(BackoffScheduler::default())
+        .with_hook(|runner| {
+            lang::index_fresh(&mut runner.egraph);
+            Ok(())
+        })
         .run(rewrites(options.fast_math));
     let eg = &runner.egraph;
     air::work::add(eg.total_number_of_nodes() as u64);

@@ -28,11 +28,10 @@
 //! `MultiPattern`s: merging pairs and then pairs of merges builds every concatenation order of
 //! every subset, where one n-way merge per shared operand builds one.
 
-use std::collections::HashMap;
-
 use air::op::{Const, Pad, Shrink};
 use air::{BinaryOp, Dim, Graph, NodeId, Op, Scalar, TensorType};
 use egg::{Applier, Id, Language, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
+use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
 
 use super::lang::{ANode, EG, add_leaf, add_matmul, add_op, add_transpose, exact_algebra, is_transpose};
@@ -84,7 +83,7 @@ type Caps = SmallVec<[Option<Id>; 4]>;
 /// search visits and rejects cost little.
 fn may_match(eg: &EG, pat: &Pat, class: Id) -> bool {
     match pat {
-        Pat::Capture { class: dclass, .. } => dclass.accepts(eg[class].data.dtype),
+        Pat::Capture { class: dclass, .. } => dclass.accepts(eg[class].data.ty.dtype),
         Pat::Const(lit) => eg[class]
             .nodes
             .iter()
@@ -111,7 +110,7 @@ fn matches(eg: &EG, pat: &Pat, class: Id, caps: &Caps) -> Vec<(Caps, MTree)> {
     let leaf = |caps: Caps| (caps, MTree { class, node: None, kids: Vec::new() });
     match pat {
         Pat::Capture { var, class: dclass } => {
-            if !dclass.accepts(eg[class].data.dtype) {
+            if !dclass.accepts(eg[class].data.ty.dtype) {
                 return Vec::new();
             }
             let mut caps = caps.clone();
@@ -259,10 +258,13 @@ impl Searcher<ANode, super::lang::Types> for TableRule {
     }
 
     fn search_with_limit(&self, eg: &EG, limit: usize) -> Vec<SearchMatches<'_, ANode>> {
-        let classes = match &self.lhs {
-            Pat::Op { head, .. } => classes_where(eg, |op| head.accepts(op)),
-            Pat::Const(_) => classes_where(eg, |op| matches!(op, Op::Const(_))),
-            Pat::Capture { .. } => eg.classes().map(|c| c.id).collect(),
+        // Only classes near a fresh one can match (see `Types::near_fresh`).
+        let near = eg.analysis.near_fresh.get(self.lhs.depth().wrapping_sub(1));
+        let classes = match (&self.lhs, near) {
+            (Pat::Capture { .. }, _) => eg.classes().map(|c| c.id).collect(),
+            (_, Some(near)) => near.clone(),
+            (Pat::Op { head, .. }, None) => classes_where(eg, |op| head.accepts(op)),
+            (Pat::Const(_), None) => classes_where(eg, |op| matches!(op, Op::Const(_))),
         };
         search_classes(classes, limit, |c, left| self.search_eclass_with_limit(eg, c, left))
     }
@@ -285,7 +287,7 @@ fn mini(
             return Some(n);
         }
         let slot = u32::try_from(leaves.len()).ok()?;
-        let n = g.add_leaf(Op::Input(air::op::Input { slot }), eg[t.class].data.clone()).ok()?;
+        let n = g.add_leaf(Op::Input(air::op::Input { slot }), eg[t.class].data.ty.clone()).ok()?;
         leaves.insert(t.class, n);
         origin.insert(n, t.class);
         return Some(n);
@@ -336,8 +338,8 @@ impl Applier<ANode, super::lang::Types> for TableRule {
         let found = matches(eg, &self.lhs, eclass, &empty);
         let Some((_, tree)) = found.iter().find(|(c, _)| self.subst(c) == *subst) else { return Vec::new() };
         let mut g = Graph::new();
-        let mut origin = HashMap::new();
-        let Some(root) = mini(eg, tree, &mut g, &mut origin, &mut HashMap::new()) else { return Vec::new() };
+        let mut origin = HashMap::default();
+        let Some(root) = mini(eg, tree, &mut g, &mut origin, &mut HashMap::default()) else { return Vec::new() };
         let mut m = Match::new(&self.names);
         if !match_at(&g, &self.lhs, root, &mut m) || self.rule.guard.is_some_and(|guard| !(guard.f)(&g, root, &m)) {
             return Vec::new();
@@ -407,7 +409,7 @@ impl MatRule {
     fn allowed(&self, eg: &EG, class: Id) -> bool {
         match self.kind {
             Kind::Transpose | Kind::MergeSharedLhs => true,
-            _ => self.fast_math || exact_algebra(eg[class].data.dtype),
+            _ => self.fast_math || exact_algebra(eg[class].data.ty.dtype),
         }
     }
 
@@ -491,18 +493,18 @@ impl MatRule {
             }
             Kind::ScaleLeft | Kind::ScaleRight => {
                 let mm = add_matmul(eg, get("a")?, get("b")?)?;
-                let k = const_like(eg, get("k")?, eg[mm].data.clone())?;
+                let k = const_like(eg, get("k")?, eg[mm].data.ty.clone())?;
                 add_op(eg, Op::Binary(BinaryOp::Mul), &[mm, k])?
             }
             Kind::ScaleIn => {
                 let a = get("a")?;
-                let k = const_like(eg, get("k")?, eg[a].data.clone())?;
+                let k = const_like(eg, get("k")?, eg[a].data.ty.clone())?;
                 let ak = add_op(eg, Op::Binary(BinaryOp::Mul), &[a, k])?;
                 add_matmul(eg, ak, get("b")?)?
             }
             Kind::MergeSharedLhs => return None,
         };
-        (eg[new].data == eg[class].data).then_some(new)
+        (eg[new].data.ty == eg[class].data.ty).then_some(new)
     }
 }
 
@@ -525,12 +527,12 @@ impl Searcher<ANode, super::lang::Types> for MatRule {
             return search_classes(roots, limit, |c, left| self.search_eclass_with_limit(eg, c, left));
         }
         // Buckets of matmul classes by their (shared) left operand, in class order.
-        let mut by_lhs: HashMap<Id, Vec<(Id, Id)>> = HashMap::new();
+        let mut by_lhs: HashMap<Id, Vec<(Id, Id)>> = HashMap::default();
         let mut order = Vec::new();
         for c in roots {
             for [a, b] in matmuls(eg, c) {
                 let (a, b) = (eg.find(a), eg.find(b));
-                if eg[b].data.shape.len() != 2 || eg.analysis.concats.iter().any(|&k| eg.find(k) == b) {
+                if eg[b].data.ty.shape.len() != 2 || eg.analysis.concats.iter().any(|&k| eg.find(k) == b) {
                     continue;
                 }
                 let bucket = by_lhs.entry(a).or_insert_with(|| {
@@ -576,9 +578,9 @@ fn merge(eg: &mut EG, s: &Subst) -> Vec<Id> {
         }
     }
     let Some(x) = x else { return Vec::new() };
-    let ns: Vec<Dim> = members.iter().map(|&(_, w)| eg[w].data.shape[1].clone()).collect();
+    let ns: Vec<Dim> = members.iter().map(|&(_, w)| eg[w].data.ty.shape[1].clone()).collect();
     let total = ns.iter().fold(Dim::Const(0), |acc, n| &acc + n);
-    let dtype = eg[x].data.dtype;
+    let dtype = eg[x].data.ty.dtype;
     let zero = if dtype.is_float() { Scalar::Float(0.0) } else { Scalar::Int(0) };
     let mut cat: Option<Id> = None;
     let mut offset = Dim::Const(0);
@@ -601,14 +603,14 @@ fn merge(eg: &mut EG, s: &Subst) -> Vec<Id> {
     let Some(cat) = cat else { return Vec::new() };
     eg.analysis.concats.push(cat);
     let Some(mm) = add_matmul(eg, x, cat) else { return Vec::new() };
-    let shape = eg[mm].data.shape.clone();
+    let shape = eg[mm].data.ty.shape.clone();
     let mut group = Vec::new();
     let mut changed = Vec::new();
     for (&(m, _), range) in members.iter().zip(ranges) {
         let mut rs: Vec<(Dim, Dim)> = shape.iter().map(|d| (Dim::Const(0), d.clone())).collect();
         *rs.last_mut().expect("a matmul has rank >= 2") = range;
         let Some(slice) = add_op(eg, Op::Shrink(Shrink { ranges: rs }), &[mm]) else { return Vec::new() };
-        if eg[slice].data != eg[m].data {
+        if eg[slice].data.ty != eg[m].data.ty {
             return Vec::new();
         }
         let node = eg[slice].nodes.iter().find(|n| matches!(op_of(eg, n), Some(Op::Shrink(_)))).cloned();
