@@ -7,6 +7,9 @@
 //! cargo run --release -p kiln-cli --example saturate_bench [rounds]
 //! ```
 //!
+//! Last, the saturate pass alone on the 2- and 8-layer Transformer (after the greedy rewrites,
+//! as `compile` runs it), warm: the median of 201 calls.
+//!
 //! Workloads: the matmul chain `(A @ B) @ v` (512x512 matrices, a 512x1 vector) at `O3`
 //! (reassociation is fast-math for floats), three projections of one 512x64 input (attention's
 //! Q, K and V) at `O2`, the 2- and 8-layer Transformer forward of `kiln profile` at `O2` and
@@ -116,6 +119,21 @@ fn main() -> anyhow::Result<()> {
             median(&sat_ms),
             ratios.join(" ")
         );
+    }
+    // The saturate pass alone, warm, on the greedy pipeline's output (as `compile` runs it).
+    for layers in [2, 8] {
+        let mut graph = transformer(layers)?.graph;
+        lower::rewrite::optimize(&mut graph);
+        let options = lower::saturate::SaturateOptions::default();
+        let times: Vec<f64> = (0..201)
+            .map(|_| {
+                let mut g = graph.clone();
+                let t0 = Instant::now();
+                std::hint::black_box(lower::saturate::saturate(&mut g, &options));
+                t0.elapsed().as_secs_f64() * 1e3
+            })
+            .collect();
+        println!("saturate pass alone, transformer {layers} layers, O2: median of 201 {:.3} ms", median(&times));
     }
     Ok(())
 }
