@@ -152,6 +152,8 @@ pub struct Runner<B: Backend> {
     /// Binding sets by structure key (only for programs with offset symbols): where a new binding
     /// set finds its plan and launches.
     structures: SizedCache<BindingSet<B>>,
+    /// Binding sets sized and planned from scratch (see [`Runner::binding_sets_planned`]).
+    planned: std::sync::atomic::AtomicU64,
     pub(crate) buffers: Mutex<B::Buffers>,
 }
 
@@ -167,6 +169,7 @@ impl<B: Backend> Runner<B> {
             backend,
             sized: SizedCache::default(),
             structures: SizedCache::default(),
+            planned: std::sync::atomic::AtomicU64::new(0),
             buffers: Mutex::new(B::Buffers::default()),
         }
     }
@@ -201,6 +204,13 @@ impl<B: Backend> Runner<B> {
         Ok(self.sized(bindings)?.plan.stats)
     }
 
+    /// How many binding sets were sized, planned and given launches from scratch. Binding sets
+    /// that differ only in offset symbols (`Program::structure_symbols`: a KV cache's write
+    /// position) share one, so a decoding loop plans once per structure, not once per token.
+    pub fn binding_sets_planned(&self) -> u64 {
+        self.planned.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The cached sizes, plan and launches for `bindings`, computed on first use.
     pub fn sized(&self, bindings: &Bindings) -> Result<Arc<BindingSet<B>>> {
         let key = self.prepared.key(bindings)?;
@@ -217,6 +227,7 @@ impl<B: Backend> Runner<B> {
 
     /// Sizes, plan and launches for `bindings`, computed from scratch.
     fn make_sized(&self, key: crate::prepared::SizeKey, bindings: &Bindings) -> Result<BindingSet<B>> {
+        self.planned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         {
             let sizes = self.prepared.sizes(key, bindings)?;
             let launches = self.backend.size(&self.prepared, &sizes)?;

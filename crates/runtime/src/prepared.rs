@@ -43,6 +43,10 @@ pub struct Prepared {
     /// (`Program::structure_symbols`): binding sets equal in these share everything but the
     /// symbol values kernels read.
     structure_symbols: Vec<Symbol>,
+    /// Input slots whose shape has a symbol outside `structure_symbols` (inputs with no
+    /// elements, such as `Tensor::symbol`'s position carriers): [`Prepared::resized`] evaluates
+    /// their shapes again.
+    offset_inputs: Vec<usize>,
     /// `Program::inits` as (output buffer, input slot), validated.
     init_slots: Vec<(usize, usize)>,
 }
@@ -103,6 +107,20 @@ fn key_of(symbols: &[Symbol], bindings: &Bindings) -> Result<SizeKey> {
         key.push(*bindings.get(s).ok_or_else(|| RuntimeError::Unbound(s.clone()))?);
     }
     Ok(key)
+}
+
+/// The value of `d` under `bindings` as a size (`what` names it in an error).
+fn eval_dim(d: &air::Dim, bindings: &Bindings, what: &dyn Fn() -> String) -> Result<usize> {
+    let v = d.eval(bindings).map_err(|e| match e {
+        air::dim::DimError::Unbound(s) => RuntimeError::Unbound(s),
+        other => RuntimeError::BadSize(format!("{}: {other}", what())),
+    })?;
+    usize::try_from(v).map_err(|_| RuntimeError::BadSize(format!("{} is {v}", what())))
+}
+
+/// The shape of `t` under `bindings`.
+fn eval_shape(t: &TensorType, bindings: &Bindings, what: &dyn Fn() -> String) -> Result<Vec<usize>> {
+    t.shape.iter().map(|d| eval_dim(d, bindings, what)).collect()
 }
 
 fn invalid<T>(msg: String) -> Result<T> {
@@ -204,7 +222,16 @@ impl Prepared {
         }
         let size_symbols = program.size_symbols(&input_types);
         let structure_symbols = program.structure_symbols(&input_types);
-        Ok(Prepared { program, input_types, size_symbols, structure_symbols, init_slots })
+        let offset_inputs = input_types
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| {
+                let offset = |d: &air::Dim| d.symbols().iter().any(|s| !structure_symbols.contains(s));
+                t.as_ref().is_some_and(|t| t.shape.iter().any(offset))
+            })
+            .map(|(slot, _)| slot)
+            .collect();
+        Ok(Prepared { program, input_types, size_symbols, structure_symbols, offset_inputs, init_slots })
     }
 
     /// The lowered program.
@@ -255,13 +282,30 @@ impl Prepared {
     pub fn resized(&self, like: &Sizes, key: SizeKey, bindings: &Bindings) -> Result<Sizes> {
         self.program.check_bindings(bindings)?;
         let syms = self.syms(bindings)?;
+        let mut input_shapes = like.input_shapes.clone();
+        for &slot in &self.offset_inputs {
+            if let Some(t) = &self.input_types[slot] {
+                input_shapes[slot] = Some(eval_shape(t, bindings, &|| format!("input slot {slot} ({t})"))?);
+            }
+        }
         Ok(Sizes {
             key,
             syms,
             buf_numel: like.buf_numel.clone(),
-            input_shapes: like.input_shapes.clone(),
+            input_shapes,
             output_shapes: like.output_shapes.clone(),
         })
+    }
+
+    /// The shape of every input slot under `bindings` (`None` for a slot no input node uses).
+    fn input_shapes(&self, bindings: &Bindings) -> Result<Vec<Option<Vec<usize>>>> {
+        self.input_types
+            .iter()
+            .enumerate()
+            .map(|(slot, t)| {
+                t.as_ref().map(|t| eval_shape(t, bindings, &|| format!("input slot {slot} ({t})"))).transpose()
+            })
+            .collect()
     }
 
     fn syms(&self, bindings: &Bindings) -> Result<Vec<i64>> {
@@ -277,16 +321,7 @@ impl Prepared {
     pub fn sizes(&self, key: SizeKey, bindings: &Bindings) -> Result<Sizes> {
         let p = &self.program;
         p.check_bindings(bindings)?;
-        let eval = |d: &air::Dim, what: &dyn Fn() -> String| -> Result<usize> {
-            let v = d.eval(bindings).map_err(|e| match e {
-                air::dim::DimError::Unbound(s) => RuntimeError::Unbound(s),
-                other => RuntimeError::BadSize(format!("{}: {other}", what())),
-            })?;
-            usize::try_from(v).map_err(|_| RuntimeError::BadSize(format!("{} is {v}", what())))
-        };
-        let eval_shape = |t: &TensorType, what: &dyn Fn() -> String| -> Result<Vec<usize>> {
-            t.shape.iter().map(|d| eval(d, what)).collect()
-        };
+        let eval = |d: &air::Dim, what: &dyn Fn() -> String| eval_dim(d, bindings, what);
         let numel = |shape: &[usize], what: &dyn Fn() -> String| -> Result<usize> {
             shape
                 .iter()
@@ -303,13 +338,7 @@ impl Prepared {
                 .ok_or_else(|| RuntimeError::BadSize(format!("buf{i} of {n} elements is too large")))?;
             buf_numel.push(n);
         }
-        let mut input_shapes = Vec::with_capacity(self.input_types.len());
-        for (slot, t) in self.input_types.iter().enumerate() {
-            input_shapes.push(match t {
-                Some(t) => Some(eval_shape(t, &|| format!("input slot {slot} ({t})"))?),
-                None => None,
-            });
-        }
+        let input_shapes = self.input_shapes(bindings)?;
         for (i, b) in p.buffers.iter().enumerate() {
             if let BufferKind::Input(slot) = b.kind {
                 let shape = input_shapes[slot as usize].as_deref().unwrap_or_default();
@@ -323,7 +352,7 @@ impl Prepared {
         }
         let mut output_shapes = Vec::with_capacity(p.outputs.len());
         for (i, (buf, t)) in p.outputs.iter().enumerate() {
-            let shape = eval_shape(t, &|| format!("output {i} ({t})"))?;
+            let shape = eval_shape(t, bindings, &|| format!("output {i} ({t})"))?;
             if numel(&shape, &|| format!("output {i}"))? != buf_numel[buf.0 as usize] {
                 return invalid(format!(
                     "output {i} of shape {shape:?} is read from {buf} of {} elements",

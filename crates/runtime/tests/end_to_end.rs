@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use air::dim::shape_of;
 use air::op::{Cast, Pad, Shrink};
-use air::{BinaryOp, Bindings, DType, Dim, Graph, HostTensor, Op, ReduceOp, Scalar, Symbol, UnaryOp};
+use air::{BinaryOp, Bindings, DType, Dim, Graph, HostData, HostTensor, Op, ReduceOp, Scalar, Symbol, UnaryOp};
 use common::*;
 use kiln_runtime::{Backend, CpuDevice, Runner, RuntimeError};
 
@@ -377,4 +377,39 @@ fn devices_and_executables_are_shared_across_threads() {
             });
         }
     });
+}
+
+/// `x: f32[4]` written at position `p` of a zeroed `f32[16]` (a pad by `p` and `12 - p`), where
+/// `p` reaches the program only as the shape `[p, 0]` of an empty input: the way `kiln::jit`
+/// passes a KV cache's write position (`Tensor::symbol`).
+fn write_at_position() -> Graph {
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[4]);
+    input(&mut g, 1, DType::I32, &[Dim::sym("p"), Dim::Const(0)]);
+    let p = Dim::sym("p");
+    let padding = vec![(p.clone(), &Dim::Const(12) - &p)];
+    let y = g.add(Op::Pad(Pad { padding, value: Scalar::Float(0.0) }), &[x]).unwrap();
+    g.add_output(y);
+    g
+}
+
+#[test]
+fn positions_that_are_only_offsets_share_one_plan() {
+    let dev = CpuDevice::new().unwrap();
+    let exe = dev.compile(&write_at_position()).unwrap();
+    let x = HostTensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], vec![4]).unwrap();
+    for p in 0..=12usize {
+        let carrier = HostTensor::new(HostData::I32(Vec::new()), vec![p, 0]).unwrap();
+        let b: Bindings = [(Symbol::new("p"), p as i64)].into_iter().collect();
+        let out = exe.run(&[x.clone(), carrier], &b).unwrap();
+        let mut want = [0.0f32; 16];
+        want[p..p + 4].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(out[0].as_slice::<f32>().unwrap(), &want[..], "p = {p}");
+    }
+    // Sizes, memory plan and launches do not depend on `p`: planned once, not once per position.
+    assert_eq!(exe.binding_sets_planned(), 1);
+    // The empty input's shape is still checked against the bindings.
+    let carrier = HostTensor::new(HostData::I32(Vec::new()), vec![3, 0]).unwrap();
+    let b: Bindings = [(Symbol::new("p"), 2)].into_iter().collect();
+    assert!(exe.run(&[x, carrier], &b).is_err());
 }
