@@ -34,12 +34,13 @@
 //! # Ok::<(), kiln::Error>(())
 //! ```
 
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::{Add, Div, Mul, Neg, Sub};
 use std::panic::Location;
 
 use air::DType;
+use indexmap::IndexMap;
+use rustc_hash::FxBuildHasher;
 
 use crate::error::{Error, Result};
 use crate::scalar::{IntoScalar, Operand};
@@ -51,11 +52,27 @@ pub struct Tree<T> {
     kind: Kind<T>,
 }
 
-#[derive(Clone, PartialEq)]
+#[derive(Clone)]
 enum Kind<T> {
     Leaf(T),
-    /// Entries in insertion order; keys are distinct, non-empty and free of `.`.
-    Node(Vec<(String, Tree<T>)>),
+    /// Entries in insertion order; keys are distinct, non-empty and free of `.`. An `IndexMap`:
+    /// lookups by key are O(1) however wide the node (a flat state dict of 10,000 tensors took
+    /// 0.67 s to build with a linear scan per key).
+    Node(Entries<T>),
+}
+
+/// A node's entries: an insertion-ordered map with a fast hash for short keys.
+type Entries<T> = IndexMap<String, Tree<T>, FxBuildHasher>;
+
+/// Trees are equal when their entries are, in the same order (as `Vec`s of entries compare).
+impl<T: PartialEq> PartialEq for Kind<T> {
+    fn eq(&self, other: &Kind<T>) -> bool {
+        match (self, other) {
+            (Kind::Leaf(a), Kind::Leaf(b)) => a == b,
+            (Kind::Node(a), Kind::Node(b)) => a.len() == b.len() && a.iter().eq(b.iter()),
+            _ => false,
+        }
+    }
 }
 
 fn tree_error(op: &'static str, message: impl Into<String>, location: &'static Location<'static>) -> Error {
@@ -96,7 +113,7 @@ impl<T> From<T> for Tree<T> {
 impl<T> Tree<T> {
     /// An empty node (no entries).
     pub fn new() -> Tree<T> {
-        Tree { kind: Kind::Node(Vec::new()) }
+        Tree { kind: Kind::Node(Entries::default()) }
     }
 
     /// A tree that is one leaf.
@@ -109,15 +126,14 @@ impl<T> Tree<T> {
     #[track_caller]
     pub fn from_entries(entries: impl IntoIterator<Item = (impl Into<String>, Tree<T>)>) -> Result<Tree<T>> {
         let loc = Location::caller();
-        let mut out: Vec<(String, Tree<T>)> = Vec::new();
-        let mut seen: HashMap<String, ()> = HashMap::new();
+        let mut out: Entries<T> = Entries::default();
         for (key, sub) in entries {
             let key = key.into();
             check_key(&key).map_err(|m| tree_error("Tree::from_entries", m, loc))?;
-            if seen.insert(key.clone(), ()).is_some() {
+            if out.contains_key(&key) {
                 return Err(tree_error("Tree::from_entries", format!("key `{key}` appears twice"), loc));
             }
-            out.push((key, sub));
+            out.insert(key, sub);
         }
         Ok(Tree { kind: Kind::Node(out) })
     }
@@ -180,21 +196,21 @@ impl<T> Tree<T> {
                 return Err(format!("key path `{path}` goes through the leaf at {}", show_path(&at)));
             };
             let last = depth + 1 == keys.len();
-            let pos = match entries.iter().position(|(k, _)| k == key) {
-                Some(p) => p,
-                None if last => {
-                    entries.push((key.to_string(), value));
-                    return Ok(None);
-                }
-                None => {
-                    entries.push((key.to_string(), Tree::new()));
-                    entries.len() - 1
-                }
-            };
             if last {
-                return Ok(Some(std::mem::replace(&mut entries[pos].1, value)));
+                // An existing key keeps its place; a new one goes last.
+                return Ok(match entries.get_mut(*key) {
+                    Some(old) => Some(std::mem::replace(old, value)),
+                    None => {
+                        entries.insert(key.to_string(), value);
+                        None
+                    }
+                });
             }
-            cur = &mut entries[pos].1;
+            let at = match entries.get_index_of(*key) {
+                Some(at) => at,
+                None => entries.insert_full(key.to_string(), Tree::new()).0,
+            };
+            cur = &mut entries[at];
         }
         Err(format!("key path `{path}` is empty"))
     }
@@ -207,7 +223,7 @@ impl<T> Tree<T> {
         let mut cur = self;
         for key in path.split('.') {
             match &cur.kind {
-                Kind::Node(entries) => cur = &entries.iter().find(|(k, _)| k == key)?.1,
+                Kind::Node(entries) => cur = entries.get(key)?,
                 Kind::Leaf(_) => return None,
             }
         }
@@ -234,11 +250,11 @@ impl<T> Tree<T> {
 
     /// The `(key, subtree)` entries of a node, in order (none for a leaf).
     pub fn entries(&self) -> impl Iterator<Item = (&str, &Tree<T>)> {
-        let entries: &[(String, Tree<T>)] = match &self.kind {
-            Kind::Node(e) => e,
-            Kind::Leaf(_) => &[],
+        let entries = match &self.kind {
+            Kind::Node(e) => Some(e.iter()),
+            Kind::Leaf(_) => None,
         };
-        entries.iter().map(|(k, t)| (k.as_str(), t))
+        entries.into_iter().flatten().map(|(k, t)| (k.as_str(), t))
     }
 
     /// The number of leaves.
@@ -375,12 +391,12 @@ impl<T> Tree<T> {
                 (Kind::Node(ea), Kind::Node(eb)) => {
                     for (k, ta) in ea {
                         let p = join(path, k);
-                        match eb.iter().find(|(kb, _)| kb == k) {
-                            Some((_, tb)) => walk(ta, tb, &p)?,
+                        match eb.get(k) {
+                            Some(tb) => walk(ta, tb, &p)?,
                             None => return Err(format!("tree structures differ at `{p}`: only the left tree has it")),
                         }
                     }
-                    if let Some((k, _)) = eb.iter().find(|(k, _)| !ea.iter().any(|(ka, _)| ka == k)) {
+                    if let Some(k) = eb.keys().find(|k| !ea.contains_key(*k)) {
                         let p = join(path, k);
                         return Err(format!("tree structures differ at `{p}`: only the right tree has it"));
                     }
@@ -404,13 +420,13 @@ impl<T> Tree<T> {
                 (Kind::Node(ea), Kind::Node(eb)) => Kind::Node(
                     ea.iter()
                         .filter_map(|(k, ta)| {
-                            let tb = &eb.iter().find(|(kb, _)| kb == k)?.1;
+                            let tb = eb.get(k)?;
                             Some((k.clone(), ta.zip_unchecked(tb, f)))
                         })
                         .collect(),
                 ),
                 // Checked by `check_same_structure` before.
-                _ => Kind::Node(Vec::new()),
+                _ => Kind::Node(Entries::default()),
             },
         }
     }
@@ -451,7 +467,7 @@ impl<T: fmt::Debug> fmt::Debug for Tree<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             Kind::Leaf(v) => v.fmt(f),
-            Kind::Node(entries) => f.debug_map().entries(entries.iter().map(|(k, t)| (k, t))).finish(),
+            Kind::Node(entries) => f.debug_map().entries(entries.iter()).finish(),
         }
     }
 }

@@ -291,3 +291,26 @@ fn a_tree_of_matmuls_on_the_cpu_matches_per_leaf_and_repeats_bitwise() {
         assert_eq!(a.matmul(&b).to_vecs::<f32>().unwrap(), first, "a rerun changed the results");
     }
 }
+
+#[test]
+fn wide_nodes_keep_insertion_order_and_compare_in_order() {
+    // 20,000 keys in one node: lookups by key are hashed (a linear scan per key was quadratic).
+    let n = 20_000;
+    let keys: Vec<String> = (0..n).map(|i| format!("k{}", n - i)).collect();
+    let mut tree = Tree::from_pairs(keys.iter().map(|k| (k.as_str(), 1.0f32))).unwrap();
+    assert_eq!(tree.num_leaves(), n);
+    assert!(keys.iter().all(|k| tree.get_leaf(k) == Some(&1.0)));
+    // Replacing a key keeps its place; a new key goes last.
+    assert_eq!(tree.insert("k7", 2.0f32).unwrap().and_then(|t| t.as_leaf().copied()), Some(1.0));
+    tree.insert("new", 3.0f32).unwrap();
+    let order: Vec<&str> = tree.entries().map(|(k, _)| k).collect();
+    assert_eq!(order[n - 7], "k7");
+    assert_eq!(order.last(), Some(&"new"));
+    let doubled = tree.zip_with(&tree, |a, b| a + b).unwrap();
+    assert_eq!(doubled.get_leaf("k7"), Some(&4.0));
+    // Equal entries in another order are another tree, as with ordered entries.
+    let ab = Tree::from_pairs([("a", 1), ("b", 2)]).unwrap();
+    let ba = Tree::from_pairs([("b", 2), ("a", 1)]).unwrap();
+    assert_ne!(ab, ba);
+    assert!(ab.same_structure(&ba));
+}
