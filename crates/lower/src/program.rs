@@ -141,15 +141,7 @@ impl Program {
     /// a binding-set cache must be keyed by all of their values. Sorted, deduplicated.
     pub fn size_symbols(&self, input_types: &[Option<TensorType>]) -> Vec<Symbol> {
         let mut out = self.symbols.clone();
-        // An input with no elements (a `Tensor::symbol` carrying a position) sizes nothing: its
-        // symbols are offsets unless something else makes them structural.
-        let empty = |t: &&TensorType| t.shape.iter().any(|d| *d == air::Dim::Const(0));
-        let shapes = input_types
-            .iter()
-            .flatten()
-            .filter(|t| !empty(t))
-            .chain(self.outputs.iter().map(|(_, t)| t))
-            .flat_map(|t| &t.shape);
+        let shapes = input_types.iter().flatten().chain(self.outputs.iter().map(|(_, t)| t)).flat_map(|t| &t.shape);
         let dims = shapes
             .chain(self.buffers.iter().map(|b| &b.numel))
             .chain(self.checks.iter().flat_map(|c| [&c.condition.lhs, &c.condition.rhs]));
@@ -163,10 +155,11 @@ impl Program {
 
     /// The symbols that decide the program's *structure* for a binding set: every size (of a
     /// buffer, an input with elements, an output), every loop extent and every matmul size,
-    /// offset and stride. The other symbols of [`Program::symbols`] are only read by kernels as index
-    /// offsets (a KV cache's write position): a binding set that differs from another only in
-    /// those has the same sizes, memory plan and launches, and a backend reuses them. Sorted,
-    /// deduplicated; a subset of [`Program::size_symbols`].
+    /// offset and stride. The other symbols of [`Program::size_symbols`] are only index offsets
+    /// read by kernels (a KV cache's write position) or dims of inputs with no elements: a
+    /// binding set that differs from another only in those has the same sizes, memory plan and
+    /// launches, and a backend reuses them. Sorted, deduplicated; a subset of
+    /// [`Program::size_symbols`].
     pub fn structure_symbols(&self, input_types: &[Option<TensorType>]) -> Vec<Symbol> {
         let mut indices: Vec<u32> = Vec::new();
         for k in &self.kernels {

@@ -386,6 +386,8 @@ fn write_at_position() -> Graph {
     let mut g = Graph::new();
     let x = input_f32(&mut g, 0, &[4]);
     input(&mut g, 1, DType::I32, &[Dim::sym("p"), Dim::Const(0)]);
+    // A carrier of a symbol nothing reads: its shape is still checked.
+    input(&mut g, 2, DType::I32, &[Dim::sym("q"), Dim::Const(0)]);
     let p = Dim::sym("p");
     let padding = vec![(p.clone(), &Dim::Const(12) - &p)];
     let y = g.add(Op::Pad(Pad { padding, value: Scalar::Float(0.0) }), &[x]).unwrap();
@@ -398,18 +400,23 @@ fn positions_that_are_only_offsets_share_one_plan() {
     let dev = CpuDevice::new().unwrap();
     let exe = dev.compile(&write_at_position()).unwrap();
     let x = HostTensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], vec![4]).unwrap();
+    let carrier = |n: usize| HostTensor::new(HostData::I32(Vec::new()), vec![n, 0]).unwrap();
+    let bind = |p: usize, q: usize| -> Bindings {
+        [(Symbol::new("p"), p as i64), (Symbol::new("q"), q as i64)].into_iter().collect()
+    };
     for p in 0..=12usize {
-        let carrier = HostTensor::new(HostData::I32(Vec::new()), vec![p, 0]).unwrap();
-        let b: Bindings = [(Symbol::new("p"), p as i64)].into_iter().collect();
-        let out = exe.run(&[x.clone(), carrier], &b).unwrap();
+        let out = exe.run(&[x.clone(), carrier(p), carrier(p + 1)], &bind(p, p + 1)).unwrap();
         let mut want = [0.0f32; 16];
         want[p..p + 4].copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
         assert_eq!(out[0].as_slice::<f32>().unwrap(), &want[..], "p = {p}");
     }
     // Sizes, memory plan and launches do not depend on `p`: planned once, not once per position.
     assert_eq!(exe.binding_sets_planned(), 1);
-    // The empty input's shape is still checked against the bindings.
-    let carrier = HostTensor::new(HostData::I32(Vec::new()), vec![3, 0]).unwrap();
-    let b: Bindings = [(Symbol::new("p"), 2)].into_iter().collect();
-    assert!(exe.run(&[x, carrier], &b).is_err());
+    // A binding set that differs only in `q` is another binding set (its shapes are checked
+    // with its own `q`), still with the same plan.
+    exe.run(&[x.clone(), carrier(2), carrier(7)], &bind(2, 7)).unwrap();
+    assert_eq!(exe.binding_sets_planned(), 1);
+    // The empty inputs' shapes are still checked against the bindings.
+    assert!(exe.run(&[x.clone(), carrier(3), carrier(3)], &bind(2, 3)).is_err());
+    assert!(exe.run(&[x, carrier(2), carrier(4)], &bind(2, 3)).is_err());
 }
