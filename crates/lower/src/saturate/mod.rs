@@ -127,6 +127,11 @@ fn rewrites(fast_math: bool) -> &'static [Rewrite<ANode, Types>] {
 /// Saturates `graph` and replaces it with the cheapest equivalent program found, if that is
 /// cheaper by the cost model (see the module docs). A graph whose regions repeat (the layers of
 /// a Transformer) is saturated per distinct region, each once ([`blocks`]); any other as a whole.
+///
+/// `graph` is expected at the greedy rewriter's fixpoint, as `compile` gives it
+/// (`rewrite::optimize` first): the table rules only search where the e-graph changed
+/// ([`lang::ClassData::fresh`]), so a table rewrite the greedy pass left undone on the graph as
+/// given is left undone here too (the greedy pass after saturation still makes it).
 pub fn saturate(graph: &mut Graph, options: &SaturateOptions) -> SaturateStats {
     let regions = blocks::regions(graph);
     if regions.len() < 2 {
