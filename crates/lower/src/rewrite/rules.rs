@@ -4,7 +4,7 @@
 //! # Exactness
 //!
 //! A rule is *exact* when, under the interpreter's semantics (`air::interp`), the replacement
-//! computes the same bits as the original for every input, NaN payloads aside. [`optimize`]
+//! computes the same bits as the original for every input, NaN payloads aside. [`optimize`](crate::rewrite::optimize)
 //! (crate::rewrite::optimize) uses only exact rules. The reasoning, rule by rule:
 //!
 //! - `x * 1`, `x / 1`, `x - 0` (`+0.0` for floats): IEEE multiplication and division by one and

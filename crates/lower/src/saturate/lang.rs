@@ -384,7 +384,7 @@ pub struct Converted {
 
 /// Converts the live part of `g` into an e-graph, each canonical matmul becoming one `MatMul`.
 /// Only what the outputs need is converted: a recognised matmul reads its operands as
-/// [`operand`] says (not its product space), and its result with the summed axis kept only when
+/// `operand` says (not its product space), and its result with the summed axis kept only when
 /// something other than a reshape reads it.
 pub fn to_egraph(g: &Graph) -> Option<(EG, Converted)> {
     let order = g.live_order();

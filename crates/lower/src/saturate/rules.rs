@@ -4,7 +4,7 @@
 //!
 //! # Translating the greedy table
 //!
-//! Each rule of [`RULES`](crate::rewrite::RULES) keeps its pattern, guard and replacement: the
+//! Each rule of [`RULES`] keeps its pattern, guard and replacement: the
 //! searcher matches the rule's parsed pattern against e-classes (heads by `OpKind`, consts by
 //! literal, captures by dtype class, commutative ops both ways, as the greedy matcher does); the
 //! applier copies the matched e-nodes into a small `air::Graph` (captures become inputs of their
