@@ -14,6 +14,7 @@
 //! every step, in order) and [`Backend::finish`]. The runner is generic over the backend, so the
 //! CPU's hot path has no dynamic dispatch.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use air::{Bindings, HostData, HostTensor, TensorType};
@@ -153,7 +154,7 @@ pub struct Runner<B: Backend> {
     /// set finds its plan and launches.
     structures: SizedCache<BindingSet<B>>,
     /// Binding sets sized and planned from scratch (see [`Runner::binding_sets_planned`]).
-    planned: std::sync::atomic::AtomicU64,
+    planned: AtomicU64,
     pub(crate) buffers: Mutex<B::Buffers>,
 }
 
@@ -169,7 +170,7 @@ impl<B: Backend> Runner<B> {
             backend,
             sized: SizedCache::default(),
             structures: SizedCache::default(),
-            planned: std::sync::atomic::AtomicU64::new(0),
+            planned: AtomicU64::new(0),
             buffers: Mutex::new(B::Buffers::default()),
         }
     }
@@ -208,7 +209,7 @@ impl<B: Backend> Runner<B> {
     /// that differ only in offset symbols (`Program::structure_symbols`: a KV cache's write
     /// position) share one, so a decoding loop plans once per structure, not once per token.
     pub fn binding_sets_planned(&self) -> u64 {
-        self.planned.load(std::sync::atomic::Ordering::Relaxed)
+        self.planned.load(Ordering::Relaxed)
     }
 
     /// The cached sizes, plan and launches for `bindings`, computed on first use.
@@ -227,7 +228,7 @@ impl<B: Backend> Runner<B> {
 
     /// Sizes, plan and launches for `bindings`, computed from scratch.
     fn make_sized(&self, key: crate::prepared::SizeKey, bindings: &Bindings) -> Result<BindingSet<B>> {
-        self.planned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.planned.fetch_add(1, Ordering::Relaxed);
         {
             let sizes = self.prepared.sizes(key, bindings)?;
             let launches = self.backend.size(&self.prepared, &sizes)?;

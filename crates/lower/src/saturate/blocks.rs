@@ -130,13 +130,12 @@ pub fn regions(g: &Graph) -> Vec<Vec<NodeId>> {
     let mut product: SecondaryMap<NodeId, ()> = SecondaryMap::new();
     // A matmul's own pattern (its product and the operand views that feed it) is never cut
     // either: a region holding half of it would hold no matmul.
-    for &id in &order {
-        if is_matmul(g, id) {
-            let prod = g.inputs(id)[0];
-            product.insert(prod, ());
-            for &v in g.inputs(prod) {
-                product.insert(v, ());
-            }
+    let matmuls: SecondaryMap<NodeId, ()> = order.iter().filter(|&&id| is_matmul(g, id)).map(|&id| (id, ())).collect();
+    for id in matmuls.keys() {
+        let prod = g.inputs(id)[0];
+        product.insert(prod, ());
+        for &v in g.inputs(prod) {
+            product.insert(v, ());
         }
     }
     let mut matmuls_upto = Vec::with_capacity(n);
@@ -146,7 +145,7 @@ pub fn regions(g: &Graph) -> Vec<Vec<NodeId>> {
     let mut constant: SecondaryMap<NodeId, ()> = SecondaryMap::new();
     for (i, &id) in order.iter().enumerate() {
         air::work::add(1 + g.users(id).len() as u64);
-        if is_matmul(g, id) {
+        if matmuls.contains_key(id) {
             seen += 1;
         }
         matmuls_upto.push(seen);
@@ -157,7 +156,7 @@ pub fn regions(g: &Graph) -> Vec<Vec<NodeId>> {
             constant.insert(id, ());
         }
         let view = matches!(g.op(id), Op::Reshape(_) | Op::Permute(_) | Op::Expand(_) | Op::Shrink(_));
-        if is_matmul(g, id) || (view && product.contains_key(inputs[0])) {
+        if matmuls.contains_key(id) || (view && product.contains_key(inputs[0])) {
             product.insert(id, ());
         }
         if inputs.is_empty() || constant.contains_key(id) {

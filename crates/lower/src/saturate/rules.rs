@@ -193,7 +193,7 @@ fn matmul_classes(eg: &EG) -> Vec<Id> {
 
 /// Searches `classes` in order with `search` until `limit` substitutions are found.
 fn search_classes<'a>(
-    classes: Vec<Id>,
+    classes: impl IntoIterator<Item = Id>,
     limit: usize,
     mut search: impl FnMut(Id, usize) -> Option<SearchMatches<'a, ANode>>,
 ) -> Vec<SearchMatches<'a, ANode>> {
@@ -260,13 +260,23 @@ impl Searcher<ANode, super::lang::Types> for TableRule {
     fn search_with_limit(&self, eg: &EG, limit: usize) -> Vec<SearchMatches<'_, ANode>> {
         // Only classes near a fresh one can match (see `Types::near_fresh`).
         let near = eg.analysis.near_fresh.get(self.lhs.depth().wrapping_sub(1));
-        let classes = match (&self.lhs, near) {
-            (Pat::Capture { .. }, _) => eg.classes().map(|c| c.id).collect(),
-            (_, Some(near)) => near.clone(),
-            (Pat::Op { head, .. }, None) => classes_where(eg, |op| head.accepts(op)),
-            (Pat::Const(_), None) => classes_where(eg, |op| matches!(op, Op::Const(_))),
+        let owned: Vec<Id>;
+        let classes: &[Id] = match (&self.lhs, near) {
+            (Pat::Capture { .. }, _) => {
+                owned = eg.classes().map(|c| c.id).collect();
+                &owned
+            }
+            (_, Some(near)) => near,
+            (Pat::Op { head, .. }, None) => {
+                owned = classes_where(eg, |op| head.accepts(op));
+                &owned
+            }
+            (Pat::Const(_), None) => {
+                owned = classes_where(eg, |op| matches!(op, Op::Const(_)));
+                &owned
+            }
         };
-        search_classes(classes, limit, |c, left| self.search_eclass_with_limit(eg, c, left))
+        search_classes(classes.iter().copied(), limit, |c, left| self.search_eclass_with_limit(eg, c, left))
     }
 
     fn vars(&self) -> Vec<Var> {
