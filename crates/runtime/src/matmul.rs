@@ -329,7 +329,13 @@ impl MatmulLaunch {
 
     /// One entry through `gemm` (`T` is f32 or f64).
     unsafe fn gemm<T: Copy + 'static + From<f32>>(&self, a: *mut u8, b: *mut u8, c: *mut u8, threaded: bool) {
-        let parallelism = if threaded { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+        let parallelism = if threaded {
+            // gemm splits over rayon's pool: the team's spinning helpers give their threads back.
+            parallel::release();
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        };
         // SAFETY: the pointers and strides describe in-bounds [m,k], [k,n] and [m,n] matrices of
         // `T` (checked in `new`); gemm computes dst = alpha*dst + beta*lhs*rhs, reading dst only
         // when `read_dst` is set.

@@ -166,11 +166,17 @@ fn run_model(model_spec: Model, args: &Args) -> anyhow::Result<ModelResult> {
     kiln::manual_seed(0);
     let mut model = Transformer::from_config(model_spec.config)?;
     model.to_device(Device::Cpu)?;
-    let params = model
-        .named_parameters()
-        .iter()
-        .map(|(_, t)| t.numel().ok().and_then(|n| n.as_const()).unwrap_or(0) as usize)
-        .sum();
+    // GPT-2's LM head is its token embedding (`tie_word_embeddings`, as in the anchor's model and
+    // in a loaded checkpoint): a step reads the 124M parameters once, not 163M.
+    model.head.weight = model.wte.weight.clone();
+    let mut seen: Vec<Tensor> = Vec::new();
+    let mut params = 0;
+    for (_, t) in model.named_parameters() {
+        if !seen.iter().any(|s| Tensor::ptr_eq(s, &t)) {
+            params += t.numel().ok().and_then(|n| n.as_const()).unwrap_or(0) as usize;
+            seen.push(t);
+        }
+    }
     let mut cache = model.kv_cache(1)?;
     check(&mut model, &mut cache)?;
     let vocab = model_spec.config.vocab_size;

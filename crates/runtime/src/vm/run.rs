@@ -121,7 +121,11 @@ impl Backend for CpuCode {
         let mut next_fresh = 0;
         for (i, b) in program.buffers.iter().enumerate() {
             let ptr = match b.kind {
-                BufferKind::Input(slot) => memory::data_ptr(&inputs[slot as usize].data),
+                BufferKind::Input(slot) => {
+                    let data = &inputs[slot as usize].data;
+                    memory::note_input(data);
+                    memory::data_ptr(data)
+                }
                 BufferKind::Output(_) => {
                     next_fresh += 1;
                     memory::data_ptr_mut(&mut state.fresh[next_fresh - 1])
