@@ -123,6 +123,18 @@ struct Entry {
     which: Vec<usize>,
     /// The graph outputs written in place over an argument's array (`backend::in_place_outputs`).
     in_place: Vec<usize>,
+    /// Per argument, what the last call bound when it was a shared tensor without bindings (a
+    /// weight): the same tensor given again has the same type and data, so the next call skips
+    /// its signature check and binds the kept host tensor. Decoding passes ~200 weights per
+    /// token, each read from memory that the step's kernels evicted; these reads were most of
+    /// the host time per token.
+    kept: Vec<Option<Kept>>,
+}
+
+/// An argument of the last call, kept for the next (see `Entry::kept`).
+struct Kept {
+    tensor: Tensor,
+    host: HostTensor,
 }
 
 /// The traces of one compiled function, by signature: what [`Jit`] holds, usable on its own
@@ -215,7 +227,11 @@ impl JitCache {
         let found = self.entries.iter().position(|e| {
             e.device == device
                 && e.signature.len() == args.len()
-                && e.signature.iter().zip(&args).all(|(s, a)| s == a.ty())
+                && e.signature
+                    .iter()
+                    .zip(&e.kept)
+                    .zip(&args)
+                    .all(|((s, k), a)| k.as_ref().is_some_and(|k| k.is(a)) || s == a.ty())
         });
         let index = match found {
             Some(i) => i,
@@ -227,12 +243,29 @@ impl JitCache {
                 self.entries.len() - 1
             }
         };
+        // Kept arguments not given again are let go before the spare arrays are collected (a
+        // training step's old parameters become spare storage for the new ones).
+        for (i, e) in self.entries.iter_mut().enumerate() {
+            if i != index {
+                e.kept.iter_mut().for_each(|k| *k = None);
+                continue;
+            }
+            for (k, a) in e.kept.iter_mut().zip(&args) {
+                if k.as_ref().is_some_and(|k| !k.is(a) || k.only_other_handle(a)) {
+                    *k = None;
+                }
+            }
+        }
         let spare = self.spare(out);
         self.last = Some(index);
-        let entry = &self.entries[index];
+        let entry = &mut self.entries[index];
         let mut inputs = Vec::with_capacity(args.len() + entry.random.len() + entry.captured.len());
         let mut bindings = entry.captured_bindings.clone();
-        for a in &mut args {
+        for (a, kept) in args.iter_mut().zip(&mut entry.kept) {
+            if let Some(k) = kept {
+                inputs.push(k.host.clone());
+                continue;
+            }
             // The argument's own array when this was its last handle, else a shared reference.
             let taken = Arc::get_mut(&mut a.inner).and_then(|inner| inner.data.take());
             let data = match &taken {
@@ -243,6 +276,8 @@ impl JitCache {
             };
             if !data.bindings.is_empty() {
                 merge_bindings(&mut bindings, &data.bindings)?;
+            } else if taken.is_none() {
+                *kept = Some(Kept { tensor: a.clone(), host: data.host.clone() });
             }
             inputs.push(match taken {
                 Some(r) => r.host,
@@ -306,6 +341,19 @@ impl JitCache {
     }
 }
 
+impl Kept {
+    /// Whether `a` is the kept tensor.
+    fn is(&self, a: &Tensor) -> bool {
+        Tensor::ptr_eq(&self.tensor, a)
+    }
+
+    /// Whether the kept handle is the only one besides `a` (the caller gives the tensor up: the
+    /// call may take its array, to update it in place).
+    fn only_other_handle(&self, a: &Tensor) -> bool {
+        self.is(a) && Arc::strong_count(&a.inner) == 2
+    }
+}
+
 /// Traces `f` on placeholders typed like `args` and loads the result on `device`.
 fn trace<R: JitOutput>(
     device: Device,
@@ -356,6 +404,7 @@ fn trace<R: JitOutput>(
         outputs: roots.iter().map(|o| o.shape().clone()).collect(),
         which,
         in_place: backend::in_place_outputs(&loaded),
+        kept: args.iter().map(|_| None).collect(),
         graph: program.graph,
         sites: program.sites,
         loaded,

@@ -187,3 +187,39 @@ fn a_jit_call_inside_a_trace_runs_inline() {
     assert_eq!(outer.call(&[&x]).unwrap()[0].to_vec::<f32>().unwrap(), vec![4.0, 7.0]);
     assert_eq!(outer.traces(), 1);
 }
+
+#[test]
+fn an_argument_given_again_binds_its_data_and_a_replaced_one_is_read_anew() {
+    let mut f = jit(|a: &[Tensor]| a[0].matmul(&a[1]));
+    let x = Tensor::from_vec(vec![1.0f32, 2.0], &[1, 2]);
+    let w = Tensor::from_vec(vec![1.0f32, 0.0, 0.0, 1.0], &[2, 2]);
+    for _ in 0..3 {
+        assert_eq!(f.call(&[&x, &w]).unwrap()[0].to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+    }
+    // A new tensor of the same type in the same slot: its own data, no new trace.
+    let w = Tensor::from_vec(vec![0.0f32, 1.0, 1.0, 0.0], &[2, 2]);
+    assert_eq!(f.call(&[&x, &w]).unwrap()[0].to_vec::<f32>().unwrap(), vec![2.0, 1.0]);
+    assert_eq!(f.call(&[&w.narrow(0, 0, 1), &w]).unwrap()[0].to_vec::<f32>().unwrap(), vec![1.0, 0.0]);
+    assert_eq!(f.traces(), 1);
+    // Another shape in the slot the last calls kept: a new signature.
+    let w3 = Tensor::from_vec(vec![1.0f32; 6], &[2, 3]);
+    assert_eq!(f.call(&[&x, &w3]).unwrap()[0].to_vec::<f32>().unwrap(), vec![3.0; 3]);
+    assert_eq!(f.traces(), 2);
+}
+
+#[test]
+fn a_loop_that_replaces_its_argument_with_the_output_cycles_through_two_arrays() {
+    // What a training step does with its parameters: the old value, kept by the call to bind it
+    // faster, is let go when a new tensor takes its slot, so its array is reused.
+    let mut f = jit(|a: &[Tensor]| a[0].add(1.0));
+    let mut p = Tensor::from_vec(vec![0.0f32; 1 << 14], &[1 << 14]);
+    let mut arrays = Vec::new();
+    for _ in 0..8 {
+        p = f.call(&[&p]).unwrap().remove(0);
+        arrays.push(data_ptr(&p));
+    }
+    assert_eq!(p.to_vec::<f32>().unwrap()[0], 8.0);
+    arrays.sort();
+    arrays.dedup();
+    assert!(arrays.len() <= 3, "{} distinct output arrays over 8 steps", arrays.len());
+}

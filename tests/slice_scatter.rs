@@ -135,3 +135,22 @@ fn the_update_is_lowered_in_place_only_when_nothing_else_reads_the_base() {
     // A computed base is not an input: no in-place update.
     assert_eq!(lowered(&[&cache.add(1.0f32).slice_scatter(&new, 0, at)]).0, 0);
 }
+
+#[test]
+fn an_argument_first_shared_then_given_up_is_updated_in_place() {
+    // The first call sees a shared cache (copied; the call keeps a handle to bind it faster next
+    // time); the second is given the last outside handle and must still take the array.
+    let device = Device::Cpu;
+    let mut f = jit(step);
+    let cache = Tensor::from_vec_on(rows(ROWS, 3.0), &[ROWS, COLS], device);
+    let new = Tensor::from_vec_on(rows(1, 1.0), &[1, COLS], device);
+    let pos = |p: usize| Tensor::symbol("pos", p).to_device(device).unwrap();
+    let out = f.call_owned(vec![cache.clone(), new.clone(), pos(1)]).unwrap();
+    assert_ne!(data_ptr(&out[0]), data_ptr(&cache), "a shared argument is copied");
+    drop(out);
+    let want = cache.slice_scatter(&new, 0, 2).to_vec::<f32>().unwrap();
+    let before = data_ptr(&cache);
+    let out = f.call_owned(vec![cache, new, pos(2)]).unwrap();
+    assert_eq!(data_ptr(&out[0]), before, "the given-up argument was copied");
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), want);
+}

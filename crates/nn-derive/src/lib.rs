@@ -1,5 +1,6 @@
 //! `#[derive(Module)]` for kiln-nn: a layer declares each parameter once, on its field, and the
-//! derive writes the `ModuleParams` visitors (`visit`, `visit_mut`, `set_training`) from them.
+//! derive writes the `ModuleParams` visitors (`visit`, `visit_mut`, `visit_tensors`, `set_training`)
+//! from them.
 //!
 //! Field attributes (a field without one is not part of the parameter tree):
 //! - `#[param]`: a trainable tensor (`ParamKind::Weight`), a `Tensor` or an `Option<Tensor>` (a
@@ -73,6 +74,7 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
     let krate = quote!(::kiln_nn);
     let mut visit = Vec::new();
     let mut visit_mut = Vec::new();
+    let mut visit_tensors = Vec::new();
     let mut training = Vec::new();
     for entry in &entries {
         match entry {
@@ -80,10 +82,12 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
                 let kind = if *buffer { quote!(#krate::ParamKind::Buffer) } else { quote!(#krate::ParamKind::Weight) };
                 visit.push(quote!(#krate::__derive::ParamSlot::visit_slot(&self.#field, #name, #kind, f);));
                 visit_mut.push(quote!(#krate::__derive::ParamSlot::visit_slot_mut(&mut self.#field, #name, #kind, f);));
+                visit_tensors.push(quote!(#krate::__derive::ParamSlot::visit_slot_tensor(&self.#field, #kind, f);));
             }
             Entry::Child { field, name } => {
                 visit.push(quote!(#krate::__derive::visit_child(&self.#field, #name, f);));
                 visit_mut.push(quote!(#krate::__derive::visit_child_mut(&mut self.#field, #name, f);));
+                visit_tensors.push(quote!(#krate::ModuleParams::visit_tensors(&self.#field, f);));
                 training.push(quote!(#krate::ModuleParams::set_training(&mut self.#field, training);));
             }
             Entry::Training { field } => training.push(quote!(self.#field = training;)),
@@ -108,6 +112,10 @@ fn expand(input: &DeriveInput) -> syn::Result<TokenStream2> {
 
             fn visit_mut(&mut self, #f: &mut dyn FnMut(&str, &mut #krate::__derive::Tensor, #krate::ParamKind)) {
                 #(#visit_mut)*
+            }
+
+            fn visit_tensors(&self, #f: &mut dyn FnMut(&#krate::__derive::Tensor, #krate::ParamKind)) {
+                #(#visit_tensors)*
             }
 
             #set_training

@@ -39,6 +39,12 @@ impl ModuleParams for Cell {
         f(&format!("bias_ih_{s}"), &mut self.bias_ih, ParamKind::Weight);
         f(&format!("bias_hh_{s}"), &mut self.bias_hh, ParamKind::Weight);
     }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor, ParamKind)) {
+        for t in [&self.weight_ih, &self.weight_hh, &self.bias_ih, &self.bias_hh] {
+            f(t, ParamKind::Weight);
+        }
+    }
 }
 
 /// Every cell of a recurrent layer stack, layer by layer, forward direction first: what PyTorch
@@ -52,6 +58,10 @@ impl ModuleParams for Cells {
 
     fn visit_mut(&mut self, f: &mut dyn FnMut(&str, &mut Tensor, ParamKind)) {
         self.0.iter_mut().for_each(|c| c.visit_mut(f));
+    }
+
+    fn visit_tensors(&self, f: &mut dyn FnMut(&Tensor, ParamKind)) {
+        self.0.iter().for_each(|c| c.visit_tensors(f));
     }
 }
 

@@ -48,7 +48,7 @@ pub fn predict(model: &mut dyn Module, x: &Tensor) -> Result<Tensor> {
 /// Every parameter and buffer of `model`, in visit order.
 pub(crate) fn model_tensors<M: ModuleParams + ?Sized>(model: &M) -> Vec<Tensor> {
     let mut tensors = Vec::new();
-    model.visit(&mut |_, t, _| tensors.push(t.clone()));
+    model.visit_tensors(&mut |t, _| tensors.push(t.clone()));
     tensors
 }
 

@@ -96,3 +96,27 @@ fn set_training_reaches_training_fields_and_children() {
     m.set_training(false);
     assert!(!m.training && !m.drop.training);
 }
+
+/// `visit_tensors` (no names) reaches the tensors `visit` reaches, in its order, on a derived
+/// module and on every model of the suite (flattened children, `Vec`s, `Option`s, boxed layers,
+/// the recurrent cells' hand-written visitors) and the Transformer.
+#[test]
+fn visit_tensors_reaches_what_visit_reaches_in_the_same_order() {
+    fn same(m: &dyn Module, what: &str) {
+        let mut named: Vec<(Tensor, ParamKind)> = Vec::new();
+        m.visit(&mut |_, t, kind| named.push((t.clone(), kind)));
+        let mut bare: Vec<(Tensor, ParamKind)> = Vec::new();
+        m.visit_tensors(&mut |t, kind| bare.push((t.clone(), kind)));
+        assert_eq!(named.len(), bare.len(), "{what}");
+        for (i, ((a, ka), (b, kb))) in named.iter().zip(&bare).enumerate() {
+            assert!(Tensor::ptr_eq(a, b) && ka == kb, "{what}: entry {i} differs");
+        }
+        assert!(!bare.is_empty(), "{what}");
+    }
+    same(&stack(true, true), "stack");
+    same(&stack(false, false), "stack without bias");
+    for case in kiln_nn::zoo::all().unwrap() {
+        same(case.model.as_ref(), case.name);
+    }
+    same(&kiln_nn::Transformer::new(16, 2, 2, 1e-5, 11).unwrap(), "transformer");
+}
