@@ -8,8 +8,8 @@
 //! small kernels between them, so every split paid a wake-up and the 768x768 GEMVs of GPT-2 ran
 //! slower split than on one thread. A helper spins (`spin_loop`) for up to [`SPIN`] after its last
 //! chunk, which is what OpenMP runtimes do by default (`GOMP_SPINCOUNT`), then goes back to the
-//! pool. [`release`] sends spinning helpers back at once (before a threaded GEMM, which needs the
-//! pool's threads).
+//! pool (so other rayon work in the process waits at most that long for a pool thread). GEMMs
+//! split through here too (`matmul`), one single-threaded `gemm` call per part.
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -86,7 +86,6 @@ static TEAM: Team = Team {
     generation: AtomicU64::new(0),
     active: AtomicUsize::new(0),
     spinning: AtomicUsize::new(0),
-    release: AtomicU64::new(0),
 };
 
 struct Team {
@@ -101,8 +100,6 @@ struct Team {
     active: AtomicUsize,
     /// Helpers in their loop (spinning or working).
     spinning: AtomicUsize,
-    /// Bumped by [`release`]: helpers that see it change leave.
-    release: AtomicU64,
 }
 
 /// One split: parts are claimed through `next`; `done` counts the finished ones (a part that
@@ -170,10 +167,9 @@ fn team_split(total: usize, chunks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
 }
 
 /// A helper of the team, run on a pool thread: takes parts of every job published while it spins,
-/// and leaves after [`SPIN`] without one, or at [`release`].
+/// and leaves after [`SPIN`] without one.
 fn helper() {
     TEAM.spinning.fetch_add(1, Ordering::SeqCst);
-    let release = TEAM.release.load(Ordering::Relaxed);
     let mut seen = None;
     let mut idle_since = Instant::now();
     let mut polls = 0u32;
@@ -196,20 +192,11 @@ fn helper() {
         }
         std::hint::spin_loop();
         polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(64) && (TEAM.release.load(Ordering::Relaxed) != release || idle_since.elapsed() >= SPIN)
-        {
+        if polls.is_multiple_of(64) && idle_since.elapsed() >= SPIN {
             break;
         }
     }
     TEAM.spinning.fetch_sub(1, Ordering::SeqCst);
-}
-
-/// Sends the team's spinning helpers back to the pool now (before work that needs every pool
-/// thread, such as a threaded GEMM); the next split starts new ones.
-pub fn release() {
-    if TEAM.spinning.load(Ordering::Relaxed) > 0 {
-        TEAM.release.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 #[cfg(test)]
@@ -300,16 +287,5 @@ mod tests {
             assert!(caught.is_err());
             split_visits_each_once(100, 2);
         }
-    }
-
-    #[test]
-    fn released_helpers_leave_and_later_splits_still_finish() {
-        split_visits_each_once(1000, 2);
-        release();
-        let start = Instant::now();
-        while TEAM.spinning.load(Ordering::SeqCst) > 0 && start.elapsed() < Duration::from_secs(5) {
-            std::thread::yield_now();
-        }
-        split_visits_each_once(1000, 2);
     }
 }
