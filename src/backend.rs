@@ -61,7 +61,8 @@ pub(crate) fn execute_traced(
         return execute_profiled(device, graph, inputs, bindings, sites);
     }
     let loaded = load(device, graph, sites)?;
-    run_loaded(&loaded, graph, inputs, bindings, sites, Vec::new())
+    let mut inputs = inputs;
+    run_loaded(&loaded, graph, &mut inputs, bindings, sites, Vec::new())
 }
 
 /// A graph made ready to run on its device: compiled (or found in the device's program cache)
@@ -87,25 +88,36 @@ pub(crate) fn load(device: Device, graph: &Graph, sites: &Sites) -> Result<Loade
 }
 
 /// The graph outputs of a loaded program that are written in place over an input's storage
-/// (`lower::Program::inits`): their arrays are the inputs' own, handed back.
-pub(crate) fn in_place_outputs(loaded: &Loaded) -> Vec<usize> {
+/// (`lower::Program::inits`), and the input slots they are written over: the outputs' arrays
+/// are the inputs' own, handed back, and a run takes those inputs' arrays.
+pub(crate) fn in_place(loaded: &Loaded) -> (Vec<usize>, Vec<usize>) {
     let program = match loaded {
-        Loaded::Interp => return Vec::new(),
+        Loaded::Interp => return (Vec::new(), Vec::new()),
         Loaded::Cpu(exe) => exe.program(),
         #[cfg(feature = "wgpu")]
         Loaded::Wgpu(exe) => exe.program(),
     };
     let targets: Vec<_> = program.inits.iter().map(|(out, _)| *out).collect();
-    program.outputs.iter().enumerate().filter(|(_, (b, _))| targets.contains(b)).map(|(i, _)| i).collect()
+    let outputs =
+        program.outputs.iter().enumerate().filter(|(_, (b, _))| targets.contains(b)).map(|(i, _)| i).collect();
+    let inputs = program
+        .inits
+        .iter()
+        .filter_map(|&(_, input)| match program.buffers[input.0 as usize].kind {
+            lower::BufferKind::Input(slot) => Some(slot as usize),
+            _ => None,
+        })
+        .collect();
+    (outputs, inputs)
 }
 
-/// Runs a loaded `graph` once on `inputs`, which the run may consume: an output written in place
-/// over an input takes its storage when nothing else holds it. `spare` is storage for the
+/// Runs a loaded `graph` once on `inputs`, which the run may take from: an output written in place
+/// over an input takes its storage when nothing else holds it (the input is left empty). `spare` is storage for the
 /// outputs that the caller no longer needs (see [`runtime::Runner::run_recycling`]).
 pub(crate) fn run_loaded(
     loaded: &Loaded,
     graph: &Graph,
-    inputs: Vec<HostTensor>,
+    inputs: &mut [HostTensor],
     bindings: &Bindings,
     sites: &Sites,
     spare: Vec<air::HostData>,
@@ -113,15 +125,15 @@ pub(crate) fn run_loaded(
     crate::stats::record_execution(graph.len());
     let located = |e: BoundsError| locate(e, graph, sites);
     let run = || match loaded {
-        Loaded::Interp => interp(graph, &inputs, bindings).map_err(|e| interp_error(e, located)),
+        Loaded::Interp => interp(graph, inputs, bindings).map_err(|e| interp_error(e, located)),
         Loaded::Cpu(exe) => {
             let before = exe.launches_run();
-            let out = exe.run_owned(inputs, bindings, spare).map_err(|e| runtime_error("cpu", e, located))?;
+            let out = exe.run_taking(inputs, bindings, spare).map_err(|e| runtime_error("cpu", e, located))?;
             crate::stats::record_cpu_run(exe.launches_run() - before);
             Ok(out)
         }
         #[cfg(feature = "wgpu")]
-        Loaded::Wgpu(exe) => exe.run_owned(inputs, bindings, spare).map_err(|e| runtime_error("wgpu", e, located)),
+        Loaded::Wgpu(exe) => exe.run_taking(inputs, bindings, spare).map_err(|e| runtime_error("wgpu", e, located)),
     };
     if profile::is_active() { profile::span(profile::Step::Run, run) } else { run() }
 }

@@ -112,8 +112,6 @@ struct Entry {
     graph: air::Graph,
     sites: Sites,
     loaded: Loaded,
-    /// Data the closure captured, for the slots after the arguments and the random inputs.
-    captured: Vec<HostTensor>,
     captured_bindings: Bindings,
     random: Vec<Draw>,
     /// The shape of each graph output (symbolic dims as traced).
@@ -121,8 +119,18 @@ struct Entry {
     /// The graph output each of the closure's outputs is (a tensor returned twice is one graph
     /// output).
     which: Vec<usize>,
-    /// The graph outputs written in place over an argument's array (`backend::in_place_outputs`).
+    /// The graph outputs written in place over an argument's array (`backend::in_place`).
     in_place: Vec<usize>,
+    /// The input slots those outputs are written over: a run takes their arrays out of `bound`,
+    /// so they are never kept.
+    taken: Vec<usize>,
+    /// The program's inputs as the last call bound them: arguments, random draws, captured data.
+    /// A kept argument's slot is left as it is from call to call (no handle cloned, no tensor
+    /// touched); the others are rebound per call and emptied after it, so that no array of
+    /// theirs is held past the call.
+    bound: Vec<HostTensor>,
+    /// An empty array: what an argument's slot of `bound` holds between calls.
+    empty: HostTensor,
     /// Per argument, what the last call bound when it was a shared tensor without bindings (a
     /// weight): the same tensor given again has the same type and data, so the next call skips
     /// its signature check and binds the kept host tensor. Decoding passes ~200 weights per
@@ -131,10 +139,10 @@ struct Entry {
     kept: Vec<Option<Kept>>,
 }
 
-/// An argument of the last call, kept for the next (see `Entry::kept`).
+/// An argument of the last call, kept for the next (see `Entry::kept`; its host tensor stays in
+/// `Entry::bound`).
 struct Kept {
     tensor: Tensor,
-    host: HostTensor,
 }
 
 /// The traces of one compiled function, by signature: what [`Jit`] holds, usable on its own
@@ -209,34 +217,55 @@ impl JitCache {
         self.run(args, Vec::new(), f)
     }
 
+    /// [`JitCache::call_owned`] on `owned`, followed by `borrowed`: arguments the caller keeps
+    /// (a model's weights), read where they are, without a handle being cloned per call. A
+    /// decoding step passes its tokens and cache arrays owned and ~200 weights borrowed; a weight
+    /// given again in its slot is then bound without its tensor being touched at all (see
+    /// [`jit`](crate::jit)'s module docs).
+    pub fn call_owned_with<R: JitOutput>(
+        &mut self,
+        owned: Vec<Tensor>,
+        borrowed: &[Tensor],
+        f: impl FnOnce(&[Tensor]) -> R,
+    ) -> std::result::Result<Vec<Tensor>, R::Error> {
+        self.run_parts(owned, borrowed, Vec::new(), f)
+    }
+
     fn run<R: JitOutput>(
         &mut self,
-        mut args: Vec<Tensor>,
+        args: Vec<Tensor>,
+        out: Vec<Tensor>,
+        f: impl FnOnce(&[Tensor]) -> R,
+    ) -> std::result::Result<Vec<Tensor>, R::Error> {
+        self.run_parts(args, &[], out, f)
+    }
+
+    /// A call on the arguments `owned` then `borrowed`.
+    fn run_parts<R: JitOutput>(
+        &mut self,
+        mut owned: Vec<Tensor>,
+        borrowed: &[Tensor],
         out: Vec<Tensor>,
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
         if is_tracing() {
             // Inside another trace: the arguments may be placeholders; run the closure inline.
-            return f(&args).into_outputs();
+            owned.extend(borrowed.iter().cloned());
+            return f(&owned).into_outputs();
         }
-        {
-            let refs: Vec<&Tensor> = args.iter().collect();
-            crate::realize(&refs)?;
-        }
-        let device = args.first().map_or_else(Device::default, |t| t.device());
+        let n = owned.len() + borrowed.len();
+        let arg = |i: usize| if i < owned.len() { &owned[i] } else { &borrowed[i - owned.len()] };
+        let device = if n > 0 { arg(0).device() } else { Device::default() };
         let found = self.entries.iter().position(|e| {
             e.device == device
-                && e.signature.len() == args.len()
-                && e.signature
-                    .iter()
-                    .zip(&e.kept)
-                    .zip(&args)
-                    .all(|((s, k), a)| k.as_ref().is_some_and(|k| k.is(a)) || s == a.ty())
+                && e.signature.len() == n
+                && (0..n).all(|i| e.kept[i].as_ref().is_some_and(|k| k.is(arg(i))) || e.signature[i] == *arg(i).ty())
         });
         let index = match found {
             Some(i) => i,
             None => {
-                let refs: Vec<&Tensor> = args.iter().collect();
+                let refs: Vec<&Tensor> = (0..n).map(arg).collect();
+                crate::realize(&refs)?;
                 let entry = trace(device, &refs, f)?;
                 self.traces += 1;
                 self.entries.push(entry);
@@ -244,52 +273,72 @@ impl JitCache {
             }
         };
         // Kept arguments not given again are let go before the spare arrays are collected (a
-        // training step's old parameters become spare storage for the new ones).
+        // training step's old parameters become spare storage for the new ones), and so is one
+        // whose caller gave up every other handle (so that the call may take its array).
         for (i, e) in self.entries.iter_mut().enumerate() {
-            if i != index {
-                e.kept.iter_mut().for_each(|k| *k = None);
-                continue;
-            }
-            for (k, a) in e.kept.iter_mut().zip(&args) {
-                if k.as_ref().is_some_and(|k| !k.is(a) || k.only_other_handle(a)) {
+            for (j, k) in e.kept.iter_mut().enumerate() {
+                let drop = k
+                    .as_ref()
+                    .is_some_and(|k| i != index || !k.is(arg(j)) || (j < owned.len() && k.only_other_handle(arg(j))));
+                if drop {
                     *k = None;
+                    e.bound[j] = e.empty.clone();
                 }
             }
+        }
+        {
+            // A kept argument is realized (it was when it was kept, and a tensor's data stays).
+            let kept = &self.entries[index].kept;
+            let refs: Vec<&Tensor> = (0..n).filter(|&i| kept[i].is_none()).map(arg).collect();
+            crate::realize(&refs)?;
         }
         let spare = self.spare(out);
         self.last = Some(index);
         let entry = &mut self.entries[index];
-        let mut inputs = Vec::with_capacity(args.len() + entry.random.len() + entry.captured.len());
         let mut bindings = entry.captured_bindings.clone();
-        for (a, kept) in args.iter_mut().zip(&mut entry.kept) {
-            if let Some(k) = kept {
-                inputs.push(k.host.clone());
+        let (owned_kept, borrowed_kept) = entry.kept.split_at_mut(owned.len());
+        let (owned_bound, rest) = entry.bound.split_at_mut(owned.len());
+        let (borrowed_bound, drawn) = rest.split_at_mut(borrowed.len());
+        let taken_slots = &entry.taken;
+        for (j, ((a, kept), slot)) in owned.iter_mut().zip(owned_kept).zip(owned_bound).enumerate() {
+            if kept.is_some() {
                 continue;
             }
             // The argument's own array when this was its last handle, else a shared reference.
             let taken = Arc::get_mut(&mut a.inner).and_then(|inner| inner.data.take());
-            let data = match &taken {
-                Some(r) => r,
-                None => {
-                    a.inner.data.get().ok_or_else(|| Error::internal("a realized argument holds no data".into()))?
+            *slot = match taken {
+                Some(r) => {
+                    if !r.bindings.is_empty() {
+                        merge_bindings(&mut bindings, &r.bindings)?;
+                    }
+                    r.host
                 }
+                None => bind_shared(a, kept, !taken_slots.contains(&j), &mut bindings)?,
             };
-            if !data.bindings.is_empty() {
-                merge_bindings(&mut bindings, &data.bindings)?;
-            } else if taken.is_none() {
-                *kept = Some(Kept { tensor: a.clone(), host: data.host.clone() });
+        }
+        for (j, ((a, kept), slot)) in borrowed.iter().zip(borrowed_kept).zip(borrowed_bound).enumerate() {
+            if kept.is_none() {
+                *slot = bind_shared(a, kept, !taken_slots.contains(&(n - borrowed.len() + j)), &mut bindings)?;
             }
-            inputs.push(match taken {
-                Some(r) => r.host,
-                None => data.host.clone(),
-            });
         }
-        drop(args);
-        for draw in &entry.random {
-            inputs.push(draw().map_err(Error::Jit)?);
+        drop(owned);
+        for (draw, slot) in entry.random.iter().zip(drawn) {
+            *slot = draw().map_err(Error::Jit)?;
         }
-        inputs.extend(entry.captured.iter().cloned());
-        let hosts = backend::run_loaded(&entry.loaded, &entry.graph, inputs, &bindings, &entry.sites, spare)?;
+        let ran = backend::run_loaded(&entry.loaded, &entry.graph, &mut entry.bound, &bindings, &entry.sites, spare);
+        // Only kept arguments and captured data stay bound between calls.
+        let empty = &entry.empty;
+        for (slot, kept) in entry
+            .bound
+            .iter_mut()
+            .zip(entry.kept.iter().map(Some).chain(std::iter::repeat(None)))
+            .take(n + entry.random.len())
+        {
+            if !kept.is_some_and(|k| k.is_some()) {
+                *slot = empty.clone();
+            }
+        }
+        let hosts = ran?;
         if hosts.len() != entry.outputs.len() {
             return Err(Error::internal(format!("{} outputs for {} traced", hosts.len(), entry.outputs.len())).into());
         }
@@ -339,6 +388,19 @@ impl JitCache {
         self.held[1] = kept;
         spare
     }
+}
+
+/// The data of a realized argument the call does not own: merges its bindings, or, when it has
+/// none and the run does not take its array (`keepable`), keeps it for the next call
+/// (`Entry::kept`).
+fn bind_shared(a: &Tensor, kept: &mut Option<Kept>, keepable: bool, bindings: &mut Bindings) -> Result<HostTensor> {
+    let data = a.inner.data.get().ok_or_else(|| Error::internal("a realized argument holds no data".into()))?;
+    if data.bindings.is_empty() && keepable {
+        *kept = Some(Kept { tensor: a.clone() });
+    } else {
+        merge_bindings(bindings, &data.bindings)?;
+    }
+    Ok(data.host.clone())
 }
 
 impl Kept {
@@ -397,18 +459,23 @@ fn trace<R: JitOutput>(
         }
     }
     let program = trace_roots(&roots, device, &all_args)?;
+    let empty = HostTensor::new(HostData::F32(Vec::new()), vec![0]).map_err(Error::internal)?;
     let loaded = backend::load(device, &program.graph, &program.sites)?;
+    let (in_place, taken) = backend::in_place(&loaded);
     Ok(Entry {
         device,
         signature: args.iter().map(|a| a.ty().clone()).collect(),
         outputs: roots.iter().map(|o| o.shape().clone()).collect(),
         which,
-        in_place: backend::in_place_outputs(&loaded),
+        in_place,
+        taken,
         kept: args.iter().map(|_| None).collect(),
+        // Data the closure captured goes after the arguments and the random inputs.
+        bound: std::iter::repeat_n(empty.clone(), args.len() + random.len()).chain(program.inputs).collect(),
+        empty,
         graph: program.graph,
         sites: program.sites,
         loaded,
-        captured: program.inputs,
         captured_bindings: program.bindings,
         random,
     })

@@ -13,10 +13,11 @@ use common::*;
 use kiln_codegen::{CpuCompiler, TileLevel, TileMode, Tiling};
 use lower::kir::IExpr;
 
-/// The code paths every sweep measures: JIT-only, and tiled at the host's best level and at the
-/// baseline (where the host's best is the baseline, twice).
-const CONFIGS: [Tiling; 3] = [
+/// The code paths every sweep measures: JIT-only, and tiled at each level (a level the host
+/// lacks falls back to its best, so some paths may run twice).
+const CONFIGS: [Tiling; 4] = [
     Tiling { mode: TileMode::Off, level: TileLevel::Base },
+    Tiling { mode: TileMode::Always, level: TileLevel::Avx512 },
     Tiling { mode: TileMode::Always, level: TileLevel::Avx2Fma },
     Tiling { mode: TileMode::Always, level: TileLevel::Base },
 ];

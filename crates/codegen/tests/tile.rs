@@ -122,7 +122,7 @@ fn exact_case(e: &Expr, n: usize, seed: u64, split: usize, twice: bool) {
     let k = kernel(e, twice);
     let mut want = inputs(n, seed);
     eval(&k, &mut want, &[n as i64], 0, n as i64);
-    for level in [TileLevel::Avx2Fma, TileLevel::Base] {
+    for level in [TileLevel::Avx512, TileLevel::Avx2Fma, TileLevel::Base] {
         let c = compiler(TileMode::Always, level);
         let mut got = inputs(n, seed);
         run_split(&c, &k, &mut got, n, split);
@@ -156,13 +156,13 @@ proptest! {
         // Bit-for-bit needs both sides to fuse the same multiply-adds: the JIT uses FMA where
         // the host has it, and so does the AVX2 level; the baseline level does not (its accuracy
         // is checked by the sweeps in approx.rs).
-        if TileLevel::detect() == TileLevel::Avx2Fma {
-            let k = kernel(&e, false);
-            let mut want = inputs(n, seed);
-            run_split(&compiler(TileMode::Off, TileLevel::Base), &k, &mut want, n, split);
+        let k = kernel(&e, false);
+        let mut want = inputs(n, seed);
+        run_split(&compiler(TileMode::Off, TileLevel::Base), &k, &mut want, n, split);
+        for level in [TileLevel::Avx512, TileLevel::Avx2Fma].into_iter().filter(|l| l.runs_here()) {
             let mut got = inputs(n, seed);
-            run_split(&compiler(TileMode::Always, TileLevel::Avx2Fma), &k, &mut got, n, split);
-            assert_bufs_close(&got[3], &want[3], 0.0, &format!("{e:?}"));
+            run_split(&compiler(TileMode::Always, level), &k, &mut got, n, split);
+            assert_bufs_close(&got[3], &want[3], 0.0, &format!("{e:?} at {level:?}"));
         }
     }
 }
@@ -213,19 +213,22 @@ fn sigmoid_chains_agree_at_every_level_and_length() {
             assert_bufs_close(&jit, &want[1], 1e-5, "jit vs evaluator");
             let base = run(TileMode::Auto, TileLevel::Base);
             assert_bufs_close(&base, &want[1], 1e-5, "baseline tiles vs evaluator");
-            if TileLevel::detect() == TileLevel::Avx2Fma {
-                let avx = run(TileMode::Auto, TileLevel::Avx2Fma);
-                assert_bufs_close(&avx, &jit, 0.0, "avx2 tiles vs jit");
+            for level in [TileLevel::Avx512, TileLevel::Avx2Fma].into_iter().filter(|l| l.runs_here()) {
+                let tiled = run(TileMode::Auto, level);
+                assert_bufs_close(&tiled, &jit, 0.0, &format!("{level:?} tiles vs jit"));
             }
         }
     }
 }
 
 #[test]
-fn a_level_the_host_lacks_falls_back_to_the_baseline() {
-    let c = compiler(TileMode::Always, TileLevel::Avx2Fma);
-    assert_eq!(c.tiling().level, TileLevel::detect());
-    assert_eq!(c.tiling().mode, TileMode::Always);
+fn a_level_the_host_lacks_falls_back_to_the_best_it_has() {
+    for level in [TileLevel::Avx512, TileLevel::Avx2Fma, TileLevel::Base] {
+        let c = compiler(TileMode::Always, level);
+        let want = if level.runs_here() { level } else { TileLevel::detect() };
+        assert_eq!(c.tiling().level, want);
+        assert_eq!(c.tiling().mode, TileMode::Always);
+    }
 }
 
 #[test]

@@ -12,6 +12,7 @@ use crate::activation::Activation;
 use crate::attention::CausalSelfAttention;
 use crate::error::{NnError, Result};
 use crate::linear::{Embedding, Linear};
+use crate::module::ModuleParams;
 use crate::norm::LayerNorm;
 use crate::train::{model_tensors, with_tensors};
 
@@ -186,6 +187,8 @@ pub struct KvCache {
     jit: JitCache,
     /// The forward returning the last position's logits only.
     jit_last: JitCache,
+    /// The model's tensors (`visit_tensors` order) of the last call.
+    weights: Vec<Tensor>,
 }
 
 impl KvCache {
@@ -248,7 +251,15 @@ impl Transformer {
                 Ok(t)
             })
             .collect::<Result<_>>()?;
-        Ok(KvCache { kv, batch, max_seq_len: c.max_seq_len, len: 0, jit: JitCache::new(), jit_last: JitCache::new() })
+        Ok(KvCache {
+            kv,
+            batch,
+            max_seq_len: c.max_seq_len,
+            len: 0,
+            jit: JitCache::new(),
+            jit_last: JitCache::new(),
+            weights: Vec::new(),
+        })
     }
 
     /// The logits `[batch, seq, vocab]` of `tokens` (`[batch, seq]` ids) at positions
@@ -310,19 +321,28 @@ impl Transformer {
             )));
         }
         let tokens = tokens.with_dims(vec![Dim::Const(batch as i64), Dim::sym("seq")]);
-        let weights = model_tensors(self);
+        // The model's tensors as of the last call, collected again only when one was replaced
+        // (compared by handle: no tensor is touched, see `kiln::JitCache::call_owned_with`).
+        let mut unchanged = true;
+        let mut count = 0;
+        self.visit_tensors(&mut |t, _| {
+            unchanged &= cache.weights.get(count).is_some_and(|w| Tensor::ptr_eq(w, t));
+            count += 1;
+        });
+        if !unchanged || count != cache.weights.len() {
+            cache.weights = model_tensors(self);
+        }
         let n_kv = cache.kv.len();
-        let mut args = Vec::with_capacity(3 + n_kv + weights.len());
+        let mut args = Vec::with_capacity(3 + n_kv);
         args.push(tokens);
         let device = self.wte.weight.device();
         args.push(Tensor::symbol("start_pos", start_pos).to_device(device)?);
         args.push(Tensor::symbol("kv_len", self.attended_len(start_pos, seq)).to_device(device)?);
         // The cache arrays are given up, so the program updates them in place.
         args.append(&mut cache.kv);
-        args.extend(weights);
         let model = &mut *self;
         let jit = if last { &mut cache.jit_last } else { &mut cache.jit };
-        let result = jit.call_owned(args, |a: &[Tensor]| -> Result<Vec<Tensor>> {
+        let result = jit.call_owned_with(args, &cache.weights, |a: &[Tensor]| -> Result<Vec<Tensor>> {
             let (start, len) = (a[1].shape()[0].clone(), a[2].shape()[0].clone());
             let kv = &a[3..3 + n_kv];
             let mut out =

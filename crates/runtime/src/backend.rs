@@ -286,10 +286,22 @@ impl<B: Backend> Runner<B> {
         bindings: &Bindings,
         spare: Vec<HostData>,
     ) -> Result<Vec<HostTensor>> {
+        self.run_taking(&mut inputs, bindings, spare)
+    }
+
+    /// [`Runner::run_owned`] on inputs the caller keeps in place (a compiled function's bound
+    /// arguments, most of them the same weights call after call): the arrays of inputs written
+    /// in place are taken out of `inputs` (left as empty arrays), the others stay.
+    pub fn run_taking(
+        &self,
+        inputs: &mut [HostTensor],
+        bindings: &Bindings,
+        spare: Vec<HostData>,
+    ) -> Result<Vec<HostTensor>> {
         let sized = self.sized(bindings)?;
-        self.prepared.check_inputs(&inputs, &sized.sizes)?;
-        let inits = self.prepared.take_inits(&mut inputs);
-        self.run_checked(&inputs, &sized, spare, inits)
+        self.prepared.check_inputs(inputs, &sized.sizes)?;
+        let inits = self.prepared.take_inits(inputs);
+        self.run_checked(inputs, &sized, spare, inits)
     }
 
     /// One run on checked `inputs`, on the shared buffers, or, while another run holds them, on a

@@ -31,10 +31,12 @@ pub(crate) enum Helper {
     TileBinaryAvx2,
     TileUnaryBase,
     TileBinaryBase,
+    TileUnaryAvx512,
+    TileBinaryAvx512,
 }
 
 impl Helper {
-    pub(crate) const ALL: [Helper; 14] = [
+    pub(crate) const ALL: [Helper; 16] = [
         Helper::F32ToF16,
         Helper::PowF32,
         Helper::FmodF32,
@@ -49,6 +51,8 @@ impl Helper {
         Helper::TileBinaryAvx2,
         Helper::TileUnaryBase,
         Helper::TileBinaryBase,
+        Helper::TileUnaryAvx512,
+        Helper::TileBinaryAvx512,
     ];
 
     /// The helper's function index in every JIT module (its position in [`Helper::ALL`]).
@@ -82,6 +86,8 @@ impl Helper {
             Helper::ErfF64 => "kiln_erf",
             Helper::PowF64 => "kiln_pow",
             Helper::FmodF64 => "kiln_fmod",
+            Helper::TileUnaryAvx512 => "kiln_tile_unary_avx512",
+            Helper::TileBinaryAvx512 => "kiln_tile_binary_avx512",
             Helper::TileUnaryAvx2 => "kiln_tile_unary_avx2",
             Helper::TileBinaryAvx2 => "kiln_tile_binary_avx2",
             Helper::TileUnaryBase => "kiln_tile_unary_base",
@@ -101,6 +107,8 @@ impl Helper {
             Helper::ErfF64 => erf as *const u8,
             Helper::PowF64 => pow as *const u8,
             Helper::FmodF64 => fmod as *const u8,
+            Helper::TileUnaryAvx512 => tile::unary_avx512 as *const u8,
+            Helper::TileBinaryAvx512 => tile::binary_avx512 as *const u8,
             Helper::TileUnaryAvx2 => tile::unary_avx2 as *const u8,
             Helper::TileBinaryAvx2 => tile::binary_avx2 as *const u8,
             Helper::TileUnaryBase => tile::unary_base as *const u8,
@@ -119,11 +127,11 @@ impl Helper {
             }
             Helper::PowF64 | Helper::FmodF64 => (&[types::F64, types::F64][..], Some(types::F64)),
             // (op, dst, src, n)
-            Helper::TileUnaryAvx2 | Helper::TileUnaryBase => {
+            Helper::TileUnaryAvx512 | Helper::TileUnaryAvx2 | Helper::TileUnaryBase => {
                 (&[types::I32, types::I64, types::I64, types::I64][..], None)
             }
             // (mode, dst, a, b, n)
-            Helper::TileBinaryAvx2 | Helper::TileBinaryBase => {
+            Helper::TileBinaryAvx512 | Helper::TileBinaryAvx2 | Helper::TileBinaryBase => {
                 (&[types::I32, types::I64, types::I64, types::I64, types::I64][..], None)
             }
         };

@@ -256,10 +256,11 @@ impl CpuCompiler {
 
     /// Sets when inner loops run over tiles with full-width routines, and which routines they
     /// call, and forgets every cached kernel (compiled with the previous setting). A level the
-    /// host cannot run ([`TileLevel::Avx2Fma`] without AVX2 and FMA) becomes [`TileLevel::Base`].
+    /// host cannot run ([`TileLevel::Avx512`] without AVX-512F, [`TileLevel::Avx2Fma`] without
+    /// AVX2 and FMA) becomes the best it can.
     /// The default is [`Tiling::from_env`].
     pub fn set_tiling(&self, tiling: Tiling) {
-        let level = if TileLevel::detect() == TileLevel::Avx2Fma { tiling.level } else { TileLevel::Base };
+        let level = if tiling.level.runs_here() { tiling.level } else { TileLevel::detect() };
         let mut inner = self.lock();
         inner.tiling = Tiling { mode: tiling.mode, level };
         inner.cache.clear();

@@ -7,10 +7,11 @@
 //! 256-bit AVX2 + FMA vectors, and the chain's independent elements give every step full
 //! instruction-level parallelism (a fused chain in registers is one long dependency chain).
 //!
-//! Each routine exists twice, chosen when the kernel is compiled ([`TileLevel`]): compiled with
-//! `avx2,fma` enabled (used only where `is_x86_feature_detected!` finds both), and for the
-//! baseline target (SSE2 on x86-64, 4 lanes, no FMA). The same Rust source serves both (LLVM
-//! vectorizes the 8-element chunks). The approximations are those of `math.rs`, operation for
+//! Each routine exists three times, chosen when the kernel is compiled ([`TileLevel`]): compiled
+//! with `avx512f,avx2,fma` enabled (16-element chunks, 512-bit vectors), with `avx2,fma` (8-element
+//! chunks), each used only where `is_x86_feature_detected!` finds its features, and for the
+//! baseline target (SSE2 on x86-64, 4 lanes, no FMA). The same Rust source serves all three (LLVM
+//! vectorizes the chunks). The approximations are those of `math.rs`, operation for
 //! operation, so with FMA they give the JIT's results bit for bit; without FMA, `exp2` evaluates
 //! its polynomial in f64 (f32 steps would round twice each: 1.08 ulp, over the 1 ulp bound).
 //!
@@ -31,6 +32,8 @@ pub(crate) const MAX_SLOTS: usize = 8;
 /// Which instantiation of the tile routines a kernel calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TileLevel {
+    /// 512-bit AVX-512F with fused multiply-add (x86-64 hosts with AVX-512F, AVX2 and FMA).
+    Avx512,
     /// 256-bit AVX2 with fused multiply-add (x86-64 hosts that have both).
     Avx2Fma,
     /// The baseline target: SSE2 (4 lanes) on x86-64, whatever the compiler targets elsewhere.
@@ -43,10 +46,34 @@ impl TileLevel {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    return TileLevel::Avx512;
+                }
                 return TileLevel::Avx2Fma;
             }
         }
         TileLevel::Base
+    }
+
+    /// The level kernels use unless told otherwise: AVX2 where the host has it, also on AVX-512
+    /// hosts. Measured on one (`kiln bench unary`, sigmoid at n = 1,594,323, 3 alternated runs):
+    /// the AVX-512 routines made a lazy chain of 8 sigmoids 10% faster (0.545-0.566 against
+    /// 0.597-0.640 ms per op) but a single compiled sigmoid 1.6x slower (1.04-1.08 against
+    /// 0.627-0.681 ms), so they are opt-in (`KILN_TILE=auto,avx512`).
+    pub fn default_here() -> TileLevel {
+        match TileLevel::detect() {
+            TileLevel::Avx512 => TileLevel::Avx2Fma,
+            level => level,
+        }
+    }
+
+    /// Whether this host runs the routines of `self`.
+    pub fn runs_here(self) -> bool {
+        match (self, TileLevel::detect()) {
+            (TileLevel::Base, _) | (TileLevel::Avx512, TileLevel::Avx512) => true,
+            (TileLevel::Avx2Fma, host) => host != TileLevel::Base,
+            (TileLevel::Avx512, _) => false,
+        }
     }
 }
 
@@ -72,14 +99,15 @@ pub struct Tiling {
 }
 
 /// Environment variable for the default tiling: `off`, `auto` or `always`, optionally followed
-/// by `,base` to use the baseline routines (e.g. `KILN_TILE=always,base`).
+/// by `,base` to use the baseline routines (e.g. `KILN_TILE=always,base`) or `,avx512` for the
+/// AVX-512 ones where the host has them ([`TileLevel::default_here`] says why they are opt-in).
 pub const TILE_ENV: &str = "KILN_TILE";
 
 impl Tiling {
-    /// `Auto` at the host's best level, unless `KILN_TILE` says otherwise (an unknown value is
-    /// ignored).
+    /// `Auto` at [`TileLevel::default_here`], unless `KILN_TILE` says otherwise (an unknown value
+    /// is ignored).
     pub fn from_env() -> Tiling {
-        let mut t = Tiling { mode: TileMode::Auto, level: TileLevel::detect() };
+        let mut t = Tiling { mode: TileMode::Auto, level: TileLevel::default_here() };
         if let Ok(v) = std::env::var(TILE_ENV) {
             for part in v.split(',').map(str::trim) {
                 match part {
@@ -87,6 +115,7 @@ impl Tiling {
                     "auto" => t.mode = TileMode::Auto,
                     "always" => t.mode = TileMode::Always,
                     "base" => t.level = TileLevel::Base,
+                    "avx512" if TileLevel::Avx512.runs_here() => t.level = TileLevel::Avx512,
                     _ => {}
                 }
             }
@@ -125,11 +154,10 @@ pub(crate) const A_SCALAR: i32 = 1 << 8;
 /// Mode bit: operand `b` is one scalar.
 pub(crate) const B_SCALAR: i32 = 1 << 9;
 
-const CHUNK: usize = 8;
-
-/// `dst[i] = f(src[i])` for `i < n`.
+/// `dst[i] = f(src[i])` for `i < n`, `CHUNK` elements at a time (the vector width the routine is
+/// compiled for: 8 lanes of AVX2, 16 of AVX-512).
 #[inline(always)]
-unsafe fn map1(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(f32) -> f32) {
+unsafe fn map1<const CHUNK: usize>(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(f32) -> f32) {
     let mut i = 0;
     while i + CHUNK <= n {
         // SAFETY: the caller's buffers hold n elements; a chunk is read before it is written.
@@ -152,17 +180,24 @@ unsafe fn map1(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(f32) -> f32)
 
 /// `dst[i] = f(a[i], b[i])` for `i < n`, where a scalar operand is read once and broadcast.
 #[inline(always)]
-unsafe fn map2(dst: *mut f32, a: *const f32, b: *const f32, n: usize, mode: i32, f: impl Fn(f32, f32) -> f32) {
+unsafe fn map2<const CHUNK: usize>(
+    dst: *mut f32,
+    a: *const f32,
+    b: *const f32,
+    n: usize,
+    mode: i32,
+    f: impl Fn(f32, f32) -> f32,
+) {
     // SAFETY (all three): the caller's buffers hold n elements, or one for a scalar operand.
     unsafe {
         match (mode & A_SCALAR != 0, mode & B_SCALAR != 0) {
             (false, true) => {
                 let s = *b;
-                map1(dst, a, n, |x| f(x, s))
+                map1::<CHUNK>(dst, a, n, |x| f(x, s))
             }
             (true, false) => {
                 let s = *a;
-                map1(dst, b, n, |y| f(s, y))
+                map1::<CHUNK>(dst, b, n, |y| f(s, y))
             }
             _ => {
                 let mut i = 0;
@@ -272,32 +307,32 @@ fn fmin(a: f32, b: f32) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn unary<const FMA: bool>(op: i32, dst: *mut f32, src: *const f32, n: usize) {
+unsafe fn unary<const FMA: bool, const CHUNK: usize>(op: i32, dst: *mut f32, src: *const f32, n: usize) {
     // SAFETY: forwarded to the caller.
     unsafe {
         match op {
-            0 => map1(dst, src, n, |x| x),
-            1 => map1(dst, src, n, |x| -x),
-            2 => map1(dst, src, n, f32::sqrt),
-            3 => map1(dst, src, n, |x| 1.0 / x),
-            4 => map1(dst, src, n, exp2::<FMA>),
-            5 => map1(dst, src, n, log2::<FMA>),
+            0 => map1::<CHUNK>(dst, src, n, |x| x),
+            1 => map1::<CHUNK>(dst, src, n, |x| -x),
+            2 => map1::<CHUNK>(dst, src, n, f32::sqrt),
+            3 => map1::<CHUNK>(dst, src, n, |x| 1.0 / x),
+            4 => map1::<CHUNK>(dst, src, n, exp2::<FMA>),
+            5 => map1::<CHUNK>(dst, src, n, log2::<FMA>),
             _ => {}
         }
     }
 }
 
 #[inline(always)]
-unsafe fn binary(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
+unsafe fn binary<const CHUNK: usize>(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
     // SAFETY: forwarded to the caller.
     unsafe {
         match mode & 0xff {
-            0 => map2(dst, a, b, n, mode, |x, y| x + y),
-            1 => map2(dst, a, b, n, mode, |x, y| x - y),
-            2 => map2(dst, a, b, n, mode, |x, y| x * y),
-            3 => map2(dst, a, b, n, mode, |x, y| x / y),
-            4 => map2(dst, a, b, n, mode, fmax),
-            5 => map2(dst, a, b, n, mode, fmin),
+            0 => map2::<CHUNK>(dst, a, b, n, mode, |x, y| x + y),
+            1 => map2::<CHUNK>(dst, a, b, n, mode, |x, y| x - y),
+            2 => map2::<CHUNK>(dst, a, b, n, mode, |x, y| x * y),
+            3 => map2::<CHUNK>(dst, a, b, n, mode, |x, y| x / y),
+            4 => map2::<CHUNK>(dst, a, b, n, mode, fmax),
+            5 => map2::<CHUNK>(dst, a, b, n, mode, fmin),
             _ => {}
         }
     }
@@ -307,14 +342,52 @@ unsafe fn binary(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usiz
 #[target_feature(enable = "avx2,fma")]
 unsafe fn unary_avx2_fma(op: i32, dst: *mut f32, src: *const f32, n: usize) {
     // SAFETY: forwarded to the caller.
-    unsafe { unary::<true>(op, dst, src, n) }
+    unsafe { unary::<true, 8>(op, dst, src, n) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn binary_avx2_fma(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
     // SAFETY: forwarded to the caller.
-    unsafe { binary(mode, dst, a, b, n) }
+    unsafe { binary::<8>(mode, dst, a, b, n) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn unary_avx512_fma(op: i32, dst: *mut f32, src: *const f32, n: usize) {
+    // SAFETY: forwarded to the caller.
+    unsafe { unary::<true, 16>(op, dst, src, n) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn binary_avx512_fma(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
+    // SAFETY: forwarded to the caller.
+    unsafe { binary::<16>(mode, dst, a, b, n) }
+}
+
+/// Unary helper, AVX-512F + FMA: called only where [`TileLevel::detect`] found AVX-512F (see
+/// [`unary_avx2`]).
+pub(crate) extern "C" fn unary_avx512(op: i32, dst: *mut f32, src: *const f32, n: i64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: kernels call this only on hosts with avx512f, avx2 and fma (`TileLevel::detect`),
+    // with buffers of n elements.
+    unsafe {
+        unary_avx512_fma(op, dst, src, n.max(0) as usize)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unary_base(op, dst, src, n)
+}
+
+/// Binary helper, AVX-512F + FMA (see [`unary_avx512`]).
+pub(crate) extern "C" fn binary_avx512(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: i64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: as for `unary_avx512`.
+    unsafe {
+        binary_avx512_fma(mode, dst, a, b, n.max(0) as usize)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    binary_base(mode, dst, a, b, n)
 }
 
 /// Unary helper, AVX2 + FMA. The code generator calls it only when [`TileLevel::detect`]
@@ -344,11 +417,11 @@ pub(crate) extern "C" fn binary_avx2(mode: i32, dst: *mut f32, a: *const f32, b:
 /// Unary helper for the baseline target.
 pub(crate) extern "C" fn unary_base(op: i32, dst: *mut f32, src: *const f32, n: i64) {
     // SAFETY: kernels pass buffers of n elements.
-    unsafe { unary::<false>(op, dst, src, n.max(0) as usize) }
+    unsafe { unary::<false, 8>(op, dst, src, n.max(0) as usize) }
 }
 
 /// Binary helper for the baseline target.
 pub(crate) extern "C" fn binary_base(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: i64) {
     // SAFETY: kernels pass buffers of n elements (one for a scalar operand).
-    unsafe { binary(mode, dst, a, b, n.max(0) as usize) }
+    unsafe { binary::<8>(mode, dst, a, b, n.max(0) as usize) }
 }

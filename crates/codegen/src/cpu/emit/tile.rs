@@ -20,6 +20,7 @@ impl<'f> Emitter<'_, 'f> {
     /// statement as one call over `min(TILE, hi - t)` elements.
     pub(super) fn tile_loop(&mut self, var: Var, lo: Value, hi: Value, body: &[Stmt], plan: &TilePlan) -> Result<()> {
         let (unary, binary) = match self.tiling.level {
+            TileLevel::Avx512 => (Helper::TileUnaryAvx512, Helper::TileBinaryAvx512),
             TileLevel::Avx2Fma => (Helper::TileUnaryAvx2, Helper::TileBinaryAvx2),
             TileLevel::Base => (Helper::TileUnaryBase, Helper::TileBinaryBase),
         };
