@@ -342,41 +342,29 @@ impl MatmulLaunch {
     unsafe fn gemm<T: Copy + 'static + From<f32>>(&self, a: *mut u8, b: *mut u8, c: *mut u8, threaded: bool) {
         let threads = if threaded { parallel::threads() } else { 1 };
         let (a, b, c) = (a as *const T, b as *const T, c as *mut T);
-        if threads > 1 && self.n >= GEMM_SPLIT_MIN * threads {
-            let (a, b, c) = (SendPtr(a as *mut u8), SendPtr(b as *mut u8), SendPtr(c as *mut u8));
-            let blocks = self.n.div_ceil(GEMM_SPLIT_MIN);
-            parallel::for_chunks(blocks, threads, &|lo, hi| {
-                let (lo, hi) = (lo * GEMM_SPLIT_MIN, (hi * GEMM_SPLIT_MIN).min(self.n));
-                // SAFETY: columns `lo..hi` of `b` and `c` lie inside the checked matrices; the
-                // blocks write disjoint columns of `c`.
-                unsafe {
-                    self.gemm_block::<T>(
-                        (self.m, hi - lo),
-                        a.get() as *const T,
-                        (b.get() as *const T).offset(lo as isize * self.b.col),
-                        (c.get() as *mut T).offset(lo as isize * self.c.col),
-                    )
-                }
-            });
-        } else if threads > 1 && self.m >= GEMM_SPLIT_MIN * threads {
-            let (a, b, c) = (SendPtr(a as *mut u8), SendPtr(b as *mut u8), SendPtr(c as *mut u8));
-            let blocks = self.m.div_ceil(GEMM_SPLIT_MIN);
-            parallel::for_chunks(blocks, threads, &|lo, hi| {
-                let (lo, hi) = (lo * GEMM_SPLIT_MIN, (hi * GEMM_SPLIT_MIN).min(self.m));
-                // SAFETY: rows `lo..hi` of `a` and `c` lie inside the checked matrices; the
-                // blocks write disjoint rows of `c`.
-                unsafe {
-                    self.gemm_block::<T>(
-                        (hi - lo, self.n),
-                        (a.get() as *const T).offset(lo as isize * self.a.row),
-                        b.get() as *const T,
-                        (c.get() as *mut T).offset(lo as isize * self.c.row),
-                    )
-                }
-            });
+        // Blocks of columns (`b` and `c` step along their columns) or, for a narrow product,
+        // of rows (`a` and `c` step along their rows): (by columns, extent, a, b and c steps).
+        let split = if self.n >= GEMM_SPLIT_MIN * threads {
+            Some((true, self.n, 0, self.b.col, self.c.col))
+        } else if self.m >= GEMM_SPLIT_MIN * threads {
+            Some((false, self.m, self.a.row, 0, self.c.row))
         } else {
+            None
+        };
+        match split {
+            Some((by_columns, extent, a_step, b_step, c_step)) if threads > 1 => {
+                let (a, b, c) = (SendPtr(a as *mut u8), SendPtr(b as *mut u8), SendPtr(c as *mut u8));
+                parallel::for_chunks(extent.div_ceil(GEMM_SPLIT_MIN), threads, &|lo, hi| {
+                    let (lo, hi) = (lo * GEMM_SPLIT_MIN, (hi * GEMM_SPLIT_MIN).min(extent));
+                    let size = if by_columns { (self.m, hi - lo) } else { (hi - lo, self.n) };
+                    let at = |p: SendPtr, step: isize| (p.get() as *mut T).wrapping_offset(lo as isize * step);
+                    // SAFETY: block `lo..hi` of the split dimension lies inside the checked
+                    // matrices; the blocks write disjoint columns (or rows) of `c`.
+                    unsafe { self.gemm_block::<T>(size, at(a, a_step), at(b, b_step), at(c, c_step)) }
+                });
+            }
             // SAFETY: the whole entry, as checked in `new`.
-            unsafe { self.gemm_block::<T>((self.m, self.n), a, b, c) }
+            _ => unsafe { self.gemm_block::<T>((self.m, self.n), a, b, c) },
         }
     }
 
