@@ -28,6 +28,13 @@
 //! of an output of the same dtype and length, so a training loop that replaces its parameters
 //! every step allocates no output arrays in the steady state. [`JitCache::call_into`] offers the
 //! storage of given tensors explicitly.
+//!
+//! Arguments given again are cheap: a shared argument without symbol bindings (a weight) stays
+//! bound to its slot after the call, and the next call that passes the same tensor there
+//! (`Tensor::ptr_eq`; tensors never change) neither checks its type nor reads it again. With
+//! [`JitCache::call_owned_with`] the weights are lent by reference, so not even a handle is
+//! cloned: a GPT-2 decoding step passes ~220 arguments, and after its kernels have streamed
+//! ~500 MB every one of them would be a cache miss.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -123,7 +130,7 @@ struct Entry {
     in_place: Vec<usize>,
     /// The input slots those outputs are written over: a run takes their arrays out of `bound`,
     /// so they are never kept.
-    taken: Vec<usize>,
+    taken_slots: Vec<usize>,
     /// The program's inputs as the last call bound them: arguments, random draws, captured data.
     /// A kept argument's slot is left as it is from call to call (no handle cloned, no tensor
     /// touched); the others are rebound per call and emptied after it, so that no array of
@@ -131,11 +138,11 @@ struct Entry {
     bound: Vec<HostTensor>,
     /// An empty array: what an argument's slot of `bound` holds between calls.
     empty: HostTensor,
-    /// Per argument, what the last call bound when it was a shared tensor without bindings (a
+    /// Per argument, the last call's argument when it was a shared tensor without bindings (a
     /// weight): the same tensor given again has the same type and data, so the next call skips
-    /// its signature check and binds the kept host tensor. Decoding passes ~200 weights per
-    /// token, each read from memory that the step's kernels evicted; these reads were most of
-    /// the host time per token.
+    /// its signature check and leaves its host tensor in `bound`. Decoding passes ~200 weights
+    /// per token, each read from memory that the step's kernels evicted; these reads were most
+    /// of the host time per token.
     kept: Vec<Option<Kept>>,
 }
 
@@ -299,7 +306,7 @@ impl JitCache {
         let (owned_kept, borrowed_kept) = entry.kept.split_at_mut(owned.len());
         let (owned_bound, rest) = entry.bound.split_at_mut(owned.len());
         let (borrowed_bound, drawn) = rest.split_at_mut(borrowed.len());
-        let taken_slots = &entry.taken;
+        let taken_slots = &entry.taken_slots;
         for (j, ((a, kept), slot)) in owned.iter_mut().zip(owned_kept).zip(owned_bound).enumerate() {
             if kept.is_some() {
                 continue;
@@ -461,14 +468,14 @@ fn trace<R: JitOutput>(
     let program = trace_roots(&roots, device, &all_args)?;
     let empty = HostTensor::new(HostData::F32(Vec::new()), vec![0]).map_err(Error::internal)?;
     let loaded = backend::load(device, &program.graph, &program.sites)?;
-    let (in_place, taken) = backend::in_place(&loaded);
+    let (in_place, taken_slots) = backend::in_place(&loaded);
     Ok(Entry {
         device,
         signature: args.iter().map(|a| a.ty().clone()).collect(),
         outputs: roots.iter().map(|o| o.shape().clone()).collect(),
         which,
         in_place,
-        taken,
+        taken_slots,
         kept: args.iter().map(|_| None).collect(),
         // Data the closure captured goes after the arguments and the random inputs.
         bound: std::iter::repeat_n(empty.clone(), args.len() + random.len()).chain(program.inputs).collect(),
