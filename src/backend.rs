@@ -52,7 +52,7 @@ pub fn execute(device: Device, graph: &Graph, inputs: Vec<HostTensor>, bindings:
 pub(crate) fn execute_traced(
     device: Device,
     graph: &Graph,
-    inputs: Vec<HostTensor>,
+    mut inputs: Vec<HostTensor>,
     bindings: &Bindings,
     sites: &Sites,
 ) -> Result<Vec<HostTensor>> {
@@ -61,7 +61,6 @@ pub(crate) fn execute_traced(
         return execute_profiled(device, graph, inputs, bindings, sites);
     }
     let loaded = load(device, graph, sites)?;
-    let mut inputs = inputs;
     run_loaded(&loaded, graph, &mut inputs, bindings, sites, Vec::new())
 }
 

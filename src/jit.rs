@@ -334,15 +334,9 @@ impl JitCache {
         }
         let ran = backend::run_loaded(&entry.loaded, &entry.graph, &mut entry.bound, &bindings, &entry.sites, spare);
         // Only kept arguments and captured data stay bound between calls.
-        let empty = &entry.empty;
-        for (slot, kept) in entry
-            .bound
-            .iter_mut()
-            .zip(entry.kept.iter().map(Some).chain(std::iter::repeat(None)))
-            .take(n + entry.random.len())
-        {
-            if !kept.is_some_and(|k| k.is_some()) {
-                *slot = empty.clone();
+        for (j, slot) in entry.bound[..n + entry.random.len()].iter_mut().enumerate() {
+            if entry.kept.get(j).is_none_or(Option::is_none) {
+                *slot = entry.empty.clone();
             }
         }
         let hosts = ran?;
