@@ -12,6 +12,7 @@ pub mod error;
 pub mod exec;
 pub mod kir;
 pub mod memplan;
+pub mod offsets;
 pub mod program;
 pub mod rewrite;
 pub mod saturate;

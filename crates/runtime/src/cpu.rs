@@ -17,11 +17,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use air::{Bindings, Graph, GraphKey, HostTensor};
 use codegen::cpu::{CompiledKernel, CpuCompiler};
 use codegen::lru::{Lru, capacity_from_env};
-use lower::kir::{Kernel, LoopKernel};
+use lower::kir::{IExpr, Kernel, LoopKernel};
 
 use crate::error::Result;
 use crate::observe::{CompileObserver, NoCompileObserver, Passes, Step};
-use crate::vm::{Executable, KernelFn};
+use crate::vm::{Executable, LoopCode};
 
 /// How much work a device has done: what its caches saved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -153,24 +153,26 @@ impl CpuDevice {
             return Ok(exe);
         }
         let program = lower::compile_observed(graph, &self.inner.options, &mut Passes(&mut *observer))?;
-        let loops: Vec<&LoopKernel> = program
+        // Every loop kernel in one batch, its buffers' base offsets taken out: kernels that
+        // differ only there (an unrolled RNN's steps, a concatenation's pieces) compile once,
+        // and the cache misses compile concurrently on all cores.
+        observer.begin(Step::Codegen, None);
+        let (loops, offsets): (Vec<LoopKernel>, Vec<Vec<IExpr>>) = program
             .kernels
             .iter()
             .filter_map(|k| match k {
-                Kernel::Loops(k) => Some(k),
+                Kernel::Loops(k) => Some(lower::offsets::split_offsets(k)),
                 Kernel::Matmul(_) => None,
             })
-            .collect();
-        // Every loop kernel in one batch: the cache misses compile concurrently on all cores.
-        observer.begin(Step::Codegen, None);
-        let code =
-            self.inner.compiler.compile_many(&loops).into_iter().collect::<Result<Vec<Arc<CompiledKernel>>, _>>();
+            .unzip();
+        let refs: Vec<&LoopKernel> = loops.iter().collect();
+        let code = self.inner.compiler.compile_many(&refs).into_iter().collect::<Result<Vec<Arc<CompiledKernel>>, _>>();
         observer.end(Step::Codegen, None);
         let code = code?;
         observer.counter("kernels", program.kernels.len() as u64);
         observer.counter("loop kernels", code.len() as u64);
-        let mut fns = code.iter().map(|c| c.as_fn());
-        let loop_fns: Vec<Option<KernelFn>> = program
+        let mut fns = code.iter().zip(offsets).map(|(c, offsets)| LoopCode { func: c.as_fn(), offsets });
+        let loop_fns: Vec<Option<LoopCode>> = program
             .kernels
             .iter()
             .map(|k| match k {

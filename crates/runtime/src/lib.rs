@@ -47,4 +47,4 @@ pub use error::{ErrorKind, InputSpec, Result, RuntimeError};
 pub use lower::MemoryStats;
 pub use observe::{CompileObserver, NoCompileObserver, Step};
 pub use prepared::{Prepared, Sizes};
-pub use vm::{CALIBRATION_RUNS, CpuCode, Executable, LaunchTime};
+pub use vm::{CALIBRATION_RUNS, CpuCode, Executable, LaunchTime, LoopCode};

@@ -80,7 +80,7 @@ pub(crate) fn var_count(stmts: &[Stmt]) -> usize {
 
 /// Whether `e` only reads symbols below `n_syms` and variables below `n_vars` (so `eval` cannot
 /// index out of bounds).
-fn expr_ok(e: &IExpr, n_syms: usize, n_vars: usize) -> bool {
+pub(crate) fn expr_ok(e: &IExpr, n_syms: usize, n_vars: usize) -> bool {
     match e {
         IExpr::Const(_) => true,
         IExpr::Var(v) => (v.0 as usize) < n_vars,

@@ -194,6 +194,31 @@ fn symbolic_dims_compile_once() {
     assert!(matches!(&e, RuntimeError::Unbound(s) if s.name() == "seq"), "{e}");
 }
 
+/// Four steps of an unrolled loop, each reading its slice of one input at a symbolic offset
+/// (`t * seq * 8`) and writing its own output: the kernels differ only in that offset, which the
+/// VM adds to the argument's pointer (`lower::offsets`), so one kernel is compiled for all four.
+#[test]
+fn kernels_differing_in_base_offsets_compile_once() {
+    let seq = Dim::sym("seq");
+    let mut g = Graph::new();
+    let x = input(&mut g, 0, DType::F32, &[Dim::Const(4), seq.clone(), Dim::Const(8)]);
+    for t in 0..4 {
+        let ranges =
+            vec![(Dim::Const(t), Dim::Const(t + 1)), (Dim::Const(0), seq.clone()), (Dim::Const(0), Dim::Const(8))];
+        let piece = g.add(Op::Shrink(Shrink { ranges }), &[x]).unwrap();
+        let a = g.add(Op::Unary(UnaryOp::Neg), &[piece]).unwrap();
+        let b = g.add(Op::Unary(UnaryOp::Exp2), &[a]).unwrap();
+        g.add_output(b);
+    }
+    let dev = CpuDevice::new().unwrap();
+    for n in [3usize, 5] {
+        let b: Bindings = [(Symbol::new("seq"), n as i64)].into_iter().collect();
+        check_with(&dev, &g, &[tensor(&[4, n, 8], n as u64)], &b, 1e-6);
+    }
+    let stats = dev.stats();
+    assert_eq!((stats.programs_compiled, stats.kernels_compiled), (1, 1), "{stats:?}");
+}
+
 #[test]
 fn same_graph_built_twice_compiles_once() {
     let dev = CpuDevice::new().unwrap();

@@ -11,7 +11,7 @@ use air::{Bindings, DType, Dim, HostData, HostTensor, Scalar, Symbol, TensorType
 use lower::kir::{Access, IExpr, Inst, Kernel, LoopKernel, MatOperand, MatmulKernel, Param, Reg, Stmt, Var};
 use lower::{BufId, BufferInfo, BufferKind, Program, Step};
 use runtime::vm::KernelFn;
-use runtime::{Executable, RuntimeError};
+use runtime::{Executable, LoopCode, RuntimeError};
 
 /// `b1[i] = -b0[i]` for `i in start..end` (f32).
 unsafe extern "C" fn neg_f32(bufs: *const *mut u8, _syms: *const i64, start: i64, end: i64) {
@@ -86,8 +86,8 @@ fn exe(program: Program, inputs: Vec<Option<TensorType>>) -> Executable {
 }
 
 fn exe_with(program: Program, inputs: Vec<Option<TensorType>>, kernel: KernelFn) -> Executable {
-    let fns: Vec<Option<KernelFn>> =
-        program.kernels.iter().map(|k| matches!(k, Kernel::Loops(_)).then_some(kernel)).collect();
+    let fns: Vec<Option<LoopCode>> =
+        program.kernels.iter().map(|k| matches!(k, Kernel::Loops(_)).then_some(kernel.into())).collect();
     Executable::new(program, inputs, fns, Arc::new(())).unwrap()
 }
 
@@ -343,7 +343,7 @@ fn out_of_bounds_matmul_is_refused() {
 fn malformed_programs_are_refused() {
     let (mut p, tys) = neg_chain(Dim::Const(4));
     p.steps[0].args.pop();
-    let fns = vec![Some(neg_f32 as KernelFn)];
+    let fns = vec![Some(LoopCode::from(neg_f32 as KernelFn))];
     assert!(matches!(Executable::new(p, tys.clone(), fns.clone(), Arc::new(())), Err(RuntimeError::InvalidProgram(_))));
     let (mut p, _) = neg_chain(Dim::Const(4));
     p.steps[0].args[1] = BufId(0); // writes the input

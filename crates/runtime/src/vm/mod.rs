@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use air::{Bindings, HostData, TensorType};
-use lower::kir::{Access, Kernel};
+use lower::kir::{Access, IExpr, Kernel};
 use lower::{BufferKind, Program};
 
 use crate::backend::{Runner, lock};
@@ -48,13 +48,31 @@ use crate::error::{Result, RuntimeError};
 use crate::levels::LevelSchedule;
 use crate::memory::Arena;
 use crate::parallel;
-use crate::prepared::Prepared;
+use crate::prepared::{self, Prepared};
 
 use launch::{Code, Launch, StepCode};
 
 /// The native entry point of a loop kernel (`codegen`'s ABI): buffer pointers, symbol values, and
 /// the `[start, end)` range of its top-level parallel loop.
 pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, syms: *const i64, start: i64, end: i64);
+
+/// The native code of one loop kernel of a program: `func`, compiled from the kernel with each
+/// parameter's base offset taken out of its accesses (`lower::offsets::split_offsets`), and those
+/// offsets in elements, one per parameter (empty: none). The VM starts each buffer argument at
+/// its offset, so one function serves every kernel that differs from it only there.
+#[derive(Clone, Debug)]
+pub struct LoopCode {
+    /// The compiled function.
+    pub func: KernelFn,
+    /// Element offset of each parameter (over the program's symbols), or empty for none.
+    pub offsets: Vec<IExpr>,
+}
+
+impl From<KernelFn> for LoopCode {
+    fn from(func: KernelFn) -> LoopCode {
+        LoopCode { func, offsets: Vec::new() }
+    }
+}
 
 /// Loop kernels with fewer elements than this (summed over the loop nest) run on the calling
 /// thread; larger ones split their parallel loop over rayon's pool.
@@ -119,6 +137,9 @@ pub struct CpuCode {
     steps: Vec<StepCode>,
     /// The buffer of each step argument, flat, in step order.
     table_bufs: Vec<u32>,
+    /// The step arguments that start at an offset into their buffer: position in the table,
+    /// offset in elements, element size in bytes.
+    table_offsets: Vec<(u32, IExpr, usize)>,
     /// The buffers of kind `Output`, in the order fresh outputs are allocated.
     output_bufs: Vec<u32>,
     /// Per entry of `output_bufs`: the first step whose arguments include the buffer, if every
@@ -176,25 +197,44 @@ pub type Executable = Runner<CpuCode>;
 impl CpuCode {
     /// The launch tables of `prepared` with `loop_fns[k]` the native code of kernel `k` (`None`
     /// for matmul kernels); `code` keeps that code alive.
-    fn new(prepared: &Prepared, loop_fns: Vec<Option<KernelFn>>, code: Arc<dyn Send + Sync>) -> Result<CpuCode> {
+    fn new(prepared: &Prepared, loop_fns: Vec<Option<LoopCode>>, code: Arc<dyn Send + Sync>) -> Result<CpuCode> {
         let program = prepared.program();
         let invalid = |msg: String| Err(RuntimeError::InvalidProgram(msg));
         if loop_fns.len() != program.kernels.len() {
             return invalid(format!("{} kernels but {} compiled functions", program.kernels.len(), loop_fns.len()));
         }
         for (k, (kernel, func)) in program.kernels.iter().zip(&loop_fns).enumerate() {
-            if matches!(kernel, Kernel::Loops(_)) && func.is_none() {
-                return invalid(format!("loop kernel k{k} has no compiled function"));
+            match (kernel, func) {
+                (Kernel::Loops(_), None) => return invalid(format!("loop kernel k{k} has no compiled function")),
+                (Kernel::Loops(l), Some(f)) if !f.offsets.is_empty() => {
+                    if f.offsets.len() != l.params.len() {
+                        return invalid(format!("k{k} has {} params but {} offsets", l.params.len(), f.offsets.len()));
+                    }
+                    if !f.offsets.iter().all(|e| prepared::expr_ok(e, program.symbols.len(), 0)) {
+                        return invalid(format!("an offset of k{k} reads a variable or an unknown symbol"));
+                    }
+                }
+                _ => {}
             }
         }
         let mut steps = Vec::with_capacity(program.steps.len());
         let mut table_bufs = Vec::new();
+        let mut table_offsets = Vec::new();
         for step in &program.steps {
             // This loop and the output scan below each visit every step and argument once more
             // than `Prepared::new`.
             air::work::add(step.args.len() as u64);
-            let code = match (&program.kernels[step.kernel as usize], loop_fns[step.kernel as usize]) {
-                (Kernel::Loops(l), Some(func)) => Code::Loop { func, parallel: launch::parallel_loop(l).is_some() },
+            let kernel = &program.kernels[step.kernel as usize];
+            let code = match (kernel, &loop_fns[step.kernel as usize]) {
+                (Kernel::Loops(l), Some(f)) => {
+                    for (i, (e, param)) in f.offsets.iter().zip(&l.params).enumerate() {
+                        if e.as_const() != Some(0) {
+                            let at = (table_bufs.len() + i) as u32;
+                            table_offsets.push((at, e.clone(), param.dtype.size_bytes()));
+                        }
+                    }
+                    Code::Loop { func: f.func, parallel: launch::parallel_loop(l).is_some() }
+                }
                 // Checked above: every loop kernel has its function.
                 (Kernel::Loops(_), None) | (Kernel::Matmul(_), _) => Code::Matmul,
             };
@@ -238,6 +278,7 @@ impl CpuCode {
         Ok(CpuCode {
             steps,
             table_bufs,
+            table_offsets,
             output_bufs,
             output_writer,
             outputs,
@@ -255,7 +296,7 @@ impl Runner<CpuCode> {
     pub fn new(
         program: Program,
         input_types: Vec<Option<TensorType>>,
-        loop_fns: Vec<Option<KernelFn>>,
+        loop_fns: Vec<Option<LoopCode>>,
         code: Arc<dyn Send + Sync>,
     ) -> Result<Executable> {
         let prepared = Prepared::new(program, input_types)?;

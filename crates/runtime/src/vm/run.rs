@@ -139,6 +139,18 @@ impl Backend for CpuCode {
         }
         state.table.clear();
         state.table.extend(self.table_bufs.iter().map(|&b| state.buf_ptrs[b as usize]));
+        // Per run, not per binding set: an offset may read a symbol that binding sets sharing
+        // their launches differ in (a KV cache's write position).
+        for (at, e, size) in &self.table_offsets {
+            let elements = e.eval(&[], &sized.sizes.syms);
+            let Some(bytes) = elements.checked_mul(*size as i64).and_then(|b| isize::try_from(b).ok()) else {
+                return Err(RuntimeError::BadSize(format!("argument offset {e} = {elements} elements overflows")));
+            };
+            // The kernel adds the rest of each index back: it touches the elements the
+            // program's kernel addresses (`lower::offsets`), inside the buffer.
+            let entry = &mut state.table[*at as usize];
+            *entry = entry.wrapping_offset(bytes);
+        }
         Ok(())
     }
 
