@@ -194,6 +194,54 @@ fn shape_values_computed_from_symbolic_dims_drive_reshape_range_and_slice() {
     assert_eq!(session.traces(), 1, "one trace serves every batch and sequence length");
 }
 
+/// `Gather(x, indices, axis=1)` on `x: [2, 4, 3]` with `indices` an initializer.
+fn gather_known(dims: &[i64], indices: &[i64]) -> ModelProto {
+    let mut g = node("g", "Gather", &["x", "i"], &["y"]);
+    g.attribute.push(AttributeProto {
+        name: Some("axis".into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(1),
+        ..Default::default()
+    });
+    model(vec![g], vec![value("x", &[Ok(2), Ok(4), Ok(3)])], vec![value("y", &[])], vec![ints("i", dims, indices)])
+}
+
+/// Indices known at import become a slice when they are an ascending run (a model's `x[:, -1]`)
+/// and stay a gather otherwise; either way the values are numpy's `take`, and an index outside
+/// the axis is an error at import.
+#[test]
+fn gather_with_initializer_indices_matches_take() {
+    let data: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let take = |picked: &[usize]| -> Vec<f32> {
+        (0..2)
+            .flat_map(|b| picked.iter().flat_map(move |&p| (0..3).map(move |c| (b * 12 + p * 3 + c) as f32)))
+            .collect()
+    };
+    let cases: [(&[i64], &[i64], &[usize], &[usize]); 4] = [
+        (&[], &[-1], &[3], &[2, 3]),
+        (&[2], &[1, 2], &[1, 2], &[2, 2, 3]),
+        (&[2], &[-3, -2], &[1, 2], &[2, 2, 3]),
+        (&[3], &[2, 0, 3], &[2, 0, 3], &[2, 3, 3]),
+    ];
+    for (dims, indices, picked, shape) in cases {
+        let m = Model::from_bytes(&gather_known(dims, indices).encode_to_vec()).unwrap();
+        let host = HostTensor::new(HostData::F32(data.clone()), vec![2, 4, 3]).unwrap();
+        let x = m.input_tensor(0, host, Device::Cpu).unwrap();
+        let mut session = m.session();
+        for y in [m.run(std::slice::from_ref(&x)).unwrap().remove(0), session.run(&[&x]).unwrap().remove(0)] {
+            assert_eq!(y.dims().unwrap(), shape, "indices {indices:?}");
+            assert_eq!(y.to_vec::<f32>().unwrap(), take(picked), "indices {indices:?}");
+        }
+    }
+    for bad in [4, -5] {
+        let m = Model::from_bytes(&gather_known(&[], &[bad]).encode_to_vec()).unwrap();
+        let host = HostTensor::new(HostData::F32(data.clone()), vec![2, 4, 3]).unwrap();
+        let x = m.input_tensor(0, host, Device::Cpu).unwrap();
+        let e = m.run(&[x]).unwrap_err().to_string();
+        assert!(e.contains("Gather") && e.contains("out of range"), "{e}");
+    }
+}
+
 #[test]
 fn every_unsupported_op_is_reported_at_once() {
     let g = model(

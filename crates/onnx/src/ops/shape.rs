@@ -260,11 +260,36 @@ fn wrap_negative(idx: &Tensor, len: &Dim) -> Tensor {
 pub(super) fn gather(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let (x, idx) = (ctx.input(0)?, ctx.input(1)?);
     let a = axis(ctx.int("axis", 0)?, x.ndim())?;
-    let idx = wrap_negative(idx, &x.shape()[a]);
     let mut out: Vec<Dim> = x.shape()[..a].to_vec();
     out.extend(idx.shape().iter().cloned());
     out.extend(x.shape()[a + 1..].iter().cloned());
+    // Indices known at import that pick a contiguous run (a model's `x[:, -1]`): a slice, which
+    // the compiler folds into what produces `x` (only the picked part is computed), where a
+    // gather would need all of `x` and a data-dependent read.
+    if let Some((start, n)) = known_run(ctx.known(1), &x.shape()[a])? {
+        return Ok(vec![x.narrow(a, start, n as i64).reshape(out)]);
+    }
+    let idx = wrap_negative(idx, &x.shape()[a]);
     Ok(vec![x.index_select(a, &idx.reshape(&[-1])).reshape(out)])
+}
+
+/// The first index and the count of `known` indices into an axis of `len` elements when they
+/// are constants forming an ascending run `k, k+1, ...` (negative ones counted from the end,
+/// which needs a constant `len`); an index outside the axis is an error, as in onnxruntime.
+fn known_run(known: Option<&super::known::Known>, len: &Dim) -> OpResult<Option<(i64, usize)>> {
+    let Some(values) = known.and_then(|k| k.consts()) else { return Ok(None) };
+    let mut picked = Vec::with_capacity(values.len());
+    for v in values {
+        picked.push(match (v < 0, len.as_const()) {
+            (false, Some(n)) if v >= n => return Err(format!("index {v} out of range for an axis of {n}").into()),
+            (false, _) => v,
+            (true, Some(n)) if v + n >= 0 => v + n,
+            (true, Some(n)) => return Err(format!("index {v} out of range for an axis of {n}").into()),
+            (true, None) => return Ok(None),
+        });
+    }
+    let run = picked.first().is_some_and(|&k| picked.iter().enumerate().all(|(i, &v)| v == k + i as i64));
+    Ok(run.then(|| (picked[0], picked.len())))
 }
 
 pub(super) fn gather_elements(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
