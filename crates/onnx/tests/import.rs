@@ -217,7 +217,9 @@ fn gather_with_initializer_indices_matches_take() {
             .flat_map(|b| picked.iter().flat_map(move |&p| (0..3).map(move |c| (b * 12 + p * 3 + c) as f32)))
             .collect()
     };
-    let cases: [(&[i64], &[i64], &[usize], &[usize]); 4] = [
+    // (indices' dims, indices, the positions picked, the output's shape)
+    type Case = (&'static [i64], &'static [i64], &'static [usize], &'static [usize]);
+    let cases: [Case; 4] = [
         (&[], &[-1], &[3], &[2, 3]),
         (&[2], &[1, 2], &[1, 2], &[2, 2, 3]),
         (&[2], &[-3, -2], &[1, 2], &[2, 2, 3]),
