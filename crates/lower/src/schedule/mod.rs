@@ -79,6 +79,7 @@ use std::collections::HashMap;
 
 use air::{DType, Dim, Graph, NodeId, Op, OpClass, Symbol};
 use slotmap::SecondaryMap;
+use smallvec::SmallVec;
 
 use crate::error::LowerError;
 use crate::kir::Kernel;
@@ -210,14 +211,21 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
     }
 
     let mut kernels: Vec<Kernel> = Vec::new();
-    let mut kernel_ids: HashMap<Kernel, u32> = HashMap::new();
+    // Kernels by structural hash: a launch of a kernel seen before is found without cloning it
+    // (a depth-8 Transformer launches 40 kernels 245 times).
+    let mut kernel_ids: HashMap<u64, SmallVec<[u32; 1]>> = HashMap::new();
     let mut steps = Vec::new();
     let mut launch = |(k, args): (Kernel, Vec<BufId>)| {
         air::work::add(1 + args.len() as u64);
-        let id = *kernel_ids.entry(k.clone()).or_insert_with(|| {
-            kernels.push(k);
-            kernels.len() as u32 - 1
-        });
+        let same = kernel_ids.entry(k.structural_hash()).or_default();
+        let id = match same.iter().find(|&&id| kernels[id as usize] == k) {
+            Some(&id) => id,
+            None => {
+                kernels.push(k);
+                same.push(kernels.len() as u32 - 1);
+                kernels.len() as u32 - 1
+            }
+        };
         steps.push(Step { kernel: id, args });
     };
     let mut checks = Vec::new();
