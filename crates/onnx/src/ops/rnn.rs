@@ -235,10 +235,19 @@ impl Run<'_> {
     /// final hidden and cell states.
     fn direction(&self, x: &Tensor, seq: usize, backwards: bool, h0: Tensor, c0: Tensor) -> (Tensor, Tensor, Tensor) {
         let wt = &self.weights;
-        // Every step's input projection at once: `[seq, batch, gates * hidden]`.
+        // Every step's input projection at once: `[seq, batch, gates * hidden]`, with the input
+        // bias and the recurrent bias, which is the same every step, except GRU's third gate's
+        // (applied with the recurrent product, under the reset gate: see `step`).
         let mut projected = x.matmul(&wt.w_t);
-        if let Some((wb, _)) = &wt.bias {
-            projected = projected.add(wb);
+        if let Some((wb, rb)) = &wt.bias {
+            let rb = match self.cell {
+                Cell::Gru => {
+                    let zeros = Tensor::zeros_on(vec![Dim::from(self.hidden)], rb.dtype(), rb.device());
+                    kiln::cat(&[&rb.narrow(0, 0, 2 * self.hidden), &zeros], 0)
+                }
+                Cell::Rnn | Cell::Lstm => rb.clone(),
+            };
+            projected = projected.add(wb.add(&rb));
         }
         let (mut h, mut c) = (h0, c0);
         let mut outputs: Vec<Option<Tensor>> = vec![None; seq];
@@ -273,13 +282,11 @@ impl Run<'_> {
         t.narrow(1, k * self.hidden, self.hidden)
     }
 
-    /// One step: the new hidden state and (LSTM) cell state from the step's input projection.
+    /// One step: the new hidden state and (LSTM) cell state from the step's input projection
+    /// (which holds the recurrent bias too, see `direction`).
     fn step(&self, xw: &Tensor, h: &Tensor, c: &Tensor) -> (Tensor, Tensor) {
         let wt = self.weights;
-        let mut hr = h.matmul(&wt.r_t);
-        if let Some((_, rb)) = &wt.bias {
-            hr = hr.add(rb);
-        }
+        let hr = h.matmul(&wt.r_t);
         let f = self.acts[0];
         match self.cell {
             Cell::Rnn => (f.apply(&self.clipped(xw.add(&hr))), c.clone()),
@@ -288,7 +295,11 @@ impl Run<'_> {
                 let z = f.apply(&self.clipped(self.gate(xw, 0).add(self.gate(&hr, 0))));
                 let r = f.apply(&self.clipped(self.gate(xw, 1).add(self.gate(&hr, 1))));
                 let candidate = if self.linear_before_reset {
-                    self.gate(xw, 2).add(r.mul(self.gate(&hr, 2)))
+                    let hr_h = match &wt.bias {
+                        Some((_, rb)) => self.gate(&hr, 2).add(rb.narrow(0, 2 * self.hidden, self.hidden)),
+                        None => self.gate(&hr, 2),
+                    };
+                    self.gate(xw, 2).add(r.mul(hr_h))
                 } else {
                     // `(r * h) @ Rh^T + Rbh`: the reset gate applies before the recurrent matmul.
                     let rh_t = wt.r_t.narrow(1, 2 * self.hidden, self.hidden);
