@@ -23,8 +23,21 @@ const SPLIT_BATCH_BELOW: u128 = 1 << 20;
 /// Below this many multiply-adds in total, a batched matmul runs on the calling thread.
 const PARALLEL_MIN_MACS: u128 = 1 << 16;
 
-/// The most rows of `a` a launch may have to run as dot products ([`MatmulLaunch::dots`]).
-const DOT_MAX_M: usize = 4;
+/// The most rows of `a` a launch may have to run as dot products ([`MatmulLaunch::dots`]): a
+/// few tokens times a `Linear` weight. Measured on GPT-2's shapes at 8 tokens (`kiln profile
+/// transformer --layers 12 --dim 768 --heads 12 --vocab 50257 --max-seq 1024 --batch 1 --seq 8
+/// --start-pos 0 --launches 12`): through `gemm`, which packs the column-major weight first, the
+/// 8x768x3072 product took 2.3 ms and 8x768x768 0.40 ms, several times the time to read the
+/// weight once. Above [`DOT_ALWAYS_M`] rows, only a long `k` goes this way: with `k = 32` (an
+/// RNN step, 16x128x32) the per-element horizontal sums cost more than `gemm`'s packing, and
+/// the LSTM's predict ran 1.5x slower.
+const DOT_MAX_M: usize = 16;
+
+/// Launches with at most this many rows are dot products whatever `k` (decoding's one token).
+const DOT_ALWAYS_M: usize = 4;
+
+/// Launches of `DOT_ALWAYS_M < m <= DOT_MAX_M` rows are dot products from this `k` on.
+const DOT_MIN_K: usize = 256;
 
 /// A threaded GEMM is cut into blocks of at least this many columns (or rows) per thread.
 const GEMM_SPLIT_MIN: usize = 32;
@@ -92,6 +105,62 @@ unsafe fn dot_avx2(x: *const f32, y: *const f32, k: usize) -> f32 {
             p += 1;
         }
         sum
+    }
+}
+
+/// `[dot(x[r], y, k) for r in 0..4]`: four rows against one column, each chunk of `y` loaded
+/// once for the four (the weight's column is read once per four rows of `a`).
+///
+/// # Safety
+/// Each `x[r]` and `y` point to `k` readable `f32`.
+unsafe fn dot4(x: [*const f32; 4], y: *const f32, k: usize) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA; the caller's contract covers the reads.
+        return unsafe { dot4_avx2(x, y, k) };
+    }
+    // SAFETY: as above, one row at a time.
+    x.map(|row| unsafe { dot(row, y, k) })
+}
+
+/// [`dot4`] with two 8-lane FMA accumulators per row (eight chains in flight).
+///
+/// # Safety
+/// As for [`dot4`], on a CPU with AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot4_avx2(x: [*const f32; 4], y: *const f32, k: usize) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    // SAFETY: every load reads `[p, p + 8)` with `p + 8 <= k`, or the scalar tail below `k`.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+        let mut p = 0;
+        while p + 16 <= k {
+            let (y0, y1) = (_mm256_loadu_ps(y.add(p)), _mm256_loadu_ps(y.add(p + 8)));
+            for (a, &row) in acc.iter_mut().zip(&x) {
+                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(p)), y0, a[0]);
+                a[1] = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(p + 8)), y1, a[1]);
+            }
+            p += 16;
+        }
+        if p + 8 <= k {
+            let y0 = _mm256_loadu_ps(y.add(p));
+            for (a, &row) in acc.iter_mut().zip(&x) {
+                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(row.add(p)), y0, a[0]);
+            }
+            p += 8;
+        }
+        let mut out = [0f32; 4];
+        for ((o, a), &row) in out.iter_mut().zip(&acc).zip(&x) {
+            let v = _mm256_add_ps(a[0], a[1]);
+            let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+            *o = _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps(quad, quad, 1)));
+            for q in p..k {
+                *o += *row.add(q) * *y.add(q);
+            }
+        }
+        out
     }
 }
 
@@ -292,12 +361,14 @@ impl MatmulLaunch {
         }
     }
 
-    /// Whether an f32 entry is a few rows of dot products: `m <= DOT_MAX_M` rows of `a` and every
+    /// Whether an f32 entry is a few rows of dot products: at most `DOT_ALWAYS_M` rows of `a`
+    /// (or `DOT_MAX_M` with `k >= DOT_MIN_K`) and every
     /// column of `b` contiguous along `k` (a vector or a few tokens times a `Linear`'s
     /// `[out, in]` weight, read as `[in, out]` column-major). `gemm` packs `b` for such shapes,
     /// which costs as much as the product; [`MatmulLaunch::dots`] streams `b` once instead.
     fn is_dot_shaped(&self) -> bool {
-        self.m <= DOT_MAX_M && self.a.col == 1 && self.b.row == 1 && self.k >= 8
+        let rows = self.m <= DOT_ALWAYS_M || (self.m <= DOT_MAX_M && self.k >= DOT_MIN_K);
+        rows && self.a.col == 1 && self.b.row == 1 && self.k >= 8
     }
 
     /// `c[i][j] (+)= dot(a[i, :], b[:, j])` for one entry of a dot-shaped launch: columns of `b`
@@ -314,10 +385,21 @@ impl MatmulLaunch {
                 // (checked in `new`); distinct `j` ranges write distinct elements of `c`.
                 unsafe {
                     let col = b.offset(j as isize * self.b.col);
-                    for i in 0..self.m as isize {
-                        let d = dot(a.offset(i * self.a.row), col, self.k);
-                        let out = c.offset(i * self.c.row + j as isize * self.c.col);
+                    let row = |i: usize| a.offset(i as isize * self.a.row);
+                    let store = |i: usize, d: f32| {
+                        let out = c.offset(i as isize * self.c.row + j as isize * self.c.col);
                         *out = if self.accumulate { *out + d } else { d };
+                    };
+                    let mut i = 0;
+                    while i + 4 <= self.m {
+                        let d = dot4([row(i), row(i + 1), row(i + 2), row(i + 3)], col, self.k);
+                        for (r, d) in d.into_iter().enumerate() {
+                            store(i + r, d);
+                        }
+                        i += 4;
+                    }
+                    for i in i..self.m {
+                        store(i, dot(row(i), col, self.k));
                     }
                 }
             }
@@ -519,7 +601,11 @@ mod tests {
 
     #[test]
     fn threaded_gemm_blocks_cover_every_column_and_row_once() {
-        for &(m, n, k) in &[(5, 200, 17), (7, 97, 300), (200, 5, 9), (130, 70, 33), (64, 64, 64), (1, 3, 2)] {
+        // Dot-shaped ones too (`b` column-major, at most `DOT_MAX_M` rows): four rows at a time
+        // and the rest one by one, `k` with and without 16- and 8-element tails.
+        let shapes = [(5, 200, 17), (7, 97, 300), (200, 5, 9), (130, 70, 33), (64, 64, 64), (1, 3, 2)];
+        let dots = [(4, 9, 16), (8, 33, 264), (11, 40, 259), (16, 5, 256), (3, 7, 9), (13, 300, 770)];
+        for &(m, n, k) in shapes.iter().chain(&dots) {
             for layout in 0..4 {
                 for accumulate in [false, true] {
                     check(m, n, k, layout & 1 == 1, layout & 2 == 2, accumulate);
