@@ -62,7 +62,7 @@ fn write_model(file: &str, extra: Option<&str>) -> PathBuf {
                     name: Some("w".into()),
                     dims: vec![4, 3],
                     data_type: Some(DataType::Float as i32),
-                    raw_data: Some(w),
+                    raw_data: Some(w.into()),
                     ..Default::default()
                 },
                 TensorProto {

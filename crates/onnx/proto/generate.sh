@@ -23,7 +23,13 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let (dir, out) = (args.next().expect("proto dir"), args.next().expect("out dir"));
     let fds = protox::compile(["onnx.proto"], [dir.as_str()]).expect("onnx.proto compiles");
-    prost_build::Config::new().out_dir(&out).compile_fds(fds).expect("prost-build generates");
+    // `raw_data` as `bytes::Bytes`: decoding a model from a `Bytes` buffer slices the weights
+    // out of it instead of copying each one.
+    prost_build::Config::new()
+        .bytes([".onnx.TensorProto.raw_data"])
+        .out_dir(&out)
+        .compile_fds(fds)
+        .expect("prost-build generates");
 }
 RS
 out="$here/../src/proto"

@@ -6,11 +6,15 @@ use std::path::{Path, PathBuf};
 
 use kiln::{DType, Device, Dim, HostTensor, Tensor};
 use prost::Message;
+use prost::bytes::Bytes;
 
 use crate::data::{elem_type_name, from_tensor_proto, to_dtype};
 use crate::error::{Error, Result, UnsupportedOp};
 use crate::ops;
-use crate::proto::{GraphProto, ModelProto, NodeProto, ValueInfoProto, tensor_shape_proto::dimension, type_proto};
+use crate::proto::{
+    GraphProto, ModelProto, NodeProto, SparseTensorProto, TensorProto, ValueInfoProto, tensor_shape_proto::dimension,
+    type_proto,
+};
 
 /// A graph input or output: its name, element type and dims (`dim_param` names become symbolic
 /// [`Dim`]s; a dim the file leaves unnamed and unsized is the symbol `"{name}:{axis}"`).
@@ -83,17 +87,20 @@ impl Model {
         let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
         let dir = path.parent().map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() });
-        Model::decode(&bytes, dir)
+        Model::decode(Bytes::from(bytes), dir)
     }
 
     /// Decodes and validates a model from its bytes (external data is an error: it needs a folder).
     pub fn from_bytes(bytes: &[u8]) -> Result<Model> {
-        Model::decode(bytes, None)
+        Model::decode(Bytes::copy_from_slice(bytes), None)
     }
 
-    fn decode(bytes: &[u8], dir: Option<PathBuf>) -> Result<Model> {
+    /// Decodes `bytes`: each initializer's `raw_data` is a slice of that one buffer (no copy),
+    /// read once into its host tensor and then let go, so after decoding the file's bytes are
+    /// freed and the weights are held once.
+    fn decode(bytes: Bytes, dir: Option<PathBuf>) -> Result<Model> {
         let proto = ModelProto::decode(bytes).map_err(|e| Error::Decode(e.to_string()))?;
-        let graph = proto.graph.ok_or_else(|| Error::Invalid("the model has no graph".into()))?;
+        let mut graph = proto.graph.ok_or_else(|| Error::Invalid("the model has no graph".into()))?;
         let mut opsets = HashMap::new();
         for o in &proto.opset_import {
             let d = match o.domain.as_deref() {
@@ -103,13 +110,15 @@ impl Model {
             opsets.insert(d.to_string(), o.version.unwrap_or(1));
         }
         let mut initializers = Vec::with_capacity(graph.initializer.len());
-        for t in &graph.initializer {
+        for t in &mut graph.initializer {
             let name = t.name.clone().unwrap_or_default();
             if name.is_empty() {
                 return Err(Error::Invalid("an initializer has no name".into()));
             }
             initializers.push((name, from_tensor_proto(t, dir.as_deref())?));
+            t.raw_data = None;
         }
+        own_tensor_data(&mut graph);
         if !graph.sparse_initializer.is_empty() {
             return Err(Error::Invalid("sparse initializers are not supported".into()));
         }
@@ -376,6 +385,26 @@ fn topo_order<'a>(graph: &'a GraphProto, sources: impl Iterator<Item = &'a str>)
         return Err(Error::Invalid(format!("the graph has a cycle through node(s) {}", stuck.join(", "))));
     }
     Ok(order)
+}
+
+/// Gives every tensor left in `graph` (node attributes, subgraphs) its own copy of its raw
+/// bytes: a slice of the model's buffer would keep the whole file alive.
+fn own_tensor_data(graph: &mut GraphProto) {
+    fn own(t: &mut TensorProto) {
+        if let Some(raw) = &t.raw_data {
+            t.raw_data = Some(Bytes::copy_from_slice(raw));
+        }
+    }
+    fn own_sparse(s: &mut SparseTensorProto) {
+        s.values.iter_mut().chain(s.indices.iter_mut()).for_each(own);
+    }
+    graph.initializer.iter_mut().for_each(own);
+    graph.sparse_initializer.iter_mut().for_each(own_sparse);
+    for a in graph.node.iter_mut().flat_map(|n| n.attribute.iter_mut()) {
+        a.t.iter_mut().chain(a.tensors.iter_mut()).for_each(own);
+        a.sparse_tensor.iter_mut().chain(a.sparse_tensors.iter_mut()).for_each(own_sparse);
+        a.g.iter_mut().chain(a.graphs.iter_mut()).for_each(own_tensor_data);
+    }
 }
 
 /// A model compiled once per input signature: [`Model::run`] traced by `kiln::jit` on the first

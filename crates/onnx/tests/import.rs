@@ -74,7 +74,7 @@ fn floats(name: &str, dims: &[i64], data: &[f32]) -> TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),
         data_type: Some(DataType::Float as i32),
-        raw_data: Some(data.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        raw_data: Some(data.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into()),
         ..Default::default()
     }
 }
@@ -125,7 +125,7 @@ fn ints(name: &str, dims: &[i64], data: &[i64]) -> TensorProto {
         name: Some(name.into()),
         dims: dims.to_vec(),
         data_type: Some(DataType::Int64 as i32),
-        raw_data: Some(data.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        raw_data: Some(data.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>().into()),
         ..Default::default()
     }
 }
