@@ -193,15 +193,24 @@ impl IExpr {
 
     /// Whether `v` occurs in this expression.
     pub fn uses(&self, v: Var) -> bool {
+        self.any_leaf(&|e| *e == IExpr::Var(v))
+    }
+
+    /// Whether some loop variable occurs in this expression.
+    pub fn reads_vars(&self) -> bool {
+        self.any_leaf(&|e| matches!(e, IExpr::Var(_)))
+    }
+
+    /// Whether `f` holds for some leaf (constant, variable or symbol) of this expression.
+    fn any_leaf(&self, f: &impl Fn(&IExpr) -> bool) -> bool {
         match self {
-            IExpr::Var(w) => *w == v,
-            IExpr::Const(_) | IExpr::Sym(_) => false,
+            IExpr::Const(_) | IExpr::Var(_) | IExpr::Sym(_) => f(self),
             IExpr::Add(a, b)
             | IExpr::Mul(a, b)
             | IExpr::Div(a, b)
             | IExpr::Mod(a, b)
             | IExpr::Lt(a, b)
-            | IExpr::And(a, b) => a.uses(v) || b.uses(v),
+            | IExpr::And(a, b) => a.any_leaf(f) || b.any_leaf(f),
         }
     }
 

@@ -95,7 +95,7 @@ impl Parts {
                 self.add(b);
             }
             IExpr::Const(c) => self.constant = self.constant.wrapping_add(*c),
-            e if reads_var(e) => self.variant.push(e.clone()),
+            e if e.reads_vars() => self.variant.push(e.clone()),
             e => self.invariant.push(e.clone()),
         }
     }
@@ -109,20 +109,6 @@ impl Parts {
         }
         let c = self.constant.wrapping_sub(least);
         sum(self.variant.into_iter().chain(self.invariant).chain([IExpr::Const(c)]))
-    }
-}
-
-/// Whether `e` reads a loop variable.
-fn reads_var(e: &IExpr) -> bool {
-    match e {
-        IExpr::Var(_) => true,
-        IExpr::Const(_) | IExpr::Sym(_) => false,
-        IExpr::Add(a, b)
-        | IExpr::Mul(a, b)
-        | IExpr::Div(a, b)
-        | IExpr::Mod(a, b)
-        | IExpr::Lt(a, b)
-        | IExpr::And(a, b) => reads_var(a) || reads_var(b),
     }
 }
 
