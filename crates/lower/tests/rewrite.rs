@@ -591,7 +591,10 @@ proptest! {
         prop_assert!(!stats.budget_exhausted);
         air::verify::verify(&after).unwrap();
         prop_assert_eq!(output_types(&before), output_types(&after));
-        prop_assert!(after.len() <= before.len());
+        // Rewrites never grow the graph, except a `max` with a const hoisted out of a
+        // `reduce max` whose operand is also read elsewhere (one node more each time).
+        let hoisted = stats.rewrites_by_rule.get("reduce-max-of-max-const").copied().unwrap_or(0) as usize;
+        prop_assert!(after.len() <= before.len() + hoisted);
         if let Err(e) = check_same_values(&before, &after, seed) {
             return Err(TestCaseError::fail(format!("{e}\nbefore:\n{}\nafter:\n{}", before.to_text(), after.to_text())));
         }
