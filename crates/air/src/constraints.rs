@@ -28,6 +28,8 @@
 use std::collections::HashSet;
 use std::fmt;
 
+use smallvec::SmallVec;
+
 use crate::dim::{Bindings, Dim, DimError};
 use crate::graph::Graph;
 use crate::op::{Op, ReduceOp, TensorType};
@@ -159,8 +161,14 @@ pub fn op_conditions(op: &Op, inputs: &[&TensorType]) -> Vec<Condition> {
 /// `max` over a known-empty axis (a softmax of an empty axis, whose result is empty too) stays
 /// well typed, so `infer` does not reject it.
 pub fn node_conditions(op: &Op, inputs: &[&TensorType], ty: &TensorType) -> Vec<Condition> {
+    let mut out = op_and_reduce_conditions(op, inputs);
+    out.extend(dim_conditions(ty, |_| true));
+    out
+}
+
+/// [`op_conditions`] and a `max` reduction's reduced axes non-empty.
+fn op_and_reduce_conditions(op: &Op, inputs: &[&TensorType]) -> Vec<Condition> {
     let mut out = if op.is_leaf() { Vec::new() } else { op_conditions(op, inputs) };
-    let zero = Dim::Const(0);
     if let (Op::Reduce(r), Some(input)) = (op, inputs.first())
         && r.op == ReduceOp::Max
     {
@@ -170,12 +178,17 @@ pub fn node_conditions(op: &Op, inputs: &[&TensorType], ty: &TensorType) -> Vec<
             }
         }
     }
-    for (axis, d) in ty.shape.iter().enumerate() {
-        if d.as_const().is_none_or(|c| c < 0) {
-            out.push(Condition::new(Subject::Dim { axis }, &zero, d));
-        }
-    }
     out
+}
+
+/// `0 <= dim` for each symbolic (or negative) dim of `ty` that `keep` accepts.
+fn dim_conditions<'t>(ty: &'t TensorType, mut keep: impl FnMut(&'t Dim) -> bool) -> impl Iterator<Item = Condition> {
+    let zero = Dim::Const(0);
+    ty.shape
+        .iter()
+        .enumerate()
+        .filter(move |(_, d)| d.as_const().is_none_or(|c| c < 0) && keep(d))
+        .map(move |(axis, d)| Condition::new(Subject::Dim { axis }, &zero, d))
 }
 
 /// A condition a graph leaves to run time, with the node that needs it.
@@ -200,6 +213,7 @@ pub fn collect(graph: &Graph) -> Vec<Check> {
         is_live[id.index() as usize] = true;
     }
     let mut seen: HashSet<(Dim, Dim)> = HashSet::new();
+    let mut seen_dims: HashSet<&Dim> = HashSet::new();
     let mut checks = Vec::new();
     for (position, &id) in order.iter().enumerate() {
         if !is_live[id.index() as usize] {
@@ -214,11 +228,16 @@ pub fn collect(graph: &Graph) -> Vec<Check> {
         if !symbolic && !negative {
             continue;
         }
-        let inputs: Vec<&TensorType> = node.inputs.iter().map(|&i| graph.ty(i)).collect();
+        let inputs: SmallVec<[&TensorType; 3]> = node.inputs.iter().map(|&i| graph.ty(i)).collect();
         if !node.op.is_leaf() && inputs.len() != node.op.arity() {
             continue;
         }
-        for condition in node_conditions(&node.op, &inputs, &node.ty) {
+        // The same dim's `0 <= d` is kept once: a dim seen before needs no new condition (most
+        // nodes share the batch or sequence dims).
+        let conditions = op_and_reduce_conditions(&node.op, &inputs)
+            .into_iter()
+            .chain(dim_conditions(&node.ty, |d| seen_dims.insert(d)));
+        for condition in conditions {
             if condition.decide() == Some(true) || !seen.insert((condition.lhs.clone(), condition.rhs.clone())) {
                 continue;
             }

@@ -62,14 +62,34 @@ pub fn verify(graph: &Graph) -> Result<()> {
             errors.push(format!("output {i}: {out} is not in the graph"));
         }
     }
-    check_users(graph, &mut errors);
-    check_acyclic(graph, &mut errors);
+    let users_ok = check_users(graph, &mut errors);
+    check_acyclic(graph, users_ok, &mut errors);
     if errors.is_empty() { Ok(()) } else { Err(AirError::Verify(errors)) }
 }
 
 /// The users table must hold exactly one entry per input edge (a debug-grade check of the
-/// invariant every `Graph` method keeps).
-fn check_users(graph: &Graph, errors: &mut Vec<String>) {
+/// invariant every `Graph` method keeps). Compared as two sorted edge lists (two allocations
+/// whatever the graph's size); only a mismatch builds the per-node lists that name it.
+/// Returns whether the table matched.
+fn check_users(graph: &Graph, errors: &mut Vec<String>) -> bool {
+    let mut read: Vec<(NodeId, NodeId)> = Vec::with_capacity(graph.len() * 2);
+    let mut listed: Vec<(NodeId, NodeId)> = Vec::with_capacity(graph.len() * 2);
+    for (id, node) in graph.iter() {
+        crate::work::add(1 + node.inputs.len() as u64);
+        read.extend(node.inputs.iter().filter(|&&i| graph.contains(i)).map(|&i| (i, id)));
+        listed.extend(graph.users(id).iter().map(|&u| (id, u)));
+    }
+    read.sort_unstable();
+    listed.sort_unstable();
+    if read == listed {
+        return true;
+    }
+    name_user_mismatches(graph, errors);
+    false
+}
+
+/// The nodes whose users table differs from their readers, each with both lists.
+fn name_user_mismatches(graph: &Graph, errors: &mut Vec<String>) {
     let mut expected: SecondaryMap<NodeId, Vec<NodeId>> = SecondaryMap::with_capacity(graph.len());
     for id in graph.ids() {
         expected.insert(id, Vec::new());
@@ -82,7 +102,6 @@ fn check_users(graph: &Graph, errors: &mut Vec<String>) {
         }
     }
     for (id, want) in expected.iter_mut() {
-        crate::work::add(1 + want.len() as u64);
         let mut have = graph.users(id).to_vec();
         have.sort();
         want.sort();
@@ -92,31 +111,33 @@ fn check_users(graph: &Graph, errors: &mut Vec<String>) {
     }
 }
 
-/// Kahn's algorithm over input edges; whatever it cannot order is on or behind a cycle.
-fn check_acyclic(graph: &Graph, errors: &mut Vec<String>) {
+/// Kahn's algorithm over input edges; whatever it cannot order is on or behind a cycle. The
+/// readers of a node are its users table when `users_ok` (the table was just checked against
+/// the input edges), else lists built here.
+fn check_acyclic(graph: &Graph, users_ok: bool, errors: &mut Vec<String>) {
     let mut pending: SecondaryMap<NodeId, usize> = SecondaryMap::with_capacity(graph.len());
-    let mut readers: SecondaryMap<NodeId, Vec<NodeId>> = SecondaryMap::with_capacity(graph.len());
-    for id in graph.ids() {
-        readers.insert(id, Vec::new());
-    }
+    let mut built: SecondaryMap<NodeId, Vec<NodeId>> = SecondaryMap::new();
     let mut ready = Vec::new();
     for (id, node) in graph.iter() {
-        let live: Vec<NodeId> = node.inputs.iter().copied().filter(|&i| graph.contains(i)).collect();
-        pending.insert(id, live.len());
-        if live.is_empty() {
+        let live = node.inputs.iter().filter(|&&i| graph.contains(i)).count();
+        pending.insert(id, live);
+        if live == 0 {
             ready.push(id);
         }
-        for input in live {
-            if let Some(r) = readers.get_mut(input) {
-                r.push(id);
+        if !users_ok {
+            for &input in node.inputs.iter().filter(|&&i| graph.contains(i)) {
+                built.entry(input).expect("a live node").or_default().push(id);
             }
         }
     }
+    let readers = |id: NodeId| -> &[NodeId] {
+        if users_ok { graph.users(id) } else { built.get(id).map_or(&[][..], |r| r.as_slice()) }
+    };
     let mut ordered = 0;
     while let Some(id) = ready.pop() {
         ordered += 1;
         crate::work::tick();
-        for &reader in readers.get(id).map_or(&[][..], |r| r.as_slice()) {
+        for &reader in readers(id) {
             crate::work::tick();
             if let Some(p) = pending.get_mut(reader) {
                 *p -= 1;
