@@ -97,15 +97,23 @@ unsafe fn dot_avx2(x: *const f32, y: *const f32, k: usize) -> f32 {
             p += 8;
         }
         let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-        let mut sum = _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps(quad, quad, 1)));
+        let mut sum = hsum_avx(v);
         while p < k {
             sum += *x.add(p) * *y.add(p);
             p += 1;
         }
         sum
     }
+}
+
+/// The sum of the eight lanes of `v`, in the order [`dot_avx2`] and [`dot4_avx2`] both use.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn hsum_avx(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
+    _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps(quad, quad, 1)))
 }
 
 /// `[dot(x[r], y, k) for r in 0..4]`: four rows against one column, each chunk of `y` loaded
@@ -153,9 +161,7 @@ unsafe fn dot4_avx2(x: [*const f32; 4], y: *const f32, k: usize) -> [f32; 4] {
         let mut out = [0f32; 4];
         for ((o, a), &row) in out.iter_mut().zip(&acc).zip(&x) {
             let v = _mm256_add_ps(a[0], a[1]);
-            let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-            let quad = _mm_add_ps(half, _mm_movehl_ps(half, half));
-            *o = _mm_cvtss_f32(_mm_add_ss(quad, _mm_shuffle_ps(quad, quad, 1)));
+            *o = hsum_avx(v);
             for q in p..k {
                 *o += *row.add(q) * *y.add(q);
             }

@@ -241,10 +241,7 @@ impl Run<'_> {
         let mut projected = x.matmul(&wt.w_t);
         if let Some((wb, rb)) = &wt.bias {
             let rb = match self.cell {
-                Cell::Gru => {
-                    let zeros = Tensor::zeros_on(vec![Dim::from(self.hidden)], rb.dtype(), rb.device());
-                    kiln::cat(&[&rb.narrow(0, 0, 2 * self.hidden), &zeros], 0)
-                }
+                Cell::Gru => rb.narrow(0, 0, 2 * self.hidden).pad(&[(0, self.hidden)], 0.0),
                 Cell::Rnn | Cell::Lstm => rb.clone(),
             };
             projected = projected.add(wb.add(&rb));
