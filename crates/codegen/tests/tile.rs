@@ -235,9 +235,19 @@ fn a_level_the_host_lacks_falls_back_to_the_best_it_has() {
 fn auto_tiles_loops_with_exp2_and_leaves_cheap_loops_to_the_jit() {
     let auto = Tiling { mode: TileMode::Auto, level: TileLevel::detect() };
     let calls = |k: &LoopKernel, t: Tiling| kiln_codegen::clif_text_with(k, t).unwrap().matches(" call ").count();
-    // One sigmoid: neg, mul, exp2, add and recip are five routine calls per tile; the load is
-    // read in place and the recip writes the output directly.
-    assert_eq!(calls(&sigmoid_chain(1), auto), 5);
+    // One sigmoid: neg, mul, exp2, add and recip are two routine calls per tile (the
+    // multiplication, the exp2 and the addition are folded into one exp2-recip routine); the
+    // load is read in place and the routine writes the output directly.
+    assert_eq!(calls(&sigmoid_chain(1), auto), 2);
+    // As the facade records it (a multiplication by `-log2 e` and a cap instead of the
+    // negation), one; a tanh too (its trailing `* 2 - 1` folded after the recip).
+    assert_eq!(calls(&facade_sigmoid(), auto), 1);
+    assert_eq!(calls(&facade_tanh(), auto), 1);
+    // The op code says which steps around the exp2-recip (6) run: with bit 8, the multiplication
+    // and the cap; bit 9 the steps between (tanh's second multiplication); bit 10 those after.
+    let code = |k: &LoopKernel| kiln_codegen::clif_text_with(k, auto).unwrap();
+    assert!(code(&facade_sigmoid()).contains("iconst.i32 262"), "{}", code(&facade_sigmoid()));
+    assert!(code(&facade_tanh()).contains("iconst.i32 1798"), "{}", code(&facade_tanh()));
     let neg = unary_kernel(UnaryOp::Neg, DType::F32, DType::F32, lower::kir::IExpr::Sym(0));
     assert_eq!(calls(&neg, auto), 0);
     assert_eq!(calls(&neg, Tiling { mode: TileMode::Always, level: TileLevel::Base }), 1);
@@ -251,6 +261,85 @@ fn auto_tiles_loops_with_exp2_and_leaves_cheap_loops_to_the_jit() {
         k
     };
     assert_eq!(calls(&short(16), auto), 0);
-    assert_eq!(calls(&short(16), Tiling { mode: TileMode::Always, level: TileLevel::Base }), 5);
-    assert_eq!(calls(&short(64), auto), 5);
+    assert_eq!(calls(&short(16), Tiling { mode: TileMode::Always, level: TileLevel::Base }), 2);
+    assert_eq!(calls(&short(64), auto), 2);
+}
+
+/// A kernel over `x` whose body `build` writes, from the loaded register 0; stores its result.
+fn kernel_of(build: impl FnOnce(&mut dyn FnMut(Inst) -> u32) -> u32) -> LoopKernel {
+    let d = DType::F32;
+    let mut body = vec![load(0, d, 0, i(0))];
+    let mut next = 1;
+    let out = build(&mut |inst| {
+        body.push(let_(next, d, inst));
+        next += 1;
+        next - 1
+    });
+    body.push(store(1, i(0), out));
+    LoopKernel {
+        params: vec![p(d, Access::Read), p(d, Access::Write)],
+        n_syms: 1,
+        body: vec![for_(0, lower::kir::IExpr::Sym(0), true, body)],
+    }
+}
+
+fn float(x: f64) -> Inst {
+    Inst::Const(Scalar::Float(x))
+}
+
+/// The facade's sigmoid: `1 / (1 + exp2(min(x * -log2 e, 127)))`.
+fn facade_sigmoid() -> LoopKernel {
+    kernel_of(|push| {
+        let k = push(float(-std::f64::consts::LOG2_E));
+        let m = push(Inst::Binary(BinaryOp::Mul, r(0), r(k)));
+        let cap = push(float(127.0));
+        let t = push(Inst::Binary(BinaryOp::Min, r(m), r(cap)));
+        let e = push(Inst::Unary(UnaryOp::Exp2, r(t)));
+        let one = push(float(1.0));
+        let s = push(Inst::Binary(BinaryOp::Add, r(e), r(one)));
+        push(Inst::Unary(UnaryOp::Recip, r(s)))
+    })
+}
+
+/// The facade's tanh: `2 / (1 + exp2(min(x * -2, 80) * log2 e)) - 1`.
+fn facade_tanh() -> LoopKernel {
+    kernel_of(|push| {
+        let m2 = push(float(-2.0));
+        let t = push(Inst::Binary(BinaryOp::Mul, r(0), r(m2)));
+        let cap = push(float(80.0));
+        let t = push(Inst::Binary(BinaryOp::Min, r(t), r(cap)));
+        let l2e = push(float(std::f64::consts::LOG2_E));
+        let t = push(Inst::Binary(BinaryOp::Mul, r(t), r(l2e)));
+        let e = push(Inst::Unary(UnaryOp::Exp2, r(t)));
+        let one = push(float(1.0));
+        let s = push(Inst::Binary(BinaryOp::Add, r(e), r(one)));
+        let q = push(Inst::Unary(UnaryOp::Recip, r(s)));
+        let two = push(float(2.0));
+        let q = push(Inst::Binary(BinaryOp::Mul, r(q), r(two)));
+        push(Inst::Binary(BinaryOp::Sub, r(q), r(one)))
+    })
+}
+
+#[test]
+fn folded_sigmoid_and_tanh_match_the_jit_bit_for_bit() {
+    for k in [facade_sigmoid(), facade_tanh()] {
+        for n in [0usize, 1, 9, 513, 5000] {
+            let x: Vec<f32> = (0..n).map(|j| ((j % 97) as f32 - 48.0) / 4.0).collect();
+            let mut x = x;
+            if n > 3 {
+                x[1] = f32::NAN;
+                x[2] = f32::INFINITY;
+                x[3] = -200.0;
+            }
+            let run = |mode, level| {
+                let mut bufs = vec![Buf::f32s(&x), Buf::zeros(DType::F32, n)];
+                run_split(&compiler(mode, level), &k, &mut bufs, n, n / 3);
+                bufs.swap_remove(1)
+            };
+            let jit = run(TileMode::Off, TileLevel::Base);
+            for level in [TileLevel::Avx512, TileLevel::Avx2Fma].into_iter().filter(|l| l.runs_here()) {
+                assert_bufs_close(&run(TileMode::Auto, level), &jit, 0.0, &format!("{level:?} tiles vs jit"));
+            }
+        }
+    }
 }

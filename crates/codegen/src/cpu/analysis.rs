@@ -14,10 +14,10 @@
 
 use std::collections::HashMap;
 
-use air::{BinaryOp, DType, ReduceOp, UnaryOp};
+use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use lower::kir::{Acc, IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 
-use super::tile::{MAX_SLOTS, TileBinary, TileMode, TileUnary};
+use super::tile::{MAX_SLOTS, PARAMS, TileBinary, TileMode, TileUnary};
 use crate::error::{CodegenError, Result};
 
 /// Dtypes of the kernel's registers and accumulators.
@@ -260,6 +260,35 @@ pub(crate) enum TileStep {
     Stored,
     /// A store that copies its value's tile.
     Copy,
+    /// A step with a scalar operand that a unary routine applies around its op (`Around`).
+    Absorbed,
+}
+
+/// The cheap steps a unary routine applies around its op (`tile::around`), in place of the
+/// statements that computed them.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Around {
+    /// The varying register the routine reads (the operand of the first step).
+    pub(crate) src: Reg,
+    /// The register the routine's result stands for (that of the last step).
+    pub(crate) out: Reg,
+    /// Per parameter of `tile::around` (`[a1, b1, c1, a2, a3, b3, d]`), where its value comes
+    /// from.
+    pub(crate) params: [AroundParam; PARAMS],
+    /// The routine is `TileUnary::Exp2Recip`: this `recip` took in the `exp2` (and the addition
+    /// of `d`) that fed it.
+    pub(crate) exp2_recip: bool,
+}
+
+/// The value of one parameter of `tile::around`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum AroundParam {
+    /// The value that leaves the step out (`tile::NEUTRAL`).
+    Neutral,
+    /// A constant (already negated for a subtraction).
+    Const(f32),
+    /// A uniform register computed before the routine runs, negated for a subtraction.
+    Reg { reg: Reg, negate: bool },
 }
 
 /// How an inner loop runs over tiles with full-width routines.
@@ -268,6 +297,8 @@ pub(crate) struct TilePlan {
     pub(crate) steps: Vec<TileStep>,
     /// Scratch tiles needed.
     pub(crate) slots: usize,
+    /// The unary steps (by body index) that apply steps around their op.
+    pub(crate) around: HashMap<usize, Around>,
 }
 
 /// The tile routine of a unary op on a varying f32 register, if there is one.
@@ -311,20 +342,13 @@ pub(crate) fn tile_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt]
     let f32_buf = |b: u32| k.params.get(b as usize).is_some_and(|p| p.dtype == DType::F32);
     let mut varying: HashMap<Reg, usize> = HashMap::new();
     let mut defined: HashMap<Reg, usize> = HashMap::new();
-    let mut last_use: HashMap<Reg, usize> = HashMap::new();
     let mut steps = Vec::with_capacity(body.len());
     let mut loaded = Vec::new();
     let mut stored = Vec::new();
     let mut heavy = false;
     let is_varying = |varying: &HashMap<Reg, usize>, r: &Reg| varying.contains_key(r);
     for (i, s) in body.iter().enumerate() {
-        let mut operand = |r: &Reg| -> Option<()> {
-            if info.regs.get(r) != Some(&DType::F32) {
-                return None;
-            }
-            last_use.insert(*r, i);
-            Some(())
-        };
+        let operand = |r: &Reg| -> Option<()> { (info.regs.get(r) == Some(&DType::F32)).then_some(()) };
         match s {
             Stmt::Let { reg, dtype: DType::F32, inst } => {
                 defined.insert(*reg, i);
@@ -388,6 +412,30 @@ pub(crate) fn tile_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt]
     if stored.iter().any(|b| loaded.contains(b)) || (mode == TileMode::Auto && !heavy) {
         return None;
     }
+    let around = fold_around(body, &mut steps, &varying, &mut defined);
+    // What each statement reads and defines once the folded steps are gone.
+    let effect = |i: usize| -> (Option<Reg>, Vec<Reg>) {
+        if steps[i] == TileStep::Absorbed {
+            return (None, vec![]);
+        }
+        match &body[i] {
+            Stmt::Let { reg, inst: Inst::Unary(_, r), .. } => match around.get(&i) {
+                Some(a) => (Some(a.out), vec![a.src]),
+                None => (Some(*reg), vec![*r]),
+            },
+            Stmt::Let { reg, inst: Inst::Binary(_, a, b), .. } => (Some(*reg), vec![*a, *b]),
+            Stmt::Let { reg, .. } => (Some(*reg), vec![]),
+            Stmt::Store { value, .. } => (None, vec![*value]),
+            _ => (None, vec![]),
+        }
+    };
+    let effects: Vec<(Option<Reg>, Vec<Reg>)> = (0..body.len()).map(effect).collect();
+    let mut last_use: HashMap<Reg, usize> = HashMap::new();
+    for (i, (_, operands)) in effects.iter().enumerate() {
+        for r in operands {
+            last_use.insert(*r, i);
+        }
+    }
     // Computed registers that are stored are written straight into the store's tile.
     for (j, s) in body.iter().enumerate() {
         if let Stmt::Store { value, .. } = s
@@ -399,25 +447,19 @@ pub(crate) fn tile_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt]
         }
     }
     // Scratch tiles by liveness; an operand's tile that dies here may be the result's (the
-    // routines read each chunk before writing it).
+    // routines read each element before writing it).
     let mut free: Vec<usize> = Vec::new();
     let mut slots = 0;
     let mut holder: HashMap<Reg, usize> = HashMap::new();
-    for (i, s) in body.iter().enumerate() {
-        let operands: Vec<Reg> = match s {
-            Stmt::Let { inst: Inst::Unary(_, r), .. } => vec![*r],
-            Stmt::Let { inst: Inst::Binary(_, a, b), .. } => vec![*a, *b],
-            Stmt::Store { value, .. } => vec![*value],
-            _ => vec![],
-        };
+    for (i, (def, operands)) in effects.iter().enumerate() {
         for r in operands {
-            if last_use.get(&r) == Some(&i)
-                && let Some(slot) = holder.remove(&r)
+            if last_use.get(r) == Some(&i)
+                && let Some(slot) = holder.remove(r)
             {
                 free.push(slot);
             }
         }
-        if let (Stmt::Let { reg, .. }, TileStep::Slot(_)) = (s, steps[i]) {
+        if let (Some(reg), TileStep::Slot(_)) = (def, steps[i]) {
             free.sort_unstable_by(|a, b| b.cmp(a));
             let slot = free.pop().unwrap_or_else(|| {
                 slots += 1;
@@ -434,5 +476,147 @@ pub(crate) fn tile_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt]
     if slots > MAX_SLOTS {
         return None;
     }
-    Some(TilePlan { steps, slots })
+    Some(TilePlan { steps, slots, around })
+}
+
+/// Folds into each unary routine the steps with one uniform operand that only feed it (up to a
+/// multiplication, a `min` with a constant, an addition and a multiplication, in that order)
+/// and those that only read its result (a multiplication, then an addition), where `around`
+/// computes them exactly as the statements do: each rounded on its own, a subtraction of `s` as
+/// the addition of `-s` (the same IEEE operation), and `min` only with a constant that is
+/// neither zero nor NaN. Marks the folded statements `Absorbed` and moves the definition of a
+/// routine's result to the routine (`defined`).
+fn fold_around(
+    body: &[Stmt],
+    steps: &mut [TileStep],
+    varying: &HashMap<Reg, usize>,
+    defined: &mut HashMap<Reg, usize>,
+) -> HashMap<usize, Around> {
+    // Uses per register, and the last statement that reads it.
+    let mut uses: HashMap<Reg, (usize, usize)> = HashMap::new();
+    let mut consts: HashMap<Reg, f64> = HashMap::new();
+    for (i, s) in body.iter().enumerate() {
+        let operands: &[Reg] = match s {
+            Stmt::Let { inst: Inst::Unary(_, r), .. } => std::slice::from_ref(r),
+            Stmt::Let { inst: Inst::Binary(_, a, b), .. } => &[*a, *b],
+            Stmt::Store { value, .. } => std::slice::from_ref(value),
+            _ => &[],
+        };
+        for r in operands {
+            let u = uses.entry(*r).or_insert((0, i));
+            *u = (u.0 + 1, i);
+        }
+        if let Stmt::Let { reg, inst: Inst::Const(Scalar::Float(v)), .. } = s {
+            consts.insert(*reg, *v);
+        }
+    }
+    let only_use = |r: &Reg| uses.get(r).and_then(|&(n, i)| (n == 1).then_some(i));
+    // The varying and the uniform operand of a computed binary statement, and whether the varying
+    // one comes first.
+    let split = |s: &Stmt| -> Option<(BinaryOp, Reg, Reg, bool)> {
+        let Stmt::Let { inst: Inst::Binary(op, a, b), .. } = s else { return None };
+        match (varying.contains_key(a), varying.contains_key(b)) {
+            (true, false) => Some((*op, *a, *b, true)),
+            (false, true) => Some((*op, *b, *a, false)),
+            _ => None,
+        }
+    };
+    let foldable_min = |r: &Reg| consts.get(r).is_some_and(|&c| (c as f32) != 0.0 && !c.is_nan());
+    let mut out = HashMap::new();
+    for i in 0..body.len() {
+        let Stmt::Let { reg, inst: Inst::Unary(op, first), .. } = &body[i] else { continue };
+        if steps[i] != TileStep::Slot(0) || tile_unary_op(*op).is_none() {
+            continue;
+        }
+        let mut params = [AroundParam::Neutral; PARAMS];
+        let param = |s: Reg, negate: bool| match consts.get(&s) {
+            Some(&c) if negate => AroundParam::Const(-(c as f32)),
+            Some(&c) => AroundParam::Const(c as f32),
+            None => AroundParam::Reg { reg: s, negate },
+        };
+        // Backwards from the routine's operand: positions a2 (3), c1 (2), b1 (1), a1 (0).
+        let mut src = *first;
+        let mut next = 4;
+        while let Some(&j) = defined.get(&src)
+            && steps[j] == TileStep::Slot(0)
+            && only_use(&src).is_some()
+            && let Some((bop, x, s, x_first)) = split(&body[j])
+        {
+            let (at, neg) = match bop {
+                BinaryOp::Mul if next > 3 => (3, false),
+                BinaryOp::Mul if next > 0 => (0, false),
+                BinaryOp::Min if next > 2 && foldable_min(&s) => (2, false),
+                BinaryOp::Add if next > 1 => (1, false),
+                BinaryOp::Sub if next > 1 && x_first => (1, true),
+                _ => break,
+            };
+            params[at] = param(s, neg);
+            next = at;
+            steps[j] = TileStep::Absorbed;
+            src = x;
+        }
+        // Forwards from the result: a3 (4), then b3 (5).
+        let mut result = *reg;
+        let mut next = 4;
+        while let Some(k) = only_use(&result)
+            && steps[k] == TileStep::Slot(0)
+            && let Some((bop, x, s, x_first)) = split(&body[k])
+            && x == result
+            && (consts.contains_key(&s) || defined.get(&s).is_none_or(|&d| d < i))
+            && let Stmt::Let { reg: k_reg, .. } = &body[k]
+        {
+            let (at, neg) = match bop {
+                BinaryOp::Mul if next == 4 => (4, false),
+                BinaryOp::Add => (5, false),
+                BinaryOp::Sub if x_first => (5, true),
+                _ => break,
+            };
+            params[at] = param(s, neg);
+            next = at + 1;
+            steps[k] = TileStep::Absorbed;
+            result = *k_reg;
+            if next > 5 {
+                break;
+            }
+        }
+        let neutral = |p: &[AroundParam]| p.iter().all(|p| *p == AroundParam::Neutral);
+        // A recip of an exp2 plus `d`: one routine (the exp2's result, or the addition folded
+        // after it, is read only here).
+        let mut exp2_recip = false;
+        if *op == UnaryOp::Recip
+            && let Some(&j) = defined.get(&src)
+            && j != i
+            && steps[j] == TileStep::Slot(0)
+            && only_use(&src).is_some()
+            && let Stmt::Let { inst: Inst::Unary(UnaryOp::Exp2, e), .. } = &body[j]
+        {
+            let inner = out.get(&j).cloned().unwrap_or(Around {
+                src: *e,
+                out: src,
+                params: [AroundParam::Neutral; PARAMS],
+                exp2_recip: false,
+            });
+            let d = match (neutral(&inner.params[4..]), neutral(&params[..4])) {
+                // The addition folded after the exp2 (`b3`; `a3` must be neutral).
+                (false, true) if inner.params[4] == AroundParam::Neutral => Some(inner.params[5]),
+                // Or before the recip (`b1` alone).
+                (true, false) if neutral(&params[..1]) && neutral(&params[2..4]) => Some(params[1]),
+                (true, true) => Some(AroundParam::Neutral),
+                _ => None,
+            };
+            if let Some(d) = d {
+                out.remove(&j);
+                steps[j] = TileStep::Absorbed;
+                params[..4].copy_from_slice(&inner.params[..4]);
+                params[6] = d;
+                src = inner.src;
+                exp2_recip = true;
+            }
+        }
+        if exp2_recip || !neutral(&params) {
+            defined.insert(result, i);
+            out.insert(i, Around { src, out: result, params, exp2_recip });
+        }
+    }
+    out
 }

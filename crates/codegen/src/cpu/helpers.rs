@@ -126,9 +126,9 @@ impl Helper {
                 (&[types::F64][..], Some(types::F64))
             }
             Helper::PowF64 | Helper::FmodF64 => (&[types::F64, types::F64][..], Some(types::F64)),
-            // (op, dst, src, n)
+            // (op, dst, src, n, params)
             Helper::TileUnaryAvx512 | Helper::TileUnaryAvx2 | Helper::TileUnaryBase => {
-                (&[types::I32, types::I64, types::I64, types::I64][..], None)
+                (&[types::I32, types::I64, types::I64, types::I64, types::I64][..], None)
             }
             // (mode, dst, a, b, n)
             Helper::TileBinaryAvx512 | Helper::TileBinaryAvx2 | Helper::TileBinaryBase => {

@@ -3,20 +3,20 @@
 //!
 //! Cranelift's x86 vectors are 128 bits wide. A kernel whose inner loop is a chain of f32
 //! element-wise ops with a transcendental in it runs instead as a JIT-ed loop over tiles of
-//! [`TILE`] elements that calls one routine per op: each routine sweeps the tile (in L1) with
-//! 256-bit AVX2 + FMA vectors, and the chain's independent elements give every step full
-//! instruction-level parallelism (a fused chain in registers is one long dependency chain).
+//! [`TILE`] elements that calls one routine per op: each routine sweeps the tile (in L1) at full
+//! width, and the chain's independent elements give every step full instruction-level
+//! parallelism (a fused chain in registers is one long dependency chain). A unary routine can
+//! also apply up to four cheap steps with scalar operands before its op and two after it
+//! ([`around`]), so a sigmoid or a tanh is two calls per tile, not five or eight.
 //!
 //! Each routine exists three times, chosen when the kernel is compiled ([`TileLevel`]): compiled
-//! with `avx512f,avx2,fma` enabled (16-element chunks, 512-bit vectors), with `avx2,fma` (8-element
-//! chunks), each used only where `is_x86_feature_detected!` finds its features, and for the
-//! baseline target (SSE2 on x86-64, 4 lanes, no FMA). The same Rust source serves all three (LLVM
-//! vectorizes the chunks). The approximations are those of `math.rs`, operation for
-//! operation, so with FMA they give the JIT's results bit for bit; without FMA, `exp2` evaluates
-//! its polynomial in f64 (f32 steps would round twice each: 1.08 ulp, over the 1 ulp bound).
-//!
-//! Routines read and write through raw pointers in chunks of 8 (read a chunk, compute, write it),
-//! so a destination equal to a source is well defined.
+//! with `avx512f,avx2,fma` enabled (512-bit vectors), with `avx2,fma` (256-bit), each used only
+//! where `is_x86_feature_detected!` finds its features, and for the baseline target (SSE2 on
+//! x86-64, no FMA). The same Rust source serves all three: plain loops over elements that LLVM
+//! vectorizes (see [`map1`] for why in-place calls get a loop of their own). The approximations
+//! are those of `math.rs`, operation for operation, so with FMA they give the JIT's results bit
+//! for bit; without FMA, `exp2` evaluates its polynomial in f64 (f32 steps would round twice
+//! each: 1.08 ulp, over the 1 ulp bound).
 
 use std::ptr;
 
@@ -55,16 +55,12 @@ impl TileLevel {
         TileLevel::Base
     }
 
-    /// The level kernels use unless told otherwise: AVX2 where the host has it, also on AVX-512
-    /// hosts. Measured on one (`kiln bench unary`, sigmoid at n = 1,594,323, 3 alternated runs):
-    /// the AVX-512 routines made a lazy chain of 8 sigmoids 10% faster (0.545-0.566 against
-    /// 0.597-0.640 ms per op) but a single compiled sigmoid 1.6x slower (1.04-1.08 against
-    /// 0.627-0.681 ms), so they are opt-in (`KILN_TILE=auto,avx512`).
+    /// The level kernels use unless told otherwise: the best the host runs. (Until the routines
+    /// became plain loops, LLVM's code for the 512-bit chunks was slower than the 256-bit one
+    /// and AVX2 was the default on AVX-512 hosts; now a sigmoid runs 1.3x faster at 512 bits,
+    /// `kiln bench unary` on the Intel machine of 2026-12-02.) `KILN_TILE=auto,avx2` picks AVX2.
     pub fn default_here() -> TileLevel {
-        match TileLevel::detect() {
-            TileLevel::Avx512 => TileLevel::Avx2Fma,
-            level => level,
-        }
+        TileLevel::detect()
     }
 
     /// Whether this host runs the routines of `self`.
@@ -99,8 +95,8 @@ pub struct Tiling {
 }
 
 /// Environment variable for the default tiling: `off`, `auto` or `always`, optionally followed
-/// by `,base` to use the baseline routines (e.g. `KILN_TILE=always,base`) or `,avx512` for the
-/// AVX-512 ones where the host has them ([`TileLevel::default_here`] says why they are opt-in).
+/// by `,base`, `,avx2` or `,avx512` to pick the routines (e.g. `KILN_TILE=always,base`; a level
+/// the host lacks is ignored).
 pub const TILE_ENV: &str = "KILN_TILE";
 
 impl Tiling {
@@ -116,6 +112,7 @@ impl Tiling {
                     "always" => t.mode = TileMode::Always,
                     "base" => t.level = TileLevel::Base,
                     "avx512" if TileLevel::Avx512.runs_here() => t.level = TileLevel::Avx512,
+                    "avx2" if TileLevel::Avx2Fma.runs_here() => t.level = TileLevel::Avx2Fma,
                     _ => {}
                 }
             }
@@ -134,6 +131,9 @@ pub(crate) enum TileUnary {
     Recip = 3,
     Exp2 = 4,
     Log2 = 5,
+    /// `1 / (exp2(x) + d)`: a sigmoid's or a tanh's core in one pass (`d` is the seventh
+    /// parameter; only with [`AROUND`]).
+    Exp2Recip = 6,
 }
 
 /// Binary routines (the low byte of the binary helpers' `mode` argument; bit 8 says `a` is a
@@ -149,71 +149,99 @@ pub(crate) enum TileBinary {
     Min = 5,
 }
 
+/// Unary op bit: the routine computes [`around`] the op, with the `PARAMS` values its last
+/// argument points to.
+pub(crate) const AROUND: i32 = 1 << 8;
+/// With [`AROUND`]: `b1` or `a2` is not neutral (without, the routine skips those steps).
+pub(crate) const AROUND_FULL: i32 = 1 << 9;
+/// With [`AROUND`]: `a3` or `b3` is not neutral.
+pub(crate) const AROUND_POST: i32 = 1 << 10;
+
+/// Values an [`AROUND`] call reads: `[a1, b1, c1, a2, a3, b3, d]` (`d` for
+/// [`TileUnary::Exp2Recip`]).
+pub(crate) const PARAMS: usize = 7;
+
+/// The parameters that leave every step of [`around`] out: `x * 1 + -0` is `x` (also for `-0`
+/// and NaN), `min(x, +inf)` is `x`.
+pub(crate) const NEUTRAL: [f32; PARAMS] = [1.0, -0.0, f32::INFINITY, 1.0, 1.0, -0.0, -0.0];
+
 /// Mode bit: operand `a` is one scalar (at `a[0]`), not a tile.
 pub(crate) const A_SCALAR: i32 = 1 << 8;
 /// Mode bit: operand `b` is one scalar.
 pub(crate) const B_SCALAR: i32 = 1 << 9;
 
-/// `dst[i] = f(src[i])` for `i < n`, `CHUNK` elements at a time (the vector width the routine is
-/// compiled for: 8 lanes of AVX2, 16 of AVX-512).
+/// `dst[i] = f(src[i])` for `i < n`, as a plain loop that LLVM vectorizes at the width the
+/// calling routine is compiled for. A destination equal to the source is an in-place loop through
+/// one pointer, and disjoint buffers are slices, so neither needs LLVM's runtime alias check
+/// (which would send an in-place call to its scalar fallback); buffers that overlap otherwise
+/// (the code generator never passes them) run element by element, in order.
 #[inline(always)]
-unsafe fn map1<const CHUNK: usize>(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(f32) -> f32) {
-    let mut i = 0;
-    while i + CHUNK <= n {
-        // SAFETY: the caller's buffers hold n elements; a chunk is read before it is written.
-        unsafe {
-            let x = ptr::read_unaligned(src.add(i) as *const [f32; CHUNK]);
-            let mut y = [0f32; CHUNK];
-            for l in 0..CHUNK {
-                y[l] = f(x[l]);
+unsafe fn map1(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(f32) -> f32) {
+    // SAFETY (all three): the caller's buffers hold n elements.
+    unsafe {
+        if ptr::eq(dst, src) {
+            for i in 0..n {
+                *dst.add(i) = f(*dst.add(i));
             }
-            ptr::write_unaligned(dst.add(i) as *mut [f32; CHUNK], y);
+        } else if disjoint(dst, src, n) {
+            let d = std::slice::from_raw_parts_mut(dst, n);
+            let s = std::slice::from_raw_parts(src, n);
+            for (d, &x) in d.iter_mut().zip(s) {
+                *d = f(x);
+            }
+        } else {
+            for i in 0..n {
+                *dst.add(i) = f(*src.add(i));
+            }
         }
-        i += CHUNK;
-    }
-    while i < n {
-        // SAFETY: as above.
-        unsafe { *dst.add(i) = f(*src.add(i)) };
-        i += 1;
     }
 }
 
-/// `dst[i] = f(a[i], b[i])` for `i < n`, where a scalar operand is read once and broadcast.
+/// Whether `n` elements at `a` and at `b` share no byte.
 #[inline(always)]
-unsafe fn map2<const CHUNK: usize>(
-    dst: *mut f32,
-    a: *const f32,
-    b: *const f32,
-    n: usize,
-    mode: i32,
-    f: impl Fn(f32, f32) -> f32,
-) {
-    // SAFETY (all three): the caller's buffers hold n elements, or one for a scalar operand.
+fn disjoint(a: *const f32, b: *const f32, n: usize) -> bool {
+    let (a, b) = (a as usize, b as usize);
+    a.abs_diff(b) >= n * 4
+}
+
+/// `dst[i] = f(a[i], b[i])` for `i < n`, where a scalar operand is read once and broadcast (see
+/// [`map1`] for the aliasing cases).
+#[inline(always)]
+unsafe fn map2(dst: *mut f32, a: *const f32, b: *const f32, n: usize, mode: i32, f: impl Fn(f32, f32) -> f32) {
+    // SAFETY (all): the caller's buffers hold n elements, or one for a scalar operand.
     unsafe {
         match (mode & A_SCALAR != 0, mode & B_SCALAR != 0) {
             (false, true) => {
                 let s = *b;
-                map1::<CHUNK>(dst, a, n, |x| f(x, s))
+                map1(dst, a, n, |x| f(x, s))
             }
             (true, false) => {
                 let s = *a;
-                map1::<CHUNK>(dst, b, n, |y| f(s, y))
+                map1(dst, b, n, |y| f(s, y))
+            }
+            _ if ptr::eq(dst, a) && ptr::eq(a, b) => map1(dst, a, n, |x| f(x, x)),
+            _ if ptr::eq(dst, a) && disjoint(a, b, n) => {
+                let b = std::slice::from_raw_parts(b, n);
+                for (i, &y) in b.iter().enumerate() {
+                    *dst.add(i) = f(*dst.add(i), y);
+                }
+            }
+            _ if ptr::eq(dst, b) && disjoint(a, b, n) => {
+                let a = std::slice::from_raw_parts(a, n);
+                for (i, &x) in a.iter().enumerate() {
+                    *dst.add(i) = f(x, *dst.add(i));
+                }
+            }
+            _ if disjoint(dst, a, n) && disjoint(dst, b, n) => {
+                let d = std::slice::from_raw_parts_mut(dst, n);
+                let (a, b) = (std::slice::from_raw_parts(a, n), std::slice::from_raw_parts(b, n));
+                for ((d, &x), &y) in d.iter_mut().zip(a).zip(b) {
+                    *d = f(x, y);
+                }
             }
             _ => {
-                let mut i = 0;
-                while i + CHUNK <= n {
-                    let x = ptr::read_unaligned(a.add(i) as *const [f32; CHUNK]);
-                    let y = ptr::read_unaligned(b.add(i) as *const [f32; CHUNK]);
-                    let mut z = [0f32; CHUNK];
-                    for l in 0..CHUNK {
-                        z[l] = f(x[l], y[l]);
-                    }
-                    ptr::write_unaligned(dst.add(i) as *mut [f32; CHUNK], z);
-                    i += CHUNK;
-                }
-                while i < n {
+                for i in 0..n {
                     *dst.add(i) = f(*a.add(i), *b.add(i));
-                    i += 1;
                 }
             }
         }
@@ -306,33 +334,83 @@ fn fmin(a: f32, b: f32) -> f32 {
     if a.is_nan() || b.is_nan() { a + b } else { m }
 }
 
+/// `around(x) = f(min(x * a1 + b1, c1) * a2) * a3 + b3` with `p = [a1, b1, c1, a2, a3, b3, ..]`,
+/// each step rounded on its own as the statements it replaces (`analysis::tile_plan` folds them
+/// in). `min` is Cranelift's `fmin` for a `c1` that is neither zero nor NaN (the plan folds only
+/// such constants), where it is `if c1 < t { c1 } else { t }`. [`NEUTRAL`] leaves a step out
+/// exactly; without `FULL` the neutral `b1` and `a2` are not applied, without `POST` nor `a3` and
+/// `b3` (each costs about a tenth of an `exp2`).
 #[inline(always)]
-unsafe fn unary<const FMA: bool, const CHUNK: usize>(op: i32, dst: *mut f32, src: *const f32, n: usize) {
+fn around<const FULL: bool, const POST: bool>(x: f32, p: &[f32; PARAMS], f: impl Fn(f32) -> f32) -> f32 {
+    let t = if FULL { x * p[0] + p[1] } else { x * p[0] };
+    let t = if p[2] < t { p[2] } else { t };
+    let y = if FULL { f(t * p[3]) } else { f(t) };
+    if POST { y * p[4] + p[5] } else { y }
+}
+
+/// One unary routine with [`around`] in the shape `FULL`, `POST`.
+#[inline(always)]
+unsafe fn around_op<const FMA: bool, const FULL: bool, const POST: bool>(
+    op: i32,
+    dst: *mut f32,
+    src: *const f32,
+    n: usize,
+    p: &[f32; PARAMS],
+) {
+    let d = p[6];
     // SAFETY: forwarded to the caller.
     unsafe {
         match op {
-            0 => map1::<CHUNK>(dst, src, n, |x| x),
-            1 => map1::<CHUNK>(dst, src, n, |x| -x),
-            2 => map1::<CHUNK>(dst, src, n, f32::sqrt),
-            3 => map1::<CHUNK>(dst, src, n, |x| 1.0 / x),
-            4 => map1::<CHUNK>(dst, src, n, exp2::<FMA>),
-            5 => map1::<CHUNK>(dst, src, n, log2::<FMA>),
+            0 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, |t| t)),
+            1 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, |t| -t)),
+            2 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, f32::sqrt)),
+            3 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, |t| 1.0 / t)),
+            4 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, exp2::<FMA>)),
+            5 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, log2::<FMA>)),
+            6 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, |t| 1.0 / (exp2::<FMA>(t) + d))),
             _ => {}
         }
     }
 }
 
 #[inline(always)]
-unsafe fn binary<const CHUNK: usize>(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
+unsafe fn unary<const FMA: bool>(op: i32, dst: *mut f32, src: *const f32, n: usize, params: *const f32) {
+    // SAFETY: forwarded to the caller, who passes `PARAMS` values at `params` with `AROUND`.
+    unsafe {
+        if op & AROUND == 0 {
+            match op {
+                0 => map1(dst, src, n, |x| x),
+                1 => map1(dst, src, n, |x| -x),
+                2 => map1(dst, src, n, f32::sqrt),
+                3 => map1(dst, src, n, |x| 1.0 / x),
+                4 => map1(dst, src, n, exp2::<FMA>),
+                5 => map1(dst, src, n, log2::<FMA>),
+                _ => {}
+            }
+            return;
+        }
+        let p = ptr::read_unaligned(params as *const [f32; PARAMS]);
+        let code = op & 0xff;
+        match (op & AROUND_FULL != 0, op & AROUND_POST != 0) {
+            (false, false) => around_op::<FMA, false, false>(code, dst, src, n, &p),
+            (false, true) => around_op::<FMA, false, true>(code, dst, src, n, &p),
+            (true, false) => around_op::<FMA, true, false>(code, dst, src, n, &p),
+            (true, true) => around_op::<FMA, true, true>(code, dst, src, n, &p),
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn binary(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
     // SAFETY: forwarded to the caller.
     unsafe {
         match mode & 0xff {
-            0 => map2::<CHUNK>(dst, a, b, n, mode, |x, y| x + y),
-            1 => map2::<CHUNK>(dst, a, b, n, mode, |x, y| x - y),
-            2 => map2::<CHUNK>(dst, a, b, n, mode, |x, y| x * y),
-            3 => map2::<CHUNK>(dst, a, b, n, mode, |x, y| x / y),
-            4 => map2::<CHUNK>(dst, a, b, n, mode, fmax),
-            5 => map2::<CHUNK>(dst, a, b, n, mode, fmin),
+            0 => map2(dst, a, b, n, mode, |x, y| x + y),
+            1 => map2(dst, a, b, n, mode, |x, y| x - y),
+            2 => map2(dst, a, b, n, mode, |x, y| x * y),
+            3 => map2(dst, a, b, n, mode, |x, y| x / y),
+            4 => map2(dst, a, b, n, mode, fmax),
+            5 => map2(dst, a, b, n, mode, fmin),
             _ => {}
         }
     }
@@ -340,43 +418,43 @@ unsafe fn binary<const CHUNK: usize>(mode: i32, dst: *mut f32, a: *const f32, b:
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn unary_avx2_fma(op: i32, dst: *mut f32, src: *const f32, n: usize) {
+unsafe fn unary_avx2_fma(op: i32, dst: *mut f32, src: *const f32, n: usize, p: *const f32) {
     // SAFETY: forwarded to the caller.
-    unsafe { unary::<true, 8>(op, dst, src, n) }
+    unsafe { unary::<true>(op, dst, src, n, p) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn binary_avx2_fma(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
     // SAFETY: forwarded to the caller.
-    unsafe { binary::<8>(mode, dst, a, b, n) }
+    unsafe { binary(mode, dst, a, b, n) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn unary_avx512_fma(op: i32, dst: *mut f32, src: *const f32, n: usize) {
+unsafe fn unary_avx512_fma(op: i32, dst: *mut f32, src: *const f32, n: usize, p: *const f32) {
     // SAFETY: forwarded to the caller.
-    unsafe { unary::<true, 16>(op, dst, src, n) }
+    unsafe { unary::<true>(op, dst, src, n, p) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn binary_avx512_fma(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: usize) {
     // SAFETY: forwarded to the caller.
-    unsafe { binary::<16>(mode, dst, a, b, n) }
+    unsafe { binary(mode, dst, a, b, n) }
 }
 
 /// Unary helper, AVX-512F + FMA: called only where [`TileLevel::detect`] found AVX-512F (see
 /// [`unary_avx2`]).
-pub(crate) extern "C" fn unary_avx512(op: i32, dst: *mut f32, src: *const f32, n: i64) {
+pub(crate) extern "C" fn unary_avx512(op: i32, dst: *mut f32, src: *const f32, n: i64, p: *const f32) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: kernels call this only on hosts with avx512f, avx2 and fma (`TileLevel::detect`),
     // with buffers of n elements.
     unsafe {
-        unary_avx512_fma(op, dst, src, n.max(0) as usize)
+        unary_avx512_fma(op, dst, src, n.max(0) as usize, p)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unary_base(op, dst, src, n)
+    unary_base(op, dst, src, n, p)
 }
 
 /// Binary helper, AVX-512F + FMA (see [`unary_avx512`]).
@@ -392,15 +470,15 @@ pub(crate) extern "C" fn binary_avx512(mode: i32, dst: *mut f32, a: *const f32, 
 
 /// Unary helper, AVX2 + FMA. The code generator calls it only when [`TileLevel::detect`]
 /// found both features (or a test forced a level the host has).
-pub(crate) extern "C" fn unary_avx2(op: i32, dst: *mut f32, src: *const f32, n: i64) {
+pub(crate) extern "C" fn unary_avx2(op: i32, dst: *mut f32, src: *const f32, n: i64, p: *const f32) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: kernels call this only on hosts with avx2 and fma (`TileLevel::detect`), with
     // buffers of n elements.
     unsafe {
-        unary_avx2_fma(op, dst, src, n.max(0) as usize)
+        unary_avx2_fma(op, dst, src, n.max(0) as usize, p)
     }
     #[cfg(not(target_arch = "x86_64"))]
-    unary_base(op, dst, src, n)
+    unary_base(op, dst, src, n, p)
 }
 
 /// Binary helper, AVX2 + FMA (see [`unary_avx2`]).
@@ -415,13 +493,13 @@ pub(crate) extern "C" fn binary_avx2(mode: i32, dst: *mut f32, a: *const f32, b:
 }
 
 /// Unary helper for the baseline target.
-pub(crate) extern "C" fn unary_base(op: i32, dst: *mut f32, src: *const f32, n: i64) {
+pub(crate) extern "C" fn unary_base(op: i32, dst: *mut f32, src: *const f32, n: i64, p: *const f32) {
     // SAFETY: kernels pass buffers of n elements.
-    unsafe { unary::<false, 8>(op, dst, src, n.max(0) as usize) }
+    unsafe { unary::<false>(op, dst, src, n.max(0) as usize, p) }
 }
 
 /// Binary helper for the baseline target.
 pub(crate) extern "C" fn binary_base(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: i64) {
     // SAFETY: kernels pass buffers of n elements (one for a scalar operand).
-    unsafe { binary::<8>(mode, dst, a, b, n.max(0) as usize) }
+    unsafe { binary(mode, dst, a, b, n.max(0) as usize) }
 }

@@ -159,7 +159,7 @@ pub(super) fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Ve
 ///
 /// # Safety
 /// As for [`run_launch`].
-pub(super) unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, syms: *const i64) -> bool {
+pub(super) unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, syms: *const i64, record: bool) -> bool {
     let (was_split, calib_ns, split_ns) = match launch {
         Launch::Loop { split, chunks, calib_ns, split_ns, .. } if *split > 1 => {
             (chunks.load(Ordering::Relaxed) > 1, calib_ns, split_ns)
@@ -174,7 +174,9 @@ pub(super) unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, sym
     // SAFETY: as above.
     let split = unsafe { run_launch(launch, table, syms, false) };
     let ns = t0.elapsed().as_nanos() as u64;
-    if was_split { split_ns } else { calib_ns }.fetch_min(ns, Ordering::Relaxed);
+    if record {
+        if was_split { split_ns } else { calib_ns }.fetch_min(ns, Ordering::Relaxed);
+    }
     split
 }
 

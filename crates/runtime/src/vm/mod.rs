@@ -92,9 +92,11 @@ pub const PARALLEL_MIN_WORK: u128 = 1 << 17;
 pub const CALIBRATE_MIN_WORK: u128 = 1 << 13;
 
 /// A calibrated loop kernel whose shortest single-thread time reaches this many nanoseconds is
-/// tried split over the threads: about twice the fork-join cost measured on the 2-core
-/// development machine (11 us, see [`PARALLEL_MIN_WORK`]), where a split saves half the time.
-pub const SPLIT_MIN_NS: u64 = 25_000;
+/// tried split over the threads: where a split saves half the time, it pays past about twice
+/// the fork-join cost, which the hot team (`parallel`) brought to about 4.5 us back to back; a
+/// split that does not gain 15% is undone by the calibration anyway. Measured (`kiln bench
+/// unary`): a sigmoid over 59,049 elements takes 19 us on one core, and split 12.8 us.
+pub const SPLIT_MIN_NS: u64 = 12_000;
 
 /// A matmul launch with at least this many multiply-adds always spreads over the threads when
 /// `gemm` would (`MatmulLaunch::threads_itself`); a smaller one that would is a calibration
@@ -106,12 +108,14 @@ pub const MATMUL_ALWAYS_SPLIT_MACS: u128 = 1 << 24;
 /// Calibration of a binding set: runs `1..=CALIBRATION_RUNS` (the first run is left out: it pays
 /// for cold caches and fresh pages) time each candidate loop kernel on the calling thread; a
 /// candidate that took at least [`SPLIT_MIN_NS`] then runs split for the next `CALIBRATION_RUNS`
-/// runs, and stays split only if that was at least 15% faster (the other cores may be busy with
+/// runs (the first of them wakes the pool and is not timed: with it, a sigmoid over 59,049
+/// elements measured 24-39 us split against 19 us on one thread, and 11 us once the helpers
+/// were awake), and stays split only if that was at least 15% faster (the other cores may be busy with
 /// other work: a split then only adds the fork-join). Matmul launches below
 /// [`MATMUL_ALWAYS_SPLIT_MACS`] that would thread are calibrated the same way (threaded GEMM or
 /// batch split against one thread). Splitting a parallel loop never changes
 /// results (its iterations write disjoint elements and compute them the same way).
-pub const CALIBRATION_RUNS: u32 = 2;
+pub const CALIBRATION_RUNS: u32 = 5;
 
 /// Running independent steps at the same time (see [`crate::levels`]).
 struct Concurrency {

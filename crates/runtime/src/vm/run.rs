@@ -179,7 +179,9 @@ impl Backend for CpuCode {
         let in_order = |launch: &Launch| {
             let split = unsafe {
                 if calibrating {
-                    launch::run_calibrating(launch, table, syms)
+                    // The first split run wakes the pool's threads (up to 77 us, `parallel`):
+                    // a warm-up, not timed.
+                    launch::run_calibrating(launch, table, syms, run != CALIBRATION_RUNS + 1)
                 } else {
                     launch::run_launch(launch, table, syms, false)
                 }

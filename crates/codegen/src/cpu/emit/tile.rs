@@ -7,9 +7,11 @@ use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value, ty
 use lower::kir::{Inst, Reg, Stmt, Var};
 
 use super::Emitter;
-use crate::cpu::analysis::{TilePlan, TileStep, tile_binary_op, tile_unary_op};
+use crate::cpu::analysis::{AroundParam, TilePlan, TileStep, tile_binary_op, tile_unary_op};
 use crate::cpu::helpers::Helper;
-use crate::cpu::tile::{A_SCALAR, B_SCALAR, TILE, TileLevel, TileUnary};
+use crate::cpu::tile::{
+    A_SCALAR, AROUND, AROUND_FULL, AROUND_POST, B_SCALAR, NEUTRAL, PARAMS, TILE, TileLevel, TileUnary,
+};
 use crate::error::{CodegenError, Result};
 
 /// Bytes of one scratch tile.
@@ -24,10 +26,12 @@ impl<'f> Emitter<'_, 'f> {
             TileLevel::Avx2Fma => (Helper::TileUnaryAvx2, Helper::TileBinaryAvx2),
             TileLevel::Base => (Helper::TileUnaryBase, Helper::TileBinaryBase),
         };
-        // The scratch tiles, then 4 bytes for a scalar operand; 32-byte aligned.
-        let size = (plan.slots as i64 * TILE_BYTES + 4) as u32;
+        // The scratch tiles, then 4 bytes for a scalar operand and the parameters of `around`;
+        // 32-byte aligned.
+        let size = (plan.slots as i64 * TILE_BYTES + 4 * (1 + PARAMS as i64)) as u32;
         let scratch = self.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, size, 5));
         let scalar_at = (plan.slots as i64 * TILE_BYTES) as i32;
+        let params_at = scalar_at + 4;
         let t = self.b.declare_var(types::I64);
         self.b.def_var(t, lo);
         self.counted_loop(t, hi, TILE, |s, tv| {
@@ -37,7 +41,7 @@ impl<'f> Emitter<'_, 'f> {
             let n = s.b.ins().smin(left, tile);
             // Where each varying register's tile is.
             let mut at: HashMap<Reg, Value> = HashMap::new();
-            for (stmt, step) in body.iter().zip(&plan.steps) {
+            for (i, (stmt, step)) in body.iter().zip(&plan.steps).enumerate() {
                 match (stmt, *step) {
                     (Stmt::Let { .. }, TileStep::Uniform) => s.emit_stmts(std::slice::from_ref(stmt))?,
                     (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) => {
@@ -45,6 +49,7 @@ impl<'f> Emitter<'_, 'f> {
                         at.insert(*reg, a);
                     }
                     (Stmt::Let { reg, inst, .. }, TileStep::Slot(_) | TileStep::Direct(_)) => {
+                        let mut reg = *reg;
                         let dst = match *step {
                             TileStep::Slot(n) => {
                                 s.b.ins().stack_addr(types::I64, scratch, n as i32 * TILE_BYTES as i32)
@@ -57,10 +62,39 @@ impl<'f> Emitter<'_, 'f> {
                         };
                         match inst {
                             Inst::Unary(op, r) => {
-                                let op = tile_unary_op(*op).ok_or_else(|| bad_plan("unary op"))?;
-                                let src = *at.get(r).ok_or_else(|| bad_plan("unary operand"))?;
-                                let code = s.b.ins().iconst(types::I32, op as i64);
-                                s.call_void(unary, &[code, dst, src, n]);
+                                let mut code = tile_unary_op(*op).ok_or_else(|| bad_plan("unary op"))? as i64;
+                                let mut src = *at.get(r).unwrap_or(&dst);
+                                if let Some(around) = plan.around.get(&i) {
+                                    src = *at.get(&around.src).ok_or_else(|| bad_plan("operand around"))?;
+                                    for (k, (param, neutral)) in around.params.iter().zip(NEUTRAL).enumerate() {
+                                        let v = match *param {
+                                            AroundParam::Neutral => s.b.ins().f32const(neutral),
+                                            AroundParam::Const(c) => s.b.ins().f32const(c),
+                                            AroundParam::Reg { reg, negate } => {
+                                                let v = s.scalar_reg(reg)?;
+                                                if negate { s.b.ins().fneg(v) } else { v }
+                                            }
+                                        };
+                                        s.b.ins().stack_store(types::I64, v, scratch, params_at + 4 * k as i32);
+                                    }
+                                    code |= AROUND as i64;
+                                    let set = |k: usize| around.params[k] != AroundParam::Neutral;
+                                    if set(1) || set(3) {
+                                        code |= AROUND_FULL as i64;
+                                    }
+                                    if set(4) || set(5) {
+                                        code |= AROUND_POST as i64;
+                                    }
+                                    if around.exp2_recip {
+                                        code = (code & !0xff) | TileUnary::Exp2Recip as i64;
+                                    }
+                                    reg = around.out;
+                                } else if !at.contains_key(r) {
+                                    return Err(bad_plan("unary operand"));
+                                }
+                                let code = s.b.ins().iconst(types::I32, code);
+                                let params = s.b.ins().stack_addr(types::I64, scratch, params_at);
+                                s.call_void(unary, &[code, dst, src, n, params]);
                             }
                             Inst::Binary(op, a, b) => {
                                 let op = tile_binary_op(*op).ok_or_else(|| bad_plan("binary op"))?;
@@ -81,14 +115,15 @@ impl<'f> Emitter<'_, 'f> {
                             }
                             _ => return Err(bad_plan("computed instruction")),
                         }
-                        at.insert(*reg, dst);
+                        at.insert(reg, dst);
                     }
-                    (Stmt::Store { .. }, TileStep::Stored) => {}
+                    (Stmt::Store { .. }, TileStep::Stored) | (_, TileStep::Absorbed) => {}
                     (Stmt::Store { buf, index, value }, TileStep::Copy) => {
                         let src = *at.get(value).ok_or_else(|| bad_plan("stored value"))?;
                         let dst = s.addr(*buf, index, air::DType::F32)?;
                         let code = s.b.ins().iconst(types::I32, TileUnary::Copy as i64);
-                        s.call_void(unary, &[code, dst, src, n]);
+                        let params = s.b.ins().stack_addr(types::I64, scratch, params_at);
+                        s.call_void(unary, &[code, dst, src, n, params]);
                     }
                     _ => return Err(bad_plan("statement")),
                 }
