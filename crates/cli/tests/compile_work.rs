@@ -128,20 +128,28 @@ fn compile_work_grows_linearly_with_depth() {
         check_linear(step.name(), &series(&|w| w.steps[i]), min);
     }
     check_linear("memory plan, sequential", &series(&|w| w.plan_sequential), launches_per_layer);
-    // FIXME: the device's plan is the sequential one up to depth 8. From depth 16 on, the first
-    // dependency level (independent steps of every layer, about 6 per layer) has enough work to
-    // run concurrently, so its temporaries share one time slot, all overlap, and placement
-    // examines every placed temporary of the slot for each one: quadratic in depth (56528 units
-    // at depth 16 against 11858 for the sequential plan). Checked linear where it is, and today's
-    // jump asserted so that a fix (placement by free intervals, not by a scan of the overlapping
-    // buffers) updates this test.
+    // FIXME: the device's plan is the sequential one until a depth where the first dependency
+    // level (independent steps of every layer) has enough work to run concurrently (depth 16
+    // while every `Linear`'s bias was accumulated by its GEMM; with the bias added by the
+    // consumer's kernel, none of the depths here). Such a level's temporaries share one time
+    // slot, all overlap, and placement examines every placed temporary of the slot for each one:
+    // quadratic in depth (56528 units at depth 16 against 11858 for the sequential plan). Checked
+    // linear where it is, and the jump asserted where a concurrent plan appears, so that a fix
+    // (placement by free intervals, not by a scan of the overlapping buffers) updates this test.
     let device_plan = series(&|w| w.step(Step::MemoryPlan).unwrap());
     let sequential = series(&|w| w.plan_sequential);
     let concurrent_from = device_plan.iter().zip(&sequential).position(|(d, s)| d.1 != s.1).unwrap_or(DEPTHS.len());
-    assert_eq!(DEPTHS[concurrent_from.min(DEPTHS.len() - 1)], 16, "first depth whose plan has a concurrent level");
-    check_linear("memory-plan (depths 1-8)", &device_plan[..concurrent_from], launches_per_layer);
-    let (d, s) = (device_plan[concurrent_from].1, sequential[concurrent_from].1);
-    assert!(d > 3 * s, "the concurrent plan at depth 16 costs {d} units, the sequential {s}: fixed? see the FIXME");
+    assert!(concurrent_from >= 3, "a concurrent level from depth {}: linear below it?", DEPTHS[concurrent_from]);
+    check_linear("memory-plan (sequential depths)", &device_plan[..concurrent_from], launches_per_layer);
+    if let (Some(d), Some(s)) = (device_plan.get(concurrent_from), sequential.get(concurrent_from)) {
+        assert!(
+            d.1 > 3 * s.1,
+            "the concurrent plan at depth {} costs {} units, the sequential {}: fixed? see the FIXME",
+            d.0,
+            d.1,
+            s.1
+        );
+    }
     let without_plan: Vec<(usize, u64)> =
         counts.iter().map(|(d, w)| (*d, w.steps.iter().sum::<u64>() - w.step(Step::MemoryPlan).unwrap())).collect();
     let total = check_linear("all steps but the plan", &without_plan, nodes_per_layer * 5.0);

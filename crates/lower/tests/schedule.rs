@@ -327,8 +327,9 @@ fn matmul_batched_with_transposed_operand() {
     );
 }
 
+/// A bias whose sum is an output (nothing else reads it): the matmul accumulates onto the bias.
 #[test]
-fn matmul_bias_relu() {
+fn matmul_bias_output_accumulates() {
     let mut b = B::default();
     let x = b.f32(&[3, 4]);
     let w = b.f32(&[4, 5]);
@@ -336,16 +337,13 @@ fn matmul_bias_relu() {
     let y = b.matmul(x, w);
     let be = b.expand_like(bias, y);
     let z = b.bin(BinaryOp::Add, y, be);
-    let zero = b.konst(0.0, &dims(&[3, 5]));
-    let r = b.bin(BinaryOp::Max, z, zero);
     check(
-        b.out(&[r]),
+        b.out(&[z]),
         expect![[r#"
         buf0: f32[12] input 0
         buf1: f32[20] input 1
         buf2: f32[5] input 2
         buf3: f32[15] output 0
-        buf4: f32[15] temp
         k0 = kernel(b0: out f32, b1: in f32) {
           for i0 in 0..3 parallel {
             for i1 in 0..5 {
@@ -361,19 +359,56 @@ fn matmul_bias_relu() {
           c = b0[0 + batch*15 + row*5 + col*1]
           accumulate
         }
-        k2 = kernel(b0: out f32, b1: in f32) {
-          for i0 in 0..15 parallel {
-            r0: f32 = load b1[i0]
-            r1: f32 = const 0.0
-            r2: f32 = max r0, r1
-            store b0[i0] = r2
-          }
-        }
-        launch k0(buf4, buf2)
-        launch k1(buf4, buf0, buf1)
-        launch k2(buf3, buf4)
+        launch k0(buf3, buf2)
+        launch k1(buf3, buf0, buf1)
         return buf3: f32[3, 5]
     "#]],
+    );
+}
+
+/// A bias whose sum only the ReLU reads: the ReLU's kernel adds it as it loads the product (no
+/// pass writing the bias into the product's buffer first).
+#[test]
+fn matmul_bias_relu() {
+    let mut b = B::default();
+    let x = b.f32(&[3, 4]);
+    let w = b.f32(&[4, 5]);
+    let bias = b.f32(&[1, 5]);
+    let y = b.matmul(x, w);
+    let be = b.expand_like(bias, y);
+    let z = b.bin(BinaryOp::Add, y, be);
+    let zero = b.konst(0.0, &dims(&[3, 5]));
+    let r = b.bin(BinaryOp::Max, z, zero);
+    check(
+        b.out(&[r]),
+        expect![[r#"
+            buf0: f32[12] input 0
+            buf1: f32[20] input 1
+            buf2: f32[5] input 2
+            buf3: f32[15] output 0
+            buf4: f32[15] temp
+            k0 = matmul(b0: out f32, b1: in f32, b2: in f32) {
+              batch 1, m 3, n 5, k 4, f32
+              a = b1[0 + batch*0 + row*4 + col*1]
+              b = b2[0 + batch*0 + row*5 + col*1]
+              c = b0[0 + batch*15 + row*5 + col*1]
+            }
+            k1 = kernel(b0: out f32, b1: in f32, b2: in f32) {
+              for i0 in 0..3 parallel {
+                r0: f32 = const 0.0
+                for i1 in 0..5 {
+                  r1: f32 = load b1[(i0*5 + i1)]
+                  r2: f32 = load b2[i1]
+                  r3: f32 = add r1, r2
+                  r4: f32 = max r3, r0
+                  store b0[(i0*5 + i1)] = r4
+                }
+              }
+            }
+            launch k0(buf4, buf0, buf1)
+            launch k1(buf3, buf4, buf2)
+            return buf3: f32[3, 5]
+        "#]],
     );
 }
 

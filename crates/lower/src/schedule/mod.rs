@@ -17,7 +17,10 @@
 //!   over the first or a middle axis) and einsum-style contractions. The result is written in the
 //!   reduce's own row-major layout; its operands' base nodes are materialized too. An `add`
 //!   consuming the matmul (through reshapes only) takes the matmul over: the other addend is
-//!   written into the result buffer first and the matmul accumulates onto it;
+//!   written into the result buffer first and the matmul accumulates onto it, unless one loop
+//!   kernel reads the sum anyway (its one reader, through reshapes and permutes, is element-wise
+//!   other than `mul`, or a reduce: a ReLU, a pooling), which then adds the addend as it loads
+//!   the product;
 //! - it is element-wise with several consumers and its fused expression costs more than
 //!   `RECOMPUTE_MAX` ops (else every consumer recomputes it: cheaper than a round trip through
 //!   memory), or it is read through a broadcasting `expand` and costs more than `BROADCAST_MAX`
