@@ -206,7 +206,8 @@ pub(super) fn recurrent(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
             None => Tensor::zeros_on(vec![batch.clone(), c(hidden)], x.dtype(), x.device()),
         };
         let acts = &activations[d * per_dir..(d + 1) * per_dir];
-        let run = Run { cell, hidden, clip, linear_before_reset, acts, weights: &weights, valid: valid.as_ref() };
+        let zero_h0 = initial_h.is_none();
+        let run = Run { cell, hidden, clip, linear_before_reset, acts, weights: &weights, valid: valid.as_ref(), zero_h0 };
         let (y, h, cell_state) = run.direction(&x, seq, backwards, first(&initial_h), first(&initial_c));
         ys.push(y);
         hs.push(h);
@@ -228,6 +229,8 @@ struct Run<'a> {
     acts: &'a [Activation],
     weights: &'a Weights,
     valid: Option<&'a Tensor>,
+    /// No `initial_h` was given: the first step's recurrent product is zero, and is skipped.
+    zero_h0: bool,
 }
 
 impl Run<'_> {
@@ -249,9 +252,9 @@ impl Run<'_> {
         let (mut h, mut c) = (h0, c0);
         let mut outputs: Vec<Option<Tensor>> = vec![None; seq];
         let order: Vec<usize> = if backwards { (0..seq).rev().collect() } else { (0..seq).collect() };
-        for t in order {
+        for (n, t) in order.into_iter().enumerate() {
             let xw = projected.narrow(0, t, 1).squeeze(0);
-            let (h_new, c_new) = self.step(&xw, &h, &c);
+            let (h_new, c_new) = self.step(&xw, &h, &c, n == 0 && self.zero_h0);
             let (h_next, c_next, out) = match self.valid {
                 None => (h_new.clone(), c_new, h_new),
                 Some(valid) => {
@@ -280,13 +283,15 @@ impl Run<'_> {
     }
 
     /// One step: the new hidden state and (LSTM) cell state from the step's input projection
-    /// (which holds the recurrent bias too, see `direction`).
-    fn step(&self, xw: &Tensor, h: &Tensor, c: &Tensor) -> (Tensor, Tensor) {
+    /// (which holds the recurrent bias too, see `direction`). With `h_is_zero` (the first step
+    /// from a zero state), the RNN and the LSTM skip the recurrent product.
+    fn step(&self, xw: &Tensor, h: &Tensor, c: &Tensor, h_is_zero: bool) -> (Tensor, Tensor) {
         let wt = self.weights;
         let hr = h.matmul(&wt.r_t);
+        let with_hr = |xw: &Tensor| if h_is_zero { xw.clone() } else { xw.add(&hr) };
         let f = self.acts[0];
         match self.cell {
-            Cell::Rnn => (f.apply(&self.clipped(xw.add(&hr))), c.clone()),
+            Cell::Rnn => (f.apply(&self.clipped(with_hr(xw))), c.clone()),
             Cell::Gru => {
                 let g = self.acts[1];
                 let z = f.apply(&self.clipped(self.gate(xw, 0).add(self.gate(&hr, 0))));
@@ -312,7 +317,10 @@ impl Run<'_> {
             }
             Cell::Lstm => {
                 let (g, hact) = (self.acts[1], self.acts[2]);
-                let pre = |k: usize| xw.narrow(1, k * self.hidden, self.hidden).add(self.gate(&hr, k));
+                // One sum for the four gates: the recurrent product then accumulates onto the
+                // step's projection (`lower`'s matmul bias) instead of being read back per gate.
+                let sum = with_hr(xw);
+                let pre = |k: usize| self.gate(&sum, k);
                 let peep = |k: usize, state: &Tensor, z: Tensor| match &wt.peepholes {
                     Some(p) => z.add(p.narrow(0, k * self.hidden, self.hidden).mul(state)),
                     None => z,
