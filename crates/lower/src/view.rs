@@ -441,6 +441,9 @@ pub struct IndexCx {
     pub symbols: Vec<Symbol>,
     /// The extent of loop variable `v`, where it is a constant.
     pub extents: Vec<Option<i64>>,
+    /// The extent of loop variable `v` as an index expression (symbolic ones too); may be
+    /// empty, then only the constant extents are known.
+    pub extent_exprs: Vec<IExpr>,
 }
 
 /// An affine form `sum(coef * var) + constant` with constant coefficients.
@@ -539,7 +542,7 @@ impl Sum {
 impl IndexCx {
     /// A context where symbol `symbols[n]` becomes `IExpr::Sym(n)`, with no loop extents known yet.
     pub fn new(symbols: Vec<Symbol>) -> IndexCx {
-        IndexCx { symbols, extents: Vec::new() }
+        IndexCx { symbols, extents: Vec::new(), extent_exprs: Vec::new() }
     }
 
     /// A dim as an index expression: its polynomial over `IExpr::Sym`s.
@@ -640,7 +643,8 @@ impl IndexCx {
 
     /// `e / d` (floor division of a non-negative index), simplified when `d` is a constant: the
     /// parts of `e` that are multiples of `d` leave the division (`(i0*36 + i1) / 36` is
-    /// `i0 + i1 / 36`, and `i0` when `i1 < 36`).
+    /// `i0 + i1 / 36`, and `i0` when `i1 < 36`); or when `d` is a constant times a symbol and the
+    /// division is exact in the same way ([`Self::split_symbolic`]).
     ///
     /// # Errors
     /// `LowerError::InvalidGraph` if `d` cannot be written as an index expression.
@@ -650,7 +654,62 @@ impl IndexCx {
         {
             return Ok(if small { q } else { IExpr::add(q, IExpr::div(r, IExpr::Const(c))) });
         }
-        Ok(IExpr::div(e, self.dim(d)?))
+        let divisor = self.dim(d)?;
+        if let Some((q, _)) = self.split_symbolic(&e, &divisor) {
+            return Ok(q);
+        }
+        Ok(IExpr::div(e, divisor))
+    }
+
+    /// `e = d * q + r` with `0 <= r < d` proven, for `d = c * s` (a constant `c > 0` times a
+    /// symbol `s`): `q` is the constant from the parts `k * s` of `e` with `c | k`, and `r` the
+    /// rest, which must be loop variables with non-negative coefficients plus a non-negative
+    /// constant, whose largest value (each variable at its extent minus one, extents constant or
+    /// a constant times a symbol plus a constant) is `d` minus a positive constant, with every
+    /// symbol cancelled. A stacked piece's window (`(i0*32 + i1 + s*288) / (s*32)` with `i0 <
+    /// s`, `i1 < 32`) is `9`. Returns `(q, r)`.
+    fn split_symbolic(&self, e: &IExpr, d: &IExpr) -> Option<(IExpr, IExpr)> {
+        let ds = Sum::of(d)?;
+        let [(IExpr::Sym(sym), c)] = ds.parts.as_slice() else { return None };
+        if ds.constant != 0 || *c <= 0 {
+            return None;
+        }
+        let es = Sum::of(e)?;
+        let mut q = 0i64;
+        let mut r = Sum { parts: Vec::new(), constant: es.constant };
+        // The largest value of `r`: a constant and symbol coefficients.
+        let mut max_const = es.constant;
+        let mut max_syms: Vec<(u32, i64)> = Vec::new();
+        let add_sym = |n: u32, k: i64, syms: &mut Vec<(u32, i64)>| -> Option<()> {
+            match syms.iter_mut().find(|(m, _)| *m == n) {
+                Some((_, v)) => *v = v.checked_add(k)?,
+                None => syms.push((n, k)),
+            }
+            Some(())
+        };
+        if es.constant < 0 {
+            return None;
+        }
+        for (part, k) in &es.parts {
+            match part {
+                IExpr::Sym(n) if n == sym && k % c == 0 => q = q.checked_add(k / c)?,
+                IExpr::Var(v) if *k >= 0 => {
+                    r.parts.push((part.clone(), *k));
+                    let extent = Sum::of(self.extent_exprs.get(v.0 as usize)?)?;
+                    // k * (extent - 1)
+                    max_const = max_const.checked_add(k.checked_mul(extent.constant.checked_sub(1)?)?)?;
+                    for (p, ek) in &extent.parts {
+                        let IExpr::Sym(n) = p else { return None };
+                        add_sym(*n, k.checked_mul(*ek)?, &mut max_syms)?;
+                    }
+                }
+                _ => return None,
+            }
+        }
+        // d - max(r) = c * s - max(r): every symbol cancelled, a positive constant left.
+        add_sym(*sym, -c, &mut max_syms)?;
+        let cancelled = max_syms.iter().all(|&(_, k)| k == 0);
+        (cancelled && max_const < 0).then(|| (IExpr::Const(q), r.expr()))
     }
 
     /// `e % d`, simplified to `e` when its known bounds lie in `[0, d)`, or, for a constant `d`,
@@ -728,11 +787,40 @@ mod tests {
     }
 
     fn cx(extents: &[i64]) -> IndexCx {
-        IndexCx { symbols: vec![Symbol::new("seq")], extents: extents.iter().map(|&e| Some(e)).collect() }
+        IndexCx {
+            symbols: vec![Symbol::new("seq")],
+            extents: extents.iter().map(|&e| Some(e)).collect(),
+            extent_exprs: Vec::new(),
+        }
     }
 
     fn vars(n: u32) -> Vec<IExpr> {
         (0..n).map(|v| IExpr::Var(Var(v))).collect()
+    }
+
+    #[test]
+    fn division_by_a_symbolic_size_folds_where_the_remainder_is_below_it() {
+        // Loops i0 < seq, i1 < 32: (i0*32 + i1 + seq*288) / (seq*32) is 9.
+        let seq = Dim::sym("seq");
+        let mut c = cx(&[]);
+        c.extents = vec![None, Some(32)];
+        c.extent_exprs = vec![IExpr::Sym(0), IExpr::Const(32)];
+        let v = vars(2);
+        let lin = |k: i64| {
+            IExpr::add(
+                IExpr::add(IExpr::mul(v[0].clone(), IExpr::Const(32)), v[1].clone()),
+                IExpr::mul(IExpr::Sym(0), IExpr::Const(k)),
+            )
+        };
+        let d = &seq * &Dim::Const(32);
+        assert_eq!(c.div(lin(288), &d).unwrap(), IExpr::Const(9));
+        assert_eq!(c.div(lin(0), &d).unwrap(), IExpr::Const(0));
+        // Not a multiple of the divisor's constant, or a remainder that can reach it: unchanged.
+        assert!(matches!(c.div(lin(100), &d).unwrap(), IExpr::Div(..)));
+        c.extent_exprs[1] = IExpr::Const(33);
+        assert!(matches!(c.div(lin(288), &d).unwrap(), IExpr::Div(..)));
+        c.extent_exprs = vec![IExpr::add(IExpr::Sym(0), IExpr::Const(1)), IExpr::Const(32)];
+        assert!(matches!(c.div(lin(288), &d).unwrap(), IExpr::Div(..)));
     }
 
     #[test]

@@ -656,6 +656,7 @@ pub(super) fn loop_kernel(
     let mut cx = IndexCx::new(symbols.to_vec());
     cx.extents = all_sizes.iter().map(|d| d.as_const()).collect();
     let extents: Vec<IExpr> = all_sizes.iter().map(|d| cx.dim(d)).collect::<Result<_, _>>()?;
+    cx.extent_exprs = extents.clone();
     let mut em = Emitter {
         cx,
         params: Vec::new(),

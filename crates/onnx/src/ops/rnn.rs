@@ -207,7 +207,8 @@ pub(super) fn recurrent(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         };
         let acts = &activations[d * per_dir..(d + 1) * per_dir];
         let zero_h0 = initial_h.is_none();
-        let run = Run { cell, hidden, clip, linear_before_reset, acts, weights: &weights, valid: valid.as_ref(), zero_h0 };
+        let run =
+            Run { cell, hidden, clip, linear_before_reset, acts, weights: &weights, valid: valid.as_ref(), zero_h0 };
         let (y, h, cell_state) = run.direction(&x, seq, backwards, first(&initial_h), first(&initial_c));
         ys.push(y);
         hs.push(h);
