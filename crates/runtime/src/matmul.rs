@@ -472,17 +472,26 @@ impl MatmulLaunch {
 
     /// Runs batch entries `lo..hi` one after another.
     unsafe fn run_entries(&self, ptrs: (SendPtr, SendPtr, SendPtr), lo: usize, hi: usize, threaded: bool) {
-        for entry in lo..hi {
-            let at = |p: &SendPtr, s: &Strides, size: usize| {
-                (p.get() as isize + (s.offset + entry as isize * s.batch) * size as isize) as *mut u8
+        let size = self.dtype.size_bytes();
+        let at = |p: &SendPtr, s: &Strides, entry: usize| {
+            (p.get() as isize + (s.offset + entry as isize * s.batch) * size as isize) as *mut u8
+        };
+        if self.dtype == DType::F32 && !self.is_dot_shaped() && self.b_to_rows() {
+            // SAFETY: as below; `gemm_rows` copies each distinct `b` once.
+            unsafe {
+                self.gemm_rows(
+                    (lo..hi).map(|e| (at(&ptrs.0, &self.a, e), at(&ptrs.1, &self.b, e), at(&ptrs.2, &self.c, e))),
+                    threaded,
+                )
             };
-            let size = self.dtype.size_bytes();
-            let (a, b, c) = (at(&ptrs.0, &self.a, size), at(&ptrs.1, &self.b, size), at(&ptrs.2, &self.c, size));
+            return;
+        }
+        for entry in lo..hi {
+            let (a, b, c) = (at(&ptrs.0, &self.a, entry), at(&ptrs.1, &self.b, entry), at(&ptrs.2, &self.c, entry));
             // SAFETY: the entry's operands lie inside their buffers (checked in `new`).
             unsafe {
                 match self.dtype {
                     DType::F32 if self.is_dot_shaped() => self.dots(a, b, c, threaded),
-                    DType::F32 if self.b_to_rows() => self.gemm_rows(a, b, c, threaded),
                     DType::F32 => self.gemm::<f32>(a, b, c, threaded),
                     DType::F64 => self.gemm::<f64>(a, b, c, threaded),
                     DType::F16 => self.naive::<f16>(a, b, c),
@@ -507,37 +516,46 @@ impl MatmulLaunch {
 
     /// Whether an f32 entry's column-major `b` (a `Linear`'s `[out, in]` weight) is copied to rows
     /// before `gemm` ([`Self::gemm_rows`]): where the host has AVX-512F and `b` is at least 16x16
-    /// and at most [`B_ROWS_MAX`] elements. `gemm` packs a small column-major `b` slowly: a
+    /// (or at least 16 columns shared by every entry of a batch: one copy for all) and at most
+    /// [`B_ROWS_MAX`] elements. `gemm` packs a small column-major `b` slowly: a
     /// recurrent step's 16x128x32 took 1.74 us that way and 0.74 with a row-major `b`, the copy
     /// 0.24 us (a standalone `gemm` 0.19 timing on this machine). A large `b` is not: copying
     /// dense-large's 1024x1024 weight made its product 1.6x slower (the copy's stores stride
     /// through 4 MB).
     fn b_to_rows(&self) -> bool {
+        let shared = self.batch > 1 && self.b.batch == 0;
         self.b.row == 1
             && self.b.col >= self.k as isize
-            && self.k >= 16
+            && (self.k >= 16 || shared)
             && self.n >= 16
             && self.k * self.n <= B_ROWS_MAX
             && avx512_here()
     }
 
-    /// One entry through `gemm` with its column-major `b` first copied to rows, in a buffer of
-    /// the calling thread (kept for the next call).
-    unsafe fn gemm_rows(&self, a: *mut u8, b: *mut u8, c: *mut u8, threaded: bool) {
+    /// Entries `(a, b, c)` through `gemm` with their column-major `b` first copied to rows, in a
+    /// buffer of the calling thread (kept for the next call); consecutive entries that share
+    /// their `b` (a weight broadcast over the batch) share one copy.
+    unsafe fn gemm_rows(&self, entries: impl Iterator<Item = (*mut u8, *mut u8, *mut u8)>, threaded: bool) {
         let (k, n) = (self.k, self.n);
         B_ROWS.with_borrow_mut(|rows| {
             if rows.len() < k * n {
                 rows.resize(k * n, 0.0);
             }
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `b` holds the entry's `k x n` matrix, columns `b.col` apart (checked in
-            // `new`); `rows` holds `k * n`; `b_to_rows` found AVX-512F.
-            unsafe {
-                columns_to_rows(b as *const f32, self.b.col as usize, k, n, rows.as_mut_ptr())
-            }
             let launch = MatmulLaunch { b: Strides { row: n as isize, col: 1, ..self.b }, ..self.clone() };
-            // SAFETY: as for `gemm`, with `b` now the row-major copy.
-            unsafe { launch.gemm::<f32>(a, rows.as_mut_ptr() as *mut u8, c, threaded) }
+            let mut copied: Option<*mut u8> = None;
+            for (a, b, c) in entries {
+                if copied != Some(b) {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `b` holds the entry's `k x n` matrix, columns `b.col` apart (checked
+                    // in `new`); `rows` holds `k * n`; `b_to_rows` found AVX-512F.
+                    unsafe {
+                        columns_to_rows(b as *const f32, self.b.col as usize, k, n, rows.as_mut_ptr())
+                    }
+                    copied = Some(b);
+                }
+                // SAFETY: as for `gemm`, with `b` now the row-major copy.
+                unsafe { launch.gemm::<f32>(a, rows.as_mut_ptr() as *mut u8, c, threaded) }
+            }
         })
     }
 
@@ -783,6 +801,40 @@ mod tests {
         unsafe { launch.run(args.as_ptr()) };
         for (e, (&got, &want)) in c.iter().zip(&want).enumerate() {
             assert!((got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at {e}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn a_batch_sharing_a_column_major_weight_matches_the_definition() {
+        // Entries of `x @ w` with one column-major `w` for all (copied to rows once), `k` below
+        // one 16x16 block and not a multiple of it.
+        for (batch, m, n, k) in [(3, 5, 20, 8), (4, 17, 33, 19), (2, 16, 128, 32)] {
+            let launch = MatmulLaunch {
+                dtype: DType::F32,
+                batch,
+                m,
+                n,
+                k,
+                a: Strides { param: 0, offset: 0, batch: (m * k) as isize, row: k as isize, col: 1 },
+                b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
+                c: Strides { param: 2, offset: 0, batch: (m * n) as isize, row: n as isize, col: 1 },
+                accumulate: false,
+            };
+            let mut a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+            let mut b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 44.0 - 1.0).collect();
+            let mut c = vec![0f32; batch * m * n];
+            let args = [a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8, c.as_mut_ptr() as *mut u8];
+            // SAFETY: three buffers of the sizes the strides describe.
+            unsafe { launch.run(args.as_ptr()) };
+            for e in 0..batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        let want: f64 = (0..k).map(|p| a[e * m * k + i * k + p] as f64 * b[j * k + p] as f64).sum();
+                        let got = c[e * m * n + i * n + j] as f64;
+                        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{batch}x{m}x{n}x{k} at {e},{i},{j}");
+                    }
+                }
+            }
         }
     }
 
