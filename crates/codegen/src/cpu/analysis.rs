@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use lower::kir::{Acc, IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 
-use super::tile::{MAX_SLOTS, PARAMS, TileBinary, TileMode, TileUnary};
+use super::tile::{AROUND, AROUND_FULL, AROUND_POST, MAX_SLOTS, PARAMS, TileBinary, TileMode, TileUnary};
 use crate::error::{CodegenError, Result};
 
 /// Dtypes of the kernel's registers and accumulators.
@@ -278,6 +278,23 @@ pub(crate) struct Around {
     /// The routine is `TileUnary::Exp2Recip`: this `recip` took in the `exp2` (and the addition
     /// of `d`) that fed it.
     pub(crate) exp2_recip: bool,
+}
+
+impl Around {
+    /// The op code of the routine call for unary routine `op`: the routine (`Exp2Recip` where it
+    /// took in an exp2) with the `AROUND` bit, and the bits that say which optional steps run.
+    pub(crate) fn code(&self, op: TileUnary) -> i32 {
+        let op = if self.exp2_recip { TileUnary::Exp2Recip } else { op };
+        let set = |k: usize| self.params[k] != AroundParam::Neutral;
+        let mut code = op as i32 | AROUND;
+        if set(1) || set(3) {
+            code |= AROUND_FULL;
+        }
+        if set(4) || set(5) {
+            code |= AROUND_POST;
+        }
+        code
+    }
 }
 
 /// The value of one parameter of `tile::around`.

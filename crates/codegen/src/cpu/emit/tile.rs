@@ -9,9 +9,7 @@ use lower::kir::{Inst, Reg, Stmt, Var};
 use super::Emitter;
 use crate::cpu::analysis::{AroundParam, TilePlan, TileStep, tile_binary_op, tile_unary_op};
 use crate::cpu::helpers::Helper;
-use crate::cpu::tile::{
-    A_SCALAR, AROUND, AROUND_FULL, AROUND_POST, B_SCALAR, NEUTRAL, PARAMS, TILE, TileLevel, TileUnary,
-};
+use crate::cpu::tile::{A_SCALAR, B_SCALAR, NEUTRAL, PARAMS, TILE, TileLevel, TileUnary};
 use crate::error::{CodegenError, Result};
 
 /// Bytes of one scratch tile.
@@ -62,37 +60,27 @@ impl<'f> Emitter<'_, 'f> {
                         };
                         match inst {
                             Inst::Unary(op, r) => {
-                                let mut code = tile_unary_op(*op).ok_or_else(|| bad_plan("unary op"))? as i64;
-                                let mut src = *at.get(r).unwrap_or(&dst);
-                                if let Some(around) = plan.around.get(&i) {
-                                    src = *at.get(&around.src).ok_or_else(|| bad_plan("operand around"))?;
-                                    for (k, (param, neutral)) in around.params.iter().zip(NEUTRAL).enumerate() {
-                                        let v = match *param {
-                                            AroundParam::Neutral => s.b.ins().f32const(neutral),
-                                            AroundParam::Const(c) => s.b.ins().f32const(c),
-                                            AroundParam::Reg { reg, negate } => {
-                                                let v = s.scalar_reg(reg)?;
-                                                if negate { s.b.ins().fneg(v) } else { v }
-                                            }
-                                        };
-                                        s.b.ins().stack_store(types::I64, v, scratch, params_at + 4 * k as i32);
+                                let op = tile_unary_op(*op).ok_or_else(|| bad_plan("unary op"))?;
+                                let (code, src) = match plan.around.get(&i) {
+                                    Some(around) => {
+                                        for (k, (param, neutral)) in around.params.iter().zip(NEUTRAL).enumerate() {
+                                            let v = match *param {
+                                                AroundParam::Neutral => s.b.ins().f32const(neutral),
+                                                AroundParam::Const(c) => s.b.ins().f32const(c),
+                                                AroundParam::Reg { reg, negate } => {
+                                                    let v = s.scalar_reg(reg)?;
+                                                    if negate { s.b.ins().fneg(v) } else { v }
+                                                }
+                                            };
+                                            s.b.ins().stack_store(types::I64, v, scratch, params_at + 4 * k as i32);
+                                        }
+                                        reg = around.out;
+                                        let src = at.get(&around.src).ok_or_else(|| bad_plan("operand around"))?;
+                                        (around.code(op), *src)
                                     }
-                                    code |= AROUND as i64;
-                                    let set = |k: usize| around.params[k] != AroundParam::Neutral;
-                                    if set(1) || set(3) {
-                                        code |= AROUND_FULL as i64;
-                                    }
-                                    if set(4) || set(5) {
-                                        code |= AROUND_POST as i64;
-                                    }
-                                    if around.exp2_recip {
-                                        code = (code & !0xff) | TileUnary::Exp2Recip as i64;
-                                    }
-                                    reg = around.out;
-                                } else if !at.contains_key(r) {
-                                    return Err(bad_plan("unary operand"));
-                                }
-                                let code = s.b.ins().iconst(types::I32, code);
+                                    None => (op as i32, *at.get(r).ok_or_else(|| bad_plan("unary operand"))?),
+                                };
+                                let code = s.b.ins().iconst(types::I32, code as i64);
                                 let params = s.b.ins().stack_addr(types::I64, scratch, params_at);
                                 s.call_void(unary, &[code, dst, src, n, params]);
                             }
