@@ -327,16 +327,21 @@ fn matmul_batched_with_transposed_operand() {
     );
 }
 
-/// A bias whose sum is an output (nothing else reads it): the matmul accumulates onto the bias.
-#[test]
-fn matmul_bias_output_accumulates() {
-    let mut b = B::default();
+/// `x @ w + bias` for `x: [3, 4]`, `w: [4, 5]` and a `[1, 5]` bias broadcast over the rows.
+fn matmul_plus_bias(b: &mut B) -> NodeId {
     let x = b.f32(&[3, 4]);
     let w = b.f32(&[4, 5]);
     let bias = b.f32(&[1, 5]);
     let y = b.matmul(x, w);
     let be = b.expand_like(bias, y);
-    let z = b.bin(BinaryOp::Add, y, be);
+    b.bin(BinaryOp::Add, y, be)
+}
+
+/// A bias whose sum is an output (nothing else reads it): the matmul accumulates onto the bias.
+#[test]
+fn matmul_bias_output_accumulates() {
+    let mut b = B::default();
+    let z = matmul_plus_bias(&mut b);
     check(
         b.out(&[z]),
         expect![[r#"
@@ -371,12 +376,7 @@ fn matmul_bias_output_accumulates() {
 #[test]
 fn matmul_bias_relu() {
     let mut b = B::default();
-    let x = b.f32(&[3, 4]);
-    let w = b.f32(&[4, 5]);
-    let bias = b.f32(&[1, 5]);
-    let y = b.matmul(x, w);
-    let be = b.expand_like(bias, y);
-    let z = b.bin(BinaryOp::Add, y, be);
+    let z = matmul_plus_bias(&mut b);
     let zero = b.konst(0.0, &dims(&[3, 5]));
     let r = b.bin(BinaryOp::Max, z, zero);
     check(
