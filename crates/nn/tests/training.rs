@@ -2,13 +2,25 @@
 //! mode, `predict` runs without gradients, and a symbolic sequence length gives one program for
 //! every length.
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use kiln::{DType, Device, Dim, HostTensor, Tensor};
 use kiln_nn::*;
+
+/// Seeds the process-wide generator and holds it for the calling test: the tests of this file
+/// run on parallel threads, and one's `manual_seed` between another's seed and its draws changed
+/// that test's data (a loss ratio of 0.506 against the bound 0.5, seen once in a full run).
+fn seeded(seed: u64) -> MutexGuard<'static, ()> {
+    static RNG: Mutex<()> = Mutex::new(());
+    let guard = RNG.lock().unwrap_or_else(PoisonError::into_inner);
+    kiln::manual_seed(seed);
+    guard
+}
 
 #[test]
 fn fit_reduces_the_loss_of_small_models_on_both_devices() {
     for device in [Device::Interp, Device::Cpu] {
-        kiln::manual_seed(7);
+        let _rng = seeded(7);
         let mut model =
             Sequential::new().push(Linear::new(4, 16, true)).push(Activation::Silu).push(Linear::new(16, 2, true));
         model.to_device(device).unwrap();
@@ -23,7 +35,7 @@ fn fit_reduces_the_loss_of_small_models_on_both_devices() {
 
 #[test]
 fn classifier_with_conv_and_adamw_learns() {
-    kiln::manual_seed(11);
+    let _rng = seeded(11);
     let model = Sequential::new()
         .push(Conv2d::new(1, 4, (3, 3), (1, 1), (1, 1), 1, true).unwrap())
         .push(Activation::Relu)
@@ -41,7 +53,7 @@ fn classifier_with_conv_and_adamw_learns() {
 fn a_compiled_training_step_moves_batchnorms_running_statistics() {
     // BatchNorm first, so its batch statistics depend on the batches only: the running statistics
     // after the steps follow `(1 - 0.1) * running + 0.1 * batch` (unbiased variance) per channel.
-    kiln::manual_seed(5);
+    let _rng = seeded(5);
     let model = Sequential::new().push(BatchNorm2d::new(2, 1e-5)).push(Flatten).push(Linear::new(2 * 3 * 3, 1, true));
     let batches: Vec<(Tensor, Tensor)> = (0..3)
         .map(|i| (Tensor::randn(&[4, 2, 3, 3]).mul(1.0 + i as f64).add(i as f64), Tensor::randn(&[4, 1])))
@@ -86,6 +98,7 @@ fn var_f32(model: &Sequential) -> Vec<f64> {
 
 #[test]
 fn dropout_acts_only_in_training() {
+    let _rng = seeded(3);
     let x = Tensor::ones(&[1000], DType::F32);
     let mut dropout = Dropout::new(0.5);
     assert_eq!(dropout.forward(&x).sum_all().item::<f32>().unwrap(), 1000.0);
@@ -101,7 +114,7 @@ fn dropout_acts_only_in_training() {
 
 #[test]
 fn transformer_runs_with_a_symbolic_sequence_length() {
-    kiln::manual_seed(5);
+    let _rng = seeded(5);
     let model = Transformer::from_config(TransformerConfig {
         dim: 16,
         n_heads: 4,
