@@ -572,6 +572,11 @@ fn fold_around(
             steps[j] = TileStep::Absorbed;
             src = x;
         }
+        // A multiplication alone before the op is `a1`, which needs no `FULL` shape (`x * 1 + -0`
+        // then `min(_, inf)` leave `x` as it is, so `a1` and `a2` give the same value).
+        if params[..3].iter().all(|p| *p == AroundParam::Neutral) {
+            params.swap(0, 3);
+        }
         // Forwards from the result: a3 (4), then b3 (5).
         let mut result = *reg;
         let mut next = 4;

@@ -274,8 +274,15 @@ fn horner_f64(x: f32, c: &[f32]) -> f32 {
 /// `math.rs`'s `exp2`, step for step (with FMA; without, the polynomial is evaluated in f64).
 #[inline(always)]
 pub(crate) fn exp2<const FMA: bool>(x: f32) -> f32 {
+    exp2_capped::<FMA>(x, 130.0)
+}
+
+/// [`exp2`] with its upper clamp at `hi <= 130` instead of 130: `exp2(min(x, hi))` for a `hi`
+/// that is not NaN, in one comparison.
+#[inline(always)]
+fn exp2_capped<const FMA: bool>(x: f32, hi: f32) -> f32 {
     let x = if x < -160.0 { -160.0 } else { x };
-    let x = if x > 130.0 { 130.0 } else { x };
+    let x = if x > hi { hi } else { x };
     const MAGIC: f32 = 12_582_912.0;
     let t = x + MAGIC;
     let n = t - MAGIC;
@@ -345,6 +352,12 @@ fn around<const FULL: bool, const POST: bool>(x: f32, p: &[f32; PARAMS], f: impl
     let t = if FULL { x * p[0] + p[1] } else { x * p[0] };
     let t = if p[2] < t { p[2] } else { t };
     let y = if FULL { f(t * p[3]) } else { f(t) };
+    post::<POST>(y, p)
+}
+
+/// The steps of [`around`] after its op.
+#[inline(always)]
+fn post<const POST: bool>(y: f32, p: &[f32; PARAMS]) -> f32 {
     if POST { y * p[4] + p[5] } else { y }
 }
 
@@ -365,6 +378,16 @@ unsafe fn around_op<const FMA: bool, const FULL: bool, const POST: bool>(
             1 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, |t| -t)),
             2 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, f32::sqrt)),
             3 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, |t| 1.0 / t)),
+            // Without the steps between, `min(t, c1)` is exp2's own upper clamp moved to
+            // `min(c1, 130)` (the same value for every `t`, NaN included): one comparison less.
+            4 if !FULL => {
+                let hi = p[2].min(130.0);
+                map1(dst, src, n, |x| post::<POST>(exp2_capped::<FMA>(x * p[0], hi), p))
+            }
+            6 if !FULL => {
+                let hi = p[2].min(130.0);
+                map1(dst, src, n, |x| post::<POST>(1.0 / (exp2_capped::<FMA>(x * p[0], hi) + d), p))
+            }
             4 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, exp2::<FMA>)),
             5 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, log2::<FMA>)),
             6 => map1(dst, src, n, |x| around::<FULL, POST>(x, p, |t| 1.0 / (exp2::<FMA>(t) + d))),
