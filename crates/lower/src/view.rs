@@ -655,61 +655,41 @@ impl IndexCx {
             return Ok(if small { q } else { IExpr::add(q, IExpr::div(r, IExpr::Const(c))) });
         }
         let divisor = self.dim(d)?;
-        if let Some((q, _)) = self.split_symbolic(&e, &divisor) {
+        if let Some(q) = self.split_symbolic(&e, &divisor) {
             return Ok(q);
         }
         Ok(IExpr::div(e, divisor))
     }
 
-    /// `e = d * q + r` with `0 <= r < d` proven, for `d = c * s` (a constant `c > 0` times a
-    /// symbol `s`): `q` is the constant from the parts `k * s` of `e` with `c | k`, and `r` the
-    /// rest, which must be loop variables with non-negative coefficients plus a non-negative
-    /// constant, whose largest value (each variable at its extent minus one, extents constant or
-    /// a constant times a symbol plus a constant) is `d` minus a positive constant, with every
-    /// symbol cancelled. A stacked piece's window (`(i0*32 + i1 + s*288) / (s*32)` with `i0 <
-    /// s`, `i1 < 32`) is `9`. Returns `(q, r)`.
-    fn split_symbolic(&self, e: &IExpr, d: &IExpr) -> Option<(IExpr, IExpr)> {
+    /// `e / d` as a constant `q`, where `e = d * q + r` with `0 <= r < d` proven, for `d = c * s`
+    /// (a constant `c > 0` times a symbol `s`): `q` comes from the parts `k * s` of `e` with
+    /// `c | k`, and the rest `r` must be loop variables with non-negative coefficients plus a
+    /// non-negative constant, whose largest value (each variable at its extent minus one) is `d`
+    /// minus a positive constant, with every symbol cancelled. A stacked piece's window
+    /// (`(i0*32 + i1 + s*288) / (s*32)` with `i0 < s`, `i1 < 32`) is `9`.
+    fn split_symbolic(&self, e: &IExpr, d: &IExpr) -> Option<IExpr> {
         let ds = Sum::of(d)?;
         let [(IExpr::Sym(sym), c)] = ds.parts.as_slice() else { return None };
-        if ds.constant != 0 || *c <= 0 {
-            return None;
-        }
         let es = Sum::of(e)?;
-        let mut q = 0i64;
-        let mut r = Sum { parts: Vec::new(), constant: es.constant };
-        // The largest value of `r`: a constant and symbol coefficients.
-        let mut max_const = es.constant;
-        let mut max_syms: Vec<(u32, i64)> = Vec::new();
-        let add_sym = |n: u32, k: i64, syms: &mut Vec<(u32, i64)>| -> Option<()> {
-            match syms.iter_mut().find(|(m, _)| *m == n) {
-                Some((_, v)) => *v = v.checked_add(k)?,
-                None => syms.push((n, k)),
-            }
-            Some(())
-        };
-        if es.constant < 0 {
+        if ds.constant != 0 || *c <= 0 || es.constant < 0 {
             return None;
         }
+        let mut q = 0i64;
+        // `max(r) - d`, built up as a sum over the symbols.
+        let mut over = Sum { parts: Vec::new(), constant: es.constant };
         for (part, k) in &es.parts {
             match part {
                 IExpr::Sym(n) if n == sym && k % c == 0 => q = q.checked_add(k / c)?,
                 IExpr::Var(v) if *k >= 0 => {
-                    r.parts.push((part.clone(), *k));
-                    let extent = Sum::of(self.extent_exprs.get(v.0 as usize)?)?;
                     // k * (extent - 1)
-                    max_const = max_const.checked_add(k.checked_mul(extent.constant.checked_sub(1)?)?)?;
-                    for (p, ek) in &extent.parts {
-                        let IExpr::Sym(n) = p else { return None };
-                        add_sym(*n, k.checked_mul(*ek)?, &mut max_syms)?;
-                    }
+                    over.add(self.extent_exprs.get(v.0 as usize)?, *k)?;
+                    over.constant = over.constant.checked_sub(*k)?;
                 }
                 _ => return None,
             }
         }
-        // d - max(r) = c * s - max(r): every symbol cancelled, a positive constant left.
-        add_sym(*sym, -c, &mut max_syms)?;
-        let cancelled = max_syms.iter().all(|&(_, k)| k == 0);
-        (cancelled && max_const < 0).then(|| (IExpr::Const(q), r.expr()))
+        over.add(d, -1)?;
+        (over.parts.iter().all(|(_, k)| *k == 0) && over.constant < 0).then_some(IExpr::Const(q))
     }
 
     /// `e % d`, simplified to `e` when its known bounds lie in `[0, d)`, or, for a constant `d`,
