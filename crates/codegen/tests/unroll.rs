@@ -191,3 +191,75 @@ fn long_bodies_with_a_reduction_match_the_interpreter() {
         assert_bufs_close(&bufs[1], &want[1], 1e-5, &format!("reduction cols={cols}"));
     }
 }
+
+/// A body whose ops expand to many instructions (eight `exp2`s in 58 statements) counts by its
+/// expansion: two copies, where eight plain statements each would have been four.
+#[test]
+fn expensive_bodies_keep_two_copies_and_match_the_interpreter() {
+    let f = DType::F32;
+    let jit_only = Tiling { mode: TileMode::Off, level: TileLevel::Base };
+    let compiler = CpuCompiler::new().unwrap();
+    compiler.set_tiling(jit_only);
+    let mut body = vec![load(0, f, 0, i(0))];
+    let out = sigmoids(&mut body, 0, 1, 8);
+    body.push(store(1, i(0), out));
+    let chain = LoopKernel {
+        params: vec![p(f, Access::Read), p(f, Access::Write)],
+        n_syms: 1,
+        body: vec![for_(0, IExpr::Sym(0), true, body)],
+    };
+    let text = clif_text_with(&chain, jit_only).unwrap();
+    assert!(text.contains("+16") && !text.contains("+32"), "{text}");
+    for n in [0usize, 1, 7, 8, 9, 33] {
+        let a: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin() * 8.0).collect();
+        let mut bufs = [Buf::f32s(&a), Buf::zeros(f, n)];
+        let mut want = bufs.clone();
+        jit_with(&compiler, &chain, &mut bufs, &[n as i64], 0, n as i64);
+        eval(&chain, &mut want, &[n as i64], 0, n as i64);
+        assert_bufs_close(&bufs[1], &want[1], 1e-5, &format!("chain n={n}"));
+    }
+}
+
+/// An inner loop of a known trip count that the unrolled vector loop covers has no scalar tail
+/// (no scalar load in the kernel); one it does not cover keeps it. Both match the interpreter.
+#[test]
+fn a_covered_trip_count_has_no_scalar_tail() {
+    let f = DType::F32;
+    let jit_only = Tiling { mode: TileMode::Off, level: TileLevel::Base };
+    let compiler = CpuCompiler::new().unwrap();
+    compiler.set_tiling(jit_only);
+    let rows = |width: i64| {
+        let at = IExpr::Add(Box::new(IExpr::Mul(Box::new(i(0)), Box::new(c(width)))), Box::new(i(1)));
+        LoopKernel {
+            params: vec![p(f, Access::Read), p(f, Access::Write)],
+            n_syms: 1,
+            body: vec![for_(
+                0,
+                IExpr::Sym(0),
+                true,
+                vec![for_(
+                    1,
+                    c(width),
+                    false,
+                    vec![
+                        load(0, f, 0, at.clone()),
+                        let_(1, f, Inst::Unary(UnaryOp::Neg, r(0))),
+                        store(1, at.clone(), 1),
+                    ],
+                )],
+            )],
+        }
+    };
+    for (width, tail) in [(32, false), (34, true)] {
+        let k = rows(width);
+        let text = clif_text_with(&k, jit_only).unwrap();
+        assert_eq!(text.contains("load.f32 "), tail, "width {width}:\n{text}");
+        let n = 3usize;
+        let a: Vec<f32> = (0..n * width as usize).map(|j| j as f32 - 40.0).collect();
+        let mut bufs = [Buf::f32s(&a), Buf::zeros(f, a.len())];
+        let mut want = bufs.clone();
+        jit_with(&compiler, &k, &mut bufs, &[n as i64], 0, n as i64);
+        eval(&k, &mut want, &[n as i64], 0, n as i64);
+        assert_bufs_close(&bufs[1], &want[1], 0.0, &format!("rows of {width}"));
+    }
+}

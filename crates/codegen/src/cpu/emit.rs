@@ -165,7 +165,8 @@ pub(crate) fn emit_kernel(
 /// since the out-of-order window does not reach the next iteration. The copies are interleaved
 /// statement by statement, so four give four chains in flight; their constants then spill, but
 /// a reload is one cheap load. Past `UNROLLED_STMTS` statements in all, long bodies keep two
-/// copies (compile time grows with the unrolled size).
+/// copies (compile time grows with the unrolled size); `size` weighs each statement by what it
+/// expands to (`analysis::weighted_size`: an `exp2` is worth eight).
 fn unroll_factor(size: usize) -> i64 {
     const LONG_BODY: usize = 16;
     const UNROLLED_STMTS: usize = 256;

@@ -14,7 +14,7 @@ use crate::error::{CodegenError, Result};
 impl<'f> Emitter<'_, 'f> {
     pub(super) fn iexpr(&mut self, e: &IExpr) -> Result<Value> {
         Ok(match e {
-            IExpr::Const(c) => self.b.ins().iconst(types::I64, *c),
+            IExpr::Const(c) => self.iconst(types::I64, *c),
             IExpr::Var(v) => *self
                 .vars
                 .get(v)

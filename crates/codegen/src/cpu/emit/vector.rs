@@ -12,8 +12,9 @@ use crate::error::{CodegenError, Result};
 
 impl<'f> Emitter<'_, 'f> {
     /// Main loop of `unroll` vector bodies, then a scalar tail (fewer than `4 * unroll`
-    /// iterations). There is no one-vector loop between them: each body costs compile time
-    /// (about a third of a kernel's, for sigmoid), and the tail is short. A loop of a known,
+    /// iterations; none when the trip count is known to be a multiple of `4 * unroll`). There
+    /// is no one-vector loop between them: each body costs compile time (about a third of a
+    /// kernel's, for sigmoid), and the tail is short. A loop of a known,
     /// short trip count (`trips`: a pooling row of 13 outputs) unrolls less where that leaves
     /// fewer than 4 iterations to the scalar tail.
     pub(super) fn vector_loop(
@@ -116,6 +117,10 @@ impl<'f> Emitter<'_, 'f> {
             }
         }
 
+        // A known trip count that the main loop covers leaves no tail to emit.
+        if trips.is_some_and(|n| n % step == 0) {
+            return Ok(());
+        }
         self.counted_loop(i, hi, 1, |s, iv| {
             s.vars.insert(var, iv);
             s.emit_stmts(body)
