@@ -17,7 +17,11 @@ use crate::error::{Result, RuntimeError};
 use crate::parallel::{self, SendPtr};
 
 /// Below this many multiply-adds in one batch entry, a batched matmul splits its batch over the
-/// threads (each entry single-threaded) instead of threading inside each GEMM.
+/// threads (each entry single-threaded) instead of threading inside each GEMM. Larger entries
+/// split the batch too when it divides evenly over the threads: 32 entries of
+/// (128x256)@(256x512) ran at 354 GFLOP/s with each GEMM cut in two (a fork and join per entry,
+/// and each half packing its operands) and 371 with 16 whole entries per thread (`kiln bench
+/// tree-matmul`, 2 threads).
 const SPLIT_BATCH_BELOW: u128 = 1 << 20;
 
 /// Below this many multiply-adds in total, a batched matmul runs on the calling thread.
@@ -458,7 +462,8 @@ impl MatmulLaunch {
         let ptrs = (SendPtr(a), SendPtr(b), SendPtr(c));
         let macs_per_entry = self.m as u128 * self.n as u128 * self.k as u128;
         let threads = parallel::threads();
-        if self.batch > 1 && macs_per_entry < SPLIT_BATCH_BELOW && self.macs() >= PARALLEL_MIN_MACS && threads > 1 {
+        let split_batch = macs_per_entry < SPLIT_BATCH_BELOW || self.batch.is_multiple_of(threads);
+        if self.batch > 1 && split_batch && self.macs() >= PARALLEL_MIN_MACS && threads > 1 {
             parallel::for_chunks(self.batch, threads, &|lo, hi| {
                 // SAFETY: batch entries `lo..hi` are within the checked bounds; distinct chunks
                 // write distinct entries of `c` (the lowering never aliases c's batch entries).
