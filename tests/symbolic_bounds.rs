@@ -386,3 +386,24 @@ proptest! {
         }
     }
 }
+/// Found by the property test above: rows `0..m` of a broadcast row, shrunk to none, then padded
+/// by one row. The padding's mask had kept the broadcast's range `0..m` (it cannot clamp a
+/// symbolic bound to the shrunk size 0), so with `m = 1` the CPU read the row instead of the pad.
+#[test]
+fn padding_a_dim_shrunk_to_nothing_reads_only_the_padding() {
+    let steps = [
+        Step::Pad { axis: 1, before: 0, after: 1 },
+        Step::Expand { axis: 0, to: 2 },
+        Step::Shrink { axis: 0, start: 0, len: 0 },
+        Step::Pad { axis: 0, before: 0, after: 1 },
+    ];
+    let graph = build(0, 0, &steps);
+    let ty = graph.ty(graph.input_nodes()[0].1).clone();
+    for m in 0..3 {
+        let bind = bindings(&[("n", 0), ("m", m)]);
+        let shape = air::interp::eval_dims(&ty.shape, &bind).unwrap();
+        let x = HostTensor::from_vec(data(shape.iter().product()), shape).unwrap();
+        let out = run_everywhere(&graph, &[x], &bind).expect("in bounds");
+        assert_eq!(out[0].as_slice::<f32>().unwrap(), &[0.25; 3], "m = {m}");
+    }
+}

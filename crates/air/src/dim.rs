@@ -103,6 +103,16 @@ impl Dim {
         }
     }
 
+    /// Whether this dim is at least 0 whatever its symbols' values, which are sizes and
+    /// positions and so never negative: a constant of at least 0, or a polynomial whose every
+    /// coefficient (the constant term included) is at least 0.
+    pub fn provably_nonneg(&self) -> bool {
+        match self {
+            Dim::Const(c) => *c >= 0,
+            Dim::Sym(p) => p.terms.values().all(|&c| c >= 0),
+        }
+    }
+
     /// Whether this dim is a constant ([`Dim::Const`]).
     pub fn is_const(&self) -> bool {
         matches!(self, Dim::Const(_))

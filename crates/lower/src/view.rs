@@ -155,28 +155,31 @@ impl View {
         v
     }
 
-    fn pad(&self, padding: &[(Dim, Dim)]) -> View {
+    /// `None` when the valid range of some dim is not known to lie within the dim (a range
+    /// reaching past a shrunk dim's symbolic edge): the padding then goes on a view of its own.
+    fn pad(&self, padding: &[(Dim, Dim)]) -> Option<View> {
         let mut offset = self.offset.clone();
         for (d, (before, _)) in padding.iter().enumerate() {
             offset = &offset - &(before * &self.strides[d]);
         }
         // The valid range is clamped to the dim before it is shifted: past the old edges lie the
         // new padding's positions, which a range reaching beyond them (left by a shrink) must
-        // not cover.
-        let mask = self
-            .mask_or_full()
-            .iter()
-            .zip(&self.shape)
-            .zip(padding)
-            .map(|(((lo, hi), size), (b, _))| {
-                let lo = if lo.as_const().is_some_and(|l| l < 0) { Dim::Const(0) } else { lo.clone() };
-                let hi = match (hi.as_const(), size.as_const()) {
-                    (Some(h), Some(s)) if h > s => size.clone(),
-                    _ => hi.clone(),
-                };
-                (&lo + b, &hi + b)
-            })
-            .collect();
+        // not cover. A range whose clamp is not a constant cannot be expressed in the mask (a
+        // range `0..m` over a dim shrunk to 0 had kept `m` rows valid).
+        let mut mask = Vec::with_capacity(self.shape.len());
+        for (((lo, hi), size), (b, _)) in self.mask_or_full().iter().zip(&self.shape).zip(padding) {
+            let lo = match lo.as_const() {
+                Some(l) => Dim::Const(l.max(0)),
+                None if lo.provably_nonneg() => lo.clone(),
+                None => return None,
+            };
+            let hi = match (hi.as_const(), size.as_const()) {
+                (Some(h), Some(s)) => Dim::Const(h.min(s)),
+                _ if (size - hi).provably_nonneg() => hi.clone(),
+                _ => return None,
+            };
+            mask.push((&lo + b, &hi + b));
+        }
         let mut v = View {
             shape: self.shape.iter().zip(padding).map(|(s, (b, a))| &(s + b) + a).collect(),
             strides: self.strides.clone(),
@@ -184,7 +187,7 @@ impl View {
             mask: Some(mask),
         };
         v.normalize_mask();
-        v
+        Some(v)
     }
 
     /// Reshapes this view in place of pushing a new one, when every group of dims that the
@@ -381,7 +384,16 @@ impl ViewStack {
                     }
                 }
             },
-            Movement::Pad(p) => self.views[top] = self.views[top].pad(p),
+            Movement::Pad(p) => match self.views[top].pad(p) {
+                Some(v) => self.views[top] = v,
+                None => {
+                    self.push_contiguous();
+                    let top = self.views.len() - 1;
+                    if let Some(v) = self.views[top].pad(p) {
+                        self.views[top] = v;
+                    }
+                }
+            },
             Movement::Shrink(r) => self.views[top] = self.views[top].shrink(r),
         }
     }
