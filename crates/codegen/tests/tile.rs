@@ -9,7 +9,7 @@ mod common;
 use air::{BinaryOp, DType, Scalar, UnaryOp};
 use common::*;
 use kiln_codegen::{CpuCompiler, TileLevel, TileMode, Tiling};
-use lower::kir::{Access, Inst, LoopKernel, Stmt};
+use lower::kir::{Access, IExpr, Inst, LoopKernel, Stmt};
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -46,7 +46,8 @@ fn tree(unary: Vec<UnaryOp>) -> impl Strategy<Value = Expr> {
     })
 }
 
-fn lower_expr(e: &Expr, out: &mut Vec<Stmt>, next: &mut u32) -> u32 {
+/// `e` as statements, its inputs `in_b[index(b)]`.
+fn lower_expr(e: &Expr, out: &mut Vec<Stmt>, next: &mut u32, index: &dyn Fn(u32) -> IExpr) -> u32 {
     let mut fresh = |out: &mut Vec<Stmt>, inst: Inst| {
         let r = *next;
         *next += 1;
@@ -54,19 +55,19 @@ fn lower_expr(e: &Expr, out: &mut Vec<Stmt>, next: &mut u32) -> u32 {
         r
     };
     match e {
-        Expr::Input(b) => fresh(out, Inst::Load { buf: *b, index: i(0), mask: None, other: Scalar::Int(0) }),
+        Expr::Input(b) => fresh(out, Inst::Load { buf: *b, index: index(*b), mask: None, other: Scalar::Int(0) }),
         Expr::Broadcast(b) => fresh(out, Inst::Load { buf: *b, index: c(0), mask: None, other: Scalar::Int(0) }),
         Expr::Const(x) => fresh(out, Inst::Const(Scalar::Float(*x as f64))),
         Expr::Unary(op, a) => {
-            let a = lower_expr(a, out, next);
+            let a = lower_expr(a, out, next, index);
             let r = *next;
             *next += 1;
             out.push(let_(r, DType::F32, Inst::Unary(*op, common::r(a))));
             r
         }
         Expr::Binary(op, a, b) => {
-            let a = lower_expr(a, out, next);
-            let b = lower_expr(b, out, next);
+            let a = lower_expr(a, out, next, index);
+            let b = lower_expr(b, out, next, index);
             let r = *next;
             *next += 1;
             out.push(let_(r, DType::F32, Inst::Binary(*op, common::r(a), common::r(b))));
@@ -79,7 +80,7 @@ fn lower_expr(e: &Expr, out: &mut Vec<Stmt>, next: &mut u32) -> u32 {
 fn kernel(e: &Expr, twice: bool) -> LoopKernel {
     let mut body = Vec::new();
     let mut next = 0;
-    let out = lower_expr(e, &mut body, &mut next);
+    let out = lower_expr(e, &mut body, &mut next, &|_| i(0));
     body.push(store(3, i(0), out));
     if twice {
         body.push(store(4, i(0), out));
@@ -167,6 +168,113 @@ proptest! {
     }
 }
 
+/// `out3[r*o0 + j] = e` (and `out4[r*o1 + j] = e` when `twice`) for rows `r < s0` of `width`
+/// elements `j`, input `b` read at `in_b[r*strides[b] + j]`, a constant before the row loop:
+/// the shape `analysis::tile_rows_plan` tiles as whole rows.
+fn rows_kernel(e: &Expr, width: i64, strides: [i64; 3], outs: [i64; 2], twice: bool) -> LoopKernel {
+    let at = |stride: i64| IExpr::add(IExpr::mul(i(0), c(stride)), i(1));
+    let mut inner = Vec::new();
+    let mut next = 1;
+    let out = lower_expr(e, &mut inner, &mut next, &|b| at(strides[b as usize]));
+    inner.push(store(3, at(outs[0]), out));
+    if twice {
+        inner.push(store(4, at(outs[1]), out));
+    }
+    let d = DType::F32;
+    let row = vec![let_(0, d, Inst::Const(Scalar::Float(0.5))), for_(1, c(width), false, inner)];
+    LoopKernel {
+        params: vec![
+            p(d, Access::Read),
+            p(d, Access::Read),
+            p(d, Access::Read),
+            p(d, Access::Write),
+            p(d, Access::Write),
+        ],
+        n_syms: 1,
+        body: vec![for_(0, IExpr::Sym(0), true, row)],
+    }
+}
+
+/// Buffers for `rows` rows of `rows_kernel` with the widest stride `span`.
+fn rows_inputs(rows: usize, span: usize, seed: u64) -> Vec<Buf> {
+    let n = rows * span;
+    (0..3)
+        .map(|j| Buf::from_vals(DType::F32, &sample(DType::F32, n, seed + j)))
+        .chain([Buf::zeros(DType::F32, n), Buf::zeros(DType::F32, n)])
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Rows tiled whole (adjacent rows read and written in place, others gathered and
+    /// scattered through scratch tiles, the last tile partial, the rows split between two
+    /// calls) against the evaluator bit for bit (exact ops) and the JIT (exp2, log2); widths
+    /// that do not divide a tile keep the JIT's loops and must agree too.
+    #[test]
+    fn rows_tiled_whole_match_the_evaluator_and_the_jit(
+        exact in tree(vec![UnaryOp::Neg, UnaryOp::Sqrt, UnaryOp::Recip]),
+        heavy in tree(vec![UnaryOp::Neg, UnaryOp::Recip, UnaryOp::Exp2, UnaryOp::Log2]),
+        width in proptest::sample::select(vec![8i64, 16, 32, 48, 60]),
+        pads in proptest::array::uniform3(0i64..3),
+        outs in proptest::array::uniform2(0i64..2),
+        rows in 0usize..70,
+        split in 0usize..70,
+        seed in 0u64..1000,
+    ) {
+        let strides = pads.map(|p| width + 5 * p);
+        let outs = outs.map(|p| width + 3 * p);
+        let span = (width + 10) as usize;
+        let run = |c: &CpuCompiler, k: &LoopKernel| {
+            let mut bufs = rows_inputs(rows, span, seed);
+            let split = split.min(rows) as i64;
+            jit_with(c, k, &mut bufs, &[rows as i64], 0, split);
+            jit_with(c, k, &mut bufs, &[rows as i64], split, rows as i64);
+            bufs
+        };
+        let k = rows_kernel(&exact, width, strides, outs, true);
+        let mut want = rows_inputs(rows, span, seed);
+        eval(&k, &mut want, &[rows as i64], 0, rows as i64);
+        let k_heavy = rows_kernel(&heavy, width, strides, outs, false);
+        let jit = run(&compiler(TileMode::Off, TileLevel::Base), &k_heavy);
+        for level in [TileLevel::Avx512, TileLevel::Avx2Fma, TileLevel::Base] {
+            let c = compiler(TileMode::Always, level);
+            let got = run(&c, &k);
+            let what = format!("{exact:?} width {width} strides {strides:?} outs {outs:?} at {:?}", c.tiling().level);
+            assert_bufs_close(&got[3], &want[3], 0.0, &what);
+            assert_bufs_close(&got[4], &want[4], 0.0, &what);
+            if level.runs_here() && level != TileLevel::Base {
+                let got = run(&c, &k_heavy);
+                assert_bufs_close(&got[3], &jit[3], 0.0, &format!("{heavy:?} width {width} at {level:?}"));
+            }
+        }
+    }
+}
+
+/// An LSTM-like gate (rows of 32, the input's rows 128 apart) runs as routine calls over whole
+/// rows in `Auto` mode; rows of 60 (not dividing a tile) stay in the JIT's loops.
+#[test]
+fn short_rows_of_heavy_work_run_as_routine_calls() {
+    let heavy = Expr::Unary(
+        UnaryOp::Recip,
+        Box::new(Expr::Binary(
+            BinaryOp::Add,
+            Box::new(Expr::Unary(UnaryOp::Exp2, Box::new(Expr::Input(0)))),
+            Box::new(Expr::Const(1.0)),
+        )),
+    );
+    let auto = Tiling { mode: TileMode::Auto, level: TileLevel::Avx512 };
+    let calls = |width: i64| {
+        let text =
+            kiln_codegen::clif_text_with(&rows_kernel(&heavy, width, [128, 128, 128], [width, width], false), auto)
+                .unwrap();
+        text.lines().filter(|l| l.contains(" call ")).count()
+    };
+    // exp2, the addition and recip are one exp2-recip call, writing the output rows in place.
+    assert_eq!(calls(32), 1, "rows of 32 call the routine");
+    assert_eq!(calls(60), 0, "rows of 60 stay in the JIT");
+}
+
 /// A sigmoid, `1 / (1 + exp2(-x * log2 e))`, as the facade records it, 8 times over.
 fn sigmoid_chain(links: usize) -> LoopKernel {
     let d = DType::F32;
@@ -252,16 +360,18 @@ fn auto_tiles_loops_with_exp2_and_leaves_cheap_loops_to_the_jit() {
     assert_eq!(calls(&neg, auto), 0);
     assert_eq!(calls(&neg, Tiling { mode: TileMode::Always, level: TileLevel::Base }), 1);
     assert_eq!(calls(&sigmoid_chain(1), Tiling { mode: TileMode::Off, level: TileLevel::Base }), 0);
-    // A loop known to run 16 times (a softmax over 16 keys, inside an outer loop) stays in
-    // registers: five calls per 16 elements would cost more than the loop.
+    // A loop known to run 12 times inside an outer loop stays in registers: two calls per 12
+    // elements would cost more than the loop. Rows of 16 (dividing a tile) are tiled as whole
+    // rows, two calls per 32 rows (`short_rows_of_heavy_work_run_as_routine_calls`).
     let short = |trips: i64| {
         let mut k = sigmoid_chain(1);
         let Stmt::Loop { body, .. } = k.body.remove(0) else { unreachable!() };
         k.body = vec![for_(1, lower::kir::IExpr::Sym(0), true, vec![for_(0, c(trips), false, body)])];
         k
     };
-    assert_eq!(calls(&short(16), auto), 0);
-    assert_eq!(calls(&short(16), Tiling { mode: TileMode::Always, level: TileLevel::Base }), 2);
+    assert_eq!(calls(&short(12), auto), 0);
+    assert_eq!(calls(&short(12), Tiling { mode: TileMode::Always, level: TileLevel::Base }), 2);
+    assert_eq!(calls(&short(16), auto), 2);
     assert_eq!(calls(&short(64), auto), 2);
 }
 

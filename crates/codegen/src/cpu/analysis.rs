@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use lower::kir::{Acc, IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 
-use super::tile::{AROUND, AROUND_FULL, AROUND_POST, MAX_SLOTS, PARAMS, TileBinary, TileMode, TileUnary};
+use super::tile::{AROUND, AROUND_FULL, AROUND_POST, MAX_SLOTS, PARAMS, TILE, TileBinary, TileMode, TileUnary};
 use crate::error::{CodegenError, Result};
 
 /// Dtypes of the kernel's registers and accumulators.
@@ -666,4 +666,89 @@ fn fold_around(
         }
     }
     out
+}
+
+/// How a loop over rows runs as tiles of whole rows (see [`tile_rows_plan`]).
+pub(crate) struct RowsPlan {
+    /// The row loop's leading constants, emitted once before the tiles.
+    pub(crate) prefix: usize,
+    /// The inner loop's variable and its extent (the row width).
+    pub(crate) inner: Var,
+    pub(crate) width: i64,
+    /// The tile plan of the inner body (after the prefix, which it also covers: `steps` has one
+    /// step per prefix statement and per inner statement, in that order).
+    pub(crate) tiles: TilePlan,
+    /// Accesses whose rows are not adjacent (a row stride other than the width), by statement
+    /// index into `steps`: each is gathered into, or scattered from, a scratch tile of its own.
+    pub(crate) strided: HashMap<usize, (IExpr, usize)>,
+}
+
+/// Decides whether the loop over `outer` with `body` (constants, then one inner loop of a known
+/// width `w < min_trips`) runs as tiles of `TILE / w` whole rows, the tile routines seeing each
+/// tile as `rows * w` contiguous elements: an LSTM's gates (16 rows of 32, five exp2s per
+/// element) otherwise stay in 128-bit JIT loops. Every load and store of the inner body must be
+/// contiguous along the row (coefficient 1 for the inner variable) and linear in the row; rows
+/// that lie `w` apart are read and written in place, others go through scratch tiles, copied
+/// row by row. Nothing else in the body may depend on the row.
+pub(crate) fn tile_rows_plan(
+    k: &LoopKernel,
+    info: &KernelInfo,
+    outer: Var,
+    body: &[Stmt],
+    mode: TileMode,
+    min_trips: i64,
+) -> Option<RowsPlan> {
+    let prefix = body.iter().take_while(|s| matches!(s, Stmt::Let { inst: Inst::Const(_), .. })).count();
+    let [Stmt::Loop { var: inner, extent, parallel: false, body: inner_body }] = &body[prefix..] else {
+        return None;
+    };
+    let width = extent.as_const()?;
+    if !(8..min_trips).contains(&width) || width % 4 != 0 || TILE % width != 0 {
+        return None;
+    }
+    let mut flat: Vec<Stmt> = body[..prefix].to_vec();
+    flat.extend(inner_body.iter().cloned());
+    // Each access's row stride (its coefficient for `outer`), which must be a constant or an
+    // expression free of both loop variables; an access that does not move along the row may
+    // not move with it either.
+    let mut strided = HashMap::new();
+    for (i, s) in flat.iter().enumerate() {
+        let index = match s {
+            Stmt::Let { inst: Inst::Load { index, .. }, .. } | Stmt::Store { index, .. } => index,
+            Stmt::Let { inst: Inst::Const(_) | Inst::Unary(..) | Inst::Binary(..), .. } => continue,
+            _ => return None,
+        };
+        if !index.uses(*inner) {
+            if index.uses(outer) {
+                return None;
+            }
+            continue;
+        }
+        let stride = index.linear_coeff(outer)?;
+        if stride.uses(outer) || stride.uses(*inner) {
+            return None;
+        }
+        if stride.as_const() != Some(width) {
+            strided.insert(i, (stride, 0));
+        }
+    }
+    let mut tiles = tile_plan(k, info, *inner, &flat, mode)?;
+    // A strided store gets its value from a scratch tile, never written in place.
+    for (j, s) in flat.iter().enumerate() {
+        if let (Stmt::Store { .. }, TileStep::Stored) = (s, tiles.steps[j])
+            && strided.contains_key(&j)
+        {
+            let i = tiles.steps.iter().position(|st| *st == TileStep::Direct(j))?;
+            tiles.steps[i] = TileStep::Slot(tiles.slots);
+            tiles.slots += 1;
+            tiles.steps[j] = TileStep::Copy;
+        }
+    }
+    for (i, (_, slot)) in strided.iter_mut() {
+        if matches!(flat[*i], Stmt::Let { .. }) {
+            *slot = tiles.slots;
+            tiles.slots += 1;
+        }
+    }
+    (tiles.slots <= MAX_SLOTS).then_some(RowsPlan { prefix, inner: *inner, width, tiles, strided })
 }

@@ -7,7 +7,7 @@ use cranelift_frontend::Variable;
 use lower::kir::{IExpr, Stmt, Var};
 
 use super::{Emitter, Indexed, LANES, acc_ty, vector_ty};
-use crate::cpu::analysis::{tile_plan, unrolls_fully, vector_plan};
+use crate::cpu::analysis::{tile_plan, tile_rows_plan, unrolls_fully, vector_plan};
 use crate::cpu::split;
 use crate::cpu::tile::TileMode;
 use crate::error::Result;
@@ -87,6 +87,17 @@ impl<'f> Emitter<'_, 'f> {
         };
         let saved_regs = self.regs.clone();
         let saved_vars = self.vars.clone();
+        // A loop over short rows of heavy work (each row below `TILE_MIN_TRIPS`) runs as tiles
+        // of whole rows when every access allows it.
+        let rows = (!self.vector() && extent.as_const().is_none_or(|n| n * 8 >= TILE_MIN_TRIPS))
+            .then(|| tile_rows_plan(self.k, self.info, var, body, self.tiling.mode, TILE_MIN_TRIPS))
+            .flatten();
+        if let Some(rows) = rows {
+            self.tile_rows_loop(var, (lo, hi), body, &rows)?;
+            self.regs = saved_regs;
+            self.vars = saved_vars;
+            return Ok(());
+        }
         let trips = if range.is_none() { extent.as_const() } else { None };
         // A loop known to be shorter than `TILE_MIN_TRIPS` stays in registers (in `Auto` mode):
         // a tile routine's call per op would cost more than the loop (a softmax over 16 keys).

@@ -1,13 +1,14 @@
 //! Tiled inner loops: the JIT-ed loop over tiles of `tile::TILE` elements that calls one
-//! full-width routine per varying statement (see `analysis::tile_plan` and `tile`).
+//! full-width routine per varying statement (see `analysis::tile_plan` and `tile`), and loops
+//! over short rows tiled as whole rows (`analysis::tile_rows_plan`).
 
 use std::collections::HashMap;
 
-use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value, types};
-use lower::kir::{Inst, Reg, Stmt, Var};
+use cranelift_codegen::ir::{InstBuilder, StackSlot, StackSlotData, StackSlotKind, Value, types};
+use lower::kir::{IExpr, Inst, Reg, Stmt, Var};
 
 use super::Emitter;
-use crate::cpu::analysis::{AroundParam, TilePlan, TileStep, tile_binary_op, tile_unary_op};
+use crate::cpu::analysis::{AroundParam, RowsPlan, TilePlan, TileStep, tile_binary_op, tile_unary_op};
 use crate::cpu::helpers::Helper;
 use crate::cpu::tile::{A_SCALAR, B_SCALAR, NEUTRAL, PARAMS, TILE, TileLevel, TileUnary};
 use crate::error::{CodegenError, Result};
@@ -19,17 +20,7 @@ impl<'f> Emitter<'_, 'f> {
     /// `for t in (lo..hi).step_by(TILE)`: the uniform statements as scalars, then each varying
     /// statement as one call over `min(TILE, hi - t)` elements.
     pub(super) fn tile_loop(&mut self, var: Var, lo: Value, hi: Value, body: &[Stmt], plan: &TilePlan) -> Result<()> {
-        let (unary, binary) = match self.tiling.level {
-            TileLevel::Avx512 => (Helper::TileUnaryAvx512, Helper::TileBinaryAvx512),
-            TileLevel::Avx2Fma => (Helper::TileUnaryAvx2, Helper::TileBinaryAvx2),
-            TileLevel::Base => (Helper::TileUnaryBase, Helper::TileBinaryBase),
-        };
-        // The scratch tiles, then 4 bytes for a scalar operand and the parameters of `around`;
-        // 32-byte aligned.
-        let size = (plan.slots as i64 * TILE_BYTES + 4 * (1 + PARAMS as i64)) as u32;
-        let scratch = self.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, size, 5));
-        let scalar_at = (plan.slots as i64 * TILE_BYTES) as i32;
-        let params_at = scalar_at + 4;
+        let scratch = self.scratch(plan.slots);
         let t = self.b.declare_var(types::I64);
         self.b.def_var(t, lo);
         self.counted_loop(t, hi, TILE, |s, tv| {
@@ -40,85 +31,234 @@ impl<'f> Emitter<'_, 'f> {
             // Where each varying register's tile is.
             let mut at: HashMap<Reg, Value> = HashMap::new();
             for (i, (stmt, step)) in body.iter().zip(&plan.steps).enumerate() {
-                match (stmt, *step) {
-                    (Stmt::Let { .. }, TileStep::Uniform) => s.emit_stmts(std::slice::from_ref(stmt))?,
-                    (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) => {
-                        let a = s.addr(*buf, index, air::DType::F32)?;
-                        at.insert(*reg, a);
-                    }
-                    (Stmt::Let { reg, inst, .. }, TileStep::Slot(_) | TileStep::Direct(_)) => {
-                        let mut reg = *reg;
-                        let dst = match *step {
-                            TileStep::Slot(n) => {
-                                s.b.ins().stack_addr(types::I64, scratch, n as i32 * TILE_BYTES as i32)
-                            }
-                            TileStep::Direct(j) => match &body[j] {
-                                Stmt::Store { buf, index, .. } => s.addr(*buf, index, air::DType::F32)?,
-                                _ => return Err(CodegenError::Invalid("tile plan: direct target is no store".into())),
-                            },
-                            _ => return Err(bad_plan("destination")),
-                        };
-                        match inst {
-                            Inst::Unary(op, r) => {
-                                let op = tile_unary_op(*op).ok_or_else(|| bad_plan("unary op"))?;
-                                let (code, src) = match plan.around.get(&i) {
-                                    Some(around) => {
-                                        for (k, (param, neutral)) in around.params.iter().zip(NEUTRAL).enumerate() {
-                                            let v = match *param {
-                                                AroundParam::Neutral => s.b.ins().f32const(neutral),
-                                                AroundParam::Const(c) => s.b.ins().f32const(c),
-                                                AroundParam::Reg { reg, negate } => {
-                                                    let v = s.scalar_reg(reg)?;
-                                                    if negate { s.b.ins().fneg(v) } else { v }
-                                                }
-                                            };
-                                            s.b.ins().stack_store(types::I64, v, scratch, params_at + 4 * k as i32);
-                                        }
-                                        reg = around.out;
-                                        let src = at.get(&around.src).ok_or_else(|| bad_plan("operand around"))?;
-                                        (around.code(op), *src)
-                                    }
-                                    None => (op as i32, *at.get(r).ok_or_else(|| bad_plan("unary operand"))?),
-                                };
-                                let code = s.b.ins().iconst(types::I32, code as i64);
-                                let params = s.b.ins().stack_addr(types::I64, scratch, params_at);
-                                s.call_void(unary, &[code, dst, src, n, params]);
-                            }
-                            Inst::Binary(op, a, b) => {
-                                let op = tile_binary_op(*op).ok_or_else(|| bad_plan("binary op"))?;
-                                let mut mode = op as i64;
-                                let mut operand = |s: &mut Self, r: &Reg, bit: i32| -> Result<Value> {
-                                    if let Some(p) = at.get(r) {
-                                        return Ok(*p);
-                                    }
-                                    let v = s.scalar_reg(*r)?;
-                                    s.b.ins().stack_store(types::I64, v, scratch, scalar_at);
-                                    mode |= bit as i64;
-                                    Ok(s.b.ins().stack_addr(types::I64, scratch, scalar_at))
-                                };
-                                let pa = operand(s, a, A_SCALAR)?;
-                                let pb = operand(s, b, B_SCALAR)?;
-                                let code = s.b.ins().iconst(types::I32, mode);
-                                s.call_void(binary, &[code, dst, pa, pb, n]);
-                            }
-                            _ => return Err(bad_plan("computed instruction")),
-                        }
-                        at.insert(reg, dst);
-                    }
-                    (Stmt::Store { .. }, TileStep::Stored) | (_, TileStep::Absorbed) => {}
-                    (Stmt::Store { buf, index, value }, TileStep::Copy) => {
-                        let src = *at.get(value).ok_or_else(|| bad_plan("stored value"))?;
-                        let dst = s.addr(*buf, index, air::DType::F32)?;
-                        let code = s.b.ins().iconst(types::I32, TileUnary::Copy as i64);
-                        let params = s.b.ins().stack_addr(types::I64, scratch, params_at);
-                        s.call_void(unary, &[code, dst, src, n, params]);
-                    }
-                    _ => return Err(bad_plan("statement")),
+                if let (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) = (stmt, *step) {
+                    let a = s.addr(*buf, index, air::DType::F32)?;
+                    at.insert(*reg, a);
+                    continue;
                 }
+                if let (Stmt::Store { buf, index, value }, TileStep::Copy) = (stmt, *step) {
+                    let src = *at.get(value).ok_or_else(|| bad_plan("stored value"))?;
+                    let dst = s.addr(*buf, index, air::DType::F32)?;
+                    s.tile_copy(&scratch, dst, src, n);
+                    continue;
+                }
+                s.tile_step(i, body, plan, &scratch, &mut at, n)?;
             }
             Ok(())
         })
     }
+
+    /// The loop over rows `lo..hi` of `outer` as tiles of whole rows ([`RowsPlan`]): the leading
+    /// constants once, then per tile of `rows` rows, the strided loads gathered row by row into
+    /// their scratch tiles, one routine call per computed step over `rows * width` elements,
+    /// and the strided stores scattered back.
+    pub(super) fn tile_rows_loop(
+        &mut self,
+        outer: Var,
+        (lo, hi): (Value, Value),
+        body: &[Stmt],
+        rows: &RowsPlan,
+    ) -> Result<()> {
+        let Some(Stmt::Loop { body: inner_body, .. }) = body.get(rows.prefix) else {
+            return Err(bad_plan("row loop"));
+        };
+        let mut flat: Vec<Stmt> = body[..rows.prefix].to_vec();
+        flat.extend(inner_body.iter().cloned());
+        let plan = &rows.tiles;
+        let scratch = self.scratch(plan.slots);
+        let per_tile = TILE / rows.width;
+        let t = self.b.declare_var(types::I64);
+        self.b.def_var(t, lo);
+        let zero = self.iconst(types::I64, 0);
+        self.vars.insert(rows.inner, zero);
+        self.counted_loop(t, hi, per_tile, |s, tv| {
+            // Addresses are those of the tile's first element: its first row, at column 0.
+            s.vars.insert(outer, tv);
+            let left = s.b.ins().isub(hi, tv);
+            let count = s.b.ins().iconst(types::I64, per_tile);
+            let count = s.b.ins().smin(left, count);
+            let n = s.b.ins().imul_imm_s(count, rows.width);
+            let mut at: HashMap<Reg, Value> = HashMap::new();
+            for (i, (stmt, step)) in flat.iter().zip(&plan.steps).enumerate() {
+                let strided = rows.strided.get(&i);
+                if let (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) = (stmt, *step) {
+                    let a = s.addr(*buf, index, air::DType::F32)?;
+                    let a = match strided {
+                        Some((stride, slot)) => {
+                            let tile = s.b.ins().stack_addr(types::I64, scratch.slot, *slot as i32 * TILE_BYTES as i32);
+                            s.copy_rows(count, rows.width, (a, stride), (tile, &IExpr::Const(rows.width)))?;
+                            tile
+                        }
+                        None => a,
+                    };
+                    at.insert(*reg, a);
+                    continue;
+                }
+                if let (Stmt::Store { buf, index, value }, TileStep::Copy) = (stmt, *step) {
+                    let src = *at.get(value).ok_or_else(|| bad_plan("stored value"))?;
+                    let dst = s.addr(*buf, index, air::DType::F32)?;
+                    match strided {
+                        Some((stride, _)) => {
+                            s.copy_rows(count, rows.width, (src, &IExpr::Const(rows.width)), (dst, stride))?
+                        }
+                        None => s.tile_copy(&scratch, dst, src, n),
+                    }
+                    continue;
+                }
+                s.tile_step(i, &flat, plan, &scratch, &mut at, n)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Copies `count` rows of `width` f32 from `src` to `dst`, rows `stride` elements apart on
+    /// each side, four lanes at a time.
+    fn copy_rows(
+        &mut self,
+        count: Value,
+        width: i64,
+        (src, src_stride): (Value, &IExpr),
+        (dst, dst_stride): (Value, &IExpr),
+    ) -> Result<()> {
+        let src_step = self.iexpr(src_stride)?;
+        let src_step = self.b.ins().ishl_imm_u(src_step, 2);
+        let dst_step = self.iexpr(dst_stride)?;
+        let dst_step = self.b.ins().ishl_imm_u(dst_step, 2);
+        let q = self.b.declare_var(types::I64);
+        let p = self.b.declare_var(types::I64);
+        let d = self.b.declare_var(types::I64);
+        let zero = self.iconst(types::I64, 0);
+        self.b.def_var(q, zero);
+        self.b.def_var(p, src);
+        self.b.def_var(d, dst);
+        let flags = self.flags;
+        self.counted_loop(q, count, 1, |s, _| {
+            let (from, to) = (s.b.use_var(p), s.b.use_var(d));
+            for c in (0..width as i32).step_by(4) {
+                let v = s.b.ins().load(types::F32X4, flags, from, 4 * c);
+                s.b.ins().store(flags, v, to, 4 * c);
+            }
+            let from = s.b.ins().iadd(from, src_step);
+            let to = s.b.ins().iadd(to, dst_step);
+            s.b.def_var(p, from);
+            s.b.def_var(d, to);
+            Ok(())
+        })
+    }
+
+    /// A kernel's scratch tiles: `slots` tiles, then 4 bytes for a scalar operand and the
+    /// parameters of `around`; 32-byte aligned.
+    fn scratch(&mut self, slots: usize) -> Scratch {
+        let size = (slots as i64 * TILE_BYTES + 4 * (1 + PARAMS as i64)) as u32;
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, size, 5));
+        let scalar_at = (slots as i64 * TILE_BYTES) as i32;
+        let (unary, binary) = match self.tiling.level {
+            TileLevel::Avx512 => (Helper::TileUnaryAvx512, Helper::TileBinaryAvx512),
+            TileLevel::Avx2Fma => (Helper::TileUnaryAvx2, Helper::TileBinaryAvx2),
+            TileLevel::Base => (Helper::TileUnaryBase, Helper::TileBinaryBase),
+        };
+        Scratch { slot, scalar_at, params_at: scalar_at + 4, unary, binary }
+    }
+
+    /// `n` elements from `src` to `dst` by the copy routine.
+    fn tile_copy(&mut self, scratch: &Scratch, dst: Value, src: Value, n: Value) {
+        let code = self.b.ins().iconst(types::I32, TileUnary::Copy as i64);
+        let params = self.b.ins().stack_addr(types::I64, scratch.slot, scratch.params_at);
+        self.call_void(scratch.unary, &[code, dst, src, n, params]);
+    }
+
+    /// Statement `i` of a tiled body (other than a varying load and a copying store, which the
+    /// loops place themselves): a uniform statement as a scalar, a computed one as one routine
+    /// call over `n` elements into its scratch tile or its store's destination.
+    fn tile_step(
+        &mut self,
+        i: usize,
+        body: &[Stmt],
+        plan: &TilePlan,
+        scratch: &Scratch,
+        at: &mut HashMap<Reg, Value>,
+        n: Value,
+    ) -> Result<()> {
+        let s = self;
+        let (stmt, step) = (&body[i], plan.steps[i]);
+        match (stmt, step) {
+            (Stmt::Let { .. }, TileStep::Uniform) => s.emit_stmts(std::slice::from_ref(stmt))?,
+            (Stmt::Let { reg, inst, .. }, TileStep::Slot(_) | TileStep::Direct(_)) => {
+                let mut reg = *reg;
+                let dst = match step {
+                    TileStep::Slot(n) => s.b.ins().stack_addr(types::I64, scratch.slot, n as i32 * TILE_BYTES as i32),
+                    TileStep::Direct(j) => match &body[j] {
+                        Stmt::Store { buf, index, .. } => s.addr(*buf, index, air::DType::F32)?,
+                        _ => return Err(CodegenError::Invalid("tile plan: direct target is no store".into())),
+                    },
+                    _ => return Err(bad_plan("destination")),
+                };
+                match inst {
+                    Inst::Unary(op, r) => {
+                        let op = tile_unary_op(*op).ok_or_else(|| bad_plan("unary op"))?;
+                        let (code, src) = match plan.around.get(&i) {
+                            Some(around) => {
+                                for (k, (param, neutral)) in around.params.iter().zip(NEUTRAL).enumerate() {
+                                    let v = match *param {
+                                        AroundParam::Neutral => s.b.ins().f32const(neutral),
+                                        AroundParam::Const(c) => s.b.ins().f32const(c),
+                                        AroundParam::Reg { reg, negate } => {
+                                            let v = s.scalar_reg(reg)?;
+                                            if negate { s.b.ins().fneg(v) } else { v }
+                                        }
+                                    };
+                                    s.b.ins().stack_store(
+                                        types::I64,
+                                        v,
+                                        scratch.slot,
+                                        scratch.params_at + 4 * k as i32,
+                                    );
+                                }
+                                reg = around.out;
+                                let src = at.get(&around.src).ok_or_else(|| bad_plan("operand around"))?;
+                                (around.code(op), *src)
+                            }
+                            None => (op as i32, *at.get(r).ok_or_else(|| bad_plan("unary operand"))?),
+                        };
+                        let code = s.b.ins().iconst(types::I32, code as i64);
+                        let params = s.b.ins().stack_addr(types::I64, scratch.slot, scratch.params_at);
+                        s.call_void(scratch.unary, &[code, dst, src, n, params]);
+                    }
+                    Inst::Binary(op, a, b) => {
+                        let op = tile_binary_op(*op).ok_or_else(|| bad_plan("binary op"))?;
+                        let mut mode = op as i64;
+                        let mut operand = |s: &mut Self, r: &Reg, bit: i32| -> Result<Value> {
+                            if let Some(p) = at.get(r) {
+                                return Ok(*p);
+                            }
+                            let v = s.scalar_reg(*r)?;
+                            s.b.ins().stack_store(types::I64, v, scratch.slot, scratch.scalar_at);
+                            mode |= bit as i64;
+                            Ok(s.b.ins().stack_addr(types::I64, scratch.slot, scratch.scalar_at))
+                        };
+                        let pa = operand(s, a, A_SCALAR)?;
+                        let pb = operand(s, b, B_SCALAR)?;
+                        let code = s.b.ins().iconst(types::I32, mode);
+                        s.call_void(scratch.binary, &[code, dst, pa, pb, n]);
+                    }
+                    _ => return Err(bad_plan("computed instruction")),
+                }
+                at.insert(reg, dst);
+            }
+            (Stmt::Store { .. }, TileStep::Stored) | (_, TileStep::Absorbed) => {}
+            _ => return Err(bad_plan("statement")),
+        }
+        Ok(())
+    }
+}
+
+/// A tiled kernel's stack scratch and the routines it calls.
+struct Scratch {
+    slot: StackSlot,
+    scalar_at: i32,
+    params_at: i32,
+    unary: Helper,
+    binary: Helper,
 }
 
 fn bad_plan(what: &str) -> CodegenError {
