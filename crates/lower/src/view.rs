@@ -3,10 +3,11 @@
 //!
 //! A `View` is a strided window (shape, strides, offset, optional validity mask) over the linear
 //! positions of what lies below it. Movement ops compose into the top view of a `ViewStack` when
-//! they can (permute, expand, shrink and pad always can; reshape can when the dims it merges are
-//! contiguous with each other). A reshape that cannot be merged pushes a new contiguous view: the
-//! index of the view below is then recovered with div/mod, which is the only place div/mod index
-//! math comes from. Dims stay symbolic (`air::Dim`) while views compose, so that merging decisions
+//! they can (permute and shrink always can; expand unless it broadcasts a dim whose mask is
+//! symbolic; pad unless a valid range is not provably inside its dim; reshape when the dims it
+//! merges are contiguous with each other). One that cannot pushes a new contiguous view: for a
+//! reshape, the index of the view below is then recovered with div/mod, which is the only place
+//! div/mod index math comes from. Dims stay symbolic (`air::Dim`) while views compose, so that merging decisions
 //! compare canonical polynomials; `IndexCx` turns them into kir `IExpr`s at the end, with symbol
 //! `n` of `Program::symbols` as `IExpr::Sym(n)`, and simplifies div/mod of affine expressions with
 //! the known loop extents (`(i0*6 + i1) / 6` is `i0` when `i1 < 6`).
