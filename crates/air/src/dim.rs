@@ -249,13 +249,23 @@ fn mul_polys(a: &Poly, b: &Poly, arith: Arith) -> Option<Poly> {
 }
 
 fn combine(a: &Dim, b: &Dim, op: char, arith: Arith) -> Option<Dim> {
-    if let (Dim::Const(x), Dim::Const(y)) = (a, b) {
-        return match op {
-            '+' => arith.add(*x, *y),
-            '-' => arith.add(*x, arith.mul(*y, -1)?),
-            _ => arith.mul(*x, *y),
+    match (a, b) {
+        (Dim::Const(x), Dim::Const(y)) => {
+            return match op {
+                '+' => arith.add(*x, *y),
+                '-' => arith.add(*x, arith.mul(*y, -1)?),
+                _ => arith.mul(*x, *y),
+            }
+            .map(Dim::Const);
         }
-        .map(Dim::Const);
+        // Adding 0 or multiplying by 1 or 0 keeps the other polynomial (shared, not rebuilt):
+        // view offsets and strides do this all the time, and a rebuilt polynomial is a new tree.
+        (p, Dim::Const(0)) if op != '*' => return Some(p.clone()),
+        (Dim::Const(0), p) if op == '+' => return Some(p.clone()),
+        (p, Dim::Const(1)) | (Dim::Const(1), p) if op == '*' => return Some(p.clone()),
+        (_, Dim::Const(0)) | (Dim::Const(0), _) if op == '*' => return Some(Dim::Const(0)),
+        (Dim::Sym(x), Dim::Sym(y)) if op == '-' && x == y => return Some(Dim::Const(0)),
+        _ => {}
     }
     let poly = match op {
         '+' => add_polys(a.to_poly(), &b.to_poly(), 1, arith)?,
