@@ -147,7 +147,9 @@ pub(crate) fn emit_kernel(
         consts: ConstPool::new(entry),
     };
     match k.body.as_slice() {
-        [Stmt::Loop { var, extent, parallel: true, body }] => e.emit_loop(*var, extent, body, Some((start, end)))?,
+        [Stmt::Loop { var, extent, parallel: true, body }] => {
+            e.emit_loop(*var, extent, body, Some((start, end)), None)?
+        }
         stmts => e.emit_stmts(stmts)?,
     }
     e.b.ins().return_(&[]);

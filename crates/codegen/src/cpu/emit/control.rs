@@ -23,7 +23,7 @@ impl<'f> Emitter<'_, 'f> {
                     let v = self.emit_inst(*dtype, inst)?;
                     self.regs.insert(*reg, v);
                 }
-                Stmt::Loop { var, extent, body, .. } => self.emit_loop(*var, extent, body, None)?,
+                Stmt::Loop { var, extent, body, .. } => self.emit_loop(*var, extent, body, None, None)?,
                 Stmt::AccInit { acc, dtype, op } => {
                     // In a vector body the accumulator is lane-wise (`analysis::vector_plan`).
                     let ty = if self.vector() { vector_ty(*dtype)? } else { acc_ty(*dtype, *op) };
@@ -53,26 +53,35 @@ impl<'f> Emitter<'_, 'f> {
         Ok(())
     }
 
+    /// The loop over `var` in `0..extent`, or in `range` (a thread's share of a parallel loop,
+    /// or a segment of a split loop, whose first value and trip count `segment` gives where
+    /// they are constants).
     pub(super) fn emit_loop(
         &mut self,
         var: Var,
         extent: &IExpr,
         body: &[Stmt],
         range: Option<(Value, Value)>,
+        segment: Option<(i64, Option<i64>)>,
     ) -> Result<()> {
         // Masks that compare `var` with constants (cut points) keep the whole loop scalar, so
         // the vector plan is only worth making without them.
         let cuts =
             if range.is_none() && !self.vector() { split::cuts(body, var, extent.as_const()) } else { Vec::new() };
         let plan = if self.vector() || !cuts.is_empty() { None } else { vector_plan(self.k, self.info, var, body) };
+        // The first value and trip count, where both are constants.
+        let known = match (range, segment) {
+            (None, _) => extent.as_const().map(|n| (0, n)),
+            (Some(_), Some((lo, Some(n)))) => Some((lo, n)),
+            _ => None,
+        };
         // A short loop unrolls fully, unless it holds at least one full vector of iterations
         // that the vector loop would run (inside a vector body, nested loops always unroll).
-        if range.is_none()
-            && let Some(n) = extent.as_const()
+        if let Some((lo, n)) = known
             && unrolls_fully(n, body)
             && (plan.is_none() || n < LANES)
         {
-            return self.unrolled_loop(var, n, body);
+            return self.unrolled_loop(var, lo, n, body);
         }
         if !cuts.is_empty() {
             return self.split_loop(var, extent, body, &cuts);
@@ -98,7 +107,7 @@ impl<'f> Emitter<'_, 'f> {
             self.vars = saved_vars;
             return Ok(());
         }
-        let trips = if range.is_none() { extent.as_const() } else { None };
+        let trips = known.map(|(_, n)| n);
         // A loop known to be shorter than `TILE_MIN_TRIPS` stays in registers (in `Auto` mode):
         // a tile routine's call per op would cost more than the loop (a softmax over 16 keys).
         let long_enough = trips.is_none_or(|n| n >= TILE_MIN_TRIPS) || self.tiling.mode == TileMode::Always;
@@ -135,18 +144,20 @@ impl<'f> Emitter<'_, 'f> {
                 Some(h) => self.iconst(types::I64, h),
                 None => ext,
             };
-            self.emit_loop(var, extent, &seg, Some((start, end)))?;
+            // Known only under a constant extent: a symbolic one may end the loop before a cut.
+            let trips = extent.as_const().map(|n| hi.unwrap_or(n).min(n) - lo);
+            self.emit_loop(var, extent, &seg, Some((start, end)), Some((lo, trips)))?;
             lo = hi.unwrap_or(lo);
         }
         Ok(())
     }
 
-    /// `body` once per value `0..n` of `var`, in straight-line code: the variable is a constant in
-    /// each copy, so its index arithmetic folds away and no loop control is left.
-    fn unrolled_loop(&mut self, var: Var, n: i64, body: &[Stmt]) -> Result<()> {
+    /// `body` once per value `lo..lo + n` of `var`, in straight-line code: the variable is a
+    /// constant in each copy, so its index arithmetic folds away and no loop control is left.
+    fn unrolled_loop(&mut self, var: Var, lo: i64, n: i64, body: &[Stmt]) -> Result<()> {
         let saved_regs = self.regs.clone();
         let saved_vars = self.vars.clone();
-        for j in 0..n {
+        for j in lo..lo + n {
             let iv = self.iconst(types::I64, j);
             self.vars.insert(var, iv);
             self.emit_stmts(body)?;
