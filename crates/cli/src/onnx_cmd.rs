@@ -139,8 +139,13 @@ pub fn render_profile(path: &Path, p: &Profiled) -> String {
 pub struct BenchResult {
     /// Reading and validating the file (decoding weights included), ms.
     pub load_ms: f64,
-    /// Building the graph, compiling it and the first run, ms.
+    /// Building the graph, compiling it and the first run, ms: the process's first (cold
+    /// caches, Cranelift's own code not yet in memory).
     pub first_call_ms: f64,
+    /// The same on the CPU in the warm process, every compile cache emptied before each
+    /// (median of [`WARM_FIRST_CALLS`]), like onnxruntime's session creation measured as the
+    /// median of several in one process. `None` on other devices.
+    pub warm_first_call_ms: Option<f64>,
     /// Median of steady calls of the compiled session (inputs bound, program run), ms.
     pub steady_ms: f64,
 }
@@ -167,5 +172,24 @@ pub fn bench(
     call()?;
     let first_call_ms = t0.elapsed().as_secs_f64() * 1e3;
     let steady_ms = measure_ms(budget, call)?;
-    Ok(BenchResult { load_ms, first_call_ms, steady_ms })
+    let warm_first_call_ms = match device {
+        Device::Cpu => {
+            let cpu = kiln::backend::cpu_device()?;
+            let mut times = Vec::with_capacity(WARM_FIRST_CALLS);
+            for _ in 0..WARM_FIRST_CALLS {
+                cpu.clear_caches();
+                let mut session = model.session();
+                let t0 = Instant::now();
+                session.run(&args)?;
+                times.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            Some(crate::timing::median(&times))
+        }
+        _ => None,
+    };
+    Ok(BenchResult { load_ms, first_call_ms, warm_first_call_ms, steady_ms })
 }
+
+/// First calls timed in the warm process by `kiln bench onnx` (onnxruntime's anchor creates its
+/// session five times too).
+pub const WARM_FIRST_CALLS: usize = 5;

@@ -120,6 +120,12 @@ impl<K: Hash + Eq, V> Lru<K, V> {
     pub fn clear(&mut self) {
         self.map.clear();
     }
+
+    /// Removes every entry and returns the values, for the caller to drop (outside any lock it
+    /// holds, if dropping them is costly).
+    pub fn drain(&mut self) -> Vec<V> {
+        self.map.drain().map(|(_, (v, _))| v).collect()
+    }
 }
 
 /// The capacity named by the environment variable `var` (a positive integer), else `default`.

@@ -59,6 +59,21 @@ fn cpu_caches_stay_at_their_bounds() {
     assert_eq!(dev.stats().programs_compiled, SHAPES as u64 + 1);
 }
 
+/// `clear_caches` empties both caches: the same graph lowers and compiles its kernel again, and an
+/// executable compiled before still runs.
+#[test]
+fn cleared_cpu_caches_compile_again() {
+    let dev = CpuDevice::new().unwrap();
+    let before: Arc<Executable> = dev.compile(&neg_graph(7)).unwrap();
+    dev.compile(&neg_graph(7)).unwrap();
+    assert_eq!((dev.stats().programs_compiled, dev.stats().kernels_compiled, dev.stats().cache_hits), (1, 1, 1));
+    dev.clear_caches();
+    assert_eq!((dev.cached_programs(), dev.cached_kernels()), (0, 0));
+    dev.compile(&neg_graph(7)).unwrap();
+    assert_eq!((dev.stats().programs_compiled, dev.stats().kernels_compiled, dev.stats().cache_hits), (2, 2, 1));
+    check_neg(|inputs| before.run(inputs, &Default::default()).unwrap(), 7);
+}
+
 #[test]
 fn cpu_executables_outlive_eviction_while_running() {
     let dev = CpuDevice::new().unwrap();
