@@ -85,18 +85,13 @@ fn kernel(e: &Expr, twice: bool) -> LoopKernel {
     if twice {
         body.push(store(4, i(0), out));
     }
+    LoopKernel { params: three_in_two_out(), n_syms: 1, body: vec![for_(0, lower::kir::IExpr::Sym(0), true, body)] }
+}
+
+/// Three f32 inputs, then two f32 outputs: the parameters of the test kernels.
+fn three_in_two_out() -> Vec<lower::kir::Param> {
     let d = DType::F32;
-    LoopKernel {
-        params: vec![
-            p(d, Access::Read),
-            p(d, Access::Read),
-            p(d, Access::Read),
-            p(d, Access::Write),
-            p(d, Access::Write),
-        ],
-        n_syms: 1,
-        body: vec![for_(0, lower::kir::IExpr::Sym(0), true, body)],
-    }
+    vec![p(d, Access::Read), p(d, Access::Read), p(d, Access::Read), p(d, Access::Write), p(d, Access::Write)]
 }
 
 fn compiler(mode: TileMode, level: TileLevel) -> CpuCompiler {
@@ -182,17 +177,7 @@ fn rows_kernel(e: &Expr, width: i64, strides: [i64; 3], outs: [i64; 2], twice: b
     }
     let d = DType::F32;
     let row = vec![let_(0, d, Inst::Const(Scalar::Float(0.5))), for_(1, c(width), false, inner)];
-    LoopKernel {
-        params: vec![
-            p(d, Access::Read),
-            p(d, Access::Read),
-            p(d, Access::Read),
-            p(d, Access::Write),
-            p(d, Access::Write),
-        ],
-        n_syms: 1,
-        body: vec![for_(0, IExpr::Sym(0), true, row)],
-    }
+    LoopKernel { params: three_in_two_out(), n_syms: 1, body: vec![for_(0, IExpr::Sym(0), true, row)] }
 }
 
 /// Buffers for `rows` rows of `rows_kernel` with the widest stride `span`.

@@ -125,22 +125,34 @@ fn sigmoids(body: &mut Vec<Stmt>, x: u32, first: u32, count: u32) -> u32 {
     x
 }
 
+/// `out[i]` = `count` sigmoids of `in[i]` applied in turn.
+fn sigmoid_chain(count: u32) -> LoopKernel {
+    let f = DType::F32;
+    let mut body = vec![load(0, f, 0, i(0))];
+    let out = sigmoids(&mut body, 0, 1, count);
+    body.push(store(1, i(0), out));
+    LoopKernel {
+        params: vec![p(f, Access::Read), p(f, Access::Write)],
+        n_syms: 1,
+        body: vec![for_(0, IExpr::Sym(0), true, body)],
+    }
+}
+
+/// The JIT-only tiling (no routine calls) and a compiler set to it.
+fn jit_only() -> (Tiling, CpuCompiler) {
+    let tiling = Tiling { mode: TileMode::Off, level: TileLevel::Base };
+    let compiler = CpuCompiler::new().unwrap();
+    compiler.set_tiling(tiling);
+    (tiling, compiler)
+}
+
 /// A fused chain of sigmoids is a long body: four copies, interleaved statement by statement
 /// (when the JIT runs it itself, not tiled: see tests/tile.rs for that).
 #[test]
 fn long_bodies_interleave_four_copies_and_match_the_interpreter() {
     let f = DType::F32;
-    let jit_only = Tiling { mode: TileMode::Off, level: TileLevel::Base };
-    let compiler = CpuCompiler::new().unwrap();
-    compiler.set_tiling(jit_only);
-    let mut body = vec![load(0, f, 0, i(0))];
-    let out = sigmoids(&mut body, 0, 1, 3);
-    body.push(store(1, i(0), out));
-    let chain = LoopKernel {
-        params: vec![p(f, Access::Read), p(f, Access::Write)],
-        n_syms: 1,
-        body: vec![for_(0, IExpr::Sym(0), true, body)],
-    };
+    let (jit_only, compiler) = jit_only();
+    let chain = sigmoid_chain(3);
     // Four interleaved copies: the second copy's first load (+16 bytes) comes before the first
     // copy's second statement, and the fourth copy's store is at +48.
     let text = clif_text_with(&chain, jit_only).unwrap();
@@ -197,17 +209,8 @@ fn long_bodies_with_a_reduction_match_the_interpreter() {
 #[test]
 fn expensive_bodies_keep_two_copies_and_match_the_interpreter() {
     let f = DType::F32;
-    let jit_only = Tiling { mode: TileMode::Off, level: TileLevel::Base };
-    let compiler = CpuCompiler::new().unwrap();
-    compiler.set_tiling(jit_only);
-    let mut body = vec![load(0, f, 0, i(0))];
-    let out = sigmoids(&mut body, 0, 1, 8);
-    body.push(store(1, i(0), out));
-    let chain = LoopKernel {
-        params: vec![p(f, Access::Read), p(f, Access::Write)],
-        n_syms: 1,
-        body: vec![for_(0, IExpr::Sym(0), true, body)],
-    };
+    let (jit_only, compiler) = jit_only();
+    let chain = sigmoid_chain(8);
     let text = clif_text_with(&chain, jit_only).unwrap();
     assert!(text.contains("+16") && !text.contains("+32"), "{text}");
     for n in [0usize, 1, 7, 8, 9, 33] {
@@ -225,9 +228,7 @@ fn expensive_bodies_keep_two_copies_and_match_the_interpreter() {
 #[test]
 fn a_covered_trip_count_has_no_scalar_tail() {
     let f = DType::F32;
-    let jit_only = Tiling { mode: TileMode::Off, level: TileLevel::Base };
-    let compiler = CpuCompiler::new().unwrap();
-    compiler.set_tiling(jit_only);
+    let (jit_only, compiler) = jit_only();
     let rows = |width: i64| {
         let at = IExpr::Add(Box::new(IExpr::Mul(Box::new(i(0)), Box::new(c(width)))), Box::new(i(1)));
         LoopKernel {

@@ -366,6 +366,21 @@ impl ViewStack {
         self.views.push(View::contiguous(&shape));
     }
 
+    /// Composes `op` into the top view, or, where it cannot compose, applies it to a new
+    /// contiguous view pushed on top (where it always composes).
+    fn compose_or_push(&mut self, op: impl Fn(&View) -> Option<View>) {
+        let top = self.views.len() - 1;
+        if let Some(v) = op(&self.views[top]) {
+            self.views[top] = v;
+            return;
+        }
+        self.push_contiguous();
+        let top = self.views.len() - 1;
+        if let Some(v) = op(&self.views[top]) {
+            self.views[top] = v;
+        }
+    }
+
     /// Applies one movement op on top of the stack.
     pub fn apply(&mut self, m: &Movement) {
         let top = self.views.len() - 1;
@@ -375,26 +390,8 @@ impl ViewStack {
                 None => self.views.push(View::contiguous(shape)),
             },
             Movement::Permute(perm) => self.views[top] = self.views[top].permute(perm),
-            Movement::Expand(shape) => match self.views[top].expand(shape) {
-                Some(v) => self.views[top] = v,
-                None => {
-                    self.push_contiguous();
-                    let top = self.views.len() - 1;
-                    if let Some(v) = self.views[top].expand(shape) {
-                        self.views[top] = v;
-                    }
-                }
-            },
-            Movement::Pad(p) => match self.views[top].pad(p) {
-                Some(v) => self.views[top] = v,
-                None => {
-                    self.push_contiguous();
-                    let top = self.views.len() - 1;
-                    if let Some(v) = self.views[top].pad(p) {
-                        self.views[top] = v;
-                    }
-                }
-            },
+            Movement::Expand(shape) => self.compose_or_push(|v| v.expand(shape)),
+            Movement::Pad(p) => self.compose_or_push(|v| v.pad(p)),
             Movement::Shrink(r) => self.views[top] = self.views[top].shrink(r),
         }
     }
