@@ -53,7 +53,7 @@ const DOT_PARALLEL_BYTES: usize = 1 << 18;
 /// KiB: the copy stays in L2).
 const B_ROWS_MAX: usize = 1 << 16;
 
-/// Whether this CPU has AVX-512F ([`dot4xn_avx512`], [`columns_to_rows`]).
+/// Whether this CPU has AVX-512F ([`dotrxn_avx512`], [`columns_to_rows`]).
 fn avx512_here() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -190,24 +190,29 @@ unsafe fn dot4_avx2(x: [*const f32; 4], y: *const f32, k: usize) -> [f32; 4] {
     }
 }
 
-/// `out[r][j] = dot(x[r], y[j], k)` for four rows and `N` columns at once, with AVX-512F: one
-/// 16-lane accumulator per output (`4 * N` chains in flight), the last `k % 16` products through
+/// `out[r][j] = dot(x[r], y[j], k)` for `R` rows and `N` columns at once, with AVX-512F: one
+/// 16-lane accumulator per output (`R * N` chains in flight), the last `k % 16` products through
 /// a masked load into the same accumulator, then the lanes summed. Each chunk of a row is loaded
-/// once for the `N` columns and each chunk of a column once for the four rows, so a 4x3 block
+/// once for the `N` columns and each chunk of a column once for the `R` rows, so a 4x3 block
 /// does 12 multiply-adds per 7 loads where [`dot4`] does 4 per 5. Every output is computed the
-/// same way whatever `N`, so a column's result does not depend on the block it falls in (nor on
-/// how the columns are split over threads).
+/// same way whatever `R` and `N`, so its result does not depend on the block it falls in (nor on
+/// how the columns are split over threads). The rows left below a multiple of four (an
+/// attention's three queries, a decoding step's one) take the same blocks with `R < 4`.
 ///
 /// # Safety
 /// Each `x[r]` and `y[j]` point to `k` readable `f32`, on a CPU with AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn dot4xn_avx512<const N: usize>(x: [*const f32; 4], y: [*const f32; N], k: usize) -> [[f32; N]; 4] {
+unsafe fn dotrxn_avx512<const R: usize, const N: usize>(
+    x: [*const f32; R],
+    y: [*const f32; N],
+    k: usize,
+) -> [[f32; N]; R] {
     use std::arch::x86_64::*;
     // SAFETY: every full load reads `[p, p + 16)` with `p + 16 <= k`; the masked tail reads only
     // the lanes below `k`.
     unsafe {
-        let mut acc = [[_mm512_setzero_ps(); N]; 4];
+        let mut acc = [[_mm512_setzero_ps(); N]; R];
         let mut p = 0;
         while p + 16 <= k {
             let cols = y.map(|c| _mm512_loadu_ps(c.add(p)));
@@ -230,6 +235,29 @@ unsafe fn dot4xn_avx512<const N: usize>(x: [*const f32; 4], y: [*const f32; N], 
             }
         }
         acc.map(|a| a.map(|v| _mm512_reduce_add_ps(v)))
+    }
+}
+
+/// [`dotrxn_avx512`] for `R` rows and the first `w` (3 or 1) of `cols`, as a block of three
+/// columns (the unused ones zero).
+///
+/// # Safety
+/// As for [`dotrxn_avx512`], for the rows and the first `w` columns.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn wide_block<const R: usize>(
+    rows: [*const f32; R],
+    cols: [*const f32; 3],
+    w: usize,
+    k: usize,
+) -> [[f32; 3]; R] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if w == 3 {
+            dotrxn_avx512::<R, 3>(rows, cols, k)
+        } else {
+            dotrxn_avx512::<R, 1>(rows, [cols[0]], k).map(|[d]| [d, 0.0, 0.0])
+        }
     }
 }
 
@@ -585,17 +613,16 @@ impl MatmulLaunch {
             };
             let mut j = lo;
             while j < hi {
-                // Blocks of three columns where AVX-512 computes them (see `dot4xn_avx512`).
+                // Blocks of three columns where AVX-512 computes them (see `dotrxn_avx512`).
                 let w = if wide && j + 3 <= hi { 3 } else { 1 };
+                let cols = [col(j), col((j + 1).min(hi - 1)), col((j + 2).min(hi - 1))];
                 let mut i = 0;
                 unsafe {
                     while i + 4 <= self.m {
                         let rows = [row(i), row(i + 1), row(i + 2), row(i + 3)];
-                        let d: [[f32; 3]; 4] = match (wide, w) {
+                        let d: [[f32; 3]; 4] = match wide {
                             #[cfg(target_arch = "x86_64")]
-                            (true, 3) => dot4xn_avx512::<3>(rows, [col(j), col(j + 1), col(j + 2)], self.k),
-                            #[cfg(target_arch = "x86_64")]
-                            (true, _) => dot4xn_avx512::<1>(rows, [col(j)], self.k).map(|[d]| [d, 0.0, 0.0]),
+                            true => wide_block(rows, cols, w, self.k),
                             _ => dot4(rows, col(j), self.k).map(|d| [d, 0.0, 0.0]),
                         };
                         for (r, d) in d.iter().enumerate() {
@@ -604,6 +631,23 @@ impl MatmulLaunch {
                             }
                         }
                         i += 4;
+                    }
+                    // The last one to three rows: the same blocks with fewer rows.
+                    #[cfg(target_arch = "x86_64")]
+                    if wide && i < self.m {
+                        let left = self.m - i;
+                        let mut d = [[0f32; 3]; 3];
+                        match left {
+                            1 => d[..1].copy_from_slice(&wide_block([row(i)], cols, w, self.k)),
+                            2 => d[..2].copy_from_slice(&wide_block([row(i), row(i + 1)], cols, w, self.k)),
+                            _ => d = wide_block([row(i), row(i + 1), row(i + 2)], cols, w, self.k),
+                        }
+                        for (r, d) in d[..left].iter().enumerate() {
+                            for (q, &d) in d[..w].iter().enumerate() {
+                                store(i + r, j + q, d);
+                            }
+                        }
+                        i = self.m;
                     }
                     for i in i..self.m {
                         for j in j..j + w {
@@ -875,9 +919,19 @@ mod tests {
     #[test]
     fn threaded_gemm_blocks_cover_every_column_and_row_once() {
         // Dot-shaped ones too (`b` column-major, at most `DOT_MAX_M` rows): four rows at a time
-        // and the rest one by one, `k` with and without 16- and 8-element tails.
+        // and the last one to three together, `k` with and without 16- and 8-element tails.
         let shapes = [(5, 200, 17), (7, 97, 300), (200, 5, 9), (130, 70, 33), (64, 64, 64), (1, 3, 2)];
-        let dots = [(4, 9, 16), (8, 33, 264), (11, 40, 259), (16, 5, 256), (3, 7, 9), (13, 300, 770)];
+        let dots = [
+            (4, 9, 16),
+            (8, 33, 264),
+            (11, 40, 259),
+            (16, 5, 256),
+            (3, 7, 9),
+            (13, 300, 770),
+            (1, 50, 64),
+            (2, 31, 40),
+            (1, 1, 8),
+        ];
         for &(m, n, k) in shapes.iter().chain(&dots) {
             for layout in 0..4 {
                 for accumulate in [false, true] {
