@@ -616,36 +616,32 @@ impl MatmulLaunch {
                 // Blocks of three columns where AVX-512 computes them (see `dotrxn_avx512`).
                 let w = if wide && j + 3 <= hi { 3 } else { 1 };
                 let cols = [col(j), col((j + 1).min(hi - 1)), col((j + 2).min(hi - 1))];
+                // Stores a block of dot products for rows `i..` and columns `j..j + w`.
+                let put = |i: usize, d: &[[f32; 3]]| {
+                    for (r, d) in d.iter().enumerate() {
+                        for (q, &d) in d[..w].iter().enumerate() {
+                            store(i + r, j + q, d);
+                        }
+                    }
+                };
                 let mut i = 0;
                 unsafe {
                     while i + 4 <= self.m {
                         let rows = [row(i), row(i + 1), row(i + 2), row(i + 3)];
-                        let d: [[f32; 3]; 4] = match wide {
+                        match wide {
                             #[cfg(target_arch = "x86_64")]
-                            true => wide_block(rows, cols, w, self.k),
-                            _ => dot4(rows, col(j), self.k).map(|d| [d, 0.0, 0.0]),
-                        };
-                        for (r, d) in d.iter().enumerate() {
-                            for (q, &d) in d[..w].iter().enumerate() {
-                                store(i + r, j + q, d);
-                            }
+                            true => put(i, &wide_block(rows, cols, w, self.k)),
+                            _ => put(i, &dot4(rows, col(j), self.k).map(|d| [d, 0.0, 0.0])),
                         }
                         i += 4;
                     }
                     // The last one to three rows: the same blocks with fewer rows.
                     #[cfg(target_arch = "x86_64")]
                     if wide && i < self.m {
-                        let left = self.m - i;
-                        let mut d = [[0f32; 3]; 3];
-                        match left {
-                            1 => d[..1].copy_from_slice(&wide_block([row(i)], cols, w, self.k)),
-                            2 => d[..2].copy_from_slice(&wide_block([row(i), row(i + 1)], cols, w, self.k)),
-                            _ => d = wide_block([row(i), row(i + 1), row(i + 2)], cols, w, self.k),
-                        }
-                        for (r, d) in d[..left].iter().enumerate() {
-                            for (q, &d) in d[..w].iter().enumerate() {
-                                store(i + r, j + q, d);
-                            }
+                        match self.m - i {
+                            1 => put(i, &wide_block([row(i)], cols, w, self.k)),
+                            2 => put(i, &wide_block([row(i), row(i + 1)], cols, w, self.k)),
+                            _ => put(i, &wide_block([row(i), row(i + 1), row(i + 2)], cols, w, self.k)),
                         }
                         i = self.m;
                     }
