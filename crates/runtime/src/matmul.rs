@@ -49,9 +49,22 @@ const GEMM_SPLIT_MIN: usize = 32;
 /// From this many bytes of `b`, a dot-shaped launch splits its columns over the threads.
 const DOT_PARALLEL_BYTES: usize = 1 << 18;
 
-/// The most elements of a column-major `b` that [`MatmulLaunch::gemm_rows`] copies to rows (256
-/// KiB: the copy stays in L2).
+/// The most elements of a column-major `b` that [`MatmulLaunch::gemm_rows`] copies to rows
+/// whatever its column stride (256 KiB: the copy stays in L2).
 const B_ROWS_MAX: usize = 1 << 16;
+
+/// The most elements of a column-major `b` copied to rows when its columns lie a multiple of
+/// [`B_ROWS_ALIASED_BYTES`] apart (16 MiB: the copy is kept by each thread that made it).
+const B_ROWS_ALIASED_MAX: usize = 1 << 22;
+
+/// Column strides (in bytes) that are multiples of this map `gemm`'s packing reads of 16 columns
+/// into a few L1 sets (see [`MatmulLaunch::b_to_rows`]).
+const B_ROWS_ALIASED_BYTES: usize = 2048;
+
+/// Floats of padding after each row of a copy to rows: rows of a power-of-two length would
+/// otherwise lie a multiple of 4 KiB apart, and the 16 rows each 16x16 block stores to would
+/// share an L1 set (a 1024x1024 copy took 730 us unpadded, 117 padded).
+const B_ROWS_PAD: usize = 16;
 
 /// Whether this CPU has AVX-512F ([`dotrxn_avx512`], [`columns_to_rows`]).
 fn avx512_here() -> bool {
@@ -297,25 +310,25 @@ unsafe fn transpose16(src: *const f32, src_row: usize, dst: *mut f32, dst_row: u
     }
 }
 
-/// `dst[p * n + j] = src[j * col + p]` for `p < k`, `j < n`: a column-major `k x n` matrix
-/// (columns `col` apart) copied to row-major, by 16x16 blocks ([`transpose16`]) and element by
-/// element at the edges.
+/// `dst[p * ld + j] = src[j * col + p]` for `p < k`, `j < n`: a column-major `k x n` matrix
+/// (columns `col` apart) copied to row-major (rows `ld >= n` apart), by 16x16 blocks
+/// ([`transpose16`]) and element by element at the edges.
 ///
 /// # Safety
-/// `src` holds the matrix; `dst` holds `k * n` elements; AVX-512F.
+/// `src` holds the matrix; `dst` holds `(k - 1) * ld + n` elements; AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn columns_to_rows(src: *const f32, col: usize, k: usize, n: usize, dst: *mut f32) {
+unsafe fn columns_to_rows(src: *const f32, col: usize, k: usize, n: usize, dst: *mut f32, ld: usize) {
     // SAFETY: every access is below `k` along columns and `n` across them.
     unsafe {
         for j0 in (0..n).step_by(16) {
             for p0 in (0..k).step_by(16) {
                 if j0 + 16 <= n && p0 + 16 <= k {
-                    transpose16(src.add(j0 * col + p0), col, dst.add(p0 * n + j0), n);
+                    transpose16(src.add(j0 * col + p0), col, dst.add(p0 * ld + j0), ld);
                 } else {
                     for j in j0..(j0 + 16).min(n) {
                         for p in p0..(p0 + 16).min(k) {
-                            *dst.add(p * n + j) = *src.add(j * col + p);
+                            *dst.add(p * ld + j) = *src.add(j * col + p);
                         }
                     }
                 }
@@ -549,19 +562,25 @@ impl MatmulLaunch {
 
     /// Whether an f32 entry's column-major `b` (a `Linear`'s `[out, in]` weight) is copied to rows
     /// before `gemm` ([`Self::gemm_rows`]): where the host has AVX-512F and `b` is at least 16x16
-    /// (or at least 16 columns shared by every entry of a batch: one copy for all) and at most
-    /// [`B_ROWS_MAX`] elements. `gemm` packs a small column-major `b` slowly: a
+    /// (or at least 16 columns shared by every entry of a batch: one copy for all) and either at
+    /// most [`B_ROWS_MAX`] elements or, up to [`B_ROWS_ALIASED_MAX`], with columns a multiple of
+    /// [`B_ROWS_ALIASED_BYTES`] apart. `gemm` packs a small column-major `b` slowly: a
     /// recurrent step's 16x128x32 took 1.74 us that way and 0.74 with a row-major `b`, the copy
-    /// 0.24 us (a standalone `gemm` 0.19 timing on this machine). A large `b` is not: copying
-    /// dense-large's 1024x1024 weight made its product 1.6x slower (the copy's stores stride
-    /// through 4 MB).
+    /// 0.24 us (a standalone `gemm` 0.19 timing). It packs a large one slowly when its columns
+    /// lie 2 KiB-multiples apart: (128x1024)@(1024x1024) took 2441 us column-major against 698
+    /// row-major plus 117 for the copy (dense-large's second layer), 128x768x3072 4532 against
+    /// 2002 + 623, 128x2048x512 1353 against 758 + 127; but 128x3072x768 (columns 3 KiB apart)
+    /// 2574 against 2040 + 666, so other strides keep `gemm`'s packing (medians of 25 calls of
+    /// `MatmulLaunch::run` and of the copy alone, AMD EPYC with AVX-512, 2 threads).
     fn b_to_rows(&self) -> bool {
         let shared = self.batch > 1 && self.b.batch == 0;
+        let elements = self.k * self.n;
+        let aliased = (self.b.col as usize * 4).is_multiple_of(B_ROWS_ALIASED_BYTES);
         self.b.row == 1
             && self.b.col >= self.k as isize
             && (self.k >= 16 || shared)
             && self.n >= 16
-            && self.k * self.n <= B_ROWS_MAX
+            && (elements <= B_ROWS_MAX || (aliased && elements <= B_ROWS_ALIASED_MAX))
             && avx512_here()
     }
 
@@ -570,19 +589,35 @@ impl MatmulLaunch {
     /// their `b` (a weight broadcast over the batch) share one copy.
     unsafe fn gemm_rows(&self, entries: impl Iterator<Item = (*mut u8, *mut u8, *mut u8)>, threaded: bool) {
         let (k, n) = (self.k, self.n);
+        let ld = n + B_ROWS_PAD;
         B_ROWS.with_borrow_mut(|rows| {
-            if rows.len() < k * n {
-                rows.resize(k * n, 0.0);
+            if rows.len() < k * ld {
+                rows.resize(k * ld, 0.0);
             }
-            let launch = MatmulLaunch { b: Strides { row: n as isize, col: 1, ..self.b }, ..self.clone() };
+            let launch = MatmulLaunch { b: Strides { row: ld as isize, col: 1, ..self.b }, ..self.clone() };
             let mut copied: Option<*mut u8> = None;
             for (a, b, c) in entries {
                 if copied != Some(b) {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `b` holds the entry's `k x n` matrix, columns `b.col` apart (checked
-                    // in `new`); `rows` holds `k * n`; `b_to_rows` found AVX-512F.
-                    unsafe {
-                        columns_to_rows(b as *const f32, self.b.col as usize, k, n, rows.as_mut_ptr())
+                    {
+                        let (src, dst) = (SendPtr(b), SendPtr(rows.as_mut_ptr() as *mut u8));
+                        let col = self.b.col as usize;
+                        // Columns `lo..hi` of the copy (block-aligned bounds).
+                        let copy = |lo: usize, hi: usize| {
+                            let (lo, hi) = (lo * 16, (hi * 16).min(n));
+                            let (src, dst) = (src.get() as *const f32, dst.get() as *mut f32);
+                            // SAFETY: `b` holds the entry's `k x n` matrix, columns `b.col` apart
+                            // (checked in `new`); `rows` holds `k * ld` with `ld >= n`; distinct
+                            // column ranges write distinct elements; `b_to_rows` found AVX-512F.
+                            unsafe { columns_to_rows(src.add(lo * col), col, k, hi - lo, dst.add(lo), ld) }
+                        };
+                        let blocks = n.div_ceil(16);
+                        let threads = parallel::threads();
+                        if threaded && threads > 1 && k * n >= B_ROWS_MAX {
+                            parallel::for_chunks(blocks, threads, &copy);
+                        } else {
+                            copy(0, blocks);
+                        }
                     }
                     copied = Some(b);
                 }
@@ -846,6 +881,32 @@ mod tests {
         unsafe { launch.run(args.as_ptr()) };
         for (e, (&got, &want)) in c.iter().zip(&want).enumerate() {
             assert!((got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at {e}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn a_large_column_major_weight_with_aliased_columns_is_copied_to_rows_and_matches() {
+        // Over `B_ROWS_MAX` elements, columns 4 and 8 KiB apart: copied to padded rows (on
+        // AVX-512 hosts), split over the threads, `n` not a multiple of 16; then a 3 KiB stride,
+        // which keeps `gemm`'s own packing.
+        for (m, n, k, copied) in [(40, 100, 1024, true), (33, 48, 2048, true), (40, 100, 768, false)] {
+            let b = Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize };
+            let launch = MatmulLaunch {
+                dtype: DType::F32,
+                batch: 1,
+                m,
+                n,
+                k,
+                a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
+                b,
+                c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
+                accumulate: false,
+            };
+            assert!(k * n > B_ROWS_MAX && !launch.is_dot_shaped());
+            assert_eq!(launch.b_to_rows(), copied && avx512_here(), "{m}x{n}x{k}");
+            for accumulate in [false, true] {
+                check(m, n, k, false, true, accumulate);
+            }
         }
     }
 
