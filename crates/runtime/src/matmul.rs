@@ -9,7 +9,9 @@
 //! a bounds check of every operand against its buffer: a launch never reads or writes outside the
 //! buffers it was given.
 
-use air::DType;
+use std::sync::{Arc, Weak};
+
+use air::{DType, HostData};
 use half::{bf16, f16};
 use lower::kir::{MatOperand, MatmulKernel};
 
@@ -342,6 +344,58 @@ thread_local! {
     static B_ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// A column-major weight copied to rows once and kept across runs while the weight is the same
+/// (ONNX Runtime prepacks constant weights when it creates a session; here the copy is made by
+/// the first run that sees a weight). `gemm` packs a column-major `b` more slowly than a
+/// row-major one: dense-large's (128x784)@(784x1024) and (128x1024)@(1024x1024) with their
+/// `Linear` weights as read (`[out, in]`, columns of `b` contiguous) take 590 and 1955 us
+/// against about 565 and 700 from rows.
+///
+/// "The same weight" is the same shared array: the copy holds a [`Weak`] reference to the
+/// input's `Arc<HostData>`, and a shared `HostData` cannot change (it has no interior
+/// mutability; `Arc::get_mut` fails while the `Weak` lives, and an array taken out with
+/// `Arc::try_unwrap` to be written in place leaves the `Weak` dead, so the next run copies
+/// again). The address and the launch's strides are compared too (an offset may move with a
+/// symbol).
+pub struct RowCopy {
+    source: Weak<HostData>,
+    /// `(address of b's first element, k, n, column stride)`.
+    key: (usize, usize, usize, isize),
+    rows: Vec<f32>,
+}
+
+impl RowCopy {
+    /// The copy of `launch`'s `b` (at `b`, the entry's first element, in the array `source`)
+    /// from `copy`, made again unless it is one of the same array, address and shape.
+    ///
+    /// # Safety
+    /// `b` points into `source`'s elements and holds the launch's `b` (its strides checked in
+    /// `MatmulLaunch::new`); `launch` came from [`MatmulLaunch::with_rows_copy`]'s receiver.
+    pub unsafe fn refresh(
+        copy: &mut Option<RowCopy>,
+        launch: &MatmulLaunch,
+        source: &Arc<HostData>,
+        b: *mut u8,
+        threaded: bool,
+    ) -> *mut u8 {
+        let key = (b as usize, launch.k, launch.n, launch.b.col);
+        let current =
+            copy.as_ref().is_some_and(|c| c.key == key && c.source.upgrade().is_some_and(|s| Arc::ptr_eq(&s, source)));
+        if !current {
+            // The last copy's storage when it has the size (a weight updated every step).
+            let mut rows = match copy.take() {
+                Some(old) if old.rows.len() == launch.rows_copy_len() => old.rows,
+                _ => vec![0f32; launch.rows_copy_len()],
+            };
+            // SAFETY: the caller's contract; `rows` holds `k * (n + B_ROWS_PAD)`; the launch
+            // qualified for a copy only on an AVX-512F host.
+            unsafe { launch.copy_b_to_rows(b, rows.as_mut_ptr(), threaded) };
+            *copy = Some(RowCopy { source: Arc::downgrade(source), key, rows });
+        }
+        copy.as_mut().map_or(std::ptr::null_mut(), |c| c.rows.as_mut_ptr() as *mut u8)
+    }
+}
+
 /// One operand, evaluated: element `(b, r, c)` is at `offset + b*batch + r*row + c*col`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Strides {
@@ -588,8 +642,7 @@ impl MatmulLaunch {
     /// buffer of the calling thread (kept for the next call); consecutive entries that share
     /// their `b` (a weight broadcast over the batch) share one copy.
     unsafe fn gemm_rows(&self, entries: impl Iterator<Item = (*mut u8, *mut u8, *mut u8)>, threaded: bool) {
-        let (k, n) = (self.k, self.n);
-        let ld = n + B_ROWS_PAD;
+        let (k, ld) = (self.k, self.n + B_ROWS_PAD);
         B_ROWS.with_borrow_mut(|rows| {
             if rows.len() < k * ld {
                 rows.resize(k * ld, 0.0);
@@ -598,33 +651,71 @@ impl MatmulLaunch {
             let mut copied: Option<*mut u8> = None;
             for (a, b, c) in entries {
                 if copied != Some(b) {
-                    #[cfg(target_arch = "x86_64")]
-                    {
-                        let (src, dst) = (SendPtr(b), SendPtr(rows.as_mut_ptr() as *mut u8));
-                        let col = self.b.col as usize;
-                        // Columns `lo..hi` of the copy (block-aligned bounds).
-                        let copy = |lo: usize, hi: usize| {
-                            let (lo, hi) = (lo * 16, (hi * 16).min(n));
-                            let (src, dst) = (src.get() as *const f32, dst.get() as *mut f32);
-                            // SAFETY: `b` holds the entry's `k x n` matrix, columns `b.col` apart
-                            // (checked in `new`); `rows` holds `k * ld` with `ld >= n`; distinct
-                            // column ranges write distinct elements; `b_to_rows` found AVX-512F.
-                            unsafe { columns_to_rows(src.add(lo * col), col, k, hi - lo, dst.add(lo), ld) }
-                        };
-                        let blocks = n.div_ceil(16);
-                        let threads = parallel::threads();
-                        if threaded && threads > 1 && k * n >= B_ROWS_MAX {
-                            parallel::for_chunks(blocks, threads, &copy);
-                        } else {
-                            copy(0, blocks);
-                        }
-                    }
+                    // SAFETY: `b` holds the entry's matrix (checked in `new`); `rows` holds
+                    // `k * ld`; `b_to_rows` found AVX-512F.
+                    unsafe { self.copy_b_to_rows(b, rows.as_mut_ptr(), threaded) };
                     copied = Some(b);
                 }
                 // SAFETY: as for `gemm`, with `b` now the row-major copy.
                 unsafe { launch.gemm::<f32>(a, rows.as_mut_ptr() as *mut u8, c, threaded) }
             }
         })
+    }
+
+    /// Copies one entry's column-major `b` (at `b`, columns `b.col` apart) to rows `n +
+    /// B_ROWS_PAD` apart at `rows`, by column blocks split over the threads when `threaded` and
+    /// `b` is large.
+    ///
+    /// # Safety
+    /// `b` holds the entry's `k x n` matrix with the launch's strides; `rows` holds `k * (n +
+    /// B_ROWS_PAD)` elements; the host has AVX-512F.
+    unsafe fn copy_b_to_rows(&self, b: *mut u8, rows: *mut f32, threaded: bool) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (k, n, ld) = (self.k, self.n, self.n + B_ROWS_PAD);
+            let (src, dst) = (SendPtr(b), SendPtr(rows as *mut u8));
+            let col = self.b.col as usize;
+            // Columns `16 * lo .. 16 * hi` of the copy.
+            let copy = |lo: usize, hi: usize| {
+                let (lo, hi) = (lo * 16, (hi * 16).min(n));
+                let (src, dst) = (src.get() as *const f32, dst.get() as *mut f32);
+                // SAFETY: the caller's contract; distinct column ranges write distinct elements.
+                unsafe { columns_to_rows(src.add(lo * col), col, k, hi - lo, dst.add(lo), ld) }
+            };
+            let blocks = n.div_ceil(16);
+            let threads = parallel::threads();
+            if threaded && threads > 1 && k * n >= B_ROWS_MAX {
+                parallel::for_chunks(blocks, threads, &copy);
+            } else {
+                copy(0, blocks);
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (b, rows, threaded);
+    }
+
+    /// This launch with its column-major `b` replaced by a copy in rows, where a copy kept across
+    /// runs pays (see [`RowCopy`]): f32, one `b` for every batch entry, not dot-shaped, `b` at least
+    /// 16x16 and at most [`B_ROWS_ALIASED_MAX`] elements, an AVX-512F host. The copy's operand
+    /// is `b` at offset 0, rows `n + B_ROWS_PAD` apart.
+    pub fn with_rows_copy(&self) -> Option<MatmulLaunch> {
+        let b = &self.b;
+        let fits = self.dtype == DType::F32
+            && (self.batch == 1 || b.batch == 0)
+            && b.row == 1
+            && b.col >= self.k as isize
+            && self.k >= 16
+            && self.n >= 16
+            && self.k * self.n <= B_ROWS_ALIASED_MAX
+            && !self.is_dot_shaped()
+            && avx512_here();
+        let rows = Strides { param: b.param, offset: 0, batch: 0, row: (self.n + B_ROWS_PAD) as isize, col: 1 };
+        fits.then(|| MatmulLaunch { b: rows, ..self.clone() })
+    }
+
+    /// Elements of the copy [`MatmulLaunch::with_rows_copy`] reads.
+    pub fn rows_copy_len(&self) -> usize {
+        self.k * (self.n + B_ROWS_PAD)
     }
 
     /// `c[i][j] (+)= dot(a[i, :], b[:, j])` for one entry of a dot-shaped launch: columns of `b`

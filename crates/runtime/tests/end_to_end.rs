@@ -129,6 +129,28 @@ fn matmul_plain_batched_and_transposed() {
     check_rtol(&g, &[tensor(&[96, 128], 13), tensor(&[128, 80], 14), tensor(&[1, 80], 15)]);
 }
 
+#[test]
+fn a_weight_read_from_a_copy_in_rows_follows_the_array_given() {
+    // `x @ w^T` with `w` a `[n, k]` input (a `Linear`'s weight, read column-major): the VM keeps
+    // `w` copied in rows across runs while the same array is given (`matmul::RowCopy`), and
+    // copies again for another array, also one at the address of a dropped one.
+    let (m, k, n) = (40, 64, 48);
+    let mut g = Graph::new();
+    let x = input_f32(&mut g, 0, &[m, k]);
+    let wt = input_f32(&mut g, 1, &[n, k]);
+    let w = permute(&mut g, wt, &[1, 0]);
+    let y = matmul(&mut g, x, w, &[], m, k, n);
+    g.add_output(y);
+    let dev = CpuDevice::new().unwrap();
+    let x = tensor(&[m, k], 1);
+    for seed in 2..7 {
+        let w = tensor(&[n, k], seed);
+        check_with(&dev, &g, &[x.clone(), w.clone()], &Bindings::new(), 1e-4);
+        check_with(&dev, &g, &[x.clone(), w], &Bindings::new(), 1e-4);
+    }
+    assert_eq!(dev.stats().programs_compiled, 1);
+}
+
 fn matmul_kernels(g: &Graph) -> usize {
     let exe = CpuDevice::new().unwrap().compile(g).unwrap();
     exe.program().kernels.iter().filter(|k| matches!(k, lower::kir::Kernel::Matmul(_))).count()

@@ -4,8 +4,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use lower::Program;
 use lower::kir::{IExpr, Kernel, LoopKernel, Stmt};
+use lower::{BufferKind, Program};
 
 use super::{CALIBRATE_MIN_WORK, KernelFn, MATMUL_ALWAYS_SPLIT_MACS, PARALLEL_MIN_WORK};
 use crate::error::{Result, RuntimeError};
@@ -46,9 +46,12 @@ pub(super) enum Launch {
     /// calibration may turn it off); `calibrate`: whether it is timed in the calibration runs
     /// (a launch that threads itself with little enough work that a wake-up of the pool may cost
     /// more than the split saves), with `calib_ns` (one thread) and `split_ns` (threaded).
+    /// `rows`: `mm` with its `b` (an input of the program, never written in place) read from a
+    /// copy in rows that `bind` keeps across runs and puts in the table ([`crate::matmul::RowCopy`]).
     Matmul {
         arg_start: u32,
         mm: Box<MatmulLaunch>,
+        rows: Option<Box<MatmulLaunch>>,
         threads: AtomicBool,
         calibrate: bool,
         calib_ns: AtomicU64,
@@ -76,11 +79,16 @@ pub(super) fn parallel_loop(k: &LoopKernel) -> Option<&IExpr> {
     }
 }
 
+/// The most elements of weight copies in rows ([`crate::matmul::RowCopy`]) one binding set keeps
+/// (64 MiB); launches past it read their weights as they are.
+const ROW_COPIES_MAX: usize = 1 << 24;
+
 /// The launch of every step for one binding set: loop ranges split by their work estimate
 /// (calibration candidates marked), matmul sizes and strides bounds-checked.
 pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: usize) -> Result<Vec<Launch>> {
     let syms = &sizes.syms;
     let mut launches = Vec::with_capacity(steps.len());
+    let mut copied = 0;
     for (step, code) in p.steps.iter().zip(steps) {
         let kernel = &p.kernels[code.kernel as usize];
         launches.push(match (code.code, kernel) {
@@ -118,7 +126,14 @@ pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: 
                 let mm = MatmulLaunch::new(m, syms, &numel)?;
                 // A candidate for calibration starts on one thread, as a loop candidate does.
                 let calibrate = mm.threads_itself() && mm.macs() < MATMUL_ALWAYS_SPLIT_MACS;
+                // A weight: an input the program never writes in place.
+                let b = step.args[mm.b.param];
+                let weight = matches!(p.buffers[b.0 as usize].kind, BufferKind::Input(_))
+                    && !p.inits.iter().any(|&(_, input)| input == b);
+                let rows = mm.with_rows_copy().filter(|_| weight && copied + mm.rows_copy_len() <= ROW_COPIES_MAX);
+                copied += rows.as_ref().map_or(0, |_| mm.rows_copy_len());
                 Launch::Matmul {
+                    rows: rows.map(Box::new),
                     arg_start: code.arg_start,
                     threads: AtomicBool::new(mm.threads_itself() && !calibrate),
                     calibrate,
@@ -209,8 +224,10 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
                 true
             }
         }
-        Launch::Matmul { arg_start, ref mm, ref threads, .. } => {
+        Launch::Matmul { arg_start, ref mm, ref rows, ref threads, .. } => {
             let threads = !alone && threads.load(Ordering::Relaxed);
+            // `bind` put the copy of `b` in the table where there is one.
+            let mm = rows.as_deref().unwrap_or(mm);
             // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes.
             unsafe { mm.run_threads(table.add(arg_start as usize), threads) };
             false

@@ -188,6 +188,8 @@ pub struct RunState {
     /// The run's status words (`lower::kir::STATUS_WORDS`), zeroed before each run; kernels
     /// record data-dependent failures here.
     status: Vec<i32>,
+    /// Per step: the copy in rows of its weight, for a matmul launch that reads one that way.
+    row_copies: Vec<Option<crate::matmul::RowCopy>>,
 }
 
 // SAFETY: the raw pointers in a `RunState` are only dereferenced during a run, by the thread

@@ -14,6 +14,7 @@ use super::{CALIBRATION_RUNS, CpuCode, CpuLaunches, OutputSource, RunState, SPLI
 use crate::backend::{Backend, BindingSet};
 use crate::error::{Result, RuntimeError};
 use crate::levels::{self, Phase};
+use crate::matmul::RowCopy;
 use crate::memory;
 use crate::parallel::{self, SendPtr};
 use crate::prepared::{Prepared, Sizes};
@@ -150,6 +151,22 @@ impl Backend for CpuCode {
             // program's kernel addresses (`lower::offsets`), inside the buffer.
             let entry = &mut state.table[*at as usize];
             *entry = entry.wrapping_offset(bytes);
+        }
+        // Weights read from their copies in rows (made again when the weight changed).
+        let launches = &sized.launches.launches;
+        state.row_copies.resize_with(launches.len(), || None);
+        for (step, launch) in launches.iter().enumerate() {
+            let Launch::Matmul { arg_start, mm, rows: Some(_), .. } = launch else { continue };
+            let at = *arg_start as usize + mm.b.param;
+            let BufferKind::Input(slot) = program.buffers[self.table_bufs[at] as usize].kind else {
+                return Err(RuntimeError::InvalidProgram(format!("step {step} copies a weight that is not an input")));
+            };
+            let b = state.table[at].wrapping_offset(mm.b.offset * mm.dtype.size_bytes() as isize);
+            // SAFETY: `b` is the matmul's `b` inside the input's array (its strides were checked
+            // against the buffer's size in `MatmulLaunch::new`, the input's size in
+            // `check_inputs`); `rows` launches come from `with_rows_copy`.
+            state.table[at] =
+                unsafe { RowCopy::refresh(&mut state.row_copies[step], mm, &inputs[slot as usize].data, b, true) };
         }
         Ok(())
     }
