@@ -227,29 +227,43 @@ unsafe fn dotrxn_avx512<const R: usize, const N: usize>(
     // SAFETY: every full load reads `[p, p + 16)` with `p + 16 <= k`; the masked tail reads only
     // the lanes below `k`.
     unsafe {
+        // Plain loops, no closures: a closure here is compiled as a function of its own that
+        // LLVM may leave out of line, and the reduction's closure once took 55% of a decoding
+        // step's time that way (the tiny model's 0.023 ms per token became 0.043).
         let mut acc = [[_mm512_setzero_ps(); N]; R];
+        let mut cols = [_mm512_setzero_ps(); N];
         let mut p = 0;
         while p + 16 <= k {
-            let cols = y.map(|c| _mm512_loadu_ps(c.add(p)));
-            for (a, &row) in acc.iter_mut().zip(&x) {
-                let r = _mm512_loadu_ps(row.add(p));
-                for (a, &c) in a.iter_mut().zip(&cols) {
-                    *a = _mm512_fmadd_ps(r, c, *a);
+            for j in 0..N {
+                cols[j] = _mm512_loadu_ps(y[j].add(p));
+            }
+            for r in 0..R {
+                let row = _mm512_loadu_ps(x[r].add(p));
+                for j in 0..N {
+                    acc[r][j] = _mm512_fmadd_ps(row, cols[j], acc[r][j]);
                 }
             }
             p += 16;
         }
         if p < k {
             let mask: __mmask16 = (1u16 << (k - p)) - 1;
-            let cols = y.map(|c| _mm512_maskz_loadu_ps(mask, c.add(p)));
-            for (a, &row) in acc.iter_mut().zip(&x) {
-                let r = _mm512_maskz_loadu_ps(mask, row.add(p));
-                for (a, &c) in a.iter_mut().zip(&cols) {
-                    *a = _mm512_fmadd_ps(r, c, *a);
+            for j in 0..N {
+                cols[j] = _mm512_maskz_loadu_ps(mask, y[j].add(p));
+            }
+            for r in 0..R {
+                let row = _mm512_maskz_loadu_ps(mask, x[r].add(p));
+                for j in 0..N {
+                    acc[r][j] = _mm512_fmadd_ps(row, cols[j], acc[r][j]);
                 }
             }
         }
-        acc.map(|a| a.map(|v| _mm512_reduce_add_ps(v)))
+        let mut out = [[0f32; N]; R];
+        for r in 0..R {
+            for j in 0..N {
+                out[r][j] = _mm512_reduce_add_ps(acc[r][j]);
+            }
+        }
+        out
     }
 }
 
@@ -271,7 +285,12 @@ unsafe fn wide_block<const R: usize>(
         if w == 3 {
             dotrxn_avx512::<R, 3>(rows, cols, k)
         } else {
-            dotrxn_avx512::<R, 1>(rows, [cols[0]], k).map(|[d]| [d, 0.0, 0.0])
+            let one = dotrxn_avx512::<R, 1>(rows, [cols[0]], k);
+            let mut out = [[0f32; 3]; R];
+            for r in 0..R {
+                out[r][0] = one[r][0];
+            }
+            out
         }
     }
 }
