@@ -306,23 +306,28 @@ unsafe fn transpose16(src: *const f32, src_row: usize, dst: *mut f32, dst_row: u
     use std::arch::x86_64::*;
     // SAFETY: the caller's contract covers the sixteen loads and stores.
     unsafe {
-        let r: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps(src.add(i * src_row)));
+        // Plain loops, not `array::from_fn` closures (see `dotrxn_avx512`).
+        let zero = _mm512_setzero_ps();
+        let (mut r, mut t, mut u, mut v) = ([zero; 16], [zero; 16], [zero; 16], [zero; 16]);
+        for (i, r) in r.iter_mut().enumerate() {
+            *r = _mm512_loadu_ps(src.add(i * src_row));
+        }
         // t[2g], t[2g + 1]: rows 2g and 2g + 1 interleaved (low and high halves of each lane).
-        let t: [__m512; 16] = std::array::from_fn(|i| {
+        for i in 0..16 {
             let (a, b) = (r[i & !1], r[i | 1]);
-            if i & 1 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) }
-        });
+            t[i] = if i & 1 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) };
+        }
         // u[4g + w]: per 128-bit lane, one column of rows 4g..4g + 4.
-        let u: [__m512; 16] = std::array::from_fn(|i| {
+        for (i, u) in u.iter_mut().enumerate() {
             let (g, w) = (i / 4, i % 4);
             let (lo, hi) = (t[4 * g + w / 2], t[4 * g + 2 + w / 2]);
-            if w % 2 == 0 { _mm512_shuffle_ps::<0x44>(lo, hi) } else { _mm512_shuffle_ps::<0xEE>(lo, hi) }
-        });
-        let v: [__m512; 16] = std::array::from_fn(|i| {
+            *u = if w % 2 == 0 { _mm512_shuffle_ps::<0x44>(lo, hi) } else { _mm512_shuffle_ps::<0xEE>(lo, hi) };
+        }
+        for (i, v) in v.iter_mut().enumerate() {
             let (h, w) = (i / 8, i % 8);
             let (a, b) = (u[8 * h + w % 4], u[8 * h + 4 + w % 4]);
-            if w < 4 { _mm512_shuffle_f32x4::<0x88>(a, b) } else { _mm512_shuffle_f32x4::<0xDD>(a, b) }
-        });
+            *v = if w < 4 { _mm512_shuffle_f32x4::<0x88>(a, b) } else { _mm512_shuffle_f32x4::<0xDD>(a, b) };
+        }
         for i in 0..16 {
             let (a, b) = (v[i % 8], v[8 + i % 8]);
             let o = if i < 8 { _mm512_shuffle_f32x4::<0x88>(a, b) } else { _mm512_shuffle_f32x4::<0xDD>(a, b) };
