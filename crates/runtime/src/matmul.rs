@@ -45,6 +45,11 @@ const DOT_ALWAYS_M: usize = 4;
 /// Launches of `DOT_ALWAYS_M < m <= DOT_MAX_M` rows are dot products from this `k` on.
 const DOT_MIN_K: usize = 256;
 
+/// Launches with fewer columns than this are dot products whatever `m`, from `k >= DOT_MIN_K`
+/// on: dense-large's head, (128x1024)@(1024x10) with the weight column-major, took 46 us through
+/// `gemm`.
+const DOT_NARROW_N: usize = 16;
+
 /// A threaded GEMM is cut into blocks of at least this many columns (or rows) per thread.
 const GEMM_SPLIT_MIN: usize = 32;
 
@@ -633,9 +638,13 @@ impl MatmulLaunch {
     /// column of `b` contiguous along `k` (a vector or a few tokens times a `Linear`'s
     /// `[out, in]` weight, read as `[in, out]` column-major). `gemm` packs `b` for such shapes,
     /// which costs as much as the product; [`MatmulLaunch::dots`] streams `b` once instead.
+    /// So is any number of rows against fewer than [`DOT_NARROW_N`] such columns with `k >=
+    /// DOT_MIN_K` (a classifier's head: `b` stays in cache for every block of rows, where
+    /// `gemm`'s kernels fill only part of their width).
     fn is_dot_shaped(&self) -> bool {
         let rows = self.m <= DOT_ALWAYS_M || (self.m <= DOT_MAX_M && self.k >= DOT_MIN_K);
-        rows && self.a.col == 1 && self.b.row == 1 && self.k >= 8
+        let narrow = self.n < DOT_NARROW_N && self.k >= DOT_MIN_K;
+        (rows || narrow) && self.a.col == 1 && self.b.row == 1 && self.k >= 8
     }
 
     /// Whether an f32 entry's column-major `b` (a `Linear`'s `[out, in]` weight) is copied to rows
@@ -1103,7 +1112,24 @@ mod tests {
             (1, 50, 64),
             (2, 31, 40),
             (1, 1, 8),
+            // Narrow: many rows against fewer than 16 columns.
+            (40, 10, 300),
+            (130, 7, 257),
         ];
+        for (m, n, k) in [(40, 10, 300), (130, 7, 257)] {
+            let launch = MatmulLaunch {
+                dtype: DType::F32,
+                batch: 1,
+                m,
+                n,
+                k,
+                a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
+                b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
+                c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
+                accumulate: false,
+            };
+            assert!(launch.is_dot_shaped(), "{m}x{n}x{k}");
+        }
         for &(m, n, k) in shapes.iter().chain(&dots) {
             for layout in 0..4 {
                 for accumulate in [false, true] {
