@@ -1008,24 +1008,29 @@ mod tests {
         }
     }
 
+    /// One `[m, k] x [k, n]` f32 product with `b` column-major (a `Linear`'s `[n, k]` weight)
+    /// and `a`, `c` row-major.
+    fn weight_product(m: usize, n: usize, k: usize) -> MatmulLaunch {
+        MatmulLaunch {
+            dtype: DType::F32,
+            batch: 1,
+            m,
+            n,
+            k,
+            a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
+            b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
+            c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
+            accumulate: false,
+        }
+    }
+
     #[test]
     fn a_large_column_major_weight_with_aliased_columns_is_copied_to_rows_and_matches() {
         // Over `B_ROWS_MAX` elements, columns 4 and 8 KiB apart: copied to padded rows (on
         // AVX-512 hosts), split over the threads, `n` not a multiple of 16; then a 3 KiB stride,
         // which keeps `gemm`'s own packing.
         for (m, n, k, copied) in [(40, 100, 1024, true), (33, 48, 2048, true), (40, 100, 768, false)] {
-            let b = Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize };
-            let launch = MatmulLaunch {
-                dtype: DType::F32,
-                batch: 1,
-                m,
-                n,
-                k,
-                a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
-                b,
-                c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
-                accumulate: false,
-            };
+            let launch = weight_product(m, n, k);
             assert!(k * n > B_ROWS_MAX && !launch.is_dot_shaped());
             assert_eq!(launch.b_to_rows(), copied && avx512_here(), "{m}x{n}x{k}");
             for accumulate in [false, true] {
@@ -1073,17 +1078,7 @@ mod tests {
         // Columns fall into different blocks of three (AVX-512) when the columns are split over
         // threads; each output must not depend on its block.
         let (m, n, k) = (9, 301, 777);
-        let launch = MatmulLaunch {
-            dtype: DType::F32,
-            batch: 1,
-            m,
-            n,
-            k,
-            a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
-            b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
-            c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
-            accumulate: false,
-        };
+        let launch = weight_product(m, n, k);
         assert!(launch.is_dot_shaped() && n * k * 4 >= DOT_PARALLEL_BYTES);
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
         let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 44.0 - 1.0).collect();
@@ -1117,17 +1112,7 @@ mod tests {
             (130, 7, 257),
         ];
         for (m, n, k) in [(40, 10, 300), (130, 7, 257)] {
-            let launch = MatmulLaunch {
-                dtype: DType::F32,
-                batch: 1,
-                m,
-                n,
-                k,
-                a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
-                b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
-                c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
-                accumulate: false,
-            };
+            let launch = weight_product(m, n, k);
             assert!(launch.is_dot_shaped(), "{m}x{n}x{k}");
         }
         for &(m, n, k) in shapes.iter().chain(&dots) {
