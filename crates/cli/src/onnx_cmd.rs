@@ -111,7 +111,9 @@ pub fn inputs(model: &Model, dims: &HashMap<String, usize>, device: Device) -> a
 }
 
 /// Imports the model at `path` and compiles and runs it once under the profiler (the import's
-/// graph building is the `forward` span).
+/// graph building is the `forward` span). The model is built under `kiln::no_grad`, as a
+/// [`kiln_onnx::Session`] builds it, so the profile shows the inference program that `kiln bench
+/// onnx` runs (a max pool is one reduce, with no winner kept for a backward pass).
 pub fn profile(
     path: &Path,
     dims: &HashMap<String, usize>,
@@ -122,7 +124,7 @@ pub fn profile(
     let profiled = profile_cmd::profile_tensors(
         || {
             let x = inputs(&model, dims, Device::Cpu)?;
-            Ok(kiln::profile::span(kiln::profile::Step::Forward, || model.run(&x))?)
+            Ok(kiln::profile::span(kiln::profile::Step::Forward, || kiln::no_grad(|| model.run(&x)))?)
         },
         options,
         keep_graphs,

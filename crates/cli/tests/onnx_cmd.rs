@@ -1,16 +1,18 @@
 //! `kiln onnx info`, `kiln profile onnx` and `kiln bench onnx` on a small model written here:
-//! `y = softmax(x @ w + b)` with a symbolic batch and one op the importer lacks in a second file.
+//! `y = softmax(x @ w + b)` with a symbolic batch and one op the importer lacks in a second file,
+//! and a max pool whose profile must be the inference program.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use kiln_cli::onnx_cmd;
 use kiln_cli::timing::Budget;
+use kiln_onnx::proto::attribute_proto::AttributeType;
 use kiln_onnx::proto::tensor_proto::DataType;
 use kiln_onnx::proto::tensor_shape_proto::{Dimension, dimension};
 use kiln_onnx::proto::{
-    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
-    type_proto,
+    AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
+    ValueInfoProto, type_proto,
 };
 use prost::Message;
 
@@ -80,6 +82,40 @@ fn write_model(file: &str, extra: Option<&str>) -> PathBuf {
     let path = std::env::temp_dir().join(format!("kiln-cli-{}-{file}", std::process::id()));
     std::fs::write(&path, m.encode_to_vec()).unwrap();
     path
+}
+
+#[test]
+fn profile_compiles_the_inference_program() {
+    // A 2x2 max pool: traced with gradients on, it keeps each window's winner (an i32 buffer of
+    // indices and two more reduces); the session, and so the profile, trace it under no_grad.
+    let mut pool = node("MaxPool", &["x"], "y");
+    for name in ["kernel_shape", "strides"] {
+        pool.attribute.push(AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Ints as i32),
+            ints: vec![2, 2],
+            ..Default::default()
+        });
+    }
+    let dims = |d: [i64; 4]| d.into_iter().map(dimension::Value::DimValue).collect();
+    let m = ModelProto {
+        ir_version: Some(9),
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(18) }],
+        graph: Some(GraphProto {
+            node: vec![pool],
+            input: vec![value("x", dims([2, 3, 8, 8]))],
+            output: vec![value("y", dims([2, 3, 4, 4]))],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let path = std::env::temp_dir().join(format!("kiln-cli-{}-pool.onnx", std::process::id()));
+    std::fs::write(&path, m.encode_to_vec()).unwrap();
+    let (_, p) = onnx_cmd::profile(&path, &HashMap::new(), &lower::CompileOptions::default(), false).unwrap();
+    let program = p.compiled.exe.program();
+    assert!(program.buffers.iter().all(|b| b.dtype != air::DType::I32), "{program}");
+    assert_eq!(p.compiled.kernels, 1, "{program}");
+    std::fs::remove_file(path).unwrap();
 }
 
 #[test]
