@@ -89,6 +89,11 @@ pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: 
     let syms = &sizes.syms;
     let mut launches = Vec::with_capacity(steps.len());
     let mut copied = 0;
+    // Inputs some output is written over in place (`Program::inits`): not weights.
+    let mut written = vec![false; p.buffers.len()];
+    for &(_, input) in &p.inits {
+        written[input.0 as usize] = true;
+    }
     for (step, code) in p.steps.iter().zip(steps) {
         let kernel = &p.kernels[code.kernel as usize];
         launches.push(match (code.code, kernel) {
@@ -128,8 +133,7 @@ pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: 
                 let calibrate = mm.threads_itself() && mm.macs() < MATMUL_ALWAYS_SPLIT_MACS;
                 // A weight: an input the program never writes in place.
                 let b = step.args[mm.b.param];
-                let weight = matches!(p.buffers[b.0 as usize].kind, BufferKind::Input(_))
-                    && !p.inits.iter().any(|&(_, input)| input == b);
+                let weight = matches!(p.buffers[b.0 as usize].kind, BufferKind::Input(_)) && !written[b.0 as usize];
                 let rows = mm.with_rows_copy().filter(|_| weight && copied + mm.rows_copy_len() <= ROW_COPIES_MAX);
                 copied += rows.as_ref().map_or(0, |_| mm.rows_copy_len());
                 Launch::Matmul {

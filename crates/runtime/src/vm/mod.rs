@@ -166,6 +166,9 @@ pub struct CpuLaunches {
     /// every element of it, so that it is allocated without zeroing.
     unwritten_ok: Vec<bool>,
     launches: Vec<Launch>,
+    /// The steps whose matmul reads its weight from a copy in rows (`Launch::Matmul::rows`), for
+    /// `bind` to refresh without walking every launch.
+    row_copy_steps: Vec<u32>,
     /// `Some` when some dependency level runs concurrently: the program then runs by levels.
     schedule: Option<LevelSchedule>,
     /// Runs started with this binding set (saturates at `2 * CALIBRATION_RUNS + 1`).

@@ -53,7 +53,10 @@ impl Backend for CpuCode {
             }
             None => None,
         };
-        Ok(CpuLaunches { unwritten_ok, launches, schedule, runs: AtomicU32::new(0) })
+        let row_copy_steps = (0..launches.len() as u32)
+            .filter(|&s| matches!(launches[s as usize], Launch::Matmul { rows: Some(_), .. }))
+            .collect();
+        Ok(CpuLaunches { unwritten_ok, launches, row_copy_steps, schedule, runs: AtomicU32::new(0) })
     }
 
     fn time_slots(launches: &CpuLaunches) -> Option<&[Vec<usize>]> {
@@ -155,8 +158,9 @@ impl Backend for CpuCode {
         // Weights read from their copies in rows (made again when the weight changed).
         let launches = &sized.launches.launches;
         state.row_copies.resize_with(launches.len(), || None);
-        for (step, launch) in launches.iter().enumerate() {
-            let Launch::Matmul { arg_start, mm, rows: Some(_), .. } = launch else { continue };
+        for &step in &sized.launches.row_copy_steps {
+            let step = step as usize;
+            let Launch::Matmul { arg_start, mm, .. } = &launches[step] else { continue };
             let at = *arg_start as usize + mm.b.param;
             let BufferKind::Input(slot) = program.buffers[self.table_bufs[at] as usize].kind else {
                 return Err(RuntimeError::InvalidProgram(format!("step {step} copies a weight that is not an input")));
