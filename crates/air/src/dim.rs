@@ -31,10 +31,33 @@ impl fmt::Display for Symbol {
 /// A product of symbols, sorted; empty means the constant term.
 type Monomial = SmallVec<[Symbol; 2]>;
 
-/// A canonical integer polynomial: monomial -> non-zero coefficient.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Monomial -> non-zero coefficient.
+type Terms = BTreeMap<Monomial, i64>;
+
+/// A canonical integer polynomial: monomial -> non-zero coefficient, with the hash of its terms
+/// computed once (graph keys, CSE and the schedule hash shapes all the time; a polynomial's terms
+/// are a tree of symbol names).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Poly {
-    terms: BTreeMap<Monomial, i64>,
+    terms: Terms,
+    hash: u64,
+}
+
+impl Poly {
+    fn new(terms: Terms) -> Poly {
+        use std::hash::{Hash, Hasher};
+        // Unseeded, as graph keys are (`key`): the same hash in every process.
+        let mut h = rustc_hash::FxHasher::default();
+        terms.hash(&mut h);
+        Poly { terms, hash: h.finish() }
+    }
+}
+
+impl std::hash::Hash for Poly {
+    /// The terms' hash, computed once: equal terms have equal hashes.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
 }
 
 /// One dimension of a shape. Constants are stored inline; symbolic dims share their polynomial.
@@ -68,30 +91,29 @@ impl Dim {
     pub fn sym(name: &str) -> Dim {
         let mut terms = BTreeMap::new();
         terms.insert(smallvec::smallvec![Symbol::new(name)], 1);
-        Dim::from_poly(Poly { terms })
+        Dim::from_terms(terms)
     }
 
-    fn from_poly(p: Poly) -> Dim {
-        match p.terms.len() {
+    fn from_terms(terms: Terms) -> Dim {
+        match terms.len() {
             0 => Dim::Const(0),
-            1 => {
-                let (m, c) = p.terms.iter().next().unwrap();
-                if m.is_empty() { Dim::Const(*c) } else { Dim::Sym(Arc::new(p)) }
+            1 if terms.keys().next().is_some_and(|m| m.is_empty()) => {
+                Dim::Const(terms.values().next().copied().unwrap_or(0))
             }
-            _ => Dim::Sym(Arc::new(p)),
+            _ => Dim::Sym(Arc::new(Poly::new(terms))),
         }
     }
 
-    fn to_poly(&self) -> Poly {
+    fn to_terms(&self) -> Terms {
         match self {
             Dim::Const(c) => {
                 let mut terms = BTreeMap::new();
                 if *c != 0 {
                     terms.insert(Monomial::new(), *c);
                 }
-                Poly { terms }
+                terms
             }
-            Dim::Sym(p) => (**p).clone(),
+            Dim::Sym(p) => p.terms.clone(),
         }
     }
 
@@ -153,15 +175,14 @@ impl Dim {
         if d == 0 {
             return None;
         }
-        let p = self.to_poly();
         let mut terms = BTreeMap::new();
-        for (m, c) in p.terms {
+        for (m, c) in self.to_terms() {
             if c.checked_rem(d)? != 0 {
                 return None;
             }
             terms.insert(m, c.checked_div(d)?);
         }
-        Some(Dim::from_poly(Poly { terms }))
+        Some(Dim::from_terms(terms))
     }
 
     /// Parses the form `Display` prints: integers, symbols, `+`, `-`, `*` and parentheses.
@@ -220,22 +241,22 @@ impl Arith {
     }
 }
 
-fn add_polys(a: Poly, b: &Poly, sign: i64, arith: Arith) -> Option<Poly> {
-    let mut terms = a.terms;
-    for (m, c) in &b.terms {
+fn add_polys(a: Terms, b: &Terms, sign: i64, arith: Arith) -> Option<Terms> {
+    let mut terms = a;
+    for (m, c) in b {
         let e = terms.entry(m.clone()).or_insert(0);
         *e = arith.add(*e, arith.mul(sign, *c)?)?;
         if *e == 0 {
             terms.remove(m);
         }
     }
-    Some(Poly { terms })
+    Some(terms)
 }
 
-fn mul_polys(a: &Poly, b: &Poly, arith: Arith) -> Option<Poly> {
-    let mut terms: BTreeMap<Monomial, i64> = BTreeMap::new();
-    for (ma, ca) in &a.terms {
-        for (mb, cb) in &b.terms {
+fn mul_polys(a: &Terms, b: &Terms, arith: Arith) -> Option<Terms> {
+    let mut terms = Terms::new();
+    for (ma, ca) in a {
+        for (mb, cb) in b {
             let mut m: Monomial = ma.iter().chain(mb.iter()).cloned().collect();
             m.sort();
             let e = terms.entry(m.clone()).or_insert(0);
@@ -245,7 +266,7 @@ fn mul_polys(a: &Poly, b: &Poly, arith: Arith) -> Option<Poly> {
             }
         }
     }
-    Some(Poly { terms })
+    Some(terms)
 }
 
 fn combine(a: &Dim, b: &Dim, op: char, arith: Arith) -> Option<Dim> {
@@ -267,12 +288,89 @@ fn combine(a: &Dim, b: &Dim, op: char, arith: Arith) -> Option<Dim> {
         (Dim::Sym(x), Dim::Sym(y)) if op == '-' && x == y => return Some(Dim::Const(0)),
         _ => {}
     }
-    let poly = match op {
-        '+' => add_polys(a.to_poly(), &b.to_poly(), 1, arith)?,
-        '-' => add_polys(a.to_poly(), &b.to_poly(), -1, arith)?,
-        _ => mul_polys(&a.to_poly(), &b.to_poly(), arith)?,
-    };
-    Some(Dim::from_poly(poly))
+    memo::get_or_insert(a, b, op, arith, || {
+        let terms = match op {
+            '+' => add_polys(a.to_terms(), &b.to_terms(), 1, arith)?,
+            '-' => add_polys(a.to_terms(), &b.to_terms(), -1, arith)?,
+            _ => mul_polys(&a.to_terms(), &b.to_terms(), arith)?,
+        };
+        Some(Dim::from_terms(terms))
+    })
+}
+
+/// A small per-thread memo of polynomial arithmetic. Building a graph and lowering it combine the
+/// same symbolic dims over and over (every node's element count is `batch*seq*64`, every view's
+/// offset a sum of the same strides), and each combination builds a new polynomial: a tree map
+/// and its monomials, a dozen allocations. The memo answers a repeated combination with the
+/// polynomial built the first time, shared.
+///
+/// Entries are found by operand identity (a constant's value, a polynomial's address) and hold
+/// their operands, so an address cannot be reused by another polynomial while its entry lives.
+/// The memo is direct-mapped: a colliding combination replaces the entry, so it never grows past
+/// [`memo::SLOTS`] entries. Results are the same with or without it (the arithmetic is a pure
+/// function of the operands' values); only their sharing differs.
+mod memo {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use super::{Arith, Dim};
+
+    /// Entries per thread.
+    pub(super) const SLOTS: usize = 1024;
+
+    struct Entry {
+        op: u8,
+        a: Dim,
+        b: Dim,
+        out: Option<Dim>,
+    }
+
+    thread_local! {
+        static MEMO: RefCell<Vec<Option<Entry>>> = RefCell::new((0..SLOTS).map(|_| None).collect());
+    }
+
+    /// The operand's identity: a constant's value, or its polynomial's address.
+    fn id(d: &Dim) -> u64 {
+        match d {
+            Dim::Const(c) => *c as u64,
+            Dim::Sym(p) => Arc::as_ptr(p) as u64,
+        }
+    }
+
+    fn same(x: &Dim, y: &Dim) -> bool {
+        match (x, y) {
+            (Dim::Const(a), Dim::Const(b)) => a == b,
+            (Dim::Sym(a), Dim::Sym(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
+    /// `compute()`'s value for `a op b`, remembered.
+    pub(super) fn get_or_insert(
+        a: &Dim,
+        b: &Dim,
+        op: char,
+        arith: Arith,
+        compute: impl FnOnce() -> Option<Dim>,
+    ) -> Option<Dim> {
+        let op = (op as u8) << 1 | matches!(arith, Arith::Checked) as u8;
+        let h = (id(a).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ id(b).rotate_left(29) ^ u64::from(op))
+            .wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let slot = (h >> 54) as usize % SLOTS;
+        let hit = MEMO.with_borrow(|m| match &m[slot] {
+            Some(e) if e.op == op && same(&e.a, a) && same(&e.b, b) => Some(e.out.clone()),
+            _ => None,
+        });
+        if let Some(out) = hit {
+            return out;
+        }
+        let out = compute();
+        let entry = Entry { op, a: a.clone(), b: b.clone(), out: out.clone() };
+        // The old entry is dropped after the borrow ends (dropping a polynomial never re-enters).
+        let old = MEMO.with_borrow_mut(|m| m[slot].replace(entry));
+        drop(old);
+        out
+    }
 }
 
 impl Dim {
@@ -573,5 +671,35 @@ mod tests {
         let fine: Shape = smallvec::smallvec![seq.clone(), Dim::Const(1 << 40)];
         assert_eq!(checked_size(&fine, 4), Ok(&seq * (1i64 << 40)));
         assert_eq!(checked_size(&[], 8), Ok(Dim::Const(1)));
+    }
+
+    #[test]
+    fn remembered_arithmetic_answers_by_value() {
+        let seq = Dim::sym("seq");
+        // A repeated combination shares the polynomial built the first time.
+        let (a, b) = (&seq * 64, &seq * 64);
+        assert!(matches!((&a, &b), (Dim::Sym(x), Dim::Sym(y)) if Arc::ptr_eq(x, y)));
+        // Checked and wrapping arithmetic are remembered apart: the same operands overflow in one
+        // and wrap in the other.
+        let huge = Dim::Const(1 << 62);
+        assert_eq!(seq.checked_mul(&huge).and_then(|d| d.checked_mul(&Dim::Const(6))), None);
+        assert_eq!(&(&seq * &huge) * 6, &seq * i64::MIN);
+        // An operand dropped while its combinations are remembered: a new polynomial of the same
+        // size, possibly at the freed address, must not be answered with the old one's result.
+        for k in 1..200i64 {
+            let p = &seq + k;
+            assert_eq!((&p * 2).to_string(), format!("2*seq + {}", 2 * k));
+            assert_eq!((&p - &seq), Dim::Const(k));
+        }
+        // Many distinct combinations: entries are replaced, never wrong.
+        let b = Dim::sym("batch");
+        for k in 0..(4 * memo::SLOTS as i64) {
+            let want = match k {
+                0 => "seq".to_string(),
+                1 => "batch + seq".to_string(),
+                _ => format!("{k}*batch + seq"),
+            };
+            assert_eq!((&(&b * k) + &seq).to_string(), want);
+        }
     }
 }

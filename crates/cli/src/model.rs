@@ -3,7 +3,7 @@
 //! vocab 64, 64 positions, token ids of shape (10, 3)), with weights from a fixed seed.
 
 use kiln::{Bindings, Dim, Symbol, Tensor};
-use nn::{Module, Transformer, TransformerConfig};
+use nn::{KvCache, Module, Transformer, TransformerConfig};
 
 /// Sizes of the model and of its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +52,9 @@ impl GptConfig {
 pub struct Gpt {
     pub config: GptConfig,
     pub model: Transformer,
+    /// With `start_pos`: the zeroed key/value cache the cached forward reads and updates, made
+    /// with the weights (model state, as they are: not part of a forward's compile).
+    pub cache: Option<KvCache>,
 }
 
 impl Gpt {
@@ -66,7 +69,8 @@ impl Gpt {
             vocab_size: config.vocab,
             max_seq_len: config.max_seq,
         })?;
-        Ok(Gpt { config, model })
+        let cache = config.start_pos.map(|_| model.kv_cache(config.batch)).transpose()?;
+        Ok(Gpt { config, model, cache })
     }
 
     /// Token ids `(batch, seq)` as `i32`, from `seed` ([`random_ids`]).
@@ -81,15 +85,14 @@ impl Gpt {
     }
 
     /// Records the forward the configuration names: the plain [`Gpt::forward`], or with
-    /// `start_pos` the cached forward on a fresh (zero) key/value cache, its tokens' sequence
+    /// `start_pos` the cached forward on the zeroed key/value cache [`Gpt::cache`], its tokens' sequence
     /// length the symbol `seq`, its position the symbol `start_pos` and the attended length the
     /// symbol `kv_len`: logits, then every block's updated keys and values. Returns the outputs
     /// and the symbol values a run needs beyond what its inputs bind (`start_pos`, `kv_len`).
     pub fn outputs(&self, tokens: &Tensor) -> anyhow::Result<(Vec<Tensor>, Bindings)> {
-        let Some(start) = self.config.start_pos else {
+        let (Some(start), Some(cache)) = (self.config.start_pos, &self.cache) else {
             return Ok((vec![self.forward(tokens)], Bindings::new()));
         };
-        let cache = self.model.kv_cache(self.config.batch)?;
         let kv: Vec<Tensor> = (0..self.config.layers)
             .flat_map(|b| [cache.keys(b).cloned(), cache.values(b).cloned()])
             .collect::<Option<_>>()

@@ -88,8 +88,9 @@ pub fn profile_bound(
     Ok(Profiled { report, traced, compiled, rewrite, second_run_ms })
 }
 
-/// Builds, compiles and runs the decoder of `config` once under the profiler: weights
-/// (`init-weights`, outside every phase), the forward pass, then [`profile_tensors`].
+/// Builds the decoder of `config` (its weights and, for the cached forward, its key/value cache:
+/// model state, made before the profiler starts, as the zoo's and ONNX models are), then records,
+/// compiles and runs its forward pass once under the profiler ([`profile_tensors`]).
 pub fn profile_transformer(config: GptConfig, options: &CompileOptions) -> anyhow::Result<Profiled> {
     profile_transformer_with(config, options, false)
 }
@@ -102,15 +103,9 @@ pub fn profile_transformer_with(
     keep_graphs: bool,
 ) -> anyhow::Result<Profiled> {
     config.validate().map_err(anyhow::Error::msg)?;
-    profile_bound(
-        || {
-            let model = profile::span("init-weights", || Gpt::new(config, 0))?;
-            let tokens = model.tokens(1);
-            profile::span(profile::Step::Forward, || model.outputs(&tokens))
-        },
-        options,
-        keep_graphs,
-    )
+    let model = Gpt::new(config, 0)?;
+    let tokens = model.tokens(1);
+    profile_bound(|| profile::span(profile::Step::Forward, || model.outputs(&tokens)), options, keep_graphs)
 }
 
 /// The text `kiln profile transformer` prints.

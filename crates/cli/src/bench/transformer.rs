@@ -345,7 +345,13 @@ pub fn render(args: &Args, results: &[DepthResult]) -> SuiteOutput {
         "repeats",
         format!("{} in-process compiles per depth (median); one untimed warm-up compile first", args.repeats),
     );
-    out.meta("end to end", "graph build (forward + trace + structure key) + lower + codegen + memory plan + first run; weight init excluded");
+    out.meta(
+        "end to end",
+        match c.start_pos {
+            Some(_) => "graph build (forward + trace + structure key) + lower + codegen + memory plan + first run; weight and key/value cache init (zeroed, realized with the weights) excluded",
+            None => "graph build (forward + trace + structure key) + lower + codegen + memory plan + first run; weight init excluded",
+        },
+    );
     out.meta(
         "compiled forward",
         match c.start_pos {

@@ -1,9 +1,11 @@
 //! The engine: a compiled rule set indexed by root op, the worklist that applies it to a fixpoint,
 //! and common-subexpression elimination.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use air::graph::Inputs;
 use air::op::Const;
@@ -40,7 +42,7 @@ pub struct RuleSet {
 impl RuleSet {
     /// Parses and indexes `rules`; an error names the rule whose text is wrong.
     pub fn new(rules: impl IntoIterator<Item = &'static Rule>) -> Result<RuleSet, String> {
-        let mut set = RuleSet { rules: Vec::new(), by_head: HashMap::new(), depth: 1 };
+        let mut set = RuleSet { rules: Vec::new(), by_head: HashMap::default(), depth: 1 };
         for rule in rules {
             set.push(rule)?;
         }
@@ -238,30 +240,46 @@ pub fn apply_rules(g: &mut Graph, rules: &RuleSet, stats: &mut RewriteStats) -> 
 /// nodes, keyed by (op, inputs, type) with the inputs of commutative ops sorted, so O(N). Each
 /// node equal to an earlier one has its readers (and output slots) moved to the earlier one.
 /// Returns how many nodes were merged; they stay in the graph without users until
-/// `Graph::remove_dead`.
+/// `Graph::remove_dead`. The table holds each key's hash and the nodes with it, compared in the
+/// graph on a hit: no op or type is cloned.
 pub fn cse(g: &mut Graph) -> u64 {
     let order = g.live_order();
-    let mut table: HashMap<(Op, Inputs, TensorType), NodeId> = HashMap::with_capacity(order.len());
+    let mut table: HashMap<u64, SmallVec<[NodeId; 1]>> =
+        HashMap::with_capacity_and_hasher(order.len(), Default::default());
     let mut merged = 0;
     for id in order {
         air::work::tick();
         let node = g.node(id);
-        let mut inputs = node.inputs.clone();
-        if let Op::Binary(b) = node.op
-            && b.is_commutative()
-            && inputs[1] < inputs[0]
-        {
-            inputs.swap(0, 1);
-        }
-        match table.entry((node.op.clone(), inputs, node.ty.clone())) {
-            Entry::Occupied(e) => {
-                g.replace_all_uses_unchecked(id, *e.get());
+        let inputs = cse_inputs(&node.op, &node.inputs);
+        let hash = {
+            let mut h = rustc_hash::FxHasher::default();
+            (&node.op, &inputs, &node.ty).hash(&mut h);
+            h.finish()
+        };
+        let same = table.entry(hash).or_default();
+        let earlier = same.iter().copied().find(|&e| {
+            let other = g.node(e);
+            other.op == node.op && other.ty == node.ty && cse_inputs(&other.op, &other.inputs) == inputs
+        });
+        match earlier {
+            Some(e) => {
+                g.replace_all_uses_unchecked(id, e);
                 merged += 1;
             }
-            Entry::Vacant(e) => {
-                e.insert(id);
-            }
+            None => same.push(id),
         }
     }
     merged
+}
+
+/// A node's inputs as CSE compares them: a commutative op's two sorted.
+fn cse_inputs(op: &Op, inputs: &Inputs) -> Inputs {
+    let mut inputs = inputs.clone();
+    if let Op::Binary(b) = op
+        && b.is_commutative()
+        && inputs[1] < inputs[0]
+    {
+        inputs.swap(0, 1);
+    }
+    inputs
 }

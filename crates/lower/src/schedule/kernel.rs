@@ -3,7 +3,7 @@
 //! outermost loop level their operands allow (`Emitter`), with merged contiguous loop dims; and
 //! the scatter-add kernel.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use air::{BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Scalar, Symbol, UnaryOp};
 
@@ -662,7 +662,7 @@ pub(super) fn loop_kernel(
         params: Vec::new(),
         pre: vec![Vec::new(); n_total + 1],
         post: vec![Vec::new(); n_total + 1],
-        cse: HashMap::new(),
+        cse: HashMap::default(),
         next_reg: 0,
         next_acc: 0,
         min_level: usize::from(n_outer > 0),
@@ -677,7 +677,7 @@ pub(super) fn loop_kernel(
     let (index, _) = store.index(&em.vars(false), &em.cx)?;
     em.post[n_outer].push(Stmt::Store { buf: 0, index, value: value.reg });
     let mut body = em.assemble(0, &extents);
-    renumber(&mut body, &mut HashMap::new());
+    renumber(&mut body, &mut HashMap::default());
     let n_syms = max_sym_stmts(&body).map_or(0, |m| m + 1);
     *checks = em.checks;
     let (args, params): (Vec<BufId>, Vec<Param>) = em.params.into_iter().unzip();

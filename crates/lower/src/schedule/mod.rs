@@ -78,7 +78,7 @@ mod contraction;
 mod decide;
 mod kernel;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use air::{DType, Dim, Graph, NodeId, Op, OpClass, Symbol};
 use slotmap::SecondaryMap;
@@ -216,7 +216,7 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
     let mut kernels: Vec<Kernel> = Vec::new();
     // Kernels by structural hash: a launch of a kernel seen before is found without cloning it
     // (a depth-8 Transformer launches 40 kernels 245 times).
-    let mut kernel_ids: HashMap<u64, SmallVec<[u32; 1]>> = HashMap::new();
+    let mut kernel_ids: HashMap<u64, SmallVec<[u32; 1]>> = HashMap::default();
     let mut steps = Vec::new();
     let mut launch = |(k, args): (Kernel, Vec<BufId>)| {
         air::work::add(1 + args.len() as u64);
