@@ -140,6 +140,13 @@ impl Dim {
         matches!(self, Dim::Const(_))
     }
 
+    /// Calls `f` with every symbol this dim mentions (a symbol of several terms once per term).
+    pub fn for_each_symbol(&self, mut f: impl FnMut(&Symbol)) {
+        if let Dim::Sym(p) = self {
+            p.terms.keys().flat_map(|m| m.iter()).for_each(&mut f);
+        }
+    }
+
     /// Every symbol this dim mentions, sorted and deduplicated.
     pub fn symbols(&self) -> Vec<Symbol> {
         let mut out: Vec<Symbol> = match self {

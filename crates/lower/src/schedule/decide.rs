@@ -110,7 +110,7 @@ impl Decider<'_> {
             air::work::tick();
             let mut count = self.outputs.get(n).copied().unwrap_or(0);
             let mut bcast = false;
-            for u in self.users(n).collect::<Vec<_>>() {
+            for u in self.users(n) {
                 let op = self.g.op(u);
                 if is_movement(op) {
                     count += self.consumers[u];
@@ -144,7 +144,7 @@ impl Decider<'_> {
 
     fn visit(&mut self, n: NodeId) {
         let g = self.g;
-        let inputs = g.inputs(n).to_vec();
+        let inputs = g.inputs(n);
         match g.op(n).class() {
             OpClass::Leaf => {
                 let c = if matches!(g.op(n), Op::Const(_)) { 0 } else { 1 };
@@ -165,7 +165,7 @@ impl Decider<'_> {
                     return;
                 }
                 let mut carried: Option<NodeId> = None;
-                for &i in &inputs {
+                for &i in inputs {
                     if let Some(&r) = self.carries.get(i) {
                         match carried {
                             None => carried = Some(r),

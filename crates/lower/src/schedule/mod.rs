@@ -135,8 +135,15 @@ pub fn movement(op: &Op) -> Option<Movement> {
 
 /// Every symbol the graph's live nodes mention, sorted by name: `Program::symbols`.
 pub fn graph_symbols(g: &Graph, order: &[NodeId]) -> Vec<Symbol> {
+    // A program mentions a handful of symbols: a list scanned per symbol beats sorting copies.
     let mut syms: Vec<Symbol> = Vec::new();
-    let mut add = |d: &Dim| syms.extend(d.symbols());
+    let mut add = |d: &Dim| {
+        d.for_each_symbol(|s| {
+            if !syms.contains(s) {
+                syms.push(s.clone());
+            }
+        })
+    };
     for &n in order {
         let node = g.node(n);
         node.ty.shape.iter().for_each(&mut add);
@@ -155,7 +162,6 @@ pub fn graph_symbols(g: &Graph, order: &[NodeId]) -> Vec<Symbol> {
         }
     }
     syms.sort();
-    syms.dedup();
     syms
 }
 
