@@ -149,10 +149,8 @@ impl Dim {
 
     /// Every symbol this dim mentions, sorted and deduplicated.
     pub fn symbols(&self) -> Vec<Symbol> {
-        let mut out: Vec<Symbol> = match self {
-            Dim::Const(_) => Vec::new(),
-            Dim::Sym(p) => p.terms.keys().flat_map(|m| m.iter().cloned()).collect(),
-        };
+        let mut out = Vec::new();
+        self.for_each_symbol(|s| out.push(s.clone()));
         out.sort();
         out.dedup();
         out
