@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use air::{Dim, Symbol};
+use air::{Dim, Shape, Symbol};
 
 use crate::error::LowerError;
 use crate::kir::IExpr;
@@ -23,11 +23,11 @@ use crate::kir::IExpr;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Movement {
     /// `reshape` to this shape (same element count, row-major order).
-    Reshape(Vec<Dim>),
+    Reshape(Shape),
     /// `permute`: output axis `i` is input axis `perm[i]`.
     Permute(Vec<usize>),
     /// `expand` of size-1 axes to this shape (same rank).
-    Expand(Vec<Dim>),
+    Expand(Shape),
     /// `pad` by `(before, after)` elements on each axis.
     Pad(Vec<(Dim, Dim)>),
     /// `shrink` to the `(start, end)` range of each axis.
@@ -40,9 +40,9 @@ pub enum Movement {
 #[derive(Clone, Debug, PartialEq)]
 pub struct View {
     /// The shape this view presents.
-    pub shape: Vec<Dim>,
+    pub shape: Shape,
     /// The stride of each dim, in positions of what lies below (0 for an expanded dim).
-    pub strides: Vec<Dim>,
+    pub strides: Shape,
     /// The position of multi-index zero.
     pub offset: Dim,
     /// Per dim, the `[lo, hi)` range of indices that exist; `None` if every index does.
@@ -58,8 +58,8 @@ fn is_zero(d: &Dim) -> bool {
 }
 
 /// Row-major strides of `shape`.
-pub fn row_major(shape: &[Dim]) -> Vec<Dim> {
-    let mut strides = vec![Dim::Const(1); shape.len()];
+pub fn row_major(shape: &[Dim]) -> Shape {
+    let mut strides: Shape = smallvec::smallvec![Dim::Const(1); shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
         strides[d] = &strides[d + 1] * &shape[d + 1];
     }
@@ -78,7 +78,7 @@ fn probe(d: &Dim) -> i64 {
 impl View {
     /// The row-major, unmasked view of `shape` at offset 0.
     pub fn contiguous(shape: &[Dim]) -> View {
-        View { shape: shape.to_vec(), strides: row_major(shape), offset: Dim::Const(0), mask: None }
+        View { shape: shape.into(), strides: row_major(shape), offset: Dim::Const(0), mask: None }
     }
 
     /// Whether the mask of dim `d` keeps every index of the dim.
@@ -137,7 +137,7 @@ impl View {
             };
             mask[d] = (Dim::Const(0), if valid { shape[d].clone() } else { Dim::Const(0) });
         }
-        v.shape = shape.to_vec();
+        v.shape = shape.into();
         v.mask = Some(mask);
         v.normalize_mask();
         Some(v)
@@ -209,7 +209,7 @@ impl View {
             }
         }
         let new_dims: Vec<usize> = (0..new.len()).filter(|&d| !is_one(&new[d])).collect();
-        let mut strides = vec![Dim::Const(0); new.len()];
+        let mut strides: Shape = smallvec::smallvec![Dim::Const(0); new.len()];
         let mut mask: Vec<(Dim, Dim)> = new.iter().map(|s| (Dim::Const(0), s.clone())).collect();
         let (mut i, mut j) = (0, 0);
         while i < old.len() && j < new_dims.len() {
@@ -257,7 +257,7 @@ impl View {
         if i != old.len() || j != new_dims.len() {
             return None;
         }
-        let mut v = View { shape: new.to_vec(), strides, offset: self.offset.clone(), mask: Some(mask) };
+        let mut v = View { shape: new.into(), strides, offset: self.offset.clone(), mask: Some(mask) };
         v.normalize_mask();
         Some(v)
     }
@@ -308,7 +308,7 @@ pub fn common_refinement(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct ViewStack {
     /// The shape of the contiguous tensor `views[0]` addresses.
-    pub base: Vec<Dim>,
+    pub base: Shape,
     /// The views, bottom first; never empty.
     pub views: Vec<View>,
 }
@@ -316,7 +316,7 @@ pub struct ViewStack {
 impl ViewStack {
     /// A single contiguous view of a buffer of shape `shape`.
     pub fn contiguous(shape: &[Dim]) -> ViewStack {
-        ViewStack { base: shape.to_vec(), views: vec![View::contiguous(shape)] }
+        ViewStack { base: shape.into(), views: vec![View::contiguous(shape)] }
     }
 
     /// The last view: the one the consumer indexes.
@@ -772,7 +772,7 @@ mod tests {
     use super::*;
     use crate::kir::Var;
 
-    fn dims(v: &[i64]) -> Vec<Dim> {
+    fn dims(v: &[i64]) -> Shape {
         v.iter().map(|&c| Dim::Const(c)).collect()
     }
 
@@ -853,7 +853,7 @@ mod tests {
         let (i, _) = flat.index(&vars(2), &cx(&[8, 676])).unwrap();
         assert!(i.to_string().contains('/'), "{i}");
         let loops = common_refinement(flat.shape(), flat.reshaped_from().unwrap()).unwrap();
-        let split = flat.through(&[Movement::Reshape(loops)]);
+        let split = flat.through(&[Movement::Reshape(loops.into())]);
         assert!(!split.mergeable(1), "merging 26 x 26 would straddle the strided rows");
         assert!(!split.mergeable(0), "merging 8 x 26 would straddle the strided images");
         let contiguous = ViewStack::contiguous(&dims(&[8, 1, 26, 26]))

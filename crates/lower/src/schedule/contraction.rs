@@ -36,7 +36,7 @@ pub(super) struct Contraction {
 }
 
 /// The row-major strides of a reduce's (keepdim) output, indexed by product-space axis.
-fn output_strides(space: &[Dim], reduced: &[usize]) -> Vec<Dim> {
+fn output_strides(space: &[Dim], reduced: &[usize]) -> air::Shape {
     let out: Vec<Dim> =
         space.iter().enumerate().map(|(d, s)| if reduced.contains(&d) { Dim::Const(1) } else { s.clone() }).collect();
     row_major(&out)

@@ -245,16 +245,23 @@ impl Decider<'_> {
             (MatmulOperand { base, chain }, view)
         };
         let shape = &g.ty(top).shape;
-        let (_, full) = view_at(nodes.len());
         let broadcast = |v: &ViewStack, d: usize| !is_one(&shape[d]) && is_zero(&v.top().strides[d]);
+        let usable = |op: &MatmulOperand, view: &ViewStack| {
+            !matches!(g.op(op.base), Op::Const(_) | Op::Iota(_)) && view.is_affine()
+        };
+        // The longest chain first; shorter ones while they keep every broadcast axis of it.
+        let (op, full) = view_at(nodes.len());
         let mut out = Vec::new();
-        for cut in (0..=nodes.len()).rev() {
+        if usable(&op, &full) {
+            out.push((op, full.clone()));
+        }
+        for cut in (0..nodes.len()).rev() {
             let (op, view) = view_at(cut);
             let lost = (0..shape.len()).any(|d| broadcast(&full, d) && !broadcast(&view, d));
             if lost {
                 break;
             }
-            if !matches!(g.op(op.base), Op::Const(_) | Op::Iota(_)) && view.is_affine() {
+            if usable(&op, &view) {
                 out.push((op, view));
             }
         }

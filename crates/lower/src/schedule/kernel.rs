@@ -485,7 +485,7 @@ fn refined_loops(tree: &mut KExpr, outer: Vec<Dim>) -> Vec<Dim> {
     if !fits {
         return outer;
     }
-    tree.for_each_view(&mut |v, _| v.apply(&Movement::Reshape(loops.clone())));
+    tree.for_each_view(&mut |v, _| v.apply(&Movement::Reshape(loops.iter().cloned().collect())));
     loops
 }
 
@@ -625,12 +625,12 @@ pub(super) fn loop_kernel(
     let mut store = match window {
         None => ViewStack::contiguous(&outer),
         Some(w) => ViewStack::contiguous(&g.ty(root).shape)
-            .through(&[Movement::Shrink(w.to_vec()), Movement::Reshape(outer.clone())]),
+            .through(&[Movement::Shrink(w.to_vec()), Movement::Reshape(outer.iter().cloned().collect())]),
     };
     if tb.reduce.is_some() {
         tree.for_each_view(&mut |v, inner| {
             if !inner {
-                v.apply(&Movement::Reshape(outer.clone()));
+                v.apply(&Movement::Reshape(outer.iter().cloned().collect()));
             }
         });
     }
@@ -647,9 +647,9 @@ pub(super) fn loop_kernel(
     };
     let (outer_sizes, red_sizes) = (sizes(&outer_groups), sizes(&red_groups));
     let all_sizes: Vec<Dim> = outer_sizes.iter().chain(&red_sizes).cloned().collect();
-    store.apply(&Movement::Reshape(outer_sizes.clone()));
+    store.apply(&Movement::Reshape(outer_sizes.iter().cloned().collect()));
     tree.for_each_view(&mut |v, inner| {
-        v.apply(&Movement::Reshape(if inner { all_sizes.clone() } else { outer_sizes.clone() }));
+        v.apply(&Movement::Reshape(if inner { &all_sizes } else { &outer_sizes }.iter().cloned().collect()));
     });
 
     let (n_outer, n_total) = (outer_sizes.len(), all_sizes.len());

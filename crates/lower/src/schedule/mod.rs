@@ -124,9 +124,9 @@ fn is_movement(op: &Op) -> bool {
 /// The movement op of a node, if it is one.
 pub fn movement(op: &Op) -> Option<Movement> {
     Some(match op {
-        Op::Reshape(r) => Movement::Reshape(r.shape.to_vec()),
+        Op::Reshape(r) => Movement::Reshape(r.shape.clone()),
         Op::Permute(p) => Movement::Permute(p.perm.to_vec()),
-        Op::Expand(e) => Movement::Expand(e.shape.to_vec()),
+        Op::Expand(e) => Movement::Expand(e.shape.clone()),
         Op::Pad(p) => Movement::Pad(p.padding.clone()),
         Op::Shrink(s) => Movement::Shrink(s.ranges.clone()),
         _ => return None,
