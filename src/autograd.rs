@@ -28,10 +28,12 @@
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::panic::Location;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
 
 use air::op::Input;
 use air::{Graph, NodeId, Op};
+use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
 use crate::tensor::{Inner, Site, Tensor};
@@ -50,6 +52,10 @@ struct Registry {
     entries: HashMap<usize, Entry>,
     sweep_at: usize,
 }
+
+/// Whether any tensor was ever marked `requires_grad`: until one is, [`keeps_graphs`] knows its
+/// answer without taking the registry's lock (every realize asks).
+static EVER_MARKED: AtomicBool = AtomicBool::new(false);
 
 static REGISTRY: LazyLock<Mutex<Registry>> =
     LazyLock::new(|| Mutex::new(Registry { entries: HashMap::new(), sweep_at: 64 }));
@@ -140,9 +146,12 @@ pub fn grad(output: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
 /// it: gradients are enabled, the root is a computed float tensor, and it depends on a live tensor
 /// marked `requires_grad_` (through kept graphs). One walk serves all the roots (each node is
 /// decided once), and nothing is walked when no tensor is marked.
-pub(crate) fn keeps_graphs(roots: &[Tensor]) -> Vec<bool> {
-    let mut keep = vec![false; roots.len()];
-    if !is_grad_enabled() || !roots.iter().any(|t| t.dtype().is_float() && !t.op().is_leaf()) {
+pub(crate) fn keeps_graphs(roots: &[Tensor]) -> SmallVec<[bool; 4]> {
+    let mut keep: SmallVec<[bool; 4]> = smallvec::smallvec![false; roots.len()];
+    if !EVER_MARKED.load(Ordering::Relaxed)
+        || !is_grad_enabled()
+        || !roots.iter().any(|t| t.dtype().is_float() && !t.op().is_leaf())
+    {
         return keep;
     }
     let marked: HashSet<usize> = with_registry(|r| {
@@ -376,6 +385,9 @@ impl Tensor {
                 r.entry(self).requires_grad = requires_grad;
             }
         });
+        if requires_grad {
+            EVER_MARKED.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Whether this tensor is marked `requires_grad`.

@@ -8,7 +8,7 @@ use runtime::RuntimeError;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::profile;
-use crate::realize::Sites;
+use crate::realize::{SiteOf, Sites};
 
 /// The process-wide GPU device (first use picks the adapter and logs it).
 #[cfg(feature = "wgpu")]
@@ -74,7 +74,7 @@ pub(crate) enum Loaded {
 }
 
 /// Compiles `graph` for `device` (a cache hit when a structurally equal graph was compiled).
-pub(crate) fn load(device: Device, graph: &Graph, sites: &Sites) -> Result<Loaded> {
+pub(crate) fn load(device: Device, graph: &Graph, sites: &dyn SiteOf) -> Result<Loaded> {
     let located = |e: BoundsError| locate(e, graph, sites);
     Ok(match device {
         Device::Interp => Loaded::Interp,
@@ -118,7 +118,7 @@ pub(crate) fn run_loaded(
     graph: &Graph,
     inputs: &mut [HostTensor],
     bindings: &Bindings,
-    sites: &Sites,
+    sites: &dyn SiteOf,
     spare: Vec<air::HostData>,
 ) -> Result<Vec<HostTensor>> {
     crate::stats::record_execution(graph.len());
@@ -140,8 +140,8 @@ pub(crate) fn run_loaded(
 /// A bounds error as an [`Error::Op`] at the line that built its node (`narrow: axis 0: range
 /// end n = 1000 > size 4 at src/main.rs:7:13`); the air op is named too when the user called
 /// another (`narrow` records a `shrink`). A node no user op built (a source) keeps the air error.
-fn locate(e: BoundsError, graph: &Graph, sites: &Sites) -> Error {
-    let site = graph.topo_order().get(e.position as usize).and_then(|&id| sites.get(id));
+fn locate(e: BoundsError, graph: &Graph, sites: &dyn SiteOf) -> Error {
+    let site = graph.topo_order().get(e.position as usize).and_then(|&id| sites.site(id));
     match site {
         Some(site) if site.name == e.op => site.error(e.message),
         Some(site) => site.error(format!("{}: {}", e.op, e.message)),

@@ -43,6 +43,7 @@ mod scalar;
 mod shape;
 pub mod stats;
 mod tensor;
+mod trace_cache;
 pub mod tree;
 pub use tree::Tree;
 

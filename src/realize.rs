@@ -1,21 +1,27 @@
 //! Realizing lazy tensors: trace the DAG into an air graph, run it on the device, keep the results.
 //!
-//! The walk starts at the requested tensors and stops at tensors that already hold data; those
-//! become `Input` nodes (slot = discovery order) and their host data, shared not copied, becomes
-//! the graph's inputs. A `HashMap` keyed by node pointer makes shared subexpressions one air node
-//! and keeps the walk O(nodes). The walk is iterative, so graph depth is bounded only by memory.
-//! Graph types keep their symbolic dims; the symbol values come from the source tensors and are
-//! passed to the backend as bindings, so one program realized with `seq = 3` and with `seq = 7`
-//! gives structurally identical graphs.
+//! The walk ([`walk`]) starts at the requested tensors and stops at tensors that already hold
+//! data; those become `Input` nodes (slot = discovery order) and their host data, shared not
+//! copied, becomes the graph's inputs. A table keyed by node pointer makes shared subexpressions
+//! one air node and keeps the walk O(nodes); its tables are reused per thread. The walk is
+//! iterative, so graph depth is bounded only by memory, and it hashes the structure as it goes:
+//! a structure realized before runs its kept program through the realize cache
+//! ([`crate::trace_cache`]) without an air graph being built ([`Walk::build`] builds one on a
+//! miss, and for `trace` and `kiln::jit`). Graph types keep their symbolic dims; the symbol
+//! values come from the source tensors and are passed to the backend as bindings, so one program
+//! realized with `seq = 3` and with `seq = 7` gives structurally identical graphs.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::panic::Location;
 use std::sync::{Arc, PoisonError};
 
 use air::graph::Node;
 use air::op::Input;
 use air::{Bindings, Element, Graph, HostTensor, NodeId, Op};
+use rustc_hash::FxHasher;
+use smallvec::SmallVec;
 
 use crate::backend;
 use crate::device::Device;
@@ -52,9 +58,17 @@ impl Sites {
         }
         self.0[i] = site;
     }
+}
 
+/// Where the nodes of a traced graph were built: what a failed shape condition is reported
+/// against.
+pub(crate) trait SiteOf {
     /// Where node `id` was built, if the user built it.
-    pub(crate) fn get(&self, id: NodeId) -> Option<Site> {
+    fn site(&self, id: NodeId) -> Option<Site>;
+}
+
+impl SiteOf for Sites {
+    fn site(&self, id: NodeId) -> Option<Site> {
         self.0.get(id.index() as usize).copied().flatten()
     }
 }
@@ -103,31 +117,140 @@ impl Hasher for PtrHasher {
 type PtrMap<V> = HashMap<*const Inner, V, BuildHasherDefault<PtrHasher>>;
 type PtrSet = std::collections::HashSet<*const Inner, BuildHasherDefault<PtrHasher>>;
 
-/// Traces `roots` (error-free, one device, distinct) into a program whose outputs are `roots`.
+/// One tensor of a trace, in trace order (every tensor after its inputs).
+pub(crate) struct Step {
+    pub(crate) tensor: Tensor,
+    /// `Some(slot)`: the tensor enters the program as `Input { slot }` (a `kiln::jit` argument,
+    /// or a tensor that holds data).
+    pub(crate) slot: Option<u32>,
+    /// The positions in trace order of a computed tensor's inputs (empty for inputs and leaves).
+    pub(crate) inputs: SmallVec<[u32; 3]>,
+}
+
+impl Step {
+    /// The air op of this step: `Input { slot }` for an input, else the tensor's own op.
+    pub(crate) fn same_op(&self, op: &Op) -> bool {
+        match self.slot {
+            Some(slot) => *op == Op::Input(Input { slot }),
+            None => *op == self.tensor.inner.op,
+        }
+    }
+}
+
+/// The tensors a program would be traced from, walked once: what [`Walk::build`] turns into an
+/// air graph, and what the realize cache ([`crate::trace_cache`]) compares with a graph traced
+/// before, without building one.
+pub(crate) struct Walk {
+    /// Every tensor of the program, in trace order: the graph's nodes in insertion order.
+    pub(crate) steps: Vec<Step>,
+    /// The position of each root.
+    pub(crate) outputs: SmallVec<[u32; 2]>,
+    /// Host data of the tensors that hold data, in slot order after the arguments.
+    pub(crate) inputs: Vec<HostTensor>,
+    /// The value of every symbol the data-holding tensors bind.
+    pub(crate) bindings: Bindings,
+    /// The structural hash of the steps (ops, types, input positions) and outputs.
+    pub(crate) hash: u64,
+}
+
+/// The inputs of `t` (a handle each, no `Vec` for the common arities).
+fn inputs_of(t: &Tensor) -> SmallVec<[Tensor; 3]> {
+    t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+}
+
+/// Feeds one step to the structural hash.
+fn hash_step(h: &mut FxHasher, op: &Op, ty: &air::TensorType, inputs: &[u32]) {
+    op.hash(h);
+    ty.hash(h);
+    h.write_usize(inputs.len());
+    inputs.iter().for_each(|&i| h.write_u32(i));
+}
+
+/// Walks `roots` (error-free, one device, distinct) in trace order.
 ///
 /// `args` are the placeholders of a `kiln::jit` trace ([`Tensor::placeholder`]): `args[i]`
 /// becomes `Input { slot: i }`, tensors that hold data take the slots after them, and
-/// `Program::inputs` holds only theirs (`inputs[k]` feeds slot `args.len() + k`). A placeholder
+/// `Walk::inputs` holds only theirs (`inputs[k]` feeds slot `args.len() + k`). A placeholder
 /// not in `args` is an error: it escaped the trace it belongs to.
-pub(crate) fn trace_roots(roots: &[Tensor], device: Device, args: &[Tensor]) -> Result<Program> {
-    let mut ids: PtrMap<NodeId> = PtrMap::default();
-    let mut graph = Graph::new();
+pub(crate) fn walk(roots: &[Tensor], device: Device, args: &[Tensor]) -> Result<Walk> {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut scratch) => {
+            let scratch = &mut *scratch;
+            let steps = std::mem::take(&mut scratch.steps);
+            let walk = walk_with(roots, device, args, &mut scratch.position, &mut scratch.stack, steps);
+            scratch.tidy();
+            walk
+        }
+        // Not reached (a walk runs no user code), but a fresh table is always right.
+        Err(_) => walk_with(roots, device, args, &mut PtrMap::default(), &mut Vec::new(), Vec::new()),
+    })
+}
+
+/// Tensors waiting on the walk's stack, each with its inputs once expanded.
+type Pending = Vec<(Tensor, Option<SmallVec<[Tensor; 3]>>)>;
+
+/// The tables of a [`walk`], kept per thread between walks: for a small graph, allocating and
+/// freeing them was a visible part of a realize.
+#[derive(Default)]
+struct Scratch {
+    position: PtrMap<u32>,
+    stack: Pending,
+    /// The step list of the last walk, given back empty by [`Walk::recycle`].
+    steps: Vec<Step>,
+}
+
+/// Tables larger than this are not kept: one huge graph should not pin its tables to a thread.
+const SCRATCH_KEPT: usize = 1 << 12;
+
+impl Scratch {
+    /// Empties the tables (dropping the tensor handles they hold) for the next walk.
+    fn tidy(&mut self) {
+        if self.position.capacity() > SCRATCH_KEPT {
+            self.position = PtrMap::default();
+        } else {
+            self.position.clear();
+        }
+        if self.stack.capacity() > SCRATCH_KEPT {
+            self.stack = Vec::new();
+        } else {
+            self.stack.clear();
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn walk_with(
+    roots: &[Tensor],
+    device: Device,
+    args: &[Tensor],
+    position: &mut PtrMap<u32>,
+    stack: &mut Pending,
+    mut steps: Vec<Step>,
+) -> Result<Walk> {
     let mut inputs: Vec<HostTensor> = Vec::new();
     let mut bindings = Bindings::new();
-    let mut sites = Sites::default();
+    let mut h = FxHasher::default();
+    let push = |steps: &mut Vec<Step>, step: Step, position: &mut PtrMap<u32>, h: &mut FxHasher| {
+        match step.slot {
+            Some(slot) => hash_step(h, &Op::Input(Input { slot }), &step.tensor.inner.ty, &[]),
+            None => hash_step(h, &step.tensor.inner.op, &step.tensor.inner.ty, &step.inputs),
+        }
+        position.insert(key(&step.tensor), steps.len() as u32);
+        steps.push(step);
+    };
     for (slot, arg) in args.iter().enumerate() {
-        let id = graph.add_leaf(Op::Input(Input { slot: slot as u32 }), arg.inner.ty.clone())?;
-        ids.insert(key(arg), id);
+        let step = Step { tensor: arg.clone(), slot: Some(slot as u32), inputs: SmallVec::new() };
+        push(&mut steps, step, position, &mut h);
     }
     let first_slot = args.len();
-    // (tensor, its inputs once expanded): an entry is expanded first, then completed once every
-    // input has an id.
-    let mut stack: Vec<(Tensor, Option<Vec<Tensor>>)> = Vec::new();
-
+    // An entry is expanded first, then completed once every input has a position.
     for root in roots {
         stack.push((root.clone(), None));
         while let Some((t, children)) = stack.pop() {
-            if ids.contains_key(&key(&t)) {
+            if position.contains_key(&key(&t)) {
                 continue;
             }
             if let Some(e) = t.error() {
@@ -136,23 +259,17 @@ pub(crate) fn trace_roots(roots: &[Tensor], device: Device, args: &[Tensor]) -> 
             if t.device() != device {
                 return Err(Error::Device(format!("one program mixes devices {device} and {}", t.device())));
             }
-            let id = match children {
+            let step = match children {
                 Some(children) => {
-                    let mut input_ids = air::graph::Inputs::new();
-                    for c in &children {
-                        input_ids.push(ids[&key(c)]);
-                    }
-                    let id =
-                        graph.add_unchecked(Node { op: t.inner.op.clone(), inputs: input_ids, ty: t.inner.ty.clone() });
-                    sites.set(id, t.inner.site);
-                    id
+                    let inputs = children.iter().map(|c| position[&key(c)]).collect();
+                    Step { tensor: t, slot: None, inputs }
                 }
                 None => {
                     if let Some(r) = t.inner.data.get() {
                         let slot = (first_slot + inputs.len()) as u32;
                         merge_bindings(&mut bindings, &r.bindings)?;
                         inputs.push(r.host.clone());
-                        graph.add_leaf(Op::Input(Input { slot }), t.inner.ty.clone())?
+                        Step { tensor: t, slot: Some(slot), inputs: SmallVec::new() }
                     } else if t.is_placeholder() {
                         let message = if crate::jit::is_tracing() {
                             "a kiln::jit function realized a value computed from its arguments while it was \
@@ -164,11 +281,9 @@ pub(crate) fn trace_roots(roots: &[Tensor], device: Device, args: &[Tensor]) -> 
                         };
                         return Err(Error::Jit(message.into()));
                     } else if t.inner.op.is_leaf() {
-                        let id = graph.add_leaf(t.inner.op.clone(), t.inner.ty.clone())?;
-                        sites.set(id, t.inner.site);
-                        id
+                        Step { tensor: t, slot: None, inputs: SmallVec::new() }
                     } else {
-                        let children = t.inputs();
+                        let children = inputs_of(&t);
                         if children.is_empty() {
                             // Realized by another thread between the two checks above.
                             stack.push((t, None));
@@ -178,7 +293,7 @@ pub(crate) fn trace_roots(roots: &[Tensor], device: Device, args: &[Tensor]) -> 
                         stack.push((t, None));
                         // Reversed, so inputs are discovered (and slots numbered) left to right.
                         for c in children.iter().rev() {
-                            if !ids.contains_key(&key(c)) {
+                            if !position.contains_key(&key(c)) {
                                 stack.push((c.clone(), None));
                             }
                         }
@@ -187,22 +302,81 @@ pub(crate) fn trace_roots(roots: &[Tensor], device: Device, args: &[Tensor]) -> 
                     }
                 }
             };
-            ids.insert(key(&t), id);
+            push(&mut steps, step, position, &mut h);
         }
     }
-    for root in roots {
-        graph.add_output(ids[&key(root)]);
+    let outputs: SmallVec<[u32; 2]> = roots.iter().map(|r| position[&key(r)]).collect();
+    h.write_usize(outputs.len());
+    outputs.iter().for_each(|&o| h.write_u32(o));
+    Ok(Walk { steps, outputs, inputs, bindings, hash: h.finish() })
+}
+
+impl Walk {
+    /// Gives the step list back to this thread's [`walk`] tables, emptied, for the next walk.
+    pub(crate) fn recycle(self) {
+        let mut steps = self.steps;
+        if steps.capacity() > SCRATCH_KEPT {
+            return;
+        }
+        steps.clear();
+        SCRATCH.with(|scratch| {
+            if let Ok(mut scratch) = scratch.try_borrow_mut() {
+                scratch.steps = steps;
+            }
+        });
     }
-    Ok(Program { graph, inputs, bindings, device, sites })
+
+    /// The air graph of the walk (node `i` inserted `i`-th: `ids[i]`), with where each node was
+    /// built.
+    pub(crate) fn build(&self) -> Result<(Graph, Vec<NodeId>, Sites)> {
+        let mut graph = Graph::with_capacity(self.steps.len());
+        let mut ids = Vec::with_capacity(self.steps.len());
+        let mut sites = Sites::default();
+        for step in &self.steps {
+            let (op, ty) = (&step.tensor.inner.op, &step.tensor.inner.ty);
+            let id = match step.slot {
+                Some(slot) => graph.add_leaf(Op::Input(Input { slot }), ty.clone())?,
+                None if step.inputs.is_empty() => graph.add_leaf(op.clone(), ty.clone())?,
+                None => {
+                    let inputs = step.inputs.iter().map(|&i| ids[i as usize]).collect();
+                    graph.add_unchecked(Node { op: op.clone(), inputs, ty: ty.clone() })
+                }
+            };
+            if step.slot.is_none() {
+                sites.set(id, step.tensor.inner.site);
+            }
+            ids.push(id);
+        }
+        for &o in &self.outputs {
+            graph.add_output(ids[o as usize]);
+        }
+        Ok((graph, ids, sites))
+    }
+}
+
+/// Traces `roots` (error-free, one device, distinct) into a program whose outputs are `roots`;
+/// `args` as in [`walk`].
+pub(crate) fn trace_roots(roots: &[Tensor], device: Device, args: &[Tensor]) -> Result<Program> {
+    let walk = walk(roots, device, args)?;
+    let (graph, _, sites) = walk.build()?;
+    Ok(Program { graph, inputs: walk.inputs, bindings: walk.bindings, device, sites })
 }
 
 /// The requested tensors that still need computing, deduplicated, or the first error.
-fn pending(tensors: &[&Tensor]) -> Result<Vec<Tensor>> {
-    let mut seen = PtrSet::default();
-    let mut out = Vec::new();
+fn pending(tensors: &[&Tensor]) -> Result<SmallVec<[Tensor; 2]>> {
+    let mut out: SmallVec<[Tensor; 2]> = SmallVec::new();
+    // A few tensors are deduplicated by comparing handles; a table pays beyond that.
+    let mut seen = (tensors.len() > 8).then(PtrSet::default);
     for t in tensors {
         t.check()?;
-        if !t.is_realized() && seen.insert(key(t)) {
+        if t.is_realized() {
+            continue;
+        }
+        let new = match &mut seen {
+            Some(seen) => seen.insert(key(t)),
+            None => !out.iter().any(|o| Tensor::ptr_eq(o, t)),
+        };
+        if new {
             out.push((*t).clone());
         }
     }
@@ -228,30 +402,40 @@ pub fn trace(tensors: &[&Tensor]) -> Result<Program> {
 /// stores each result in its tensor. Later realizes reuse the stored data.
 pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     let todo = pending(tensors)?;
-    let mut devices: Vec<Device> = Vec::new();
+    let mut devices: SmallVec<[Device; 1]> = SmallVec::new();
     for t in &todo {
         if !devices.contains(&t.device()) {
             devices.push(t.device());
         }
     }
     for device in devices {
-        let roots: Vec<Tensor> = todo.iter().filter(|t| t.device() == device).cloned().collect();
-        let program = if crate::profile::is_active() {
-            crate::profile::begin(crate::profile::Step::Trace, None);
-            let program = trace_roots(&roots, device, &[]);
-            crate::profile::end(program.as_ref().ok().map(|p| p.graph.len()));
-            program?
+        let mine;
+        let roots: &[Tensor] = if todo.iter().all(|t| t.device() == device) {
+            &todo
         } else {
-            trace_roots(&roots, device, &[])?
+            mine = todo.iter().filter(|t| t.device() == device).cloned().collect::<Vec<Tensor>>();
+            &mine
         };
-        let outputs =
-            backend::execute_traced(device, &program.graph, program.inputs, &program.bindings, &program.sites)?;
+        // Inside a profile every step of a realize is reported (trace, the device's cache lookup
+        // or compile, run); outside, the realize cache skips the steps a structure seen before
+        // does not need.
+        let (outputs, bindings) = if crate::profile::is_active() {
+            crate::profile::begin(crate::profile::Step::Trace, None);
+            let program = trace_roots(roots, device, &[]);
+            crate::profile::end(program.as_ref().ok().map(|p| p.graph.len()));
+            let program = program?;
+            let outputs =
+                backend::execute_traced(device, &program.graph, program.inputs, &program.bindings, &program.sites)?;
+            (outputs, program.bindings)
+        } else {
+            crate::trace_cache::realize_roots(roots, device)?
+        };
         if outputs.len() != roots.len() {
             return Err(Error::internal(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));
         }
-        let keep = crate::autograd::keeps_graphs(&roots);
+        let keep = crate::autograd::keeps_graphs(roots);
         for ((t, host), keep) in roots.iter().zip(outputs).zip(keep) {
-            store(t, host, &program.bindings, keep)?;
+            store(t, host, &bindings, keep)?;
         }
     }
     Ok(())

@@ -11,6 +11,7 @@ thread_local! {
     static INTERP_RUNS: Cell<u64> = const { Cell::new(0) };
     static CPU_RUNS: Cell<u64> = const { Cell::new(0) };
     static CPU_LAUNCHES: Cell<u64> = const { Cell::new(0) };
+    static REALIZE_CACHE_HITS: Cell<u64> = const { Cell::new(0) };
 }
 
 /// How many graphs this thread has executed (one per `realize` that had work to do).
@@ -50,4 +51,14 @@ pub(crate) fn record_interp_run() {
 pub(crate) fn record_cpu_run(launches: u64) {
     CPU_RUNS.with(|c| c.set(c.get() + 1));
     CPU_LAUNCHES.with(|c| c.set(c.get() + launches));
+}
+
+/// How many realizes on this thread found their structure in the realize cache: they ran the
+/// program loaded for an equal graph before, without tracing a graph or asking the device.
+pub fn realize_cache_hits() -> u64 {
+    REALIZE_CACHE_HITS.with(Cell::get)
+}
+
+pub(crate) fn record_realize_cache_hit() {
+    REALIZE_CACHE_HITS.with(|c| c.set(c.get() + 1));
 }

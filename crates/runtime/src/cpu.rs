@@ -60,6 +60,8 @@ struct Inner {
     programs: Mutex<Lru<u64, Bucket>>,
     programs_compiled: AtomicU64,
     cache_hits: AtomicU64,
+    /// Bumped by every [`CpuDevice::clear_caches`].
+    generation: AtomicU64,
 }
 
 /// The CPU: native loop kernels from `codegen`, GEMM for matmuls, rayon's pool for threads.
@@ -103,6 +105,7 @@ impl CpuDevice {
                 programs: Mutex::new(Lru::new(capacity_from_env(PROGRAM_CACHE_ENV, PROGRAM_CACHE_CAPACITY))),
                 programs_compiled: AtomicU64::new(0),
                 cache_hits: AtomicU64::new(0),
+                generation: AtomicU64::new(0),
             }),
         })
     }
@@ -259,5 +262,13 @@ impl CpuDevice {
         let programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).drain();
         drop(programs);
         self.inner.compiler.clear_cache();
+        self.inner.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many times [`CpuDevice::clear_caches`] has emptied the caches: a cache of this
+    /// device's executables kept elsewhere (the facade's realize cache) forgets what it holds
+    /// when this changes, so that clearing means the next graph compiles.
+    pub fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Relaxed)
     }
 }

@@ -42,6 +42,7 @@ pub mod wgpu;
 
 pub use air::GraphKey;
 pub use backend::{Backend, BindingSet, Runner};
+pub use codegen::lru;
 pub use cpu::{CpuDevice, CpuStats};
 pub use error::{ErrorKind, InputSpec, Result, RuntimeError};
 pub use lower::MemoryStats;

@@ -1,0 +1,197 @@
+//! The realize cache: a lazy graph realized again with the structure of one realized before runs
+//! the program loaded then, without building an air graph, checking it or looking it up again.
+//!
+//! [`crate::realize::walk`] visits the tensors to compute in trace order and hashes their
+//! structure (ops with attributes, types, input positions, outputs) on the way. The cache maps
+//! that hash to the programs realized from it, each kept with the air graph it was traced into
+//! (node `i` of the walk is `ids[i]`). A walk is one of them when every step equals its node: the
+//! same op (an `Input` of the same slot for a tensor that holds data), the same type, inputs at
+//! the same positions, and the same outputs. Then `Walk::build` would build that very graph,
+//! node for node in the same order, so the device would compile it into that very program (its
+//! cache compares graphs by structure in topological order, which equal graphs share): running
+//! the kept program on the walk's data and symbol values is what a full realize does, minus
+//! building the graph, its topological order and its `air::GraphKey` hash and comparison.
+//!
+//! The cache is per thread (no lock on the hot path, and the kept graphs need not be shared) and
+//! bounded ([`CAPACITY`] structures, least recently used evicted first, `KILN_REALIZE_CACHE=N`
+//! changes it). It holds executables the device may have evicted since: they stay valid (an
+//! `Arc` each), and stay alive until evicted here too. [`runtime::CpuDevice::clear_caches`]
+//! empties it as well (through the device's generation), so that clearing still means the next
+//! graph compiles.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use air::{Bindings, Graph, HostTensor, NodeId};
+use runtime::lru::{Lru, capacity_from_env};
+use smallvec::SmallVec;
+
+use crate::backend::{self, Loaded};
+use crate::device::Device;
+use crate::error::Result;
+use crate::realize::{SiteOf, Step, Walk, walk};
+use crate::tensor::{Site, Tensor};
+
+/// How many distinct structures a thread's realize cache keeps by default.
+pub const CAPACITY: usize = 64;
+
+/// Environment variable that sets the capacity of each thread's realize cache.
+pub const CAPACITY_ENV: &str = "KILN_REALIZE_CACHE";
+
+/// One realized structure: its graph and the program loaded from it.
+struct Entry {
+    /// The device's cache generation when the program was loaded.
+    generation: u64,
+    graph: Graph,
+    /// The node of each step of the walk it was built from.
+    ids: Vec<NodeId>,
+    loaded: Loaded,
+}
+
+impl Entry {
+    /// Whether `walk` would build this entry's graph (see the module docs).
+    fn matches(&self, walk: &Walk) -> bool {
+        if walk.steps.len() != self.ids.len() || walk.outputs.len() != self.graph.outputs().len() {
+            return false;
+        }
+        let same_steps = walk.steps.iter().zip(&self.ids).all(|(step, &id)| {
+            let node = self.graph.node(id);
+            node.inputs.len() == step.inputs.len()
+                && node.inputs.iter().zip(&step.inputs).all(|(&i, &p)| self.ids[p as usize] == i)
+                && node.ty == step.tensor.inner.ty
+                && step.same_op(&node.op)
+        });
+        same_steps && walk.outputs.iter().zip(self.graph.outputs()).all(|(&p, &o)| self.ids[p as usize] == o)
+    }
+}
+
+type Bucket = SmallVec<[Rc<Entry>; 1]>;
+
+thread_local! {
+    static CACHE: RefCell<Lru<(Device, u64), Bucket>> =
+        RefCell::new(Lru::new(capacity_from_env(CAPACITY_ENV, CAPACITY)));
+}
+
+/// The generation of `device`'s program cache (see [`runtime::CpuDevice::generation`]).
+fn generation(device: Device) -> Result<u64> {
+    Ok(match device {
+        Device::Cpu => backend::cpu_device()?.generation(),
+        Device::Interp | Device::Wgpu => 0,
+    })
+}
+
+/// Where the nodes of an entry's graph were built in this walk: the tensor of the node's step.
+struct WalkSites<'a> {
+    steps: &'a [Step],
+    ids: &'a [NodeId],
+}
+
+impl SiteOf for WalkSites<'_> {
+    fn site(&self, id: NodeId) -> Option<Site> {
+        // Only a failed run asks, once: a scan is enough.
+        let step = &self.steps[self.ids.iter().position(|&i| i == id)?];
+        if step.slot.is_some() { None } else { step.tensor.inner.site }
+    }
+}
+
+/// Computes `roots` (error-free, distinct, all on `device`): one host tensor per root, in order,
+/// and the symbol values they were computed with.
+pub(crate) fn realize_roots(roots: &[Tensor], device: Device) -> Result<(Vec<HostTensor>, Bindings)> {
+    let mut walk = walk(roots, device, &[])?;
+    let generation = generation(device)?;
+    let key = (device, walk.hash);
+    let found = CACHE.with(|cache| {
+        let mut cache = cache.borrow_mut();
+        let bucket = cache.get_mut(&key)?;
+        bucket.retain(|e| e.generation == generation);
+        bucket.iter().find(|e| e.matches(&walk)).cloned()
+    });
+    let entry = match found {
+        Some(entry) => {
+            crate::stats::record_realize_cache_hit();
+            entry
+        }
+        None => {
+            let (graph, ids, sites) = walk.build()?;
+            let loaded = backend::load(device, &graph, &sites)?;
+            let entry = Rc::new(Entry { generation, graph, ids, loaded });
+            CACHE.with(|cache| {
+                let mut cache = cache.borrow_mut();
+                match cache.get_mut(&key) {
+                    Some(bucket) => bucket.push(entry.clone()),
+                    None => drop(cache.insert(key, SmallVec::from_elem(entry.clone(), 1))),
+                }
+            });
+            entry
+        }
+    };
+    let sites = WalkSites { steps: &walk.steps, ids: &entry.ids };
+    let outputs =
+        backend::run_loaded(&entry.loaded, &entry.graph, &mut walk.inputs, &walk.bindings, &sites, Vec::new());
+    let bindings = std::mem::take(&mut walk.bindings);
+    walk.recycle();
+    Ok((outputs?, bindings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The entry a realize of `roots` on the interpreter would keep.
+    fn entry(roots: &[Tensor]) -> Entry {
+        let walk = walk(roots, Device::Interp, &[]).unwrap();
+        let (graph, ids, _) = walk.build().unwrap();
+        Entry { generation: 0, graph, ids, loaded: Loaded::Interp }
+    }
+
+    fn matches(entry: &Entry, roots: &[Tensor]) -> bool {
+        entry.matches(&walk(roots, Device::Interp, &[]).unwrap())
+    }
+
+    /// The comparison alone, without the hash in front of it: every variant matches a rebuild of
+    /// itself and none of the others.
+    #[test]
+    fn only_the_same_structure_matches() {
+        let on = |data: Vec<f32>, shape: &[usize]| Tensor::from_vec(data, shape).to_device(Device::Interp).unwrap();
+        let (x, y) = (on(vec![1.0, 2.0, 3.0, 4.0], &[4]), on(vec![5.0, 6.0, 7.0, 8.0], &[4]));
+        let x2 = on(vec![1.0, 2.0, 3.0, 4.0], &[2, 2]);
+        let variants: Vec<Box<dyn Fn() -> Tensor>> = vec![
+            Box::new(|| x.add(1.0)),
+            Box::new(|| x.add(2.0)),
+            Box::new(|| x.sub(&y)),
+            // (`y.sub(&x)` is `x.sub(&y)`'s structure: its slots are numbered in order of discovery.)
+            Box::new(|| x.sub(y.neg())),
+            Box::new(|| x.sub(&x)),
+            // The same nodes wired the other way round.
+            Box::new(|| x.sub(x.neg())),
+            Box::new(|| x.neg().sub(&x)),
+            Box::new(|| x.mul(&y)),
+            Box::new(|| x.maximum(&y)),
+            Box::new(|| {
+                let n = x.neg();
+                n.add(&n)
+            }),
+            Box::new(|| x.neg().add(x.neg())),
+            Box::new(|| x.cast(air::DType::F64).add(1.0)),
+            Box::new(|| x2.add(1.0)),
+            Box::new(|| x2.add(1.0).sum(1)),
+        ];
+        for (i, a) in variants.iter().enumerate() {
+            let kept = entry(&[a()]);
+            for (j, b) in variants.iter().enumerate() {
+                assert_eq!(matches(&kept, &[b()]), i == j, "variant {i} against variant {j}");
+            }
+        }
+        // Two outputs, one computed from the other: the same nodes, listed in either order.
+        let pair = || {
+            let n = x.neg();
+            let m = n.mul(&y);
+            (n, m)
+        };
+        let (n, m) = pair();
+        let kept = entry(&[n, m]);
+        let (n, m) = pair();
+        assert!(matches(&kept, &[n.clone(), m.clone()]));
+        assert!(!matches(&kept, &[m, n]));
+    }
+}
