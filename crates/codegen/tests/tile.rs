@@ -18,15 +18,24 @@ enum Expr {
     Input(u32),
     /// `in_b[0]`: a broadcast load (uniform).
     Broadcast(u32),
+    /// In a rows kernel, `in_b[r * row_stride_b]`: one value per row, loaded before the row's
+    /// inner loop (a softmax's row maximum).
+    Row(u32),
     Const(f32),
     Unary(UnaryOp, Box<Expr>),
     Binary(BinaryOp, Box<Expr>, Box<Expr>),
 }
 
 fn tree(unary: Vec<UnaryOp>) -> impl Strategy<Value = Expr> {
+    tree_with(unary, 0)
+}
+
+/// [`tree`], with per-row leaves ([`Expr::Row`]) weighted `row` (0: none).
+fn tree_with(unary: Vec<UnaryOp>, row: u32) -> impl Strategy<Value = Expr> {
     let leaf = prop_oneof![
         4 => (0u32..3).prop_map(Expr::Input),
         1 => (0u32..3).prop_map(Expr::Broadcast),
+        row => (0u32..3).prop_map(Expr::Row),
         1 => prop_oneof![Just(0.0f32), Just(1.0), Just(-2.5), Just(0.1), Just(f32::INFINITY)].prop_map(Expr::Const),
     ];
     leaf.prop_recursive(5, 32, 2, move |inner| {
@@ -57,6 +66,8 @@ fn lower_expr(e: &Expr, out: &mut Vec<Stmt>, next: &mut u32, index: &dyn Fn(u32)
     match e {
         Expr::Input(b) => fresh(out, Inst::Load { buf: *b, index: index(*b), mask: None, other: Scalar::Int(0) }),
         Expr::Broadcast(b) => fresh(out, Inst::Load { buf: *b, index: c(0), mask: None, other: Scalar::Int(0) }),
+        // Defined before the loop by `rows_kernel`.
+        Expr::Row(b) => ROW_REG + b,
         Expr::Const(x) => fresh(out, Inst::Const(Scalar::Float(*x as f64))),
         Expr::Unary(op, a) => {
             let a = lower_expr(a, out, next, index);
@@ -163,9 +174,25 @@ proptest! {
     }
 }
 
+impl Expr {
+    /// Whether the expression reads `Expr::Row(b)`.
+    fn reads_row(&self, b: u32) -> bool {
+        match self {
+            Expr::Row(x) => *x == b,
+            Expr::Input(_) | Expr::Broadcast(_) | Expr::Const(_) => false,
+            Expr::Unary(_, a) => a.reads_row(b),
+            Expr::Binary(_, x, y) => x.reads_row(b) || y.reads_row(b),
+        }
+    }
+}
+
+/// The register of `Expr::Row(b)`: `ROW_REG + b`.
+const ROW_REG: u32 = 1000;
+
 /// `out3[r*o0 + j] = e` (and `out4[r*o1 + j] = e` when `twice`) for rows `r < s0` of `width`
-/// elements `j`, input `b` read at `in_b[r*strides[b] + j]`, a constant before the row loop:
-/// the shape `analysis::tile_rows_plan` tiles as whole rows.
+/// elements `j`, input `b` read at `in_b[r*strides[b] + j]`, a constant and the per-row values
+/// `in_b[r * (strides[b] - 1)]` (`Expr::Row(b)`) before the row loop: the shape
+/// `analysis::tile_rows_plan` tiles as whole rows.
 fn rows_kernel(e: &Expr, width: i64, strides: [i64; 3], outs: [i64; 2], twice: bool) -> LoopKernel {
     let at = |stride: i64| IExpr::add(IExpr::mul(i(0), c(stride)), i(1));
     let mut inner = Vec::new();
@@ -176,7 +203,12 @@ fn rows_kernel(e: &Expr, width: i64, strides: [i64; 3], outs: [i64; 2], twice: b
         inner.push(store(4, at(outs[1]), out));
     }
     let d = DType::F32;
-    let row = vec![let_(0, d, Inst::Const(Scalar::Float(0.5))), for_(1, c(width), false, inner)];
+    let mut row = vec![let_(0, d, Inst::Const(Scalar::Float(0.5)))];
+    for b in (0..3).filter(|&b| e.reads_row(b)) {
+        let index = IExpr::mul(i(0), c(strides[b as usize] - 1));
+        row.push(let_(ROW_REG + b, d, Inst::Load { buf: b, index, mask: None, other: Scalar::Int(0) }));
+    }
+    row.push(for_(1, c(width), false, inner));
     LoopKernel { params: three_in_two_out(), n_syms: 1, body: vec![for_(0, IExpr::Sym(0), true, row)] }
 }
 
@@ -198,8 +230,8 @@ proptest! {
     /// that do not divide a tile keep the JIT's loops and must agree too.
     #[test]
     fn rows_tiled_whole_match_the_evaluator_and_the_jit(
-        exact in tree(vec![UnaryOp::Neg, UnaryOp::Sqrt, UnaryOp::Recip]),
-        heavy in tree(vec![UnaryOp::Neg, UnaryOp::Recip, UnaryOp::Exp2, UnaryOp::Log2]),
+        exact in tree_with(vec![UnaryOp::Neg, UnaryOp::Sqrt, UnaryOp::Recip], 1),
+        heavy in tree_with(vec![UnaryOp::Neg, UnaryOp::Recip, UnaryOp::Exp2, UnaryOp::Log2], 1),
         width in proptest::sample::select(vec![8i64, 16, 32, 48, 60]),
         pads in proptest::array::uniform3(0i64..3),
         outs in proptest::array::uniform2(0i64..2),
@@ -258,6 +290,33 @@ fn short_rows_of_heavy_work_run_as_routine_calls() {
     // exp2, the addition and recip are one exp2-recip call, writing the output rows in place.
     assert_eq!(calls(32), 1, "rows of 32 call the routine");
     assert_eq!(calls(60), 0, "rows of 60 stay in the JIT");
+}
+
+/// A softmax's exponentials over rows of 16, `exp2((x - max_row) * log2 e)` with the row's
+/// maximum loaded before the row loop, run as routine calls over whole rows in `Auto` mode (a
+/// scratch tile filled with each row's maximum), where they were 128-bit JIT loops.
+#[test]
+fn rows_with_a_value_per_row_run_as_routine_calls() {
+    let e = Expr::Unary(
+        UnaryOp::Exp2,
+        Box::new(Expr::Binary(
+            BinaryOp::Mul,
+            Box::new(Expr::Binary(BinaryOp::Sub, Box::new(Expr::Input(0)), Box::new(Expr::Row(1)))),
+            Box::new(Expr::Const(std::f32::consts::LOG2_E)),
+        )),
+    );
+    let k = rows_kernel(&e, 16, [16, 16, 16], [16, 16], false);
+    let auto = Tiling { mode: TileMode::Auto, level: TileLevel::Avx512 };
+    let text = kiln_codegen::clif_text_with(&k, auto).unwrap();
+    assert!(text.lines().any(|l| l.contains(" call ")), "rows of 16 with a per-row value call the routines");
+    // And the values: the evaluator's, within the approximation (exp2 is not correctly rounded).
+    let rows = 37;
+    let mut want = rows_inputs(rows, 26, 7);
+    eval(&k, &mut want, &[rows as i64], 0, rows as i64);
+    let c = compiler(TileMode::Auto, TileLevel::Avx512);
+    let mut got = rows_inputs(rows, 26, 7);
+    jit_with(&c, &k, &mut got, &[rows as i64], 0, rows as i64);
+    assert_bufs_close(&got[3], &want[3], 1e-6, "softmax rows");
 }
 
 /// A sigmoid, `1 / (1 + exp2(-x * log2 e))`, as the facade records it, 8 times over.

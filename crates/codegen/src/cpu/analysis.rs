@@ -378,6 +378,19 @@ pub(crate) fn tile_binary_op(op: BinaryOp) -> Option<TileBinary> {
 /// `exp2` or `log2` on a varying register: a loop of cheap ops is bound by memory, and the JIT's
 /// in-register loop does not pay the tile's loads and stores.
 pub(crate) fn tile_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt], mode: TileMode) -> Option<TilePlan> {
+    tile_plan_with(k, info, v, body, mode, &[])
+}
+
+/// [`tile_plan`], with the loads at statement indices `per_row` (which do not read `v`) taken as
+/// varying: a rows plan fills a scratch tile with each row's value for them.
+fn tile_plan_with(
+    k: &LoopKernel,
+    info: &KernelInfo,
+    v: Var,
+    body: &[Stmt],
+    mode: TileMode,
+    per_row: &[usize],
+) -> Option<TilePlan> {
     if mode == TileMode::Off {
         return None;
     }
@@ -400,7 +413,9 @@ pub(crate) fn tile_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt]
                             return None;
                         }
                         loaded.push(*buf);
-                        if index.uses(v) {
+                        if per_row.contains(&i) {
+                            TileStep::Load
+                        } else if index.uses(v) {
                             if !coeff_is(index, v, &[1]) {
                                 return None;
                             }
@@ -681,15 +696,20 @@ pub(crate) struct RowsPlan {
     /// Accesses whose rows are not adjacent (a row stride other than the width), by statement
     /// index into `steps`: each is gathered into, or scattered from, a scratch tile of its own.
     pub(crate) strided: HashMap<usize, (IExpr, usize)>,
+    /// Loads of one value per row (a softmax's row maximum), by statement index into `steps`,
+    /// with their row stride: each fills a scratch tile of its own, every row with its value.
+    pub(crate) per_row: HashMap<usize, (IExpr, usize)>,
 }
 
-/// Decides whether the loop over `outer` with `body` (constants, then one inner loop of a known
-/// width `w < min_trips`) runs as tiles of `TILE / w` whole rows, the tile routines seeing each
-/// tile as `rows * w` contiguous elements: an LSTM's gates (16 rows of 32, five exp2s per
-/// element) otherwise stay in 128-bit JIT loops. Every load and store of the inner body must be
-/// contiguous along the row (coefficient 1 for the inner variable) and linear in the row; rows
-/// that lie `w` apart are read and written in place, others go through scratch tiles, copied
-/// row by row. Nothing else in the body may depend on the row.
+/// Decides whether the loop over `outer` with `body` (constants and loads of one value per row,
+/// then one inner loop of a known width `w < min_trips`) runs as tiles of `TILE / w` whole rows,
+/// the tile routines seeing each tile as `rows * w` contiguous elements: an LSTM's gates (16 rows
+/// of 32, five exp2s per element) and a softmax over 16 keys (`exp2(x - max)` per row) otherwise
+/// stay in 128-bit JIT loops. Every load and store of the inner body must be contiguous along the
+/// row (coefficient 1 for the inner variable) and linear in the row; rows that lie `w` apart are
+/// read and written in place, others go through scratch tiles, copied row by row. A per-row load
+/// before the inner loop must be linear in the row; it fills a scratch tile, each row of it with
+/// the row's value. Nothing else in the body may depend on the row.
 pub(crate) fn tile_rows_plan(
     k: &LoopKernel,
     info: &KernelInfo,
@@ -698,7 +718,10 @@ pub(crate) fn tile_rows_plan(
     mode: TileMode,
     min_trips: i64,
 ) -> Option<RowsPlan> {
-    let prefix = body.iter().take_while(|s| matches!(s, Stmt::Let { inst: Inst::Const(_), .. })).count();
+    let prefix = body
+        .iter()
+        .take_while(|s| matches!(s, Stmt::Let { inst: Inst::Const(_) | Inst::Load { mask: None, .. }, .. }))
+        .count();
     let [Stmt::Loop { var: inner, extent, parallel: false, body: inner_body }] = &body[prefix..] else {
         return None;
     };
@@ -712,6 +735,7 @@ pub(crate) fn tile_rows_plan(
     // expression free of both loop variables; an access that does not move along the row may
     // not move with it either.
     let mut strided = HashMap::new();
+    let mut per_row = HashMap::new();
     for (i, s) in flat.iter().enumerate() {
         let index = match s {
             Stmt::Let { inst: Inst::Load { index, .. }, .. } | Stmt::Store { index, .. } => index,
@@ -720,7 +744,12 @@ pub(crate) fn tile_rows_plan(
         };
         if !index.uses(*inner) {
             if index.uses(outer) {
-                return None;
+                // One value per row: only a load before the inner loop, linear in the row.
+                let stride = index.linear_coeff(outer).filter(|_| i < prefix)?;
+                if stride.uses(outer) || stride.uses(*inner) {
+                    return None;
+                }
+                per_row.insert(i, (stride, 0));
             }
             continue;
         }
@@ -732,7 +761,8 @@ pub(crate) fn tile_rows_plan(
             strided.insert(i, (stride, 0));
         }
     }
-    let mut tiles = tile_plan(k, info, *inner, &flat, mode)?;
+    let row_loads: Vec<usize> = per_row.keys().copied().collect();
+    let mut tiles = tile_plan_with(k, info, *inner, &flat, mode, &row_loads)?;
     // A strided store gets its value from a scratch tile, never written in place.
     for (j, s) in flat.iter().enumerate() {
         if let (Stmt::Store { .. }, TileStep::Stored) = (s, tiles.steps[j])
@@ -750,5 +780,9 @@ pub(crate) fn tile_rows_plan(
             tiles.slots += 1;
         }
     }
-    (tiles.slots <= MAX_SLOTS).then_some(RowsPlan { prefix, inner: *inner, width, tiles, strided })
+    for (_, slot) in per_row.values_mut() {
+        *slot = tiles.slots;
+        tiles.slots += 1;
+    }
+    (tiles.slots <= MAX_SLOTS).then_some(RowsPlan { prefix, inner: *inner, width, tiles, strided, per_row })
 }

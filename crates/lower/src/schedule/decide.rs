@@ -6,7 +6,7 @@ use air::{BinaryOp, DType, Graph, NodeId, Op, OpClass, ReduceOp};
 use slotmap::SecondaryMap;
 
 use super::contraction::{contraction, is_one, is_zero};
-use super::{BROADCAST_MAX, MAX_DEPTH, RECOMPUTE_MAX, STENCIL_READS, is_movement, movement};
+use super::{BROADCAST_MAX, MAX_DEPTH, RECOMPUTE_MAX, STENCIL_READS, TILE_ROWS_MIN, is_movement, movement};
 use crate::view::{Movement, ViewStack};
 
 /// What to fuse.
@@ -76,6 +76,9 @@ struct Decider<'a> {
     depth: SecondaryMap<NodeId, u32>,
     /// The fused reduce a non-materialized node's expression contains.
     carries: SecondaryMap<NodeId, NodeId>,
+    /// Non-materialized nodes whose fused expression evaluates a transcendental (`exp2`, `log2`,
+    /// `sin`, `erf`).
+    transcendental: SecondaryMap<NodeId, ()>,
     plans: SecondaryMap<NodeId, Plan>,
 }
 
@@ -95,6 +98,7 @@ impl Decider<'_> {
         self.cost.insert(n, 1);
         self.depth.insert(n, 0);
         self.carries.remove(n);
+        self.transcendental.remove(n);
     }
 
     fn is_buffer(&self, n: NodeId) -> bool {
@@ -155,6 +159,9 @@ impl Decider<'_> {
                     self.materialize(inputs[0]);
                 }
                 self.cost.insert(n, self.read_cost(inputs[0]));
+                if self.transcendental.contains_key(inputs[0]) {
+                    self.transcendental.insert(n, ());
+                }
                 if self.opts.fuse && matches!(g.op(n), Op::Pad(_)) && self.consumers[n] >= STENCIL_READS {
                     self.materialize(n);
                 }
@@ -176,6 +183,13 @@ impl Decider<'_> {
                 }
                 let cost = 1 + inputs.iter().map(|&i| self.read_cost(i)).sum::<u32>();
                 self.cost.insert(n, cost);
+                let own = matches!(
+                    g.op(n),
+                    Op::Unary(air::UnaryOp::Exp2 | air::UnaryOp::Log2 | air::UnaryOp::Sin | air::UnaryOp::Erf)
+                );
+                if own || inputs.iter().any(|&i| self.transcendental.contains_key(i)) {
+                    self.transcendental.insert(n, ());
+                }
                 if let Some(r) = carried {
                     self.carries.insert(n, r);
                 }
@@ -183,7 +197,25 @@ impl Decider<'_> {
                     return;
                 }
                 let many = self.consumers[n] > 1;
-                if (many && (carried.is_some() || cost > RECOMPUTE_MAX)) || (self.broadcast[n] && cost > BROADCAST_MAX)
+                // A transcendental that a reduce reads and something else reads too (softmax's
+                // `exp`, read by its sum and by the division): one element-wise kernel computes
+                // it at full vector width (`codegen`'s tiles), where every reader would evaluate
+                // it again in its own loop. Only over rows of a known length of at least
+                // `TILE_ROWS_MIN`: shorter or symbolic rows (a decoder's attention over its past)
+                // would pay a launch and a round trip to save little.
+                let reduced_and_more = many
+                    && self.transcendental.contains_key(n)
+                    && self.users(n).any(|u| match g.op(u) {
+                        Op::Reduce(r) => {
+                            let shape = &g.ty(n).shape;
+                            let row = r.axes.iter().try_fold(1i64, |p, &a| Some(p * shape[a].as_const()?));
+                            row.is_some_and(|w| w >= TILE_ROWS_MIN)
+                        }
+                        _ => false,
+                    });
+                if (many && (carried.is_some() || cost > RECOMPUTE_MAX))
+                    || (self.broadcast[n] && cost > BROADCAST_MAX)
+                    || reduced_and_more
                 {
                     self.materialize(n);
                 }
@@ -421,6 +453,7 @@ pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
         cost: SecondaryMap::new(),
         depth: SecondaryMap::new(),
         carries: SecondaryMap::new(),
+        transcendental: SecondaryMap::new(),
         plans: SecondaryMap::new(),
     };
     d.run(&order);

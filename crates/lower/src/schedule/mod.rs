@@ -25,6 +25,11 @@
 //!   `RECOMPUTE_MAX` ops (else every consumer recomputes it: cheaper than a round trip through
 //!   memory), or it is read through a broadcasting `expand` and costs more than `BROADCAST_MAX`
 //!   (recomputing it per broadcast element would multiply the work);
+//! - it is element-wise with several consumers, one of them a reduce reading it directly over rows
+//!   of a known length of at least `TILE_ROWS_MIN`, and its fused expression evaluates a
+//!   transcendental (`exp2`, `log2`, `sin`, `erf`): softmax's exponentials, read by their sum and
+//!   by the normalization, are one element-wise kernel that codegen runs at full vector width
+//!   (tile routines) instead of an `exp2` in each reader;
 //! - it is element-wise and carries a fused reduce but has several consumers or is read through a
 //!   view (a reduce result cannot be recomputed or re-indexed inside another loop);
 //! - it is a `pad` read by `STENCIL_READS` or more consumers (the windows of a convolution or a
@@ -105,6 +110,11 @@ pub const BROADCAST_MAX: u32 = 4;
 /// reads it without border masks (a masked load per tap kept the stencil scalar and recomputed
 /// the padded producer in every tap).
 pub const STENCIL_READS: u32 = 3;
+
+/// The shortest rows (elements reduced per output, a known constant) over which a transcendental
+/// read by a reduce and by something else gets a kernel of its own (see `decide`): rows of 8 are
+/// the shortest codegen runs as whole-row tiles.
+pub const TILE_ROWS_MIN: i64 = 8;
 
 /// The placeholder of the status buffer while kernels are emitted (replaced at the end of `emit`).
 const STATUS_BUF: BufId = BufId(u32::MAX);

@@ -83,13 +83,18 @@ impl<'f> Emitter<'_, 'f> {
                 let strided = rows.strided.get(&i);
                 if let (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) = (stmt, *step) {
                     let a = s.addr(*buf, index, air::DType::F32)?;
-                    let a = match strided {
-                        Some((stride, slot)) => {
+                    let a = match (strided, rows.per_row.get(&i)) {
+                        (Some((stride, slot)), _) => {
                             let tile = s.b.ins().stack_addr(types::I64, scratch.slot, *slot as i32 * TILE_BYTES as i32);
                             s.copy_rows(count, rows.width, (a, stride), (tile, &IExpr::Const(rows.width)))?;
                             tile
                         }
-                        None => a,
+                        (None, Some((stride, slot))) => {
+                            let tile = s.b.ins().stack_addr(types::I64, scratch.slot, *slot as i32 * TILE_BYTES as i32);
+                            s.fill_rows(count, rows.width, (a, stride), tile)?;
+                            tile
+                        }
+                        (None, None) => a,
                     };
                     at.insert(*reg, a);
                     continue;
@@ -111,14 +116,39 @@ impl<'f> Emitter<'_, 'f> {
         })
     }
 
+    /// Fills `count` rows of `width` f32 at `dst` (adjacent rows), each with one value read from
+    /// `src`, `stride` elements apart per row, four lanes at a time.
+    fn fill_rows(&mut self, count: Value, width: i64, src: (Value, &IExpr), dst: Value) -> Result<()> {
+        let flags = self.flags;
+        self.for_rows(count, src, (dst, &IExpr::Const(width)), |s, from, to| {
+            let x = s.b.ins().load(types::F32, flags, from, 0);
+            let v = s.b.ins().splat(types::F32X4, x);
+            for c in (0..width as i32).step_by(4) {
+                s.b.ins().store(flags, v, to, 4 * c);
+            }
+        })
+    }
+
     /// Copies `count` rows of `width` f32 from `src` to `dst`, rows `stride` elements apart on
     /// each side, four lanes at a time.
-    fn copy_rows(
+    fn copy_rows(&mut self, count: Value, width: i64, src: (Value, &IExpr), dst: (Value, &IExpr)) -> Result<()> {
+        let flags = self.flags;
+        self.for_rows(count, src, dst, |s, from, to| {
+            for c in (0..width as i32).step_by(4) {
+                let v = s.b.ins().load(types::F32X4, flags, from, 4 * c);
+                s.b.ins().store(flags, v, to, 4 * c);
+            }
+        })
+    }
+
+    /// Runs `each(from, to)` for `count` rows, `from` starting at `src` and `to` at `dst`, each
+    /// advancing by its stride (in f32 elements) per row.
+    fn for_rows(
         &mut self,
         count: Value,
-        width: i64,
         (src, src_stride): (Value, &IExpr),
         (dst, dst_stride): (Value, &IExpr),
+        mut each: impl FnMut(&mut Self, Value, Value),
     ) -> Result<()> {
         let src_step = self.iexpr(src_stride)?;
         let src_step = self.b.ins().ishl_imm_u(src_step, 2);
@@ -131,13 +161,9 @@ impl<'f> Emitter<'_, 'f> {
         self.b.def_var(q, zero);
         self.b.def_var(p, src);
         self.b.def_var(d, dst);
-        let flags = self.flags;
         self.counted_loop(q, count, 1, |s, _| {
             let (from, to) = (s.b.use_var(p), s.b.use_var(d));
-            for c in (0..width as i32).step_by(4) {
-                let v = s.b.ins().load(types::F32X4, flags, from, 4 * c);
-                s.b.ins().store(flags, v, to, 4 * c);
-            }
+            each(s, from, to);
             let from = s.b.ins().iadd(from, src_step);
             let to = s.b.ins().iadd(to, dst_step);
             s.b.def_var(p, from);
