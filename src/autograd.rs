@@ -36,6 +36,7 @@ use air::{Graph, NodeId, Op};
 use smallvec::SmallVec;
 
 use crate::error::{Error, Result};
+use crate::realize::Walk;
 use crate::tensor::{Inner, Site, Tensor};
 
 /// One tensor's autograd state.
@@ -148,39 +149,78 @@ pub fn grad(output: &Tensor, wrt: &[&Tensor]) -> Result<Vec<Tensor>> {
 /// decided once), and nothing is walked when no tensor is marked.
 pub(crate) fn keeps_graphs(roots: &[Tensor]) -> SmallVec<[bool; 4]> {
     let mut keep: SmallVec<[bool; 4]> = smallvec::smallvec![false; roots.len()];
-    if !EVER_MARKED.load(Ordering::Relaxed)
-        || !is_grad_enabled()
-        || !roots.iter().any(|t| t.dtype().is_float() && !t.op().is_leaf())
-    {
-        return keep;
+    let Some(marked) = marked_for(roots.iter()) else { return keep };
+    let mut reaches: HashMap<usize, bool> = marked.iter().map(|&a| (a, true)).collect();
+    for (root, keep) in roots.iter().zip(&mut keep) {
+        *keep = keeps_inputs(root) && reaches_marked(root, &mut reaches);
+    }
+    keep
+}
+
+/// [`keeps_graphs`] for the outputs of `walk`, in order. The walk lists every tensor after its
+/// inputs, with their positions, so each is decided in one pass over a `Vec` instead of a walk
+/// that hashes every node (a fifth of a Transformer's facade forward); a tensor that holds data
+/// and kept its graph is looked through as `keeps_graphs` does.
+pub(crate) fn keeps_walked(walk: &Walk) -> SmallVec<[bool; 4]> {
+    let roots = walk.outputs.iter().map(|&o| &walk.steps[o as usize].tensor);
+    let mut keep: SmallVec<[bool; 4]> = smallvec::smallvec![false; walk.outputs.len()];
+    let Some(marked) = marked_for(roots) else { return keep };
+    // Memo of the walks below kept graphs, made on first need.
+    let mut below: Option<HashMap<usize, bool>> = None;
+    let mut reaches: Vec<bool> = Vec::with_capacity(walk.steps.len());
+    for step in &walk.steps {
+        let t = &step.tensor;
+        let hit = marked.contains(&addr(t))
+            || if step.slot.is_some() || step.inputs.is_empty() {
+                let kept = !t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).is_empty();
+                kept && {
+                    let memo = below.get_or_insert_with(|| marked.iter().map(|&a| (a, true)).collect());
+                    reaches_marked(t, memo)
+                }
+            } else {
+                step.inputs.iter().any(|&p| reaches[p as usize])
+            };
+        reaches.push(hit);
+    }
+    for (keep, &o) in keep.iter_mut().zip(&walk.outputs) {
+        *keep = keeps_inputs(&walk.steps[o as usize].tensor) && reaches[o as usize];
+    }
+    keep
+}
+
+/// The live tensors marked `requires_grad_`, or `None` when no root can keep its inputs
+/// (gradients off, nothing ever marked, no computed float root, or nothing marked now).
+fn marked_for<'a>(mut roots: impl Iterator<Item = &'a Tensor>) -> Option<HashSet<usize>> {
+    if !EVER_MARKED.load(Ordering::Relaxed) || !is_grad_enabled() || !roots.any(keeps_inputs) {
+        return None;
     }
     let marked: HashSet<usize> = with_registry(|r| {
         r.entries.iter().filter(|(_, e)| e.requires_grad && e.node.strong_count() > 0).map(|(&k, _)| k).collect()
     });
-    if marked.is_empty() {
-        return keep;
-    }
-    // Whether each visited node reaches a marked tensor, decided after its inputs (post-order);
-    // the marked tensors themselves do.
-    let mut reaches: HashMap<usize, bool> = marked.iter().map(|&a| (a, true)).collect();
-    for (root, keep) in roots.iter().zip(&mut keep) {
-        if !root.dtype().is_float() || root.op().is_leaf() {
-            continue;
+    (!marked.is_empty()).then_some(marked)
+}
+
+/// Whether `t` is a tensor whose inputs autodiff may need: a computed float tensor.
+fn keeps_inputs(t: &Tensor) -> bool {
+    t.dtype().is_float() && !t.op().is_leaf()
+}
+
+/// Whether `root` reaches a marked tensor through the graph its tensors still hold, each visited
+/// node decided after its inputs (post-order) and remembered in `reaches` (which starts with the
+/// marked tensors, `true`).
+fn reaches_marked(root: &Tensor, reaches: &mut HashMap<usize, bool>) -> bool {
+    let mut stack = vec![(root.clone(), false)];
+    while let Some((n, inputs_done)) = stack.pop() {
+        let a = addr(&n);
+        if inputs_done {
+            let hit = n.inputs().iter().any(|c| reaches.get(&addr(c)) == Some(&true));
+            reaches.insert(a, hit);
+        } else if !reaches.contains_key(&a) {
+            stack.push((n.clone(), true));
+            stack.extend(n.inputs().into_iter().filter(|c| !reaches.contains_key(&addr(c))).map(|c| (c, false)));
         }
-        let mut stack = vec![(root.clone(), false)];
-        while let Some((n, inputs_done)) = stack.pop() {
-            let a = addr(&n);
-            if inputs_done {
-                let hit = n.inputs().iter().any(|c| reaches.get(&addr(c)) == Some(&true));
-                reaches.insert(a, hit);
-            } else if !reaches.contains_key(&a) {
-                stack.push((n.clone(), true));
-                stack.extend(n.inputs().into_iter().filter(|c| !reaches.contains_key(&addr(c))).map(|c| (c, false)));
-            }
-        }
-        *keep = reaches.get(&addr(root)) == Some(&true);
     }
-    keep
+    reaches.get(&addr(root)) == Some(&true)
 }
 
 /// The traced forward graph: node of each tensor and tensor of each node.
@@ -289,7 +329,7 @@ fn differentiate(output: &Tensor, wrt: Wrt<'_>, loc: &'static Location<'static>)
 /// stopped tensors become `input` leaves (their slots only need to be distinct).
 fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
     let mut traced = Traced { graph: Graph::new(), ids: HashMap::new(), tensors: HashMap::new() };
-    let mut stack: Vec<(Tensor, Option<Vec<Tensor>>)> = vec![(output.clone(), None)];
+    let mut stack: Vec<(Tensor, Option<crate::tensor::Inputs>)> = vec![(output.clone(), None)];
     while let Some((t, children)) = stack.pop() {
         if traced.ids.contains_key(&addr(&t)) {
             continue;

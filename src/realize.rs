@@ -155,7 +155,7 @@ pub(crate) struct Walk {
 
 /// The inputs of `t` (a handle each, no `Vec` for the common arities).
 fn inputs_of(t: &Tensor) -> SmallVec<[Tensor; 3]> {
-    t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+    t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
 /// Feeds one step to the structural hash.
@@ -419,21 +419,20 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         // Inside a profile every step of a realize is reported (trace, the device's cache lookup
         // or compile, run); outside, the realize cache skips the steps a structure seen before
         // does not need.
-        let (outputs, bindings) = if crate::profile::is_active() {
+        let (outputs, bindings, keep) = if crate::profile::is_active() {
             crate::profile::begin(crate::profile::Step::Trace, None);
             let program = trace_roots(roots, device, &[]);
             crate::profile::end(program.as_ref().ok().map(|p| p.graph.len()));
             let program = program?;
             let outputs =
                 backend::execute_traced(device, &program.graph, program.inputs, &program.bindings, &program.sites)?;
-            (outputs, program.bindings)
+            (outputs, program.bindings, crate::autograd::keeps_graphs(roots))
         } else {
             crate::trace_cache::realize_roots(roots, device)?
         };
         if outputs.len() != roots.len() {
             return Err(Error::internal(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));
         }
-        let keep = crate::autograd::keeps_graphs(roots);
         for ((t, host), keep) in roots.iter().zip(outputs).zip(keep) {
             store(t, host, &bindings, keep)?;
         }

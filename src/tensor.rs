@@ -38,8 +38,9 @@ pub(crate) struct Realized {
 
 pub(crate) struct Inner {
     pub(crate) op: Op,
-    /// The input tensors; emptied once the node is realized.
-    pub(crate) inputs: Mutex<Vec<Tensor>>,
+    /// The input tensors; emptied once the node is realized. Inline: no op has more than three,
+    /// so recording a node allocates only its `Arc`.
+    pub(crate) inputs: Mutex<Inputs>,
     pub(crate) ty: TensorType,
     pub(crate) device: Device,
     pub(crate) data: OnceLock<Realized>,
@@ -51,14 +52,18 @@ pub(crate) struct Inner {
     pub(crate) site: Option<Site>,
 }
 
+/// A node's input tensors.
+pub(crate) type Inputs = SmallVec<[Tensor; 3]>;
+
 impl Drop for Inner {
     /// Drops the input DAG iteratively: a recursive drop of a chain of a million nodes would
     /// overflow the stack.
     fn drop(&mut self) {
-        let mut stack = std::mem::take(self.inputs.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let mut stack: SmallVec<[Tensor; 8]> = SmallVec::new();
+        stack.extend(std::mem::take(self.inputs.get_mut().unwrap_or_else(PoisonError::into_inner)));
         while let Some(t) = stack.pop() {
             if let Ok(mut inner) = Arc::try_unwrap(t.inner) {
-                stack.append(inner.inputs.get_mut().unwrap_or_else(PoisonError::into_inner));
+                stack.extend(std::mem::take(inner.inputs.get_mut().unwrap_or_else(PoisonError::into_inner)));
             }
         }
     }
@@ -97,7 +102,7 @@ impl Tensor {
     pub(crate) fn failed(error: Error) -> Tensor {
         Tensor::new_node(Inner {
             op: Op::Const(air::op::Const { value: Scalar::Float(0.0) }),
-            inputs: Mutex::new(Vec::new()),
+            inputs: Mutex::new(Inputs::new()),
             ty: TensorType::new(DType::F32, Shape::new()),
             device: Device::default(),
             data: OnceLock::new(),
@@ -123,7 +128,7 @@ impl Tensor {
         let _ = data.set(Realized { host, bindings });
         Tensor::new_node(Inner {
             op: Op::Input(air::op::Input { slot: 0 }),
-            inputs: Mutex::new(Vec::new()),
+            inputs: Mutex::new(Inputs::new()),
             ty,
             device,
             data,
@@ -138,7 +143,7 @@ impl Tensor {
     pub(crate) fn placeholder(ty: TensorType, device: Device) -> Tensor {
         Tensor::new_node(Inner {
             op: Op::Input(air::op::Input { slot: 0 }),
-            inputs: Mutex::new(Vec::new()),
+            inputs: Mutex::new(Inputs::new()),
             ty,
             device,
             data: OnceLock::new(),
@@ -159,7 +164,7 @@ impl Tensor {
         }
         Tensor::new_node(Inner {
             op,
-            inputs: Mutex::new(Vec::new()),
+            inputs: Mutex::new(Inputs::new()),
             ty,
             device,
             data: OnceLock::new(),
@@ -289,7 +294,7 @@ impl Tensor {
     }
 
     /// The input tensors of this node (empty for sources, leaves and realized tensors).
-    pub(crate) fn inputs(&self) -> Vec<Tensor> {
+    pub(crate) fn inputs(&self) -> Inputs {
         self.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 

@@ -95,8 +95,12 @@ impl SiteOf for WalkSites<'_> {
 }
 
 /// Computes `roots` (error-free, distinct, all on `device`): one host tensor per root, in order,
-/// and the symbol values they were computed with.
-pub(crate) fn realize_roots(roots: &[Tensor], device: Device) -> Result<(Vec<HostTensor>, Bindings)> {
+/// the symbol values they were computed with, and whether each keeps its inputs for autodiff
+/// (`autograd::keeps_walked`).
+pub(crate) fn realize_roots(
+    roots: &[Tensor],
+    device: Device,
+) -> Result<(Vec<HostTensor>, Bindings, SmallVec<[bool; 4]>)> {
     let mut walk = walk(roots, device, &[])?;
     let generation = generation(device)?;
     let key = (device, walk.hash);
@@ -128,9 +132,11 @@ pub(crate) fn realize_roots(roots: &[Tensor], device: Device) -> Result<(Vec<Hos
     let sites = WalkSites { steps: &walk.steps, ids: &entry.ids };
     let outputs =
         backend::run_loaded(&entry.loaded, &entry.graph, &mut walk.inputs, &walk.bindings, &sites, Vec::new());
+    let outputs = outputs?;
+    let keep = crate::autograd::keeps_walked(&walk);
     let bindings = std::mem::take(&mut walk.bindings);
     walk.recycle();
-    Ok((outputs?, bindings))
+    Ok((outputs, bindings, keep))
 }
 
 #[cfg(test)]
