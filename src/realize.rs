@@ -186,8 +186,9 @@ pub(crate) fn walk(roots: &[Tensor], device: Device, args: &[Tensor]) -> Result<
     })
 }
 
-/// Tensors waiting on the walk's stack, each with its inputs once expanded.
-type Pending = Vec<(Tensor, Option<SmallVec<[Tensor; 3]>>)>;
+/// Tensors waiting on the walk's stack, each with its inputs (by address, only ever compared: each
+/// is visited, and held by the walk's steps, before its user completes) once expanded.
+type Pending = Vec<(Tensor, Option<SmallVec<[*const Inner; 3]>>)>;
 
 /// The tables of a [`walk`], kept per thread between walks: for a small graph, allocating and
 /// freeing them was a visible part of a realize.
@@ -261,7 +262,7 @@ fn walk_with(
             }
             let step = match children {
                 Some(children) => {
-                    let inputs = children.iter().map(|c| position[&key(c)]).collect();
+                    let inputs = children.iter().map(|c| position[c]).collect();
                     Step { tensor: t, slot: None, inputs }
                 }
                 None => {
@@ -289,15 +290,13 @@ fn walk_with(
                             stack.push((t, None));
                             continue;
                         }
-                        let at = stack.len();
-                        stack.push((t, None));
+                        stack.push((t, Some(children.iter().map(key).collect())));
                         // Reversed, so inputs are discovered (and slots numbered) left to right.
-                        for c in children.iter().rev() {
-                            if !position.contains_key(&key(c)) {
-                                stack.push((c.clone(), None));
+                        for c in children.into_iter().rev() {
+                            if !position.contains_key(&key(&c)) {
+                                stack.push((c, None));
                             }
                         }
-                        stack[at].1 = Some(children);
                         continue;
                     }
                 }
@@ -444,8 +443,11 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
 /// unless autodiff needs them later (`keep`, from `autograd::keeps_graphs`).
 fn store(t: &Tensor, host: HostTensor, bindings: &Bindings, keep: bool) -> Result<()> {
     let ty = &t.inner.ty;
-    let dims = air::dim::eval_shape(&ty.shape, bindings).map_err(air::AirError::from)?;
-    if host.dtype() != ty.dtype || host.shape != dims {
+    // Compared dim by dim, so that a small result allocates nothing here.
+    let same_dims = host.shape.len() == ty.shape.len()
+        && ty.shape.iter().zip(&host.shape).all(|(d, &n)| d.eval(bindings).is_ok_and(|v| v.max(0) as usize == n));
+    if host.dtype() != ty.dtype || !same_dims {
+        let dims = air::dim::eval_shape(&ty.shape, bindings).map_err(air::AirError::from)?;
         return Err(Error::internal(format!(
             "result {}{:?} does not match the tensor's type {} (dims {:?})",
             host.dtype(),

@@ -6,12 +6,16 @@
 //! which compile something (milliseconds), so the scan (microseconds for thousands of entries)
 //! never shows; in exchange a hit costs one hash lookup and nothing else, and keys are stored once.
 //!
+//! Keys are hashed with `FxHasher` (rustc-hash): the caches' keys are structural hashes already
+//! (or small structs of them), and a lookup sits on every realize's path, where SipHash cost more
+//! than the rest of the lookup.
+//!
 //! Evicting an entry drops the map's handle only: values are `Arc`s in every user of this map, so
 //! an executable or kernel still held elsewhere (a running program, a caller's handle) stays
 //! alive and valid until its last holder drops it.
 
+use rustc_hash::FxHashMap as HashMap;
 use std::borrow::Borrow;
-use std::collections::HashMap;
 use std::hash::Hash;
 
 /// A map of at most `capacity` entries; inserting into a full map evicts the entry used least
@@ -27,7 +31,7 @@ pub struct Lru<K, V> {
 impl<K: Hash + Eq, V> Lru<K, V> {
     /// An empty map that holds at most `capacity` entries (at least one).
     pub fn new(capacity: usize) -> Lru<K, V> {
-        Lru { map: HashMap::new(), capacity: capacity.max(1), tick: 0, evictions: 0 }
+        Lru { map: HashMap::default(), capacity: capacity.max(1), tick: 0, evictions: 0 }
     }
 
     fn next_tick(&mut self) -> u64 {
