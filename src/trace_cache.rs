@@ -38,6 +38,9 @@ pub const CAPACITY: usize = 64;
 /// Environment variable that sets the capacity of each thread's realize cache.
 pub const CAPACITY_ENV: &str = "KILN_REALIZE_CACHE";
 
+/// The most programs kept for one structural hash (the oldest goes first).
+const BUCKET_MAX: usize = 8;
+
 /// One realized structure: its graph and the program loaded from it.
 struct Entry {
     /// The device's cache generation when the program was loaded.
@@ -122,7 +125,13 @@ pub(crate) fn realize_roots(
             CACHE.with(|cache| {
                 let mut cache = cache.borrow_mut();
                 match cache.get_mut(&key) {
-                    Some(bucket) => bucket.push(entry.clone()),
+                    Some(bucket) => {
+                        // Structures sharing a hash are rare; a bucket never grows past a few.
+                        if bucket.len() >= BUCKET_MAX {
+                            bucket.remove(0);
+                        }
+                        bucket.push(entry.clone())
+                    }
                     None => drop(cache.insert(key, SmallVec::from_elem(entry.clone(), 1))),
                 }
             });
