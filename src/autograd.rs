@@ -54,7 +54,7 @@ struct Registry {
     sweep_at: usize,
 }
 
-/// Whether any tensor was ever marked `requires_grad`: until one is, [`keeps_graphs`] knows its
+/// Whether any tensor was ever marked `requires_grad`: until one is, [`marked_for`] knows its
 /// answer without taking the registry's lock (every realize asks).
 static EVER_MARKED: AtomicBool = AtomicBool::new(false);
 

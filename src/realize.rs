@@ -153,11 +153,6 @@ pub(crate) struct Walk {
     pub(crate) hash: u64,
 }
 
-/// The inputs of `t` (a handle each, no `Vec` for the common arities).
-fn inputs_of(t: &Tensor) -> SmallVec<[Tensor; 3]> {
-    t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).clone()
-}
-
 /// Feeds one step to the structural hash.
 fn hash_step(h: &mut FxHasher, op: &Op, ty: &air::TensorType, inputs: &[u32]) {
     op.hash(h);
@@ -284,7 +279,7 @@ fn walk_with(
                     } else if t.inner.op.is_leaf() {
                         Step { tensor: t, slot: None, inputs: SmallVec::new() }
                     } else {
-                        let children = inputs_of(&t);
+                        let children = t.inputs();
                         if children.is_empty() {
                             // Realized by another thread between the two checks above.
                             stack.push((t, None));
