@@ -19,6 +19,7 @@ mod control;
 mod memory;
 mod reduce;
 mod scalar;
+mod stencil;
 mod tile;
 mod vector;
 

@@ -1,6 +1,6 @@
 //! Tiny Rust functions the generated code calls where an inline sequence is not worth it: f64
 //! transcendentals (from `libm`, bit-identical to the reference interpreter), f32 `pow`/`fmod`,
-//! the slow path of f32 `sin`, f32 -> f16 rounding, and the full-width tile routines of `tile`.
+//! the slow path of f32 `sin`, f32 -> f16 rounding, and the full-width routines of `tile` and `stencil`.
 //!
 //! Each is registered with `JITBuilder::symbol` under a `kiln_` name, so nothing is looked up with
 //! `dlsym`. Every JIT module declares them first, in [`Helper::ALL`]'s order, so helper `h` is
@@ -12,7 +12,7 @@ use cranelift_codegen::ir::{
 };
 use cranelift_codegen::isa::CallConv;
 
-use super::tile;
+use super::{stencil, tile};
 
 /// A helper the generated code may call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -33,10 +33,12 @@ pub(crate) enum Helper {
     TileBinaryBase,
     TileUnaryAvx512,
     TileBinaryAvx512,
+    StencilAvx512,
+    StencilBase,
 }
 
 impl Helper {
-    pub(crate) const ALL: [Helper; 16] = [
+    pub(crate) const ALL: [Helper; 18] = [
         Helper::F32ToF16,
         Helper::PowF32,
         Helper::FmodF32,
@@ -53,6 +55,8 @@ impl Helper {
         Helper::TileBinaryBase,
         Helper::TileUnaryAvx512,
         Helper::TileBinaryAvx512,
+        Helper::StencilAvx512,
+        Helper::StencilBase,
     ];
 
     /// The helper's function index in every JIT module (its position in [`Helper::ALL`]).
@@ -92,6 +96,8 @@ impl Helper {
             Helper::TileBinaryAvx2 => "kiln_tile_binary_avx2",
             Helper::TileUnaryBase => "kiln_tile_unary_base",
             Helper::TileBinaryBase => "kiln_tile_binary_base",
+            Helper::StencilAvx512 => "kiln_stencil_avx512",
+            Helper::StencilBase => "kiln_stencil_base",
         }
     }
 
@@ -113,6 +119,8 @@ impl Helper {
             Helper::TileBinaryAvx2 => tile::binary_avx2 as *const u8,
             Helper::TileUnaryBase => tile::unary_base as *const u8,
             Helper::TileBinaryBase => tile::binary_base as *const u8,
+            Helper::StencilAvx512 => stencil::stencil_avx512 as *const u8,
+            Helper::StencilBase => stencil::stencil_base as *const u8,
         }
     }
 
@@ -130,6 +138,8 @@ impl Helper {
             Helper::TileUnaryAvx512 | Helper::TileUnaryAvx2 | Helper::TileUnaryBase => {
                 (&[types::I32, types::I64, types::I64, types::I64, types::I64][..], None)
             }
+            // (args)
+            Helper::StencilAvx512 | Helper::StencilBase => (&[types::I64][..], None),
             // (mode, dst, a, b, n)
             Helper::TileBinaryAvx512 | Helper::TileBinaryAvx2 | Helper::TileBinaryBase => {
                 (&[types::I32, types::I64, types::I64, types::I64, types::I64][..], None)

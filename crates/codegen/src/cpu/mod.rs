@@ -38,6 +38,7 @@ mod helpers;
 mod jit;
 mod math;
 mod split;
+mod stencil;
 mod tile;
 
 use std::collections::HashMap;

@@ -325,7 +325,7 @@ pub(crate) fn log2<const FMA: bool>(x: f32) -> f32 {
 
 /// Cranelift's `fmax`: NaN if either is NaN, and `+0 > -0`.
 #[inline(always)]
-fn fmax(a: f32, b: f32) -> f32 {
+pub(crate) fn fmax(a: f32, b: f32) -> f32 {
     let same = f32::from_bits(a.to_bits() & b.to_bits());
     let m = if a > b { a } else { b };
     let m = if a == b { same } else { m };
@@ -457,7 +457,129 @@ unsafe fn binary_avx2_fma(mode: i32, dst: *mut f32, a: *const f32, b: *const f32
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn unary_avx512_fma(op: i32, dst: *mut f32, src: *const f32, n: usize, p: *const f32) {
     // SAFETY: forwarded to the caller.
-    unsafe { unary::<true>(op, dst, src, n, p) }
+    unsafe {
+        if !avx512::unary(op, dst, src, n, p) {
+            unary::<true>(op, dst, src, n, p)
+        }
+    }
+}
+
+/// The exponential routines written with AVX-512 intrinsics, where LLVM's vectorized plain loop
+/// cannot reach `vscalefps`: [`exp2_capped`]'s final `p * 2^(n/2) * 2^(n - n/2)` (ten integer
+/// and float steps per vector) is one `p * 2^n` that rounds once. The two agree bit for bit:
+/// for `n` in `[-160, 130]` and `p` in `[0.7, 1.5]`, `p * 2^(n/2)` is a normal float, so it is
+/// exact, and the second product rounds once, as `vscalefps` does. Every other step is the scalar
+/// routine's, operation for operation (the test below sweeps the f32 line against it).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+    use std::ptr;
+
+    use super::{AROUND, AROUND_FULL, AROUND_POST, EXP2_POLY, PARAMS, disjoint};
+
+    /// [`super::exp2_capped`] on 16 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    fn exp2_capped(x: __m512, hi: __m512) -> __m512 {
+        // `if x < -160 { -160 } else { x }`: `vmaxps` returns its second operand when either is
+        // NaN, so a NaN `x` passes through; likewise `min(hi, x)` for the upper clamp.
+        let x = _mm512_max_ps(_mm512_set1_ps(-160.0), x);
+        let x = _mm512_min_ps(hi, x);
+        let magic = _mm512_set1_ps(12_582_912.0);
+        let t = _mm512_add_ps(x, magic);
+        let n = _mm512_sub_ps(t, magic);
+        let f = _mm512_sub_ps(x, n);
+        let last = EXP2_POLY.len() - 1;
+        let mut acc = _mm512_set1_ps(EXP2_POLY[last]);
+        for &c in EXP2_POLY[..last].iter().rev() {
+            acc = _mm512_fmadd_ps(acc, f, _mm512_set1_ps(c));
+        }
+        _mm512_scalef_ps(acc, n)
+    }
+
+    /// `dst[i] = f(src[i])` for `i < n`, 16 lanes at a time and a masked tail; `false` (nothing
+    /// done) for buffers that overlap without being the same.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn map(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(__m512) -> __m512) -> bool {
+        if !ptr::eq(dst, src) && !disjoint(dst, src, n) {
+            return false;
+        }
+        let mut i = 0;
+        // SAFETY: the caller's buffers hold n elements; each access reads or writes lanes below n.
+        unsafe {
+            while i + 16 <= n {
+                _mm512_storeu_ps(dst.add(i), f(_mm512_loadu_ps(src.add(i))));
+                i += 16;
+            }
+            if i < n {
+                let m: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
+                _mm512_mask_storeu_ps(dst.add(i), m, f(_mm512_maskz_loadu_ps(m, src.add(i))));
+            }
+        }
+        true
+    }
+
+    /// The exponential routines ([`super::TileUnary::Exp2`] and `Exp2Recip`, with or without
+    /// [`AROUND`]); `false` for the others, which the plain loops serve.
+    ///
+    /// # Safety
+    /// As for `super::unary`: `n` elements at `dst` and `src`, `PARAMS` values at `params` with
+    /// `AROUND`; the host has AVX-512F, AVX2 and FMA.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn unary(op: i32, dst: *mut f32, src: *const f32, n: usize, params: *const f32) -> bool {
+        let code = op & 0xff;
+        if code != 4 && code != 6 {
+            return false;
+        }
+        if op & AROUND == 0 {
+            // SAFETY: forwarded to the caller.
+            return code == 4 && unsafe { map(dst, src, n, |x| exp2_capped(x, _mm512_set1_ps(130.0))) };
+        }
+        // SAFETY: the caller passes `PARAMS` values with `AROUND`.
+        let p = unsafe { ptr::read_unaligned(params as *const [f32; PARAMS]) };
+        // SAFETY (all four): forwarded to the caller.
+        unsafe {
+            match (code == 6, op & AROUND_FULL != 0, op & AROUND_POST != 0) {
+                (false, full, false) => around::<false, false>(full, dst, src, n, &p),
+                (false, full, true) => around::<false, true>(full, dst, src, n, &p),
+                (true, full, false) => around::<true, false>(full, dst, src, n, &p),
+                (true, full, true) => around::<true, true>(full, dst, src, n, &p),
+            }
+        }
+    }
+
+    /// `super::around_op` for `exp2` (`RECIP`: `1 / (exp2 + d)`), each step rounded on its own.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn around<const RECIP: bool, const POST: bool>(
+        full: bool,
+        dst: *mut f32,
+        src: *const f32,
+        n: usize,
+        p: &[f32; PARAMS],
+    ) -> bool {
+        let splat = _mm512_set1_ps;
+        let (a1, b1, c1, a2, a3, b3, d) =
+            (splat(p[0]), splat(p[1]), splat(p[2]), splat(p[3]), splat(p[4]), splat(p[5]), splat(p[6]));
+        let core = |e: __m512| if RECIP { _mm512_div_ps(splat(1.0), _mm512_add_ps(e, d)) } else { e };
+        let post = |y: __m512| if POST { _mm512_add_ps(_mm512_mul_ps(y, a3), b3) } else { y };
+        // SAFETY (both): forwarded to the caller.
+        unsafe {
+            if full {
+                map(dst, src, n, |x| {
+                    let t = _mm512_add_ps(_mm512_mul_ps(x, a1), b1);
+                    // `if c1 < t { c1 } else { t }`.
+                    let t = _mm512_min_ps(c1, t);
+                    post(core(exp2_capped(_mm512_mul_ps(t, a2), splat(130.0))))
+                })
+            } else {
+                // `min(t, c1)` folded into exp2's own upper clamp, as the plain loop does.
+                let hi = splat(p[2].min(130.0));
+                map(dst, src, n, |x| post(core(exp2_capped(_mm512_mul_ps(x, a1), hi))))
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -525,4 +647,72 @@ pub(crate) extern "C" fn unary_base(op: i32, dst: *mut f32, src: *const f32, n: 
 pub(crate) extern "C" fn binary_base(mode: i32, dst: *mut f32, a: *const f32, b: *const f32, n: i64) {
     // SAFETY: kernels pass buffers of n elements (one for a scalar operand).
     unsafe { binary(mode, dst, a, b, n.max(0) as usize) }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// f32 bit patterns spread over the whole line, every special value, and the edges of
+    /// exp2's clamps and of the denormal range of its results.
+    fn sweep() -> Vec<f32> {
+        let mut xs: Vec<f32> = (0..=u32::MAX).step_by(3001).map(f32::from_bits).collect();
+        xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, f32::MIN_POSITIVE, f32::MAX, f32::MIN]);
+        for edge in [-160.0f32, -149.0, -126.0, 127.0, 128.0, 130.0] {
+            let mut x = edge - 2.0;
+            while x < edge + 2.0 {
+                xs.push(x);
+                x += 1.0 / 64.0;
+            }
+        }
+        xs
+    }
+
+    fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    /// The AVX-512 exponential routines give the plain loops' results bit for bit, for every
+    /// shape of `around` they serve, in place and not, at lengths with and without a tail.
+    #[test]
+    fn avx512_exponentials_match_the_plain_loops_bit_for_bit() {
+        if TileLevel::detect() != TileLevel::Avx512 {
+            return;
+        }
+        let xs = sweep();
+        let log2e = std::f32::consts::LOG2_E;
+        let params: [[f32; PARAMS]; 4] = [
+            NEUTRAL,
+            [-log2e, -0.0, 80.0, 1.0, 1.0, -0.0, 1.0],
+            [-2.0 * log2e, 0.5, 40.0, 1.5, 2.0, -1.0, 1.0],
+            [0.25, -3.0, f32::INFINITY, -1.0, -0.5, 0.125, 0.0],
+        ];
+        let mut ops = vec![(TileUnary::Exp2 as i32, NEUTRAL)];
+        for p in params {
+            for code in [TileUnary::Exp2 as i32, TileUnary::Exp2Recip as i32] {
+                for bits in [0, AROUND_FULL, AROUND_POST, AROUND_FULL | AROUND_POST] {
+                    ops.push((code | AROUND | bits, p));
+                }
+            }
+        }
+        for (op, p) in ops {
+            for n in [xs.len(), 37, 16, 5] {
+                let src = &xs[..n];
+                let mut want = vec![0.0f32; n];
+                let mut got = vec![0.0f32; n];
+                let mut in_place = src.to_vec();
+                // SAFETY: every buffer holds n elements; `p` holds PARAMS values; the host has
+                // AVX-512F (checked above).
+                unsafe {
+                    unary::<true>(op, want.as_mut_ptr(), src.as_ptr(), n, p.as_ptr());
+                    assert!(avx512::unary(op, got.as_mut_ptr(), src.as_ptr(), n, p.as_ptr()));
+                    assert!(avx512::unary(op, in_place.as_mut_ptr(), in_place.as_ptr(), n, p.as_ptr()));
+                }
+                for i in 0..n {
+                    assert!(same(want[i], got[i]), "op {op:#x} {p:?} at {}: {} against {}", src[i], got[i], want[i]);
+                    assert!(same(want[i], in_place[i]), "in place, op {op:#x} at {}", src[i]);
+                }
+            }
+        }
+    }
 }

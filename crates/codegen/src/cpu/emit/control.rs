@@ -9,7 +9,8 @@ use lower::kir::{IExpr, Stmt, Var};
 use super::{Emitter, Indexed, LANES, acc_ty, vector_ty};
 use crate::cpu::analysis::{tile_plan, tile_rows_plan, unrolls_fully, vector_plan};
 use crate::cpu::split;
-use crate::cpu::tile::TileMode;
+use crate::cpu::stencil::{plane_plan, stencil_plan};
+use crate::cpu::tile::{TileLevel, TileMode};
 use crate::error::Result;
 
 /// The fewest iterations a loop of known trip count needs to run over tiles (see `tile_plan`).
@@ -64,6 +65,17 @@ impl<'f> Emitter<'_, 'f> {
         range: Option<(Value, Value)>,
         segment: Option<(i64, Option<i64>)>,
     ) -> Result<()> {
+        // A loop over the planes or the rows of a stencil (a depthwise convolution's taps, a
+        // pooling window) runs as one call of the full-width routine, on hosts with AVX-512 (or
+        // when tests force tiling, with the portable routine).
+        if range.is_none()
+            && !self.vector()
+            && (self.tiling.mode == TileMode::Always
+                || (self.tiling.mode == TileMode::Auto && self.tiling.level == TileLevel::Avx512))
+            && let Some(plan) = plane_plan(var, extent, body).or_else(|| stencil_plan(var, extent, body))
+        {
+            return self.stencil_loop(&plan);
+        }
         // Masks that compare `var` with constants (cut points) keep the whole loop scalar, so
         // the vector plan is only worth making without them.
         let cuts =
