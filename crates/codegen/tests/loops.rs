@@ -628,3 +628,75 @@ fn constant_segments_unroll_their_borders_and_drop_their_tails() {
     assert!(text.matches("brif").count() <= 10, "{text}");
     assert!(text.contains("f32x4"), "{text}");
 }
+
+/// A padded plane per batch (a depthwise convolution's padded input): `out[b, r, j] = in[b, r -
+/// 1, j - 1] * 2` inside a border of one (`-5` on it), the masks comparing both the row and the
+/// column with constants. The row loop splits too (the masks sit in its nested column loop), so
+/// the interior rows' column loops are unmasked by rows and split by columns in turn; every
+/// segment must still compute the evaluator's values, for constant and symbolic widths.
+#[test]
+fn nested_masks_split_the_row_loop_as_well() {
+    for symbolic in [false, true] {
+        for (rows, cols) in [(1i64, 1i64), (2, 5), (4, 16), (5, 33)] {
+            let hi_c = if symbolic { IExpr::Sym(1) } else { c(cols + 1) };
+            let ext_c = if symbolic { IExpr::add(IExpr::Sym(1), c(1)) } else { c(cols + 2) };
+            let inside = |v: u32, hi: IExpr| IExpr::and(IExpr::lt(c(0), i(v)), IExpr::lt(i(v), hi));
+            let mask = IExpr::and(inside(1, c(rows + 1)), inside(2, hi_c.clone()));
+            let index = IExpr::add(
+                IExpr::add(IExpr::mul(i(0), c(rows * cols)), IExpr::mul(IExpr::add(i(1), c(-1)), c(cols))),
+                IExpr::add(i(2), c(-1)),
+            );
+            let out = IExpr::add(
+                IExpr::add(IExpr::mul(i(0), c((rows + 2) * (cols + 2))), IExpr::mul(i(1), c(cols + 2))),
+                i(2),
+            );
+            let k = LoopKernel {
+                params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
+                n_syms: 2,
+                body: vec![for_(
+                    0,
+                    IExpr::Sym(0),
+                    true,
+                    vec![
+                        let_(9, DType::F32, Inst::Const(Scalar::Float(2.0))),
+                        for_(
+                            1,
+                            c(rows + 2),
+                            false,
+                            vec![for_(
+                                2,
+                                ext_c,
+                                false,
+                                vec![
+                                    let_(
+                                        0,
+                                        DType::F32,
+                                        Inst::Load { buf: 0, index, mask: Some(mask), other: Scalar::Float(-5.0) },
+                                    ),
+                                    let_(
+                                        1,
+                                        DType::F32,
+                                        Inst::Binary(BinaryOp::Mul, lower::kir::Reg(0), lower::kir::Reg(9)),
+                                    ),
+                                    store(1, out, 1),
+                                ],
+                            )],
+                        ),
+                    ],
+                )],
+            };
+            let batch = 3;
+            let a = Buf::from_vals(DType::F32, &sample(DType::F32, (batch * rows * cols) as usize, cols as u64));
+            let o = Buf::zeros(DType::F32, (batch * (rows + 2) * (cols + 2)) as usize);
+            check(
+                &k,
+                &[a, o],
+                &[batch, cols + 1],
+                0,
+                batch,
+                0.0,
+                &format!("rows={rows} cols={cols} symbolic={symbolic}"),
+            );
+        }
+    }
+}

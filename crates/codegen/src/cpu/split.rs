@@ -1,7 +1,9 @@
-//! Border splitting: an innermost loop whose masks compare its variable with constants (a padded
-//! copy's `0 < i && i < 17`) runs as consecutive segments of its range, each with those
-//! comparisons folded to constants. The interior segment is then unmasked along the loop (so it
-//! vectorizes) and the border segments lose their branches.
+//! Border splitting: a loop whose masks compare its variable with constants (a padded copy's
+//! `0 < i && i < 17`) runs as consecutive segments of its range, each with those comparisons
+//! folded to constants. The interior segment is then unmasked along the loop (so an innermost
+//! loop vectorizes) and the border segments lose their branches. The masks may sit in nested
+//! loops: splitting a padded plane's row loop leaves the interior rows with masks of the column
+//! alone, which the column loop splits in turn.
 
 use std::collections::BTreeSet;
 
@@ -12,22 +14,26 @@ use lower::kir::{IExpr, Inst, Stmt, Var};
 const MAX_CUTS: usize = 4;
 
 /// Where the range of `v` splits: the sorted values `t` at which a mask or index condition of
-/// `body` of the form `c < v` or `v < c` changes truth, inside `1..extent` when the extent is a
-/// constant. Empty when nothing is to be gained: the body holds a loop, or there are no such
-/// comparisons, or too many.
+/// `body` (nested loops included) of the form `c < v` or `v < c` changes truth, inside
+/// `1..extent` when the extent is a constant. Empty when nothing is to be gained: there are no
+/// such comparisons, or too many.
 pub(crate) fn cuts(body: &[Stmt], v: Var, extent: Option<i64>) -> Vec<i64> {
     let mut out = BTreeSet::new();
+    scan(body, v, &mut out);
+    out.retain(|&t| t > 0 && extent.is_none_or(|n| t < n));
+    if out.len() > MAX_CUTS { Vec::new() } else { out.into_iter().collect() }
+}
+
+fn scan(body: &[Stmt], v: Var, out: &mut BTreeSet<i64>) {
     for s in body {
         match s {
-            Stmt::Loop { .. } => return Vec::new(),
+            Stmt::Loop { body, .. } => scan(body, v, out),
             Stmt::Let { inst: Inst::Load { mask: Some(m), .. }, .. } | Stmt::Let { inst: Inst::Index(m), .. } => {
-                collect(m, v, &mut out)
+                collect(m, v, out)
             }
             _ => {}
         }
     }
-    out.retain(|&t| t > 0 && extent.is_none_or(|n| t < n));
-    if out.len() > MAX_CUTS { Vec::new() } else { out.into_iter().collect() }
 }
 
 fn collect(e: &IExpr, v: Var, out: &mut BTreeSet<i64>) {
@@ -50,8 +56,8 @@ fn collect(e: &IExpr, v: Var, out: &mut BTreeSet<i64>) {
 }
 
 /// `body` for `v` in `lo..hi` (`hi` `None`: to the loop's end), where no cut lies strictly
-/// inside: every `c < v` and `v < c` is a constant there, and masks that fold to true are
-/// dropped.
+/// inside: every `c < v` and `v < c` is a constant there (in nested loops too), and masks that
+/// fold to true are dropped.
 pub(crate) fn segment(body: &[Stmt], v: Var, lo: i64, hi: Option<i64>) -> Vec<Stmt> {
     body.iter()
         .map(|s| match s {
@@ -66,6 +72,9 @@ pub(crate) fn segment(body: &[Stmt], v: Var, lo: i64, hi: Option<i64>) -> Vec<St
             }
             Stmt::Let { reg, dtype, inst: Inst::Index(e) } => {
                 Stmt::Let { reg: *reg, dtype: *dtype, inst: Inst::Index(fold(e, v, lo, hi)) }
+            }
+            Stmt::Loop { var, extent, parallel, body } => {
+                Stmt::Loop { var: *var, extent: extent.clone(), parallel: *parallel, body: segment(body, v, lo, hi) }
             }
             other => other.clone(),
         })
