@@ -683,6 +683,63 @@ mod avx512 {
         }
     }
 
+    /// Rows of at most 8 outputs, two to a vector: outputs of rows `r + 2q` in lanes 0..8 and of
+    /// rows `r + 2q + 1` in lanes 8..16, for `q < R` (half the multiplies and adds of one row
+    /// per vector; a depthwise convolution over 8x8 planes).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pair_block<const S2: bool, const MAX: bool, const R: usize>(a: &StencilArgs, plane: &Plane, r: i64) {
+        let n = a.width.min(8);
+        let lo = lanes(n);
+        let hi = lo << 8;
+        let weights = &plane.weights[..plane.taps];
+        let taps = weights.len();
+        let (has_bias, bias) = (a.flags & FLAG_BIAS != 0, plane.bias);
+        let row = |k: i64| plane.src.wrapping_offset(((r + k) * a.src_row) as isize);
+        let first: [*const f32; R] = std::array::from_fn(|q| row(2 * q as i64));
+        let second: [*const f32; R] = std::array::from_fn(|q| row(2 * q as i64 + 1));
+        // SAFETY (both branches): the lanes loaded are taps of the two rows' outputs, which the
+        // kernel reads (the caller's contract); masked-off lanes are not read.
+        let tap = |q: usize, off: i64| unsafe {
+            let (p0, p1) = (first[q].wrapping_offset(off as isize), second[q].wrapping_offset(off as isize));
+            if S2 {
+                let both = lanes(2 * n - 1);
+                let idx = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+                _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(both, p0), idx, _mm512_maskz_loadu_ps(both, p1))
+            } else {
+                _mm512_mask_loadu_ps(_mm512_maskz_loadu_ps(lo, p0), hi, p1.wrapping_sub(8))
+            }
+        };
+        let mut acc: [__m512; R] = std::array::from_fn(|q| {
+            let x = tap(q, a.offsets[0]);
+            if MAX { if has_bias { _mm512_add_ps(x, bias) } else { x } } else { _mm512_mul_ps(x, weights[0]) }
+        });
+        // Indexed, as in `block`.
+        #[allow(clippy::needless_range_loop)]
+        for t in 1..taps {
+            let (off, w) = (a.offsets[t], weights[t]);
+            for q in 0..R {
+                let x = tap(q, off);
+                acc[q] = if MAX {
+                    fmax(acc[q], if has_bias { _mm512_add_ps(x, bias) } else { x })
+                } else {
+                    _mm512_add_ps(acc[q], _mm512_mul_ps(x, w))
+                };
+            }
+        }
+        let post = _mm512_set1_ps(a.post);
+        for (q, v) in acc.into_iter().enumerate() {
+            let v = if !MAX && has_bias { _mm512_add_ps(v, bias) } else { v };
+            let v = if a.flags & FLAG_POST != 0 { fmax(v, post) } else { v };
+            let d = plane.dst.wrapping_offset(((r + 2 * q as i64) * a.dst_row) as isize);
+            // SAFETY: the lanes below the width of the two rows are outputs the kernel writes.
+            unsafe {
+                _mm512_mask_storeu_ps(d, lo, v);
+                _mm512_mask_storeu_ps(d.wrapping_offset(a.dst_row as isize).wrapping_sub(8), hi, v);
+            }
+        }
+    }
+
     /// What one plane's blocks share.
     struct Plane {
         src: *const f32,
@@ -708,6 +765,18 @@ mod avx512 {
             }
             plane.bias = _mm512_set1_ps(bias);
             let mut r = 0;
+            if a.width <= 8 {
+                while r + 8 <= a.rows {
+                    // SAFETY: forwarded to the caller.
+                    unsafe { pair_block::<S2, MAX, 4>(a, &plane, r) };
+                    r += 8;
+                }
+                while r + 2 <= a.rows {
+                    // SAFETY: forwarded to the caller.
+                    unsafe { pair_block::<S2, MAX, 1>(a, &plane, r) };
+                    r += 2;
+                }
+            }
             while r + 4 <= a.rows {
                 let mut j = 0;
                 while j < a.width {
