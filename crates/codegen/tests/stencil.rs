@@ -24,6 +24,8 @@ struct Spec {
     kw: i64,
     /// A bias per plane (loaded before the row loop).
     bias: bool,
+    /// A sum times a scale per plane before the bias (an eval-mode BatchNorm).
+    scale: bool,
     /// `max(value, 0)` at the end.
     relu: bool,
     /// Weights loaded per plane (else constants).
@@ -61,7 +63,7 @@ fn bin(n: u32, op: BinaryOp, a: u32, b: u32) -> Stmt {
 }
 
 /// The loop nest `lower` emits for a depthwise convolution or a pooling window over `s0`
-/// batches (b0: output, b1: input, b2: weights, b3: biases): batch (parallel), plane, row,
+/// batches (b0: output, b1: input, b2: weights, b3: biases, b4: scales): batch (parallel), plane, row,
 /// column; the taps written out for a sum, an accumulator over two window loops for a maximum.
 fn kernel(s: &Spec) -> LoopKernel {
     let f = DType::F32;
@@ -83,8 +85,12 @@ fn kernel(s: &Spec) -> LoopKernel {
             plane.push(let_(W + t as u32, f, inst));
         }
     }
+    const SCALE: u32 = 91;
     if s.bias {
         plane.push(load(BIAS, f, 3, i(1)));
+    }
+    if s.scale && !s.max {
+        plane.push(load(SCALE, f, 4, i(1)));
     }
     let mut body = Vec::new();
     let mut next = 200;
@@ -122,7 +128,12 @@ fn kernel(s: &Spec) -> LoopKernel {
                 next += 3;
             }
         }
-        let sum = sum.expect("taps");
+        let mut sum = sum.expect("taps");
+        if s.scale {
+            body.push(bin(next, BinaryOp::Mul, SCALE, sum));
+            sum = next;
+            next += 1;
+        }
         if s.bias {
             body.push(bin(next, BinaryOp::Add, sum, BIAS));
             next += 1;
@@ -146,7 +157,13 @@ fn kernel(s: &Spec) -> LoopKernel {
     let top = vec![let_(0, f, Inst::Const(Scalar::Float(0.0))), for_(1, c(s.planes), false, plane)];
     let d = DType::F32;
     LoopKernel {
-        params: vec![p(d, Access::Write), p(d, Access::Read), p(d, Access::Read), p(d, Access::Read)],
+        params: vec![
+            p(d, Access::Write),
+            p(d, Access::Read),
+            p(d, Access::Read),
+            p(d, Access::Read),
+            p(d, Access::Read),
+        ],
         n_syms: 1,
         body: vec![for_(0, IExpr::Sym(0), true, top)],
     }
@@ -160,6 +177,7 @@ fn bufs(s: &Spec, batch: i64, seed: u64) -> Vec<Buf> {
         Buf::from_vals(DType::F32, &sample(DType::F32, n_in, seed)),
         Buf::from_vals(DType::F32, &sample(DType::F32, n_w, seed + 1)),
         Buf::from_vals(DType::F32, &sample(DType::F32, s.planes as usize, seed + 2)),
+        Buf::from_vals(DType::F32, &sample(DType::F32, s.planes as usize, seed + 3)),
     ]
 }
 
@@ -212,21 +230,11 @@ fn spec() -> impl Strategy<Value = Spec> {
         proptest::sample::select(vec![4i64, 5, 8, 13, 16, 17, 33]),
         1i64..3,
         (1i64..4, 1i64..4),
-        (any::<bool>(), any::<bool>(), any::<bool>()),
+        (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()),
         0i64..3,
     )
-        .prop_map(|(max, planes, rows, width, stride, (kh, kw), (bias, relu, loaded_weights), out_pad)| Spec {
-            max,
-            planes,
-            rows,
-            width,
-            stride,
-            kh,
-            kw,
-            bias,
-            relu,
-            loaded_weights,
-            out_pad,
+        .prop_map(|(max, planes, rows, width, stride, (kh, kw), (bias, scale, relu, loaded_weights), out_pad)| {
+            Spec { max, planes, rows, width, stride, kh, kw, bias, scale, relu, loaded_weights, out_pad }
         })
 }
 
@@ -251,6 +259,7 @@ fn depthwise() -> Spec {
         kh: 3,
         kw: 3,
         bias: true,
+        scale: true,
         relu: true,
         loaded_weights: true,
         out_pad: 0,

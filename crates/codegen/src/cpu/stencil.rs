@@ -14,7 +14,8 @@
 //! of a constant width (see [`stencil_plan`] for the exact conditions):
 //! - taps: unmasked f32 loads of one buffer at `base + offset_t + r * row + c * s` (`s` 1 or 2,
 //!   `offset_t` constant, nested constant loops unrolled into taps);
-//! - `Sum`: `((x_0 * w_0 + x_1 * w_1) + ...) + b`, the weights and `b` uniform (registers defined
+//! - `Sum`: `(((x_0 * w_0 + x_1 * w_1) + ...) * s) + b` (`s` and `b` optional: an eval-mode
+//!   BatchNorm after the convolution), the weights, `s` and `b` uniform (registers defined
 //!   outside the row loop, or constants); `Max`: the maximum over the taps of `x_t + b` (an
 //!   accumulator);
 //! - optionally `max(value, p)` for a uniform `p` (a ReLU);
@@ -39,6 +40,8 @@ pub(crate) const FLAG_MAX: i64 = 1;
 pub(crate) const FLAG_BIAS: i64 = 2;
 /// Flag: the result is `max(value, post)`.
 pub(crate) const FLAG_POST: i64 = 4;
+/// Flag: a sum is multiplied by `scale` before the bias (a BatchNorm in eval mode).
+pub(crate) const FLAG_SCALE: i64 = 8;
 
 /// What a stencil routine reads: the generated code fills one on its stack per call.
 #[repr(C)]
@@ -64,6 +67,10 @@ pub(crate) struct StencilArgs {
     pub(crate) bias: f32,
     pub(crate) bias_at: *const f32,
     pub(crate) bias_plane: i64,
+    /// The scale, or when `scale_at` is not null, plane `p`'s at `scale_at[p * scale_plane]`.
+    pub(crate) scale: f32,
+    pub(crate) scale_at: *const f32,
+    pub(crate) scale_plane: i64,
     pub(crate) post: f32,
     /// Each tap's element offset from `src`.
     pub(crate) offsets: [i64; MAX_TAPS],
@@ -76,8 +83,8 @@ pub(crate) struct StencilArgs {
 }
 
 impl StencilArgs {
-    /// Plane `p`'s bias and weights (`weights[..taps]` filled).
-    fn plane(&self, p: i64, weights: &mut [f32; MAX_TAPS]) -> f32 {
+    /// Plane `p`'s scale, bias and weights (`weights[..taps]` filled).
+    fn plane(&self, p: i64, weights: &mut [f32; MAX_TAPS]) -> (f32, f32) {
         let taps = (self.taps as usize).min(MAX_TAPS);
         if self.weights_at.is_null() {
             weights[..taps].copy_from_slice(&self.weights[..taps]);
@@ -87,12 +94,15 @@ impl StencilArgs {
                 *w = unsafe { *self.weights_at.wrapping_offset((p * self.weights_plane + off) as isize) };
             }
         }
-        if self.bias_at.is_null() {
-            self.bias
-        } else {
-            // SAFETY: as above.
-            unsafe { *self.bias_at.wrapping_offset((p * self.bias_plane) as isize) }
-        }
+        let value = |v: f32, at: *const f32, plane: i64| {
+            if at.is_null() {
+                v
+            } else {
+                // SAFETY: as above.
+                unsafe { *at.wrapping_offset((p * plane) as isize) }
+            }
+        };
+        (value(self.scale, self.scale_at, self.scale_plane), value(self.bias, self.bias_at, self.bias_plane))
     }
 }
 
@@ -117,6 +127,9 @@ pub(crate) mod at {
     pub(crate) const BIAS: i32 = offset_of!(StencilArgs, bias) as i32;
     pub(crate) const BIAS_AT: i32 = offset_of!(StencilArgs, bias_at) as i32;
     pub(crate) const BIAS_PLANE: i32 = offset_of!(StencilArgs, bias_plane) as i32;
+    pub(crate) const SCALE: i32 = offset_of!(StencilArgs, scale) as i32;
+    pub(crate) const SCALE_AT: i32 = offset_of!(StencilArgs, scale_at) as i32;
+    pub(crate) const SCALE_PLANE: i32 = offset_of!(StencilArgs, scale_plane) as i32;
     pub(crate) const POST: i32 = offset_of!(StencilArgs, post) as i32;
     pub(crate) const OFFSETS: i32 = offset_of!(StencilArgs, offsets) as i32;
     pub(crate) const WEIGHTS: i32 = offset_of!(StencilArgs, weights) as i32;
@@ -166,6 +179,7 @@ pub(crate) struct StencilPlan {
     /// Each tap's constant offset from `src_base`.
     pub(crate) offsets: Vec<i64>,
     pub(crate) weights: Weights,
+    pub(crate) scale: Option<PerPlane>,
     pub(crate) bias: Option<PerPlane>,
     pub(crate) post: Option<Operand>,
     pub(crate) dst_buf: u32,
@@ -367,14 +381,14 @@ pub(crate) fn stencil_plan(row: Var, rows: &IExpr, body: &[Stmt]) -> Option<Sten
         },
         _ => (value.clone(), None),
     };
-    let (max, order, weights, bias) = match &value {
+    let (max, order, weights, scale, bias) = match &value {
         Val::MaxOf(items) => {
             let taps: Vec<(usize, Option<Operand>)> = items.iter().map(biased_tap).collect::<Option<_>>()?;
             let bias = taps.first()?.1;
             if taps.iter().any(|t| t.1 != bias) {
                 return None;
             }
-            (true, taps.iter().map(|t| t.0).collect::<Vec<_>>(), None, bias)
+            (true, taps.iter().map(|t| t.0).collect::<Vec<_>>(), None, None, bias)
         }
         _ => {
             let (sum, bias) = match &value {
@@ -387,10 +401,19 @@ pub(crate) fn stencil_plan(row: Var, rows: &IExpr, body: &[Stmt]) -> Option<Sten
                 }
                 _ => (&value, None),
             };
+            // `sum * scale` (either order), where `sum` is a sum of products, not one.
+            let (sum, scale) = match sum {
+                Val::Bin(BinaryOp::Mul, a, b) if product(sum).is_none() => match (uniform(b), uniform(a)) {
+                    (Some(u), _) => (&**a, Some(u)),
+                    (None, Some(u)) => (&**b, Some(u)),
+                    (None, None) => return None,
+                },
+                _ => (sum, None),
+            };
             let mut terms = Vec::new();
             folded_sum(sum, &mut terms)?;
             let (order, weights): (Vec<usize>, Vec<Operand>) = terms.into_iter().unzip();
-            (false, order, Some(weights), bias)
+            (false, order, Some(weights), scale, bias)
         }
     };
     if order.len() < MIN_TAPS || order.len() != walk.loads.len() {
@@ -455,6 +478,7 @@ pub(crate) fn stencil_plan(row: Var, rows: &IExpr, body: &[Stmt]) -> Option<Sten
         stride,
         offsets,
         weights,
+        scale: scale.map(PerPlane::Value),
         bias: bias.map(PerPlane::Value),
         post,
         dst_buf,
@@ -510,10 +534,11 @@ pub(crate) fn plane_plan(plane: Var, planes: &IExpr, body: &[Stmt]) -> Option<St
     }
     (p.src_base, p.src_plane) = lift(&p.src_base)?;
     (p.dst_base, p.dst_plane) = lift(&p.dst_base)?;
-    p.bias = match p.bias {
-        Some(PerPlane::Value(o)) => Some(per_plane(o, plane, &defs)?),
-        other => other,
-    };
+    for v in [&mut p.scale, &mut p.bias] {
+        if let Some(PerPlane::Value(o)) = v {
+            *v = Some(per_plane(*o, plane, &defs)?);
+        }
+    }
     p.post = match p.post {
         Some(o) => match per_plane(o, plane, &defs)? {
             PerPlane::Value(v) => Some(v),
@@ -556,7 +581,7 @@ pub(crate) unsafe extern "C" fn stencil_base(args: *const StencilArgs) {
     let (taps, flags) = ((a.taps as usize).clamp(1, MAX_TAPS), a.flags);
     let mut weights = [0.0f32; MAX_TAPS];
     for p in 0..a.planes {
-        let bias = a.plane(p, &mut weights);
+        let (scale, bias) = a.plane(p, &mut weights);
         for r in 0..a.rows {
             let d = a.dst.wrapping_offset((p * a.dst_plane + r * a.dst_row) as isize);
             let s = a.src.wrapping_offset((p * a.src_plane + r * a.src_row) as isize);
@@ -568,6 +593,7 @@ pub(crate) unsafe extern "C" fn stencil_base(args: *const StencilArgs) {
                     (1..taps).fold(biased(0), |m, t| fmax(m, biased(t)))
                 } else {
                     let sum = (1..taps).fold(tap(0) * weights[0], |acc, t| acc + tap(t) * weights[t]);
+                    let sum = if flags & FLAG_SCALE != 0 { sum * scale } else { sum };
                     if flags & FLAG_BIAS != 0 { sum + bias } else { sum }
                 };
                 if flags & FLAG_POST != 0 {
@@ -603,7 +629,7 @@ pub(crate) unsafe extern "C" fn stencil_avx512(args: *const StencilArgs) {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{FLAG_BIAS, FLAG_MAX, FLAG_POST, MAX_TAPS, StencilArgs};
+    use super::{FLAG_BIAS, FLAG_MAX, FLAG_POST, FLAG_SCALE, MAX_TAPS, StencilArgs};
 
     /// Kiln's `max` on 16 lanes: NaN where either is NaN, and `+0 > -0` (the two `vmaxps`
     /// orders agree except on NaNs and on equal values, where the AND picks `+0` over `-0`).
@@ -675,6 +701,7 @@ mod avx512 {
         }
         let post = _mm512_set1_ps(a.post);
         for (q, v) in acc.into_iter().enumerate() {
+            let v = if !MAX && a.flags & FLAG_SCALE != 0 { _mm512_mul_ps(v, plane.scale) } else { v };
             let v = if !MAX && has_bias { _mm512_add_ps(v, bias) } else { v };
             let v = if a.flags & FLAG_POST != 0 { fmax(v, post) } else { v };
             let d = plane.dst.wrapping_offset(((r + q as i64) * a.dst_row + j) as isize);
@@ -729,6 +756,7 @@ mod avx512 {
         }
         let post = _mm512_set1_ps(a.post);
         for (q, v) in acc.into_iter().enumerate() {
+            let v = if !MAX && a.flags & FLAG_SCALE != 0 { _mm512_mul_ps(v, plane.scale) } else { v };
             let v = if !MAX && has_bias { _mm512_add_ps(v, bias) } else { v };
             let v = if a.flags & FLAG_POST != 0 { fmax(v, post) } else { v };
             let d = plane.dst.wrapping_offset(((r + 2 * q as i64) * a.dst_row) as isize);
@@ -747,6 +775,7 @@ mod avx512 {
         taps: usize,
         weights: [__m512; MAX_TAPS],
         bias: __m512,
+        scale: __m512,
     }
 
     #[inline]
@@ -754,16 +783,23 @@ mod avx512 {
     unsafe fn planes<const S2: bool, const MAX: bool>(a: &StencilArgs) {
         let taps = (a.taps as usize).clamp(1, MAX_TAPS);
         let mut w = [0.0f32; MAX_TAPS];
-        let mut plane =
-            Plane { src: a.src, dst: a.dst, taps, weights: [_mm512_setzero_ps(); MAX_TAPS], bias: _mm512_setzero_ps() };
+        let mut plane = Plane {
+            src: a.src,
+            dst: a.dst,
+            taps,
+            weights: [_mm512_setzero_ps(); MAX_TAPS],
+            bias: _mm512_setzero_ps(),
+            scale: _mm512_setzero_ps(),
+        };
         for p in 0..a.planes {
-            let bias = a.plane(p, &mut w);
+            let (scale, bias) = a.plane(p, &mut w);
             plane.src = a.src.wrapping_offset((p * a.src_plane) as isize);
             plane.dst = a.dst.wrapping_offset((p * a.dst_plane) as isize);
             for (v, &x) in plane.weights.iter_mut().zip(&w).take(taps) {
                 *v = _mm512_set1_ps(x);
             }
             plane.bias = _mm512_set1_ps(bias);
+            plane.scale = _mm512_set1_ps(scale);
             let mut r = 0;
             if a.width <= 8 {
                 while r + 8 <= a.rows {

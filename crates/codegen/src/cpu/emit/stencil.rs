@@ -5,7 +5,7 @@ use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value, ty
 
 use super::Emitter;
 use crate::cpu::helpers::Helper;
-use crate::cpu::stencil::{FLAG_BIAS, FLAG_MAX, FLAG_POST, Operand, PerPlane, StencilPlan, Weights, at};
+use crate::cpu::stencil::{FLAG_BIAS, FLAG_MAX, FLAG_POST, FLAG_SCALE, Operand, PerPlane, StencilPlan, Weights, at};
 use crate::cpu::tile::TileLevel;
 use crate::error::Result;
 
@@ -26,26 +26,33 @@ impl<'f> Emitter<'_, 'f> {
         ];
         let flags = if plan.max { FLAG_MAX } else { 0 }
             | if plan.bias.is_some() { FLAG_BIAS } else { 0 }
-            | if plan.post.is_some() { FLAG_POST } else { 0 };
+            | if plan.post.is_some() { FLAG_POST } else { 0 }
+            | if plan.scale.is_some() { FLAG_SCALE } else { 0 };
         let mut consts = vec![
             (at::WIDTH, plan.width),
             (at::STRIDE, plan.stride),
             (at::TAPS, plan.offsets.len() as i64),
             (at::FLAGS, flags),
             (at::BIAS_AT, 0),
+            (at::SCALE_AT, 0),
             (at::WEIGHTS_AT, 0),
         ];
         for (t, &off) in plan.offsets.iter().enumerate() {
             consts.push((at::OFFSETS + 8 * t as i32, off));
         }
         let mut floats: Vec<(i32, Value)> = Vec::new();
-        match &plan.bias {
-            Some(PerPlane::Value(o)) => floats.push((at::BIAS, self.operand(*o)?)),
-            Some(PerPlane::Loaded { buf, base, plane }) => {
-                words.push((at::BIAS_AT, self.addr(*buf, base, f32)?));
-                words.push((at::BIAS_PLANE, self.iexpr(plane)?));
+        for (value, (at_value, at_ptr, at_plane)) in [
+            (&plan.bias, (at::BIAS, at::BIAS_AT, at::BIAS_PLANE)),
+            (&plan.scale, (at::SCALE, at::SCALE_AT, at::SCALE_PLANE)),
+        ] {
+            match value {
+                Some(PerPlane::Value(o)) => floats.push((at_value, self.operand(*o)?)),
+                Some(PerPlane::Loaded { buf, base, plane }) => {
+                    words.push((at_ptr, self.addr(*buf, base, f32)?));
+                    words.push((at_plane, self.iexpr(plane)?));
+                }
+                None => {}
             }
-            None => {}
         }
         if let Some(o) = plan.post {
             floats.push((at::POST, self.operand(o)?));
