@@ -56,6 +56,11 @@ const GEMM_SPLIT_MIN: usize = 32;
 /// From this many bytes of `b`, a dot-shaped launch splits its columns over the threads.
 const DOT_PARALLEL_BYTES: usize = 1 << 18;
 
+/// From this many multiply-adds, a dot-shaped launch with a smaller `b` splits its rows over
+/// the threads (about 5 us on one core; the launch's calibration keeps the split only where it
+/// gains).
+const DOT_PARALLEL_MACS: u128 = 1 << 18;
+
 /// The most elements of a column-major `b` that [`MatmulLaunch::gemm_rows`] copies to rows
 /// whatever its column stride (256 KiB: the copy stays in L2).
 const B_ROWS_MAX: usize = 1 << 16;
@@ -758,7 +763,8 @@ impl MatmulLaunch {
         let (a, b, c) = (SendPtr(a), SendPtr(b), SendPtr(c));
         let bytes = self.n * self.k * 4;
         let wide = avx512_here();
-        let run = |lo: usize, hi: usize| {
+        // Columns `lo..hi` of rows `first..end`.
+        let run = |lo: usize, hi: usize, (first, end): (usize, usize)| {
             let (a, b, c) = (a.get() as *const f32, b.get() as *const f32, c.get() as *mut f32);
             // SAFETY (all three and the block below): row `i < m` of `a` (contiguous, `k` long),
             // column `j < n` of `b` (contiguous, `k` long) and element `(i, j)` of `c` lie
@@ -783,9 +789,9 @@ impl MatmulLaunch {
                         }
                     }
                 };
-                let mut i = 0;
+                let mut i = first;
                 unsafe {
-                    while i + 4 <= self.m {
+                    while i + 4 <= end {
                         let rows = [row(i), row(i + 1), row(i + 2), row(i + 3)];
                         match wide {
                             #[cfg(target_arch = "x86_64")]
@@ -796,15 +802,15 @@ impl MatmulLaunch {
                     }
                     // The last one to three rows: the same blocks with fewer rows.
                     #[cfg(target_arch = "x86_64")]
-                    if wide && i < self.m {
-                        match self.m - i {
+                    if wide && i < end {
+                        match end - i {
                             1 => put(i, &wide_block([row(i)], cols, w, self.k)),
                             2 => put(i, &wide_block([row(i), row(i + 1)], cols, w, self.k)),
                             _ => put(i, &wide_block([row(i), row(i + 1), row(i + 2)], cols, w, self.k)),
                         }
-                        i = self.m;
+                        i = end;
                     }
-                    for i in i..self.m {
+                    for i in i..end {
                         for j in j..j + w {
                             store(i, j, dot(row(i), col(j), self.k));
                         }
@@ -814,10 +820,16 @@ impl MatmulLaunch {
             }
         };
         let threads = parallel::threads();
+        let all_rows = (0, self.m);
         if threaded && threads > 1 && bytes >= DOT_PARALLEL_BYTES {
-            parallel::for_chunks(self.n, threads, &run);
+            parallel::for_chunks(self.n, threads, &|lo, hi| run(lo, hi, all_rows));
+        } else if threaded && threads > 1 && self.m >= 8 && self.macs() >= DOT_PARALLEL_MACS {
+            // Many rows times a small `b` (dense-large's head, 128 rows times a 1024x10 weight):
+            // blocks of four rows per thread, each thread reading all of `b`.
+            let blocks = self.m.div_ceil(4);
+            parallel::for_chunks(blocks, threads, &|lo, hi| run(0, self.n, (4 * lo, (4 * hi).min(self.m))));
         } else {
-            run(0, self.n);
+            run(0, self.n, all_rows);
         }
     }
 
@@ -1090,6 +1102,34 @@ mod tests {
             c.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
         };
         assert_eq!(run(false), run(true));
+    }
+
+    #[test]
+    fn many_rows_against_a_small_weight_split_by_rows_to_the_same_bits() {
+        // Below `DOT_PARALLEL_BYTES` of `b` but over `DOT_PARALLEL_MACS`: blocks of four rows
+        // per thread (130 rows: the last block has two), against one thread bit for bit and
+        // against the definition.
+        for (m, n, k) in [(130, 10, 1024), (128, 7, 300)] {
+            let launch = weight_product(m, n, k);
+            assert!(launch.is_dot_shaped() && n * k * 4 < DOT_PARALLEL_BYTES && launch.macs() >= DOT_PARALLEL_MACS);
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 44.0 - 1.0).collect();
+            let run = |threaded: bool| {
+                let mut c = vec![f32::NAN; m * n];
+                let (a, b) = (a.as_ptr() as *mut u8, b.as_ptr() as *mut u8);
+                // SAFETY: three buffers of the sizes the strides describe; `a` and `b` are only read.
+                unsafe { launch.dots(a, b, c.as_mut_ptr() as *mut u8, threaded) };
+                c
+            };
+            let (one, split) = (run(false), run(true));
+            let bits = |c: &[f32]| c.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(&one), bits(&split), "{m}x{n}x{k}");
+            for (e, &got) in split.iter().enumerate() {
+                let (i, j) = (e / n, e % n);
+                let want: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[j * k + p] as f64).sum();
+                assert!((got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at {e}");
+            }
+        }
     }
 
     #[test]
