@@ -22,12 +22,15 @@ use std::ptr;
 
 use super::math::{EXP2_POLY, IVLN2HI, IVLN2LO, LG1, LG2, LG3, LG4};
 
-/// Elements in a tile: 2 KiB of f32, so a kernel's scratch tiles (at most [`MAX_SLOTS`]) and
-/// the tiles of its inputs and outputs stay in a 32 KiB L1 data cache.
+/// Elements in a tile: 2 KiB of f32, so that the few tiles one routine call touches stay in
+/// a 32 KiB L1 data cache, and a kernel's scratch tiles (at most [`MAX_SLOTS`]) in L2 at worst.
 pub(crate) const TILE: i64 = 512;
 
-/// The most scratch tiles a tiled kernel may use (each `TILE` f32); beyond, it stays JIT-only.
-pub(crate) const MAX_SLOTS: usize = 8;
+/// The most scratch tiles a tiled kernel may use (each `TILE` f32, 32 KiB of stack in all);
+/// beyond, it stays JIT-only. 16, not 8: nn's GRU step (six gathered gate rows, three
+/// exponentials per element) needs 11 and ran in the 128-bit JIT loop at 2.5-2.9 us; tiled,
+/// 0.6-0.8 us (`kiln profile model gru --launches`, paired binaries).
+pub(crate) const MAX_SLOTS: usize = 16;
 
 /// Which instantiation of the tile routines a kernel calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
