@@ -9,6 +9,15 @@ use air::{DType, Dim, HostTensor};
 use kiln::{Device, Tensor};
 use proptest::prelude::*;
 
+/// Held by the tests that count realize-cache hits and by the one that clears the CPU device's
+/// caches: a clear on another test thread would turn a counted hit into a miss.
+static HITS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`HITS`], whoever panicked while holding it.
+fn hits_lock() -> std::sync::MutexGuard<'static, ()> {
+    HITS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn x4() -> Tensor {
     Tensor::from_vec(vec![1.0f32, -2.0, 3.5, 0.25], &[4])
 }
@@ -19,6 +28,7 @@ fn y4() -> Tensor {
 
 #[test]
 fn a_structure_realized_again_runs_the_kept_program_on_new_data() {
+    let _hits = hits_lock();
     let f = |x: &Tensor, y: &Tensor| x.mul(3.0).sub(y).maximum(0.0);
     let hits = kiln::stats::realize_cache_hits();
     assert_eq!(f(&x4(), &y4()).to_vec::<f32>().unwrap(), vec![2.5, 0.0, 11.5, 0.0]);
@@ -66,6 +76,7 @@ fn one_change_away_is_another_program() {
 
 #[test]
 fn a_symbol_bound_to_other_values_shares_the_program() {
+    let _hits = hits_lock();
     let sym = |len: usize| {
         let data: Vec<f32> = (0..len).map(|i| i as f32).collect();
         Tensor::from_host_symbolic(HostTensor::from_vec(data, vec![len]).unwrap(), &[Dim::sym("n")])
@@ -80,6 +91,7 @@ fn a_symbol_bound_to_other_values_shares_the_program() {
 
 #[test]
 fn clearing_the_device_caches_clears_the_realize_cache() {
+    let _hits = hits_lock();
     let f = || x4().mul(-7.5).add(0.125).to_vec::<f32>().unwrap();
     let want: Vec<f32> = [1.0f32, -2.0, 3.5, 0.25].iter().map(|a| a * -7.5 + 0.125).collect();
     assert_eq!(f(), want);

@@ -50,6 +50,35 @@ const DOT_MIN_K: usize = 256;
 /// `gemm`.
 const DOT_NARROW_N: usize = 16;
 
+/// Entries of at most this many multiply-adds run through [`small_avx512`] where the host has
+/// AVX-512F: `gemm`'s fixed cost per call (about 0.5 us) and [`MatmulLaunch::dots`]' horizontal
+/// sums over a short `k` are most of such an entry's time. An attention's per-head products at
+/// three queries over 64 cached positions (batch 80 of 3x64x8 with `K^T` gathered, and 3x8x64)
+/// took 55 and 44 us per launch that way.
+const SMALL_MACS: usize = 1 << 15;
+
+/// A small entry's `b` whose columns are not contiguous is gathered only below this `k` and from
+/// [`SMALL_GATHER_MIN_N`] columns on. A gather costs about as much as 16 scalar loads here (AMD
+/// EPYC, AVX-512): it pays against the dots' horizontal sum per output when there are many
+/// outputs per row (three queries against 64 cached keys of 8: 55 -> 11 us per launch of 80
+/// heads), not for a few (3x3x8 at 80 heads: 3.7 -> 7.6 us; 16x8x16 at 64 heads, against
+/// `gemm`: 11.5 -> 16 us), and from `k = 64` on (a 32x10 classifier head over 64 features)
+/// `gemm`'s packing costs less.
+const SMALL_GATHER_MAX_K: usize = 32;
+
+/// See [`SMALL_GATHER_MAX_K`].
+const SMALL_GATHER_MIN_N: usize = 32;
+
+/// The most elements of a small entry's `b` copied to rows on the stack when its columns are not
+/// contiguous and not gathered: the copy costs less than `gemm`'s packing and fixed cost
+/// (an attention's 16x16x8 and 16x8x16 per head).
+const SMALL_COPY_MAX: usize = 1024;
+
+/// The most steps of `k` a small entry may take over all its blocks: one step broadcasts a few
+/// elements of `a` against at most four vectors of `b`, so a product whose blocks use a few
+/// lanes each over a long `k` (a dot product of thousands) stays with `gemm` or the dots.
+const SMALL_MAX_STEPS: usize = 512;
+
 /// A threaded GEMM is cut into blocks of at least this many columns (or rows) per thread.
 const GEMM_SPLIT_MIN: usize = 32;
 
@@ -373,6 +402,184 @@ unsafe fn columns_to_rows(src: *const f32, col: usize, k: usize, n: usize, dst: 
     }
 }
 
+/// `c (+)= a b` for one small entry ([`MatmulLaunch::is_small`]) with AVX-512F: blocks of up to
+/// four rows of `a` and 64 columns of `b`, `c`'s block in registers over the whole of `k`, each
+/// step a broadcast element of `a` times a row of `b` (one load, or one gather when `b`'s
+/// columns are not contiguous: a `K^T` read from the keys in place). Each output is one chain of
+/// fused multiply-adds in `k` order, whatever the block it falls in.
+///
+/// # Safety
+/// `a`, `b`, `c` point to the entry's `[m, k]`, `[k, n]` and `[m, n]` matrices with the launch's
+/// strides, inside their buffers; `b`'s column stride fits a gather's offsets
+/// ([`MatmulLaunch::is_small`]); AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn small_avx512(l: &MatmulLaunch, a: *const f32, b: *const f32, c: *mut f32) {
+    if l.b.col != 1 && !l.small_gathers() {
+        // `b` copied to contiguous rows on the stack (`is_small` bounded `k * n`), left
+        // uninitialized past them: zeroing 4 KiB per entry doubled a 3x3x8 head's time.
+        let mut rows = std::mem::MaybeUninit::<[f32; SMALL_COPY_MAX]>::uninit();
+        let dst = rows.as_mut_ptr() as *mut f32;
+        for j in 0..l.n {
+            for p in 0..l.k {
+                // SAFETY: element `(p, j)` of the entry's `b` (the caller's contract), written
+                // below `k * n <= SMALL_COPY_MAX`.
+                unsafe { *dst.add(p * l.n + j) = *b.offset(p as isize * l.b.row + j as isize * l.b.col) };
+            }
+        }
+        let copy = MatmulLaunch { b: Strides { row: l.n as isize, col: 1, ..l.b }, ..l.clone() };
+        // SAFETY: the first `k * n` elements of `rows`, all written above, hold the entry's `b`
+        // with the copy's strides; nothing reads past them.
+        return unsafe { small_avx512(&copy, a, dst, c) };
+    }
+    let gather = l.b.col != 1;
+    let mut i = 0;
+    while i < l.m {
+        let rows = (l.m - i).min(4);
+        let mut j = 0;
+        while j < l.n {
+            let left = l.n - j;
+            let at = |p: *const f32, s: &Strides, r: usize, q: usize| {
+                p.wrapping_offset(r as isize * s.row + q as isize * s.col)
+            };
+            let block = Block { a: at(a, &l.a, i, 0), b: at(b, &l.b, 0, j), c: at(c, &l.c, i, j) as *mut f32, left };
+            // SAFETY: rows `i..i + rows` and columns `j..j + min(left, 64)` lie in the entry.
+            unsafe {
+                match (rows, left.div_ceil(16).min(4), gather) {
+                    (1, 1, false) => small_block::<1, 1, 4, false>(l, &block),
+                    (1, 2, false) => small_block::<1, 2, 4, false>(l, &block),
+                    (1, 3, false) => small_block::<1, 3, 4, false>(l, &block),
+                    (1, 4, false) => small_block::<1, 4, 2, false>(l, &block),
+                    (2, 1, false) => small_block::<2, 1, 4, false>(l, &block),
+                    (2, 2, false) => small_block::<2, 2, 2, false>(l, &block),
+                    (2, 3, false) => small_block::<2, 3, 2, false>(l, &block),
+                    (2, 4, false) => small_block::<2, 4, 1, false>(l, &block),
+                    (3, 1, false) => small_block::<3, 1, 4, false>(l, &block),
+                    (3, 2, false) => small_block::<3, 2, 2, false>(l, &block),
+                    (3, 3, false) => small_block::<3, 3, 1, false>(l, &block),
+                    (3, 4, false) => small_block::<3, 4, 1, false>(l, &block),
+                    (4, 1, false) => small_block::<4, 1, 2, false>(l, &block),
+                    (4, 2, false) => small_block::<4, 2, 1, false>(l, &block),
+                    (4, 3, false) => small_block::<4, 3, 1, false>(l, &block),
+                    (4, 4, false) => small_block::<4, 4, 1, false>(l, &block),
+                    (1, 1, true) => small_block::<1, 1, 4, true>(l, &block),
+                    (1, 2, true) => small_block::<1, 2, 4, true>(l, &block),
+                    (1, 3, true) => small_block::<1, 3, 4, true>(l, &block),
+                    (1, 4, true) => small_block::<1, 4, 2, true>(l, &block),
+                    (2, 1, true) => small_block::<2, 1, 4, true>(l, &block),
+                    (2, 2, true) => small_block::<2, 2, 2, true>(l, &block),
+                    (2, 3, true) => small_block::<2, 3, 2, true>(l, &block),
+                    (2, 4, true) => small_block::<2, 4, 1, true>(l, &block),
+                    (3, 1, true) => small_block::<3, 1, 4, true>(l, &block),
+                    (3, 2, true) => small_block::<3, 2, 2, true>(l, &block),
+                    (3, 3, true) => small_block::<3, 3, 1, true>(l, &block),
+                    (3, 4, true) => small_block::<3, 4, 1, true>(l, &block),
+                    (4, 1, true) => small_block::<4, 1, 2, true>(l, &block),
+                    (4, 2, true) => small_block::<4, 2, 1, true>(l, &block),
+                    (4, 3, true) => small_block::<4, 3, 1, true>(l, &block),
+                    (4, 4, true) => small_block::<4, 4, 1, true>(l, &block),
+                    _ => unreachable!("blocks have 1 to 4 rows and vectors"),
+                }
+            }
+            j += 64;
+        }
+        i += 4;
+    }
+}
+
+/// One block of [`small_avx512`]: its first elements of `a`, `b` and `c`, and the columns left
+/// from its first (it computes `min(left, 64)` of them).
+struct Block {
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    left: usize,
+}
+
+/// `R` rows by `V` 16-lane vectors of columns (the last masked to `block.left`) of
+/// [`small_avx512`], step `p` of `k` into accumulator set `p % U` (the last `k % U` steps into
+/// set 0), the sets then summed in order. `U` (4 for at most three accumulators per set, 2 for
+/// at most seven) keeps enough chains of multiply-adds in flight: three queries against eight
+/// values of a head are three chains otherwise, each step waiting for the last.
+///
+/// # Safety
+/// The block's `R` rows and `min(block.left, 16 V)` columns lie inside the entry's matrices;
+/// `GATHER` when `b`'s column stride is not 1, which fits a gather's 32-bit offsets; AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline(never)]
+unsafe fn small_block<const R: usize, const V: usize, const U: usize, const GATHER: bool>(
+    l: &MatmulLaunch,
+    block: &Block,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: masked loads, gathers and stores touch only the lanes below `block.left`; every
+    // row and `k` index is inside the entry (the caller's contract).
+    unsafe {
+        let zero = _mm512_setzero_ps();
+        let mut masks = [0 as __mmask16; V];
+        for (q, mask) in masks.iter_mut().enumerate() {
+            let lanes = block.left.saturating_sub(16 * q).min(16);
+            *mask = ((1u32 << lanes) - 1) as __mmask16;
+        }
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let offsets = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(l.b.col as i32));
+        // Plain loops over arrays (see `dotrxn_avx512`).
+        let mut acc = [[[zero; V]; R]; U];
+        let mut bv = [zero; V];
+        // One step of `k` into accumulator set `u` (a constant in each unrolled use below, so
+        // that the accumulators stay in registers).
+        let step = |acc: &mut [[[__m512; V]; R]; U], bv: &mut [__m512; V], p: usize, u: usize| {
+            let row = block.b.offset(p as isize * l.b.row);
+            for q in 0..V {
+                bv[q] = if GATHER {
+                    let base = row.offset(16 * q as isize * l.b.col);
+                    _mm512_mask_i32gather_ps::<4>(zero, masks[q], offsets, base)
+                } else {
+                    _mm512_maskz_loadu_ps(masks[q], row.add(16 * q))
+                };
+            }
+            for (r, acc) in acc[u].iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*block.a.offset(r as isize * l.a.row + p as isize * l.a.col));
+                for q in 0..V {
+                    acc[q] = _mm512_fmadd_ps(x, bv[q], acc[q]);
+                }
+            }
+        };
+        let mut p = 0;
+        while p + U <= l.k {
+            for u in 0..U {
+                step(&mut acc, &mut bv, p + u, u);
+            }
+            p += U;
+        }
+        while p < l.k {
+            step(&mut acc, &mut bv, p, 0);
+            p += 1;
+        }
+        for r in 0..R {
+            for q in 0..V {
+                let mut sum = acc[0][r][q];
+                for set in &acc[1..] {
+                    sum = _mm512_add_ps(sum, set[r][q]);
+                }
+                let out = block.c.offset(r as isize * l.c.row + 16 * q as isize * l.c.col);
+                if l.c.col == 1 {
+                    let v = if l.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(masks[q], out), sum) } else { sum };
+                    _mm512_mask_storeu_ps(out, masks[q], v);
+                } else {
+                    let mut lanes = [0f32; 16];
+                    _mm512_storeu_ps(lanes.as_mut_ptr(), sum);
+                    for (e, &x) in lanes.iter().enumerate().take(block.left.saturating_sub(16 * q).min(16)) {
+                        let o = out.offset(e as isize * l.c.col);
+                        *o = if l.accumulate { *o + x } else { x };
+                    }
+                }
+            }
+        }
+    }
+}
+
 thread_local! {
     /// A column-major `b` copied to rows (see [`MatmulLaunch::gemm_rows`]).
     static B_ROWS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -610,6 +817,16 @@ impl MatmulLaunch {
         let at = |p: &SendPtr, s: &Strides, entry: usize| {
             (p.get() as isize + (s.offset + entry as isize * s.batch) * size as isize) as *mut u8
         };
+        #[cfg(target_arch = "x86_64")]
+        if self.is_small() {
+            for entry in lo..hi {
+                let (a, b, c) = (at(&ptrs.0, &self.a, entry), at(&ptrs.1, &self.b, entry), at(&ptrs.2, &self.c, entry));
+                // SAFETY: the entry's operands lie inside their buffers (checked in `new`);
+                // `is_small` checked AVX-512F and the gather offsets.
+                unsafe { small_avx512(self, a as *const f32, b as *const f32, c as *mut f32) };
+            }
+            return;
+        }
         if self.dtype == DType::F32 && !self.is_dot_shaped() && self.b_to_rows() {
             // SAFETY: as below; `gemm_rows` copies each distinct `b` once.
             unsafe {
@@ -636,6 +853,32 @@ impl MatmulLaunch {
                 }
             }
         }
+    }
+
+    /// Whether an f32 entry runs through [`small_avx512`]: at most [`SMALL_MACS`] multiply-adds
+    /// in at most [`SMALL_MAX_STEPS`] steps, `b`'s rows contiguous, or its columns gathered
+    /// ([`MatmulLaunch::small_gathers`]), or `b` at most [`SMALL_COPY_MAX`] elements, on an
+    /// AVX-512F host. Dot-shaped entries stay dot products unless gathered: a few short dots
+    /// (three queries against three keys of 8) cost less than the copy (18 against 30 ns).
+    fn is_small(&self) -> bool {
+        let macs = self.m as u128 * self.n as u128 * self.k as u128;
+        let steps = self.m.div_ceil(4) as u128 * self.n.div_ceil(64) as u128 * self.k as u128;
+        self.dtype == DType::F32
+            && macs <= SMALL_MACS as u128
+            && steps <= SMALL_MAX_STEPS as u128
+            && (self.b.col == 1 || self.small_gathers() || self.k * self.n <= SMALL_COPY_MAX)
+            && (self.small_gathers() || !self.is_dot_shaped())
+            && avx512_here()
+    }
+
+    /// Whether a small entry's `b` with columns not contiguous is gathered (see
+    /// [`SMALL_GATHER_MAX_K`]; a column stride whose 16 lanes fit 32-bit offsets) rather than
+    /// copied to rows.
+    fn small_gathers(&self) -> bool {
+        self.b.col != 1
+            && self.k < SMALL_GATHER_MAX_K
+            && self.n >= SMALL_GATHER_MIN_N
+            && self.b.col.unsigned_abs() <= i32::MAX as usize / 64
     }
 
     /// Whether an f32 entry is a few rows of dot products: at most `DOT_ALWAYS_M` rows of `a`
@@ -1128,6 +1371,72 @@ mod tests {
                 let (i, j) = (e / n, e % n);
                 let want: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[j * k + p] as f64).sum();
                 assert!((got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn small_entries_match_the_definition_in_every_layout() {
+        // Shapes of each way through `small_avx512` (rows of `b` loaded, columns gathered,
+        // `b` copied to rows), with row and column tails (1-3 rows past a block of four,
+        // columns past 16 and past 64), `k` not a multiple of the accumulator sets, a `b`
+        // shared by the batch, `a` and `c` in either layout, accumulating or not.
+        let shapes = [(3, 8, 64), (5, 70, 9), (7, 33, 7), (2, 130, 3), (16, 16, 8), (9, 8, 16), (1, 1, 1), (4, 17, 31)];
+        for &(m, n, k) in &shapes {
+            for layout in 0..16 {
+                let (a_cols, b_cols, c_cols, shared) =
+                    (layout & 1 == 1, layout & 2 == 2, layout & 4 == 4, layout & 8 == 8);
+                let batch = 3;
+                let matrix = |param, rows: usize, cols: usize, col_major: bool, shared: bool| Strides {
+                    param,
+                    offset: 1,
+                    batch: if shared { 0 } else { (rows * cols + 5) as isize },
+                    row: if col_major { 1 } else { cols as isize },
+                    col: if col_major { rows as isize } else { 1 },
+                };
+                let launch = MatmulLaunch {
+                    dtype: DType::F32,
+                    batch,
+                    m,
+                    n,
+                    k,
+                    a: matrix(0, m, k, a_cols, false),
+                    b: matrix(1, k, n, b_cols, shared),
+                    c: matrix(2, m, n, c_cols, false),
+                    accumulate: layout % 3 == 0,
+                };
+                if !launch.is_dot_shaped() || launch.small_gathers() {
+                    assert_eq!(launch.is_small(), avx512_here(), "{m}x{n}x{k} layout {layout}");
+                }
+                let len = |rows: usize, cols: usize| 1 + batch * (rows * cols + 5);
+                let value = |i: usize, salt: usize| ((i * 31 + salt * 17) % 23) as f32 / 8.0 - 1.0;
+                let mut a: Vec<f32> = (0..len(m, k)).map(|i| value(i, 1)).collect();
+                let mut b: Vec<f32> = (0..len(k, n)).map(|i| value(i, 2)).collect();
+                let mut c: Vec<f32> = (0..len(m, n)).map(|i| value(i, 3)).collect();
+                let at = |s: &Strides, e: usize, r: usize, col: usize| {
+                    (s.offset + e as isize * s.batch + r as isize * s.row + col as isize * s.col) as usize
+                };
+                let mut want: Vec<f64> = c.iter().map(|&x| x as f64).collect();
+                for e in 0..batch {
+                    for i in 0..m {
+                        for j in 0..n {
+                            let dot: f64 = (0..k)
+                                .map(|p| a[at(&launch.a, e, i, p)] as f64 * b[at(&launch.b, e, p, j)] as f64)
+                                .sum();
+                            let o = at(&launch.c, e, i, j);
+                            want[o] = dot + if launch.accumulate { c[o] as f64 } else { 0.0 };
+                        }
+                    }
+                }
+                let args = [a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8, c.as_mut_ptr() as *mut u8];
+                // SAFETY: three buffers holding every element the strides reach.
+                unsafe { launch.run(args.as_ptr()) };
+                for (o, (&got, &want)) in c.iter().zip(&want).enumerate() {
+                    assert!(
+                        (got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "{m}x{n}x{k} layout {layout} at {o}: {got} vs {want}"
+                    );
+                }
             }
         }
     }
