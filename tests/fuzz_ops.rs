@@ -194,3 +194,20 @@ proptest! {
         run(Device::Interp, &sources, &steps);
     }
 }
+
+#[test]
+fn a_failed_product_of_a_vector_is_an_error_not_a_panic() {
+    // Found by `random_op_sequences_never_panic_on_the_interpreter`: a product of a 1-D operand
+    // whose result is an error tensor (no dims) underflowed dropping the vector's dim.
+    let step = |op: u8, a: usize, b: usize, args: [i64; 4]| Step { op, a, b, args, list: vec![] };
+    let steps = [
+        step(41, 0, 0, [0, 0, -3, 0]),
+        step(0, 0, 0, [0; 4]),
+        step(176, 15343414938848455242, 0, [0, 0, 0, -1]),
+        step(0, 0, 0, [0; 4]),
+        step(168, 4188179574563482984, 1852641955149651557, [0; 4]),
+    ];
+    for device in [Device::Interp, Device::Cpu] {
+        run(device, &[(0, vec![0, 2]), (0, vec![0])], &steps);
+    }
+}

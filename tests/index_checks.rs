@@ -77,6 +77,27 @@ fn index_select_out_of_range_is_an_error() {
 }
 
 #[test]
+fn an_index_into_an_empty_axis_reads_nothing() {
+    // Every index is out of range for an axis of size 0, and the source has no element at all:
+    // the failing read must not fall back to one (the CPU kernel read `buf[base]` of an empty
+    // buffer and crashed, found by `fuzz_ops`). Several dtypes and ops, many times over (a
+    // crash depended on where the empty buffer pointed).
+    for device in devices() {
+        for _ in 0..20 {
+            let empty = on(device, Vec::<f32>::new(), &[1, 0, 3]);
+            fails_with(&empty.index_select(1, &on(device, vec![0i64], &[1])), device, "out of range for size 0");
+            // wgpu stores no f16.
+            if device != Device::Wgpu {
+                let half = empty.to_dtype(kiln::DType::F16);
+                fails_with(&half.index_select(1, &on(device, vec![2i32, 0], &[2])), device, "out of range for size 0");
+            }
+            let idx = on(device, vec![0i32; 3], &[1, 1, 3]);
+            fails_with(&empty.gather(1, &idx), device, "out of range for size 0");
+        }
+    }
+}
+
+#[test]
 fn i64_indices_work_on_every_device() {
     for device in devices() {
         let x = on(device, vec![1.0f32, 2., 3.], &[3]);

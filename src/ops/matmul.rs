@@ -82,6 +82,10 @@ impl Tensor {
         if sb.len() == 1 {
             b = b.p_reshape(site, smallvec::smallvec![kb.clone(), Dim::Const(1)]);
         }
+        // An operand that failed to cast or reshape (a size that overflows) has no dims to read.
+        if let Some(failed) = [&a, &b].into_iter().find(|t| t.inner.error.is_some()) {
+            return failed.clone();
+        }
         let batch = match broadcast_shapes(&a.shape()[..a.ndim() - 2], &b.shape()[..b.ndim() - 2]) {
             Ok(batch) => batch,
             Err(_) => {
@@ -93,7 +97,8 @@ impl Tensor {
             }
         };
         let out = canonical_matmul(site, &a, &b, &batch);
-        if sa.len() == 1 || sb.len() == 1 {
+        // A failed product (its size overflows) is an error tensor without dims to drop.
+        if out.inner.error.is_none() && (sa.len() == 1 || sb.len() == 1) {
             let mut shape = out.shape().clone();
             if sb.len() == 1 {
                 shape.pop();

@@ -351,8 +351,11 @@ impl Frame<'_> {
     fn inst(&self, inst: &Inst, dtype: DType, mem: &mut Memory) -> Result<Val, LowerError> {
         Ok(match inst {
             Inst::Gather { buf, base, index, stride, size, status, check } => {
-                let i = self.checked_index(*index, size, *status, *check, mem)?.unwrap_or(0);
-                mem.read(self.buf(*buf)?, self.eval(base) + i * self.eval(stride))?
+                match self.checked_index(*index, size, *status, *check, mem)? {
+                    Some(i) => mem.read(self.buf(*buf)?, self.eval(base) + i * self.eval(stride))?,
+                    // A bad index reads nothing (`buf` may be empty).
+                    None => Val::from_scalar(Scalar::Int(0)).cast(dtype),
+                }
             }
             Inst::Load { buf, index, mask, other } => {
                 if mask.as_ref().is_some_and(|m| self.eval(m) == 0) {

@@ -281,7 +281,9 @@ pub enum Inst {
     ReadAcc(Acc),
     /// `buf[base + i * stride]` where `i` is the value of the integer register `index`, checked
     /// against `0..size`: out of range, the kernel records `check` with the value `i` in the status
-    /// buffer `status` and reads `buf[base]` instead.
+    /// buffer `status` and the value is 0, read from nothing (`size` may be 0 and `buf` empty; the
+    /// run fails with the check anyway). WGSL, whose reads are bounded by the robust buffer
+    /// access rules, reads `buf[base]` instead.
     Gather {
         /// The buffer parameter read.
         buf: u32,

@@ -262,7 +262,10 @@ impl Eval<'_> {
                 cast(self.bufs[*buf as usize].get(i), d)
             }
             Inst::Gather { buf, base, index, stride, size, status, check } => {
-                let i = self.checked(*index, size, *status, *check).unwrap_or(0);
+                // A bad index reads nothing and yields zero (`kir::Inst::Gather`).
+                let Some(i) = self.checked(*index, size, *status, *check) else {
+                    return scalar_const(Scalar::Int(0), d);
+                };
                 let at = base.eval(&self.vars, self.syms) + i * stride.eval(&self.vars, self.syms);
                 cast(self.bufs[*buf as usize].get(at as usize), d)
             }

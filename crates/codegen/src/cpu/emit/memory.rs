@@ -164,8 +164,8 @@ impl<'f> Emitter<'_, 'f> {
     }
 
     /// The address of `buf[base + i * stride]` for the index register `index`, checked against
-    /// `0..size`: a bad index records the failure and addresses `buf[base]` instead. Also
-    /// returns the failure condition.
+    /// `0..size`: a bad index records the failure and addresses `buf[base]` instead, which the
+    /// caller must not touch (it need not exist). Also returns the failure condition.
     pub(super) fn checked_addr(&mut self, at: &Indexed<'_>) -> Result<(Value, Value)> {
         let Indexed { buf, base, index, stride, size, status, check } = *at;
         let i = self.index_value(index)?;
@@ -196,8 +196,19 @@ impl<'f> Emitter<'_, 'f> {
             return Err(CodegenError::Invalid("gather in a vector loop".into()));
         }
         let pd = self.param_dtype(at.buf)?;
-        let (addr, _) = self.checked_addr(at)?;
-        let v = self.scalar_load_at(d, pd, addr)?;
+        let (addr, bad) = self.checked_addr(at)?;
+        // A bad index reads nothing and yields zero (the run fails with the recorded check):
+        // the fallback element `buf[base]` need not exist (an index into an empty axis).
+        let zero = self.constant(Scalar::Int(0).cast(d), d)?.v;
+        let load = self.b.create_block();
+        let join = self.b.create_block();
+        let ty = self.b.func.dfg.value_type(zero);
+        let v = self.b.append_block_param(join, ty);
+        self.b.ins().brif(bad, join, &[zero.into()], load, &[]);
+        self.b.switch_to_block(load);
+        let loaded = self.scalar_load_at(d, pd, addr)?;
+        self.b.ins().jump(join, &[loaded.into()]);
+        self.b.switch_to_block(join);
         Ok(Val { v, vector: false })
     }
 
