@@ -550,6 +550,74 @@ fn cat_writes_each_piece_into_its_slice() {
 }
 
 #[test]
+fn cat_pieces_over_one_loop_nest_share_a_kernel() {
+    // im2col's shape: shifted windows of one input stacked on a new axis, one of them negated
+    // (its registers renamed past the first piece's) and one scaled by a constant; then a
+    // piece with a reduction, which keeps its own kernel.
+    let mut b = B::default();
+    let x = b.f32(&[2, 6]);
+    let mut pieces = Vec::new();
+    for shift in 0..3 {
+        let ranges = vec![(Dim::Const(0), Dim::Const(2)), (Dim::Const(shift), Dim::Const(shift + 4))];
+        let w = b.op(Op::Shrink(Shrink { ranges }), &[x]);
+        let w = match shift {
+            1 => b.un(UnaryOp::Neg, w),
+            2 => {
+                let k = b.konst(0.5, &dims(&[2, 4]));
+                b.bin(BinaryOp::Mul, w, k)
+            }
+            _ => w,
+        };
+        pieces.push(b.reshape(w, &dims(&[2, 1, 4])));
+    }
+    let c = cat(&mut b, &pieces, 1);
+    let g = b.out(&[c]);
+    let p = compile(&g, &fused()).unwrap();
+    expect![[r#"
+        buf0: f32[12] input 0
+        buf1: f32[24] output 0
+        k0 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..2 parallel {
+            for i1 in 0..4 {
+              r0: f32 = load b1[(i0*6 + i1)]
+              store b0[(i0*12 + i1)] = r0
+              r1: f32 = load b1[((i0*6 + i1) + 1)]
+              r2: f32 = neg r1
+              store b0[((i0*12 + i1) + 4)] = r2
+            }
+          }
+        }
+        k1 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..2 parallel {
+            r0: f32 = const 0.5
+            for i1 in 0..4 {
+              r1: f32 = load b1[((i0*6 + i1) + 2)]
+              r2: f32 = mul r1, r0
+              store b0[((i0*12 + i1) + 8)] = r2
+            }
+          }
+        }
+        launch k0(buf1, buf0)
+        launch k1(buf1, buf0)
+        return buf1: f32[2, 3, 4]
+    "#]]
+    .assert_eq(&p.to_string());
+    agree(&g, &p, &Bindings::new(), 1).unwrap();
+    agree(&g, &compile(&g, &unfused()).unwrap(), &Bindings::new(), 1).unwrap();
+
+    let mut b = B::default();
+    let x = b.f32(&[2, 4]);
+    let y = b.f32(&[2, 4, 3]);
+    let s = b.reduce(ReduceOp::Sum, y, &[2]);
+    let s = b.reshape(s, &dims(&[2, 4]));
+    let c = cat(&mut b, &[x, s, x], 1);
+    let g = b.out(&[c]);
+    let p = compile(&g, &fused()).unwrap();
+    assert_eq!(writers_of(&p, p.outputs[0].0.0), 3, "{p}");
+    agree(&g, &p, &Bindings::new(), 2).unwrap();
+}
+
+#[test]
 fn cat_pieces_in_any_order_dtype_and_symbolic_sizes() {
     // Three pieces along a symbolic axis 0, one of them a padded window (its own pad on axis 1
     // composes with the cat's), added in an order other than the axis order.

@@ -33,14 +33,14 @@ fn forward_and_backward(mut module: impl Module, input: &[usize]) -> (usize, usi
 
 #[test]
 fn convolution_is_im2col_and_one_gemm() {
-    // The padded input (written once, read by every window), im2col copies (one per kernel
-    // offset, each writing its slice of the columns), bias written into the result, GEMM
-    // accumulating onto it, and (only because the result is a graph output) a copy from the
-    // GEMM's `[O, N, OH, OW]` to `[N, O, OH, OW]`.
+    // The padded input (written once, read by every window), the im2col copies (one kernel:
+    // the nine kernel offsets' copies, each writing its slice of the columns, share one loop
+    // nest), bias written into the result, GEMM accumulating onto it, and (only because the
+    // result is a graph output) a copy from the GEMM's `[O, N, OH, OW]` to `[N, O, OH, OW]`.
     let conv = Conv2d::new(3, 32, (3, 3), (1, 1), (1, 1), 1, true).unwrap();
-    assert_eq!(forward_and_backward(conv, &[8, 3, 16, 16]), (1 + 9 + 3, 16));
+    assert_eq!(forward_and_backward(conv, &[8, 3, 16, 16]), (1 + 1 + 3, 8));
     let strided = Conv2d::new(3, 8, (3, 3), (2, 2), (1, 1), 1, false).unwrap();
-    assert_eq!(forward_and_backward(strided, &[2, 3, 16, 16]).0, 1 + 9 + 2);
+    assert_eq!(forward_and_backward(strided, &[2, 3, 16, 16]).0, 1 + 1 + 2);
 }
 
 #[test]

@@ -56,7 +56,10 @@
 //! A concatenation (the front end's `cat`: an `add`/`or` chain of zero-padded pieces whose ranges
 //! tile one axis, see `kernel::cat_pieces`) is not one kernel evaluating every piece's masked load
 //! per element: each piece gets its own kernel over its own shape, writing its slice of the
-//! output buffer (steps that write one buffer stay in order: `batch` orders write-after-write).
+//! output buffer (steps that write one buffer stay in order: `batch` orders write-after-write);
+//! pieces whose kernels are the same loop nest around element-wise statements are one kernel
+//! with a store per piece (`merge`: im2col's nine shifted windows of a 3x3 convolution are one
+//! launch).
 //! Instructions are hash-consed (CSE) and placed at the outermost loop level their operands allow
 //! (loop-invariant loads of a reduce kernel sit outside the reduce loop). The outermost loop over
 //! independent output elements is marked `parallel`. Identical kernels are stored once.
@@ -82,6 +85,7 @@
 mod contraction;
 mod decide;
 mod kernel;
+mod merge;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -273,6 +277,8 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
                     if let Some(x) = base {
                         inits.push((target, bufs[x]));
                     }
+                    // Pieces over the same loop nest share one kernel (`merge`).
+                    let mut kernels = Vec::new();
                     for (leaf, lo, hi) in pieces {
                         if base.is_some() && copied_input(g, leaf, axis) == base {
                             continue;
@@ -283,8 +289,10 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
                                     if d == axis { (lo.clone(), hi.clone()) } else { (Dim::Const(0), shape[d].clone()) }
                                 })
                                 .collect();
-                        launch(loop_kernel(g, &bufs, &symbols, leaf, true, target, Some(&window), &mut checks)?);
+                        let piece = loop_kernel(g, &bufs, &symbols, leaf, true, target, Some(&window), &mut checks)?;
+                        merge::push_piece(&mut kernels, piece);
                     }
+                    kernels.into_iter().for_each(&mut launch);
                 }
                 None => launch(loop_kernel(g, &bufs, &symbols, n, true, target, None, &mut checks)?),
             },
