@@ -211,3 +211,33 @@ fn a_failed_product_of_a_vector_is_an_error_not_a_panic() {
         run(device, &[(0, vec![0, 2]), (0, vec![0])], &steps);
     }
 }
+
+#[test]
+fn a_sum_over_an_empty_input_reads_nothing() {
+    // Found by `random_op_sequences_never_panic` (a SIGSEGV): the load of `one_hot`'s index
+    // over an empty input was hoisted out of the reduce loop of extent 0 (its index folded to a
+    // constant) and read an empty buffer. Replayed, and the shapes it stands for checked against
+    // their values on every device.
+    let step = |op: u8, a: usize, b: usize, args: [i64; 4], list: Vec<i64>| Step { op, a, b, args, list };
+    let steps = [
+        step(23, 17735371286811185032, 16362700926662585245, [-1, -2, 5, 8], vec![-2, 4]),
+        step(24, 7124519297294924613, 17340443733546995987, [-3, -6, 2, -6], vec![2, -2, 6]),
+        step(59, 6292799606935103236, 17557474643120916915, [-6, 3, -4, 7], vec![1, 2, 0, 5]),
+        step(76, 7293592058540295910, 13605026417363047651, [-6, -1, 3, -1], vec![4]),
+        step(88, 1976196786219766586, 1706033649423543420, [4, 3, 4, 1], vec![-2]),
+    ];
+    for device in [Device::Interp, Device::Cpu] {
+        for _ in 0..20 {
+            run(device, &[(3, vec![0, 1]), (4, vec![0, 3, 0])], &steps);
+            let x = source(DType::I64, &[0, 1], 0, device);
+            assert_eq!(x.one_hot(5).sum_all().to_vec::<i64>().unwrap(), vec![0], "{device}");
+            // An empty reduced axis under non-empty outer ones, and an empty outer one.
+            let y = source(DType::F32, &[3, 0], 1, device);
+            let bias = source(DType::F32, &[3], 2, device);
+            let want: Vec<f32> = bias.to_vec::<f32>().unwrap();
+            assert_eq!(y.sum(&[1]).add(&bias).to_vec::<f32>().unwrap(), want, "{device}");
+            let z = source(DType::F32, &[0, 1], 3, device).expand(&[0, 4]);
+            assert_eq!(z.sum(&[1]).to_vec::<f32>().unwrap(), Vec::<f32>::new(), "{device}");
+        }
+    }
+}

@@ -433,7 +433,23 @@ impl Emitter {
                 let acc = Acc(self.next_acc);
                 self.next_acc += 1;
                 self.pre[self.n_outer].push(Stmt::AccInit { acc, dtype: acc_dtype, op: *op });
-                let mut v = self.emit(x)?;
+                // Over an empty reduced axis (a constant extent 0), the body stays inside the
+                // loops that never run: its loads read an empty input, whose indices the
+                // extent-0 ranges may have folded to constants that would otherwise hoist them
+                // out (and read memory that is not there). Its values are not shared with the
+                // code after the loop (they are never computed).
+                let empty = (self.n_outer..self.n_total).any(|l| self.cx.extents.get(l) == Some(&Some(0)));
+                let min_level = self.min_level;
+                if empty {
+                    self.min_level = self.n_total;
+                }
+                let v = self.emit(x);
+                if empty {
+                    self.min_level = min_level;
+                    let inner = self.n_total;
+                    self.cse.retain(|_, s| s.level < inner);
+                }
+                let mut v = v?;
                 if half {
                     v = self.let_(DType::F32, Inst::Cast(v.reg), &[v], &[]);
                 }
@@ -665,7 +681,13 @@ pub(super) fn loop_kernel(
         cse: HashMap::default(),
         next_reg: 0,
         next_acc: 0,
-        min_level: usize::from(n_outer > 0),
+        // Statements never go above the outermost loop, nor above an outer loop of constant
+        // extent 0 (which makes the whole kernel a no-op: its hoisted loads would read an empty
+        // input; see `KExpr::Reduce` for an empty reduced axis).
+        min_level: extents[..n_outer]
+            .iter()
+            .position(|e| *e == IExpr::Const(0))
+            .map_or(usize::from(n_outer > 0), |_| n_outer),
         n_outer,
         n_total,
         checks: std::mem::take(checks),
