@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Long fuzzing runs on stable Rust: the proptest harnesses of the text parser, the safetensors
-# loader and random facade op sequences, with many more cases than CI replays.
+# loader, random facade op sequences and the ONNX importer (random bytes, mutated models), with
+# many more cases than CI replays.
 #   bash scripts/fuzz.sh [CASES]          (default 100000 cases per property)
 # Each harness runs under `timeout` (FUZZ_TIMEOUT seconds, default 3600) so a hang is a failure.
 # A failing case is shrunk by proptest and saved in the test's `.proptest-regressions` file;
@@ -18,3 +19,4 @@ run() {
 run -p kiln-air --test fuzz_text
 run -p kiln-nn --test fuzz_safetensors
 run -p kiln --test fuzz_ops
+run -p kiln-onnx --test import

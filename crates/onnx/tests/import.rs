@@ -417,7 +417,8 @@ fn decode_and_run(bytes: &[u8]) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // 256 cases, or `PROPTEST_CASES` (scripts/fuzz.sh runs many more).
+    #![proptest_config(ProptestConfig::default())]
 
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
