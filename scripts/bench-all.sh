@@ -9,15 +9,53 @@ out="${1:-bench-out}"
 mkdir -p "$out"
 cargo build --release -p kiln-cli
 kiln=./target/release/kiln
-"$kiln" bench transformer-compile --layers 1,2,4,8,16,32 --fresh-process 5 --out "$out/transformer" | tee "$out/transformer.md"
-"$kiln" bench unary --out "$out/unary" | tee "$out/unary.md"
-"$kiln" bench matmul --out "$out/matmul" | tee "$out/matmul.md"
-"$kiln" bench tree-matmul --out "$out/tree" | tee "$out/tree.md"
-"$kiln" bench memory --out "$out/memory" | tee "$out/memory.md"
-"$kiln" bench models --out "$out/models" | tee "$out/models.md"
-"$kiln" bench embedding --out "$out/embedding" | tee "$out/embedding.md"
-"$kiln" bench transformer-compile --layers 1,2,8 --start-pos 2 --out "$out/transformer-cached" | tee "$out/transformer-cached.md"
-"$kiln" bench decode --out "$out/decode" | tee "$out/decode.md"
+
+# The fraction of all CPU time (steal included: a neighbour on the host) that was busy over one
+# second, in percent, from /proc/stat.
+busy_percent() {
+    local a b
+    read -r -a a < <(head -1 /proc/stat)
+    sleep 1
+    read -r -a b < <(head -1 /proc/stat)
+    local total=0 idle i
+    for i in 1 2 3 4 5 6 7 8; do total=$((total + b[i] - a[i])); done
+    idle=$((b[4] - a[4] + b[5] - a[5]))
+    echo $(((total - idle) * 100 / (total > 0 ? total : 1)))
+}
+
+# Waits (up to KILN_IDLE_WAIT seconds, default 60) until the machine is under 10% busy, as the
+# anchors do before each of theirs (`shared/anchors/common.py` `wait_for_idle`), so that Kiln's
+# suites and the peers' are measured alike; prints what it saw.
+wait_idle() {
+    local start=$SECONDS busy
+    busy=$(busy_percent)
+    while [ "$busy" -gt 10 ] && [ $((SECONDS - start)) -lt "${KILN_IDLE_WAIT:-60}" ]; do
+        sleep 3
+        busy=$(busy_percent)
+    done
+    if [ "$busy" -le 10 ]; then
+        echo "[load check] CPU busy before start: ${busy}% -> idle"
+    else
+        echo "[load check] CPU busy before start: ${busy}% -> NOT idle (results may be skewed)"
+    fi
+}
+
+# `suite NAME ARGS...`: `kiln bench ARGS... --out OUT/NAME`, its table in OUT/NAME.md.
+suite() {
+    local name=$1
+    shift
+    { wait_idle; "$kiln" bench "$@" --out "$out/$name"; } | tee "$out/$name.md"
+}
+
+suite transformer transformer-compile --layers 1,2,4,8,16,32 --fresh-process 5
+suite unary unary
+suite matmul matmul
+suite tree tree-matmul
+suite memory memory
+suite models models
+suite embedding embedding
+suite transformer-cached transformer-compile --layers 1,2,8 --start-pos 2
+suite decode decode
 anchors=../shared/anchors
 if [ -n "${ANCHOR_PYTHON:-}" ] && [ -d "$anchors" ]; then
     export ANCHOR_IDLE_WAIT="${ANCHOR_IDLE_WAIT:-60}"
