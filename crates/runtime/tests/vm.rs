@@ -356,8 +356,9 @@ fn malformed_programs_are_refused() {
 }
 
 /// A batched matmul small enough to be a calibration candidate (threaded or on one thread, decided
-/// by timing over the first runs) gives the definition's result on every run, whichever way the
-/// calibration goes, with `b` row-major and column-major.
+/// by timing over the first runs, and again in the later calibration windows) gives the
+/// definition's result on every run, whichever way the calibration goes, with `b` row-major and
+/// column-major.
 #[test]
 fn calibrated_matmul_launches_agree_on_every_run() {
     let (batch, m, n, k) = (4i64, 64i64, 80i64, 64i64);
@@ -382,7 +383,8 @@ fn calibrated_matmul_launches_agree_on_every_run() {
                 }
             }
         }
-        for run in 0..8 {
+        let runs = runtime::vm::CALIBRATE_AGAIN[0] + 2 * runtime::vm::CALIBRATION_RUNS + 2;
+        for run in 0..runs {
             let out = exe.run(&[a.clone(), b.clone()], &no_bindings()).unwrap();
             assert_eq!(out[0].data.to_f64_vec(), want, "run {run}, b column-major: {col_major}");
         }

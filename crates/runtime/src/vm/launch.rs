@@ -174,6 +174,24 @@ pub(super) fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Ve
         .collect()
 }
 
+/// Makes a calibration candidate run on one thread again with no times recorded, for a later
+/// calibration window (see `CALIBRATE_AGAIN`).
+pub(super) fn restart_calibration(launch: &Launch) {
+    match launch {
+        Launch::Loop { split, chunks, calib_ns, split_ns, .. } if *split > 1 => {
+            chunks.store(1, Ordering::Relaxed);
+            calib_ns.store(u64::MAX, Ordering::Relaxed);
+            split_ns.store(u64::MAX, Ordering::Relaxed);
+        }
+        Launch::Matmul { calibrate: true, threads, calib_ns, split_ns, .. } => {
+            threads.store(false, Ordering::Relaxed);
+            calib_ns.store(u64::MAX, Ordering::Relaxed);
+            split_ns.store(u64::MAX, Ordering::Relaxed);
+        }
+        _ => {}
+    }
+}
+
 /// Runs one launch as [`run_launch`] does, timing it when it is a calibration candidate.
 ///
 /// # Safety

@@ -117,6 +117,13 @@ pub const MATMUL_ALWAYS_SPLIT_MACS: u128 = 1 << 24;
 /// results (its iterations write disjoint elements and compute them the same way).
 pub const CALIBRATION_RUNS: u32 = 5;
 
+/// Runs after which a binding set is calibrated again, from one thread as the first time: a
+/// calibration that met a busy spell keeps its one-thread decision otherwise for as long as
+/// the program runs (a bench run's compiled `neg` over 1,594,323 elements ran at one core's
+/// 0.146 ms where it takes 0.071 split; a lazy sigmoid chain 12.2 against 7.0-8.0 us per op).
+/// Each window costs ten runs in order, the splits retried.
+pub const CALIBRATE_AGAIN: [u32; 3] = [64, 1024, 16384];
+
 /// Running independent steps at the same time (see [`crate::levels`]).
 struct Concurrency {
     /// The dependency levels of the program (`lower::batch`), computed once.

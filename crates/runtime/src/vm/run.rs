@@ -10,7 +10,7 @@ use lower::{BufferKind, Program};
 use smallvec::SmallVec;
 
 use super::launch::{self, Launch};
-use super::{CALIBRATION_RUNS, CpuCode, CpuLaunches, OutputSource, RunState, SPLIT_MIN_NS};
+use super::{CALIBRATE_AGAIN, CALIBRATION_RUNS, CpuCode, CpuLaunches, OutputSource, RunState, SPLIT_MIN_NS};
 use crate::backend::{Backend, BindingSet};
 use crate::error::{Result, RuntimeError};
 use crate::levels::{self, Phase};
@@ -192,9 +192,14 @@ impl Backend for CpuCode {
         let syms = sized.sizes.syms.as_ptr();
         let l = &sized.launches;
         let run = l.runs.load(Ordering::Relaxed);
-        let calibrating = (1..=2 * CALIBRATION_RUNS).contains(&run);
-        if run <= 2 * CALIBRATION_RUNS {
+        if run < u32::MAX {
             l.runs.fetch_add(1, Ordering::Relaxed);
+        }
+        let pos = calibration_position(run);
+        let calibrating = pos > 0;
+        if pos == 1 && run > 1 {
+            // A later calibration window: the candidates start again from one thread.
+            l.launches.iter().for_each(launch::restart_calibration);
         }
         // SAFETY (both closures): the table holds every step's buffers (see `run_launch`).
         let in_order = |launch: &Launch| {
@@ -202,7 +207,7 @@ impl Backend for CpuCode {
                 if calibrating {
                     // The first split run wakes the pool's threads (up to 77 us, `parallel`):
                     // a warm-up, not timed.
-                    launch::run_calibrating(launch, table, syms, run != CALIBRATION_RUNS + 1)
+                    launch::run_calibrating(launch, table, syms, pos != CALIBRATION_RUNS + 1)
                 } else {
                     launch::run_launch(launch, table, syms, false)
                 }
@@ -242,13 +247,13 @@ impl Backend for CpuCode {
                 }
             }
         }
-        if calibrating && (run == CALIBRATION_RUNS || run == 2 * CALIBRATION_RUNS) {
+        if calibrating && (pos == CALIBRATION_RUNS || pos == 2 * CALIBRATION_RUNS) {
             for launch in &l.launches {
                 if let Launch::Matmul { calibrate: true, threads, calib_ns, split_ns, .. } = launch {
                     // As for loops below: threaded for the second half of the calibration runs
                     // when one thread took long enough, kept only where that was 15% faster.
                     let one = calib_ns.load(Ordering::Relaxed);
-                    let decided = if run == CALIBRATION_RUNS {
+                    let decided = if pos == CALIBRATION_RUNS {
                         one >= SPLIT_MIN_NS
                     } else {
                         split_ns.load(Ordering::Relaxed) < one / 20 * 17
@@ -259,7 +264,7 @@ impl Backend for CpuCode {
                     && *split > 1
                 {
                     let one = calib_ns.load(Ordering::Relaxed);
-                    let decided = if run == CALIBRATION_RUNS {
+                    let decided = if pos == CALIBRATION_RUNS {
                         if one >= SPLIT_MIN_NS { *split } else { 1 }
                     } else if split_ns.load(Ordering::Relaxed) < one / 20 * 17 {
                         *split
@@ -327,5 +332,35 @@ impl Backend for CpuCode {
             results.push(HostTensor { data, shape });
         }
         Ok(results)
+    }
+}
+
+/// Where run number `run` (0 for the first) falls in the calibration windows of a binding set:
+/// `1..=2 * CALIBRATION_RUNS` inside one, 0 outside. The first window follows the first run; the
+/// later ones start after runs [`CALIBRATE_AGAIN`], so that a decision taken while other work
+/// held the cores (a split that looked slower) is taken again.
+fn calibration_position(run: u32) -> u32 {
+    let start = CALIBRATE_AGAIN.iter().rev().copied().find(|&s| run > s).unwrap_or(0);
+    let pos = run - start;
+    if (1..=2 * CALIBRATION_RUNS).contains(&pos) { pos } else { 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_windows_follow_the_first_run_and_come_back() {
+        let window = |start: u32| (start + 1..=start + 2 * CALIBRATION_RUNS).collect::<Vec<u32>>();
+        let mut want = window(0);
+        for s in CALIBRATE_AGAIN {
+            want.extend(window(s));
+        }
+        let got: Vec<u32> = (0..20_000).filter(|&r| calibration_position(r) > 0).collect();
+        assert_eq!(got, want);
+        for (i, &r) in want.iter().enumerate() {
+            assert_eq!(calibration_position(r), i as u32 % (2 * CALIBRATION_RUNS) + 1, "run {r}");
+        }
+        assert_eq!(calibration_position(u32::MAX), 0);
     }
 }
