@@ -1380,10 +1380,11 @@ mod tests {
         // Shapes of each way through `small_avx512` (rows of `b` loaded, columns gathered,
         // `b` copied to rows), with row and column tails (1-3 rows past a block of four,
         // columns past 16 and past 64), `k` not a multiple of the accumulator sets, a `b`
-        // shared by the batch, `a` and `c` in either layout, accumulating or not.
+        // shared by the batch, `a` and `c` in either layout, `b`'s columns in reverse order (a
+        // negative column stride, gathered or copied), accumulating or not.
         let shapes = [(3, 8, 64), (5, 70, 9), (7, 33, 7), (2, 130, 3), (16, 16, 8), (9, 8, 16), (1, 1, 1), (4, 17, 31)];
         for &(m, n, k) in &shapes {
-            for layout in 0..16 {
+            for layout in 0..32 {
                 let (a_cols, b_cols, c_cols, shared) =
                     (layout & 1 == 1, layout & 2 == 2, layout & 4 == 4, layout & 8 == 8);
                 let batch = 3;
@@ -1394,6 +1395,12 @@ mod tests {
                     row: if col_major { 1 } else { cols as isize },
                     col: if col_major { rows as isize } else { 1 },
                 };
+                let mut b = matrix(1, k, n, b_cols, shared);
+                if layout & 16 == 16 {
+                    // Column `j` where column `n - 1 - j` was.
+                    b.offset += (n as isize - 1) * b.col;
+                    b.col = -b.col;
+                }
                 let launch = MatmulLaunch {
                     dtype: DType::F32,
                     batch,
@@ -1401,7 +1408,7 @@ mod tests {
                     n,
                     k,
                     a: matrix(0, m, k, a_cols, false),
-                    b: matrix(1, k, n, b_cols, shared),
+                    b,
                     c: matrix(2, m, n, c_cols, false),
                     accumulate: layout % 3 == 0,
                 };
