@@ -555,6 +555,12 @@ impl IndexCx {
         IndexCx { symbols, extents: Vec::new(), extent_exprs: Vec::new() }
     }
 
+    /// Whether one of the loops `levels` has constant extent 0 (its body never runs, and the
+    /// index folding over its empty range may have made loads inside it look invariant).
+    pub fn empty_loop(&self, levels: std::ops::Range<usize>) -> bool {
+        levels.into_iter().any(|l| self.extents.get(l) == Some(&Some(0)))
+    }
+
     /// A dim as an index expression: its polynomial over `IExpr::Sym`s.
     pub fn dim(&self, d: &Dim) -> Result<IExpr, LowerError> {
         if let Some(c) = d.as_const() {

@@ -552,8 +552,9 @@ fn cat_writes_each_piece_into_its_slice() {
 #[test]
 fn cat_pieces_over_one_loop_nest_share_a_kernel() {
     // im2col's shape: shifted windows of one input stacked on a new axis, one of them negated
-    // (its registers renamed past the first piece's) and one scaled by a constant; then a
-    // piece with a reduction, which keeps its own kernel.
+    // (its registers renamed past the first piece's) and merged; one scaled by a constant,
+    // which is hoisted out of the inner loop, so that piece's nest is not a plain chain of
+    // loops and it keeps its own kernel; then a piece with a reduction, its own kernel too.
     let mut b = B::default();
     let x = b.f32(&[2, 6]);
     let mut pieces = Vec::new();

@@ -402,6 +402,21 @@ unsafe fn columns_to_rows(src: *const f32, col: usize, k: usize, n: usize, dst: 
     }
 }
 
+/// The call of [`small_block`] for a block's `(rows, vectors, gather)`, one arm per listed
+/// `(R, V, U)` with `b` loaded and one with it gathered.
+#[cfg(target_arch = "x86_64")]
+macro_rules! small_blocks {
+    ($key:expr, $l:expr, $block:expr; $(($r:literal, $v:literal, $u:literal)),* $(,)?) => {
+        match $key {
+            $(
+                ($r, $v, false) => small_block::<$r, $v, $u, false>($l, $block),
+                ($r, $v, true) => small_block::<$r, $v, $u, true>($l, $block),
+            )*
+            _ => unreachable!("blocks have 1 to 4 rows and vectors"),
+        }
+    };
+}
+
 /// `c (+)= a b` for one small entry ([`MatmulLaunch::is_small`]) with AVX-512F: blocks of up to
 /// four rows of `a` and 64 columns of `b`, `c`'s block in registers over the whole of `k`, each
 /// step a broadcast element of `a` times a row of `b` (one load, or one gather when `b`'s
@@ -445,41 +460,12 @@ unsafe fn small_avx512(l: &MatmulLaunch, a: *const f32, b: *const f32, c: *mut f
             let block = Block { a: at(a, &l.a, i, 0), b: at(b, &l.b, 0, j), c: at(c, &l.c, i, j) as *mut f32, left };
             // SAFETY: rows `i..i + rows` and columns `j..j + min(left, 64)` lie in the entry.
             unsafe {
-                match (rows, left.div_ceil(16).min(4), gather) {
-                    (1, 1, false) => small_block::<1, 1, 4, false>(l, &block),
-                    (1, 2, false) => small_block::<1, 2, 4, false>(l, &block),
-                    (1, 3, false) => small_block::<1, 3, 4, false>(l, &block),
-                    (1, 4, false) => small_block::<1, 4, 2, false>(l, &block),
-                    (2, 1, false) => small_block::<2, 1, 4, false>(l, &block),
-                    (2, 2, false) => small_block::<2, 2, 2, false>(l, &block),
-                    (2, 3, false) => small_block::<2, 3, 2, false>(l, &block),
-                    (2, 4, false) => small_block::<2, 4, 1, false>(l, &block),
-                    (3, 1, false) => small_block::<3, 1, 4, false>(l, &block),
-                    (3, 2, false) => small_block::<3, 2, 2, false>(l, &block),
-                    (3, 3, false) => small_block::<3, 3, 1, false>(l, &block),
-                    (3, 4, false) => small_block::<3, 4, 1, false>(l, &block),
-                    (4, 1, false) => small_block::<4, 1, 2, false>(l, &block),
-                    (4, 2, false) => small_block::<4, 2, 1, false>(l, &block),
-                    (4, 3, false) => small_block::<4, 3, 1, false>(l, &block),
-                    (4, 4, false) => small_block::<4, 4, 1, false>(l, &block),
-                    (1, 1, true) => small_block::<1, 1, 4, true>(l, &block),
-                    (1, 2, true) => small_block::<1, 2, 4, true>(l, &block),
-                    (1, 3, true) => small_block::<1, 3, 4, true>(l, &block),
-                    (1, 4, true) => small_block::<1, 4, 2, true>(l, &block),
-                    (2, 1, true) => small_block::<2, 1, 4, true>(l, &block),
-                    (2, 2, true) => small_block::<2, 2, 2, true>(l, &block),
-                    (2, 3, true) => small_block::<2, 3, 2, true>(l, &block),
-                    (2, 4, true) => small_block::<2, 4, 1, true>(l, &block),
-                    (3, 1, true) => small_block::<3, 1, 4, true>(l, &block),
-                    (3, 2, true) => small_block::<3, 2, 2, true>(l, &block),
-                    (3, 3, true) => small_block::<3, 3, 1, true>(l, &block),
-                    (3, 4, true) => small_block::<3, 4, 1, true>(l, &block),
-                    (4, 1, true) => small_block::<4, 1, 2, true>(l, &block),
-                    (4, 2, true) => small_block::<4, 2, 1, true>(l, &block),
-                    (4, 3, true) => small_block::<4, 3, 1, true>(l, &block),
-                    (4, 4, true) => small_block::<4, 4, 1, true>(l, &block),
-                    _ => unreachable!("blocks have 1 to 4 rows and vectors"),
-                }
+                // `(R, V, U)`: rows, vectors of columns, accumulator sets (see `small_block`).
+                small_blocks!((rows, left.div_ceil(16).min(4), gather), l, &block;
+                    (1, 1, 4), (1, 2, 4), (1, 3, 4), (1, 4, 2),
+                    (2, 1, 4), (2, 2, 2), (2, 3, 2), (2, 4, 1),
+                    (3, 1, 4), (3, 2, 2), (3, 3, 1), (3, 4, 1),
+                    (4, 1, 2), (4, 2, 1), (4, 3, 1), (4, 4, 1))
             }
             j += 64;
         }

@@ -438,7 +438,7 @@ impl Emitter {
                 // extent-0 ranges may have folded to constants that would otherwise hoist them
                 // out (and read memory that is not there). Its values are not shared with the
                 // code after the loop (they are never computed).
-                let empty = (self.n_outer..self.n_total).any(|l| self.cx.extents.get(l) == Some(&Some(0)));
+                let empty = self.cx.empty_loop(self.n_outer..self.n_total);
                 let min_level = self.min_level;
                 if empty {
                     self.min_level = self.n_total;
@@ -673,6 +673,10 @@ pub(super) fn loop_kernel(
     cx.extents = all_sizes.iter().map(|d| d.as_const()).collect();
     let extents: Vec<IExpr> = all_sizes.iter().map(|d| cx.dim(d)).collect::<Result<_, _>>()?;
     cx.extent_exprs = extents.clone();
+    // Statements never go above the outermost loop, nor above an outer loop of constant extent
+    // 0 (which makes the whole kernel a no-op: its hoisted loads would read an empty input; see
+    // `KExpr::Reduce` for an empty reduced axis).
+    let min_level = if cx.empty_loop(0..n_outer) { n_outer } else { usize::from(n_outer > 0) };
     let mut em = Emitter {
         cx,
         params: Vec::new(),
@@ -681,13 +685,7 @@ pub(super) fn loop_kernel(
         cse: HashMap::default(),
         next_reg: 0,
         next_acc: 0,
-        // Statements never go above the outermost loop, nor above an outer loop of constant
-        // extent 0 (which makes the whole kernel a no-op: its hoisted loads would read an empty
-        // input; see `KExpr::Reduce` for an empty reduced axis).
-        min_level: extents[..n_outer]
-            .iter()
-            .position(|e| *e == IExpr::Const(0))
-            .map_or(usize::from(n_outer > 0), |_| n_outer),
+        min_level,
         n_outer,
         n_total,
         checks: std::mem::take(checks),
