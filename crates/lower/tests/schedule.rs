@@ -1113,3 +1113,85 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn kernels_of_one_structure_are_built_once_and_bound_to_their_own_buffers() {
+    // Two launches of one structure on other buffers share a kernel; a structure that reads one
+    // buffer twice, one that reads it through another view, and one with another constant each
+    // get their own, and every launch computes its own outputs from its own inputs.
+    let mut b = B::default();
+    let (x1, y1, x2, y2) = (b.f32(&[3, 3]), b.f32(&[3, 3]), b.f32(&[3, 3]), b.f32(&[3, 3]));
+    let chain = |b: &mut B, u: NodeId, v: NodeId, c: f32| {
+        let s = b.bin(BinaryOp::Add, u, v);
+        let k = b.konst(c, &dims(&[3, 3]));
+        b.bin(BinaryOp::Mul, s, k)
+    };
+    let o1 = chain(&mut b, x1, y1, 0.5);
+    let o2 = chain(&mut b, y2, x2, 0.5);
+    let o3 = chain(&mut b, x1, x1, 0.5);
+    let t = b.permute(x2, &[1, 0]);
+    let o4 = chain(&mut b, x2, t, 0.5);
+    let o5 = chain(&mut b, x2, y2, 0.25);
+    let g = b.out(&[o1, o2, o3, o4, o5]);
+    let p = compile(&g, &fused()).unwrap();
+    expect![[r#"
+        buf0: f32[9] input 0
+        buf1: f32[9] input 1
+        buf2: f32[9] input 2
+        buf3: f32[9] input 3
+        buf4: f32[9] output 0
+        buf5: f32[9] output 1
+        buf6: f32[9] output 2
+        buf7: f32[9] output 3
+        buf8: f32[9] output 4
+        k0 = kernel(b0: out f32, b1: in f32, b2: in f32) {
+          for i0 in 0..9 parallel {
+            r0: f32 = load b1[i0]
+            r1: f32 = load b2[i0]
+            r2: f32 = add r0, r1
+            r3: f32 = const 0.5
+            r4: f32 = mul r2, r3
+            store b0[i0] = r4
+          }
+        }
+        k1 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..9 parallel {
+            r0: f32 = load b1[i0]
+            r1: f32 = add r0, r0
+            r2: f32 = const 0.5
+            r3: f32 = mul r1, r2
+            store b0[i0] = r3
+          }
+        }
+        k2 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..3 parallel {
+            r0: f32 = const 0.5
+            for i1 in 0..3 {
+              r1: f32 = load b1[(i0*3 + i1)]
+              r2: f32 = load b1[(i0 + i1*3)]
+              r3: f32 = add r1, r2
+              r4: f32 = mul r3, r0
+              store b0[(i0*3 + i1)] = r4
+            }
+          }
+        }
+        k3 = kernel(b0: out f32, b1: in f32, b2: in f32) {
+          for i0 in 0..9 parallel {
+            r0: f32 = load b1[i0]
+            r1: f32 = load b2[i0]
+            r2: f32 = add r0, r1
+            r3: f32 = const 0.25
+            r4: f32 = mul r2, r3
+            store b0[i0] = r4
+          }
+        }
+        launch k0(buf4, buf0, buf1)
+        launch k0(buf5, buf3, buf2)
+        launch k1(buf6, buf0)
+        launch k2(buf7, buf2)
+        launch k3(buf8, buf2, buf3)
+        return buf4: f32[3, 3], buf5: f32[3, 3], buf6: f32[3, 3], buf7: f32[3, 3], buf8: f32[3, 3]
+    "#]]
+    .assert_eq(&p.to_string());
+    agree(&g, &p, &Bindings::new(), 3).unwrap();
+}

@@ -85,6 +85,7 @@
 mod contraction;
 mod decide;
 mod kernel;
+mod memo;
 mod merge;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -101,6 +102,7 @@ use crate::view::Movement;
 use contraction::matmul_kernel;
 pub use decide::{Decisions, FuseOptions, MatmulOperand, Plan, decide};
 use kernel::{cat_pieces, loop_kernel, scatter_kernel};
+use memo::{Memo, Walk};
 
 /// Element-wise nodes with several consumers are recomputed by each while their fused expression
 /// has at most this many ops.
@@ -233,28 +235,42 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
         }
     }
 
-    let mut kernels: Vec<Kernel> = Vec::new();
-    // Kernels by structural hash: a launch of a kernel seen before is found without cloning it
-    // (a depth-8 Transformer launches 40 kernels 245 times).
-    let mut kernel_ids: HashMap<u64, SmallVec<[u32; 1]>> = HashMap::default();
-    let mut steps = Vec::new();
-    let mut launch = |(k, args): (Kernel, Vec<BufId>)| {
-        air::work::add(1 + args.len() as u64);
-        let same = kernel_ids.entry(k.structural_hash()).or_default();
-        let id = match same.iter().find(|&&id| kernels[id as usize] == k) {
-            Some(&id) => id,
-            None => {
-                kernels.push(k);
-                same.push(kernels.len() as u32 - 1);
-                kernels.len() as u32 - 1
-            }
-        };
-        steps.push(Step { kernel: id, args });
-    };
+    let mut out = Launches::default();
+    let mut memo = Memo::default();
     let mut checks = Vec::new();
     let mut inits = Vec::new();
+    // A loop kernel of a structure met before is not built again (`memo`).
+    let mut loops = |out: &mut Launches,
+                     checks: &mut Vec<_>,
+                     root: NodeId,
+                     expand: bool,
+                     target: BufId,
+                     window: Option<&[(Dim, Dim)]>,
+                     piece: bool|
+     -> Result<Option<(Kernel, Vec<BufId>)>, LowerError> {
+        let walk = Walk::new(g, &bufs, root, expand, target, window);
+        if let Some((built, args)) = walk.as_ref().and_then(|w| memo.get(w)) {
+            return Ok(match built.launched {
+                Some(id) if !piece => {
+                    out.known(id, args);
+                    None
+                }
+                _ => Some((built.kernel.clone(), args)),
+            });
+        }
+        let (kernel, args) = loop_kernel(g, &bufs, &symbols, root, expand, target, window, checks)?;
+        let entry = walk.and_then(|w| memo.insert(w, &kernel, &args));
+        if piece {
+            return Ok(Some((kernel, args)));
+        }
+        let id = out.launch(kernel, args);
+        if let Some(entry) = entry {
+            entry.launched = Some(id);
+        }
+        Ok(None)
+    };
     for (o, b) in copies {
-        launch(loop_kernel(g, &bufs, &symbols, o, true, b, None, &mut checks)?);
+        loops(&mut out, &mut checks, o, true, b, None, false)?;
     }
     for &n in &dec.order {
         air::work::tick();
@@ -262,7 +278,8 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
         let target = bufs[n];
         match plan {
             Plan::Loops if matches!(g.op(n), Op::ScatterAdd(_)) => {
-                launch(scatter_kernel(g, &bufs, &symbols, n, target, &mut checks)?)
+                let (k, args) = scatter_kernel(g, &bufs, &symbols, n, target, &mut checks)?;
+                out.launch(k, args);
             }
             Plan::Loops => match cat_pieces(g, &bufs, n) {
                 // A concatenation: each piece is computed into its slice of the output.
@@ -289,21 +306,28 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
                                     if d == axis { (lo.clone(), hi.clone()) } else { (Dim::Const(0), shape[d].clone()) }
                                 })
                                 .collect();
-                        let piece = loop_kernel(g, &bufs, &symbols, leaf, true, target, Some(&window), &mut checks)?;
-                        merge::push_piece(&mut kernels, piece);
+                        if let Some(piece) = loops(&mut out, &mut checks, leaf, true, target, Some(&window), true)? {
+                            merge::push_piece(&mut kernels, piece);
+                        }
                     }
-                    kernels.into_iter().for_each(&mut launch);
+                    for (k, args) in kernels {
+                        out.launch(k, args);
+                    }
                 }
-                None => launch(loop_kernel(g, &bufs, &symbols, n, true, target, None, &mut checks)?),
+                None => {
+                    loops(&mut out, &mut checks, n, true, target, None, false)?;
+                }
             },
             Plan::Matmul { reduce, a, b, bias } => {
                 if let Some(bias) = bias {
-                    launch(loop_kernel(g, &bufs, &symbols, *bias, false, target, None, &mut checks)?);
+                    loops(&mut out, &mut checks, *bias, false, target, None, false)?;
                 }
-                launch(matmul_kernel(g, &bufs, &symbols, *reduce, [a, b], target, bias.is_some())?);
+                let (k, args) = matmul_kernel(g, &bufs, &symbols, *reduce, [a, b], target, bias.is_some())?;
+                out.launch(k, args);
             }
         }
     }
+    let Launches { kernels, mut steps, .. } = out;
     // The status buffer exists only when some kernel checks something.
     if !checks.is_empty() {
         let status = BufId(buffers.len() as u32);
@@ -317,6 +341,39 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
         }
     }
     Ok(Program { symbols, kernels, steps, buffers, outputs, inits, checks: Vec::new(), data_checks: checks })
+}
+
+/// The kernels of a program and its steps, each kernel stored once.
+#[derive(Default)]
+struct Launches {
+    kernels: Vec<Kernel>,
+    /// Kernels by structural hash: a launch of a kernel seen before is found without storing it
+    /// again (a depth-8 Transformer launches 32 kernels 230 times).
+    ids: HashMap<u64, SmallVec<[u32; 1]>>,
+    steps: Vec<Step>,
+}
+
+impl Launches {
+    /// Launches `kernel` on `args`; returns its index among the kernels.
+    fn launch(&mut self, kernel: Kernel, args: Vec<BufId>) -> u32 {
+        let same = self.ids.entry(kernel.structural_hash()).or_default();
+        let id = match same.iter().find(|&&id| self.kernels[id as usize] == kernel) {
+            Some(&id) => id,
+            None => {
+                self.kernels.push(kernel);
+                same.push(self.kernels.len() as u32 - 1);
+                self.kernels.len() as u32 - 1
+            }
+        };
+        self.known(id, args);
+        id
+    }
+
+    /// Launches the kernel `id` again, on `args`.
+    fn known(&mut self, id: u32, args: Vec<BufId>) {
+        air::work::add(1 + args.len() as u64);
+        self.steps.push(Step { kernel: id, args });
+    }
 }
 
 /// The input `x` that the cat piece `leaf` copies into its own positions (`pad(shrink(x))` with

@@ -1,0 +1,134 @@
+//! Loop kernels of the same structure built once per program: a Transformer's layers launch the
+//! same kernels over different buffers, and building one (its expression tree, views, index
+//! arithmetic, CSE, placement) costs far more than reading the graph that decides it.
+//!
+//! [`Key`] walks exactly the nodes that `kernel::loop_kernel`'s tree builder reads for a root,
+//! in its order: each node's op (with its typed attributes) and type, down to the nodes that
+//! have buffers, which it records by buffer position (the first buffer met is 0, the kernel's
+//! target is always 0) with the type they are read at. The builder decides everything from
+//! exactly those facts (views from the ops and shapes, pad folding from which nodes below a pad
+//! have buffers, parameters in the order buffers are met), so two roots with equal keys get the
+//! same kernel, its parameters bound to the buffers at the same positions. A kernel that added a
+//! data check is not remembered (its check number is the program's next).
+
+use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
+
+use air::{Dim, Graph, NodeId, Op, TensorType};
+
+use super::Buffers;
+use crate::kir::Kernel;
+use crate::program::BufId;
+
+/// What a root's kernel is built from, read off the graph (see the module docs).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(super) struct Key<'g> {
+    items: Vec<Item<'g>>,
+    /// The window of a concatenation's piece (its slice of the output).
+    window: Option<Vec<(Dim, Dim)>>,
+    /// Whether the root itself is expanded (built from its inputs though it has a buffer).
+    expand: bool,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Item<'g> {
+    /// A node the builder expands: its op and type, then its inputs' items.
+    Node(&'g Op, &'g TensorType),
+    /// A node read from its buffer: the buffer's position among those met, and its type.
+    Buf(u8, &'g TensorType),
+}
+
+/// A key and the buffers at its positions.
+pub(super) struct Walk<'g> {
+    key: Key<'g>,
+    bufs: SmallVec<[BufId; 8]>,
+}
+
+impl<'g> Walk<'g> {
+    /// The walk of the kernel of `root` writing `target`, or `None` where the builder would not
+    /// build one from these facts alone (a scatter, a node without its buffer: the builder
+    /// reports those) or more than 255 buffers are read.
+    pub(super) fn new(
+        g: &'g Graph,
+        bufs: &Buffers,
+        root: NodeId,
+        expand: bool,
+        target: BufId,
+        window: Option<&[(Dim, Dim)]>,
+    ) -> Option<Walk<'g>> {
+        let mut w = Walk {
+            key: Key { items: Vec::new(), window: window.map(<[_]>::to_vec), expand },
+            bufs: SmallVec::from_elem(target, 1),
+        };
+        w.walk(g, bufs, root, expand)?;
+        Some(w)
+    }
+
+    fn buf(&mut self, b: BufId, ty: &'g TensorType) -> Option<()> {
+        let at = match self.bufs.iter().position(|&x| x == b) {
+            Some(at) => at,
+            None => {
+                self.bufs.push(b);
+                self.bufs.len() - 1
+            }
+        };
+        self.key.items.push(Item::Buf(u8::try_from(at).ok()?, ty));
+        Some(())
+    }
+
+    /// Mirrors `TreeBuilder::build`: the same nodes, stops and order.
+    fn walk(&mut self, g: &'g Graph, bufs: &Buffers, n: NodeId, expand: bool) -> Option<()> {
+        air::work::tick();
+        let node = g.node(n);
+        if !expand && let Some(&b) = bufs.get(n) {
+            return self.buf(b, &node.ty);
+        }
+        match &node.op {
+            Op::Input(_) => self.buf(*bufs.get(n)?, &node.ty),
+            Op::ScatterAdd(_) => None,
+            Op::Gather(_) => {
+                self.key.items.push(Item::Node(&node.op, &node.ty));
+                let src = node.inputs[0];
+                self.buf(*bufs.get(src)?, g.ty(src))?;
+                self.walk(g, bufs, node.inputs[1], false)
+            }
+            op => {
+                self.key.items.push(Item::Node(op, &node.ty));
+                node.inputs.iter().try_for_each(|&i| self.walk(g, bufs, i, false))
+            }
+        }
+    }
+}
+
+/// Kernels built so far, by key: the kernel, which key position each of its parameters is
+/// bound to, and its index among the program's kernels once launched alone.
+#[derive(Default)]
+pub(super) struct Memo<'g> {
+    built: HashMap<Key<'g>, Built>,
+}
+
+pub(super) struct Built {
+    pub(super) kernel: Kernel,
+    params: SmallVec<[u8; 8]>,
+    pub(super) launched: Option<u32>,
+}
+
+impl<'g> Memo<'g> {
+    /// The kernel built for `walk`'s key and its arguments (the buffers at the positions its
+    /// parameters were bound to).
+    pub(super) fn get(&self, walk: &Walk<'g>) -> Option<(&Built, Vec<BufId>)> {
+        let built = self.built.get(&walk.key)?;
+        Some((built, built.params.iter().map(|&p| walk.bufs[p as usize]).collect()))
+    }
+
+    /// Remembers `kernel`, built for `walk` with arguments `args`, unless an argument is not one
+    /// of the walk's buffers (the status buffer of a kernel that checks data). Returns the entry.
+    pub(super) fn insert(&mut self, walk: Walk<'g>, kernel: &Kernel, args: &[BufId]) -> Option<&mut Built> {
+        let params = args
+            .iter()
+            .map(|a| walk.bufs.iter().position(|b| b == a).and_then(|p| u8::try_from(p).ok()))
+            .collect::<Option<SmallVec<[u8; 8]>>>()?;
+        let entry = self.built.entry(walk.key).insert_entry(Built { kernel: kernel.clone(), params, launched: None });
+        Some(entry.into_mut())
+    }
+}
