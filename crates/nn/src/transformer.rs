@@ -369,17 +369,29 @@ impl Transformer {
         out.pop().ok_or_else(|| NnError::Cache("the compiled forward returned nothing".into()))
     }
 
-    /// The positions of the cache a call with `seq` tokens at `start_pos` attends over: `start_pos
-    /// + seq` rounded up to a multiple of [`Transformer::KV_BUCKET`] (at most `max_seq_len`),
-    /// the positions past `start_pos + seq` masked out. The program's sizes depend on this
-    /// length and not on `start_pos`, so decoding reuses one memory plan and one set of launches
-    /// for `KV_BUCKET` positions at a time; `start_pos` is only an index offset.
+    /// The positions of the cache a call with `seq` tokens at `start_pos` attends over (at most
+    /// `max_seq_len`), the positions past `start_pos + seq` masked out: `start_pos + seq` rounded
+    /// up to a power of two of at least [`Transformer::KV_MIN`] while that is at most
+    /// [`Transformer::KV_BUCKET`], else to a multiple of `KV_BUCKET`. The program's sizes depend
+    /// on this length and not on `start_pos`, so decoding reuses one memory plan and one set of
+    /// launches for many positions (`start_pos` is only an index offset), while a short context
+    /// computes at most twice the attention it needs (a fixed bucket of 64 made a call at
+    /// position 2 of 3 tokens score 64 positions: half the depth-8 forward's time).
     pub fn attended_len(&self, start_pos: usize, seq: usize) -> usize {
-        (start_pos + seq).div_ceil(Self::KV_BUCKET).saturating_mul(Self::KV_BUCKET).min(self.config.max_seq_len)
+        let need = start_pos.saturating_add(seq);
+        let len = if need <= Self::KV_BUCKET {
+            need.next_power_of_two().max(Self::KV_MIN)
+        } else {
+            need.div_ceil(Self::KV_BUCKET).saturating_mul(Self::KV_BUCKET)
+        };
+        len.min(self.config.max_seq_len)
     }
 
-    /// The granularity of [`Transformer::attended_len`].
+    /// The granularity of [`Transformer::attended_len`] past its powers of two.
     pub const KV_BUCKET: usize = 64;
+
+    /// The shortest length [`Transformer::attended_len`] gives.
+    pub const KV_MIN: usize = 8;
 
     /// The lazy forward of [`Transformer::forward_at`], for tracing it yourself: the logits of
     /// `ids` (`[batch, seq]`) at positions `[start, start + seq)`, then each block's keys and

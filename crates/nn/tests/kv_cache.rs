@@ -185,3 +185,22 @@ fn generating_with_the_cache_matches_the_recompute_decoder() {
         assert_eq!(cached.cache().unwrap().traces(), 1);
     }
 }
+
+/// The attended length covers the context, wastes at most half of it below one bucket, and
+/// takes few distinct values (each is a memory plan and set of launches of its own).
+#[test]
+fn attended_lengths_cover_the_context_in_few_sizes() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let m = model(200, Device::Cpu);
+    let mut sizes = Vec::new();
+    for need in 1..=200 {
+        let len = m.attended_len(need - 1, 1);
+        assert_eq!(len, m.attended_len(0, need), "only start + seq matters");
+        assert!(need <= len && len <= 200, "{need} positions attend over {len}");
+        assert!(len <= (2 * need).max(Transformer::KV_MIN) || len < need + Transformer::KV_BUCKET, "{need}: {len}");
+        if sizes.last() != Some(&len) {
+            sizes.push(len);
+        }
+    }
+    assert_eq!(sizes, [8, 16, 32, 64, 128, 192, 200]);
+}
