@@ -136,6 +136,23 @@ fn weighted_size(body: &[Stmt]) -> Option<usize> {
     })
 }
 
+/// An estimate of what compiling `k` costs, in plain statements: every statement once, a
+/// polynomial approximation as what it expands to (see [`weighted_size`]). Compile threads take
+/// the costliest kernels first, so that no big kernel is left for the end of a batch.
+pub(crate) fn compile_weight(k: &LoopKernel) -> usize {
+    fn body(stmts: &[Stmt]) -> usize {
+        stmts
+            .iter()
+            .map(|s| match s {
+                Stmt::Loop { body: b, .. } => 1 + body(b),
+                Stmt::Let { inst: Inst::Unary(op, _), .. } => unroll_weight(*op),
+                _ => 1,
+            })
+            .sum()
+    }
+    body(&k.body)
+}
+
 /// How many plain statements a unary op's vector expansion is worth (see [`weighted_size`]).
 fn unroll_weight(op: UnaryOp) -> usize {
     match op {

@@ -25,7 +25,8 @@
 //!    machine code bytes and relocations. This needs only the ISA and a `Context` +
 //!    `FunctionBuilderContext` pair (a [`Worker`]), no JIT module: helper calls name their callee
 //!    by a fixed index (see `helpers`). [`CpuCompiler::compile_many`] runs this step for the
-//!    batch's cache misses on several threads at once, one `Worker` each.
+//!    batch's cache misses on several threads at once (the caller's and tasks on rayon's pool),
+//!    one `Worker` each.
 //! 2. *link* (cheap, serial): `Jit::link` copies the bytes into the current JIT module, patches
 //!    the relocations and makes the memory executable, once per batch.
 //!
@@ -488,8 +489,10 @@ impl Inner {
 }
 
 /// Compiles `kernels` to machine code on the workers' threads (the caller's thread is
-/// `workers[0]`; the others are scoped threads). Threads take the next kernel as they finish
-/// one, so a big kernel does not hold up the rest. One result per kernel, in order.
+/// `workers[0]`; the others run as tasks on rayon's pool, whose threads already exist: starting
+/// a thread per batch cost 60-130 us before it compiled anything). Threads take the next kernel
+/// as they finish one, the costliest first (`analysis::compile_weight`), so a big kernel neither
+/// holds up the rest nor is left alone at the end. One result per kernel, in order.
 fn compile_all(
     isa: &dyn TargetIsa,
     workers: &mut [Worker],
@@ -503,28 +506,31 @@ fn compile_all(
     if others.is_empty() {
         return kernels.iter().map(|k| own.compile(isa, k, disasm, tiling)).collect();
     }
+    let mut order: Vec<usize> = (0..kernels.len()).collect();
+    order.sort_by_cached_key(|&i| std::cmp::Reverse(analysis::compile_weight(kernels[i])));
     let next = AtomicUsize::new(0);
-    let work = |w: &mut Worker| {
-        let mut done = Vec::new();
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(k) = kernels.get(i) else { break done };
-            done.push((i, w.compile(isa, k, disasm, tiling)));
+    let work = |w: &mut Worker, done: &mut Vec<(usize, Result<Code>)>| {
+        while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+            done.push((i, w.compile(isa, kernels[i], disasm, tiling)));
         }
     };
-    let mut results: Vec<Option<Result<Code>>> = kernels.iter().map(|_| None).collect();
-    std::thread::scope(|s| {
-        let work = &work;
-        let handles: Vec<_> = others.iter_mut().map(|w| s.spawn(move || work(w))).collect();
-        let mine = work(own);
-        // A thread that panicked (outside the per-kernel `catch_unwind`) loses its kernels,
-        // which then report an error below.
-        for done in std::iter::once(mine).chain(handles.into_iter().filter_map(|h| h.join().ok())) {
-            for (i, r) in done {
-                results[i] = Some(r);
+    let mut done: Vec<Vec<(usize, Result<Code>)>> = (0..=others.len()).map(|_| Vec::new()).collect();
+    let (mine, theirs) = done.split_first_mut().expect("one list per worker");
+    // A task that panicked (outside the per-kernel `catch_unwind`) loses its kernels, which then
+    // report an error below; the panic itself is caught here rather than re-raised by the scope.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        rayon::in_place_scope(|s| {
+            let work = &work;
+            for (w, list) in others.iter_mut().zip(theirs.iter_mut()) {
+                s.spawn(move |_| work(w, list));
             }
-        }
-    });
+            work(own, mine);
+        })
+    }));
+    let mut results: Vec<Option<Result<Code>>> = kernels.iter().map(|_| None).collect();
+    for (i, r) in done.into_iter().flatten() {
+        results[i] = Some(r);
+    }
     results
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(CodegenError::Cranelift("compile thread failed".into()))))
