@@ -497,3 +497,79 @@ fn folded_sigmoid_and_tanh_match_the_jit_bit_for_bit() {
         }
     }
 }
+
+/// A causal mask as the cached attention computes it: per row `r` (outer, parallel), over
+/// `j < n` (inner), `out[r*n + j] = exp2(where(f32(j + s2) < bound, x[r*n + j] * 0.5, other))`
+/// with `bound = f32(r + s3) + 1` (uniform per row) and `other` a constant.
+fn masked_exp2(other: f32) -> LoopKernel {
+    let d = DType::F32;
+    let row = i(1);
+    let at = IExpr::add(IExpr::mul(row.clone(), IExpr::Sym(0)), i(0));
+    let inner = vec![
+        let_(3, d, Inst::Index(IExpr::add(i(0), IExpr::Sym(2)))),
+        let_(4, DType::Bool, Inst::Binary(BinaryOp::CmpLt, r(3), r(2))),
+        load(5, d, 0, at.clone()),
+        let_(6, d, Inst::Binary(BinaryOp::Mul, r(5), r(0))),
+        let_(7, d, Inst::Where(r(4), r(6), r(9))),
+        let_(8, d, Inst::Unary(UnaryOp::Exp2, r(7))),
+        store(3, at, 8),
+    ];
+    let outer = vec![
+        let_(0, d, Inst::Const(Scalar::Float(0.5))),
+        let_(9, d, Inst::Const(Scalar::Float(other as f64))),
+        let_(1, d, Inst::Index(IExpr::add(row, IExpr::Sym(3)))),
+        let_(10, d, Inst::Const(Scalar::Float(1.0))),
+        let_(2, d, Inst::Binary(BinaryOp::Add, r(1), r(10))),
+        for_(0, IExpr::Sym(0), false, inner),
+    ];
+    LoopKernel { params: three_in_two_out(), n_syms: 4, body: vec![for_(1, IExpr::Sym(1), true, outer)] }
+}
+
+#[test]
+fn a_masked_where_of_the_loop_index_runs_as_one_routine_call_and_matches_the_jit() {
+    let auto = Tiling { mode: TileMode::Auto, level: TileLevel::detect() };
+    let clif = kiln_codegen::clif_text_with(&masked_exp2(f32::NEG_INFINITY), auto).unwrap();
+    // The multiplication, the select and the exp2: three calls per tile, no index conversion
+    // left in the loop.
+    assert_eq!(clif.matches(" call ").count(), 3, "{clif}");
+    assert!(clif.contains(&format!("iconst.i32 {}", kiln_codegen_select_code())), "{clif}");
+    // Row lengths across a tile (512), index offsets that cross 2^24 (where f32 stops being
+    // exact and the routine converts from i64), bounds before, inside and past each row.
+    for other in [f32::NEG_INFINITY, -3.0] {
+        let k = masked_exp2(other);
+        for (n, rows, s2, s3) in [
+            (8usize, 3usize, 0i64, 2i64),
+            (5, 4, 2, 0),
+            (600, 2, 0, 300),
+            (1030, 2, -40, 7),
+            (64, 3, (1 << 24) - 40, (1 << 24) - 50),
+            (40, 2, -(1 << 24) - 7, -(1 << 24) - 20),
+        ] {
+            let total = n * rows;
+            let syms = [n as i64, rows as i64, s2, s3];
+            let mut want = inputs(total, 5);
+            jit_with(&compiler(TileMode::Off, TileLevel::Base), &k, &mut want, &syms, 0, rows as i64);
+            let mut reference = inputs(total, 5);
+            eval(&k, &mut reference, &syms, 0, rows as i64);
+            for level in [TileLevel::Avx512, TileLevel::Avx2Fma, TileLevel::Base] {
+                for mode in [TileMode::Auto, TileMode::Always] {
+                    let c = compiler(mode, level);
+                    let mut got = inputs(total, 5);
+                    jit_with(&c, &k, &mut got, &syms, 0, rows as i64);
+                    let what = format!("n {n} rows {rows} s2 {s2} s3 {s3} other {other} at {:?}", c.tiling());
+                    // With FMA the routines compute the JIT's operations; the baseline
+                    // evaluates exp2's polynomial in f64 (within its 1 ulp of the evaluator).
+                    if c.tiling().level != TileLevel::Base {
+                        assert_bufs_close(&got[3], &want[3], 0.0, &what);
+                    }
+                    assert_bufs_close(&got[3], &reference[3], 2.5e-7, &what);
+                }
+            }
+        }
+    }
+}
+
+/// `TileUnary::SelectBelow`'s op code, as the kernels pass it.
+fn kiln_codegen_select_code() -> i32 {
+    7
+}

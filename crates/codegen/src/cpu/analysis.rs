@@ -358,6 +358,24 @@ pub(crate) struct TilePlan {
     pub(crate) slots: usize,
     /// The unary steps (by body index) that apply steps around their op.
     pub(crate) around: HashMap<usize, Around>,
+    /// The `where` steps (by body index) that keep their varying operand where the loop index
+    /// is below a uniform bound and take a uniform value elsewhere ([`Select`]).
+    pub(crate) selects: HashMap<usize, Select>,
+}
+
+/// `where(f32(index) < bound, x, other)` with `index` the loop variable plus a uniform offset
+/// (coefficient 1): a causal mask. The routine `TileUnary::SelectBelow` computes it from the
+/// index at the tile's first element, element by element exactly as the statements do; the
+/// `index` and the comparison are absorbed into it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Select {
+    /// The index expression (the loop variable's value at the tile's first element gives the
+    /// first element's index).
+    pub(crate) index: IExpr,
+    /// The uniform f32 register the index is compared with.
+    pub(crate) bound: Reg,
+    /// The uniform f32 register taken where the index is not below the bound.
+    pub(crate) other: Reg,
 }
 
 /// The tile routine of a unary op on a varying f32 register, if there is one.
@@ -387,19 +405,22 @@ pub(crate) fn tile_binary_op(op: BinaryOp) -> Option<TileBinary> {
 
 /// Decides whether the innermost loop `body` over `v` (which `vector_plan` accepted) runs over
 /// tiles. Rule: every register the body defines is f32, and is either uniform (independent of
-/// `v`: constants, broadcast loads and arithmetic on them) or varying with a tile routine
-/// (contiguous unmasked loads, and the unary/binary ops `tile` implements); registers from
+/// `v`: constants, broadcast loads, indices of outer variables and arithmetic on them) or varying
+/// with a tile routine (contiguous unmasked loads, the unary/binary ops `tile` implements, and a
+/// `where` of the loop index against a uniform bound: a [`Select`]); registers from
 /// outside the loop are f32; every store writes a varying register contiguously to an f32
 /// buffer that nothing in the body loads and no other statement stores; at most
 /// `tile::MAX_SLOTS` scratch tiles are live at once. In `Auto` mode the body must also compute
 /// `exp2` or `log2` on a varying register: a loop of cheap ops is bound by memory, and the JIT's
 /// in-register loop does not pay the tile's loads and stores.
 pub(crate) fn tile_plan(k: &LoopKernel, info: &KernelInfo, v: Var, body: &[Stmt], mode: TileMode) -> Option<TilePlan> {
-    tile_plan_with(k, info, v, body, mode, &[])
+    tile_plan_with(k, info, v, body, mode, &[], true)
 }
 
 /// [`tile_plan`], with the loads at statement indices `per_row` (which do not read `v`) taken as
-/// varying: a rows plan fills a scratch tile with each row's value for them.
+/// varying: a rows plan fills a scratch tile with each row's value for them. `selects`: whether
+/// a masked `where` of the loop index may be a step ([`Select`]; not in a rows plan, whose tile
+/// spans several rows of the inner index).
 fn tile_plan_with(
     k: &LoopKernel,
     info: &KernelInfo,
@@ -407,6 +428,7 @@ fn tile_plan_with(
     body: &[Stmt],
     mode: TileMode,
     per_row: &[usize],
+    select_ok: bool,
 ) -> Option<TilePlan> {
     if mode == TileMode::Off {
         return None;
@@ -418,9 +440,62 @@ fn tile_plan_with(
     let mut loaded = Vec::new();
     let mut stored = Vec::new();
     let mut heavy = false;
+    // A select's index (register -> expression) and comparison (register -> index expression
+    // and bound): read by nothing but the comparison and the `where` respectively.
+    let mut indices: HashMap<Reg, IExpr> = HashMap::new();
+    let mut compares: HashMap<Reg, (IExpr, Reg)> = HashMap::new();
+    let mut selects: HashMap<usize, Select> = HashMap::new();
     let is_varying = |varying: &HashMap<Reg, usize>, r: &Reg| varying.contains_key(r);
     for (i, s) in body.iter().enumerate() {
         let operand = |r: &Reg| -> Option<()> { (info.regs.get(r) == Some(&DType::F32)).then_some(()) };
+        // An absorbed index or comparison read anywhere but in its pattern: no plan.
+        match s {
+            Stmt::Let { dtype: DType::Bool, inst: Inst::Binary(BinaryOp::CmpLt, a, b), .. }
+                if indices.contains_key(a) && !indices.contains_key(b) && !compares.contains_key(b) => {}
+            Stmt::Let { inst: Inst::Where(c, a, b), .. }
+                if compares.contains_key(c)
+                    && ![a, b].iter().any(|r| indices.contains_key(r) || compares.contains_key(r)) => {}
+            _ => {
+                if stmt_reads(s).iter().any(|r| indices.contains_key(r) || compares.contains_key(r)) {
+                    return None;
+                }
+            }
+        }
+        match s {
+            Stmt::Let { reg, dtype: DType::F32, inst: Inst::Index(e) } if select_ok && e.uses(v) => {
+                if !coeff_is(e, v, &[1]) {
+                    return None;
+                }
+                indices.insert(*reg, e.clone());
+                steps.push(TileStep::Absorbed);
+                continue;
+            }
+            Stmt::Let { reg, dtype: DType::Bool, inst: Inst::Binary(BinaryOp::CmpLt, a, b) } => {
+                // Only `index < uniform bound`.
+                let index = indices.get(a)?.clone();
+                operand(b)?;
+                if is_varying(&varying, b) {
+                    return None;
+                }
+                compares.insert(*reg, (index, *b));
+                steps.push(TileStep::Absorbed);
+                continue;
+            }
+            Stmt::Let { reg, dtype: DType::F32, inst: Inst::Where(c, a, b) } => {
+                let (index, bound) = compares.get(c)?.clone();
+                operand(a)?;
+                operand(b)?;
+                if !is_varying(&varying, a) || is_varying(&varying, b) {
+                    return None;
+                }
+                selects.insert(i, Select { index, bound, other: *b });
+                defined.insert(*reg, i);
+                varying.insert(*reg, i);
+                steps.push(TileStep::Slot(0));
+                continue;
+            }
+            _ => {}
+        }
         match s {
             Stmt::Let { reg, dtype: DType::F32, inst } => {
                 defined.insert(*reg, i);
@@ -442,6 +517,7 @@ fn tile_plan_with(
                         }
                     }
                     Inst::Const(_) => TileStep::Uniform,
+                    Inst::Index(e) if !e.uses(v) => TileStep::Uniform,
                     Inst::Unary(op, r) => {
                         operand(r)?;
                         if is_varying(&varying, r) {
@@ -498,6 +574,9 @@ fn tile_plan_with(
                 None => (Some(*reg), vec![*r]),
             },
             Stmt::Let { reg, inst: Inst::Binary(_, a, b), .. } => (Some(*reg), vec![*a, *b]),
+            // A select reads its varying operand's tile; the bound and the other value are
+            // scalars.
+            Stmt::Let { reg, inst: Inst::Where(_, a, _), .. } => (Some(*reg), vec![*a]),
             Stmt::Let { reg, .. } => (Some(*reg), vec![]),
             Stmt::Store { value, .. } => (None, vec![*value]),
             _ => (None, vec![]),
@@ -550,7 +629,22 @@ fn tile_plan_with(
     if slots > MAX_SLOTS {
         return None;
     }
-    Some(TilePlan { steps, slots, around })
+    Some(TilePlan { steps, slots, around, selects })
+}
+
+/// The registers statement `s` reads.
+fn stmt_reads(s: &Stmt) -> Vec<Reg> {
+    match s {
+        Stmt::Let { inst, .. } => match inst {
+            Inst::Unary(_, r) | Inst::Cast(r) => vec![*r],
+            Inst::Binary(_, a, b) => vec![*a, *b],
+            Inst::Where(c, a, b) => vec![*c, *a, *b],
+            Inst::Gather { index, .. } => vec![*index],
+            _ => vec![],
+        },
+        Stmt::Store { value, .. } => vec![*value],
+        _ => vec![],
+    }
 }
 
 /// Folds into each unary routine the steps with one uniform operand that only feed it (up to a
@@ -573,6 +667,7 @@ fn fold_around(
         let operands: &[Reg] = match s {
             Stmt::Let { inst: Inst::Unary(_, r), .. } => std::slice::from_ref(r),
             Stmt::Let { inst: Inst::Binary(_, a, b), .. } => &[*a, *b],
+            Stmt::Let { inst: Inst::Where(c, a, b), .. } => &[*c, *a, *b],
             Stmt::Store { value, .. } => std::slice::from_ref(value),
             _ => &[],
         };
@@ -779,7 +874,7 @@ pub(crate) fn tile_rows_plan(
         }
     }
     let row_loads: Vec<usize> = per_row.keys().copied().collect();
-    let mut tiles = tile_plan_with(k, info, *inner, &flat, mode, &row_loads)?;
+    let mut tiles = tile_plan_with(k, info, *inner, &flat, mode, &row_loads, false)?;
     // A strided store gets its value from a scratch tile, never written in place.
     for (j, s) in flat.iter().enumerate() {
         if let (Stmt::Store { .. }, TileStep::Stored) = (s, tiles.steps[j])

@@ -137,6 +137,37 @@ pub(crate) enum TileUnary {
     /// `1 / (exp2(x) + d)`: a sigmoid's or a tanh's core in one pass (`d` is the seventh
     /// parameter; only with [`AROUND`]).
     Exp2Recip = 6,
+    /// `dst[i] = if f32(first + i) < bound { src[i] } else { other }`: a causal mask, with the
+    /// parameters `[bound, other]` then the i64 `first` (see [`select_below`]; never with
+    /// [`AROUND`]).
+    SelectBelow = 7,
+}
+
+/// Parameter positions (in f32 slots) of [`TileUnary::SelectBelow`]: the bound, the other
+/// value, then the first element's index as an i64 in two slots.
+pub(crate) const SELECT_BOUND: usize = 0;
+pub(crate) const SELECT_OTHER: usize = 1;
+pub(crate) const SELECT_FIRST: usize = 2;
+
+/// [`TileUnary::SelectBelow`] over `n` elements: each index converted to f32 as the JIT's
+/// `index` statement converts it (round to nearest), compared as its `cmplt` compares. Indices
+/// within +-2^24 convert exactly from i32, which vectorizes; others take the i64 loop.
+#[inline(always)]
+unsafe fn select_below(dst: *mut f32, src: *const f32, n: usize, p: *const f32) {
+    // SAFETY: the caller passes `n` elements at `dst` and `src` and the parameters at `p`.
+    unsafe {
+        let bound = *p.add(SELECT_BOUND);
+        let other = *p.add(SELECT_OTHER);
+        let first = ptr::read_unaligned(p.add(SELECT_FIRST) as *const i64);
+        const EXACT: i64 = 1 << 24;
+        let last = first.checked_add(n as i64);
+        if first > -EXACT && last.is_some_and(|l| l < EXACT) {
+            let first = first as i32;
+            map_indexed(dst, src, n, |i, x| if ((first + i as i32) as f32) < bound { x } else { other });
+        } else {
+            map_indexed(dst, src, n, |i, x| if (first.wrapping_add(i as i64) as f32) < bound { x } else { other });
+        }
+    }
 }
 
 /// Binary routines (the low byte of the binary helpers' `mode` argument; bit 8 says `a` is a
@@ -195,6 +226,30 @@ unsafe fn map1(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(f32) -> f32)
         } else {
             for i in 0..n {
                 *dst.add(i) = f(*src.add(i));
+            }
+        }
+    }
+}
+
+/// `dst[i] = f(i, src[i])` for `i < n`, with [`map1`]'s aliasing cases.
+#[inline(always)]
+unsafe fn map_indexed(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(usize, f32) -> f32) {
+    // SAFETY (all three): the caller's buffers hold n elements.
+    unsafe {
+        if ptr::eq(dst, src) {
+            let d = std::slice::from_raw_parts_mut(dst, n);
+            for (i, x) in d.iter_mut().enumerate() {
+                *x = f(i, *x);
+            }
+        } else if disjoint(dst, src, n) {
+            let d = std::slice::from_raw_parts_mut(dst, n);
+            let s = std::slice::from_raw_parts(src, n);
+            for (i, (d, &x)) in d.iter_mut().zip(s).enumerate() {
+                *d = f(i, x);
+            }
+        } else {
+            for i in 0..n {
+                *dst.add(i) = f(i, *src.add(i));
             }
         }
     }
@@ -401,7 +456,8 @@ unsafe fn around_op<const FMA: bool, const FULL: bool, const POST: bool>(
 
 #[inline(always)]
 unsafe fn unary<const FMA: bool>(op: i32, dst: *mut f32, src: *const f32, n: usize, params: *const f32) {
-    // SAFETY: forwarded to the caller, who passes `PARAMS` values at `params` with `AROUND`.
+    // SAFETY: forwarded to the caller, who passes `PARAMS` values at `params` with `AROUND` or
+    // `SelectBelow`.
     unsafe {
         if op & AROUND == 0 {
             match op {
@@ -411,6 +467,7 @@ unsafe fn unary<const FMA: bool>(op: i32, dst: *mut f32, src: *const f32, n: usi
                 3 => map1(dst, src, n, |x| 1.0 / x),
                 4 => map1(dst, src, n, exp2::<FMA>),
                 5 => map1(dst, src, n, log2::<FMA>),
+                7 => select_below(dst, src, n, params),
                 _ => {}
             }
             return;

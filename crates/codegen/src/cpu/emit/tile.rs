@@ -10,7 +10,9 @@ use lower::kir::{IExpr, Inst, Reg, Stmt, Var};
 use super::Emitter;
 use crate::cpu::analysis::{AroundParam, RowsPlan, TilePlan, TileStep, tile_binary_op, tile_unary_op};
 use crate::cpu::helpers::Helper;
-use crate::cpu::tile::{A_SCALAR, B_SCALAR, NEUTRAL, PARAMS, TILE, TileLevel, TileUnary};
+use crate::cpu::tile::{
+    A_SCALAR, B_SCALAR, NEUTRAL, PARAMS, SELECT_BOUND, SELECT_FIRST, SELECT_OTHER, TILE, TileLevel, TileUnary,
+};
 use crate::error::{CodegenError, Result};
 
 /// Bytes of one scratch tile.
@@ -266,6 +268,22 @@ impl<'f> Emitter<'_, 'f> {
                         let pb = operand(s, b, B_SCALAR)?;
                         let code = s.b.ins().iconst(types::I32, mode);
                         s.call_void(scratch.binary, &[code, dst, pa, pb, n]);
+                    }
+                    Inst::Where(_, x, _) => {
+                        let sel = plan.selects.get(&i).ok_or_else(|| bad_plan("select"))?;
+                        let src = *at.get(x).ok_or_else(|| bad_plan("select operand"))?;
+                        // The index of the tile's first element (the loop variable is bound to
+                        // it), then the bound and the other value, as the routine reads them.
+                        let first = s.iexpr(&sel.index)?;
+                        let bound = s.scalar_reg(sel.bound)?;
+                        let other = s.scalar_reg(sel.other)?;
+                        let slot = |k: usize| scratch.params_at + 4 * k as i32;
+                        s.b.ins().stack_store(types::I64, bound, scratch.slot, slot(SELECT_BOUND));
+                        s.b.ins().stack_store(types::I64, other, scratch.slot, slot(SELECT_OTHER));
+                        s.b.ins().stack_store(types::I64, first, scratch.slot, slot(SELECT_FIRST));
+                        let code = s.b.ins().iconst(types::I32, TileUnary::SelectBelow as i64);
+                        let params = s.b.ins().stack_addr(types::I64, scratch.slot, scratch.params_at);
+                        s.call_void(scratch.unary, &[code, dst, src, n, params]);
                     }
                     _ => return Err(bad_plan("computed instruction")),
                 }
