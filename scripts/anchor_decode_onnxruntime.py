@@ -81,7 +81,9 @@ def child(threads, names):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
-    tmp = tempfile.mkdtemp()
+    # The exported files (600+ MB for GPT-2 small) go when the process ends, error or not.
+    tmp_dir = tempfile.TemporaryDirectory()
+    tmp = tmp_dir.name
     for name in names:
         cfg = GPT2Config(**CONFIGS[name])
         model = GPT2LMHeadModel(cfg).eval()
