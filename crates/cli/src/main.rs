@@ -288,6 +288,9 @@ enum Suite {
     },
     /// Decoding with a KV cache, batch 1: the dim-64 model and GPT-2 small's shapes.
     Decode {
+        /// Only this model of the suite: `tiny` or `gpt2`
+        #[arg(long, value_parser = ["tiny", "gpt2"])]
+        model: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -537,8 +540,15 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
             let runner = Runner::for_device(&device.device)?;
             finish(bench::unary::run(&bench::unary::Args { sizes, budget: budget(common.smoke) }, &runner)?, &common)
         }
-        Suite::Decode { common } => {
-            let args = if common.smoke { bench::decode::Args::smoke() } else { bench::decode::Args::full() };
+        Suite::Decode { model, common } => {
+            let mut args = if common.smoke { bench::decode::Args::smoke() } else { bench::decode::Args::full() };
+            if let Some(model) = model {
+                let tiny = model == "tiny";
+                args.models.retain(|m| (m.config.dim == bench::decode::TINY.config.dim) == tiny);
+                if args.models.is_empty() {
+                    anyhow::bail!("the {} suite has no model {model}", if common.smoke { "smoke" } else { "full" });
+                }
+            }
             finish(bench::decode::run(&args)?, &common)
         }
         Suite::Dist { common } => {

@@ -133,6 +133,7 @@ fn transformer_compile_cached_smoke() {
 #[test]
 fn decode_smoke() {
     check_suite("decode", &[]);
+    check_suite("decode", &["--model", "tiny"]);
 }
 
 #[test]
