@@ -20,7 +20,7 @@ use crate::error::LowerError;
 use crate::kir::IExpr;
 
 /// One movement op, with its attributes, as the view tracker applies it.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Movement {
     /// `reshape` to this shape (same element count, row-major order).
     Reshape(Shape),

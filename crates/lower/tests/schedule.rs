@@ -1118,7 +1118,8 @@ proptest! {
 fn kernels_of_one_structure_are_built_once_and_bound_to_their_own_buffers() {
     // Two launches of one structure on other buffers share a kernel; a structure that reads one
     // buffer twice, one that reads it through another view, and one with another constant each
-    // get their own, and every launch computes its own outputs from its own inputs.
+    // get their own, and every launch computes its own outputs from its own inputs (loop
+    // kernels and matmuls both are remembered by structure, `schedule/memo.rs`).
     let mut b = B::default();
     let (x1, y1, x2, y2) = (b.f32(&[3, 3]), b.f32(&[3, 3]), b.f32(&[3, 3]), b.f32(&[3, 3]));
     let chain = |b: &mut B, u: NodeId, v: NodeId, c: f32| {
@@ -1132,7 +1133,9 @@ fn kernels_of_one_structure_are_built_once_and_bound_to_their_own_buffers() {
     let t = b.permute(x2, &[1, 0]);
     let o4 = chain(&mut b, x2, t, 0.5);
     let o5 = chain(&mut b, x2, y2, 0.25);
-    let g = b.out(&[o1, o2, o3, o4, o5]);
+    // Matmuls likewise: one kernel for two products on other buffers, another for a square.
+    let (m1, m2, m3) = (b.matmul(x1, y1), b.matmul(y2, x2), b.matmul(x1, x1));
+    let g = b.out(&[o1, o2, o3, o4, o5, m1, m2, m3]);
     let p = compile(&g, &fused()).unwrap();
     expect![[r#"
         buf0: f32[9] input 0
@@ -1144,6 +1147,9 @@ fn kernels_of_one_structure_are_built_once_and_bound_to_their_own_buffers() {
         buf6: f32[9] output 2
         buf7: f32[9] output 3
         buf8: f32[9] output 4
+        buf9: f32[9] output 5
+        buf10: f32[9] output 6
+        buf11: f32[9] output 7
         k0 = kernel(b0: out f32, b1: in f32, b2: in f32) {
           for i0 in 0..9 parallel {
             r0: f32 = load b1[i0]
@@ -1185,12 +1191,27 @@ fn kernels_of_one_structure_are_built_once_and_bound_to_their_own_buffers() {
             store b0[i0] = r4
           }
         }
+        k4 = matmul(b0: out f32, b1: in f32, b2: in f32) {
+          batch 1, m 3, n 3, k 3, f32
+          a = b1[0 + batch*0 + row*3 + col*1]
+          b = b2[0 + batch*0 + row*3 + col*1]
+          c = b0[0 + batch*9 + row*3 + col*1]
+        }
+        k5 = matmul(b0: out f32, b1: in f32) {
+          batch 1, m 3, n 3, k 3, f32
+          a = b1[0 + batch*0 + row*3 + col*1]
+          b = b1[0 + batch*0 + row*3 + col*1]
+          c = b0[0 + batch*9 + row*3 + col*1]
+        }
         launch k0(buf4, buf0, buf1)
         launch k0(buf5, buf3, buf2)
         launch k1(buf6, buf0)
         launch k2(buf7, buf2)
         launch k3(buf8, buf2, buf3)
-        return buf4: f32[3, 3], buf5: f32[3, 3], buf6: f32[3, 3], buf7: f32[3, 3], buf8: f32[3, 3]
+        launch k4(buf9, buf0, buf1)
+        launch k4(buf10, buf3, buf2)
+        launch k5(buf11, buf0)
+        return buf4: f32[3, 3], buf5: f32[3, 3], buf6: f32[3, 3], buf7: f32[3, 3], buf8: f32[3, 3], buf9: f32[3, 3], buf10: f32[3, 3], buf11: f32[3, 3]
     "#]]
     .assert_eq(&p.to_string());
     agree(&g, &p, &Bindings::new(), 3).unwrap();

@@ -1,4 +1,4 @@
-//! Loop kernels of the same structure built once per program: a Transformer's layers launch the
+//! Kernels of the same structure built once per program: a Transformer's layers launch the
 //! same kernels over different buffers, and building one (its expression tree, views, index
 //! arithmetic, CSE, placement) costs far more than reading the graph that decides it.
 //!
@@ -10,15 +10,19 @@
 //! have buffers, parameters in the order buffers are met), so two roots with equal keys get the
 //! same kernel, its parameters bound to the buffers at the same positions. A kernel that added a
 //! data check is not remembered (its check number is the program's next).
+//!
+//! Matmul kernels likewise ([`MatmulKey`]): the contraction's space and axes, its output type,
+//! and each operand's buffer position, base type and movement chain are all it is built from.
 
 use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
 
 use air::{Dim, Graph, NodeId, Op, TensorType};
 
-use super::Buffers;
+use super::{Buffers, MatmulOperand};
 use crate::kir::Kernel;
 use crate::program::BufId;
+use crate::view::Movement;
 
 /// What a root's kernel is built from, read off the graph (see the module docs).
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -100,11 +104,56 @@ impl<'g> Walk<'g> {
     }
 }
 
+/// What a matmul kernel is built from (see the module docs), and the buffers at its positions.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(super) struct MatmulKey<'g> {
+    reduce: &'g Op,
+    input: &'g TensorType,
+    output: &'g TensorType,
+    operands: [(u8, &'g TensorType, &'g [Movement]); 2],
+    accumulate: bool,
+}
+
+impl<'g> MatmulKey<'g> {
+    /// The key of the matmul kernel of `reduce` on `operands` writing `target`, and the buffers at
+    /// its positions (target first); `None` where an operand has no buffer (the builder reports
+    /// it).
+    pub(super) fn new(
+        g: &'g Graph,
+        bufs: &Buffers,
+        reduce: NodeId,
+        operands: [&'g MatmulOperand; 2],
+        target: BufId,
+        accumulate: bool,
+    ) -> Option<(MatmulKey<'g>, SmallVec<[BufId; 3]>)> {
+        let mut at: SmallVec<[BufId; 3]> = SmallVec::from_elem(target, 1);
+        let mut operand = |o: &'g MatmulOperand| -> Option<(u8, &'g TensorType, &'g [Movement])> {
+            let b = *bufs.get(o.base)?;
+            let p = at.iter().position(|&x| x == b).unwrap_or_else(|| {
+                at.push(b);
+                at.len() - 1
+            });
+            Some((p as u8, g.ty(o.base), o.chain.as_slice()))
+        };
+        let operands = [operand(operands[0])?, operand(operands[1])?];
+        let key = MatmulKey {
+            reduce: g.op(reduce),
+            input: g.ty(*g.inputs(reduce).first()?),
+            output: g.ty(reduce),
+            operands,
+            accumulate,
+        };
+        Some((key, at))
+    }
+}
+
 /// Kernels built so far, by key: the kernel, which key position each of its parameters is
 /// bound to, and its index among the program's kernels once launched alone.
 #[derive(Default)]
 pub(super) struct Memo<'g> {
     built: HashMap<Key<'g>, Built>,
+    /// Matmul kernels: their index among the program's kernels and their parameters' positions.
+    matmuls: HashMap<MatmulKey<'g>, (u32, SmallVec<[u8; 3]>)>,
 }
 
 pub(super) struct Built {
@@ -130,5 +179,19 @@ impl<'g> Memo<'g> {
             .collect::<Option<SmallVec<[u8; 8]>>>()?;
         let entry = self.built.entry(walk.key).insert_entry(Built { kernel: kernel.clone(), params, launched: None });
         Some(entry.into_mut())
+    }
+
+    /// The matmul kernel launched for `key` and its arguments (the buffers `at` its positions).
+    pub(super) fn matmul(&self, key: &MatmulKey<'g>, at: &[BufId]) -> Option<(u32, Vec<BufId>)> {
+        let (id, params) = self.matmuls.get(key)?;
+        Some((*id, params.iter().map(|&p| at[p as usize]).collect()))
+    }
+
+    /// Remembers the matmul kernel `id` launched for `key` on `args` (buffers among `at`).
+    pub(super) fn insert_matmul(&mut self, key: MatmulKey<'g>, at: &[BufId], id: u32, args: &[BufId]) {
+        let params = args.iter().map(|a| at.iter().position(|b| b == a).map(|p| p as u8)).collect();
+        if let Some(params) = params {
+            self.matmuls.insert(key, (id, params));
+        }
     }
 }

@@ -102,7 +102,7 @@ use crate::view::Movement;
 use contraction::matmul_kernel;
 pub use decide::{Decisions, FuseOptions, MatmulOperand, Plan, decide};
 use kernel::{cat_pieces, loop_kernel, scatter_kernel};
-use memo::{Memo, Walk};
+use memo::{MatmulKey, Memo, Walk};
 
 /// Element-wise nodes with several consumers are recomputed by each while their fused expression
 /// has at most this many ops.
@@ -182,7 +182,7 @@ pub fn graph_symbols(g: &Graph, order: &[NodeId]) -> Vec<Symbol> {
 }
 
 /// Emits the program for decided boundaries.
-pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
+pub fn emit<'g>(g: &'g Graph, dec: &'g Decisions) -> Result<Program, LowerError> {
     let symbols = graph_symbols(g, &dec.order);
     let mut buffers: Vec<BufferInfo> = Vec::new();
     let mut bufs: Buffers = SecondaryMap::new();
@@ -240,13 +240,14 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
     let mut checks = Vec::new();
     let mut inits = Vec::new();
     // A loop kernel of a structure met before is not built again (`memo`).
-    let mut loops = |out: &mut Launches,
-                     checks: &mut Vec<_>,
-                     root: NodeId,
-                     expand: bool,
-                     target: BufId,
-                     window: Option<&[(Dim, Dim)]>,
-                     piece: bool|
+    let loops = |out: &mut Launches,
+                 memo: &mut Memo<'g>,
+                 checks: &mut Vec<_>,
+                 root: NodeId,
+                 expand: bool,
+                 target: BufId,
+                 window: Option<&[(Dim, Dim)]>,
+                 piece: bool|
      -> Result<Option<(Kernel, Vec<BufId>)>, LowerError> {
         let walk = Walk::new(g, &bufs, root, expand, target, window);
         if let Some((built, args)) = walk.as_ref().and_then(|w| memo.get(w)) {
@@ -270,7 +271,7 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
         Ok(None)
     };
     for (o, b) in copies {
-        loops(&mut out, &mut checks, o, true, b, None, false)?;
+        loops(&mut out, &mut memo, &mut checks, o, true, b, None, false)?;
     }
     for &n in &dec.order {
         air::work::tick();
@@ -306,7 +307,9 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
                                     if d == axis { (lo.clone(), hi.clone()) } else { (Dim::Const(0), shape[d].clone()) }
                                 })
                                 .collect();
-                        if let Some(piece) = loops(&mut out, &mut checks, leaf, true, target, Some(&window), true)? {
+                        if let Some(piece) =
+                            loops(&mut out, &mut memo, &mut checks, leaf, true, target, Some(&window), true)?
+                        {
                             merge::push_piece(&mut kernels, piece);
                         }
                     }
@@ -315,15 +318,25 @@ pub fn emit(g: &Graph, dec: &Decisions) -> Result<Program, LowerError> {
                     }
                 }
                 None => {
-                    loops(&mut out, &mut checks, n, true, target, None, false)?;
+                    loops(&mut out, &mut memo, &mut checks, n, true, target, None, false)?;
                 }
             },
             Plan::Matmul { reduce, a, b, bias } => {
                 if let Some(bias) = bias {
-                    loops(&mut out, &mut checks, *bias, false, target, None, false)?;
+                    loops(&mut out, &mut memo, &mut checks, *bias, false, target, None, false)?;
+                }
+                // A matmul of a structure met before is not built again (`memo`).
+                let key = MatmulKey::new(g, &bufs, *reduce, [a, b], target, bias.is_some());
+                if let Some((id, args)) = key.as_ref().and_then(|(key, at)| memo.matmul(key, at)) {
+                    out.known(id, args);
+                    continue;
                 }
                 let (k, args) = matmul_kernel(g, &bufs, &symbols, *reduce, [a, b], target, bias.is_some())?;
-                out.launch(k, args);
+                let launched = args.clone();
+                let id = out.launch(k, args);
+                if let Some((key, at)) = key {
+                    memo.insert_matmul(key, &at, id, &launched);
+                }
             }
         }
     }
