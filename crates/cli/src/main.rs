@@ -543,8 +543,7 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
         Suite::Decode { model, common } => {
             let mut args = if common.smoke { bench::decode::Args::smoke() } else { bench::decode::Args::full() };
             if let Some(model) = model {
-                let tiny = model == "tiny";
-                args.models.retain(|m| (m.config.dim == bench::decode::TINY.config.dim) == tiny);
+                args.models.retain(|m| m.key == model);
                 if args.models.is_empty() {
                     anyhow::bail!("the {} suite has no model {model}", if common.smoke { "smoke" } else { "full" });
                 }

@@ -302,6 +302,19 @@ pub enum Inst {
     },
 }
 
+impl Inst {
+    /// The registers the instruction reads, in operand order.
+    pub fn operands(&self) -> smallvec::SmallVec<[Reg; 3]> {
+        match self {
+            Inst::Unary(_, r) | Inst::Cast(r) => smallvec::smallvec![*r],
+            Inst::Binary(_, a, b) => smallvec::smallvec![*a, *b],
+            Inst::Where(c, a, b) => smallvec::smallvec![*c, *a, *b],
+            Inst::Gather { index, .. } => smallvec::smallvec![*index],
+            Inst::Load { .. } | Inst::Const(_) | Inst::Index(_) | Inst::ReadAcc(_) => smallvec::SmallVec::new(),
+        }
+    }
+}
+
 /// One statement of a loop nest.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Stmt {

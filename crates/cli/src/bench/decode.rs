@@ -27,6 +27,8 @@ use crate::timing::median;
 /// One model to decode with.
 #[derive(Clone, Copy, Debug)]
 pub struct Model {
+    /// The short name `kiln bench decode --model` takes.
+    pub key: &'static str,
     pub name: &'static str,
     pub config: TransformerConfig,
 }
@@ -34,12 +36,14 @@ pub struct Model {
 /// The compile benchmark's model (context 320 so that the 128 + 128 generation fits; the
 /// anchor's tiny model has 64 positions, which only its past length 8 uses).
 pub const TINY: Model = Model {
+    key: "tiny",
     name: "tiny (dim 64, 2 layers)",
     config: TransformerConfig { dim: 64, n_heads: 8, n_layers: 2, norm_eps: 1e-5, vocab_size: 64, max_seq_len: 320 },
 };
 
 /// GPT-2 small's shapes: 124M parameters.
 pub const GPT2_SMALL: Model = Model {
+    key: "gpt2",
     name: "gpt2 small (dim 768, 12 layers)",
     config: TransformerConfig {
         dim: 768,

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use lower::kir::{Acc, IExpr, Inst, LoopKernel, Reg, Stmt, Var};
+use smallvec::{SmallVec, smallvec};
 
 use super::tile::{AROUND, AROUND_FULL, AROUND_POST, MAX_SLOTS, PARAMS, TILE, TileBinary, TileMode, TileUnary};
 use crate::error::{CodegenError, Result};
@@ -632,18 +633,12 @@ fn tile_plan_with(
     Some(TilePlan { steps, slots, around, selects })
 }
 
-/// The registers statement `s` reads.
-fn stmt_reads(s: &Stmt) -> Vec<Reg> {
+/// The registers statement `s` reads (of the statements a tiled body may hold).
+fn stmt_reads(s: &Stmt) -> SmallVec<[Reg; 3]> {
     match s {
-        Stmt::Let { inst, .. } => match inst {
-            Inst::Unary(_, r) | Inst::Cast(r) => vec![*r],
-            Inst::Binary(_, a, b) => vec![*a, *b],
-            Inst::Where(c, a, b) => vec![*c, *a, *b],
-            Inst::Gather { index, .. } => vec![*index],
-            _ => vec![],
-        },
-        Stmt::Store { value, .. } => vec![*value],
-        _ => vec![],
+        Stmt::Let { inst, .. } => inst.operands(),
+        Stmt::Store { value, .. } => smallvec![*value],
+        _ => SmallVec::new(),
     }
 }
 
@@ -664,14 +659,7 @@ fn fold_around(
     let mut uses: HashMap<Reg, (usize, usize)> = HashMap::new();
     let mut consts: HashMap<Reg, f64> = HashMap::new();
     for (i, s) in body.iter().enumerate() {
-        let operands: &[Reg] = match s {
-            Stmt::Let { inst: Inst::Unary(_, r), .. } => std::slice::from_ref(r),
-            Stmt::Let { inst: Inst::Binary(_, a, b), .. } => &[*a, *b],
-            Stmt::Let { inst: Inst::Where(c, a, b), .. } => &[*c, *a, *b],
-            Stmt::Store { value, .. } => std::slice::from_ref(value),
-            _ => &[],
-        };
-        for r in operands {
+        for r in &stmt_reads(s) {
             let u = uses.entry(*r).or_insert((0, i));
             *u = (u.0 + 1, i);
         }

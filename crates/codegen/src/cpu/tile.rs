@@ -211,27 +211,11 @@ pub(crate) const B_SCALAR: i32 = 1 << 9;
 /// (the code generator never passes them) run element by element, in order.
 #[inline(always)]
 unsafe fn map1(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(f32) -> f32) {
-    // SAFETY (all three): the caller's buffers hold n elements.
-    unsafe {
-        if ptr::eq(dst, src) {
-            for i in 0..n {
-                *dst.add(i) = f(*dst.add(i));
-            }
-        } else if disjoint(dst, src, n) {
-            let d = std::slice::from_raw_parts_mut(dst, n);
-            let s = std::slice::from_raw_parts(src, n);
-            for (d, &x) in d.iter_mut().zip(s) {
-                *d = f(x);
-            }
-        } else {
-            for i in 0..n {
-                *dst.add(i) = f(*src.add(i));
-            }
-        }
-    }
+    // SAFETY: forwarded to the caller.
+    unsafe { map_indexed(dst, src, n, |_, x| f(x)) }
 }
 
-/// `dst[i] = f(i, src[i])` for `i < n`, with [`map1`]'s aliasing cases.
+/// [`map1`] with each element's position: `dst[i] = f(i, src[i])` for `i < n`.
 #[inline(always)]
 unsafe fn map_indexed(dst: *mut f32, src: *const f32, n: usize, f: impl Fn(usize, f32) -> f32) {
     // SAFETY (all three): the caller's buffers hold n elements.

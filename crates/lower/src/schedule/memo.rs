@@ -173,10 +173,7 @@ impl<'g> Memo<'g> {
     /// Remembers `kernel`, built for `walk` with arguments `args`, unless an argument is not one
     /// of the walk's buffers (the status buffer of a kernel that checks data). Returns the entry.
     pub(super) fn insert(&mut self, walk: Walk<'g>, kernel: &Kernel, args: &[BufId]) -> Option<&mut Built> {
-        let params = args
-            .iter()
-            .map(|a| walk.bufs.iter().position(|b| b == a).and_then(|p| u8::try_from(p).ok()))
-            .collect::<Option<SmallVec<[u8; 8]>>>()?;
+        let params = positions(&walk.bufs, args)?;
         let entry = self.built.entry(walk.key).insert_entry(Built { kernel: kernel.clone(), params, launched: None });
         Some(entry.into_mut())
     }
@@ -189,9 +186,16 @@ impl<'g> Memo<'g> {
 
     /// Remembers the matmul kernel `id` launched for `key` on `args` (buffers among `at`).
     pub(super) fn insert_matmul(&mut self, key: MatmulKey<'g>, at: &[BufId], id: u32, args: &[BufId]) {
-        let params = args.iter().map(|a| at.iter().position(|b| b == a).map(|p| p as u8)).collect();
-        if let Some(params) = params {
+        if let Some(params) = positions(at, args) {
             self.matmuls.insert(key, (id, params));
         }
     }
+}
+
+/// The position of each of `args` among `at`; `None` when one is not there (or past 255).
+fn positions<const N: usize>(at: &[BufId], args: &[BufId]) -> Option<SmallVec<[u8; N]>>
+where
+    [u8; N]: smallvec::Array<Item = u8>,
+{
+    args.iter().map(|a| at.iter().position(|b| b == a).and_then(|p| u8::try_from(p).ok())).collect()
 }
