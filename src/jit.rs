@@ -307,6 +307,9 @@ impl JitCache {
         let (owned_bound, rest) = entry.bound.split_at_mut(owned.len());
         let (borrowed_bound, drawn) = rest.split_at_mut(borrowed.len());
         let taken_slots = &entry.taken_slots;
+        // The arguments whose arrays the call took, by array: an output written in place over
+        // one of them comes back in its handle (`Tensor::refill`).
+        let mut taken_at: Vec<(usize, *const HostData)> = Vec::new();
         for (j, ((a, kept), slot)) in owned.iter_mut().zip(owned_kept).zip(owned_bound).enumerate() {
             if kept.is_some() {
                 continue;
@@ -318,6 +321,7 @@ impl JitCache {
                     if !r.bindings.is_empty() {
                         merge_bindings(&mut bindings, &r.bindings)?;
                     }
+                    taken_at.push((j, Arc::as_ptr(&r.host.data)));
                     r.host
                 }
                 None => bind_shared(a, kept, !taken_slots.contains(&j), &mut bindings)?,
@@ -328,7 +332,16 @@ impl JitCache {
                 *slot = bind_shared(a, kept, !taken_slots.contains(&(n - borrowed.len() + j)), &mut bindings)?;
             }
         }
-        drop(owned);
+        let mut taken = taken_at.iter().peekable();
+        let mut shells: Vec<(*const HostData, Option<Tensor>)> = Vec::with_capacity(taken_at.len());
+        for (j, a) in owned.into_iter().enumerate() {
+            if let Some(&&(k, data)) = taken.peek()
+                && k == j
+            {
+                shells.push((data, Some(a)));
+                taken.next();
+            }
+        }
         for (draw, slot) in entry.random.iter().zip(drawn) {
             *slot = draw().map_err(Error::Jit)?;
         }
@@ -352,7 +365,11 @@ impl JitCache {
                 held.push(host.data.clone());
             }
             let own = own_bindings(shape, &bindings);
-            tensors.push(Tensor::source(host, shape.clone(), own, device));
+            let shell = shells.iter_mut().find(|(p, _)| *p == Arc::as_ptr(&host.data)).and_then(|(_, t)| t.take());
+            tensors.push(match shell {
+                Some(shell) => Tensor::refill(shell, host, shape.clone(), own, device),
+                None => Tensor::source(host, shape.clone(), own, device),
+            });
         }
         let results = entry.which.iter().map(|&i| tensors[i].clone()).collect();
         self.held.rotate_left(1);

@@ -75,18 +75,19 @@ impl SiteOf for Sites {
 
 /// Adds `new` to `into`; a symbol bound to two different values is an error naming it.
 pub(crate) fn merge_bindings(into: &mut Bindings, new: &Bindings) -> Result<()> {
-    for (symbol, &value) in new {
-        match into.get(symbol) {
-            Some(&first) if first != value => {
-                return Err(Error::Binding { symbol: symbol.clone(), first, second: value });
-            }
-            Some(_) => {}
-            None => {
-                into.insert(symbol.clone(), value);
-            }
+    new.iter().try_for_each(|(symbol, &value)| bind(into, symbol, value))
+}
+
+/// Binds `symbol` to `value` in `into`, an error if it is bound to another value there.
+pub(crate) fn bind(into: &mut Bindings, symbol: &air::Symbol, value: i64) -> Result<()> {
+    match into.get(symbol) {
+        Some(&first) if first != value => Err(Error::Binding { symbol: symbol.clone(), first, second: value }),
+        Some(_) => Ok(()),
+        None => {
+            into.insert(symbol.clone(), value);
+            Ok(())
         }
     }
-    Ok(())
 }
 
 fn key(t: &Tensor) -> *const Inner {

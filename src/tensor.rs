@@ -137,6 +137,32 @@ impl Tensor {
         })
     }
 
+    /// [`Tensor::source`] in the allocation of `shell`, a source tensor whose data was taken
+    /// (`kiln::jit` gives an array updated in place back in the handle it was given in, rather
+    /// than allocating a node per call and freeing another); a new node when `shell` is shared
+    /// or of another type or device.
+    pub(crate) fn refill(
+        mut shell: Tensor,
+        host: HostTensor,
+        shape: Shape,
+        bindings: Bindings,
+        device: Device,
+    ) -> Tensor {
+        let ty = TensorType::new(host.dtype(), shape);
+        if let Some(inner) = Arc::get_mut(&mut shell.inner)
+            && matches!(inner.op, Op::Input(_))
+            && inner.data.get().is_none()
+            && inner.error.is_none()
+            && inner.device == device
+            && inner.ty == ty
+        {
+            inner.site = None;
+            let _ = inner.data.set(Realized { host, bindings });
+            return shell;
+        }
+        Tensor::source(host, ty.shape, bindings, device)
+    }
+
     /// A stand-in of type `ty` for an argument of a `kiln::jit` function while it is traced: an
     /// `Input` node without data. Ops on it record nodes as usual; realizing anything built from
     /// it outside its trace is an error.

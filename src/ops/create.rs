@@ -5,7 +5,7 @@ use air::dim::shape_of;
 use air::{Bindings, DType, Dim, Element, HostData, HostTensor, Op, Scalar, Shape, TensorType};
 
 use crate::device::Device;
-use crate::realize::merge_bindings;
+use crate::realize::bind;
 use crate::scalar::IntoScalar;
 use crate::shape::{IntoShape, concrete, show};
 use crate::tensor::{Site, Tensor};
@@ -112,10 +112,13 @@ impl Tensor {
     /// (`narrow`, `slice_scatter` at `start_pos`) while one compiled program serves every value.
     #[track_caller]
     pub fn symbol(name: &str, value: usize) -> Tensor {
-        match HostTensor::new(HostData::I32(Vec::new()), vec![value, 0]) {
-            Ok(host) => Tensor::from_host_symbolic(host, vec![Dim::sym(name), Dim::Const(0)]),
-            Err(m) => Site::here("symbol").fail(m),
-        }
+        let dim = Dim::sym(name);
+        let (Some(symbol), Ok(host)) = (dim.as_symbol(), HostTensor::new(HostData::I32(Vec::new()), vec![value, 0]))
+        else {
+            return Site::here("symbol").fail(format!("`{name}` is not a symbol of {value} positions"));
+        };
+        let bindings = Bindings::from([(symbol.clone(), value as i64)]);
+        Tensor::source(host, smallvec::smallvec![dim, Dim::Const(0)], bindings, Device::default())
     }
 
     /// This source tensor with some dims declared symbolic (see [`Tensor::from_host_symbolic`]).
@@ -137,13 +140,10 @@ impl Tensor {
         let mut bindings = self.bindings();
         // Plain symbols first: they give the values.
         for (d, &size) in dims.iter().zip(&host.shape) {
-            let symbols = d.symbols();
-            if symbols.len() == 1 && *d == Dim::sym(symbols[0].name()) {
-                let mut one = Bindings::new();
-                one.insert(symbols[0].clone(), size as i64);
-                if let Err(e) = merge_bindings(&mut bindings, &one) {
-                    return site.fail(e.to_string());
-                }
+            if let Some(symbol) = d.as_symbol()
+                && let Err(e) = bind(&mut bindings, symbol, size as i64)
+            {
+                return site.fail(e.to_string());
             }
         }
         // Then every dim must evaluate to the host size.

@@ -89,9 +89,11 @@ pub enum DimError {
 impl Dim {
     /// The symbol `name` as a dim.
     pub fn sym(name: &str) -> Dim {
-        let mut terms = BTreeMap::new();
-        terms.insert(smallvec::smallvec![Symbol::new(name)], 1);
-        Dim::from_terms(terms)
+        memo::symbol(name, || {
+            let mut terms = BTreeMap::new();
+            terms.insert(smallvec::smallvec![Symbol::new(name)], 1);
+            Dim::from_terms(terms)
+        })
     }
 
     fn from_terms(terms: Terms) -> Dim {
@@ -144,6 +146,16 @@ impl Dim {
     pub fn for_each_symbol(&self, mut f: impl FnMut(&Symbol)) {
         if let Dim::Sym(p) = self {
             p.terms.keys().flat_map(|m| m.iter()).for_each(&mut f);
+        }
+    }
+
+    /// The symbol this dim is, when it is exactly one symbol (`seq`, not `2*seq` or `seq+1`).
+    pub fn as_symbol(&self) -> Option<&Symbol> {
+        let Dim::Sym(p) = self else { return None };
+        let mut terms = p.terms.iter();
+        match (terms.next(), terms.next()) {
+            (Some((m, 1)), None) if m.len() == 1 => Some(&m[0]),
+            _ => None,
         }
     }
 
@@ -348,6 +360,29 @@ mod memo {
             (Dim::Sym(a), Dim::Sym(b)) => Arc::ptr_eq(a, b),
             _ => false,
         }
+    }
+
+    /// Symbols remembered per thread (a decoding step names its symbols on every call).
+    const SYMBOL_SLOTS: usize = 64;
+
+    thread_local! {
+        static SYMBOLS: RefCell<Vec<Option<Dim>>> = RefCell::new(vec![None; SYMBOL_SLOTS]);
+    }
+
+    /// The dim of the symbol `name`, built by `compute` the first time (direct-mapped by the
+    /// name's hash, like the arithmetic).
+    pub(super) fn symbol(name: &str, compute: impl FnOnce() -> Dim) -> Dim {
+        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let slot = (h >> 32) as usize % SYMBOL_SLOTS;
+        let hit = SYMBOLS
+            .with_borrow(|m| m[slot].as_ref().filter(|d| d.as_symbol().is_some_and(|s| s.name() == name)).cloned());
+        if let Some(d) = hit {
+            return d;
+        }
+        let d = compute();
+        let old = SYMBOLS.with_borrow_mut(|m| m[slot].replace(d.clone()));
+        drop(old);
+        d
     }
 
     /// `compute()`'s value for `a op b`, remembered.
@@ -643,6 +678,24 @@ mod tests {
         bind.insert(Symbol::new("batch"), 3);
         assert_eq!(a.eval(&bind), Ok(35));
         assert_eq!(std::mem::size_of::<Dim>(), 16);
+    }
+
+    #[test]
+    fn a_plain_symbol_is_known_and_named_once_per_thread() {
+        let seq = Dim::sym("seq");
+        assert_eq!(seq.as_symbol().map(Symbol::name), Some("seq"));
+        for not_plain in [&seq * 2, &seq + 1, &seq * &Dim::sym("b"), Dim::Const(3)] {
+            assert_eq!(not_plain.as_symbol(), None, "{not_plain}");
+        }
+        // Named again, a symbol shares the polynomial built the first time; another name (even
+        // one sharing its slot) gets its own.
+        assert!(matches!((&seq, &Dim::sym("seq")), (Dim::Sym(x), Dim::Sym(y)) if Arc::ptr_eq(x, y)));
+        let names: Vec<String> = (0..200).map(|i| format!("s{i}")).collect();
+        let dims: Vec<Dim> = names.iter().map(|n| Dim::sym(n)).collect();
+        for (n, d) in names.iter().zip(&dims) {
+            assert_eq!(Dim::sym(n), *d);
+            assert_eq!(d.as_symbol().map(Symbol::name), Some(n.as_str()));
+        }
     }
 
     #[test]

@@ -59,11 +59,25 @@ pub struct Sizes {
     /// The value of every symbol of `Program::symbols`, in order (what kernels read).
     pub syms: Vec<i64>,
     /// Elements of every buffer.
-    pub buf_numel: Vec<usize>,
-    /// The shape of every input slot (`None` for a slot no input node uses).
-    pub input_shapes: Vec<Option<Vec<usize>>>,
+    pub buf_numel: Arc<Vec<usize>>,
+    /// The shape of every input slot (`None` for a slot no input node uses), shared by the
+    /// binding sets of one structure (see [`Prepared::resized`]) except where `offset_shapes`
+    /// overrides it.
+    input_shapes: Arc<Vec<Option<Vec<usize>>>>,
+    /// The input slots whose shapes depend on offset symbols, with their shapes here.
+    offset_shapes: Vec<(usize, Vec<usize>)>,
     /// The shape of every graph output.
-    pub output_shapes: Vec<Vec<usize>>,
+    pub output_shapes: Arc<Vec<Vec<usize>>>,
+}
+
+impl Sizes {
+    /// The shape of input `slot` (`None` for a slot no input node uses).
+    pub fn input_shape(&self, slot: usize) -> Option<&[usize]> {
+        match self.offset_shapes.iter().find(|(s, _)| *s == slot) {
+            Some((_, shape)) => Some(shape),
+            None => self.input_shapes.get(slot)?.as_deref(),
+        }
+    }
 }
 
 /// The largest loop variable id used in `stmts` plus one (the size of a `vars` array).
@@ -282,17 +296,18 @@ impl Prepared {
     pub fn resized(&self, like: &Sizes, key: SizeKey, bindings: &Bindings) -> Result<Sizes> {
         self.program.check_bindings(bindings)?;
         let syms = self.syms(bindings)?;
-        let mut input_shapes = like.input_shapes.clone();
+        let mut offset_shapes = Vec::with_capacity(self.offset_inputs.len());
         for &slot in &self.offset_inputs {
             if let Some(t) = &self.input_types[slot] {
-                input_shapes[slot] = Some(eval_shape(t, bindings, &|| format!("input slot {slot} ({t})"))?);
+                offset_shapes.push((slot, eval_shape(t, bindings, &|| format!("input slot {slot} ({t})"))?));
             }
         }
         Ok(Sizes {
             key,
             syms,
             buf_numel: like.buf_numel.clone(),
-            input_shapes,
+            input_shapes: like.input_shapes.clone(),
+            offset_shapes,
             output_shapes: like.output_shapes.clone(),
         })
     }
@@ -361,7 +376,14 @@ impl Prepared {
             }
             output_shapes.push(shape);
         }
-        Ok(Sizes { key, syms, buf_numel, input_shapes, output_shapes })
+        Ok(Sizes {
+            key,
+            syms,
+            buf_numel: Arc::new(buf_numel),
+            input_shapes: Arc::new(input_shapes),
+            offset_shapes: Vec::new(),
+            output_shapes: Arc::new(output_shapes),
+        })
     }
 
     /// The memory plan for one binding set: `bytes[b]` is what buffer `b` takes on the device (a
@@ -399,13 +421,13 @@ impl Prepared {
             return Err(RuntimeError::InputCount { expected: self.input_types.len(), got: inputs.len() });
         }
         for (slot, (given, ty)) in inputs.iter().zip(&self.input_types).enumerate() {
-            let (Some(ty), Some(shape)) = (ty, &sizes.input_shapes[slot]) else { continue };
+            let (Some(ty), Some(shape)) = (ty, sizes.input_shape(slot)) else { continue };
             let numel: usize = shape.iter().product();
             if given.dtype() != ty.dtype || given.shape != *shape || given.numel() != numel {
                 return Err(RuntimeError::InputMismatch {
                     slot: slot as u32,
                     declared: Box::new(ty.clone()),
-                    expected: InputSpec { dtype: ty.dtype, shape: shape.clone(), numel },
+                    expected: InputSpec { dtype: ty.dtype, shape: shape.to_vec(), numel },
                     got: InputSpec { dtype: given.dtype(), shape: given.shape.clone(), numel: given.numel() },
                 });
             }

@@ -134,7 +134,7 @@ impl Backend for RefCode {
         }
         Ok(p.outputs
             .iter()
-            .zip(&sized.sizes.output_shapes)
+            .zip(sized.sizes.output_shapes.iter())
             .map(|((buf, _), shape)| HostTensor {
                 data: Arc::new(buffers.bufs[buf.0 as usize].clone()),
                 shape: shape.clone(),
