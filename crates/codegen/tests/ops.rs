@@ -77,6 +77,56 @@ fn every_binary_op_and_dtype() {
 }
 
 #[test]
+fn min_and_max_against_a_constant_keep_nans_and_signed_zeros() {
+    // With one operand a constant (a ReLU's `max(x, 0)`, a clamp), the JIT takes a compare and a
+    // select (`Math::min_max_const`): ties of signed zeros, NaNs and infinities must come out as
+    // the evaluator's, bit for bit (a NaN as any NaN), in both operand orders, in the vector loop
+    // and the scalar tail, for every constant (those it does not take stay on the general path).
+    let xs = [0.0, -0.0, 1.5, -1.5, -2.0, 2.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1e-30, -1e-30, 3.0, 7.25];
+    let consts = [0.0, -0.0, 1.5, -2.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN];
+    for d in [DType::F32, DType::F64] {
+        for op in [BinaryOp::Max, BinaryOp::Min] {
+            for &k_const in &consts {
+                for const_first in [false, true] {
+                    let (a, b) = if const_first { (r(1), r(0)) } else { (r(0), r(1)) };
+                    let k = LoopKernel {
+                        params: vec![p(d, Access::Read), p(d, Access::Write)],
+                        n_syms: 1,
+                        body: vec![for_(
+                            0,
+                            IExpr::Sym(0),
+                            true,
+                            vec![
+                                load(0, d, 0, i(0)),
+                                let_(1, d, Inst::Const(Scalar::Float(k_const).cast(d))),
+                                let_(2, d, Inst::Binary(op, a, b)),
+                                store(1, i(0), 2),
+                            ],
+                        )],
+                    };
+                    for n in [xs.len(), 1001] {
+                        let vals: Vec<V> = (0..n).map(|j| cast(V::D(xs[j % xs.len()]), d)).collect();
+                        let bufs = [Buf::from_vals(d, &vals), Buf::zeros(d, n)];
+                        let (mut got, mut want) = (bufs.to_vec(), bufs.to_vec());
+                        jit(&k, &mut got, &[n as i64], 0, n as i64);
+                        eval(&k, &mut want, &[n as i64], 0, n as i64);
+                        for j in 0..n {
+                            let (g, w) = (got[1].get(j).f64(), want[1].get(j).f64());
+                            assert!(
+                                (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
+                                "{} {d} of {} and {k_const} (constant first: {const_first}), n={n}: {g} vs {w}",
+                                op.name(),
+                                xs[j % xs.len()]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn int_division_edge_cases() {
     for d in [DType::I32, DType::I64] {
         let (min, max) = if d == DType::I32 { (i32::MIN as i64, i32::MAX as i64) } else { (i64::MIN, i64::MAX) };

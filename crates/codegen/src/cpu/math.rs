@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use cranelift_codegen::cursor::{Cursor, FuncCursor};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::immediates::{Ieee32, Ieee64};
-use cranelift_codegen::ir::{Block, InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::ir::{Block, InstBuilder, InstructionData, MemFlagsData, Opcode, Type, Value, types};
 use cranelift_frontend::FunctionBuilder;
 
 /// Constants (scalar or splatted), each emitted once, in the entry block, so that loop bodies
@@ -135,6 +135,9 @@ impl Math<'_, '_> {
     /// zeros), then every lane where either operand is NaN set to all ones (a NaN). Five
     /// instructions where Cranelift's NaN-exact sequence takes eight.
     pub(crate) fn min_max(&mut self, a: Value, b: Value, max: bool) -> Value {
+        if let Some(v) = self.min_max_const(a, b, max).or_else(|| self.min_max_const(b, a, max)) {
+            return v;
+        }
         if self.ty != types::F32X4 {
             return if max { self.b.ins().fmax(a, b) } else { self.b.ins().fmin(a, b) };
         }
@@ -147,6 +150,44 @@ impl Math<'_, '_> {
         let nan = self.b.ins().fcmp(FloatCC::Unordered, a, b);
         let nan = self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), nan);
         self.b.ins().bor(both, nan)
+    }
+
+    /// [`Math::min_max`] of `x` and a constant `c` that is no NaN and not the zero a tie must
+    /// not give (-0 for the maximum, +0 for the minimum): `x` where it is NaN or beyond `c`,
+    /// else `c` (on a tie `c` is the answer: equal nonzero values have equal bits, and a tie of
+    /// zeros goes to `c`). One compare and one select: a ReLU's `max(x, 0)` in two vector
+    /// instructions where both operand orders take six.
+    fn min_max_const(&mut self, x: Value, c: Value, max: bool) -> Option<Value> {
+        let bits = self.const_bits(c)?;
+        let (nan, wrong_zero) = match self.ty.lane_type() {
+            types::F32 => {
+                let v = f32::from_bits(bits as u32);
+                (v.is_nan(), v == 0.0 && v.is_sign_negative() == max)
+            }
+            types::F64 => {
+                let v = f64::from_bits(bits);
+                (v.is_nan(), v == 0.0 && v.is_sign_negative() == max)
+            }
+            _ => return None,
+        };
+        if nan || wrong_zero {
+            return None;
+        }
+        let cc = if max { FloatCC::UnorderedOrGreaterThan } else { FloatCC::UnorderedOrLessThan };
+        let keep = self.b.ins().fcmp(cc, x, c);
+        Some(self.sel(keep, x, c))
+    }
+
+    /// The bit pattern of `v`'s lanes when it is a float constant (a scalar constant or its
+    /// splat).
+    fn const_bits(&self, v: Value) -> Option<u64> {
+        let dfg = &self.b.func.dfg;
+        match dfg.insts[dfg.value_def(v).inst()?] {
+            InstructionData::UnaryIeee32 { opcode: Opcode::F32const, imm } => Some(u64::from(imm.bits())),
+            InstructionData::UnaryIeee64 { opcode: Opcode::F64const, imm } => Some(imm.bits()),
+            InstructionData::Unary { opcode: Opcode::Splat, arg } => self.const_bits(arg),
+            _ => None,
+        }
     }
 
     pub(crate) fn sel(&mut self, cond: Value, a: Value, b: Value) -> Value {
