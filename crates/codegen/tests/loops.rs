@@ -618,6 +618,79 @@ fn masked_borders_split_from_a_vectorized_interior() {
         }
     }
 }
+/// `0 < i(v) < hi`: inside a border of one.
+fn inside(v: u32, hi: IExpr) -> IExpr {
+    IExpr::and(IExpr::lt(c(0), i(v)), IExpr::lt(i(v), hi))
+}
+
+/// Rows `i(r)` of a padded plane (`rows` inside a border of one) and columns `i(r + 1)` up to
+/// `columns`, `body` inside.
+fn padded_plane(r: u32, rows: i64, columns: IExpr, body: Vec<Stmt>) -> Stmt {
+    for_(r, c(rows + 2), false, vec![for_(r + 1, columns, false, body)])
+}
+
+/// The end of a padded row's interior and the row's length, `cols` interior columns with a
+/// border of one: constants, or with `symbolic` in terms of `Sym(1) = cols + 1`.
+fn padded_columns(symbolic: bool, cols: i64) -> (IExpr, IExpr) {
+    if symbolic { (IExpr::Sym(1), IExpr::add(IExpr::Sym(1), c(1))) } else { (c(cols + 1), c(cols + 2)) }
+}
+
+/// A BatchNorm+ReLU written into a padded plane (MobileNet's pad kernels): `out[r, j] = inside ?
+/// max(in[r - 1, j - 1] * s + t, 0) : -5`, every load masked by `inside` (rows and columns
+/// compared with constants) and the border chosen by a `where` on the same comparison. In each
+/// segment of the split, the masks and the `where` fold: the border is stores of its value, the
+/// interior the arithmetic alone, with no select but the ReLU's left; the values are the
+/// evaluator's for constant and symbolic widths.
+#[test]
+fn a_where_on_the_border_folds_with_its_masks_in_each_segment() {
+    for symbolic in [false, true] {
+        for (rows, cols) in [(1i64, 1i64), (3, 7), (4, 16), (5, 33)] {
+            let (hi_c, ext_c) = padded_columns(symbolic, cols);
+            let mask = IExpr::and(inside(0, c(rows + 1)), inside(1, hi_c.clone()));
+            let index = IExpr::add(IExpr::mul(IExpr::add(i(0), c(-1)), c(cols)), IExpr::add(i(1), c(-1)));
+            let masked =
+                |buf: u32, index: IExpr| Inst::Load { buf, index, mask: Some(mask.clone()), other: Scalar::Float(0.0) };
+            let reg = lower::kir::Reg;
+            let k = LoopKernel {
+                params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
+                n_syms: 2,
+                body: vec![padded_plane(
+                    0,
+                    rows,
+                    ext_c,
+                    vec![
+                        let_(0, DType::F32, masked(0, index)),
+                        let_(1, DType::F32, masked(1, c(0))),
+                        let_(2, DType::F32, masked(1, c(1))),
+                        let_(3, DType::F32, Inst::Binary(BinaryOp::Mul, reg(0), reg(1))),
+                        let_(4, DType::F32, Inst::Binary(BinaryOp::Add, reg(3), reg(2))),
+                        let_(5, DType::F32, Inst::Const(Scalar::Float(0.0))),
+                        let_(6, DType::F32, Inst::Binary(BinaryOp::Max, reg(4), reg(5))),
+                        let_(7, DType::Bool, Inst::Index(mask.clone())),
+                        let_(8, DType::F32, Inst::Const(Scalar::Float(-5.0))),
+                        let_(9, DType::F32, Inst::Where(reg(7), reg(6), reg(8))),
+                        store(2, IExpr::add(IExpr::mul(i(0), c(cols + 2)), i(1)), 9),
+                    ],
+                )],
+            };
+            if !symbolic {
+                let text = kiln_codegen::clif_text(&k).unwrap();
+                // Each ReLU is one compare and one select; a `where` left would add a select.
+                assert_eq!(
+                    text.matches("select").count(),
+                    text.matches("fcmp ugt").count(),
+                    "rows={rows} cols={cols}: {text}"
+                );
+            }
+            let a = Buf::from_vals(DType::F32, &sample(DType::F32, (rows * cols) as usize, cols as u64));
+            let st = Buf::f32s(&[1.5, -0.25]);
+            let o = Buf::zeros(DType::F32, ((rows + 2) * (cols + 2)) as usize);
+            let what = format!("padded BatchNorm+ReLU rows={rows} cols={cols} symbolic={symbolic}");
+            check(&k, &[a, st, o], &[rows, cols + 1], 0, 1, 0.0, &what);
+        }
+    }
+}
+
 /// Under a constant extent, each segment's trip count is known: a one-column border is
 /// straight-line code, and an interior of 16 columns runs as unrolled vectors with no scalar
 /// tail. The padded copy's kernel had 23 branches when every segment was a vector loop with a
@@ -638,9 +711,7 @@ fn constant_segments_unroll_their_borders_and_drop_their_tails() {
 fn nested_masks_split_the_row_loop_as_well() {
     for symbolic in [false, true] {
         for (rows, cols) in [(1i64, 1i64), (2, 5), (4, 16), (5, 33)] {
-            let hi_c = if symbolic { IExpr::Sym(1) } else { c(cols + 1) };
-            let ext_c = if symbolic { IExpr::add(IExpr::Sym(1), c(1)) } else { c(cols + 2) };
-            let inside = |v: u32, hi: IExpr| IExpr::and(IExpr::lt(c(0), i(v)), IExpr::lt(i(v), hi));
+            let (hi_c, ext_c) = padded_columns(symbolic, cols);
             let mask = IExpr::and(inside(1, c(rows + 1)), inside(2, hi_c.clone()));
             let index = IExpr::add(
                 IExpr::add(IExpr::mul(i(0), c(rows * cols)), IExpr::mul(IExpr::add(i(1), c(-1)), c(cols))),
@@ -659,28 +730,23 @@ fn nested_masks_split_the_row_loop_as_well() {
                     true,
                     vec![
                         let_(9, DType::F32, Inst::Const(Scalar::Float(2.0))),
-                        for_(
+                        padded_plane(
                             1,
-                            c(rows + 2),
-                            false,
-                            vec![for_(
-                                2,
-                                ext_c,
-                                false,
-                                vec![
-                                    let_(
-                                        0,
-                                        DType::F32,
-                                        Inst::Load { buf: 0, index, mask: Some(mask), other: Scalar::Float(-5.0) },
-                                    ),
-                                    let_(
-                                        1,
-                                        DType::F32,
-                                        Inst::Binary(BinaryOp::Mul, lower::kir::Reg(0), lower::kir::Reg(9)),
-                                    ),
-                                    store(1, out, 1),
-                                ],
-                            )],
+                            rows,
+                            ext_c,
+                            vec![
+                                let_(
+                                    0,
+                                    DType::F32,
+                                    Inst::Load { buf: 0, index, mask: Some(mask), other: Scalar::Float(-5.0) },
+                                ),
+                                let_(
+                                    1,
+                                    DType::F32,
+                                    Inst::Binary(BinaryOp::Mul, lower::kir::Reg(0), lower::kir::Reg(9)),
+                                ),
+                                store(1, out, 1),
+                            ],
                         ),
                     ],
                 )],

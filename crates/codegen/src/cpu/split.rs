@@ -5,9 +5,10 @@
 //! loops: splitting a padded plane's row loop leaves the interior rows with masks of the column
 //! alone, which the column loop splits in turn.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
-use lower::kir::{IExpr, Inst, Stmt, Var};
+use air::{DType, Scalar};
+use lower::kir::{IExpr, Inst, Reg, Stmt, Var};
 
 /// The most cut points a loop is split at (a padded dim has two: one segment per border and the
 /// interior).
@@ -56,26 +57,52 @@ fn collect(e: &IExpr, v: Var, out: &mut BTreeSet<i64>) {
 }
 
 /// `body` for `v` in `lo..hi` (`hi` `None`: to the loop's end), where no cut lies strictly
-/// inside: every `c < v` and `v < c` is a constant there (in nested loops too), and masks that
-/// fold to true are dropped.
+/// inside: every `c < v` and `v < c` is a constant there (in nested loops too). What then has a
+/// known value is simplified: a mask that folds to true is dropped, a load whose mask folds to
+/// false is its `other` value (no branch around a load that never runs), an index that folds is
+/// a constant, and a `where` on such a constant is the operand it picks (a padded copy's border
+/// is stores of zeros, its interior the copy alone).
 pub(crate) fn segment(body: &[Stmt], v: Var, lo: i64, hi: Option<i64>) -> Vec<Stmt> {
+    segment_known(body, v, lo, hi, &mut HashMap::new())
+}
+
+/// [`segment`], with `known` the registers folded to constants so far (in enclosing bodies).
+fn segment_known(body: &[Stmt], v: Var, lo: i64, hi: Option<i64>, known: &mut HashMap<Reg, bool>) -> Vec<Stmt> {
     body.iter()
         .map(|s| match s {
             Stmt::Let { reg, dtype, inst: Inst::Load { buf, index, mask: Some(m), other } } => {
                 let m = fold(m, v, lo, hi);
-                let mask = if m.as_const().is_some_and(|c| c != 0) { None } else { Some(m) };
-                Stmt::Let {
-                    reg: *reg,
-                    dtype: *dtype,
-                    inst: Inst::Load { buf: *buf, index: index.clone(), mask, other: *other },
-                }
+                let inst = match m.as_const() {
+                    Some(0) => Inst::Const(*other),
+                    Some(_) => Inst::Load { buf: *buf, index: index.clone(), mask: None, other: *other },
+                    None => Inst::Load { buf: *buf, index: index.clone(), mask: Some(m), other: *other },
+                };
+                Stmt::Let { reg: *reg, dtype: *dtype, inst }
             }
             Stmt::Let { reg, dtype, inst: Inst::Index(e) } => {
-                Stmt::Let { reg: *reg, dtype: *dtype, inst: Inst::Index(fold(e, v, lo, hi)) }
+                let e = fold(e, v, lo, hi);
+                let inst = match (e.as_const(), dtype) {
+                    (Some(c), DType::Bool) => {
+                        known.insert(*reg, c != 0);
+                        Inst::Const(Scalar::Bool(c != 0))
+                    }
+                    _ => Inst::Index(e),
+                };
+                Stmt::Let { reg: *reg, dtype: *dtype, inst }
             }
-            Stmt::Loop { var, extent, parallel, body } => {
-                Stmt::Loop { var: *var, extent: extent.clone(), parallel: *parallel, body: segment(body, v, lo, hi) }
+            Stmt::Let { reg, dtype, inst: Inst::Where(c, a, b) } => {
+                let inst = match known.get(c) {
+                    Some(&pick) => Inst::Cast(if pick { *a } else { *b }),
+                    None => Inst::Where(*c, *a, *b),
+                };
+                Stmt::Let { reg: *reg, dtype: *dtype, inst }
             }
+            Stmt::Loop { var, extent, parallel, body } => Stmt::Loop {
+                var: *var,
+                extent: extent.clone(),
+                parallel: *parallel,
+                body: segment_known(body, v, lo, hi, known),
+            },
             other => other.clone(),
         })
         .collect()

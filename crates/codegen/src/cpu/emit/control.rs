@@ -165,14 +165,21 @@ impl<'f> Emitter<'_, 'f> {
     }
 
     /// `body` once per value `lo..lo + n` of `var`, in straight-line code: the variable is a
-    /// constant in each copy, so its index arithmetic folds away and no loop control is left.
+    /// constant in each copy, so its index arithmetic and its comparisons with constants (see
+    /// `split::segment`) fold away and no loop control is left.
     fn unrolled_loop(&mut self, var: Var, lo: i64, n: i64, body: &[Stmt]) -> Result<()> {
         let saved_regs = self.regs.clone();
         let saved_vars = self.vars.clone();
+        // Comparisons of the variable with constants (a padded border's masks) fold in each copy.
+        let folds = !split::cuts(body, var, None).is_empty();
         for j in lo..lo + n {
             let iv = self.iconst(types::I64, j);
             self.vars.insert(var, iv);
-            self.emit_stmts(body)?;
+            if folds {
+                self.emit_stmts(&split::segment(body, var, j, Some(j + 1)))?;
+            } else {
+                self.emit_stmts(body)?;
+            }
         }
         self.regs = saved_regs;
         self.vars = saved_vars;
