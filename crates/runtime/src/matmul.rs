@@ -74,6 +74,22 @@ const SMALL_GATHER_MIN_N: usize = 32;
 /// (an attention's 16x16x8 and 16x8x16 per head).
 const SMALL_COPY_MAX: usize = 1024;
 
+/// Entries of at most this many rows against a `b` in rows also run through [`small_avx512`]
+/// past [`SMALL_MACS`] (see [`MatmulLaunch::few_rows_wide`]).
+const FEW_ROWS: usize = 8;
+
+/// See [`FEW_ROWS`]: two blocks of rows at least (one row or four against a wide `b`, through
+/// `small_avx512`, measured 1x16384x3 2.6 -> 3.4 us and 4x8192x16 7.8 -> 8.0 against `gemm`).
+const FEW_ROWS_MIN: usize = 5;
+
+/// See [`FEW_ROWS`]: a `k` of at most this many steps.
+const FEW_ROWS_MAX_K: usize = 64;
+
+/// See [`FEW_ROWS`]: at most this many multiply-adds, a few microseconds, below what a thread
+/// split pays for (`small_avx512` runs an entry on one thread; 8x2048x64 took 14.4 us so
+/// against 10.0 threaded through `gemm`).
+const FEW_ROWS_MAX_MACS: u128 = 1 << 18;
+
 /// The most steps of `k` a small entry may take over all its blocks: one step broadcasts a few
 /// elements of `a` against at most four vectors of `b`, so a product whose blocks use a few
 /// lanes each over a long `k` (a dot product of thousands) stays with `gemm` or the dots.
@@ -861,19 +877,32 @@ impl MatmulLaunch {
     }
 
     /// Whether an f32 entry runs through [`small_avx512`]: at most [`SMALL_MACS`] multiply-adds
-    /// in at most [`SMALL_MAX_STEPS`] steps, `b`'s rows contiguous, or its columns gathered
+    /// in at most [`SMALL_MAX_STEPS`] steps, or a few rows against a wide `b` in rows
+    /// ([`MatmulLaunch::few_rows_wide`]); `b`'s rows contiguous, or its columns gathered
     /// ([`MatmulLaunch::small_gathers`]), or `b` at most [`SMALL_COPY_MAX`] elements, on an
     /// AVX-512F host. Dot-shaped entries stay dot products unless gathered: a few short dots
     /// (three queries against three keys of 8) cost less than the copy (18 against 30 ns).
     fn is_small(&self) -> bool {
         let macs = self.m as u128 * self.n as u128 * self.k as u128;
         let steps = self.m.div_ceil(4) as u128 * self.n.div_ceil(64) as u128 * self.k as u128;
+        let wide = self.few_rows_wide();
         self.dtype == DType::F32
-            && macs <= SMALL_MACS as u128
-            && steps <= SMALL_MAX_STEPS as u128
+            && ((macs <= SMALL_MACS as u128 && steps <= SMALL_MAX_STEPS as u128) || wide)
             && (self.b.col == 1 || self.small_gathers() || self.k * self.n <= SMALL_COPY_MAX)
             && (self.small_gathers() || !self.is_dot_shaped())
             && avx512_here()
+    }
+
+    /// Whether an entry is [`FEW_ROWS_MIN`] to [`FEW_ROWS`] rows against a `b` in rows of at most
+    /// [`FEW_ROWS_MAX_K`] steps and at most [`FEW_ROWS_MAX_MACS`] multiply-adds: each block of
+    /// [`small_avx512`] then reads its columns of `b` once, where `gemm` packs all of `b` for a
+    /// few rows (a convolution stem's im2col product, 8x1024x27: 3.9 -> 3.1 us on one thread;
+    /// 6x1000x9 1.8 -> 1.3).
+    fn few_rows_wide(&self) -> bool {
+        self.b.col == 1
+            && (FEW_ROWS_MIN..=FEW_ROWS).contains(&self.m)
+            && self.k <= FEW_ROWS_MAX_K
+            && self.m as u128 * self.n as u128 * self.k as u128 <= FEW_ROWS_MAX_MACS
     }
 
     /// Whether `entries` small entries that share one `b` (batch stride 0, a weight) with
@@ -1340,6 +1369,42 @@ mod tests {
                         let got = c[e * m * n + i * n + j] as f64;
                         assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{batch}x{m}x{n}x{k} at {e},{i},{j}");
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_few_rows_against_a_wide_row_major_b_run_small_and_match_the_definition() {
+        // Past `SMALL_MACS` and `SMALL_MAX_STEPS`: a convolution stem's im2col product and
+        // others of five to eight rows, `n` past one block of 64 and not a multiple of it.
+        for (m, n, k) in [(8, 1024, 27), (5, 700, 64), (6, 4000, 9), (8, 1000, 32)] {
+            let launch = MatmulLaunch {
+                dtype: DType::F32,
+                batch: 1,
+                m,
+                n,
+                k,
+                a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
+                b: Strides { param: 1, offset: 0, batch: 0, row: n as isize, col: 1 },
+                c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
+                accumulate: m == 5,
+            };
+            assert!(launch.few_rows_wide() && launch.macs() > SMALL_MACS as u128);
+            assert_eq!(launch.is_small(), avx512_here(), "{m}x{n}x{k}");
+            let mut a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+            let mut b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 44.0 - 1.0).collect();
+            let start: Vec<f32> = (0..m * n).map(|i| ((i * 29) % 13) as f32 / 8.0).collect();
+            let mut c = start.clone();
+            let args = [a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8, c.as_mut_ptr() as *mut u8];
+            // SAFETY: three buffers of the sizes the strides describe.
+            unsafe { launch.run(args.as_ptr()) };
+            for i in 0..m {
+                for j in 0..n {
+                    let dot: f64 = (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum();
+                    let want = dot + if launch.accumulate { start[i * n + j] as f64 } else { 0.0 };
+                    let got = c[i * n + j] as f64;
+                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at {i},{j}");
                 }
             }
         }
