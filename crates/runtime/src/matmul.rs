@@ -98,6 +98,13 @@ const SMALL_MAX_STEPS: usize = 512;
 /// A threaded GEMM is cut into blocks of at least this many columns (or rows) per thread.
 const GEMM_SPLIT_MIN: usize = 32;
 
+/// From this many bytes of `b` per entry, a dot-shaped launch always threads (see
+/// [`MatmulLaunch::streams_large_weight`]): one core streams about 20 GB/s here, so 4 MiB take
+/// some 200 us alone, where waking the pool costs at most 77 us (#18). GPT-2's 768x2304 and
+/// 768x3072 weights (7 and 9 MiB) were calibration candidates, run on one thread for five runs
+/// of every new cached length.
+const DOT_ALWAYS_SPLIT_BYTES: usize = 4 << 20;
+
 /// From this many bytes of `b`, a dot-shaped launch splits its columns over the threads.
 const DOT_PARALLEL_BYTES: usize = 1 << 18;
 
@@ -771,6 +778,13 @@ impl MatmulLaunch {
         parallel::threads() > 1 && self.macs() >= PARALLEL_MIN_MACS
     }
 
+    /// Whether this is dot products over at least [`DOT_ALWAYS_SPLIT_BYTES`] of `b` per entry
+    /// (a decoding step's weight product): bound by memory bandwidth, one core's share of it
+    /// takes longer than the slowest wake-up of the pool, so the split needs no calibration.
+    pub fn streams_large_weight(&self) -> bool {
+        self.is_dot_shaped() && self.k * self.n * self.dtype.size_bytes() >= DOT_ALWAYS_SPLIT_BYTES
+    }
+
     /// [`MatmulLaunch::run`] when `threads`, else the whole launch on the calling thread, each GEMM
     /// single-threaded (a step of a level whose steps run at the same time).
     ///
@@ -1408,6 +1422,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn dot_products_over_a_large_weight_always_thread() {
+        // GPT-2's 768x2304 and 768x3072 weights (7 and 9 MiB), 4 MiB exactly; not 768x768
+        // (2.25 MiB), nor a product of many rows.
+        for (m, n, k, always) in [
+            (1, 2304, 768, true),
+            (1, 3072, 768, true),
+            (1, 1024, 1024, true),
+            (1, 768, 768, false),
+            (1, 1000, 1024, false),
+        ] {
+            assert_eq!(weight_product(m, n, k).streams_large_weight(), always, "{m}x{n}x{k}");
+        }
+        assert!(!weight_product(512, 2304, 768).streams_large_weight());
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! thread split, or its GEMM sizes), and the functions that run one launch, time it for
 //! calibration, and estimate its work for the level schedule.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use lower::kir::{IExpr, Kernel, LoopKernel, Stmt};
@@ -130,7 +131,8 @@ pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: 
                 let numel: Vec<usize> = step.args.iter().map(|b| sizes.buf_numel[b.0 as usize]).collect();
                 let mm = MatmulLaunch::new(m, syms, &numel)?;
                 // A candidate for calibration starts on one thread, as a loop candidate does.
-                let calibrate = mm.threads_itself() && mm.macs() < MATMUL_ALWAYS_SPLIT_MACS;
+                let calibrate =
+                    mm.threads_itself() && mm.macs() < MATMUL_ALWAYS_SPLIT_MACS && !mm.streams_large_weight();
                 // A weight: an input the program never writes in place.
                 let b = step.args[mm.b.param];
                 let weight = matches!(p.buffers[b.0 as usize].kind, BufferKind::Input(_)) && !written[b.0 as usize];
@@ -172,6 +174,84 @@ pub(super) fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Ve
             _ => StepCost { work: 1, splits: false },
         })
         .collect()
+}
+
+/// The calibrated thread decisions of an executable's launches, for binding sets that launch a
+/// step exactly as one calibrated before: a decoding step's weight products are the same
+/// launches at every cached length, while each new length (`Transformer::attended_len`) is a
+/// binding set of its own, whose calibration ran its weight products on one thread for five
+/// runs (a GPT-2 token at past 8 crossed three lengths in 32 steps).
+#[derive(Default)]
+pub(super) struct Decisions(Mutex<Vec<Decision>>);
+
+/// One launch's decision: a loop's chunks, or whether a matmul threads.
+struct Decision {
+    step: usize,
+    key: DecisionKey,
+    chunks: u32,
+    threads: bool,
+}
+
+/// What makes two launches of one step the same for calibration.
+#[derive(PartialEq)]
+enum DecisionKey {
+    /// The parallel loop's extent and the nest's work estimate.
+    Loop {
+        end: i64,
+        work: u128,
+    },
+    Matmul(MatmulLaunch),
+}
+
+/// The most decisions an executable keeps (the oldest are dropped).
+const DECISIONS_MAX: usize = 1024;
+
+/// The key of `launch` if it is a calibration candidate (`cost` its work estimate).
+fn decision_key(launch: &Launch, cost: &StepCost) -> Option<DecisionKey> {
+    match launch {
+        Launch::Loop { end, split, .. } if *split > 1 => Some(DecisionKey::Loop { end: *end, work: cost.work }),
+        Launch::Matmul { mm, calibrate: true, .. } => Some(DecisionKey::Matmul((**mm).clone())),
+        _ => None,
+    }
+}
+
+impl Decisions {
+    /// Keeps the decisions of the calibration candidates among `launches` (calibrated: the end
+    /// of a calibration window).
+    pub(super) fn remember(&self, launches: &[Launch], costs: &[StepCost]) {
+        let mut kept = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (step, (launch, cost)) in launches.iter().zip(costs).enumerate() {
+            let Some(key) = decision_key(launch, cost) else { continue };
+            let (chunks, threads) = match launch {
+                Launch::Loop { chunks, .. } => (chunks.load(Ordering::Relaxed), false),
+                Launch::Matmul { threads, .. } => (1, threads.load(Ordering::Relaxed)),
+            };
+            kept.retain(|d| d.step != step || d.key != key);
+            if kept.len() >= DECISIONS_MAX {
+                kept.remove(0);
+            }
+            kept.push(Decision { step, key, chunks, threads });
+        }
+    }
+
+    /// Gives the calibration candidates among `launches` the decisions kept for the same
+    /// launches. Returns whether there was a candidate and every one took a decision (the
+    /// binding set then skips its first calibration window; the later ones still run).
+    pub(super) fn apply(&self, launches: &[Launch], costs: &[StepCost]) -> bool {
+        let kept = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut candidates, mut decided) = (0, 0);
+        for (step, (launch, cost)) in launches.iter().zip(costs).enumerate() {
+            let Some(key) = decision_key(launch, cost) else { continue };
+            candidates += 1;
+            let Some(d) = kept.iter().rev().find(|d| d.step == step && d.key == key) else { continue };
+            decided += 1;
+            match launch {
+                Launch::Loop { chunks, .. } => chunks.store(d.chunks, Ordering::Relaxed),
+                Launch::Matmul { threads, .. } => threads.store(d.threads, Ordering::Relaxed),
+            }
+        }
+        candidates > 0 && decided == candidates
+    }
 }
 
 /// Makes a calibration candidate run on one thread again with no times recorded, for a later
@@ -254,5 +334,89 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
             unsafe { mm.run_threads(table.add(arg_start as usize), threads) };
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use air::DType;
+
+    use super::*;
+    use crate::matmul::Strides;
+
+    unsafe extern "C" fn nothing(_: *const *mut u8, _: *const i64, _: i64, _: i64) {}
+
+    fn product(n: usize) -> MatmulLaunch {
+        let s = |param, row| Strides { param, offset: 0, batch: 0, row, col: 1 };
+        MatmulLaunch {
+            dtype: DType::F32,
+            batch: 1,
+            m: 1,
+            n,
+            k: 768,
+            a: s(0, 768),
+            b: s(1, n as isize),
+            c: s(2, n as isize),
+            accumulate: false,
+        }
+    }
+
+    /// A fresh launch list as `launches` makes it: a loop candidate on one thread, a matmul
+    /// candidate unthreaded, and a loop that is no candidate.
+    fn fresh(n: usize) -> Vec<Launch> {
+        let loop_ = |split| Launch::Loop {
+            func: nothing,
+            arg_start: 0,
+            end: 8,
+            chunks: AtomicU32::new(1),
+            split,
+            calib_ns: AtomicU64::new(u64::MAX),
+            split_ns: AtomicU64::new(u64::MAX),
+        };
+        let matmul = Launch::Matmul {
+            arg_start: 0,
+            mm: Box::new(product(n)),
+            rows: None,
+            threads: AtomicBool::new(false),
+            calibrate: true,
+            calib_ns: AtomicU64::new(u64::MAX),
+            split_ns: AtomicU64::new(u64::MAX),
+        };
+        vec![loop_(2), matmul, loop_(0)]
+    }
+
+    fn decided(launches: &[Launch]) -> (u32, bool) {
+        match (&launches[0], &launches[1]) {
+            (Launch::Loop { chunks, .. }, Launch::Matmul { threads, .. }) => {
+                (chunks.load(Ordering::Relaxed), threads.load(Ordering::Relaxed))
+            }
+            _ => unreachable!("built by `fresh`"),
+        }
+    }
+
+    #[test]
+    fn a_binding_set_with_the_same_launches_takes_the_calibrated_decisions() {
+        let costs = |work| vec![StepCost { work, splits: false }; 3];
+        let decisions = Decisions::default();
+        let calibrated = fresh(2304);
+        assert!(!decisions.apply(&calibrated, &costs(10_000)), "nothing is remembered yet");
+        if let (Launch::Loop { chunks, .. }, Launch::Matmul { threads, .. }) = (&calibrated[0], &calibrated[1]) {
+            chunks.store(2, Ordering::Relaxed);
+            threads.store(true, Ordering::Relaxed);
+        }
+        decisions.remember(&calibrated, &costs(10_000));
+        // The same launches (another binding set of the same structure of work): every
+        // candidate decided, the first window skipped.
+        let same = fresh(2304);
+        assert!(decisions.apply(&same, &costs(10_000)));
+        assert_eq!(decided(&same), (2, true));
+        // Another matmul: the loop takes its decision, the matmul calibrates from one thread.
+        let other = fresh(3072);
+        assert!(!decisions.apply(&other, &costs(10_000)));
+        assert_eq!(decided(&other), (2, false));
+        // More work in the loop: not the same launch.
+        let more = fresh(2304);
+        assert!(!decisions.apply(&more, &costs(20_000)));
+        assert_eq!(decided(&more), (1, true));
     }
 }

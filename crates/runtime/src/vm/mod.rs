@@ -165,6 +165,8 @@ pub struct CpuCode {
     launched: AtomicU64,
     /// Loop launches whose parallel loop ran split over several threads, over every run.
     split_launches: AtomicU64,
+    /// Calibrated thread decisions, for later binding sets with the same launches.
+    decisions: launch::Decisions,
 }
 
 /// What the VM derives from one binding set.
@@ -302,6 +304,7 @@ impl CpuCode {
             concurrency: None,
             launched: AtomicU64::new(0),
             split_launches: AtomicU64::new(0),
+            decisions: launch::Decisions::default(),
         })
     }
 }
