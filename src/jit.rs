@@ -309,8 +309,8 @@ impl JitCache {
         let taken_slots = &entry.taken_slots;
         // The arguments whose arrays the call took, by array: an output written in place over
         // one of them comes back in its handle (`Tensor::refill`).
-        let mut taken_at: Vec<(usize, *const HostData)> = Vec::new();
-        for (j, ((a, kept), slot)) in owned.iter_mut().zip(owned_kept).zip(owned_bound).enumerate() {
+        let mut shells: Vec<(*const HostData, Option<Tensor>)> = Vec::new();
+        for (j, ((mut a, kept), slot)) in owned.into_iter().zip(owned_kept).zip(owned_bound).enumerate() {
             if kept.is_some() {
                 continue;
             }
@@ -321,25 +321,15 @@ impl JitCache {
                     if !r.bindings.is_empty() {
                         merge_bindings(&mut bindings, &r.bindings)?;
                     }
-                    taken_at.push((j, Arc::as_ptr(&r.host.data)));
+                    shells.push((Arc::as_ptr(&r.host.data), Some(a)));
                     r.host
                 }
-                None => bind_shared(a, kept, !taken_slots.contains(&j), &mut bindings)?,
+                None => bind_shared(&a, kept, !taken_slots.contains(&j), &mut bindings)?,
             };
         }
         for (j, ((a, kept), slot)) in borrowed.iter().zip(borrowed_kept).zip(borrowed_bound).enumerate() {
             if kept.is_none() {
                 *slot = bind_shared(a, kept, !taken_slots.contains(&(n - borrowed.len() + j)), &mut bindings)?;
-            }
-        }
-        let mut taken = taken_at.iter().peekable();
-        let mut shells: Vec<(*const HostData, Option<Tensor>)> = Vec::with_capacity(taken_at.len());
-        for (j, a) in owned.into_iter().enumerate() {
-            if let Some(&&(k, data)) = taken.peek()
-                && k == j
-            {
-                shells.push((data, Some(a)));
-                taken.next();
             }
         }
         for (draw, slot) in entry.random.iter().zip(drawn) {

@@ -6,7 +6,7 @@ mod common;
 
 use air::{BinaryOp, DType, Scalar, UnaryOp};
 use common::*;
-use lower::kir::{Access, IExpr, Inst, LoopKernel};
+use lower::kir::{Access, IExpr, Inst};
 
 fn unary_ok(op: UnaryOp, d: DType) -> bool {
     match op {
@@ -89,21 +89,16 @@ fn min_and_max_against_a_constant_keep_nans_and_signed_zeros() {
             for &k_const in &consts {
                 for const_first in [false, true] {
                     let (a, b) = if const_first { (r(1), r(0)) } else { (r(0), r(1)) };
-                    let k = LoopKernel {
-                        params: vec![p(d, Access::Read), p(d, Access::Write)],
-                        n_syms: 1,
-                        body: vec![for_(
-                            0,
-                            IExpr::Sym(0),
-                            true,
-                            vec![
-                                load(0, d, 0, i(0)),
-                                let_(1, d, Inst::Const(Scalar::Float(k_const).cast(d))),
-                                let_(2, d, Inst::Binary(op, a, b)),
-                                store(1, i(0), 2),
-                            ],
-                        )],
-                    };
+                    let k = elementwise(
+                        vec![p(d, Access::Read), p(d, Access::Write)],
+                        IExpr::Sym(0),
+                        vec![
+                            load(0, d, 0, i(0)),
+                            let_(1, d, Inst::Const(Scalar::Float(k_const).cast(d))),
+                            let_(2, d, Inst::Binary(op, a, b)),
+                            store(1, i(0), 2),
+                        ],
+                    );
                     for n in [xs.len(), 1001] {
                         let vals: Vec<V> = (0..n).map(|j| cast(V::D(xs[j % xs.len()]), d)).collect();
                         let bufs = [Buf::from_vals(d, &vals), Buf::zeros(d, n)];
@@ -146,16 +141,11 @@ fn int_division_edge_cases() {
 fn every_cast() {
     for from in DType::ALL {
         for to in DType::ALL {
-            let k = LoopKernel {
-                params: vec![p(from, Access::Read), p(to, Access::Write)],
-                n_syms: 1,
-                body: vec![for_(
-                    0,
-                    IExpr::Sym(0),
-                    true,
-                    vec![load(0, from, 0, i(0)), let_(1, to, Inst::Cast(r(0))), store(1, i(0), 1)],
-                )],
-            };
+            let k = elementwise(
+                vec![p(from, Access::Read), p(to, Access::Write)],
+                IExpr::Sym(0),
+                vec![load(0, from, 0, i(0)), let_(1, to, Inst::Cast(r(0))), store(1, i(0), 1)],
+            );
             for &n in sizes(if from == to { from } else { DType::F32 }) {
                 let mut vals = sample(from, n, n as u64 * 5 + 2);
                 // Out-of-range floats saturate; include some large ones.
@@ -175,22 +165,17 @@ fn every_cast() {
 #[test]
 fn where_and_constants() {
     for d in DType::ALL {
-        let k = LoopKernel {
-            params: vec![p(DType::Bool, Access::Read), p(d, Access::Read), p(d, Access::Write)],
-            n_syms: 1,
-            body: vec![for_(
-                0,
-                IExpr::Sym(0),
-                true,
-                vec![
-                    load(0, DType::Bool, 0, i(0)),
-                    load(1, d, 1, i(0)),
-                    let_(2, d, Inst::Const(Scalar::Float(2.7).cast(d))),
-                    let_(3, d, Inst::Where(r(0), r(1), r(2))),
-                    store(2, i(0), 3),
-                ],
-            )],
-        };
+        let k = elementwise(
+            vec![p(DType::Bool, Access::Read), p(d, Access::Read), p(d, Access::Write)],
+            IExpr::Sym(0),
+            vec![
+                load(0, DType::Bool, 0, i(0)),
+                load(1, d, 1, i(0)),
+                let_(2, d, Inst::Const(Scalar::Float(2.7).cast(d))),
+                let_(3, d, Inst::Where(r(0), r(1), r(2))),
+                store(2, i(0), 3),
+            ],
+        );
         for &n in sizes(d) {
             let c = Buf::from_vals(DType::Bool, &sample(DType::Bool, n, 9));
             let a = Buf::from_vals(d, &sample(d, n, 10));
@@ -204,31 +189,26 @@ fn where_and_constants() {
 fn comparisons_feed_where_in_vector_loops() {
     // f32: out = where(a < b, a, b) + cast(a != b): masks, bitselect and bool casts in lanes.
     let d = DType::F32;
-    let k = LoopKernel {
-        params: vec![p(d, Access::Read), p(d, Access::Read), p(d, Access::Write), p(DType::I32, Access::Write)],
-        n_syms: 1,
-        body: vec![for_(
-            0,
-            IExpr::Sym(0),
-            true,
-            vec![
-                load(0, d, 0, i(0)),
-                load(1, d, 1, i(0)),
-                let_(2, DType::Bool, Inst::Binary(BinaryOp::CmpLt, r(0), r(1))),
-                let_(3, d, Inst::Where(r(2), r(0), r(1))),
-                let_(4, DType::Bool, Inst::Binary(BinaryOp::CmpNe, r(0), r(1))),
-                let_(5, d, Inst::Cast(r(4))),
-                let_(6, d, Inst::Binary(BinaryOp::Add, r(3), r(5))),
-                store(2, i(0), 6),
-                let_(7, DType::Bool, Inst::Unary(UnaryOp::Not, r(2))),
-                let_(8, DType::Bool, Inst::Binary(BinaryOp::And, r(7), r(4))),
-                let_(9, DType::I32, Inst::Cast(r(8))),
-                let_(10, DType::I32, Inst::Cast(r(6))),
-                let_(11, DType::I32, Inst::Binary(BinaryOp::Mul, r(9), r(10))),
-                store(3, i(0), 11),
-            ],
-        )],
-    };
+    let k = elementwise(
+        vec![p(d, Access::Read), p(d, Access::Read), p(d, Access::Write), p(DType::I32, Access::Write)],
+        IExpr::Sym(0),
+        vec![
+            load(0, d, 0, i(0)),
+            load(1, d, 1, i(0)),
+            let_(2, DType::Bool, Inst::Binary(BinaryOp::CmpLt, r(0), r(1))),
+            let_(3, d, Inst::Where(r(2), r(0), r(1))),
+            let_(4, DType::Bool, Inst::Binary(BinaryOp::CmpNe, r(0), r(1))),
+            let_(5, d, Inst::Cast(r(4))),
+            let_(6, d, Inst::Binary(BinaryOp::Add, r(3), r(5))),
+            store(2, i(0), 6),
+            let_(7, DType::Bool, Inst::Unary(UnaryOp::Not, r(2))),
+            let_(8, DType::Bool, Inst::Binary(BinaryOp::And, r(7), r(4))),
+            let_(9, DType::I32, Inst::Cast(r(8))),
+            let_(10, DType::I32, Inst::Cast(r(6))),
+            let_(11, DType::I32, Inst::Binary(BinaryOp::Mul, r(9), r(10))),
+            store(3, i(0), 11),
+        ],
+    );
     for n in SIZES {
         let a = Buf::from_vals(d, &sample(d, n, 1));
         let b = Buf::from_vals(d, &sample(d, n, 2));

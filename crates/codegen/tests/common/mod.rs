@@ -369,32 +369,27 @@ pub fn for_(var: u32, extent: IExpr, parallel: bool, body: Vec<Stmt>) -> Stmt {
     Stmt::Loop { var: Var(var), extent, parallel, body }
 }
 
+/// A kernel of one symbol: `body` in a parallel loop of `n` over `i(0)`.
+pub fn elementwise(params: Vec<Param>, n: IExpr, body: Vec<Stmt>) -> LoopKernel {
+    LoopKernel { params, n_syms: 1, body: vec![for_(0, n, true, body)] }
+}
+
 /// `out[i] = op(in[i])` over a parallel loop of `n` (a symbol when `n` is None).
 pub fn unary_kernel(op: UnaryOp, d: DType, out: DType, n: IExpr) -> LoopKernel {
-    LoopKernel {
-        params: vec![p(d, Access::Read), p(out, Access::Write)],
-        n_syms: 1,
-        body: vec![for_(0, n, true, vec![load(0, d, 0, i(0)), let_(1, out, Inst::Unary(op, r(0))), store(1, i(0), 1)])],
-    }
+    elementwise(
+        vec![p(d, Access::Read), p(out, Access::Write)],
+        n,
+        vec![load(0, d, 0, i(0)), let_(1, out, Inst::Unary(op, r(0))), store(1, i(0), 1)],
+    )
 }
 
 /// `out[i] = op(a[i], b[i])`.
 pub fn binary_kernel(op: BinaryOp, d: DType, out: DType, n: IExpr) -> LoopKernel {
-    LoopKernel {
-        params: vec![p(d, Access::Read), p(d, Access::Read), p(out, Access::Write)],
-        n_syms: 1,
-        body: vec![for_(
-            0,
-            n,
-            true,
-            vec![
-                load(0, d, 0, i(0)),
-                load(1, d, 1, i(0)),
-                let_(2, out, Inst::Binary(op, r(0), r(1))),
-                store(2, i(0), 2),
-            ],
-        )],
-    }
+    elementwise(
+        vec![p(d, Access::Read), p(d, Access::Read), p(out, Access::Write)],
+        n,
+        vec![load(0, d, 0, i(0)), load(1, d, 1, i(0)), let_(2, out, Inst::Binary(op, r(0), r(1))), store(2, i(0), 2)],
+    )
 }
 
 /// Deterministic pseudo-random values of a dtype, with special values mixed in.

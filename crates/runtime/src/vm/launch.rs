@@ -226,7 +226,10 @@ impl Decisions {
                 Launch::Loop { chunks, .. } => (chunks.load(Ordering::Relaxed), false),
                 Launch::Matmul { threads, .. } => (1, threads.load(Ordering::Relaxed)),
             };
-            kept.retain(|d| d.step != step || d.key != key);
+            if let Some(d) = kept.iter_mut().find(|d| d.step == step && d.key == key) {
+                (d.chunks, d.threads) = (chunks, threads);
+                continue;
+            }
             if kept.len() >= DECISIONS_MAX {
                 kept.remove(0);
             }
@@ -243,7 +246,7 @@ impl Decisions {
         for (step, (launch, cost)) in launches.iter().zip(costs).enumerate() {
             let Some(key) = decision_key(launch, cost) else { continue };
             candidates += 1;
-            let Some(d) = kept.iter().rev().find(|d| d.step == step && d.key == key) else { continue };
+            let Some(d) = kept.iter().find(|d| d.step == step && d.key == key) else { continue };
             decided += 1;
             match launch {
                 Launch::Loop { chunks, .. } => chunks.store(d.chunks, Ordering::Relaxed),
