@@ -606,13 +606,24 @@ pub fn shape_of(dims: &[usize]) -> Shape {
 /// arithmetic: only for shapes already known to pass [`checked_numel`] (every node of a graph the
 /// verifier accepted, every tensor the facade built), or for comparing two products.
 pub fn numel(shape: &[Dim]) -> Dim {
-    shape.iter().fold(Dim::Const(1), |acc, d| &acc * d)
+    // The constants first, as in `checked_numel`.
+    let c = shape.iter().fold(1i64, |c, d| if let Dim::Const(v) = d { c.wrapping_mul(*v) } else { c });
+    shape.iter().filter(|d| !d.is_const()).fold(Dim::Const(c), |acc, d| &acc * d)
 }
 
 /// The number of elements of `shape`, or `None` if the product (or, for a symbolic shape, one of
 /// its polynomial's coefficients) overflows `i64`.
 pub fn checked_numel(shape: &[Dim]) -> Option<Dim> {
-    shape.iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d))
+    // The constants multiplied as integers first: one polynomial product per symbolic dim, not
+    // one per dim (`[10, seq, 8, 8]` is `640 * seq`; the verifier and type inference count every
+    // node's elements).
+    let mut c: i64 = 1;
+    for d in shape {
+        if let Dim::Const(v) = d {
+            c = c.checked_mul(*v)?;
+        }
+    }
+    shape.iter().filter(|d| !d.is_const()).try_fold(Dim::Const(c), |acc, d| acc.checked_mul(d))
 }
 
 /// The element count of `shape` with elements of `elem_bytes` bytes, checked: an error if the

@@ -140,20 +140,28 @@ impl Worklist {
     }
 }
 
-/// Applies `rules` until none matches, visiting each live node once in topological order and then
-/// only what a rewrite may have enabled: the nodes it created and the readers of the node it
-/// replaced (and their readers, as deep as the deepest pattern needs). Each visit tries only the
-/// rules filed under the node's op, so a sweep is O(N). Returns how many rewrites were made; the
-/// replaced nodes stay in the graph without users until `Graph::remove_dead`.
+/// Applies `rules` until none matches, starting from the nodes of `start` (in order; the first
+/// round passes every live node in topological order) and then visiting only what a rewrite may
+/// have enabled: the nodes it created and the readers of the node it replaced (and their readers,
+/// as deep as the deepest pattern needs, [`RuleSet::revisit`]). Each visit tries only the rules
+/// filed under the node's op, so a sweep is O(N). Returns how many rewrites were made, and
+/// pushes onto `changed` the nodes whose key CSE must look at again (the nodes created, and the
+/// readers of the nodes replaced, whose inputs changed); the replaced nodes stay in the graph
+/// without users until `Graph::remove_dead`.
 ///
 /// Every replacement must have the type of the node it replaces; one that does not is refused and
 /// counted in `stats.rejected` (a bug in a rule). The total number of rewrites is bounded by
 /// `8 * N + 64`; reaching it sets `stats.budget_exhausted`.
-pub fn apply_rules(g: &mut Graph, rules: &RuleSet, stats: &mut RewriteStats) -> u64 {
-    let order = g.live_order();
-    let budget = 8 * order.len() as u64 + 64;
-    let mut work = Worklist { queue: VecDeque::with_capacity(order.len()), queued: SecondaryMap::new() };
-    for id in order {
+pub fn apply_rules(
+    g: &mut Graph,
+    rules: &RuleSet,
+    start: impl IntoIterator<Item = NodeId>,
+    stats: &mut RewriteStats,
+    changed: &mut Vec<NodeId>,
+) -> u64 {
+    let budget = 8 * g.len() as u64 + 64;
+    let mut work = Worklist { queue: VecDeque::new(), queued: SecondaryMap::new() };
+    for id in start {
         work.push(id);
     }
     let mut output_slots: SecondaryMap<NodeId, usize> = SecondaryMap::new();
@@ -200,21 +208,12 @@ pub fn apply_rules(g: &mut Graph, rules: &RuleSet, stats: &mut RewriteStats) -> 
             }
             fired[ri] += 1;
             total += 1;
+            changed.extend(created.iter().copied());
+            changed.extend(readers.iter().copied());
             for n in created {
                 work.push(n);
             }
-            // A pattern of depth d sees d - 1 levels below its root: revisit that many levels of
-            // readers above the replaced node.
-            let mut frontier = readers;
-            for level in 1..rules.depth {
-                air::work::add(frontier.len() as u64);
-                for &r in &frontier {
-                    work.push(r);
-                }
-                if level + 1 < rules.depth {
-                    frontier = frontier.iter().flat_map(|&r| g.users(r).iter().copied()).collect();
-                }
-            }
+            rules.revisit(g, readers, |r| work.push(r));
             break;
         }
         if total >= budget {
@@ -236,40 +235,91 @@ pub fn apply_rules(g: &mut Graph, rules: &RuleSet, stats: &mut RewriteStats) -> 
     total
 }
 
-/// Common-subexpression elimination by hash-consing: one pass in topological order over the live
-/// nodes, keyed by (op, inputs, type) with the inputs of commutative ops sorted, so O(N). Each
-/// node equal to an earlier one has its readers (and output slots) moved to the earlier one.
-/// Returns how many nodes were merged; they stay in the graph without users until
-/// `Graph::remove_dead`. The table holds each key's hash and the nodes with it, compared in the
-/// graph on a hit: no op or type is cloned.
-pub fn cse(g: &mut Graph) -> u64 {
-    let order = g.live_order();
-    let mut table: HashMap<u64, SmallVec<[NodeId; 1]>> =
-        HashMap::with_capacity_and_hasher(order.len(), Default::default());
-    let mut merged = 0;
-    for id in order {
-        air::work::tick();
-        let node = g.node(id);
-        let inputs = cse_inputs(&node.op, &node.inputs);
-        let hash = {
-            let mut h = rustc_hash::FxHasher::default();
-            (&node.op, &inputs, &node.ty).hash(&mut h);
-            h.finish()
-        };
-        let same = table.entry(hash).or_default();
-        let earlier = same.iter().copied().find(|&e| {
-            let other = g.node(e);
-            other.op == node.op && other.ty == node.ty && cse_inputs(&other.op, &other.inputs) == inputs
-        });
-        match earlier {
-            Some(e) => {
-                g.replace_all_uses_unchecked(id, e);
-                merged += 1;
+impl RuleSet {
+    /// Calls `push` with the nodes a pattern may now match at, after the nodes that `readers` read
+    /// were replaced: a pattern of depth d sees d - 1 levels below its root, so that many levels
+    /// of readers.
+    pub(crate) fn revisit(&self, g: &Graph, readers: SmallVec<[NodeId; 8]>, mut push: impl FnMut(NodeId)) {
+        let mut frontier = readers;
+        for level in 1..self.depth {
+            air::work::add(frontier.len() as u64);
+            for &r in &frontier {
+                push(r);
             }
-            None => same.push(id),
+            if level + 1 < self.depth {
+                frontier = frontier.iter().flat_map(|&r| g.users(r).iter().copied()).collect();
+            }
         }
     }
-    merged
+}
+
+/// Common-subexpression elimination by hash-consing, keyed by (op, inputs, type) with the inputs
+/// of commutative ops sorted. The table lives across the rounds of `optimize`: the first round
+/// passes every live node in topological order (O(N)); later rounds pass only the nodes whose key
+/// the rules changed, and look them up among all the others. The table holds each key's hash and
+/// the nodes with it, compared in the graph on a hit: no op or type is cloned, and an entry whose
+/// node has changed since (or is gone) simply fails the comparison.
+#[derive(Default)]
+pub struct Cse {
+    table: HashMap<u64, SmallVec<[NodeId; 1]>>,
+    /// Nodes merged into another: never a merge target again.
+    merged: SecondaryMap<NodeId, ()>,
+}
+
+impl Cse {
+    /// Merges each node of `nodes` (in order) into an equal node seen before, and the readers
+    /// of a merged node in turn (their inputs changed). A merged node's readers and output slots
+    /// move to the node it equals; it stays in the graph without users until
+    /// `Graph::remove_dead`. Returns how many nodes were merged, and pushes the readers of each
+    /// onto `readers` (where rules may now match).
+    pub fn run(
+        &mut self,
+        g: &mut Graph,
+        nodes: impl IntoIterator<Item = NodeId>,
+        readers: &mut Vec<SmallVec<[NodeId; 8]>>,
+    ) -> u64 {
+        let mut work = Worklist { queue: VecDeque::new(), queued: SecondaryMap::new() };
+        for id in nodes {
+            work.push(id);
+        }
+        self.table.reserve(work.queue.len());
+        let mut merged = 0;
+        while let Some(id) = work.pop() {
+            air::work::tick();
+            if !g.contains(id) || self.merged.contains_key(id) {
+                continue;
+            }
+            let node = g.node(id);
+            let inputs = cse_inputs(&node.op, &node.inputs);
+            let hash = {
+                let mut h = rustc_hash::FxHasher::default();
+                (&node.op, &inputs, &node.ty).hash(&mut h);
+                h.finish()
+            };
+            let same = self.table.entry(hash).or_default();
+            let earlier = same.iter().copied().find(|&e| {
+                e != id && g.contains(e) && !self.merged.contains_key(e) && {
+                    let other = g.node(e);
+                    other.op == node.op && other.ty == node.ty && cse_inputs(&other.op, &other.inputs) == inputs
+                }
+            });
+            match earlier {
+                Some(e) => {
+                    let users: SmallVec<[NodeId; 8]> = g.users(id).into();
+                    g.replace_all_uses_unchecked(id, e);
+                    self.merged.insert(id, ());
+                    merged += 1;
+                    for &u in &users {
+                        work.push(u);
+                    }
+                    readers.push(users);
+                }
+                None if !same.contains(&id) => same.push(id),
+                None => {}
+            }
+        }
+        merged
+    }
 }
 
 /// A node's inputs as CSE compares them: a commutative op's two sorted.

@@ -31,12 +31,12 @@ use std::fmt;
 use air::Graph;
 
 pub(crate) use engine::instantiate;
-pub use engine::{RuleSet, apply_rules, cse};
+pub use engine::{Cse, RuleSet, apply_rules};
 pub use pattern::Match;
 pub use rules::{Builder, Compute, Guard, RULES, Rhs, Rule};
 
-/// Rounds of CSE plus rules that `optimize` runs at most (it stops at the first round that
-/// changes nothing; real graphs settle in two or three).
+/// Rounds of CSE plus rules that `optimize` runs at most (it stops at the first round whose rules
+/// rewrite nothing; real graphs settle in one to three).
 pub const MAX_ROUNDS: u32 = 8;
 
 /// Counts of the work the rewriter did. Counts, not times: tests assert on them.
@@ -89,13 +89,33 @@ pub fn optimize(graph: &mut Graph) -> RewriteStats {
 /// [`optimize`] with a chosen rule set (for example [`RuleSet::fast_math`], or one rule alone).
 pub fn optimize_with(graph: &mut Graph, rules: &RuleSet) -> RewriteStats {
     let mut stats = RewriteStats { dead_removed: graph.remove_dead() as u64, ..RewriteStats::default() };
+    // The first round looks at every live node; each later one only at what the round before
+    // changed: the CSE table is kept, rules start from the readers of the nodes CSE merged, and
+    // CSE from the nodes the rules created or rewired. Rules leave no match behind them (their
+    // worklist revisits whatever a rewrite may enable), so a round whose rules rewrite nothing
+    // ends the fixpoint.
+    let order = graph.live_order();
+    let mut cse = Cse::default();
+    let (mut cse_from, mut merged_readers) = (order.clone(), Vec::new());
+    let mut first = Some(order);
     while stats.rounds < MAX_ROUNDS {
         stats.rounds += 1;
-        let merged = cse(graph);
+        merged_readers.clear();
+        let merged = cse.run(graph, cse_from.drain(..), &mut merged_readers);
         stats.cse_merged += merged;
-        let rewrites = apply_rules(graph, rules, &mut stats);
+        let rule_start = match first.take() {
+            Some(order) => order,
+            None => {
+                let mut start = Vec::new();
+                for readers in merged_readers.drain(..) {
+                    rules.revisit(graph, readers, |r| start.push(r));
+                }
+                start
+            }
+        };
+        let rewrites = apply_rules(graph, rules, rule_start, &mut stats, &mut cse_from);
         stats.dead_removed += graph.remove_dead() as u64;
-        if (merged == 0 && rewrites == 0) || stats.budget_exhausted {
+        if rewrites == 0 || stats.budget_exhausted {
             break;
         }
     }

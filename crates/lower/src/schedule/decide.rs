@@ -260,7 +260,8 @@ impl Decider<'_> {
     /// that a movement node gets a buffer in its own row-major layout (a copy) where the longer
     /// view does not fit a GEMM. No cut lands above a broadcasting expand, which would
     /// materialize the broadcast.
-    fn matmul_operands(&self, top: NodeId) -> Vec<(MatmulOperand, ViewStack)> {
+    /// With `first_only`, stops at the first usable one (the one a product tries first).
+    fn matmul_operands(&self, top: NodeId, first_only: bool) -> Vec<(MatmulOperand, ViewStack)> {
         let g = self.g;
         let mut nodes = Vec::new();
         let mut cur = top;
@@ -288,6 +289,9 @@ impl Decider<'_> {
             out.push((op, full.clone()));
         }
         for cut in (0..nodes.len()).rev() {
+            if first_only && !out.is_empty() {
+                break;
+            }
             let (op, view) = view_at(cut);
             let lost = (0..shape.len()).any(|d| broadcast(&full, d) && !broadcast(&view, d));
             if lost {
@@ -311,26 +315,32 @@ impl Decider<'_> {
             return false;
         }
         let space = g.ty(x).shape.to_vec();
-        let (cands_p, cands_q) = (self.matmul_operands(g.inputs(x)[0]), self.matmul_operands(g.inputs(x)[1]));
-        let mut pairs: Vec<(usize, usize)> =
-            (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
-        pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
-        let mut plan = None;
-        for (i, j) in pairs {
+        let try_pair = |(op_p, vp): &(MatmulOperand, ViewStack), (op_q, vq): &(MatmulOperand, ViewStack)| {
             air::work::tick();
-            let ((op_p, vp), (op_q, vq)) = (&cands_p[i], &cands_q[j]);
             let (sp, sq) = (&vp.top().strides, &vq.top().strides);
-            plan = match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
+            match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
                 (Some(c), Some(swapped)) if !c.row_major_c(&space, &r.axes) && swapped.row_major_c(&space, &r.axes) => {
                     Some((op_q.clone(), op_p.clone()))
                 }
                 (Some(_), _) => Some((op_p.clone(), op_q.clone())),
                 (None, Some(_)) => Some((op_q.clone(), op_p.clone())),
                 (None, None) => None,
-            };
-            if plan.is_some() {
-                break;
             }
+        };
+        // The longest views first, alone: they nearly always fit, and the shorter cuts cost a
+        // view each to build.
+        let (first_p, first_q) =
+            (self.matmul_operands(g.inputs(x)[0], true), self.matmul_operands(g.inputs(x)[1], true));
+        let (Some(p0), Some(q0)) = (first_p.first(), first_q.first()) else { return false };
+        let mut plan = try_pair(p0, q0);
+        if plan.is_none() {
+            let (cands_p, cands_q) =
+                (self.matmul_operands(g.inputs(x)[0], false), self.matmul_operands(g.inputs(x)[1], false));
+            let mut pairs: Vec<(usize, usize)> =
+                (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
+            pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
+            // (0, 0), the pair tried above, sorts first.
+            plan = pairs.into_iter().skip(1).find_map(|(i, j)| try_pair(&cands_p[i], &cands_q[j]));
         }
         let Some((a, b)) = plan else { return false };
         for op in [&a, &b] {
