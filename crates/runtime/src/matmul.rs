@@ -595,11 +595,18 @@ thread_local! {
 }
 
 /// A column-major weight copied to rows once and kept across runs while the weight is the same
-/// (ONNX Runtime prepacks constant weights when it creates a session; here the copy is made by
-/// the first run that sees a weight). `gemm` packs a column-major `b` more slowly than a
-/// row-major one: dense-large's (128x784)@(784x1024) and (128x1024)@(1024x1024) with their
-/// `Linear` weights as read (`[out, in]`, columns of `b` contiguous) take 590 and 1955 us
-/// against about 565 and 700 from rows.
+/// (ONNX Runtime prepacks constant weights when it creates a session). `gemm` packs a
+/// column-major `b` more slowly than a row-major one: dense-large's (128x784)@(784x1024) and
+/// (128x1024)@(1024x1024) with their `Linear` weights as read (`[out, in]`, columns of `b`
+/// contiguous) take 590 and 1955 us against about 565 and 700 from rows.
+///
+/// The copy pays only from a step's second run on: a step's first run (of a run state) reads
+/// the weight in place and only notes it, and the second run makes the copy, as a tiered JIT
+/// compiles code once it runs again. A program called once never copies its weights; the first
+/// call of one called again does not wait for the copies (a GPT decoder's cached forward at
+/// depth 8 copies 1.6 MB of weights, whose fresh pages cost 2 us each in this machine's virtual
+/// machine: about half of its first run). After that, a changed weight (one updated every
+/// training step) is copied again into the same storage.
 ///
 /// "The same weight" is the same shared array: the copy holds a [`Weak`] reference to the
 /// input's `Arc<HostData>`, and a shared `HostData` cannot change (it has no interior
@@ -611,12 +618,14 @@ pub struct RowCopy {
     source: Weak<HostData>,
     /// `(address of b's first element, k, n, column stride)`.
     key: (usize, usize, usize, isize),
+    /// Empty until the second run.
     rows: Vec<f32>,
 }
 
 impl RowCopy {
     /// The copy of `launch`'s `b` (at `b`, the entry's first element, in the array `source`)
-    /// from `copy`, made again unless it is one of the same array, address and shape.
+    /// from `copy`, made again unless it is one of the same array, address and shape; null on
+    /// the step's first run (`copy` is `None`), which reads `b` in place.
     ///
     /// # Safety
     /// `b` points into `source`'s elements and holds the launch's `b` (its strides checked in
@@ -629,20 +638,40 @@ impl RowCopy {
         threaded: bool,
     ) -> *mut u8 {
         let key = (b as usize, launch.k, launch.n, launch.b.col);
-        let current =
-            copy.as_ref().is_some_and(|c| c.key == key && c.source.upgrade().is_some_and(|s| Arc::ptr_eq(&s, source)));
+        let Some(c) = copy else {
+            *copy = Some(RowCopy { source: Arc::downgrade(source), key, rows: Vec::new() });
+            return std::ptr::null_mut();
+        };
+        let current = !c.rows.is_empty() && c.key == key && c.source.upgrade().is_some_and(|s| Arc::ptr_eq(&s, source));
         if !current {
-            // The last copy's storage when it has the size (a weight updated every step).
-            let mut rows = match copy.take() {
-                Some(old) if old.rows.len() == launch.rows_copy_len() => old.rows,
-                _ => vec![0f32; launch.rows_copy_len()],
-            };
-            // SAFETY: the caller's contract; `rows` holds `k * (n + B_ROWS_PAD)`; the launch
-            // qualified for a copy only on an AVX-512F host.
-            unsafe { launch.copy_b_to_rows(b, rows.as_mut_ptr(), threaded) };
-            *copy = Some(RowCopy { source: Arc::downgrade(source), key, rows });
+            let len = launch.rows_copy_len();
+            if c.rows.len() == len {
+                // The last copy's storage (a weight updated every step).
+                // SAFETY: the caller's contract; `rows` holds `k * (n + B_ROWS_PAD)`; the
+                // launch qualified for a copy only on an AVX-512F host.
+                unsafe { launch.copy_b_to_rows(b, c.rows.as_mut_ptr(), threaded) };
+            } else {
+                // A new copy is written once, not zeroed first: the columns by the copy, the
+                // padding after each row here.
+                let mut rows = Vec::<f32>::with_capacity(len);
+                let (n, ld) = (launch.n, launch.n + B_ROWS_PAD);
+                // SAFETY: as above, for the `len` elements reserved; every element is written
+                // (columns `..n` of each row by the copy, `n..ld` here) before the length
+                // covers them.
+                unsafe {
+                    let dst = rows.as_mut_ptr();
+                    launch.copy_b_to_rows(b, dst, threaded);
+                    for p in 0..launch.k {
+                        std::ptr::write_bytes(dst.add(p * ld + n), 0, B_ROWS_PAD);
+                    }
+                    rows.set_len(len);
+                }
+                c.rows = rows;
+            }
+            c.source = Arc::downgrade(source);
+            c.key = key;
         }
-        copy.as_mut().map_or(std::ptr::null_mut(), |c| c.rows.as_mut_ptr() as *mut u8)
+        c.rows.as_mut_ptr() as *mut u8
     }
 }
 
@@ -799,6 +828,20 @@ impl MatmulLaunch {
             let (a, b, c) = unsafe { (*args.add(self.a.param), *args.add(self.b.param), *args.add(self.c.param)) };
             // SAFETY: every entry lies inside its buffers (checked in `new`).
             unsafe { self.run_entries((SendPtr(a), SendPtr(b), SendPtr(c)), 0, self.batch, false) }
+        }
+    }
+
+    /// Runs `copied` (this launch's [`MatmulLaunch::with_rows_copy`]) on this launch's `a` and `c`
+    /// in `args` and the copy of `b` at `rows`.
+    ///
+    /// # Safety
+    /// As for [`MatmulLaunch::run`] on `args`; `rows` holds the copy of this launch's `b`
+    /// ([`RowCopy::refresh`]).
+    pub unsafe fn run_with_copy(&self, copied: &MatmulLaunch, args: *const *mut u8, rows: *mut u8, threads: bool) {
+        // SAFETY: the caller's contract; `copied` reads its operands at 0, 1 and 2.
+        unsafe {
+            let ptrs = [*args.add(self.a.param), rows, *args.add(self.c.param)];
+            copied.run_threads(ptrs.as_ptr(), threads)
         }
     }
 
@@ -1038,7 +1081,8 @@ impl MatmulLaunch {
     /// This launch with its column-major `b` replaced by a copy in rows, where a copy kept across
     /// runs pays (see [`RowCopy`]): f32, one `b` for every batch entry, not dot-shaped, `b` at least
     /// 16x16 and at most [`B_ROWS_ALIASED_MAX`] elements, an AVX-512F host. The copy's operand
-    /// is `b` at offset 0, rows `n + B_ROWS_PAD` apart.
+    /// is `b` at offset 0, rows `n + B_ROWS_PAD` apart; it runs on `[a, copy, c]` as its
+    /// parameters 0, 1 and 2 ([`MatmulLaunch::run_with_copy`]).
     pub fn with_rows_copy(&self) -> Option<MatmulLaunch> {
         let b = &self.b;
         let fits = self.dtype == DType::F32
@@ -1050,8 +1094,14 @@ impl MatmulLaunch {
             && self.k * self.n <= B_ROWS_ALIASED_MAX
             && !self.is_dot_shaped()
             && avx512_here();
-        let rows = Strides { param: b.param, offset: 0, batch: 0, row: (self.n + B_ROWS_PAD) as isize, col: 1 };
-        fits.then(|| MatmulLaunch { b: rows, ..self.clone() })
+        // Run on the three pointers `[a, copy, c]` (see `run_with_copy`).
+        let rows = Strides { param: 1, offset: 0, batch: 0, row: (self.n + B_ROWS_PAD) as isize, col: 1 };
+        fits.then(|| MatmulLaunch {
+            a: Strides { param: 0, ..self.a },
+            b: rows,
+            c: Strides { param: 2, ..self.c },
+            ..self.clone()
+        })
     }
 
     /// Elements of the copy [`MatmulLaunch::with_rows_copy`] reads.
@@ -1438,6 +1488,87 @@ mod tests {
             assert_eq!(weight_product(m, n, k).streams_large_weight(), always, "{m}x{n}x{k}");
         }
         assert!(!weight_product(512, 2304, 768).streams_large_weight());
+    }
+
+    #[test]
+    fn a_weight_is_read_in_place_on_a_steps_first_run_and_copied_from_its_second() {
+        #[cfg(target_arch = "x86_64")]
+        if avx512_here() {
+            // `x @ w^T` with `w` a `[n, k]` weight read as columns.
+            let (m, k, n) = (40, 64, 48);
+            let launch = MatmulLaunch {
+                dtype: DType::F32,
+                batch: 1,
+                m,
+                n,
+                k,
+                a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
+                b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
+                c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
+                accumulate: false,
+            };
+            let copied = launch.with_rows_copy().expect("a weight that qualifies for a copy");
+            let weight = |seed: usize| {
+                Arc::new(HostData::F32((0..n * k).map(|i| ((i * seed) % 97) as f32 / 48.0 - 1.0).collect()))
+            };
+            let ptr = |w: &Arc<HostData>| match &**w {
+                HostData::F32(v) => v.as_ptr() as *mut u8,
+                _ => unreachable!(),
+            };
+            let mut a: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 89) as f32 / 44.0 - 1.0).collect();
+            let product = |a: &mut Vec<f32>, b: *mut u8, copy: *mut u8| {
+                let mut c = vec![0f32; m * n];
+                let args = [a.as_mut_ptr() as *mut u8, b, c.as_mut_ptr() as *mut u8];
+                // SAFETY: buffers of the sizes the strides describe; `copy` (when not null) holds
+                // the copy of `b` that `refresh` made.
+                unsafe {
+                    if copy.is_null() {
+                        launch.run_threads(args.as_ptr(), false)
+                    } else {
+                        launch.run_with_copy(&copied, args.as_ptr(), copy, false)
+                    }
+                }
+                c.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+            };
+            let (w1, w2) = (weight(7), weight(11));
+            let mut copy = None;
+            // SAFETY (each `refresh`): `ptr(w)` is the first element of the weight `w`.
+            let first = unsafe { RowCopy::refresh(&mut copy, &launch, &w1, ptr(&w1), false) };
+            assert!(first.is_null(), "a step's first run reads the weight in place");
+            let in_place = product(&mut a, ptr(&w1), first);
+            let second = unsafe { RowCopy::refresh(&mut copy, &launch, &w1, ptr(&w1), false) };
+            assert!(!second.is_null(), "the second run makes the copy");
+            let from_copy = product(&mut a, ptr(&w1), second);
+            let want: Vec<u32> = (0..m * n)
+                .map(|o| {
+                    let (i, j) = (o / n, o % n);
+                    let dot: f64 = (0..k)
+                        .map(|p| {
+                            let HostData::F32(w) = &*w1 else { unreachable!() };
+                            a[i * k + p] as f64 * w[j * k + p] as f64
+                        })
+                        .sum();
+                    (dot as f32).to_bits()
+                })
+                .collect();
+            let close = |got: &[u32], want: &[u32], name: &str| {
+                for (o, (&g, &w)) in got.iter().zip(want).enumerate() {
+                    let (g, w) = (f32::from_bits(g), f32::from_bits(w));
+                    assert!((g - w).abs() <= 1e-4 * (1.0 + w.abs()), "{name} at {o}: {g} vs {w}");
+                }
+            };
+            close(&in_place, &want, "in place");
+            close(&from_copy, &want, "from the copy");
+            let third = unsafe { RowCopy::refresh(&mut copy, &launch, &w1, ptr(&w1), false) };
+            assert_eq!(third, second, "the same weight keeps its copy");
+            // Another weight is copied at once, into the same storage.
+            let other = unsafe { RowCopy::refresh(&mut copy, &launch, &w2, ptr(&w2), false) };
+            assert_eq!(other, second);
+            let (copy2, in_place2) =
+                (product(&mut a, ptr(&w2), other), product(&mut a, ptr(&w2), std::ptr::null_mut()));
+            close(&copy2, &in_place2, "the other weight's copy");
+            assert_ne!(copy2, from_copy);
+        }
     }
 
     #[test]

@@ -48,11 +48,13 @@ pub(super) enum Launch {
     /// (a launch that threads itself with little enough work that a wake-up of the pool may cost
     /// more than the split saves), with `calib_ns` (one thread) and `split_ns` (threaded).
     /// `rows`: `mm` with its `b` (an input of the program, never written in place) read from a
-    /// copy in rows that `bind` keeps across runs and puts in the table ([`crate::matmul::RowCopy`]).
+    /// copy in rows that `bind` keeps across runs ([`crate::matmul::RowCopy`]) and puts in the
+    /// table at `rows_at`, past every step's arguments (null where the run reads `b` in place).
     Matmul {
         arg_start: u32,
         mm: Box<MatmulLaunch>,
         rows: Option<Box<MatmulLaunch>>,
+        rows_at: u32,
         threads: AtomicBool,
         calibrate: bool,
         calib_ns: AtomicU64,
@@ -86,10 +88,17 @@ const ROW_COPIES_MAX: usize = 1 << 24;
 
 /// The launch of every step for one binding set: loop ranges split by their work estimate
 /// (calibration candidates marked), matmul sizes and strides bounds-checked.
-pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: usize) -> Result<Vec<Launch>> {
+/// `table_len`: the table's slots for the steps' arguments; a weight's copy goes past them.
+pub(super) fn launches(
+    p: &Program,
+    steps: &[StepCode],
+    sizes: &Sizes,
+    threads: usize,
+    table_len: usize,
+) -> Result<Vec<Launch>> {
     let syms = &sizes.syms;
     let mut launches = Vec::with_capacity(steps.len());
-    let mut copied = 0;
+    let (mut copied, mut copies) = (0, 0);
     // Inputs some output is written over in place (`Program::inits`): not weights.
     let mut written = vec![false; p.buffers.len()];
     for &(_, input) in &p.inits {
@@ -138,8 +147,11 @@ pub(super) fn launches(p: &Program, steps: &[StepCode], sizes: &Sizes, threads: 
                 let weight = matches!(p.buffers[b.0 as usize].kind, BufferKind::Input(_)) && !written[b.0 as usize];
                 let rows = mm.with_rows_copy().filter(|_| weight && copied + mm.rows_copy_len() <= ROW_COPIES_MAX);
                 copied += rows.as_ref().map_or(0, |_| mm.rows_copy_len());
+                let rows_at = (table_len + copies) as u32;
+                copies += usize::from(rows.is_some());
                 Launch::Matmul {
                     rows: rows.map(Box::new),
+                    rows_at,
                     arg_start: code.arg_start,
                     threads: AtomicBool::new(mm.threads_itself() && !calibrate),
                     calibrate,
@@ -329,12 +341,18 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
                 true
             }
         }
-        Launch::Matmul { arg_start, ref mm, ref rows, ref threads, .. } => {
+        Launch::Matmul { arg_start, ref mm, ref rows, rows_at, ref threads, .. } => {
             let threads = !alone && threads.load(Ordering::Relaxed);
-            // `bind` put the copy of `b` in the table where there is one.
-            let mm = rows.as_deref().unwrap_or(mm);
-            // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes.
-            unsafe { mm.run_threads(table.add(arg_start as usize), threads) };
+            let args = unsafe { table.add(arg_start as usize) };
+            // `bind` put the copy of `b` in the table where this run has one.
+            let copy = rows.as_deref().map(|r| (r, unsafe { *table.add(rows_at as usize) }));
+            match copy {
+                // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes, and
+                // the copy holds its `b` (`RowCopy::refresh`).
+                Some((r, b)) if !b.is_null() => unsafe { mm.run_with_copy(r, args, b, threads) },
+                // SAFETY: as above.
+                _ => unsafe { mm.run_threads(args, threads) },
+            }
             false
         }
     }
@@ -380,6 +398,7 @@ mod tests {
             arg_start: 0,
             mm: Box::new(product(n)),
             rows: None,
+            rows_at: 0,
             threads: AtomicBool::new(false),
             calibrate: true,
             calib_ns: AtomicU64::new(u64::MAX),

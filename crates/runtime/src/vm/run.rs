@@ -33,7 +33,7 @@ impl Backend for CpuCode {
     fn size(&self, prepared: &Prepared, sizes: &Sizes) -> Result<CpuLaunches> {
         let p = prepared.program();
         let threads = parallel::threads();
-        let launches = launch::launches(p, &self.steps, sizes, threads)?;
+        let launches = launch::launches(p, &self.steps, sizes, threads, self.table_bufs.len())?;
         let unwritten_ok = self
             .output_bufs
             .iter()
@@ -147,6 +147,8 @@ impl Backend for CpuCode {
         }
         state.table.clear();
         state.table.extend(self.table_bufs.iter().map(|&b| state.buf_ptrs[b as usize]));
+        // The weights' copies in rows, set below.
+        state.table.resize(self.table_bufs.len() + sized.launches.row_copy_steps.len(), std::ptr::null_mut());
         // Per run, not per binding set: an offset may read a symbol that binding sets sharing
         // their launches differ in (a KV cache's write position).
         for (at, e, size) in &self.table_offsets {
@@ -159,12 +161,13 @@ impl Backend for CpuCode {
             let entry = &mut state.table[*at as usize];
             *entry = entry.wrapping_offset(bytes);
         }
-        // Weights read from their copies in rows (made again when the weight changed).
+        // Weights read from their copies in rows (made on a step's second run, again when the
+        // weight changed).
         let launches = &sized.launches.launches;
         state.row_copies.resize_with(launches.len(), || None);
         for &step in &sized.launches.row_copy_steps {
             let step = step as usize;
-            let Launch::Matmul { arg_start, mm, .. } = &launches[step] else { continue };
+            let Launch::Matmul { arg_start, mm, rows_at, .. } = &launches[step] else { continue };
             let at = *arg_start as usize + mm.b.param;
             let BufferKind::Input(slot) = program.buffers[self.table_bufs[at] as usize].kind else {
                 return Err(RuntimeError::InvalidProgram(format!("step {step} copies a weight that is not an input")));
@@ -173,8 +176,9 @@ impl Backend for CpuCode {
             // SAFETY: `b` is the matmul's `b` inside the input's array (its strides were checked
             // against the buffer's size in `MatmulLaunch::new`, the input's size in
             // `check_inputs`); `rows` launches come from `with_rows_copy`.
-            state.table[at] =
+            let copy =
                 unsafe { RowCopy::refresh(&mut state.row_copies[step], mm, &inputs[slot as usize].data, b, true) };
+            state.table[*rows_at as usize] = copy;
         }
         Ok(())
     }
