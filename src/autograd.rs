@@ -200,6 +200,12 @@ fn marked_for<'a>(mut roots: impl Iterator<Item = &'a Tensor>) -> Option<HashSet
     (!marked.is_empty()).then_some(marked)
 }
 
+/// Whether `t` has an autodiff entry of its own (marked, cut off or holding a gradient): a node
+/// that must not be shared as an interned constant ([`Tensor::const_operand`]).
+pub(crate) fn has_entry(t: &Tensor) -> bool {
+    EVER_MARKED.load(Ordering::Relaxed) && with_registry(|r| r.get(t).is_some())
+}
+
 /// Whether `t` is a tensor whose inputs autodiff may need: a computed float tensor.
 fn keeps_inputs(t: &Tensor) -> bool {
     t.dtype().is_float() && !t.op().is_leaf()

@@ -52,6 +52,13 @@ pub(crate) struct Inner {
     pub(crate) site: Option<Site>,
 }
 
+/// Constants remembered per thread by [`Tensor::const_operand`].
+const CONST_SLOTS: usize = 64;
+
+thread_local! {
+    static CONSTS: std::cell::RefCell<Vec<Option<Tensor>>> = std::cell::RefCell::new(vec![None; CONST_SLOTS]);
+}
+
 /// A node's input tensors.
 pub(crate) type Inputs = SmallVec<[Tensor; 3]>;
 
@@ -386,6 +393,41 @@ impl Tensor {
     /// A constant of `self`'s device with the given dtype and shape.
     pub(crate) fn const_like(&self, site: Site, value: Scalar, dtype: DType, shape: Shape) -> Tensor {
         Tensor::constant(site, value, dtype, shape, self.device())
+    }
+
+    /// [`Tensor::const_like`] for a scalar operand of an op (`x * 0.5`, `x + 1e-5`): the same
+    /// node for the same value, dtype, shape and device while it is among the last
+    /// [`CONST_SLOTS`] made on this thread. A model's layers repeat their constants (a layer
+    /// norm's `1/n` and `eps`, a softmax's scale): shared here, they are recorded, traced,
+    /// verified and merged by CSE once instead of once per layer. Only operands: no caller gets
+    /// the node itself, so nobody can mark it or realize it alone (an entry in the autodiff
+    /// registry is checked all the same, and keeps a node out of sharing).
+    pub(crate) fn const_operand(&self, site: Site, value: Scalar, dtype: DType, shape: Shape) -> Tensor {
+        use std::hash::{Hash, Hasher};
+        let device = self.device();
+        let value = value.cast(dtype);
+        let slot = {
+            let mut h = rustc_hash::FxHasher::default();
+            (value, dtype, &shape, device).hash(&mut h);
+            (h.finish() >> 40) as usize % CONST_SLOTS
+        };
+        let same = |t: &Tensor| {
+            matches!(&t.inner.op, Op::Const(c) if c.value == value)
+                && t.inner.ty.dtype == dtype
+                && t.inner.ty.shape == shape
+                && t.inner.device == device
+                && !t.is_realized()
+        };
+        let hit = CONSTS.with_borrow(|c| c[slot].as_ref().filter(|t| same(t)).cloned());
+        if let Some(t) = hit.filter(|t| !crate::autograd::has_entry(t)) {
+            return t;
+        }
+        let t = Tensor::constant(site, value, dtype, shape, device);
+        if t.error().is_none() {
+            let old = CONSTS.with_borrow_mut(|c| c[slot].replace(t.clone()));
+            drop(old);
+        }
+        t
     }
 
     /// An `iota` along `axis` of `self`'s device.

@@ -70,7 +70,7 @@ pub(crate) fn resolve(site: Site, args: Vec<Arg>, skip: usize) -> Result<Vec<Ten
                 let t = if i >= skip { t.p_cast(site, dtype) } else { t };
                 broadcast_to(site, &t, &shape)
             }
-            Arg::Scalar(s) => first.const_like(site, s, dtype, shape.clone()),
+            Arg::Scalar(s) => first.const_operand(site, s, dtype, shape.clone()),
         });
     }
     Ok(out)

@@ -75,7 +75,7 @@ impl CausalSelfAttention {
     /// there. The positions are `f32`, exact below 2^24: a block only reads positions below
     /// `max_seq_len`, and a score matrix that long would have 2^48 elements. An `i64` iota would
     /// keep the softmax kernels that compute the mask inline out of 4-lane vectors.
-    fn mask(&self, start: &Dim, seq: &Dim, len: &Dim, device: Device) -> Tensor {
+    pub(crate) fn mask(&self, start: &Dim, seq: &Dim, len: &Dim, device: Device) -> Tensor {
         let n = self.max_seq_len as i64;
         let full = || {
             let positions = Tensor::arange(0.0, n as f64, 1.0);
@@ -124,6 +124,7 @@ impl CausalSelfAttention {
 
     /// Attention of the queries `q` (at positions `[start, start + seq)`) over `k` and `v` (at
     /// `[0, len)`, `len` their length), then the output projection: `[batch, seq, dim]`.
+    /// `mask`: the block of [`Self::mask`] for these positions (`None`: made here).
     #[track_caller]
     #[allow(clippy::too_many_arguments)]
     fn attend(
@@ -135,12 +136,17 @@ impl CausalSelfAttention {
         sizes: &[Dim; 3],
         head_dim: i64,
         device: Device,
+        mask: Option<&Tensor>,
     ) -> Tensor {
         let [batch, seq, dim] = sizes.clone();
         let len = k.shape().get(2).cloned().unwrap_or(Dim::Const(0));
         // The mask is passed explicitly (not `is_causal`): its block may sit at a symbolic start.
+        let mask = match mask {
+            Some(m) => m.clone(),
+            None => self.mask(start, &seq, &len, device),
+        };
         let options = SdpaOptions {
-            attn_mask: Some(self.mask(start, &seq, &len, device)),
+            attn_mask: Some(mask),
             scale: Some(1.0 / (head_dim.max(1) as f64).sqrt()),
             ..Default::default()
         };
@@ -164,6 +170,20 @@ impl CausalSelfAttention {
         keys: &Tensor,
         values: &Tensor,
     ) -> (Tensor, Tensor, Tensor) {
+        self.forward_cached_masked(x, start, len, keys, values, None)
+    }
+
+    /// [`Self::forward_cached`] with the mask's block for these positions made once by the
+    /// caller (`Self::mask`), shared by the layers of a model rather than built in each.
+    pub(crate) fn forward_cached_masked(
+        &self,
+        x: &Tensor,
+        start: &Dim,
+        len: &Dim,
+        keys: &Tensor,
+        values: &Tensor,
+        mask: Option<&Tensor>,
+    ) -> (Tensor, Tensor, Tensor) {
         let (sizes, head_dim) = self.sizes(x);
         let [batch, seq, _] = &sizes;
         let q = self.heads(self.q.forward(x), batch, seq, head_dim);
@@ -172,7 +192,7 @@ impl CausalSelfAttention {
         let keys = keys.slice_scatter(&k, 2, start.clone());
         let values = values.slice_scatter(&v, 2, start.clone());
         let (k_all, v_all) = (keys.narrow(2, 0, len.clone()), values.narrow(2, 0, len.clone()));
-        let y = self.attend(&q, &k_all, &v_all, start, &sizes, head_dim, x.device());
+        let y = self.attend(&q, &k_all, &v_all, start, &sizes, head_dim, x.device(), mask);
         (y, keys, values)
     }
 }
@@ -184,6 +204,6 @@ impl Module for CausalSelfAttention {
         let q = self.heads(self.q.forward(x), batch, seq, head_dim);
         let k = self.heads(self.k.forward(x), batch, seq, head_dim);
         let v = self.heads(self.v.forward(x), batch, seq, head_dim);
-        self.attend(&q, &k, &v, &Dim::Const(0), &sizes, head_dim, x.device())
+        self.attend(&q, &k, &v, &Dim::Const(0), &sizes, head_dim, x.device(), None)
     }
 }

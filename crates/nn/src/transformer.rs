@@ -405,11 +405,14 @@ impl Transformer {
             return Err(NnError::Cache(format!("{} cache arrays for {} blocks", kv.len(), self.blocks.len())));
         }
         let seq = ids.shape().get(1).cloned().unwrap_or(Dim::Const(1));
-        let positions = self.wpe.weight.narrow(0, start.clone(), seq);
+        let positions = self.wpe.weight.narrow(0, start.clone(), seq.clone());
         let mut x = self.wte.forward(ids).add(positions);
         let mut out = vec![Tensor::zeros(&[0], DType::F32)];
+        // One causal mask for every block (the same positions and lengths).
+        let mask = self.blocks.first().map(|b| b.attn.mask(start, &seq, len, x.device()));
         for (block, kv) in self.blocks.iter().zip(kv.chunks(2)) {
-            let (y, keys, values) = block.attn.forward_cached(&block.ln1.forward(&x), start, len, &kv[0], &kv[1]);
+            let (y, keys, values) =
+                block.attn.forward_cached_masked(&block.ln1.forward(&x), start, len, &kv[0], &kv[1], mask.as_ref());
             x = x.add(y);
             x = x.add(block.mlp.forward(&block.ln2.forward(&x)));
             out.push(keys);
