@@ -409,7 +409,9 @@ impl Tensor {
         let slot = {
             let mut h = rustc_hash::FxHasher::default();
             (value, dtype, &shape, device).hash(&mut h);
-            (h.finish() >> 40) as usize % CONST_SLOTS
+            // The top bits after one more multiply: FxHash's own top bits mix a float's
+            // exponent poorly (0.5 and 1.0 of one shape shared a slot).
+            (h.finish().wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 58) as usize % CONST_SLOTS
         };
         let same = |t: &Tensor| {
             matches!(&t.inner.op, Op::Const(c) if c.value == value)

@@ -249,3 +249,23 @@ fn reshape_infers_minus_one_by_cancelling_shared_symbolic_dims() {
     let z = x.reshape(vec![Dim::sym("other"), Dim::Const(-1)]);
     assert!(z.error().is_some());
 }
+
+#[test]
+fn repeated_scalar_operands_share_one_constant_node_and_their_gradients_stay_right() {
+    let x = t(&[1.0, 2.0, 3.0], &[3]).requires_grad_();
+    let y = t(&[4.0, 5.0, 6.0], &[3]);
+    // `0.5` twice and `1.0` twice: two constant nodes in the traced graph, not four.
+    let z = x.mul(0.5).add(1.0).add(y.mul(0.5).add(1.0));
+    let program = kiln::trace(&[&z]).unwrap();
+    let consts = program.graph.iter().filter(|(_, n)| matches!(n.op, air::Op::Const(_))).count();
+    assert_eq!(consts, 2, "{}", program.graph);
+    assert_eq!(z.to_vec::<f32>().unwrap(), vec![4.5, 5.5, 6.5]);
+    // The shared constants are operands only: the gradient of x is its own 0.5 per element.
+    let g = kiln::grad(&z.sum(&[0]), &[&x]).unwrap();
+    assert_eq!(g[0].to_vec::<f32>().unwrap(), vec![0.5, 0.5, 0.5]);
+    // A different value, dtype or shape is another node.
+    let w = x.mul(0.25).add(t(&[0.0; 6], &[2, 3]).mul(0.5).sum(&[0]));
+    let program = kiln::trace(&[&w]).unwrap();
+    let consts = program.graph.iter().filter(|(_, n)| matches!(n.op, air::Op::Const(_))).count();
+    assert_eq!(consts, 2, "{}", program.graph);
+}
