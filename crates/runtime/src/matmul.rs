@@ -1539,15 +1539,11 @@ mod tests {
             let second = unsafe { RowCopy::refresh(&mut copy, &launch, &w1, ptr(&w1), false) };
             assert!(!second.is_null(), "the second run makes the copy");
             let from_copy = product(&mut a, ptr(&w1), second);
+            let HostData::F32(w) = &*w1 else { unreachable!() };
             let want: Vec<u32> = (0..m * n)
                 .map(|o| {
                     let (i, j) = (o / n, o % n);
-                    let dot: f64 = (0..k)
-                        .map(|p| {
-                            let HostData::F32(w) = &*w1 else { unreachable!() };
-                            a[i * k + p] as f64 * w[j * k + p] as f64
-                        })
-                        .sum();
+                    let dot: f64 = (0..k).map(|p| a[i * k + p] as f64 * w[j * k + p] as f64).sum();
                     (dot as f32).to_bits()
                 })
                 .collect();

@@ -94,26 +94,20 @@ pub fn optimize_with(graph: &mut Graph, rules: &RuleSet) -> RewriteStats {
     // CSE from the nodes the rules created or rewired. Rules leave no match behind them (their
     // worklist revisits whatever a rewrite may enable), so a round whose rules rewrite nothing
     // ends the fixpoint.
-    let order = graph.live_order();
-    let mut cse = Cse::default();
-    let (mut cse_from, mut merged_readers) = (order.clone(), Vec::new());
-    let mut first = Some(order);
+    let mut rule_start = graph.live_order();
+    let mut cse_from = rule_start.clone();
+    let (mut cse, mut merged_readers) = (Cse::default(), Vec::new());
     while stats.rounds < MAX_ROUNDS {
         stats.rounds += 1;
-        merged_readers.clear();
         let merged = cse.run(graph, cse_from.drain(..), &mut merged_readers);
         stats.cse_merged += merged;
-        let rule_start = match first.take() {
-            Some(order) => order,
-            None => {
-                let mut start = Vec::new();
-                for readers in merged_readers.drain(..) {
-                    rules.revisit(graph, readers, |r| start.push(r));
-                }
-                start
+        if stats.rounds > 1 {
+            for readers in merged_readers.drain(..) {
+                rules.revisit(graph, readers, |r| rule_start.push(r));
             }
-        };
-        let rewrites = apply_rules(graph, rules, rule_start, &mut stats, &mut cse_from);
+        }
+        merged_readers.clear();
+        let rewrites = apply_rules(graph, rules, rule_start.drain(..), &mut stats, &mut cse_from);
         stats.dead_removed += graph.remove_dead() as u64;
         if rewrites == 0 || stats.budget_exhausted {
             break;

@@ -326,6 +326,7 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
             // buffer pointer per kernel parameter, each buffer as large as the program
             // says (inputs checked, outputs and arena allocated to size); `syms` holds
             // every symbol the kernel reads (checked in `Prepared::new`).
+            // SAFETY: `arg_start` indexes this step's arguments in the table (as above).
             let args = unsafe { table.add(arg_start as usize) };
             if chunks <= 1 || alone {
                 // SAFETY: see above; the kernel's contract is to touch only its buffers.
@@ -343,6 +344,7 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
         }
         Launch::Matmul { arg_start, ref mm, ref rows, rows_at, ref threads, .. } => {
             let threads = !alone && threads.load(Ordering::Relaxed);
+            // SAFETY: `arg_start` indexes this step's arguments in the table (as above).
             let args = unsafe { table.add(arg_start as usize) };
             // `bind` put the copy of `b` in the table where this run has one.
             let copy = rows.as_deref().map(|r| (r, unsafe { *table.add(rows_at as usize) }));
