@@ -18,9 +18,6 @@ use lower::kir::{MatOperand, MatmulKernel};
 use crate::error::{Result, RuntimeError};
 use crate::parallel::{self, SendPtr};
 
-#[cfg(target_arch = "x86_64")]
-mod panels;
-
 /// Below this many multiply-adds in one batch entry, a batched matmul splits its batch over the
 /// threads (each entry single-threaded) instead of threading inside each GEMM. Larger entries
 /// split the batch too when it divides evenly over the threads: 32 entries of
@@ -611,9 +608,6 @@ thread_local! {
 /// machine: about half of its first run). After that, a changed weight (one updated every
 /// training step) is copied again into the same storage.
 ///
-/// Where [`MatmulLaunch::packs_b_panels`], the copy is not rows but the panels of [`panels::gemm`],
-/// which then runs the product without `gemm`.
-///
 /// "The same weight" is the same shared array: the copy holds a [`Weak`] reference to the
 /// input's `Arc<HostData>`, and a shared `HostData` cannot change (it has no interior
 /// mutability; `Arc::get_mut` fails while the `Weak` lives, and an array taken out with
@@ -622,10 +616,8 @@ thread_local! {
 /// symbol).
 pub struct RowCopy {
     source: Weak<HostData>,
-    /// `(address of b's first element, k, n, column stride, packed into panels)`: one step's
-    /// launch may pack its weight for one binding set and copy it to rows for another (a
-    /// symbolic row count below [`panels::MR`]), and the two layouts are not interchangeable.
-    key: (usize, usize, usize, isize, bool),
+    /// `(address of b's first element, k, n, column stride)`.
+    key: (usize, usize, usize, isize),
     /// Empty until the second run.
     rows: Vec<f32>,
 }
@@ -645,7 +637,7 @@ impl RowCopy {
         b: *mut u8,
         threaded: bool,
     ) -> *mut u8 {
-        let key = (b as usize, launch.k, launch.n, launch.b.col, launch.packs_b_panels());
+        let key = (b as usize, launch.k, launch.n, launch.b.col);
         let Some(c) = copy else {
             *copy = Some(RowCopy { source: Arc::downgrade(source), key, rows: Vec::new() });
             return std::ptr::null_mut();
@@ -657,7 +649,7 @@ impl RowCopy {
                 // The last copy's storage (a weight updated every step).
                 // SAFETY: the caller's contract; `rows` holds `k * (n + B_ROWS_PAD)`; the
                 // launch qualified for a copy only on an AVX-512F host.
-                unsafe { launch.copy_b(b, c.rows.as_mut_ptr(), threaded) };
+                unsafe { launch.copy_b_to_rows(b, c.rows.as_mut_ptr(), threaded) };
             } else {
                 // A new copy is written once, not zeroed first: the columns by the copy, the
                 // padding after each row here.
@@ -668,11 +660,9 @@ impl RowCopy {
                 // covers them.
                 unsafe {
                     let dst = rows.as_mut_ptr();
-                    launch.copy_b(b, dst, threaded);
-                    if !launch.packs_b_panels() {
-                        for p in 0..launch.k {
-                            std::ptr::write_bytes(dst.add(p * ld + n), 0, B_ROWS_PAD);
-                        }
+                    launch.copy_b_to_rows(b, dst, threaded);
+                    for p in 0..launch.k {
+                        std::ptr::write_bytes(dst.add(p * ld + n), 0, B_ROWS_PAD);
                     }
                     rows.set_len(len);
                 }
@@ -848,57 +838,10 @@ impl MatmulLaunch {
     /// As for [`MatmulLaunch::run`] on `args`; `rows` holds the copy of this launch's `b`
     /// ([`RowCopy::refresh`]).
     pub unsafe fn run_with_copy(&self, copied: &MatmulLaunch, args: *const *mut u8, rows: *mut u8, threads: bool) {
-        #[cfg(target_arch = "x86_64")]
-        if self.packs_b_panels() {
-            // SAFETY: the caller's contract; `rows` holds the panels (`RowCopy::refresh` packed
-            // them, as this launch's `packs_b_panels` says).
-            unsafe { self.run_panels(args, rows as *const f32, threads) };
-            return;
-        }
         // SAFETY: the caller's contract; `copied` reads its operands at 0, 1 and 2.
         unsafe {
             let ptrs = [*args.add(self.a.param), rows, *args.add(self.c.param)];
             copied.run_threads(ptrs.as_ptr(), threads)
-        }
-    }
-
-    /// Every entry against `b` packed into `panels` ([`panels::gemm`]), the panels split over the
-    /// threads when `threads` (each thread computing all of its panels' columns, for every
-    /// entry).
-    ///
-    /// # Safety
-    /// As for [`MatmulLaunch::run`] on `args` (for `a` and `c`); `panels` holds this launch's `b`
-    /// packed; [`Self::packs_b_panels`] holds.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn run_panels(&self, args: *const *mut u8, panels: *const f32, threads: bool) {
-        // SAFETY: one pointer per parameter (the caller's contract).
-        let (a, c) = unsafe { (*args.add(self.a.param) as *const f32, *args.add(self.c.param) as *mut f32) };
-        let (a, c, b) = (SendPtr(a as *mut u8), SendPtr(c as *mut u8), SendPtr(panels as *mut u8));
-        let part = |lo: usize, hi: usize| {
-            for entry in 0..self.batch as isize {
-                let (a, c) = (a.get() as *const f32, c.get() as *mut f32);
-                // SAFETY: entry `entry` of `a` and `c` lies inside their buffers (checked in
-                // `new`); panels `lo..hi` write columns no other part writes.
-                unsafe {
-                    panels::gemm(
-                        (self.m, self.k),
-                        a.offset(self.a.offset + entry * self.a.batch),
-                        self.a.row as usize,
-                        b.get() as *const f32,
-                        c.offset(self.c.offset + entry * self.c.batch),
-                        self.c.row as usize,
-                        self.accumulate,
-                        (lo, hi),
-                    )
-                }
-            }
-        };
-        let count = self.n / panels::NR;
-        let n_threads = parallel::threads();
-        if threads && n_threads > 1 && count > 1 {
-            parallel::for_chunks(count, n_threads, &part);
-        } else {
-            part(0, count);
         }
     }
 
@@ -1161,60 +1104,9 @@ impl MatmulLaunch {
         })
     }
 
-    /// Elements of the copy [`MatmulLaunch::with_rows_copy`] reads (or, where the copy is packed
-    /// into panels, the panels).
+    /// Elements of the copy [`MatmulLaunch::with_rows_copy`] reads.
     pub fn rows_copy_len(&self) -> usize {
-        if self.packs_b_panels() { self.k * self.n } else { self.k * (self.n + B_ROWS_PAD) }
-    }
-
-    /// Whether this launch's kept copy of `b` ([`RowCopy`]) is packed into column panels and run
-    /// by [`panels::gemm`] instead of `gemm` from rows: f32, `a` and `c` with contiguous
-    /// columns, `n` a multiple of the panel width, at least one register block of rows, and an
-    /// entry too large for [`small_avx512`] (whose blocks of a few rows keep `c` in registers over
-    /// all of `k`), on an AVX-512F host.
-    pub fn packs_b_panels(&self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            self.dtype == DType::F32
-                && self.a.col == 1
-                && self.c.col == 1
-                && self.a.row >= 0
-                && self.c.row >= self.n as isize
-                && self.n.is_multiple_of(panels::NR)
-                && self.m >= panels::MR
-                && self.k >= 16
-                && !self.is_small()
-                && avx512_here()
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    }
-
-    /// Writes the kept copy of one entry's column-major `b` at `dst`: panels where
-    /// [`Self::packs_b_panels`], else rows ([`Self::copy_b_to_rows`]).
-    ///
-    /// # Safety
-    /// As for [`Self::copy_b_to_rows`], with `dst` holding [`Self::rows_copy_len`] elements.
-    unsafe fn copy_b(&self, b: *mut u8, dst: *mut f32, threaded: bool) {
-        #[cfg(target_arch = "x86_64")]
-        if self.packs_b_panels() {
-            let (src, out) = (SendPtr(b), SendPtr(dst as *mut u8));
-            let (col, k) = (self.b.col as usize, self.k);
-            // SAFETY: the caller's contract; distinct panels write distinct elements.
-            let pack = |lo: usize, hi: usize| unsafe {
-                panels::pack(src.get() as *const f32, col, k, out.get() as *mut f32, lo, hi)
-            };
-            let count = self.n / panels::NR;
-            let threads = parallel::threads();
-            if threaded && threads > 1 && k * self.n >= B_ROWS_MAX {
-                parallel::for_chunks(count, threads, &pack);
-            } else {
-                pack(0, count);
-            }
-            return;
-        }
-        // SAFETY: the caller's contract.
-        unsafe { self.copy_b_to_rows(b, dst, threaded) }
+        self.k * (self.n + B_ROWS_PAD)
     }
 
     /// `c[i][j] (+)= dot(a[i, :], b[:, j])` for one entry of a dot-shaped launch: columns of `b`
@@ -1484,22 +1376,16 @@ mod tests {
     /// One `[m, k] x [k, n]` f32 product with `b` column-major (a `Linear`'s `[n, k]` weight)
     /// and `a`, `c` row-major.
     fn weight_product(m: usize, n: usize, k: usize) -> MatmulLaunch {
-        batched_weight_product(1, m, n, k, false)
-    }
-
-    /// `batch` entries of `x @ w^T`, `x` and the result contiguous per entry, one `[n, k]`
-    /// weight `w` read as columns for all.
-    fn batched_weight_product(batch: usize, m: usize, n: usize, k: usize, accumulate: bool) -> MatmulLaunch {
         MatmulLaunch {
             dtype: DType::F32,
-            batch,
+            batch: 1,
             m,
             n,
             k,
-            a: Strides { param: 0, offset: 0, batch: (m * k) as isize, row: k as isize, col: 1 },
+            a: Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 },
             b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
-            c: Strides { param: 2, offset: 0, batch: (m * n) as isize, row: n as isize, col: 1 },
-            accumulate,
+            c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
+            accumulate: false,
         }
     }
 
@@ -1523,7 +1409,17 @@ mod tests {
         // Entries of `x @ w` with one column-major `w` for all (copied to rows once), `k` below
         // one 16x16 block and not a multiple of it.
         for (batch, m, n, k) in [(3, 5, 20, 8), (4, 17, 33, 19), (2, 16, 128, 32)] {
-            let launch = batched_weight_product(batch, m, n, k, false);
+            let launch = MatmulLaunch {
+                dtype: DType::F32,
+                batch,
+                m,
+                n,
+                k,
+                a: Strides { param: 0, offset: 0, batch: (m * k) as isize, row: k as isize, col: 1 },
+                b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
+                c: Strides { param: 2, offset: 0, batch: (m * n) as isize, row: n as isize, col: 1 },
+                accumulate: false,
+            };
             let mut a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
             let mut b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 44.0 - 1.0).collect();
             let mut c = vec![0f32; batch * m * n];
@@ -1668,94 +1564,6 @@ mod tests {
                 (product(&mut a, ptr(&w2), other), product(&mut a, ptr(&w2), std::ptr::null_mut()));
             close(&copy2, &in_place2, "the other weight's copy");
             assert_ne!(copy2, from_copy);
-        }
-    }
-
-    #[test]
-    fn a_weight_packed_into_panels_gives_the_product_for_every_block_of_rows_and_steps() {
-        #[cfg(target_arch = "x86_64")]
-        if avx512_here() {
-            // Rows past the register blocks and past a block of rows of `a`, steps past a block
-            // of `k` and not a multiple of the packing's 16, a batch sharing one weight, `c`
-            // accumulated into; each on one thread and split over the threads.
-            for (batch, m, n, k, accumulate) in
-                [(1, 12, 32, 100, false), (1, 13, 64, 60, true), (2, 40, 96, 530, false), (1, 131, 32, 1100, true)]
-            {
-                let launch = batched_weight_product(batch, m, n, k, accumulate);
-                let what = format!("batch {batch} of {m}x{n}x{k}");
-                assert!(launch.packs_b_panels(), "{what} packs its weight");
-                let copied = launch.with_rows_copy().expect("a weight that qualifies for a copy");
-                let w = Arc::new(HostData::F32((0..n * k).map(|i| ((i * 13) % 97) as f32 / 48.0 - 1.0).collect()));
-                let HostData::F32(wv) = &*w else { unreachable!() };
-                let wp = wv.as_ptr() as *mut u8;
-                let mut a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 31) % 89) as f32 / 44.0 - 1.0).collect();
-                let start: Vec<f32> = (0..batch * m * n).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
-                let mut copy = None;
-                // SAFETY (both): `wp` is the first element of `w`.
-                unsafe { RowCopy::refresh(&mut copy, &launch, &w, wp, false) };
-                let panels = unsafe { RowCopy::refresh(&mut copy, &launch, &w, wp, true) };
-                assert!(!panels.is_null());
-                for threads in [false, true] {
-                    let mut c = start.clone();
-                    let args = [a.as_mut_ptr() as *mut u8, wp, c.as_mut_ptr() as *mut u8];
-                    // SAFETY: buffers of the sizes the strides describe; `panels` holds the
-                    // weight packed by `refresh`.
-                    unsafe { launch.run_with_copy(&copied, args.as_ptr(), panels, threads) };
-                    for e in 0..batch {
-                        for i in 0..m {
-                            for j in 0..n {
-                                let o = e * m * n + i * n + j;
-                                let dot: f64 =
-                                    (0..k).map(|p| a[e * m * k + i * k + p] as f64 * wv[j * k + p] as f64).sum();
-                                let want = (dot + if accumulate { start[o] as f64 } else { 0.0 }) as f32;
-                                let got = c[o];
-                                assert!(
-                                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                                    "{what}, threads {threads}: entry {e} ({i}, {j}): {got} vs {want}"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn one_steps_copy_changes_layout_with_its_row_count() {
-        #[cfg(target_arch = "x86_64")]
-        if avx512_here() {
-            // A symbolic row count: 8 rows copy the weight to rows, 40 pack it into panels; the
-            // same step's kept copy serves both binding sets in turn.
-            let (n, k) = (32, 100);
-            let (few, many) = (weight_product(8, n, k), weight_product(40, n, k));
-            assert!(!few.packs_b_panels() && many.packs_b_panels());
-            let w = Arc::new(HostData::F32((0..n * k).map(|i| ((i * 13) % 97) as f32 / 48.0 - 1.0).collect()));
-            let HostData::F32(wv) = &*w else { unreachable!() };
-            let wp = wv.as_ptr() as *mut u8;
-            let mut copy = None;
-            for l in [&few, &few, &many, &few, &many] {
-                let copied = l.with_rows_copy().expect("a weight that qualifies for a copy");
-                // SAFETY: `wp` is the first element of `w`.
-                let kept = unsafe { RowCopy::refresh(&mut copy, l, &w, wp, false) };
-                let mut a: Vec<f32> = (0..l.m * k).map(|i| ((i * 31) % 89) as f32 / 44.0 - 1.0).collect();
-                let mut c = vec![0f32; l.m * n];
-                let args = [a.as_mut_ptr() as *mut u8, wp, c.as_mut_ptr() as *mut u8];
-                // SAFETY: buffers of the sizes the strides describe; `kept` (when not null) holds
-                // the copy `refresh` made for this launch.
-                unsafe {
-                    if kept.is_null() {
-                        l.run_threads(args.as_ptr(), false)
-                    } else {
-                        l.run_with_copy(&copied, args.as_ptr(), kept, false)
-                    }
-                }
-                for (o, &got) in c.iter().enumerate() {
-                    let (i, j) = (o / n, o % n);
-                    let want = (0..k).map(|p| a[i * k + p] as f64 * wv[j * k + p] as f64).sum::<f64>() as f32;
-                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{} rows at {o}: {got} vs {want}", l.m);
-                }
-            }
         }
     }
 
