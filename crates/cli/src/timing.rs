@@ -33,11 +33,14 @@ impl Budget {
     pub const STEADY: Budget = Budget { warmup: 3, min_runs: 5, max_runs: 200, time: Duration::from_millis(300) };
 }
 
-/// Milliseconds per call of `f` (median over the budget's runs); the first error stops it.
+/// Milliseconds per call of `f` (median over the budget's runs); the first error stops it. After
+/// the warm-up it waits for the CPU's optimised code (`kiln::wait_tier_up`): what it times is the
+/// steady state, not the JIT's quick tier.
 pub fn measure_ms<T>(budget: Budget, mut f: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<f64> {
     for _ in 0..budget.warmup {
         std::hint::black_box(f()?);
     }
+    kiln::wait_tier_up();
     let mut samples = Vec::new();
     let start = Instant::now();
     while samples.len() < budget.min_runs || (samples.len() < budget.max_runs && start.elapsed() < budget.time) {

@@ -3,7 +3,8 @@
 use thiserror::Error;
 
 /// Why a kernel could not be compiled or called.
-#[derive(Debug, Error)]
+/// `Clone`: a kernel that appears several times in a batch gives each its own copy of the error.
+#[derive(Clone, Debug, Error)]
 pub enum CodegenError {
     /// The host CPU is not supported by Cranelift, or its flags could not be set.
     #[error("host ISA unavailable: {0}")]

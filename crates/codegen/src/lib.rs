@@ -14,6 +14,7 @@ pub mod lru;
 pub mod wgsl;
 
 pub use cpu::{
-    CacheStats, CompiledKernel, CpuCompiler, KernelFn, TileLevel, TileMode, Tiling, clif_text, clif_text_with,
+    CacheStats, CompiledKernel, CpuCompiler, JIT_ENV, JitMode, KernelEntry, KernelFn, TileLevel, TileMode, Tiling,
+    clif_text, clif_text_with, wait_tier_up_all,
 };
 pub use error::{CodegenError, Result};

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use air::{Bindings, Graph, GraphKey, HostTensor};
+pub use codegen::cpu::JitMode;
 use codegen::cpu::{CompiledKernel, CpuCompiler};
 use codegen::lru::{Lru, capacity_from_env};
 use lower::kir::{IExpr, Kernel, LoopKernel};
@@ -22,6 +23,12 @@ use lower::kir::{IExpr, Kernel, LoopKernel};
 use crate::error::Result;
 use crate::observe::{CompileObserver, NoCompileObserver, Passes, Step};
 use crate::vm::{Executable, LoopCode};
+
+/// Blocks until every loop kernel that any CPU device of the process compiled so far runs the code
+/// of the JIT's optimising tier (or failed to get it): [`CpuDevice::wait_tier_up`] for all.
+pub fn wait_tier_up_all() {
+    codegen::wait_tier_up_all();
+}
 
 /// How much work a device has done: what its caches saved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,6 +43,9 @@ pub struct CpuStats {
     pub programs_evicted: u64,
     /// Kernels evicted from the code generator's kernel cache.
     pub kernels_evicted: u64,
+    /// Loop kernels recompiled with Cranelift's optimisations by the tiered JIT's background
+    /// thread, now running that code (not counted in `kernels_compiled`: no program waited).
+    pub kernels_tiered_up: u64,
 }
 
 /// Programs a device's cache keeps by default. A cached program of a small graph costs about
@@ -95,8 +105,18 @@ impl CpuDevice {
     /// freed outputs are reused warm; otherwise the process's allocator is left alone (see
     /// [`crate::memory::tune_host_allocator`], which applications call themselves).
     pub fn with_level_threshold(options: lower::CompileOptions, min_work: Option<u128>) -> Result<CpuDevice> {
+        CpuDevice::build(options, min_work, JitMode::from_env())
+    }
+
+    /// A device with the default lowering options whose JIT runs in `mode` rather than the one
+    /// `KILN_JIT` names (tiered by default: see [`JitMode`]).
+    pub fn with_jit_mode(mode: JitMode) -> Result<CpuDevice> {
+        CpuDevice::build(lower::CompileOptions::default(), Some(crate::levels::LEVEL_PARALLEL_MIN_WORK), mode)
+    }
+
+    fn build(options: lower::CompileOptions, min_work: Option<u128>, mode: JitMode) -> Result<CpuDevice> {
         crate::memory::tune_host_allocator_if_requested();
-        let compiler = CpuCompiler::new()?;
+        let compiler = CpuCompiler::with_mode(mode)?;
         Ok(CpuDevice {
             inner: Arc::new(Inner {
                 options,
@@ -174,7 +194,7 @@ impl CpuDevice {
         let code = code?;
         observer.counter("kernels", program.kernels.len() as u64);
         observer.counter("loop kernels", code.len() as u64);
-        let mut fns = code.iter().zip(offsets).map(|(c, offsets)| LoopCode { func: c.as_fn(), offsets });
+        let mut fns = code.iter().zip(offsets).map(|(c, offsets)| LoopCode { entry: c.entry().clone(), offsets });
         let loop_fns: Vec<Option<LoopCode>> = program
             .kernels
             .iter()
@@ -230,7 +250,21 @@ impl CpuDevice {
             kernels_compiled: kernels.compiled,
             programs_evicted: self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).evictions(),
             kernels_evicted: kernels.evictions,
+            kernels_tiered_up: kernels.tiered_up,
         }
+    }
+
+    /// Blocks until every loop kernel compiled so far runs the code of the JIT's optimising tier
+    /// (`codegen::JitMode`; `KILN_JIT`). Programs never need this: they run the quick tier's
+    /// code until then. Benchmarks call it after their warm-up so that what they time is the
+    /// steady state.
+    pub fn wait_tier_up(&self) {
+        self.inner.compiler.wait_tier_up();
+    }
+
+    /// The code generator's own counters (kernel cache, tiers).
+    pub fn codegen_stats(&self) -> codegen::CacheStats {
+        self.inner.compiler.stats()
     }
 
     /// Number of distinct programs in the cache.

@@ -43,7 +43,7 @@ pub mod wgpu;
 pub use air::GraphKey;
 pub use backend::{Backend, BindingSet, Runner};
 pub use codegen::lru;
-pub use cpu::{CpuDevice, CpuStats};
+pub use cpu::{CpuDevice, CpuStats, JitMode};
 pub use error::{ErrorKind, InputSpec, Result, RuntimeError};
 pub use lower::MemoryStats;
 pub use observe::{CompileObserver, NoCompileObserver, Step};

@@ -42,8 +42,8 @@ fn reductions() {
     check(&g, &[tensor(&[6, 7, 8], 3)]);
 }
 
-#[test]
-fn softmax_like() {
+/// A softmax over rows of `x: f32[5, 33]` (with `exp2`): reductions and element-wise kernels.
+fn softmax_graph() -> Graph {
     let mut g = Graph::new();
     let x = input_f32(&mut g, 0, &[5, 33]);
     let m = reduce(&mut g, ReduceOp::Max, x, &[1]);
@@ -55,7 +55,12 @@ fn softmax_like() {
     let r = g.add(Op::Unary(UnaryOp::Recip), &[s]).unwrap();
     let y = g.add(Op::Binary(BinaryOp::Mul), &[e, r]).unwrap();
     g.add_output(y);
-    check(&g, &[tensor(&[5, 33], 4)]);
+    g
+}
+
+#[test]
+fn softmax_like() {
+    check(&softmax_graph(), &[tensor(&[5, 33], 4)]);
 }
 
 #[test]
@@ -466,4 +471,27 @@ fn positions_that_are_only_offsets_share_one_plan() {
     // The empty inputs' shapes are still checked against the bindings.
     assert!(exe.run(&[x.clone(), carrier(3), carrier(3)], &bind(2, 3)).is_err());
     assert!(exe.run(&[x, carrier(2), carrier(4)], &bind(2, 3)).is_err());
+}
+
+/// The tiered JIT: a program's first runs use the quick tier's kernels, later ones the optimised
+/// kernels the background thread swaps in behind the same executable; both match the interpreter,
+/// and an optimised-only device compiles the same number of kernels without tiering up.
+#[test]
+fn tiered_jit_swaps_kernels_under_a_running_executable() {
+    let g = softmax_graph();
+    let inputs = [tensor(&[5, 33], 4)];
+    let tiered = CpuDevice::with_jit_mode(kiln_runtime::JitMode::Tiered).unwrap();
+    check_with(&tiered, &g, &inputs, &Bindings::new(), 1e-5);
+    tiered.wait_tier_up();
+    let stats = tiered.stats();
+    assert!(stats.kernels_compiled >= 2, "{stats:?}");
+    assert_eq!(stats.kernels_tiered_up, stats.kernels_compiled, "{stats:?}");
+    check_with(&tiered, &g, &inputs, &Bindings::new(), 1e-5);
+    assert_eq!(tiered.stats().programs_compiled, 1, "the same executable ran both times");
+
+    let optimized = CpuDevice::with_jit_mode(kiln_runtime::JitMode::Optimized).unwrap();
+    check_with(&optimized, &g, &inputs, &Bindings::new(), 1e-5);
+    optimized.wait_tier_up();
+    let o = optimized.stats();
+    assert_eq!((o.kernels_compiled, o.kernels_tiered_up), (stats.kernels_compiled, 0), "{o:?}");
 }

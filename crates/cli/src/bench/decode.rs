@@ -183,6 +183,8 @@ fn run_model(model_spec: Model, args: &Args) -> anyhow::Result<ModelResult> {
     }
     let mut cache = model.kv_cache(1)?;
     check(&mut model, &mut cache)?;
+    // The check compiled the prefill and decode programs: time their optimised code.
+    kiln::wait_tier_up();
     let vocab = model_spec.config.vocab_size;
     let mut pasts = Vec::new();
     for &past in &args.pasts {

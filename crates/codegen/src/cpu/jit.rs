@@ -11,7 +11,8 @@
 //! the module's memory, patches the relocations (helper addresses) and makes the memory
 //! executable once for the whole batch.
 
-use std::sync::Mutex;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
 
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -28,22 +29,35 @@ pub(crate) const DISASM_LOG_TARGET: &str = "kiln::disasm";
 /// How many kernels go into one arena before the compiler starts the next.
 pub(crate) const KERNELS_PER_ARENA: usize = 256;
 
-/// Builds the host ISA with Kiln's flags (Cranelift's optimisation passes, backtracking register
-/// allocation, non-PIC as `cranelift-jit` needs).
-pub(crate) fn host_isa() -> Result<OwnedTargetIsa> {
+/// How hard Cranelift works on a kernel: the two tiers of the JIT (see `tier`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tier {
+    /// No optimisation passes and the single-pass register allocator: about 40% less compile
+    /// time than [`Tier::Optimized`] (`kiln profile transformer`'s codegen 3.7 against 6.5 ms,
+    /// medians of 12), for code that runs up to 2x slower (MobileNet's steady predict).
+    Quick,
+    /// Cranelift's optimisation passes and backtracking register allocator.
+    Optimized,
+}
+
+/// Builds the host ISA with Kiln's flags for `tier` (non-PIC, as `cranelift-jit` needs).
+pub(crate) fn host_isa(tier: Tier) -> Result<OwnedTargetIsa> {
     let mut flags = settings::builder();
     let set = |f: &mut settings::Builder, k: &str, v: &str| {
         f.set(k, v).map_err(|e| CodegenError::Isa(format!("setting {k}={v}: {e}")))
     };
-    // "speed": Cranelift's e-graph pass (GVN, LICM, constant folding into addressing modes)
-    // shares and hoists the index arithmetic of loop nests that the emitter writes per access
-    // (a 2x2 max pool recomputed the whole index for each of its four loads): conv-32's predict
-    // ran 1.5x and MobileNet's 1.8x faster than at "none", for 5-20% more codegen time (measured
-    // with `kiln bench models` and `kiln bench transformer-compile`; element-wise kernels
-    // unchanged). The backtracking register allocator stays: "single_pass" compiles 30-40%
-    // faster but spills in the loops (neg ran 1.6x slower).
-    set(&mut flags, "opt_level", "speed")?;
-    set(&mut flags, "regalloc_algorithm", "backtracking")?;
+    // Optimized, "speed": Cranelift's e-graph pass (GVN, LICM, constant folding into addressing
+    // modes) shares and hoists the index arithmetic of loop nests that the emitter writes per
+    // access (a 2x2 max pool recomputed the whole index for each of its four loads): conv-32's
+    // predict ran 1.5x and MobileNet's 1.8x faster than at "none" (measured with `kiln bench
+    // models`; element-wise kernels unchanged). The backtracking register allocator: "single_pass"
+    // spills in the loops (neg ran 1.6x slower). Quick gives both up for compile time.
+    let (opt_level, regalloc) = match tier {
+        Tier::Quick => ("none", "single_pass"),
+        Tier::Optimized => ("speed", "backtracking"),
+    };
+    set(&mut flags, "opt_level", opt_level)?;
+    set(&mut flags, "regalloc_algorithm", regalloc)?;
     set(&mut flags, "use_colocated_libcalls", "false")?;
     set(&mut flags, "is_pic", "false")?;
     // The IR verifier costs compile time; debug builds keep it, release builds rely on
@@ -165,5 +179,88 @@ impl Drop for Arena {
             // this module's memory can be called once the arena is dropped.
             unsafe { jit.module.free_memory() };
         }
+    }
+}
+
+/// Links machine code into arenas, starting a new one whenever the current one is full (or was
+/// left inconsistent by a failed link). Each tier of the compiler has its own.
+pub(crate) struct Linker {
+    isa: OwnedTargetIsa,
+    arena: Option<Arc<Arena>>,
+    /// Arenas started so far.
+    pub(crate) arenas: u64,
+}
+
+/// A kernel linked into an arena: its entry point, and the arena that keeps it alive.
+pub(crate) type LinkedIn = Result<(*const u8, Arc<Arena>)>;
+
+impl Linker {
+    pub(crate) fn new(isa: OwnedTargetIsa) -> Linker {
+        Linker { isa, arena: None, arenas: 0 }
+    }
+
+    /// The arena to link into: the current one unless it is full (or broken).
+    fn arena(&mut self) -> Result<Arc<Arena>> {
+        if let Some(a) = &self.arena {
+            let full = a.jit.lock().map(|j| j.as_ref().is_none_or(|j| j.room() == 0)).unwrap_or(true);
+            if !full {
+                return Ok(a.clone());
+            }
+        }
+        let arena = Arc::new(Arena { jit: Mutex::new(Some(Jit::new(self.isa.clone())?)) });
+        self.arenas += 1;
+        self.arena = Some(arena.clone());
+        Ok(arena)
+    }
+
+    /// Links every successfully compiled kernel of `codes` (a batch per arena); one result per
+    /// code, in order, a compile error passed through.
+    pub(crate) fn link(&mut self, codes: Vec<Result<Code>>) -> Vec<LinkedIn> {
+        let mut results: Vec<Option<LinkedIn>> = Vec::with_capacity(codes.len());
+        let mut ready: Vec<(usize, Code)> = Vec::new();
+        for (i, c) in codes.into_iter().enumerate() {
+            match c {
+                Ok(c) => {
+                    results.push(None);
+                    ready.push((i, c));
+                }
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let mut ready = ready.into_iter().peekable();
+        while ready.peek().is_some() {
+            let arena = match self.arena() {
+                Ok(a) => a,
+                Err(e) => {
+                    for (i, _) in ready.by_ref() {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                    break;
+                }
+            };
+            let (linked, group) = {
+                let mut guard = arena.jit.lock().unwrap_or_else(|p| p.into_inner());
+                let Some(jit) = guard.as_mut() else {
+                    // Only a dropped arena has no module; start another.
+                    self.arena = None;
+                    continue;
+                };
+                let (indices, group): (Vec<usize>, Vec<Code>) = ready.by_ref().take(jit.room()).unzip();
+                (catch_unwind(AssertUnwindSafe(|| jit.link(&group))), indices)
+            };
+            let linked: Vec<Linked> = linked.unwrap_or_else(|panic| {
+                // The module may be inconsistent now: later kernels go to a fresh one.
+                self.arena = None;
+                let msg = format!("internal error while linking: {}", super::panic_message(&*panic));
+                group.iter().map(|_| Err(CodegenError::Cranelift(msg.clone()))).collect()
+            });
+            for (i, l) in group.into_iter().zip(linked) {
+                results[i] = Some(l.map(|ptr| (ptr, arena.clone())));
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(CodegenError::Cranelift("kernel not linked".into()))))
+            .collect()
     }
 }

@@ -40,12 +40,13 @@ mod jit;
 mod math;
 mod split;
 mod stencil;
+mod tier;
 mod tile;
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use cranelift_codegen::Context;
@@ -58,7 +59,9 @@ use lower::kir::{Kernel, LoopKernel, Stmt};
 
 use crate::error::{CodegenError, Result};
 use crate::lru::{Lru, capacity_from_env};
-use jit::{Arena, Code, Jit, Linked};
+use jit::{Arena, Code, Linker, Tier};
+use tier::TierUp;
+pub use tier::{JIT_ENV, JitMode, KernelEntry, wait_tier_up_all};
 pub use tile::{TILE_ENV, TileLevel, TileMode, Tiling};
 
 /// A batch compiles on one thread unless each thread gets at least this many kernels: a thread
@@ -84,12 +87,20 @@ fn kernel_signature(call_conv: CallConv) -> Signature {
 
 /// A kernel compiled to native code. Cloning the `Arc` is cheap; the code lives as long as any
 /// handle does.
+///
+/// Under [`JitMode::Tiered`] its [`entry`](Self::entry) starts at quick code and moves to
+/// optimised code once the background thread has compiled it (see `tier`); both stay alive
+/// with the kernel.
 pub struct CompiledKernel {
-    func: KernelFn,
+    entry: Arc<KernelEntry>,
     n_params: usize,
     n_syms: usize,
     parallel: bool,
+    /// Compiled at [`Tier::Optimized`] from the start.
+    optimized_first: bool,
     _arena: Arc<Arena>,
+    /// The arena of the optimised code swapped in later.
+    optimized: OnceLock<Arc<Arena>>,
 }
 
 // SAFETY: the code is immutable once finalized, and the arena it lives in is only touched under
@@ -123,9 +134,27 @@ impl CompiledKernel {
         self.parallel
     }
 
-    /// The raw entry point.
+    /// The entry point to call now.
     pub fn as_fn(&self) -> KernelFn {
-        self.func
+        self.entry.get()
+    }
+
+    /// The kernel's entry, shared: it follows the swap to optimised code, so a runner that
+    /// keeps it (rather than [`as_fn`](Self::as_fn)'s pointer) calls the best code there is.
+    pub fn entry(&self) -> &Arc<KernelEntry> {
+        &self.entry
+    }
+
+    /// Whether the entry now runs optimised code.
+    pub fn is_optimized(&self) -> bool {
+        self.optimized_first || self.optimized.get().is_some()
+    }
+
+    /// Keeps `arena` with the kernel and points the entry at `func`, once.
+    fn swap_in(&self, func: KernelFn, arena: Arc<Arena>) {
+        if self.optimized.set(arena).is_ok() {
+            self.entry.swap_in(func);
+        }
     }
 
     /// Runs the kernel.
@@ -137,7 +166,7 @@ impl CompiledKernel {
     /// `n_syms()` values.
     pub unsafe fn call(&self, bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
         // SAFETY: forwarded to the caller.
-        unsafe { (self.func)(bufs, syms, start, end) }
+        unsafe { (self.entry.get())(bufs, syms, start, end) }
     }
 
     /// Like [`call`](Self::call), but checks the number of buffers and symbols first.
@@ -176,11 +205,23 @@ pub struct CacheStats {
     pub arenas: u64,
     /// Kernels evicted from the cache (least recently used first) to keep it at its capacity.
     pub evictions: u64,
+    /// Kernels sent to the background thread for optimised code ([`JitMode::Tiered`]).
+    pub tier_up_queued: u64,
+    /// Of those, kernels now running optimised code.
+    pub tiered_up: u64,
+    /// Of those, optimising compiles that failed (the kernel keeps its quick code).
+    pub tier_up_failures: u64,
+    /// Wall-clock time the background thread spent compiling and linking.
+    pub tier_up_time: Duration,
 }
 
 struct Inner {
+    mode: JitMode,
+    /// The ISA of the first compile ([`JitMode::first_tier`]).
     isa: OwnedTargetIsa,
-    arena: Option<Arc<Arena>>,
+    linker: Linker,
+    /// This compiler's jobs for the background thread (`tier`).
+    tier_up: TierUp,
     cache: Lru<LoopKernel, Arc<CompiledKernel>>,
     stats: CacheStats,
     /// Per-thread compilation state, reused across compilations; `workers[0]` serves
@@ -219,16 +260,24 @@ enum Slot {
 }
 
 impl CpuCompiler {
-    /// A compiler for the host CPU. Batches compile on up to as many threads as the host has
-    /// cores (see [`set_compile_threads`](Self::set_compile_threads)); the cache keeps
+    /// A compiler for the host CPU, in the [`JitMode`] `KILN_JIT` names (else tiered). Batches
+    /// compile on up to as many threads as the host has cores (see
+    /// [`set_compile_threads`](Self::set_compile_threads)); the cache keeps
     /// [`KERNEL_CACHE_CAPACITY`] kernels, or as many as `KILN_KERNEL_CACHE` says.
     pub fn new() -> Result<CpuCompiler> {
-        let isa = jit::host_isa()?;
+        CpuCompiler::with_mode(JitMode::from_env())
+    }
+
+    /// A compiler for the host CPU in `mode` (otherwise as [`new`](Self::new)).
+    pub fn with_mode(mode: JitMode) -> Result<CpuCompiler> {
+        let isa = jit::host_isa(mode.first_tier())?;
         let max_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(CpuCompiler {
             inner: Mutex::new(Inner {
+                mode,
+                linker: Linker::new(isa.clone()),
                 isa,
-                arena: None,
+                tier_up: TierUp::new(),
                 cache: Lru::new(capacity_from_env(KERNEL_CACHE_ENV, KERNEL_CACHE_CAPACITY)),
                 stats: CacheStats::default(),
                 workers: vec![Worker::new()],
@@ -271,6 +320,19 @@ impl CpuCompiler {
     /// The tiling setting in force.
     pub fn tiling(&self) -> Tiling {
         self.lock().tiling
+    }
+
+    /// The JIT mode in force.
+    pub fn jit_mode(&self) -> JitMode {
+        self.lock().mode
+    }
+
+    /// Blocks until every kernel compiled so far runs optimised code (under [`JitMode::Tiered`];
+    /// at once otherwise), or its optimising compile failed. For measuring steady-state speed
+    /// without racing the background thread; programs never need to wait.
+    pub fn wait_tier_up(&self) {
+        let waiter = self.lock().tier_up.waiter();
+        waiter.wait();
     }
 
     /// The most kernels the cache keeps.
@@ -339,17 +401,22 @@ impl CpuCompiler {
             .into_iter()
             .map(|slot| match slot {
                 Slot::Hit(c) => Ok(c),
-                Slot::Miss(m) => match &compiled[m] {
-                    Ok(c) => Ok(c.clone()),
-                    Err(e) => Err(duplicate(e)),
-                },
+                Slot::Miss(m) => compiled[m].clone(),
             })
             .collect()
     }
 
     /// The cache counters so far.
     pub fn stats(&self) -> CacheStats {
-        self.lock().stats
+        let inner = self.lock();
+        let mut stats = inner.stats;
+        stats.arenas = inner.linker.arenas;
+        let p = inner.tier_up.progress();
+        stats.tier_up_queued = p.queued;
+        stats.tiered_up = p.optimized;
+        stats.tier_up_failures = p.failed;
+        stats.tier_up_time = p.time;
+        stats
     }
 
     /// Number of kernels in the cache.
@@ -363,18 +430,6 @@ impl CpuCompiler {
     }
 }
 
-/// A copy of an error, for each repeat of a failed kernel in a batch.
-fn duplicate(e: &CodegenError) -> CodegenError {
-    match e {
-        CodegenError::Isa(m) => CodegenError::Isa(m.clone()),
-        CodegenError::Cranelift(m) => CodegenError::Cranelift(m.clone()),
-        CodegenError::Matmul => CodegenError::Matmul,
-        CodegenError::Unsupported(m) => CodegenError::Unsupported(m.clone()),
-        CodegenError::Invalid(m) => CodegenError::Invalid(m.clone()),
-        CodegenError::Arity { what, expected, got } => CodegenError::Arity { what, expected: *expected, got: *got },
-    }
-}
-
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<String>()
@@ -384,22 +439,9 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Inner {
-    /// The arena to link into: the current one unless it is full (or broken).
-    fn arena(&mut self) -> Result<Arc<Arena>> {
-        if let Some(a) = &self.arena {
-            let full = a.jit.lock().map(|j| j.as_ref().is_none_or(|j| j.room() == 0)).unwrap_or(true);
-            if !full {
-                return Ok(a.clone());
-            }
-        }
-        let arena = Arc::new(Arena { jit: Mutex::new(Some(Jit::new(self.isa.clone())?)) });
-        self.stats.arenas += 1;
-        self.arena = Some(arena.clone());
-        Ok(arena)
-    }
-
-    /// Compiles distinct kernels that are not in the cache, caches the successes and counts
-    /// everything; one result per kernel, in order.
+    /// Compiles distinct kernels that are not in the cache, caches the successes, sends them on
+    /// to the background thread under [`JitMode::Tiered`] and counts everything; one result
+    /// per kernel, in order.
     fn compile_misses(&mut self, kernels: &[&LoopKernel]) -> Vec<Result<Arc<CompiledKernel>>> {
         self.stats.misses += kernels.len() as u64;
         let t0 = Instant::now();
@@ -410,12 +452,34 @@ impl Inner {
         let disasm = std::env::var_os("KILN_DISASM").is_some();
         let codes = compile_all(&*self.isa, &mut self.workers[..threads], kernels, disasm, self.tiling);
         air::work::add(codes.iter().flatten().map(|c| c.work).sum());
-        let results = self.link(codes, kernels);
+        let optimized_first = self.mode.first_tier() == Tier::Optimized;
+        let results: Vec<Result<Arc<CompiledKernel>>> = self
+            .linker
+            .link(codes)
+            .into_iter()
+            .zip(kernels)
+            .map(|(linked, k)| {
+                linked.map(|(ptr, arena)| {
+                    Arc::new(CompiledKernel {
+                        // SAFETY: `ptr` is the entry of a function just defined (and finalized)
+                        // with `kernel_signature`.
+                        entry: Arc::new(KernelEntry::new(unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) })),
+                        n_params: k.params.len(),
+                        n_syms: k.n_syms as usize,
+                        parallel: matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]),
+                        optimized_first,
+                        _arena: arena,
+                        optimized: OnceLock::new(),
+                    })
+                })
+            })
+            .collect();
         self.stats.compile_time += t0.elapsed();
         for (k, r) in kernels.iter().zip(&results) {
             match r {
                 Ok(c) => {
                     self.stats.compiled += 1;
+                    self.tier_up(k, c, disasm);
                     // An evicted kernel's code stays valid while anything else holds it.
                     drop(self.cache.insert((*k).clone(), c.clone()));
                 }
@@ -426,65 +490,11 @@ impl Inner {
         results
     }
 
-    /// Links the compiled kernels into arenas (starting new ones as they fill up).
-    fn link(&mut self, codes: Vec<Result<Code>>, kernels: &[&LoopKernel]) -> Vec<Result<Arc<CompiledKernel>>> {
-        let mut results: Vec<Option<Result<Arc<CompiledKernel>>>> = Vec::with_capacity(codes.len());
-        let mut ready: Vec<(usize, Code)> = Vec::new();
-        for (i, c) in codes.into_iter().enumerate() {
-            match c {
-                Ok(c) => {
-                    results.push(None);
-                    ready.push((i, c));
-                }
-                Err(e) => results.push(Some(Err(e))),
-            }
+    /// Sends a kernel just compiled to the background thread, under [`JitMode::Tiered`].
+    fn tier_up(&mut self, k: &LoopKernel, c: &Arc<CompiledKernel>, disasm: bool) {
+        if self.mode == JitMode::Tiered {
+            self.tier_up.send(k, c, self.tiling, disasm);
         }
-        let mut ready = ready.into_iter().peekable();
-        while ready.peek().is_some() {
-            let arena = match self.arena() {
-                Ok(a) => a,
-                Err(e) => {
-                    for (i, _) in ready.by_ref() {
-                        results[i] = Some(Err(duplicate(&e)));
-                    }
-                    break;
-                }
-            };
-            let (linked, group) = {
-                let mut guard = arena.jit.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(jit) = guard.as_mut() else {
-                    // Only a dropped arena has no module; start another.
-                    self.arena = None;
-                    continue;
-                };
-                let (indices, group): (Vec<usize>, Vec<Code>) = ready.by_ref().take(jit.room()).unzip();
-                (catch_unwind(AssertUnwindSafe(|| jit.link(&group))), indices)
-            };
-            let linked: Vec<Linked> = linked.unwrap_or_else(|panic| {
-                // The module may be inconsistent now: later kernels go to a fresh one.
-                self.arena = None;
-                let msg = format!("internal error while linking: {}", panic_message(&*panic));
-                group.iter().map(|_| Err(CodegenError::Cranelift(msg.clone()))).collect()
-            });
-            for (i, l) in group.into_iter().zip(linked) {
-                results[i] = Some(l.map(|ptr| {
-                    let k = kernels[i];
-                    Arc::new(CompiledKernel {
-                        // SAFETY: `ptr` is the entry of a function just defined (and finalized)
-                        // with `kernel_signature`.
-                        func: unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) },
-                        n_params: k.params.len(),
-                        n_syms: k.n_syms as usize,
-                        parallel: matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]),
-                        _arena: arena.clone(),
-                    })
-                }));
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(CodegenError::Cranelift("kernel not linked".into()))))
-            .collect()
     }
 }
 
@@ -594,7 +604,7 @@ pub fn clif_text(k: &LoopKernel) -> Result<String> {
 
 /// [`clif_text`] with the given tiling.
 pub fn clif_text_with(k: &LoopKernel, tiling: Tiling) -> Result<String> {
-    let isa = jit::host_isa()?;
+    let isa = jit::host_isa(Tier::Optimized)?;
     let mut func = Function::with_name_signature(UserFuncName::user(0, 0), kernel_signature(isa.default_call_conv()));
     let mut fctx = FunctionBuilderContext::new();
     catch_unwind(AssertUnwindSafe(|| emit::emit_kernel(&mut func, &mut fctx, &*isa, k, tiling)))

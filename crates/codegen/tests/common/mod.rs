@@ -6,7 +6,7 @@
 use air::scalar;
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use half::{bf16, f16};
-use kiln_codegen::CpuCompiler;
+use kiln_codegen::{CpuCompiler, JitMode};
 use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Param, Reg, Stmt, Var};
 
 /// A host buffer of one dtype, as raw bytes (what the kernels see).
@@ -299,10 +299,16 @@ pub fn int(v: V) -> i64 {
     }
 }
 
-/// Compiles with a fresh compiler and runs over `[start, end)`.
+/// Compiles with fresh compilers at both tiers of the JIT and runs over `[start, end)`: the
+/// quick tier's code over `bufs`, the optimised tier's over a copy, which must come out the same
+/// (exactly; NaN where the quick code has NaN).
 pub fn jit(k: &LoopKernel, bufs: &mut [Buf], syms: &[i64], start: i64, end: i64) {
-    let c = CpuCompiler::new().expect("host ISA");
-    jit_with(&c, k, bufs, syms, start, end)
+    let mut optimized = bufs.to_vec();
+    jit_with(&CpuCompiler::with_mode(JitMode::Quick).expect("host ISA"), k, bufs, syms, start, end);
+    jit_with(&CpuCompiler::with_mode(JitMode::Optimized).expect("host ISA"), k, &mut optimized, syms, start, end);
+    for (i, (o, q)) in optimized.iter().zip(bufs.iter()).enumerate() {
+        assert_bufs_close(o, q, 0.0, &format!("buffer {i}: optimised tier against quick tier"));
+    }
 }
 
 pub fn jit_with(c: &CpuCompiler, k: &LoopKernel, bufs: &mut [Buf], syms: &[i64], start: i64, end: i64) {

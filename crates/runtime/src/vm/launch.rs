@@ -2,13 +2,13 @@
 //! thread split, or its GEMM sizes), and the functions that run one launch, time it for
 //! calibration, and estimate its work for the level schedule.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use lower::kir::{IExpr, Kernel, LoopKernel, Stmt};
 use lower::{BufferKind, Program};
 
-use super::{CALIBRATE_MIN_WORK, KernelFn, MATMUL_ALWAYS_SPLIT_MACS, PARALLEL_MIN_WORK};
+use super::{CALIBRATE_MIN_WORK, KernelEntry, MATMUL_ALWAYS_SPLIT_MACS, PARALLEL_MIN_WORK};
 use crate::error::{Result, RuntimeError};
 use crate::levels::{self, StepCost};
 use crate::matmul::MatmulLaunch;
@@ -16,9 +16,13 @@ use crate::parallel::{self, SendPtr};
 use crate::prepared::{Sizes, var_count};
 
 /// How one step runs, fixed per executable.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) enum Code {
-    Loop { func: KernelFn, parallel: bool },
+    /// `entry`: the kernel's current code (the tiered JIT may swap it for faster code).
+    Loop {
+        entry: Arc<KernelEntry>,
+        parallel: bool,
+    },
     Matmul,
 }
 
@@ -35,7 +39,7 @@ pub(super) enum Launch {
     /// starts from the work estimate and calibration may raise it to `split` (0: not a candidate).
     /// `calib_ns`: the shortest time seen in a calibration run on one thread; `split_ns`: split.
     Loop {
-        func: KernelFn,
+        entry: Arc<KernelEntry>,
         arg_start: u32,
         end: i64,
         chunks: AtomicU32,
@@ -106,8 +110,8 @@ pub(super) fn launches(
     }
     for (step, code) in p.steps.iter().zip(steps) {
         let kernel = &p.kernels[code.kernel as usize];
-        launches.push(match (code.code, kernel) {
-            (Code::Loop { func, parallel }, Kernel::Loops(k)) => {
+        launches.push(match (&code.code, kernel) {
+            (&Code::Loop { ref entry, parallel }, Kernel::Loops(k)) => {
                 let (end, chunks, split) = if parallel {
                     let extent = parallel_loop(k).map_or(0, |e| e.eval(&[], syms));
                     if extent < 0 {
@@ -127,7 +131,7 @@ pub(super) fn launches(
                     (1, 1, 0)
                 };
                 Launch::Loop {
-                    func,
+                    entry: entry.clone(),
                     arg_start: code.arg_start,
                     end,
                     chunks: AtomicU32::new(chunks),
@@ -320,8 +324,9 @@ pub(super) unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, sym
 /// program says; `syms` holds every symbol value; no other thread writes what this step touches.
 pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, alone: bool) -> bool {
     match *launch {
-        Launch::Loop { func, arg_start, end, ref chunks, .. } => {
+        Launch::Loop { ref entry, arg_start, end, ref chunks, .. } => {
             let chunks = chunks.load(Ordering::Relaxed);
+            let func = entry.get();
             // SAFETY: `arg_start` indexes this step's arguments in the table, one valid
             // buffer pointer per kernel parameter, each buffer as large as the program
             // says (inputs checked, outputs and arena allocated to size); `syms` holds
@@ -388,7 +393,7 @@ mod tests {
     /// candidate unthreaded, and a loop that is no candidate.
     fn fresh(n: usize) -> Vec<Launch> {
         let loop_ = |split| Launch::Loop {
-            func: nothing,
+            entry: Arc::new(KernelEntry::new(nothing)),
             arg_start: 0,
             end: 8,
             chunks: AtomicU32::new(1),

@@ -53,24 +53,24 @@ use crate::prepared::{self, Prepared};
 use launch::{Code, Launch, StepCode};
 
 /// The native entry point of a loop kernel (`codegen`'s ABI): buffer pointers, symbol values, and
-/// the `[start, end)` range of its top-level parallel loop.
-pub type KernelFn = unsafe extern "C" fn(bufs: *const *mut u8, syms: *const i64, start: i64, end: i64);
+/// the `[start, end)` range of its top-level parallel loop; and the cell a launch reads it from.
+pub use codegen::{KernelEntry, KernelFn};
 
-/// The native code of one loop kernel of a program: `func`, compiled from the kernel with each
+/// The native code of one loop kernel of a program: `entry`, compiled from the kernel with each
 /// parameter's base offset taken out of its accesses (`lower::offsets::split_offsets`), and those
 /// offsets in elements, one per parameter (empty: none). The VM starts each buffer argument at
 /// its offset, so one function serves every kernel that differs from it only there.
 #[derive(Clone, Debug)]
 pub struct LoopCode {
-    /// The compiled function.
-    pub func: KernelFn,
+    /// The compiled function, read at each launch (the tiered JIT swaps in faster code there).
+    pub entry: Arc<KernelEntry>,
     /// Element offset of each parameter (over the program's symbols), or empty for none.
     pub offsets: Vec<IExpr>,
 }
 
 impl From<KernelFn> for LoopCode {
     fn from(func: KernelFn) -> LoopCode {
-        LoopCode { func, offsets: Vec::new() }
+        LoopCode { entry: Arc::new(KernelEntry::new(func)), offsets: Vec::new() }
     }
 }
 
@@ -251,7 +251,7 @@ impl CpuCode {
                             table_offsets.push((at, e.clone(), param.dtype.size_bytes()));
                         }
                     }
-                    Code::Loop { func: f.func, parallel: launch::parallel_loop(l).is_some() }
+                    Code::Loop { entry: f.entry.clone(), parallel: launch::parallel_loop(l).is_some() }
                 }
                 // Checked above: every loop kernel has its function.
                 (Kernel::Loops(_), None) | (Kernel::Matmul(_), _) => Code::Matmul,

@@ -1,0 +1,323 @@
+//! The tiered JIT: kernels first compile quickly, and a background thread recompiles them with
+//! Cranelift's optimisations and swaps the faster code in, behind each kernel's [`KernelEntry`].
+//!
+//! Why: Cranelift's optimising compile is most of a small program's compile time (26 kernels of a
+//! 2-layer Transformer: 5-6.5 ms of codegen on two threads, 180-520 us each), but a program
+//! that runs once, or runs on tiny shapes, never earns it back. [`jit::Tier::Quick`] compiles
+//! about 40% faster; its code runs up to 2x slower on index-heavy kernels (pools, stencils) and
+//! the same on plain element-wise ones. Under [`JitMode::Tiered`] (the default) a program starts
+//! on quick code and reaches optimised code a few milliseconds of idle CPU later, never waiting
+//! for it.
+//!
+//! The background thread runs at the lowest scheduling priority (`SCHED_IDLE` on Linux), so it takes
+//! the CPU that runs and compiles leave idle rather than competing with them; it links into its
+//! own arenas (no lock shared with the foreground compiler but the job queue), holds each job's
+//! kernel only weakly (a kernel dropped before its turn is skipped), and leaves the quick code in
+//! place when the optimising compile fails. A swap is one atomic store: a call already running
+//! finishes on the quick code, which stays alive as long as the kernel does; the two tiers compute
+//! the same results (Cranelift never reassociates floating-point arithmetic).
+
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use lower::kir::LoopKernel;
+
+use super::jit::{self, Linker, Tier};
+use super::{CompiledKernel, KernelFn, Tiling, Worker};
+
+/// Environment variable that picks the [`JitMode`]: `tiered`, `quick` or `optimized`.
+pub const JIT_ENV: &str = "KILN_JIT";
+
+/// Which code a [`CpuCompiler`](super::CpuCompiler) produces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum JitMode {
+    /// Quick code now, optimised code swapped in by a background thread (the default).
+    #[default]
+    Tiered,
+    /// Quick code only: the least compile time, for programs that run once.
+    Quick,
+    /// Optimised code only, compiled before the kernel is returned: what every kernel ran before
+    /// the JIT had tiers, and the steady-state code to measure without waiting for a tier-up.
+    Optimized,
+}
+
+impl JitMode {
+    /// The mode `KILN_JIT` names, else [`JitMode::Tiered`] (an unknown value included).
+    pub fn from_env() -> JitMode {
+        match std::env::var(JIT_ENV).as_deref().map(str::trim) {
+            Ok("quick") => JitMode::Quick,
+            Ok("optimized") => JitMode::Optimized,
+            _ => JitMode::Tiered,
+        }
+    }
+
+    /// The tier a kernel is first compiled at.
+    pub(crate) fn first_tier(self) -> Tier {
+        match self {
+            JitMode::Tiered | JitMode::Quick => Tier::Quick,
+            JitMode::Optimized => Tier::Optimized,
+        }
+    }
+}
+
+/// The current entry point of a kernel: read at every launch, replaced once when the optimised
+/// code is linked. Runners keep an `Arc` of it rather than a copy of the pointer, so a swap
+/// reaches every program that uses the kernel.
+#[derive(Debug)]
+pub struct KernelEntry(AtomicPtr<u8>);
+
+impl KernelEntry {
+    /// An entry that starts at `func`.
+    pub fn new(func: KernelFn) -> KernelEntry {
+        KernelEntry(AtomicPtr::new(func as *mut u8))
+    }
+
+    /// The function to call now.
+    #[inline]
+    pub fn get(&self) -> KernelFn {
+        let ptr = self.0.load(Ordering::Acquire);
+        // SAFETY: only `new` and `swap_in` store here, each a `KernelFn` (as a pointer); the
+        // acquire load pairs with their release, so the code bytes are visible.
+        unsafe { std::mem::transmute::<*mut u8, KernelFn>(ptr) }
+    }
+
+    /// Points the entry at `func`.
+    pub(crate) fn swap_in(&self, func: KernelFn) {
+        self.0.store(func as *mut u8, Ordering::Release);
+    }
+}
+
+/// What the background thread has done for one compiler (or for all: [`wait_tier_up_all`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Progress {
+    /// Jobs sent.
+    pub(crate) queued: u64,
+    /// Jobs finished, whatever their outcome.
+    pub(crate) finished: u64,
+    /// Kernels now running optimised code.
+    pub(crate) optimized: u64,
+    /// Optimising compiles that failed (the kernel keeps its quick code).
+    pub(crate) failed: u64,
+    /// Wall-clock time the thread spent compiling and linking.
+    pub(crate) time: Duration,
+    /// The thread has stopped (it could not build its ISA, or panicked).
+    pub(crate) stopped: bool,
+}
+
+struct Shared {
+    progress: Mutex<Progress>,
+    changed: Condvar,
+}
+
+impl Shared {
+    const fn new() -> Shared {
+        Shared {
+            progress: Mutex::new(Progress {
+                queued: 0,
+                finished: 0,
+                optimized: 0,
+                failed: 0,
+                time: Duration::ZERO,
+                stopped: false,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Applies `f` to this record.
+    fn apply(&self, f: impl Fn(&mut Progress)) {
+        f(&mut self.progress.lock().unwrap_or_else(|p| p.into_inner()));
+        self.changed.notify_all();
+    }
+
+    /// Applies `f` to this record and to the process's.
+    fn update(&self, f: impl Fn(&mut Progress)) {
+        self.apply(&f);
+        ALL.apply(f);
+    }
+
+    /// Blocks until every job counted here has finished (or the thread stopped).
+    fn wait(&self) {
+        let mut p = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        while p.finished < p.queued && !p.stopped {
+            p = self.changed.wait(p).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Every job of the process.
+static ALL: Shared = Shared::new();
+
+/// Blocks until every kernel that any compiler of the process sent to the background thread so
+/// far runs optimised code, or its optimising compile failed. For measuring steady-state speed:
+/// programs never need to wait.
+pub fn wait_tier_up_all() {
+    ALL.wait();
+}
+
+/// One kernel to recompile, and the progress of the compiler that sent it.
+pub(crate) struct Job {
+    pub(crate) kernel: LoopKernel,
+    pub(crate) target: Weak<CompiledKernel>,
+    pub(crate) tiling: Tiling,
+    pub(crate) disasm: bool,
+    progress: Arc<Shared>,
+}
+
+/// The process's one background thread, started with the first job: its queue, or why it
+/// could not start.
+static QUEUE: OnceLock<std::result::Result<Sender<Job>, String>> = OnceLock::new();
+
+/// Every progress record that has jobs in the queue, marked stopped if the thread dies.
+static SENDERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// A compiler's handle on the background thread: its own progress (the thread itself is shared
+/// by every compiler of the process, so that a compiler costs no thread start).
+pub(crate) struct TierUp {
+    shared: Arc<Shared>,
+}
+
+/// A waiter's view of one compiler's progress, usable without the compiler's lock.
+#[derive(Clone)]
+pub(crate) struct Waiter(Arc<Shared>);
+
+impl Waiter {
+    /// Blocks until every job the compiler sent has finished (or the thread stopped).
+    pub(crate) fn wait(&self) {
+        self.0.wait();
+    }
+}
+
+impl TierUp {
+    pub(crate) fn new() -> TierUp {
+        TierUp { shared: Arc::new(Shared::new()) }
+    }
+
+    /// Queues `kernel` for optimised code (starting the thread if this is the process's first
+    /// job). Where the thread cannot start or has stopped, the kernel keeps its quick code.
+    pub(crate) fn send(&self, kernel: &LoopKernel, target: &Arc<CompiledKernel>, tiling: Tiling, disasm: bool) {
+        let queue = QUEUE.get_or_init(|| {
+            let (jobs, queue) = channel();
+            std::thread::Builder::new()
+                .name("kiln-tier-up".into())
+                .spawn(move || run(queue))
+                .map(|_| jobs)
+                .map_err(|e| format!("starting the tier-up thread: {e}"))
+        });
+        let job = Job {
+            kernel: kernel.clone(),
+            target: Arc::downgrade(target),
+            tiling,
+            disasm,
+            progress: self.shared.clone(),
+        };
+        self.shared.update(|p| p.queued += 1);
+        let sent = match queue {
+            Ok(jobs) => {
+                let mut senders = SENDERS.lock().unwrap_or_else(|p| p.into_inner());
+                if !senders.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.shared))) {
+                    senders.retain(|w| w.strong_count() > 0);
+                    senders.push(Arc::downgrade(&self.shared));
+                }
+                jobs.send(job).is_ok()
+            }
+            Err(e) => {
+                log::debug!("kernels keep their quick code: {e}");
+                false
+            }
+        };
+        if !sent {
+            self.shared.update(|p| p.finished += 1);
+        }
+    }
+
+    pub(crate) fn progress(&self) -> Progress {
+        *self.shared.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn waiter(&self) -> Waiter {
+        Waiter(self.shared.clone())
+    }
+}
+
+/// Marks every compiler's progress stopped when the thread ends (it only ends by a panic, or
+/// when it cannot build its ISA), so that no waiter waits forever.
+struct StopOnDrop;
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let senders = std::mem::take(&mut *SENDERS.lock().unwrap_or_else(|p| p.into_inner()));
+        for s in senders.iter().filter_map(Weak::upgrade) {
+            s.apply(|p| p.stopped = true);
+        }
+        ALL.apply(|p| p.stopped = true);
+    }
+}
+
+/// Gives the calling thread the lowest scheduling priority, where the OS has one per thread:
+/// on Linux `SCHED_IDLE`, under which it runs only on a core nothing else wants and gives the core
+/// up as soon as another thread wakes there (a `nice` 19 thread still takes its slices).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: a plain system call on the calling thread (pid 0), with a valid parameter.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        if rc != 0 {
+            log::debug!("tier-up thread keeps its priority: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+/// The thread: takes every job queued, compiles and links them as one batch, swaps each kernel's
+/// entry, and repeats.
+fn run(queue: Receiver<Job>) {
+    let _stop = StopOnDrop;
+    lower_priority();
+    let isa = match jit::host_isa(Tier::Optimized) {
+        Ok(isa) => isa,
+        Err(e) => {
+            log::warn!("no optimised tier: {e}");
+            return;
+        }
+    };
+    let mut worker = Worker::new();
+    let mut linker = Linker::new(isa.clone());
+    while let Ok(first) = queue.recv() {
+        let t0 = Instant::now();
+        let jobs: Vec<Job> = std::iter::once(first).chain(queue.try_iter()).collect();
+        let live: Vec<(&Job, Option<Arc<CompiledKernel>>)> = jobs.iter().map(|j| (j, j.target.upgrade())).collect();
+        let codes = live
+            .iter()
+            .filter_map(|(j, k)| k.as_ref().map(|_| worker.compile(&*isa, &j.kernel, j.disasm, j.tiling)))
+            .collect();
+        let mut linked = linker.link(codes).into_iter();
+        let time = t0.elapsed() / jobs.len() as u32;
+        for (job, kernel) in &live {
+            let outcome = kernel.as_ref().map(|k| match linked.next() {
+                Some(Ok((ptr, arena))) => {
+                    // SAFETY: `ptr` is the entry of a function just linked (and finalized) with
+                    // `kernel_signature`, compiled from the same kernel as the quick code.
+                    let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) };
+                    k.swap_in(func, arena);
+                    true
+                }
+                Some(Err(e)) => {
+                    log::warn!("optimising a kernel failed, it keeps its quick code: {e}");
+                    false
+                }
+                None => false,
+            });
+            job.progress.update(|p| {
+                p.finished += 1;
+                p.optimized += u64::from(outcome == Some(true));
+                p.failed += u64::from(outcome == Some(false));
+                p.time += time;
+            });
+        }
+        // The kernels may be dropped here, by their last holder: after the swap, never during.
+        drop(live);
+    }
+}
