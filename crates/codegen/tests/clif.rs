@@ -40,29 +40,23 @@ fn golden_clif_of_a_small_scalar_kernel() {
             v10 = load.i64 notrap v9
             v11 = iconst.i64 1
             v12 = iadd v10, v11  ; v11 = 1
-            v13 = iconst.i64 3
-            v14 = ishl v6, v13  ; v6 = 0, v13 = 3
-            v15 = iadd v5, v14
-            store notrap v12, v15
-            v16 = iconst.i64 3
-            v17 = ishl v11, v16  ; v11 = 1, v16 = 3
-            v18 = iadd v4, v17
-            v19 = load.i64 notrap v18
-            v20 = iadd v19, v11  ; v11 = 1
+            v13 = iadd v5, v8
+            store notrap v12, v13
+            v14 = iconst.i64 3
+            v15 = ishl v11, v14  ; v11 = 1, v14 = 3
+            v16 = iadd v4, v15
+            v17 = load.i64 notrap v16
+            v18 = iadd v17, v11  ; v11 = 1
+            v19 = iadd v5, v15
+            store notrap v18, v19
+            v20 = iconst.i64 2
             v21 = iconst.i64 3
-            v22 = ishl v11, v21  ; v11 = 1, v21 = 3
-            v23 = iadd v5, v22
-            store notrap v20, v23
-            v24 = iconst.i64 2
-            v25 = iconst.i64 3
-            v26 = ishl v24, v25  ; v24 = 2, v25 = 3
-            v27 = iadd v4, v26
-            v28 = load.i64 notrap v27
-            v29 = iadd v28, v11  ; v11 = 1
-            v30 = iconst.i64 3
-            v31 = ishl v24, v30  ; v24 = 2, v30 = 3
-            v32 = iadd v5, v31
-            store notrap v29, v32
+            v22 = ishl v20, v21  ; v20 = 2, v21 = 3
+            v23 = iadd v4, v22
+            v24 = load.i64 notrap v23
+            v25 = iadd v24, v11  ; v11 = 1
+            v26 = iadd v5, v22
+            store notrap v25, v26
             return
         }
     "#]]

@@ -26,7 +26,7 @@ mod vector;
 use std::collections::HashMap;
 
 use air::{DType, ReduceOp, Scalar};
-use cranelift_codegen::ir::{FuncRef, Function, InstBuilder, MemFlagsData, Type, Value, types};
+use cranelift_codegen::ir::{FuncRef, Function, InstBuilder, MemFlagsData, Type, Value, ValueDef, types};
 use cranelift_codegen::isa::{CallConv, TargetIsa};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
 use lower::kir::{Acc, IExpr, LoopKernel, Reg, Stmt, Var};
@@ -146,6 +146,7 @@ pub(crate) fn emit_kernel(
         fma,
         tiling,
         consts: ConstPool::new(entry),
+        numbered: HashMap::new(),
     };
     match k.body.as_slice() {
         [Stmt::Loop { var, extent, parallel: true, body }] => {
@@ -216,6 +217,17 @@ struct Emitter<'a, 'f> {
     tiling: Tiling,
     /// Constants, emitted once in the entry block.
     consts: ConstPool,
+    /// Index arithmetic already emitted, for reuse within its block (see [`Emitter::numbered`]).
+    numbered: HashMap<(IndexOp, Value, u64), Value>,
+}
+
+/// The index arithmetic [`Emitter::numbered`] shares.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum IndexOp {
+    Add,
+    Mul,
+    /// Shift left by an immediate.
+    Shl,
 }
 
 impl<'f> Emitter<'_, 'f> {
@@ -244,6 +256,40 @@ impl<'f> Emitter<'_, 'f> {
     pub(super) fn call_void(&mut self, h: Helper, args: &[Value]) {
         let fref = self.helper_ref(h);
         self.b.ins().call(fref, args);
+    }
+
+    /// `op(a, b)` (an immediate `b` for [`IndexOp::Shl`]), or the value an identical operation
+    /// already computed earlier in the current block: block-local value numbering of the index
+    /// arithmetic that the emitter writes per access (a load and a store of the same element
+    /// computed its whole index twice). Fewer instructions compile faster at both tiers and make
+    /// the quick tier's code (no GVN) better. Only a value defined in the current block is
+    /// reused, so it always dominates the use, whatever blocks were opened since.
+    pub(super) fn numbered(&mut self, op: IndexOp, a: Value, b: u64) -> Value {
+        // Add and multiply commute: one key for both operand orders.
+        let (a, b) = match op {
+            IndexOp::Add | IndexOp::Mul if (b as u32) < a.as_u32() => {
+                (Value::from_u32(b as u32), u64::from(a.as_u32()))
+            }
+            _ => (a, b),
+        };
+        let key = (op, a, b);
+        if let Some(&v) = self.numbered.get(&key) {
+            let here = self.b.current_block();
+            let defined = match self.b.func.dfg.value_def(v) {
+                ValueDef::Result(inst, _) => self.b.func.layout.inst_block(inst),
+                _ => None,
+            };
+            if defined.is_some() && defined == here {
+                return v;
+            }
+        }
+        let v = match op {
+            IndexOp::Add => self.b.ins().iadd(a, Value::from_u32(b as u32)),
+            IndexOp::Mul => self.b.ins().imul(a, Value::from_u32(b as u32)),
+            IndexOp::Shl => self.b.ins().ishl_imm_u(a, b as i64),
+        };
+        self.numbered.insert(key, v);
+        v
     }
 
     pub(super) fn iconst(&mut self, ty: Type, c: i64) -> Value {

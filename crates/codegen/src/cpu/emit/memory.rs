@@ -6,17 +6,17 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use lower::kir::{IExpr, Reg};
 
-use super::{Emitter, Indexed, Val, scalar_ty, vector_ty};
+use super::{Emitter, IndexOp, Indexed, Val, scalar_ty, vector_ty};
 use crate::cpu::helpers::Helper;
 use crate::error::{CodegenError, Result};
 
 impl<'f> Emitter<'_, 'f> {
     pub(super) fn addr(&mut self, buf: u32, index: &IExpr, dtype: DType) -> Result<Value> {
         let idx = self.iexpr(index)?;
-        let shift = dtype.size_bytes().trailing_zeros() as i64;
-        let off = if shift == 0 { idx } else { self.b.ins().ishl_imm_u(idx, shift) };
+        let shift = dtype.size_bytes().trailing_zeros();
+        let off = if shift == 0 { idx } else { self.numbered(IndexOp::Shl, idx, u64::from(shift)) };
         let base = *self.bases.get(buf as usize).ok_or_else(|| CodegenError::Invalid(format!("buffer b{buf}")))?;
-        Ok(self.b.ins().iadd(base, off))
+        Ok(self.numbered(IndexOp::Add, base, u64::from(off.as_u32())))
     }
 
     /// The byte offset of the current unrolled copy for a contiguous access of dtype `d` (every

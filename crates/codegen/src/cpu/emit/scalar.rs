@@ -6,7 +6,7 @@ use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{ConstantData, InstBuilder, Value, types};
 use lower::kir::{IExpr, Inst, Reg};
 
-use super::{ConstVal, Emitter, Indexed, Val, acc_ty, const_for, scalar_ty, unsupported, vector_ty};
+use super::{ConstVal, Emitter, IndexOp, Indexed, Val, acc_ty, const_for, scalar_ty, unsupported, vector_ty};
 use crate::cpu::helpers::Helper;
 use crate::cpu::math::SIN_FAST_LIMIT;
 use crate::error::{CodegenError, Result};
@@ -25,11 +25,11 @@ impl<'f> Emitter<'_, 'f> {
                 .ok_or_else(|| CodegenError::Invalid(format!("symbol s{n} beyond n_syms = {}", self.k.n_syms)))?,
             IExpr::Add(a, b) => {
                 let (a, b) = (self.iexpr(a)?, self.iexpr(b)?);
-                self.b.ins().iadd(a, b)
+                self.numbered(IndexOp::Add, a, u64::from(b.as_u32()))
             }
             IExpr::Mul(a, b) => {
                 let (a, b) = (self.iexpr(a)?, self.iexpr(b)?);
-                self.b.ins().imul(a, b)
+                self.numbered(IndexOp::Mul, a, u64::from(b.as_u32()))
             }
             IExpr::Div(a, d) => {
                 let a = self.iexpr(a)?;
