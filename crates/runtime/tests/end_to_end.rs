@@ -489,6 +489,26 @@ fn tiered_jit_swaps_kernels_under_a_running_executable() {
     check_with(&tiered, &g, &inputs, &Bindings::new(), 1e-5);
     assert_eq!(tiered.stats().programs_compiled, 1, "the same executable ran both times");
 
+    // A kernel big enough to be a calibration candidate (98,304 elements): its binding set is
+    // part-way through calibrating on the quick code when the swap lands, and starts again on
+    // the optimised code; every run matches the interpreter throughout.
+    let mut big = Graph::new();
+    let x = input_f32(&mut big, 0, &[96, 1024]);
+    let e = big.add(Op::Unary(UnaryOp::Exp2), &[x]).unwrap();
+    let y = big.add(Op::Binary(BinaryOp::Mul), &[e, x]).unwrap();
+    big.add_output(y);
+    let big_inputs = [tensor(&[96, 1024], 5)];
+    let want = air::eval(&big, &big_inputs, &Bindings::new()).unwrap();
+    let exe = tiered.compile(&big).unwrap();
+    for run in 0..30 {
+        if run == 3 {
+            tiered.wait_tier_up();
+        }
+        let got = exe.run(&big_inputs, &Bindings::new()).unwrap();
+        close(&got[0], &want[0], 1e-5).unwrap_or_else(|e| panic!("run {run}: {e}"));
+    }
+    assert_eq!(exe.launches_run(), 30);
+
     let optimized = CpuDevice::with_jit_mode(kiln_runtime::JitMode::Optimized).unwrap();
     check_with(&optimized, &g, &inputs, &Bindings::new(), 1e-5);
     optimized.wait_tier_up();

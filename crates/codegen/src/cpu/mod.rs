@@ -61,7 +61,7 @@ use crate::error::{CodegenError, Result};
 use crate::lru::{Lru, capacity_from_env};
 use jit::{Arena, Code, Linker, Tier};
 use tier::TierUp;
-pub use tier::{JIT_ENV, JitMode, KernelEntry, wait_tier_up_all};
+pub use tier::{JIT_ENV, JitMode, KernelEntry, tier_ups_so_far, wait_tier_up_all};
 pub use tile::{TILE_ENV, TileLevel, TileMode, Tiling};
 
 /// A batch compiles on one thread unless each thread gets at least this many kernels: a thread

@@ -17,7 +17,7 @@
 //! finishes on the quick code, which stays alive as long as the kernel does; the two tiers compute
 //! the same results (Cranelift never reassociates floating-point arithmetic).
 
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -66,26 +66,46 @@ impl JitMode {
 /// code is linked. Runners keep an `Arc` of it rather than a copy of the pointer, so a swap
 /// reaches every program that uses the kernel.
 #[derive(Debug)]
-pub struct KernelEntry(AtomicPtr<u8>);
+pub struct KernelEntry {
+    func: AtomicPtr<u8>,
+    swapped: AtomicBool,
+}
+
+/// Entries swapped so far in the process, any kernel's.
+static SWAPS: AtomicU64 = AtomicU64::new(0);
+
+/// How many kernel entries the process has swapped to optimised code so far: one relaxed load,
+/// for a runner to notice cheaply that some code changed (then [`KernelEntry::is_swapped`] says
+/// whether its own did) and time its launches again.
+pub fn tier_ups_so_far() -> u64 {
+    SWAPS.load(Ordering::Relaxed)
+}
 
 impl KernelEntry {
     /// An entry that starts at `func`.
     pub fn new(func: KernelFn) -> KernelEntry {
-        KernelEntry(AtomicPtr::new(func as *mut u8))
+        KernelEntry { func: AtomicPtr::new(func as *mut u8), swapped: AtomicBool::new(false) }
     }
 
     /// The function to call now.
     #[inline]
     pub fn get(&self) -> KernelFn {
-        let ptr = self.0.load(Ordering::Acquire);
+        let ptr = self.func.load(Ordering::Acquire);
         // SAFETY: only `new` and `swap_in` store here, each a `KernelFn` (as a pointer); the
         // acquire load pairs with their release, so the code bytes are visible.
         unsafe { std::mem::transmute::<*mut u8, KernelFn>(ptr) }
     }
 
+    /// Whether the entry has moved to other (optimised) code since it was made.
+    pub fn is_swapped(&self) -> bool {
+        self.swapped.load(Ordering::Relaxed)
+    }
+
     /// Points the entry at `func`.
     pub(crate) fn swap_in(&self, func: KernelFn) {
-        self.0.store(func as *mut u8, Ordering::Release);
+        self.func.store(func as *mut u8, Ordering::Release);
+        self.swapped.store(true, Ordering::Relaxed);
+        SWAPS.fetch_add(1, Ordering::Relaxed);
     }
 }
 

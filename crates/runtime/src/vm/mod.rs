@@ -37,7 +37,7 @@ mod launch;
 mod run;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use air::{Bindings, HostData, TensorType};
 use lower::kir::{Access, IExpr, Kernel};
@@ -182,6 +182,11 @@ pub struct CpuLaunches {
     schedule: Option<LevelSchedule>,
     /// Runs started with this binding set (saturates at `2 * CALIBRATION_RUNS + 1`).
     runs: AtomicU32,
+    /// The process's count of tier-ups (`codegen::cpu::tier_ups_so_far`) when this binding set
+    /// last looked, and how many of the program's loop steps had been swapped to optimised code
+    /// then: when that number changes, the calibration (timed on the old code) starts again.
+    code_seen: AtomicU64,
+    code_swapped: AtomicUsize,
 }
 
 /// Per-run scratch, reused across runs.

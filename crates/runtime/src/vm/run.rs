@@ -3,13 +3,13 @@
 //! included) and the outputs handed back without a copy.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use air::{HostData, HostTensor};
 use lower::{BufferKind, Program};
 use smallvec::SmallVec;
 
-use super::launch::{self, Launch};
+use super::launch::{self, Code, Launch};
 use super::{CALIBRATE_AGAIN, CALIBRATION_RUNS, CpuCode, CpuLaunches, OutputSource, RunState, SPLIT_MIN_NS};
 use crate::backend::{Backend, BindingSet};
 use crate::error::{Result, RuntimeError};
@@ -60,7 +60,15 @@ impl Backend for CpuCode {
         // do, the first calibration window is skipped.
         let costs = launch::launch_costs(p, &launches, &sizes.syms);
         let runs = if self.decisions.apply(&launches, &costs) { 2 * CALIBRATION_RUNS + 1 } else { 0 };
-        Ok(CpuLaunches { unwritten_ok, launches, row_copy_steps, schedule, runs: AtomicU32::new(runs) })
+        Ok(CpuLaunches {
+            unwritten_ok,
+            launches,
+            row_copy_steps,
+            schedule,
+            runs: AtomicU32::new(runs),
+            code_seen: AtomicU64::new(codegen::cpu::tier_ups_so_far()),
+            code_swapped: AtomicUsize::new(self.swapped_steps()),
+        })
     }
 
     fn time_slots(launches: &CpuLaunches) -> Option<&[Vec<usize>]> {
@@ -199,7 +207,20 @@ impl Backend for CpuCode {
         let table = state.table.as_ptr();
         let syms = sized.sizes.syms.as_ptr();
         let l = &sized.launches;
-        let run = l.runs.load(Ordering::Relaxed);
+        let mut run = l.runs.load(Ordering::Relaxed);
+        let seen = codegen::cpu::tier_ups_so_far();
+        if l.code_seen.load(Ordering::Relaxed) != seen {
+            l.code_seen.store(seen, Ordering::Relaxed);
+            let swapped = self.swapped_steps();
+            if l.code_swapped.swap(swapped, Ordering::Relaxed) != swapped && run > 0 {
+                // The JIT swapped faster code in under decisions timed on the quick tier's (a
+                // split that paid for slow code may not for fast): calibrate again, from one
+                // thread, as the first window does.
+                l.launches.iter().for_each(launch::restart_calibration);
+                l.runs.store(1, Ordering::Relaxed);
+                run = 1;
+            }
+        }
         if run < u32::MAX {
             l.runs.fetch_add(1, Ordering::Relaxed);
         }
@@ -344,6 +365,13 @@ impl Backend for CpuCode {
             results.push(HostTensor { data, shape });
         }
         Ok(results)
+    }
+}
+
+impl CpuCode {
+    /// How many loop steps run code the JIT has swapped (to its optimised tier).
+    fn swapped_steps(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(&s.code, Code::Loop { entry, .. } if entry.is_swapped())).count()
     }
 }
 
