@@ -1,5 +1,5 @@
-//! The tiered JIT: a kernel compiled quickly runs correct code at once, the background thread
-//! swaps optimised code in behind the same entry (seen by whoever holds the entry, mid-run
+//! The tiered JIT: a kernel compiled quickly runs correct code at once, and once a runner asks,
+//! the background thread swaps optimised code in behind the same entry (seen by whoever holds the entry, mid-run
 //! included), and the three modes count what they did.
 
 mod common;
@@ -57,8 +57,13 @@ fn tiered_kernels_swap_to_optimised_code_behind_their_entry() {
     let compiled = jit.compile(&k).expect("compiles");
     let entry = compiled.entry().clone();
     let want = expected(&k, 1000);
-    // Whichever code the entry holds now (quick, or optimised if the thread was fast), it is right.
     assert_bufs_close(&run(&compiled, 1000), &want, 1e-6, "before the tier-up");
+    // Nothing goes to the background thread until a runner asks (a program's second run).
+    jit.wait_tier_up();
+    assert!(!compiled.is_optimized());
+    assert_eq!(jit.stats().tier_up_queued, 0);
+    compiled.request_tier_up();
+    compiled.request_tier_up();
     jit.wait_tier_up();
     assert!(compiled.is_optimized(), "the background thread swapped the optimised code in");
     let stats = jit.stats();
@@ -79,6 +84,7 @@ fn quick_and_optimized_modes_do_not_tier_up() {
         let jit = CpuCompiler::with_mode(mode).expect("host ISA");
         assert_eq!(jit.jit_mode(), mode);
         let compiled = jit.compile(&silu()).expect("compiles");
+        compiled.request_tier_up();
         jit.wait_tier_up();
         assert_eq!(compiled.is_optimized(), optimized, "{mode:?}");
         assert_eq!(jit.stats().tier_up_queued, 0, "{mode:?}");
@@ -93,6 +99,7 @@ fn the_swap_is_safe_while_the_kernel_runs_on_other_threads() {
     let n = 4096;
     let want = expected(&k, n);
     let compiled = jit.compile(&k).expect("compiles");
+    compiled.request_tier_up();
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let runner = s.spawn(|| {
@@ -117,6 +124,7 @@ fn a_kernel_dropped_before_its_turn_is_skipped_and_waiting_ends() {
     let kernels: Vec<LoopKernel> = (1..40).map(|m| silu_over(IExpr::mul(IExpr::Sym(0), c(m)))).collect();
     let refs: Vec<&LoopKernel> = kernels.iter().collect();
     let compiled: Vec<_> = jit.compile_many(&refs).into_iter().collect::<Result<_, _>>().expect("compiles");
+    compiled.iter().for_each(|k: &Arc<CompiledKernel>| k.request_tier_up());
     drop(compiled);
     jit.clear_cache();
     jit.wait_tier_up();

@@ -193,7 +193,11 @@ fn run_model(model_spec: Model, args: &Args) -> anyhow::Result<ModelResult> {
         }
         let prompt = random_ids(past, vocab, past as u64);
         let mut prefill = Vec::new();
-        for _ in 0..3 {
+        for i in 0..4 {
+            if i == 2 {
+                // The second prefill asked for the optimised tier: time that code.
+                kiln::wait_tier_up();
+            }
             cache.reset();
             let t0 = Instant::now();
             let logits = model.forward_at(&row(&prompt), 0, &mut cache)?;
@@ -201,7 +205,7 @@ fn run_model(model_spec: Model, args: &Args) -> anyhow::Result<ModelResult> {
             prefill.push(t0.elapsed().as_secs_f64() * 1e3);
         }
         // The anchor keeps its last prefill, after warm-ups; the minimum of the last two here.
-        let prefill_ms = prefill[1..].iter().copied().fold(f64::INFINITY, f64::min);
+        let prefill_ms = prefill[2..].iter().copied().fold(f64::INFINITY, f64::min);
         let times = decode(&mut model, &mut cache, &prompt, args.steps)?;
         pasts.push(PastRow { past, prefill_ms, ms_per_token: median(&times) });
     }
@@ -251,7 +255,7 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
     out.meta(
         "protocol",
         format!(
-            "batch 1, greedy; per past length: prefill (min of 2 after a warm-up), then {} steps, median ms per new token; \
+            "batch 1, greedy; per past length: prefill (min of 2 after two warm-ups and the tier-up), then {} steps, median ms per new token; \
              generation: {}-token prompt then {} new tokens",
             args.steps, args.prompt, args.new_tokens
         ),

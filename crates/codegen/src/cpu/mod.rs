@@ -145,6 +145,11 @@ impl CompiledKernel {
         &self.entry
     }
 
+    /// Asks for this kernel's optimised code (see [`KernelEntry::request_tier_up`]).
+    pub fn request_tier_up(&self) {
+        self.entry.request_tier_up();
+    }
+
     /// Whether the entry now runs optimised code.
     pub fn is_optimized(&self) -> bool {
         self.optimized_first || self.optimized.get().is_some()
@@ -490,10 +495,11 @@ impl Inner {
         results
     }
 
-    /// Sends a kernel just compiled to the background thread, under [`JitMode::Tiered`].
+    /// Arms a kernel just compiled for the background thread, under [`JitMode::Tiered`]: it
+    /// goes there when a runner asks ([`KernelEntry::request_tier_up`]).
     fn tier_up(&mut self, k: &LoopKernel, c: &Arc<CompiledKernel>, disasm: bool) {
         if self.mode == JitMode::Tiered {
-            self.tier_up.send(k, c, self.tiling, disasm);
+            self.tier_up.arm(k, c, self.tiling, disasm);
         }
     }
 }

@@ -6,8 +6,9 @@
 //! that runs once, or runs on tiny shapes, never earns it back. [`jit::Tier::Quick`] compiles
 //! about 40% faster; its code runs up to 2x slower on index-heavy kernels (pools, stencils) and
 //! the same on plain element-wise ones. Under [`JitMode::Tiered`] (the default) a program starts
-//! on quick code and reaches optimised code a few milliseconds of idle CPU later, never waiting
-//! for it.
+//! on quick code; when it runs a second time (the runtime calls [`KernelEntry::request_tier_up`])
+//! its kernels go to the background thread, and it reaches optimised code a few milliseconds of
+//! idle CPU later, never waiting for it. A program that runs once never pays for optimised code.
 //!
 //! The background thread runs at the lowest scheduling priority (`SCHED_IDLE` on Linux), so it takes
 //! the CPU that runs and compiles leave idle rather than competing with them; it links into its
@@ -65,10 +66,21 @@ impl JitMode {
 /// The current entry point of a kernel: read at every launch, replaced once when the optimised
 /// code is linked. Runners keep an `Arc` of it rather than a copy of the pointer, so a swap
 /// reaches every program that uses the kernel.
-#[derive(Debug)]
 pub struct KernelEntry {
     func: AtomicPtr<u8>,
     swapped: AtomicBool,
+    /// Set while `pending` holds the job that [`KernelEntry::request_tier_up`] sends.
+    armed: AtomicBool,
+    pending: Mutex<Option<Job>>,
+}
+
+impl std::fmt::Debug for KernelEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelEntry")
+            .field("swapped", &self.is_swapped())
+            .field("armed", &self.armed.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 /// Entries swapped so far in the process, any kernel's.
@@ -84,7 +96,12 @@ pub fn tier_ups_so_far() -> u64 {
 impl KernelEntry {
     /// An entry that starts at `func`.
     pub fn new(func: KernelFn) -> KernelEntry {
-        KernelEntry { func: AtomicPtr::new(func as *mut u8), swapped: AtomicBool::new(false) }
+        KernelEntry {
+            func: AtomicPtr::new(func as *mut u8),
+            swapped: AtomicBool::new(false),
+            armed: AtomicBool::new(false),
+            pending: Mutex::new(None),
+        }
     }
 
     /// The function to call now.
@@ -99,6 +116,26 @@ impl KernelEntry {
     /// Whether the entry has moved to other (optimised) code since it was made.
     pub fn is_swapped(&self) -> bool {
         self.swapped.load(Ordering::Relaxed)
+    }
+
+    /// Sends the kernel to the background thread for optimised code, if its compiler armed it
+    /// ([`JitMode::Tiered`]) and no one asked before; a no-op otherwise (one atomic swap). Runners
+    /// call it when a program runs a second time: a program that runs once never pays for
+    /// optimised code, and the thread stays off the cores while programs are being compiled.
+    pub fn request_tier_up(&self) {
+        if !self.armed.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let job = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(job) = job {
+            dispatch(job);
+        }
+    }
+
+    /// Keeps `job` for [`KernelEntry::request_tier_up`].
+    pub(crate) fn arm(&self, job: Job) {
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(job);
+        self.armed.store(true, Ordering::Release);
     }
 
     /// Points the entry at `func`.
@@ -215,42 +252,16 @@ impl TierUp {
         TierUp { shared: Arc::new(Shared::new()) }
     }
 
-    /// Queues `kernel` for optimised code (starting the thread if this is the process's first
-    /// job). Where the thread cannot start or has stopped, the kernel keeps its quick code.
-    pub(crate) fn send(&self, kernel: &LoopKernel, target: &Arc<CompiledKernel>, tiling: Tiling, disasm: bool) {
-        let queue = QUEUE.get_or_init(|| {
-            let (jobs, queue) = channel();
-            std::thread::Builder::new()
-                .name("kiln-tier-up".into())
-                .spawn(move || run(queue))
-                .map(|_| jobs)
-                .map_err(|e| format!("starting the tier-up thread: {e}"))
-        });
-        let job = Job {
+    /// Arms `target`'s entry with the job of recompiling `kernel`, sent when a runner asks
+    /// ([`KernelEntry::request_tier_up`]).
+    pub(crate) fn arm(&self, kernel: &LoopKernel, target: &Arc<CompiledKernel>, tiling: Tiling, disasm: bool) {
+        target.entry().arm(Job {
             kernel: kernel.clone(),
             target: Arc::downgrade(target),
             tiling,
             disasm,
             progress: self.shared.clone(),
-        };
-        self.shared.update(|p| p.queued += 1);
-        let sent = match queue {
-            Ok(jobs) => {
-                let mut senders = SENDERS.lock().unwrap_or_else(|p| p.into_inner());
-                if !senders.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.shared))) {
-                    senders.retain(|w| w.strong_count() > 0);
-                    senders.push(Arc::downgrade(&self.shared));
-                }
-                jobs.send(job).is_ok()
-            }
-            Err(e) => {
-                log::debug!("kernels keep their quick code: {e}");
-                false
-            }
-        };
-        if !sent {
-            self.shared.update(|p| p.finished += 1);
-        }
+        });
     }
 
     pub(crate) fn progress(&self) -> Progress {
@@ -259,6 +270,38 @@ impl TierUp {
 
     pub(crate) fn waiter(&self) -> Waiter {
         Waiter(self.shared.clone())
+    }
+}
+
+/// Queues `job` for the background thread (starting it if this is the process's first job).
+/// Where the thread cannot start or has stopped, the kernel keeps its quick code.
+fn dispatch(job: Job) {
+    let queue = QUEUE.get_or_init(|| {
+        let (jobs, queue) = channel();
+        std::thread::Builder::new()
+            .name("kiln-tier-up".into())
+            .spawn(move || run(queue))
+            .map(|_| jobs)
+            .map_err(|e| format!("starting the tier-up thread: {e}"))
+    });
+    let progress = job.progress.clone();
+    progress.update(|p| p.queued += 1);
+    let sent = match queue {
+        Ok(jobs) => {
+            let mut senders = SENDERS.lock().unwrap_or_else(|p| p.into_inner());
+            if !senders.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&progress))) {
+                senders.retain(|w| w.strong_count() > 0);
+                senders.push(Arc::downgrade(&progress));
+            }
+            jobs.send(job).is_ok()
+        }
+        Err(e) => {
+            log::debug!("kernels keep their quick code: {e}");
+            false
+        }
+    };
+    if !sent {
+        progress.update(|p| p.finished += 1);
     }
 }
 
