@@ -282,7 +282,7 @@ impl CpuCompiler {
                 mode,
                 linker: Linker::new(isa.clone()),
                 isa,
-                tier_up: TierUp::new(),
+                tier_up: TierUp::default(),
                 cache: Lru::new(capacity_from_env(KERNEL_CACHE_ENV, KERNEL_CACHE_CAPACITY)),
                 stats: CacheStats::default(),
                 workers: vec![Worker::new()],
@@ -336,8 +336,8 @@ impl CpuCompiler {
     /// at once otherwise), or its optimising compile failed. For measuring steady-state speed
     /// without racing the background thread; programs never need to wait.
     pub fn wait_tier_up(&self) {
-        let waiter = self.lock().tier_up.waiter();
-        waiter.wait();
+        let tier_up = self.lock().tier_up.clone();
+        tier_up.wait();
     }
 
     /// The most kernels the cache keeps.

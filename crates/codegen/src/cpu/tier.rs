@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use lower::kir::LoopKernel;
@@ -69,17 +69,13 @@ impl JitMode {
 pub struct KernelEntry {
     func: AtomicPtr<u8>,
     swapped: AtomicBool,
-    /// Set while `pending` holds the job that [`KernelEntry::request_tier_up`] sends.
-    armed: AtomicBool,
+    /// The job [`KernelEntry::request_tier_up`] sends, until it does.
     pending: Mutex<Option<Job>>,
 }
 
 impl std::fmt::Debug for KernelEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KernelEntry")
-            .field("swapped", &self.is_swapped())
-            .field("armed", &self.armed.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
+        f.debug_struct("KernelEntry").field("swapped", &self.is_swapped()).finish_non_exhaustive()
     }
 }
 
@@ -99,7 +95,6 @@ impl KernelEntry {
         KernelEntry {
             func: AtomicPtr::new(func as *mut u8),
             swapped: AtomicBool::new(false),
-            armed: AtomicBool::new(false),
             pending: Mutex::new(None),
         }
     }
@@ -119,13 +114,10 @@ impl KernelEntry {
     }
 
     /// Sends the kernel to the background thread for optimised code, if its compiler armed it
-    /// ([`JitMode::Tiered`]) and no one asked before; a no-op otherwise (one atomic swap). Runners
-    /// call it when a program runs a second time: a program that runs once never pays for
-    /// optimised code, and the thread stays off the cores while programs are being compiled.
+    /// ([`JitMode::Tiered`]) and no one asked before; a no-op otherwise. Runners call it when a
+    /// program runs a second time: a program that runs once never pays for optimised code, and
+    /// the thread stays off the cores while programs are being compiled.
     pub fn request_tier_up(&self) {
-        if !self.armed.swap(false, Ordering::AcqRel) {
-            return;
-        }
         let job = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(job) = job {
             dispatch(job);
@@ -135,7 +127,6 @@ impl KernelEntry {
     /// Keeps `job` for [`KernelEntry::request_tier_up`].
     pub(crate) fn arm(&self, job: Job) {
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = Some(job);
-        self.armed.store(true, Ordering::Release);
     }
 
     /// Points the entry at `func`.
@@ -159,30 +150,15 @@ pub(crate) struct Progress {
     pub(crate) failed: u64,
     /// Wall-clock time the thread spent compiling and linking.
     pub(crate) time: Duration,
-    /// The thread has stopped (it could not build its ISA, or panicked).
-    pub(crate) stopped: bool,
 }
 
+#[derive(Default)]
 struct Shared {
     progress: Mutex<Progress>,
     changed: Condvar,
 }
 
 impl Shared {
-    const fn new() -> Shared {
-        Shared {
-            progress: Mutex::new(Progress {
-                queued: 0,
-                finished: 0,
-                optimized: 0,
-                failed: 0,
-                time: Duration::ZERO,
-                stopped: false,
-            }),
-            changed: Condvar::new(),
-        }
-    }
-
     /// Applies `f` to this record.
     fn apply(&self, f: impl Fn(&mut Progress)) {
         f(&mut self.progress.lock().unwrap_or_else(|p| p.into_inner()));
@@ -195,17 +171,18 @@ impl Shared {
         ALL.apply(f);
     }
 
-    /// Blocks until every job counted here has finished (or the thread stopped).
+    /// Blocks until every job counted here has finished (a job lost with the thread counts as
+    /// finished when it drops: see `Job`'s `Drop`).
     fn wait(&self) {
         let mut p = self.progress.lock().unwrap_or_else(|p| p.into_inner());
-        while p.finished < p.queued && !p.stopped {
+        while p.finished < p.queued {
             p = self.changed.wait(p).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
 
 /// Every job of the process.
-static ALL: Shared = Shared::new();
+static ALL: LazyLock<Shared> = LazyLock::new(Shared::default);
 
 /// Blocks until every kernel that any compiler of the process sent to the background thread so
 /// far runs optimised code, or its optimising compile failed. For measuring steady-state speed:
@@ -214,42 +191,52 @@ pub fn wait_tier_up_all() {
     ALL.wait();
 }
 
-/// One kernel to recompile, and the progress of the compiler that sent it.
+/// One kernel to recompile, and the progress of the compiler that sent it. A job once sent
+/// counts as finished when it drops, whatever became of it (done, skipped, or lost with a
+/// thread that panicked or could not start), with the outcome the thread recorded.
 pub(crate) struct Job {
     pub(crate) kernel: LoopKernel,
     pub(crate) target: Weak<CompiledKernel>,
     pub(crate) tiling: Tiling,
     pub(crate) disasm: bool,
     progress: Arc<Shared>,
+    sent: bool,
+    /// Set by the thread: whether the optimised code was swapped in, and its share of the
+    /// batch's time.
+    outcome: Option<bool>,
+    time: Duration,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.sent {
+            let (outcome, time) = (self.outcome, self.time);
+            self.progress.update(|p| {
+                p.finished += 1;
+                p.optimized += u64::from(outcome == Some(true));
+                p.failed += u64::from(outcome == Some(false));
+                p.time += time;
+            });
+        }
+    }
 }
 
 /// The process's one background thread, started with the first job: its queue, or why it
 /// could not start.
 static QUEUE: OnceLock<std::result::Result<Sender<Job>, String>> = OnceLock::new();
 
-/// Every progress record that has jobs in the queue, marked stopped if the thread dies.
-static SENDERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
-
 /// A compiler's handle on the background thread: its own progress (the thread itself is shared
-/// by every compiler of the process, so that a compiler costs no thread start).
+/// by every compiler of the process, so that a compiler costs no thread start). Clones share
+/// the progress, so one can wait without the compiler's lock.
+#[derive(Clone, Default)]
 pub(crate) struct TierUp {
     shared: Arc<Shared>,
 }
 
-/// A waiter's view of one compiler's progress, usable without the compiler's lock.
-#[derive(Clone)]
-pub(crate) struct Waiter(Arc<Shared>);
-
-impl Waiter {
-    /// Blocks until every job the compiler sent has finished (or the thread stopped).
-    pub(crate) fn wait(&self) {
-        self.0.wait();
-    }
-}
-
 impl TierUp {
-    pub(crate) fn new() -> TierUp {
-        TierUp { shared: Arc::new(Shared::new()) }
+    /// Blocks until every job the compiler sent has finished.
+    pub(crate) fn wait(&self) {
+        self.shared.wait();
     }
 
     /// Arms `target`'s entry with the job of recompiling `kernel`, sent when a runner asks
@@ -261,21 +248,21 @@ impl TierUp {
             tiling,
             disasm,
             progress: self.shared.clone(),
+            sent: false,
+            outcome: None,
+            time: Duration::ZERO,
         });
     }
 
     pub(crate) fn progress(&self) -> Progress {
         *self.shared.progress.lock().unwrap_or_else(|p| p.into_inner())
     }
-
-    pub(crate) fn waiter(&self) -> Waiter {
-        Waiter(self.shared.clone())
-    }
 }
 
 /// Queues `job` for the background thread (starting it if this is the process's first job).
-/// Where the thread cannot start or has stopped, the kernel keeps its quick code.
-fn dispatch(job: Job) {
+/// Where the thread cannot start or has stopped, the job drops here and the kernel keeps its
+/// quick code.
+fn dispatch(mut job: Job) {
     let queue = QUEUE.get_or_init(|| {
         let (jobs, queue) = channel();
         std::thread::Builder::new()
@@ -284,38 +271,12 @@ fn dispatch(job: Job) {
             .map(|_| jobs)
             .map_err(|e| format!("starting the tier-up thread: {e}"))
     });
-    let progress = job.progress.clone();
-    progress.update(|p| p.queued += 1);
-    let sent = match queue {
-        Ok(jobs) => {
-            let mut senders = SENDERS.lock().unwrap_or_else(|p| p.into_inner());
-            if !senders.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&progress))) {
-                senders.retain(|w| w.strong_count() > 0);
-                senders.push(Arc::downgrade(&progress));
-            }
-            jobs.send(job).is_ok()
-        }
-        Err(e) => {
-            log::debug!("kernels keep their quick code: {e}");
-            false
-        }
-    };
-    if !sent {
-        progress.update(|p| p.finished += 1);
-    }
-}
-
-/// Marks every compiler's progress stopped when the thread ends (it only ends by a panic, or
-/// when it cannot build its ISA), so that no waiter waits forever.
-struct StopOnDrop;
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        let senders = std::mem::take(&mut *SENDERS.lock().unwrap_or_else(|p| p.into_inner()));
-        for s in senders.iter().filter_map(Weak::upgrade) {
-            s.apply(|p| p.stopped = true);
-        }
-        ALL.apply(|p| p.stopped = true);
+    job.progress.update(|p| p.queued += 1);
+    job.sent = true;
+    match queue {
+        // A failed send hands the job back, and it drops (finished) with the error.
+        Ok(jobs) => drop(jobs.send(job)),
+        Err(e) => log::debug!("kernels keep their quick code: {e}"),
     }
 }
 
@@ -337,7 +298,6 @@ fn lower_priority() {
 /// The thread: takes every job queued, compiles and links them as one batch, swaps each kernel's
 /// entry, and repeats.
 fn run(queue: Receiver<Job>) {
-    let _stop = StopOnDrop;
     lower_priority();
     let isa = match jit::host_isa(Tier::Optimized) {
         Ok(isa) => isa,
@@ -350,16 +310,22 @@ fn run(queue: Receiver<Job>) {
     let mut linker = Linker::new(isa.clone());
     while let Ok(first) = queue.recv() {
         let t0 = Instant::now();
-        let jobs: Vec<Job> = std::iter::once(first).chain(queue.try_iter()).collect();
-        let live: Vec<(&Job, Option<Arc<CompiledKernel>>)> = jobs.iter().map(|j| (j, j.target.upgrade())).collect();
-        let codes = live
+        let mut jobs: Vec<(Job, Option<Arc<CompiledKernel>>)> = std::iter::once(first)
+            .chain(queue.try_iter())
+            .map(|j| {
+                let k = j.target.upgrade();
+                (j, k)
+            })
+            .collect();
+        let codes = jobs
             .iter()
             .filter_map(|(j, k)| k.as_ref().map(|_| worker.compile(&*isa, &j.kernel, j.disasm, j.tiling)))
             .collect();
         let mut linked = linker.link(codes).into_iter();
         let time = t0.elapsed() / jobs.len() as u32;
-        for (job, kernel) in &live {
-            let outcome = kernel.as_ref().map(|k| match linked.next() {
+        for (job, kernel) in &mut jobs {
+            job.time = time;
+            job.outcome = kernel.as_ref().map(|k| match linked.next() {
                 Some(Ok((ptr, arena))) => {
                     // SAFETY: `ptr` is the entry of a function just linked (and finalized) with
                     // `kernel_signature`, compiled from the same kernel as the quick code.
@@ -373,14 +339,9 @@ fn run(queue: Receiver<Job>) {
                 }
                 None => false,
             });
-            job.progress.update(|p| {
-                p.finished += 1;
-                p.optimized += u64::from(outcome == Some(true));
-                p.failed += u64::from(outcome == Some(false));
-                p.time += time;
-            });
         }
-        // The kernels may be dropped here, by their last holder: after the swap, never during.
-        drop(live);
+        // The jobs count as finished, and the kernels may be dropped by their last holder,
+        // here: after the swap, never during.
+        drop(jobs);
     }
 }
