@@ -136,8 +136,6 @@ struct Entry {
     /// touched); the others are rebound per call and emptied after it, so that no array of
     /// theirs is held past the call.
     bound: Vec<HostTensor>,
-    /// An empty array: what an argument's slot of `bound` holds between calls.
-    empty: HostTensor,
     /// Per argument, the last call's argument when it was a shared tensor without bindings (a
     /// weight): the same tensor given again has the same type and data, so the next call skips
     /// its signature check and leaves its host tensor in `bound`. Decoding passes ~200 weights
@@ -289,7 +287,7 @@ impl JitCache {
                     .is_some_and(|k| i != index || !k.is(arg(j)) || (j < owned.len() && k.only_other_handle(arg(j))));
                 if drop {
                     *k = None;
-                    e.bound[j] = e.empty.clone();
+                    unbind(&mut e.bound[j]);
                 }
             }
         }
@@ -339,7 +337,7 @@ impl JitCache {
         // Only kept arguments and captured data stay bound between calls.
         for (j, slot) in entry.bound[..n + entry.random.len()].iter_mut().enumerate() {
             if entry.kept.get(j).is_none_or(Option::is_none) {
-                *slot = entry.empty.clone();
+                unbind(slot);
             }
         }
         let hosts = ran?;
@@ -396,6 +394,15 @@ impl JitCache {
         self.held[1] = kept;
         spare
     }
+}
+
+/// Empties an argument's slot of `Entry::bound` between calls: no array of the call's is held
+/// past it. The slot keeps its shape's allocation (a call per decoding step empties ~30 slots,
+/// each an allocation and a free when it was a fresh empty tensor).
+fn unbind(slot: &mut HostTensor) {
+    slot.data = HostData::empty_shared(slot.data.dtype());
+    slot.shape.clear();
+    slot.shape.push(0);
 }
 
 /// The data of a realized argument the call does not own: merges its bindings, or, when it has
@@ -479,8 +486,7 @@ fn trace<R: JitOutput>(
         taken_slots,
         kept: args.iter().map(|_| None).collect(),
         // Data the closure captured goes after the arguments and the random inputs.
-        bound: std::iter::repeat_n(empty.clone(), args.len() + random.len()).chain(program.inputs).collect(),
-        empty,
+        bound: std::iter::repeat_n(empty, args.len() + random.len()).chain(program.inputs).collect(),
         graph: program.graph,
         sites: program.sites,
         loaded,

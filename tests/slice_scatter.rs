@@ -7,6 +7,8 @@ mod support;
 
 use support::{data_ptr, devices};
 
+use std::sync::Arc;
+
 use kiln::{Device, Dim, Tensor, jit};
 
 const ROWS: usize = 6;
@@ -153,4 +155,36 @@ fn an_argument_first_shared_then_given_up_is_updated_in_place() {
     let out = f.call_owned(vec![cache, new, pos(2)]).unwrap();
     assert_eq!(data_ptr(&out[0]), before, "the given-up argument was copied");
     assert_eq!(out[0].to_vec::<f32>().unwrap(), want);
+}
+
+#[test]
+fn an_array_updated_in_place_comes_back_as_the_very_array_given() {
+    // The program's run hands an array written in place back as the `Arc` it was given (so that
+    // `kiln::jit` can refill the argument's handle with it), and copies one still shared
+    // elsewhere, leaving that one unwritten. (A new `Arc` around the same elements may land at
+    // the freed one's address, so this cannot tell a rewrapped array from the same one; the
+    // copy it does tell.)
+    let cache = Tensor::from_vec(rows(ROWS, 2.0), &[ROWS, COLS]);
+    let new = Tensor::from_vec(rows(1, 0.0), &[1, COLS]);
+    let pos = Tensor::symbol("pos", 2);
+    let updated = cache.slice_scatter(&new, 0, pos.shape()[0].clone());
+    let program = kiln::trace(&[&updated]).unwrap();
+    let exe = kiln::backend::cpu_device().unwrap().compile(&program.graph).unwrap();
+    assert_eq!(exe.program().inits.len(), 1);
+    let slot = program.inputs.iter().position(|h| h.shape == [ROWS, COLS]).unwrap();
+    let mut want = rows(ROWS, 2.0);
+    want[2 * COLS..3 * COLS].copy_from_slice(&rows(1, 0.0));
+    for shared in [false, true] {
+        let mut inputs = program.inputs.clone();
+        // An array of the caller's alone (the trace's inputs share `cache`'s).
+        inputs[slot].data = Arc::new(inputs[slot].data.as_ref().clone());
+        let given = Arc::as_ptr(&inputs[slot].data);
+        let elsewhere = shared.then(|| inputs[slot].data.clone());
+        let out = exe.run_taking(&mut inputs, &pos.bindings(), Vec::new()).unwrap();
+        assert_eq!(std::ptr::eq(Arc::as_ptr(&out[0].data), given), !shared, "shared elsewhere: {shared}");
+        assert_eq!(out[0].data.to_f64_vec(), want.iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
+        if let Some(array) = elsewhere {
+            assert_eq!(array.to_f64_vec(), program.inputs[slot].data.to_f64_vec(), "a shared array was written");
+        }
+    }
 }

@@ -134,6 +134,15 @@ impl HostData {
         }
     }
 
+    /// A shared array of no elements of `dtype`: a placeholder for an array taken elsewhere, at
+    /// the cost of a reference count rather than an allocation.
+    pub fn empty_shared(dtype: DType) -> Arc<HostData> {
+        static EMPTY: std::sync::LazyLock<[Arc<HostData>; DType::ALL.len()]> =
+            std::sync::LazyLock::new(|| DType::ALL.map(|d| Arc::new(HostData::filled(d, 0, Scalar::Int(0)))));
+        let i = DType::ALL.iter().position(|&d| d == dtype).expect("DType::ALL lists every dtype");
+        EMPTY[i].clone()
+    }
+
     /// Element `i` as a scalar.
     pub fn get(&self, i: usize) -> Scalar {
         with_host_data!(self, v => v[i].to_scalar())

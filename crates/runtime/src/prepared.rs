@@ -19,7 +19,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use air::{Bindings, HostData, HostTensor, Scalar, Symbol, TensorType};
+use air::{Bindings, HostData, HostTensor, Symbol, TensorType};
 use lower::kir::{Access, IExpr, Kernel, Stmt};
 use lower::{BufferKind, MemoryPlan, Program};
 use smallvec::SmallVec;
@@ -261,8 +261,7 @@ impl Prepared {
         self.init_slots
             .iter()
             .map(|&(out, slot)| {
-                let dtype = inputs[slot].data.dtype();
-                let empty = Arc::new(HostData::filled(dtype, 0, Scalar::Int(0)));
+                let empty = HostData::empty_shared(inputs[slot].data.dtype());
                 (out, std::mem::replace(&mut inputs[slot].data, empty))
             })
             .collect()

@@ -195,7 +195,7 @@ pub struct RunState {
     arena: Arena,
     buf_ptrs: Vec<*mut u8>,
     table: Vec<*mut u8>,
-    fresh: Vec<HostData>,
+    fresh: Vec<Arc<HostData>>,
     /// Arrays offered by the caller for this run's outputs ([`Backend::recycle`]), emptied by
     /// `bind`.
     spare: Vec<HostData>,

@@ -102,9 +102,12 @@ impl Backend for CpuCode {
             let b = b as usize;
             let (dtype, n) = (program.buffers[b].dtype, sized.sizes.buf_numel[b]);
             if let Some(k) = state.presets.iter().position(|(out, _)| *out == b) {
-                // Written in place: the given array itself when nobody else holds it, else a copy.
-                let (_, data) = state.presets.swap_remove(k);
-                let data = Arc::try_unwrap(data).unwrap_or_else(|shared| (*shared).clone());
+                // Written in place: the given array itself (its very `Arc`, so that the caller
+                // can tell it comes back) when nobody else holds it, else a copy.
+                let (_, mut data) = state.presets.swap_remove(k);
+                if Arc::get_mut(&mut data).is_none() {
+                    data = Arc::new((*data).clone());
+                }
                 if data.dtype() != dtype || data.len() != n {
                     state.presets.clear();
                     return Err(RuntimeError::InvalidProgram(format!(
@@ -117,7 +120,7 @@ impl Backend for CpuCode {
                 continue;
             }
             let spare = state.spare.iter().position(|d| d.dtype() == dtype && d.len() == n);
-            state.fresh.push(match spare {
+            state.fresh.push(Arc::new(match spare {
                 Some(i) => {
                     let mut data = state.spare.swap_remove(i);
                     if !sized.launches.unwritten_ok[j] {
@@ -127,7 +130,7 @@ impl Backend for CpuCode {
                 }
                 None if sized.launches.unwritten_ok[j] => memory::unwritten_host_data(dtype, n)?,
                 None => memory::zeroed_host_data(dtype, n)?,
-            });
+            }));
         }
         state.spare.clear();
 
@@ -144,7 +147,8 @@ impl Backend for CpuCode {
                 }
                 BufferKind::Output(_) => {
                     next_fresh += 1;
-                    memory::data_ptr_mut(&mut state.fresh[next_fresh - 1])
+                    let data = Arc::get_mut(&mut state.fresh[next_fresh - 1]).expect("a fresh output is not shared");
+                    memory::data_ptr_mut(data)
                 }
                 // SAFETY: the offset lies inside the arena (checked against the plan in
                 // `Prepared::plan`, and the arena holds `arena_bytes`).
@@ -343,8 +347,13 @@ impl Backend for CpuCode {
         for (&b, mut data) in self.output_bufs.iter().zip(state.fresh.drain(..)) {
             // SAFETY: the buffer's first writer stored every element (`unwritten_ok`), or it was
             // zeroed; it has room for exactly `buf_numel` elements.
-            unsafe { memory::mark_written(&mut data, buf_numel[b as usize]) };
-            fresh.push(Arc::new(data));
+            unsafe {
+                memory::mark_written(
+                    Arc::get_mut(&mut data).expect("a fresh output is not shared"),
+                    buf_numel[b as usize],
+                )
+            };
+            fresh.push(data);
         }
         let mut results = Vec::with_capacity(self.outputs.len());
         for (i, source) in self.outputs.iter().enumerate() {
