@@ -573,3 +573,46 @@ fn a_masked_where_of_the_loop_index_runs_as_one_routine_call_and_matches_the_jit
 fn kiln_codegen_select_code() -> i32 {
     7
 }
+
+/// A loop of symbolic trip count inside an outer loop (an attention row over the positions a
+/// cache holds so far): the tiles when it runs at least `TILE_MIN_TRIPS` (64) times, the vector
+/// loop below that (a routine's call per op per row of 8 cost ~10x the loop). Both paths, at
+/// widths on each side of the switch and with scalar remainders, agree with the JIT-only code
+/// bit for bit and with the evaluator.
+#[test]
+fn symbolic_rows_pick_tiles_or_vectors_by_their_length() {
+    // out[r * w + j] = sigmoid(x[r * w + j]) for r < s0, j < s1.
+    let mut k = sigmoid_chain(1);
+    let Stmt::Loop { body, .. } = k.body.remove(0) else { unreachable!() };
+    let at = IExpr::add(IExpr::mul(i(1), IExpr::Sym(1)), i(0));
+    let body: Vec<Stmt> = body
+        .into_iter()
+        .map(|s| match s {
+            Stmt::Let { reg, dtype, inst: Inst::Load { buf, mask, other, .. } } => {
+                Stmt::Let { reg, dtype, inst: Inst::Load { buf, index: at.clone(), mask, other } }
+            }
+            Stmt::Store { buf, value, .. } => Stmt::Store { buf, index: at.clone(), value },
+            s => s,
+        })
+        .collect();
+    k.n_syms = 2;
+    k.body = vec![for_(1, IExpr::Sym(0), true, vec![for_(0, IExpr::Sym(1), false, body)])];
+    let auto = compiler(TileMode::Auto, TileLevel::detect());
+    let text = kiln_codegen::clif_text_with(&k, auto.tiling()).unwrap();
+    if auto.tiling().level == TileLevel::Avx512 {
+        assert!(text.contains(" call ") && text.contains("f32x4"), "both paths:\n{text}");
+    }
+    let off = compiler(TileMode::Off, TileLevel::Base);
+    for width in [3usize, 8, 13, 63, 64, 100] {
+        let rows = 5;
+        let n = rows * width;
+        let bufs = || vec![Buf::from_vals(DType::F32, &sample(DType::F32, n, width as u64)), Buf::zeros(DType::F32, n)];
+        let syms = [rows as i64, width as i64];
+        let (mut got, mut jit, mut want) = (bufs(), bufs(), bufs());
+        jit_with(&auto, &k, &mut got, &syms, 0, rows as i64);
+        jit_with(&off, &k, &mut jit, &syms, 0, rows as i64);
+        eval(&k, &mut want, &syms, 0, rows as i64);
+        assert_bufs_close(&got[1], &jit[1], 0.0, &format!("width {width} against the JIT-only code"));
+        assert_bufs_close(&got[1], &want[1], 1e-6, &format!("width {width} against the evaluator"));
+    }
+}

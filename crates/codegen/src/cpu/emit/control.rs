@@ -128,8 +128,26 @@ impl<'f> Emitter<'_, 'f> {
             .filter(|_| long_enough)
             .and_then(|_| tile_plan(self.k, self.info, var, body, self.tiling.mode));
         match (plan, tiles) {
+            // A symbolic extent may be short when the kernel runs (an attention row over the
+            // first 8 positions of a cache), where a routine's call per op per row costs ~10x
+            // the loop: such a loop picks the tiles or the vector loop by its trip count.
+            (Some(plan), Some(tiles)) if trips.is_none() && range.is_none() => {
+                let (tiled, vectored, join) = (self.b.create_block(), self.b.create_block(), self.b.create_block());
+                let n = self.b.ins().isub(hi, lo);
+                let long = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, n, TILE_MIN_TRIPS);
+                self.b.ins().brif(long, tiled, &[], vectored, &[]);
+                self.b.switch_to_block(tiled);
+                self.tile_loop(var, lo, hi, body, &tiles)?;
+                self.b.ins().jump(join, &[]);
+                self.regs.clone_from(&saved_regs);
+                self.vars.clone_from(&saved_vars);
+                self.b.switch_to_block(vectored);
+                self.vector_loop(var, (lo, hi), trips, body, &plan, true)?;
+                self.b.ins().jump(join, &[]);
+                self.b.switch_to_block(join);
+            }
             (Some(_), Some(tiles)) => self.tile_loop(var, lo, hi, body, &tiles)?,
-            (Some(plan), None) => self.vector_loop(var, (lo, hi), trips, body, &plan)?,
+            (Some(plan), None) => self.vector_loop(var, (lo, hi), trips, body, &plan, false)?,
             (None, _) => {
                 let i = self.b.declare_var(types::I64);
                 self.b.def_var(i, lo);

@@ -16,7 +16,9 @@ impl<'f> Emitter<'_, 'f> {
     /// is no one-vector loop between them: each body costs compile time (about a third of a
     /// kernel's, for sigmoid), and the tail is short. A loop of a known,
     /// short trip count (`trips`: a pooling row of 13 outputs) unrolls less where that leaves
-    /// fewer than 4 iterations to the scalar tail.
+    /// fewer than 4 iterations to the scalar tail; one expected to be short (`short`: the
+    /// vector side of a symbolic loop that `emit_loop` sends to the tiles when long) does not
+    /// unroll.
     pub(super) fn vector_loop(
         &mut self,
         var: Var,
@@ -24,8 +26,11 @@ impl<'f> Emitter<'_, 'f> {
         trips: Option<i64>,
         body: &[Stmt],
         plan: &VecPlan,
+        short: bool,
     ) -> Result<()> {
-        let mut unroll = unroll_factor(plan.size);
+        // A loop known to be short runs one vector per step: unrolled, a row of 8 would run
+        // entirely in the scalar remainder.
+        let mut unroll = if short { 1 } else { unroll_factor(plan.size) };
         if let Some(n) = trips {
             while unroll > 1 && n % (LANES * unroll) >= LANES {
                 unroll /= 2;
