@@ -71,6 +71,15 @@ fn reductions_sum_and_max_every_numeric_dtype_and_length() {
     }
 }
 
+/// A row of symbolic length runs the unrolled vector loop (four vectors per step) from 32
+/// elements and one vector per step below that, so that a row of 8 is not all scalar remainder:
+/// both loops are in the kernel (the test above runs both, at lengths on each side).
+#[test]
+fn symbolic_rows_have_an_unrolled_and_a_short_vector_loop() {
+    let text = kiln_codegen::clif_text(&row_reduce(DType::F32, ReduceOp::Max)).unwrap();
+    assert_eq!(text.matches("load.f32x4").count(), 5, "{text}");
+}
+
 #[test]
 fn max_reduction_propagates_nan_and_empty_gives_identity() {
     let k = row_reduce(DType::F32, ReduceOp::Max);

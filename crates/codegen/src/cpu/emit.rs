@@ -42,7 +42,7 @@ const LANES: i64 = 4;
 
 /// A register's value and whether it is a vector.
 #[derive(Clone, Copy)]
-struct Val {
+pub(super) struct Val {
     v: Value,
     vector: bool,
 }

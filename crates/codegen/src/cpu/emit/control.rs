@@ -4,9 +4,11 @@
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::Variable;
-use lower::kir::{IExpr, Stmt, Var};
+use std::collections::HashMap;
 
-use super::{Emitter, Indexed, LANES, acc_ty, vector_ty};
+use lower::kir::{IExpr, Reg, Stmt, Var};
+
+use super::{Emitter, Indexed, LANES, Val, acc_ty, unroll_factor, vector_ty};
 use crate::cpu::analysis::{tile_plan, tile_rows_plan, unrolls_fully, vector_plan};
 use crate::cpu::split;
 use crate::cpu::stencil::{plane_plan, stencil_plan};
@@ -15,6 +17,10 @@ use crate::error::Result;
 
 /// The fewest iterations a loop of known trip count needs to run over tiles (see `tile_plan`).
 const TILE_MIN_TRIPS: i64 = 64;
+
+/// The fewest iterations of a loop of symbolic trip count for its unrolled vector loop (4
+/// vectors of 4 per step); shorter, it runs one vector per step (see `emit_loop`).
+const SHORT_TRIPS: i64 = 32;
 
 impl<'f> Emitter<'_, 'f> {
     pub(super) fn emit_stmts(&mut self, stmts: &[Stmt]) -> Result<()> {
@@ -131,21 +137,21 @@ impl<'f> Emitter<'_, 'f> {
             // A symbolic extent may be short when the kernel runs (an attention row over the
             // first 8 positions of a cache), where a routine's call per op per row costs ~10x
             // the loop: such a loop picks the tiles or the vector loop by its trip count.
-            (Some(plan), Some(tiles)) if trips.is_none() && range.is_none() => {
-                let (tiled, vectored, join) = (self.b.create_block(), self.b.create_block(), self.b.create_block());
-                let n = self.b.ins().isub(hi, lo);
-                let long = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, n, TILE_MIN_TRIPS);
-                self.b.ins().brif(long, tiled, &[], vectored, &[]);
-                self.b.switch_to_block(tiled);
-                self.tile_loop(var, lo, hi, body, &tiles)?;
-                self.b.ins().jump(join, &[]);
-                self.regs.clone_from(&saved_regs);
-                self.vars.clone_from(&saved_vars);
-                self.b.switch_to_block(vectored);
-                self.vector_loop(var, (lo, hi), trips, body, &plan, true)?;
-                self.b.ins().jump(join, &[]);
-                self.b.switch_to_block(join);
-            }
+            (Some(plan), Some(tiles)) if trips.is_none() && range.is_none() => self.by_trips(
+                (lo, hi, TILE_MIN_TRIPS),
+                (&saved_regs, &saved_vars),
+                |s| s.tile_loop(var, lo, hi, body, &tiles),
+                |s| s.vector_loop(var, (lo, hi), trips, body, &plan, true),
+            )?,
+            // Likewise, an unrolled vector loop runs a row shorter than its step (16) in the
+            // scalar remainder: rows below `SHORT_TRIPS` run one vector per step.
+            (Some(plan), None) if trips.is_none() && range.is_none() && unroll_factor(plan.size) == 4 => self
+                .by_trips(
+                    (lo, hi, SHORT_TRIPS),
+                    (&saved_regs, &saved_vars),
+                    |s| s.vector_loop(var, (lo, hi), trips, body, &plan, false),
+                    |s| s.vector_loop(var, (lo, hi), trips, body, &plan, true),
+                )?,
             (Some(_), Some(tiles)) => self.tile_loop(var, lo, hi, body, &tiles)?,
             (Some(plan), None) => self.vector_loop(var, (lo, hi), trips, body, &plan, false)?,
             (None, _) => {
@@ -159,6 +165,31 @@ impl<'f> Emitter<'_, 'f> {
         }
         self.regs = saved_regs;
         self.vars = saved_vars;
+        Ok(())
+    }
+
+    /// `long` when `hi - lo >= at_least` at run time, else `short`: two versions of one loop,
+    /// each emitted from the registers and variables in `saved` (the loop's surroundings).
+    fn by_trips(
+        &mut self,
+        (lo, hi, at_least): (Value, Value, i64),
+        saved: (&HashMap<Reg, Val>, &HashMap<Var, Value>),
+        long: impl FnOnce(&mut Self) -> Result<()>,
+        short: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        let (long_block, short_block, join) = (self.b.create_block(), self.b.create_block(), self.b.create_block());
+        let n = self.b.ins().isub(hi, lo);
+        let is_long = self.b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, n, at_least);
+        self.b.ins().brif(is_long, long_block, &[], short_block, &[]);
+        self.b.switch_to_block(long_block);
+        long(self)?;
+        self.b.ins().jump(join, &[]);
+        self.regs.clone_from(saved.0);
+        self.vars.clone_from(saved.1);
+        self.b.switch_to_block(short_block);
+        short(self)?;
+        self.b.ins().jump(join, &[]);
+        self.b.switch_to_block(join);
         Ok(())
     }
 
