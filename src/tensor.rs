@@ -66,10 +66,19 @@ impl Drop for Inner {
     /// Drops the input DAG iteratively: a recursive drop of a chain of a million nodes would
     /// overflow the stack.
     fn drop(&mut self) {
+        let inputs = std::mem::take(self.inputs.get_mut().unwrap_or_else(PoisonError::into_inner));
+        if inputs.is_empty() {
+            return;
+        }
         let mut stack: SmallVec<[Tensor; 8]> = SmallVec::new();
-        stack.extend(std::mem::take(self.inputs.get_mut().unwrap_or_else(PoisonError::into_inner)));
-        while let Some(t) = stack.pop() {
-            if let Ok(mut inner) = Arc::try_unwrap(t.inner) {
+        stack.extend(inputs);
+        while let Some(mut t) = stack.pop() {
+            // The last handle: its inputs move to the stack, and the node then drops in place
+            // with none (no recursion, and the node is not moved out of its allocation). A node
+            // the autograd registry also points to (weakly) is moved out instead.
+            if let Some(inner) = Arc::get_mut(&mut t.inner) {
+                stack.extend(std::mem::take(inner.inputs.get_mut().unwrap_or_else(PoisonError::into_inner)));
+            } else if let Ok(mut inner) = Arc::try_unwrap(t.inner) {
                 stack.extend(std::mem::take(inner.inputs.get_mut().unwrap_or_else(PoisonError::into_inner)));
             }
         }

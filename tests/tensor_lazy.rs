@@ -130,6 +130,12 @@ fn deep_chains_build_realize_and_drop() {
         z = z.neg();
     }
     drop(z); // Dropping a long lazy chain must not overflow the stack.
+    // Nor one whose nodes the autograd registry also points to (weakly).
+    let mut w = x.requires_grad_();
+    for _ in 0..100_000 {
+        w = w.neg().requires_grad_();
+    }
+    drop(w);
 }
 
 #[test]
