@@ -99,11 +99,13 @@ const SMALL_MAX_STEPS: usize = 512;
 const GEMM_SPLIT_MIN: usize = 32;
 
 /// From this many bytes of `b` per entry, a dot-shaped launch always threads (see
-/// [`MatmulLaunch::streams_large_weight`]): one core streams about 20 GB/s here, so 4 MiB take
-/// some 200 us alone, where waking the pool costs at most 77 us (#18). GPT-2's 768x2304 and
+/// [`MatmulLaunch::streams_large_weight`]): one core streams about 20 GB/s here, so 2 MiB take
+/// some 100 us alone, where waking the pool costs at most 77 us (#18). GPT-2's 768x2304 and
 /// 768x3072 weights (7 and 9 MiB) were calibration candidates, run on one thread for five runs
-/// of every new cached length.
-const DOT_ALWAYS_SPLIT_BYTES: usize = 4 << 20;
+/// of every new cached length; at 4 MiB its 768x768 ones (2.25 MiB, 48 per token) still were,
+/// and calibration left most of them on one thread: a token at past length 8 took 21.2 ms
+/// against 18.9 with them split (four alternations of `kiln bench decode --model gpt2`).
+const DOT_ALWAYS_SPLIT_BYTES: usize = 2 << 20;
 
 /// From this many bytes of `b`, a dot-shaped launch splits its columns over the threads.
 const DOT_PARALLEL_BYTES: usize = 1 << 18;
@@ -1476,14 +1478,14 @@ mod tests {
 
     #[test]
     fn dot_products_over_a_large_weight_always_thread() {
-        // GPT-2's 768x2304 and 768x3072 weights (7 and 9 MiB), 4 MiB exactly; not 768x768
-        // (2.25 MiB), nor a product of many rows.
+        // GPT-2's 768x2304, 768x3072 and 768x768 weights (7, 9 and 2.25 MiB), 2 MiB exactly;
+        // not 1.9 MiB, nor a product of many rows.
         for (m, n, k, always) in [
             (1, 2304, 768, true),
             (1, 3072, 768, true),
-            (1, 1024, 1024, true),
-            (1, 768, 768, false),
-            (1, 1000, 1024, false),
+            (1, 768, 768, true),
+            (1, 512, 1024, true),
+            (1, 500, 1024, false),
         ] {
             assert_eq!(weight_product(m, n, k).streams_large_weight(), always, "{m}x{n}x{k}");
         }
