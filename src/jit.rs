@@ -39,7 +39,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use air::{Bindings, HostData, HostTensor, Shape, TensorType};
+use air::{Bindings, DType, HostData, HostTensor, Shape, TensorType};
 
 use crate::backend::{self, Loaded};
 use crate::device::Device;
@@ -474,7 +474,7 @@ fn trace<R: JitOutput>(
         }
     }
     let program = trace_roots(&roots, device, &all_args)?;
-    let empty = HostTensor::new(HostData::F32(Vec::new()), vec![0]).map_err(Error::internal)?;
+    let empty = HostTensor::from_arc(HostData::empty_shared(DType::F32), vec![0]).map_err(Error::internal)?;
     let loaded = backend::load(device, &program.graph, &program.sites)?;
     let (in_place, taken_slots) = backend::in_place(&loaded);
     Ok(Entry {

@@ -88,8 +88,9 @@ pub fn tune_host_allocator() -> bool {
 /// The CPU's JIT has two tiers (`KILN_JIT`, ARCHITECTURE.md): a kernel is first compiled quickly
 /// (about 40% less compile time, code up to 2x slower on index-heavy kernels), and once its
 /// program runs a second time a background thread at idle priority recompiles it with
-/// Cranelift's optimisations and swaps the faster code in. Programs never need to wait for that; a benchmark of steady-state speed calls this after
-/// its warm-up so that it times the code a long-running program settles on.
+/// Cranelift's optimisations and swaps the faster code in. Programs never need to wait for that;
+/// a benchmark of steady-state speed calls this after its warm-up so that it times the code a
+/// long-running program settles on.
 pub fn wait_tier_up() {
     runtime::cpu::wait_tier_up_all();
 }

@@ -105,9 +105,7 @@ impl Backend for CpuCode {
                 // Written in place: the given array itself (its very `Arc`, so that the caller
                 // can tell it comes back) when nobody else holds it, else a copy.
                 let (_, mut data) = state.presets.swap_remove(k);
-                if Arc::get_mut(&mut data).is_none() {
-                    data = Arc::new((*data).clone());
-                }
+                Arc::make_mut(&mut data);
                 if data.dtype() != dtype || data.len() != n {
                     state.presets.clear();
                     return Err(RuntimeError::InvalidProgram(format!(
