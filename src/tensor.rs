@@ -396,7 +396,44 @@ impl Tensor {
         if *self.shape() == shape {
             return self.clone();
         }
+        // A reshape of a reshape reads the first's input: one node fewer.
+        if let Op::Reshape(_) = self.op()
+            && let Some(src) = self.view_source()
+        {
+            return src.reshape_to(site, shape);
+        }
         self.p_reshape(site, shape)
+    }
+
+    /// A permute (`perm` valid for `self`), or `self` when `perm` keeps every axis in place. A
+    /// permute of a permute is one permute of the first's input, or that input itself when they
+    /// cancel (as `Linear`'s transposed weight transposed back by `matmul` does): fewer nodes to
+    /// record, trace and rewrite.
+    pub(crate) fn permute_to(&self, site: Site, perm: SmallVec<[usize; 4]>) -> Tensor {
+        let identity = |p: &[usize]| p.iter().enumerate().all(|(i, &a)| i == a);
+        if identity(&perm) {
+            return self.clone();
+        }
+        if let Op::Permute(first) = self.op()
+            && let Some(src) = self.view_source()
+        {
+            let composed: SmallVec<[usize; 4]> = perm.iter().map(|&a| first.perm[a]).collect();
+            return if identity(&composed) { src } else { src.p_permute(site, composed) };
+        }
+        self.p_permute(site, perm)
+    }
+
+    /// The one input of this view node when a view op may read it directly instead (composing
+    /// two views into one): the node is lazy, without error, and not an entry of the autograd
+    /// registry (a marked tensor, or one whose gradient is kept, must stay in the graph).
+    pub(crate) fn view_source(&self) -> Option<Tensor> {
+        if self.error().is_some() || self.is_realized() || crate::autograd::has_entry(self) {
+            return None;
+        }
+        match self.inputs().as_slice() {
+            [src] => Some(src.clone()),
+            _ => None,
+        }
     }
 
     /// A constant of `self`'s device with the given dtype and shape.

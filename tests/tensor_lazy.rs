@@ -275,3 +275,40 @@ fn repeated_scalar_operands_share_one_constant_node_and_their_gradients_stay_rig
     let consts = program.graph.iter().filter(|(_, n)| matches!(n.op, air::Op::Const(_))).count();
     assert_eq!(consts, 2, "{}", program.graph);
 }
+
+#[test]
+fn views_of_views_record_one_node_and_keep_values_and_gradients() {
+    let count =
+        |t: &Tensor, f: fn(&air::Op) -> bool| kiln::trace(&[t]).unwrap().graph.iter().filter(|(_, n)| f(&n.op)).count();
+    let is_permute = |op: &air::Op| matches!(op, air::Op::Permute(_));
+    let is_reshape = |op: &air::Op| matches!(op, air::Op::Reshape(_));
+    let data: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let x = t(&data, &[2, 3, 4]);
+    // Two transposes that cancel are the tensor itself; two that do not, one permute.
+    assert!(Tensor::ptr_eq(&x.transpose(0, 2).transpose(0, 2), &x));
+    let y = x.permute(&[1, 2, 0]).permute(&[2, 0, 1]).permute(&[0, 2, 1]);
+    assert_eq!(count(&y, is_permute), 1);
+    assert_eq!(y.to_vec::<f32>().unwrap(), x.permute(&[0, 2, 1]).contiguous().to_vec::<f32>().unwrap());
+    // A reshape of a reshape reads the first's input.
+    let r = x.reshape(&[6, 4]).reshape(&[4, 6]).reshape(&[24]);
+    assert_eq!(count(&r, is_reshape), 1);
+    assert_eq!(r.to_vec::<f32>().unwrap(), data);
+    // `Linear`'s weight, transposed and transposed back by `matmul`, is read as it is.
+    let w = t(&data[..12], &[3, 4]);
+    let a = t(&[1.0, 2.0, 3.0, 4.0], &[1, 4]);
+    let out = a.matmul(&w.transpose(0, 1));
+    assert_eq!(count(&out, is_permute), 0, "{}", out.graph_text().unwrap());
+    assert_eq!(out.to_vec::<f32>().unwrap(), vec![20.0, 60.0, 100.0]);
+    // Gradients flow through a composed view as through the two.
+    let p = t(&data, &[2, 3, 4]).requires_grad_();
+    let loss = p.permute(&[2, 0, 1]).permute(&[1, 2, 0]).mul(&x).sum_all();
+    let g = kiln::grad(&loss, &[&p]).unwrap();
+    assert_eq!(g[0].to_vec::<f32>().unwrap(), data);
+    // A view the autograd registry holds stays in the graph: its own gradient is asked for.
+    let q = t(&data, &[2, 3, 4]).requires_grad_();
+    let mid = q.transpose(0, 1).requires_grad_();
+    let back = mid.transpose(0, 1);
+    assert!(!Tensor::ptr_eq(&back, &q));
+    let g = kiln::grad(&back.mul(&x).sum_all(), &[&mid]).unwrap();
+    assert_eq!(g[0].to_vec::<f32>().unwrap(), x.transpose(0, 1).contiguous().to_vec::<f32>().unwrap());
+}

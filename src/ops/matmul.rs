@@ -18,7 +18,9 @@ use crate::tensor::{Site, Tensor};
 /// ```
 ///
 /// Every step is emitted even when it changes nothing (an expand with `N = 1`), so the pattern
-/// has one shape the `lower` pass can match on.
+/// has one shape the `lower` pass can match on; the permute and the reshapes compose with a view
+/// of the same kind that they read (`Tensor::permute_to`, `Tensor::reshape_to`: `Linear`'s
+/// transposed weight is read as it is), which leaves the same movement chain to match.
 pub(crate) fn canonical_matmul(site: Site, a: &Tensor, b: &Tensor, batch: &Shape) -> Tensor {
     let (ra, rb) = (a.ndim(), b.ndim());
     let (m, k) = (a.shape()[ra - 2].clone(), a.shape()[ra - 1].clone());
@@ -30,13 +32,13 @@ pub(crate) fn canonical_matmul(site: Site, a: &Tensor, b: &Tensor, batch: &Shape
 
     let a_shape: Shape =
         ones(ra).chain(a.shape()[..ra - 2].iter().cloned()).chain([m.clone(), one.clone(), k.clone()]).collect();
-    let a3 = a.p_reshape(site, a_shape).p_expand(site, full.clone());
+    let a3 = a.reshape_to(site, a_shape).p_expand(site, full.clone());
 
     let mut perm: SmallVec<[usize; 4]> = (0..rb).collect();
     perm.swap(rb - 2, rb - 1);
     let b_shape: Shape =
         ones(rb).chain(b.shape()[..rb - 2].iter().cloned()).chain([one.clone(), n.clone(), k.clone()]).collect();
-    let b3 = b.p_permute(site, perm).p_reshape(site, b_shape).p_expand(site, full.clone());
+    let b3 = b.permute_to(site, perm).reshape_to(site, b_shape).p_expand(site, full.clone());
 
     let product = a3.p_binary(site, BinaryOp::Mul, &b3);
     let summed = product.p_reduce(site, ReduceOp::Sum, smallvec::smallvec![full.len() - 1]);

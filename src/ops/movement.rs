@@ -116,10 +116,7 @@ impl Tensor {
                 show(self.shape())
             ));
         }
-        if norm.iter().enumerate().all(|(i, &a)| i == a) {
-            return self.clone();
-        }
-        self.p_permute(site, norm)
+        self.permute_to(site, norm)
     }
 
     /// Swaps two axes.
@@ -130,12 +127,9 @@ impl Tensor {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return e,
         };
-        if a == b {
-            return self.clone();
-        }
         let mut perm: SmallVec<[usize; 4]> = (0..self.ndim()).collect();
         perm.swap(a, b);
-        self.p_permute(site, perm)
+        self.permute_to(site, perm)
     }
 
     /// Broadcasts size-1 axes (and new leading axes) to `shape`; `-1` keeps a dim.

@@ -124,7 +124,7 @@ fn mean(site: Site, t: &Tensor, axes: &[isize], keepdim: bool) -> Tensor {
     let sum = x.p_reduce(site, ReduceOp::Sum, axes.clone());
     let mean = match count(&x, &axes).as_const() {
         // `0 * (1 / 0)` is NaN, but a GPU compiler may fold `0 * inf` to 0: say NaN directly.
-        Some(0) => sum.splat(site, f64::NAN),
+        Some(0) => sum.const_like(site, Scalar::Float(f64::NAN), sum.dtype(), sum.shape().clone()),
         Some(n) => sum.p_binary(site, BinaryOp::Mul, &sum.splat(site, 1.0 / n as f64)),
         None => {
             let n = x.splat(site, 1.0).p_reduce(site, ReduceOp::Sum, axes.clone());

@@ -175,21 +175,25 @@ pub fn bench(
     let first_call_ms = t0.elapsed().as_secs_f64() * 1e3;
     let steady_ms = measure_ms(budget, call)?;
     let warm_first_call_ms = match device {
-        Device::Cpu => {
-            let cpu = kiln::backend::cpu_device()?;
-            let mut times = Vec::with_capacity(WARM_FIRST_CALLS);
-            for _ in 0..WARM_FIRST_CALLS {
-                cpu.clear_caches();
-                let mut session = model.session();
-                let t0 = Instant::now();
-                session.run(&args)?;
-                times.push(t0.elapsed().as_secs_f64() * 1e3);
-            }
-            Some(crate::timing::median(&times))
-        }
+        Device::Cpu => Some(crate::timing::median(&warm_first_calls(&model, &args, WARM_FIRST_CALLS)?)),
         _ => None,
     };
     Ok(BenchResult { load_ms, first_call_ms, warm_first_call_ms, steady_ms })
+}
+
+/// Milliseconds of `n` first calls of `model` on the CPU (import, trace, compile, run) in this
+/// warm process, every compile cache of the CPU device emptied before each.
+pub fn warm_first_calls(model: &Model, args: &[&Tensor], n: usize) -> anyhow::Result<Vec<f64>> {
+    let cpu = kiln::backend::cpu_device()?;
+    let mut times = Vec::with_capacity(n);
+    for _ in 0..n {
+        cpu.clear_caches();
+        let mut session = model.session();
+        let t0 = Instant::now();
+        session.run(args)?;
+        times.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(times)
 }
 
 /// First calls timed in the warm process by `kiln bench onnx` (onnxruntime's anchor creates its
