@@ -151,31 +151,38 @@ impl<'g> MatmulKey<'g> {
 /// bound to, and its index among the program's kernels once launched alone.
 #[derive(Default)]
 pub(super) struct Memo<'g> {
-    built: HashMap<Key<'g>, Built>,
+    built: HashMap<Key<'g>, Entry>,
     /// Matmul kernels: their index among the program's kernels and their parameters' positions.
     matmuls: HashMap<MatmulKey<'g>, (u32, SmallVec<[u8; 3]>)>,
 }
 
-pub(super) struct Built {
-    pub(super) kernel: Kernel,
+/// A kernel built before: launched alone (its index among the program's kernels: a hit reuses
+/// the launch), or a concatenation's piece (the kernel itself: pieces merge before they launch).
+pub(super) enum Built {
+    Launched(u32),
+    Piece(Box<Kernel>),
+}
+
+/// A [`Built`] and which key position each of its parameters is bound to.
+pub(super) struct Entry {
+    pub(super) built: Built,
     params: SmallVec<[u8; 8]>,
-    pub(super) launched: Option<u32>,
 }
 
 impl<'g> Memo<'g> {
     /// The kernel built for `walk`'s key and its arguments (the buffers at the positions its
     /// parameters were bound to).
     pub(super) fn get(&self, walk: &Walk<'g>) -> Option<(&Built, Vec<BufId>)> {
-        let built = self.built.get(&walk.key)?;
-        Some((built, built.params.iter().map(|&p| walk.bufs[p as usize]).collect()))
+        let entry = self.built.get(&walk.key)?;
+        Some((&entry.built, entry.params.iter().map(|&p| walk.bufs[p as usize]).collect()))
     }
 
-    /// Remembers `kernel`, built for `walk` with arguments `args`, unless an argument is not one
-    /// of the walk's buffers (the status buffer of a kernel that checks data). Returns the entry.
-    pub(super) fn insert(&mut self, walk: Walk<'g>, kernel: &Kernel, args: &[BufId]) -> Option<&mut Built> {
-        let params = positions(&walk.bufs, args)?;
-        let entry = self.built.entry(walk.key).insert_entry(Built { kernel: kernel.clone(), params, launched: None });
-        Some(entry.into_mut())
+    /// Remembers `built`, made for `walk` with arguments `args`, unless an argument is not one
+    /// of the walk's buffers (the status buffer of a kernel that checks data).
+    pub(super) fn insert(&mut self, walk: Walk<'g>, built: Built, args: &[BufId]) {
+        if let Some(params) = positions(&walk.bufs, args) {
+            self.built.insert(walk.key, Entry { built, params });
+        }
     }
 
     /// The matmul kernel launched for `key` and its arguments (the buffers `at` its positions).

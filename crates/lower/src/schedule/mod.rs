@@ -102,7 +102,7 @@ use crate::view::Movement;
 use contraction::matmul_kernel;
 pub use decide::{Decisions, FuseOptions, MatmulOperand, Plan, decide};
 use kernel::{cat_pieces, loop_kernel, scatter_kernel};
-use memo::{MatmulKey, Memo, Walk};
+use memo::{Built, MatmulKey, Memo, Walk};
 
 /// Element-wise nodes with several consumers are recomputed by each while their fused expression
 /// has at most this many ops.
@@ -251,22 +251,33 @@ pub fn emit<'g>(g: &'g Graph, dec: &'g Decisions) -> Result<Program, LowerError>
      -> Result<Option<(Kernel, Vec<BufId>)>, LowerError> {
         let walk = Walk::new(g, &bufs, root, expand, target, window);
         if let Some((built, args)) = walk.as_ref().and_then(|w| memo.get(w)) {
-            return Ok(match built.launched {
-                Some(id) if !piece => {
-                    out.known(id, args);
+            return Ok(match (built, piece) {
+                (Built::Launched(id), false) => {
+                    out.known(*id, args);
                     None
                 }
-                _ => Some((built.kernel.clone(), args)),
+                (Built::Launched(id), true) => Some((out.kernels[*id as usize].clone(), args)),
+                (Built::Piece(kernel), true) => Some(((**kernel).clone(), args)),
+                // Not met (a piece's key holds its window, a launched kernel's none), but were
+                // it, the kernel is launched all the same.
+                (Built::Piece(kernel), false) => {
+                    out.launch((**kernel).clone(), args);
+                    None
+                }
             });
         }
         let (kernel, args) = loop_kernel(g, &bufs, &symbols, root, expand, target, window, checks)?;
-        let entry = walk.and_then(|w| memo.insert(w, &kernel, &args));
         if piece {
+            if let Some(w) = walk {
+                memo.insert(w, Built::Piece(Box::new(kernel.clone())), &args);
+            }
             return Ok(Some((kernel, args)));
         }
+        // Remembered by its launch's index: the kernel itself is not copied.
+        let launched = walk.map(|w| (w, args.clone()));
         let id = out.launch(kernel, args);
-        if let Some(entry) = entry {
-            entry.launched = Some(id);
+        if let Some((w, args)) = launched {
+            memo.insert(w, Built::Launched(id), &args);
         }
         Ok(None)
     };
