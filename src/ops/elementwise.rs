@@ -598,7 +598,7 @@ impl Tensor {
         let x = self.float_input(site);
         let inner = match approximate {
             GeluApprox::None => x.mul(FRAC_1_SQRT_2).erf(),
-            // `0.5 x (1 + tanh(u)) = x sigmoid(2u)`: the same function in ten ops fewer.
+            // `0.5 x (1 + tanh(u)) = x sigmoid(2u)`: the same function in five ops fewer.
             GeluApprox::Tanh => {
                 let cube = x.p_binary(site, BinaryOp::Mul, &x).p_binary(site, BinaryOp::Mul, &x);
                 let u2 = x.add(cube.mul(0.044715)).mul(2.0 * FRAC_2_PI.sqrt());
