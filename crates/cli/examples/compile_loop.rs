@@ -6,12 +6,8 @@ use std::collections::BTreeMap;
 
 use kiln_cli::model::GptConfig;
 use kiln_cli::profile_cmd::profile_transformer;
+use kiln_cli::timing::median;
 use lower::CompileOptions;
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse()).collect::<Result<_, _>>()?;
@@ -32,8 +28,8 @@ fn main() -> anyhow::Result<()> {
         }
     }
     println!("{:<16} {:>9} {:>9} {:>11}", "pass", format!("d{a} ms"), format!("d{b} ms"), "per layer");
-    for (name, va) in samples[0].clone().iter_mut() {
-        let Some(vb) = samples[1].get_mut(name) else { continue };
+    for (name, va) in &samples[0] {
+        let Some(vb) = samples[1].get(name) else { continue };
         let (ma, mb) = (median(va), median(vb));
         println!("{name:<16} {ma:>9.3} {mb:>9.3} {:>11.4}", (mb - ma) / (b - a) as f64);
     }

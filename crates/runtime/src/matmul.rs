@@ -604,11 +604,6 @@ thread_local! {
 #[repr(C, align(64))]
 struct Line16([f32; 16]);
 
-/// Storage for `len` f32 in [`Line16`]s, uninitialized.
-fn lines_for(len: usize) -> Vec<Line16> {
-    Vec::with_capacity(len.div_ceil(16))
-}
-
 /// A column-major weight copied to rows once and kept across runs while the weight is the same
 /// (ONNX Runtime prepacks constant weights when it creates a session). `gemm` packs a
 /// column-major `b` more slowly than a row-major one: dense-large's (128x784)@(784x1024) and
@@ -660,7 +655,8 @@ impl RowCopy {
         let current = !c.rows.is_empty() && c.key == key && c.source.upgrade().is_some_and(|s| Arc::ptr_eq(&s, source));
         if !current {
             let len = launch.rows_copy_len();
-            if c.rows.len() == len.div_ceil(16) {
+            let lines = len.div_ceil(16);
+            if c.rows.len() == lines {
                 // The last copy's storage (a weight updated every step).
                 // SAFETY: the caller's contract; `rows` holds `k * (n + B_ROWS_PAD)` f32; the
                 // launch qualified for a copy only on an AVX-512F host.
@@ -668,7 +664,7 @@ impl RowCopy {
             } else {
                 // A new copy is written once, not zeroed first: the columns by the copy, the
                 // padding after each row and the tail of the last line here.
-                let mut rows = lines_for(len);
+                let mut rows = Vec::<Line16>::with_capacity(lines);
                 let (n, ld) = (launch.n, launch.n + B_ROWS_PAD);
                 // SAFETY: as above, for the `len` f32 reserved (and the rest of the last line);
                 // every element is written (columns `..n` of each row by the copy, `n..ld` and
@@ -679,8 +675,8 @@ impl RowCopy {
                     for p in 0..launch.k {
                         std::ptr::write_bytes(dst.add(p * ld + n), 0, B_ROWS_PAD);
                     }
-                    std::ptr::write_bytes(dst.add(len), 0, len.div_ceil(16) * 16 - len);
-                    rows.set_len(len.div_ceil(16));
+                    std::ptr::write_bytes(dst.add(len), 0, lines * 16 - len);
+                    rows.set_len(lines);
                 }
                 c.rows = rows;
             }
@@ -1044,8 +1040,9 @@ impl MatmulLaunch {
     unsafe fn gemm_rows(&self, entries: impl Iterator<Item = (*mut u8, *mut u8, *mut u8)>, threaded: bool) {
         let (k, ld) = (self.k, self.n + B_ROWS_PAD);
         B_ROWS.with_borrow_mut(|lines| {
-            if lines.len() < (k * ld).div_ceil(16) {
-                lines.resize((k * ld).div_ceil(16), Line16([0.0; 16]));
+            let need = (k * ld).div_ceil(16);
+            if lines.len() < need {
+                lines.resize(need, Line16([0.0; 16]));
             }
             let rows = lines.as_mut_ptr() as *mut f32;
             let launch = MatmulLaunch { b: Strides { row: ld as isize, col: 1, ..self.b }, ..self.clone() };

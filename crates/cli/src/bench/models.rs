@@ -26,7 +26,7 @@ use crate::svg::{Plot, Series};
 use crate::timing::{Budget, measure_ms};
 
 /// The optimizer of every fit step (what the table's `fit` line says).
-fn optimizer() -> Sgd {
+pub fn optimizer() -> Sgd {
     Sgd::new(0.01, 0.9)
 }
 
@@ -50,6 +50,16 @@ pub fn check_model(name: &str, runner: &Runner) -> anyhow::Result<()> {
     })
 }
 
+/// The model `name` of the suite with its weights and one batch of data on `runner`'s device,
+/// as the suite times it.
+pub fn placed(name: &str, runner: &Runner) -> anyhow::Result<zoo::Case> {
+    let mut case = zoo::build(name)?;
+    runner.place_module(&mut *case.model)?;
+    case.x = runner.place(case.x.clone())?;
+    case.y = runner.place(case.y.clone())?;
+    Ok(case)
+}
+
 /// Runs the suite (only `dense-tiny` when `smoke`).
 pub fn run(smoke: bool, runner: &Runner) -> anyhow::Result<SuiteOutput> {
     let names: &[&str] = if smoke { &NAMES[..1] } else { &NAMES };
@@ -66,10 +76,7 @@ pub fn run(smoke: bool, runner: &Runner) -> anyhow::Result<SuiteOutput> {
         bar.set_message(name.to_string());
         let measured = (|| -> anyhow::Result<(usize, String, f64, f64)> {
             check_model(name, runner)?;
-            let mut case = zoo::build(name)?;
-            runner.place_module(&mut *case.model)?;
-            case.x = runner.place(case.x.clone())?;
-            case.y = runner.place(case.y.clone())?;
+            let mut case = placed(name, runner)?;
             let input = format!("{:?}", case.x.dims()?);
             let params = case.model.num_parameters();
             let mut predictor = nn::Predictor::new();

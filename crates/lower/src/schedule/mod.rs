@@ -274,10 +274,9 @@ pub fn emit<'g>(g: &'g Graph, dec: &'g Decisions) -> Result<Program, LowerError>
             return Ok(Some((kernel, args)));
         }
         // Remembered by its launch's index: the kernel itself is not copied.
-        let launched = walk.map(|w| (w, args.clone()));
         let id = out.launch(kernel, args);
-        if let Some((w, args)) = launched {
-            memo.insert(w, Built::Launched(id), &args);
+        if let (Some(w), Some(step)) = (walk, out.steps.last()) {
+            memo.insert(w, Built::Launched(id), &step.args);
         }
         Ok(None)
     };
