@@ -158,9 +158,9 @@ pub(crate) fn broadcast_shapes(a: &[Dim], b: &[Dim]) -> Result<Shape, String> {
         let da = if i + a.len() >= rank { &a[i + a.len() - rank] } else { &one };
         let db = if i + b.len() >= rank { &b[i + b.len() - rank] } else { &one };
         let d = if da == db || *db == one {
-            da.clone()
+            *da
         } else if *da == one {
-            db.clone()
+            *db
         } else {
             return Err(format!(
                 "shapes {} and {} cannot be broadcast together (dim {da} vs {db})",

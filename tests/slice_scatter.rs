@@ -16,9 +16,9 @@ const COLS: usize = 3;
 
 /// `cache[pos..pos + new.rows] = new`, then the sum of each row of the filled prefix.
 fn step(a: &[Tensor]) -> Vec<Tensor> {
-    let (cache, new, pos) = (&a[0], &a[1], a[2].shape()[0].clone());
-    let updated = cache.slice_scatter(new, 0, pos.clone());
-    let filled = &pos + &new.shape()[0];
+    let (cache, new, pos) = (&a[0], &a[1], a[2].shape()[0]);
+    let updated = cache.slice_scatter(new, 0, pos);
+    let filled = pos + new.shape()[0];
     let sums = updated.narrow(0, 0, filled).sum(&[1]);
     vec![updated, sums]
 }
@@ -125,15 +125,15 @@ fn the_update_is_lowered_in_place_only_when_nothing_else_reads_the_base() {
     cache.realize().unwrap();
     let new = Tensor::from_vec(rows(1, 0.0), &[1, COLS]);
     let pos = Tensor::symbol("pos", 2);
-    let at = pos.shape()[0].clone();
+    let at = pos.shape()[0];
     // Only the new row is written: one launch, the base's storage given to the output.
-    assert_eq!(lowered(&[&cache.slice_scatter(&new, 0, at.clone())]), (1, 1));
+    assert_eq!(lowered(&[&cache.slice_scatter(&new, 0, at)]), (1, 1));
     // The base is read by another output too: no in-place update, every piece copied.
-    let (inits, launches) = lowered(&[&cache.slice_scatter(&new, 0, at.clone()), &cache.sum_all()]);
+    let (inits, launches) = lowered(&[&cache.slice_scatter(&new, 0, at), &cache.sum_all()]);
     assert_eq!(inits, 0);
     assert!(launches >= 3, "{launches} launches");
     // The base is itself an output: no in-place update.
-    assert_eq!(lowered(&[&cache.slice_scatter(&new, 0, at.clone()), &cache]).0, 0);
+    assert_eq!(lowered(&[&cache.slice_scatter(&new, 0, at), &cache]).0, 0);
     // A computed base is not an input: no in-place update.
     assert_eq!(lowered(&[&cache.add(1.0f32).slice_scatter(&new, 0, at)]).0, 0);
 }
@@ -167,7 +167,7 @@ fn an_array_updated_in_place_comes_back_as_the_very_array_given() {
     let cache = Tensor::from_vec(rows(ROWS, 2.0), &[ROWS, COLS]);
     let new = Tensor::from_vec(rows(1, 0.0), &[1, COLS]);
     let pos = Tensor::symbol("pos", 2);
-    let updated = cache.slice_scatter(&new, 0, pos.shape()[0].clone());
+    let updated = cache.slice_scatter(&new, 0, pos.shape()[0]);
     let program = kiln::trace(&[&updated]).unwrap();
     let exe = kiln::backend::cpu_device().unwrap().compile(&program.graph).unwrap();
     assert_eq!(exe.program().inits.len(), 1);

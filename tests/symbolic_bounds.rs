@@ -139,7 +139,7 @@ fn expand_to_a_negative_dim_is_an_error_on_every_device() {
                 .unwrap()
         };
         let target = &Dim::sym("n") - 2;
-        let (wide, line) = (one.expand(vec![target.clone()]), line!());
+        let (wide, line) = (one.expand(vec![target]), line!());
         let y = wide.sum_all() + n(1).sum_all();
         let e = y.item::<f32>().unwrap_err();
         assert_op_error(&e, "expand", line, "size n - 2 = -1 < 0");
@@ -227,8 +227,8 @@ fn pad_and_reshape_violations_are_the_same_error_everywhere() {
     // reshape [n*m] to [n, m]: the element counts are equal as polynomials, but n = -1, m = -2
     // give an input of 2 elements and a result of shape [-1, -2].
     let mut g = Graph::new();
-    let x = input(&mut g, 0, &[&n * &m]);
-    let r = g.add(Op::Reshape(Reshape { shape: smallvec![n.clone(), m.clone()] }), &[x]).unwrap();
+    let x = input(&mut g, 0, &[n * m]);
+    let r = g.add(Op::Reshape(Reshape { shape: smallvec![n, m] }), &[x]).unwrap();
     let neg = g.add(Op::Unary(UnaryOp::Neg), &[r]).unwrap();
     g.add_output(neg);
     let run = |len: usize, n: i64, m: i64| {
@@ -241,7 +241,7 @@ fn pad_and_reshape_violations_are_the_same_error_everywhere() {
     assert_eq!(ok[0].shape, vec![2, 3]);
     assert_eq!(ok[0].as_slice::<f32>().unwrap(), &data(6).iter().map(|v| -v).collect::<Vec<_>>()[..]);
     // A reshape whose element counts differ as polynomials is `infer`'s error, not a run-time one.
-    assert!(g.add(Op::Reshape(Reshape { shape: smallvec![m.clone()] }), &[x]).is_err());
+    assert!(g.add(Op::Reshape(Reshape { shape: smallvec![m] }), &[x]).is_err());
 }
 
 #[test]
@@ -251,7 +251,7 @@ fn a_shrink_the_optimizer_removes_is_still_checked() {
     let n = Dim::sym("n");
     let mut g = Graph::new();
     let x = input(&mut g, 0, &[3.into()]);
-    let p = g.add(Op::Pad(Pad { padding: vec![(0.into(), n.clone())], value: Scalar::Float(0.0) }), &[x]).unwrap();
+    let p = g.add(Op::Pad(Pad { padding: vec![(0.into(), n)], value: Scalar::Float(0.0) }), &[x]).unwrap();
     let s = g.add(Op::Shrink(Shrink { ranges: vec![(0.into(), 3.into())] }), &[p]).unwrap();
     let e = g.add(Op::Unary(UnaryOp::Neg), &[s]).unwrap();
     g.add_output(e);
@@ -281,7 +281,7 @@ enum Step {
 
 fn dims() -> [Dim; 5] {
     let (n, m) = (Dim::sym("n"), Dim::sym("m"));
-    [2.into(), n.clone(), m.clone(), &n - 2, &m + 1]
+    [2.into(), n, m, &n - 2, &m + 1]
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -297,7 +297,7 @@ fn step() -> impl Strategy<Value = Step> {
 /// Starts and lengths: constants and symbolic dims, some of which go past the end for some values.
 fn offset(i: usize) -> Dim {
     let (n, m) = (Dim::sym("n"), Dim::sym("m"));
-    [0.into(), 1.into(), n.clone(), &m - 1, &n - &m][i].clone()
+    [0.into(), 1.into(), n, &m - 1, n - m][i]
 }
 
 /// Builds the chain on an input of shape `[d0, d1]` (indices into `dims()`); a step whose type rule
@@ -305,15 +305,14 @@ fn offset(i: usize) -> Dim {
 fn build(d0: usize, d1: usize, steps: &[Step]) -> Graph {
     let all = dims();
     let mut g = Graph::new();
-    let mut cur = input(&mut g, 0, &[all[d0].clone(), all[d1].clone()]);
+    let mut cur = input(&mut g, 0, &[all[d0], all[d1]]);
     for s in steps {
         let shape = g.ty(cur).shape.clone();
         let op = match *s {
             Step::Shrink { axis, start, len } => {
                 let start = offset(start);
-                let end = &start + &offset(len);
-                let ranges =
-                    (0..2).map(|a| if a == axis { (start.clone(), end.clone()) } else { (0.into(), shape[a].clone()) });
+                let end = start + offset(len);
+                let ranges = (0..2).map(|a| if a == axis { (start, end) } else { (0.into(), shape[a]) });
                 Op::Shrink(Shrink { ranges: ranges.collect() })
             }
             Step::Pad { axis, before, after } => {
@@ -322,14 +321,14 @@ fn build(d0: usize, d1: usize, steps: &[Step]) -> Graph {
                 Op::Pad(Pad { padding: padding.collect(), value: Scalar::Float(0.25) })
             }
             Step::Expand { axis, to } => {
-                let one = (0..2).map(|a| if a == axis { (0.into(), 1.into()) } else { (0.into(), shape[a].clone()) });
+                let one = (0..2).map(|a| if a == axis { (0.into(), 1.into()) } else { (0.into(), shape[a]) });
                 let Ok(single) = g.add(Op::Shrink(Shrink { ranges: one.collect() }), &[cur]) else { continue };
                 cur = single;
-                let target = (0..2).map(|a| if a == axis { all[to].clone() } else { shape[a].clone() });
+                let target = (0..2).map(|a| if a == axis { all[to] } else { shape[a] });
                 Op::Expand(Expand { shape: target.collect() })
             }
             Step::Reshape => {
-                let Ok(flat) = g.add(Op::Reshape(Reshape { shape: smallvec![&shape[0] * &shape[1]] }), &[cur]) else {
+                let Ok(flat) = g.add(Op::Reshape(Reshape { shape: smallvec![shape[0] * shape[1]] }), &[cur]) else {
                     continue;
                 };
                 cur = flat;

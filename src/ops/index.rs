@@ -48,16 +48,15 @@ impl Tensor {
             ));
         }
         let start = start.into();
-        let len = src.shape()[ax].clone();
-        let end = &start + &len;
+        let len = src.shape()[ax];
+        let end = start + len;
         if let (Some(s), Some(e), Some(n)) = (start.as_const(), end.as_const(), self.shape()[ax].as_const())
             && (s < 0 || e > n)
         {
             return site.fail(format!("range {s}..{e} of dim {ax} out of bounds for shape {}", show(self.shape())));
         }
         let window = |lo: &Dim, hi: &Dim| {
-            let ranges = (0..r)
-                .map(|d| if d == ax { (lo.clone(), hi.clone()) } else { (Dim::Const(0), self.shape()[d].clone()) });
+            let ranges = (0..r).map(|d| if d == ax { (*lo, *hi) } else { (Dim::Const(0), self.shape()[d]) });
             self.p_shrink(site, ranges.collect())
         };
         let before = window(&Dim::Const(0), &start);
@@ -155,9 +154,9 @@ impl Tensor {
         }
         // The index along `dim`, broadcast over the other axes (a view: no copy).
         let mut out = self.shape().clone();
-        out[ax] = index.shape()[0].clone();
+        out[ax] = index.shape()[0];
         let mut index_shape: Shape = std::iter::repeat_n(Dim::Const(1), r).collect();
-        index_shape[ax] = out[ax].clone();
+        index_shape[ax] = out[ax];
         let index = index.p_reshape(site, index_shape).p_expand(site, out);
         Tensor::apply(site, Op::Gather(Gather { axis: ax }), &[self, &index])
     }
@@ -225,7 +224,7 @@ fn cat_impl(site: Site, tensors: &[&Tensor], dim: isize) -> Tensor {
             ));
         }
         dtype = DType::promote(dtype, t.dtype());
-        total = &total + &t.shape()[ax];
+        total = total + t.shape()[ax];
     }
     if tensors.len() == 1 {
         return first.p_cast(site, dtype);
@@ -235,17 +234,15 @@ fn cat_impl(site: Site, tensors: &[&Tensor], dim: isize) -> Tensor {
     let mut offset = Dim::Const(0);
     let mut acc: Option<Tensor> = None;
     for t in tensors {
-        let size = t.shape()[ax].clone();
-        let after = &(&total - &offset) - &size;
-        let padding = (0..r)
-            .map(|d| if d == ax { (offset.clone(), after.clone()) } else { (Dim::Const(0), Dim::Const(0)) })
-            .collect();
+        let size = t.shape()[ax];
+        let after = (total - offset) - size;
+        let padding = (0..r).map(|d| if d == ax { (offset, after) } else { (Dim::Const(0), Dim::Const(0)) }).collect();
         let padded = t.p_cast(site, dtype).p_pad(site, padding, zero);
         acc = Some(match acc {
             None => padded,
             Some(a) => a.p_binary(site, combine, &padded),
         });
-        offset = &offset + &size;
+        offset = offset + size;
     }
     acc.unwrap_or_else(|| (*first).clone())
 }

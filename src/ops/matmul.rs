@@ -23,21 +23,19 @@ use crate::tensor::{Site, Tensor};
 /// transposed weight is read as it is), which leaves the same movement chain to match.
 pub(crate) fn canonical_matmul(site: Site, a: &Tensor, b: &Tensor, batch: &Shape) -> Tensor {
     let (ra, rb) = (a.ndim(), b.ndim());
-    let (m, k) = (a.shape()[ra - 2].clone(), a.shape()[ra - 1].clone());
-    let n = b.shape()[rb - 1].clone();
+    let (m, k) = (a.shape()[ra - 2], a.shape()[ra - 1]);
+    let n = b.shape()[rb - 1];
     let one = Dim::Const(1);
 
-    let ones = |rank: usize| std::iter::repeat_n(one.clone(), batch.len() + 2 - rank);
-    let full: Shape = batch.iter().cloned().chain([m.clone(), n.clone(), k.clone()]).collect();
+    let ones = |rank: usize| std::iter::repeat_n(one, batch.len() + 2 - rank);
+    let full: Shape = batch.iter().cloned().chain([m, n, k]).collect();
 
-    let a_shape: Shape =
-        ones(ra).chain(a.shape()[..ra - 2].iter().cloned()).chain([m.clone(), one.clone(), k.clone()]).collect();
+    let a_shape: Shape = ones(ra).chain(a.shape()[..ra - 2].iter().cloned()).chain([m, one, k]).collect();
     let a3 = a.reshape_to(site, a_shape).p_expand(site, full.clone());
 
     let mut perm: SmallVec<[usize; 4]> = (0..rb).collect();
     perm.swap(rb - 2, rb - 1);
-    let b_shape: Shape =
-        ones(rb).chain(b.shape()[..rb - 2].iter().cloned()).chain([one.clone(), n.clone(), k.clone()]).collect();
+    let b_shape: Shape = ones(rb).chain(b.shape()[..rb - 2].iter().cloned()).chain([one, n, k]).collect();
     let b3 = b.permute_to(site, perm).reshape_to(site, b_shape).p_expand(site, full.clone());
 
     let product = a3.p_binary(site, BinaryOp::Mul, &b3);
@@ -79,10 +77,10 @@ impl Tensor {
         let mut a = self.p_cast(site, dtype);
         let mut b = rhs.p_cast(site, dtype);
         if sa.len() == 1 {
-            a = a.p_reshape(site, smallvec::smallvec![Dim::Const(1), ka.clone()]);
+            a = a.p_reshape(site, smallvec::smallvec![Dim::Const(1), *ka]);
         }
         if sb.len() == 1 {
-            b = b.p_reshape(site, smallvec::smallvec![kb.clone(), Dim::Const(1)]);
+            b = b.p_reshape(site, smallvec::smallvec![*kb, Dim::Const(1)]);
         }
         // An operand that failed to cast or reshape (a size that overflows) has no dims to read.
         if let Some(failed) = [&a, &b].into_iter().find(|t| t.inner.error.is_some()) {

@@ -77,8 +77,8 @@ impl Tensor {
                                 (0u32..1 << shape.len()).find_map(|mask| {
                                     let q = (0..shape.len())
                                         .filter(|i| mask & (1 << i) != 0)
-                                        .fold(Dim::Const(1), |acc, i| &acc * &shape[i]);
-                                    (&q * &known == total).then_some(q)
+                                        .fold(Dim::Const(1), |acc, i| acc * shape[i]);
+                                    (q * known == total).then_some(q)
                                 })
                             })
                             .flatten()
@@ -154,13 +154,13 @@ impl Tensor {
                         show(&dims)
                     ));
                 }
-                target.push(self.shape()[i - lead].clone());
+                target.push(self.shape()[i - lead]);
             } else {
                 let ok = i < lead || self.shape()[i - lead] == *d || self.shape()[i - lead] == Dim::Const(1);
                 if !ok || d.as_const().is_some_and(|c| c < 0) {
                     return site.fail(format!("cannot expand {} to {}", show(self.shape()), show(&dims)));
                 }
-                target.push(d.clone());
+                target.push(*d);
             }
         }
         crate::ops::elementwise::broadcast_to(site, self, &target)
@@ -249,7 +249,7 @@ impl Tensor {
             Err(e) => return e,
         };
         let (start, length) = (start.into(), length.into());
-        let end = &start + &length;
+        let end = start + length;
         let size = &self.shape()[a];
         let out_of_range = match (start.as_const(), length.as_const(), size.as_const()) {
             (Some(s), Some(l), Some(n)) => s < 0 || l < 0 || s + l > n,
@@ -266,7 +266,7 @@ impl Tensor {
             .shape()
             .iter()
             .enumerate()
-            .map(|(i, d)| if i == a { (start.clone(), end.clone()) } else { (Dim::Const(0), d.clone()) })
+            .map(|(i, d)| if i == a { (start, end) } else { (Dim::Const(0), *d) })
             .collect();
         self.p_shrink(site, ranges)
     }
@@ -291,9 +291,7 @@ impl Tensor {
             .shape()
             .iter()
             .enumerate()
-            .map(
-                |(i, d)| if i == a { (Dim::Const(s as i64), Dim::Const(e as i64)) } else { (Dim::Const(0), d.clone()) },
-            )
+            .map(|(i, d)| if i == a { (Dim::Const(s as i64), Dim::Const(e as i64)) } else { (Dim::Const(0), *d) })
             .collect();
         self.p_shrink(site, ranges)
     }

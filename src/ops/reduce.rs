@@ -61,8 +61,7 @@ fn finish(site: Site, t: Tensor, axes: &AxisList, keepdim: bool) -> Tensor {
     if keepdim || axes.is_empty() {
         return t;
     }
-    let shape: Shape =
-        t.shape().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| d.clone()).collect();
+    let shape: Shape = t.shape().iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, d)| *d).collect();
     t.p_reshape(site, shape)
 }
 
@@ -101,7 +100,7 @@ fn extreme(
 
 /// The number of elements the axes cover, as a dim.
 fn count(t: &Tensor, axes: &AxisList) -> Dim {
-    axes.iter().fold(Dim::Const(1), |acc, &a| &acc * &t.shape()[a])
+    axes.iter().fold(Dim::Const(1), |acc, &a| acc * t.shape()[a])
 }
 
 /// `sum` over `axes`, the reduced axes kept or removed.

@@ -84,7 +84,7 @@ pub struct Condition {
 
 impl Condition {
     fn new(subject: Subject, lhs: &Dim, rhs: &Dim) -> Condition {
-        Condition { subject, lhs: lhs.clone(), rhs: rhs.clone() }
+        Condition { subject, lhs: *lhs, rhs: *rhs }
     }
 
     /// `Some(true)` if the condition holds for every symbol value, `Some(false)` if it holds for
@@ -238,7 +238,7 @@ pub fn collect(graph: &Graph) -> Vec<Check> {
             .into_iter()
             .chain(dim_conditions(&node.ty, |d| seen_dims.insert(d)));
         for condition in conditions {
-            if condition.decide() == Some(true) || !seen.insert((condition.lhs.clone(), condition.rhs.clone())) {
+            if condition.decide() == Some(true) || !seen.insert((condition.lhs, condition.rhs)) {
                 continue;
             }
             checks.push(Check { position: position as u32, op: node.op.mnemonic(), condition });

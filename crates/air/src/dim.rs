@@ -60,16 +60,76 @@ impl std::hash::Hash for Poly {
     }
 }
 
-/// One dimension of a shape. Constants are stored inline; symbolic dims share their polynomial.
+/// One dimension of a shape. Constants are stored inline; symbolic dims point to their
+/// polynomial, interned ([`intern`]), so a `Dim` is `Copy` and two symbolic dims are equal
+/// exactly when they point to the same polynomial.
 ///
-/// `Dim` is 16 bytes: shapes are copied around a lot and nearly all dims are constants.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// `Dim` is 16 bytes: shapes are copied around a lot and nearly all dims are constants. Copying a
+/// shape touches no reference count: with `Arc`-shared polynomials, the atomic increments and
+/// decrements of cloned and dropped shapes were about a tenth of the per-layer compile time of
+/// the cached Transformer forward (`perf`, `examples/compile_loop`).
+#[derive(Clone, Copy, PartialOrd, Ord)]
 pub enum Dim {
     /// A constant size.
     Const(i64),
     /// A polynomial that mentions at least one symbol, in canonical form. [`Dim::sym`] and dim
     /// arithmetic fold any polynomial without symbols into [`Dim::Const`].
-    Sym(Arc<Poly>),
+    Sym(&'static Poly),
+}
+
+impl PartialEq for Dim {
+    /// Constants by value, polynomials by address (interned: equal polynomials are one).
+    fn eq(&self, other: &Dim) -> bool {
+        match (self, other) {
+            (Dim::Const(a), Dim::Const(b)) => a == b,
+            (Dim::Sym(a), Dim::Sym(b)) => std::ptr::eq(*a, *b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Dim {}
+
+impl std::hash::Hash for Dim {
+    /// A constant's value, or its polynomial's hash of terms (the same in every process, as
+    /// graph keys need; an address would not be).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            Dim::Const(c) => {
+                state.write_isize(0);
+                state.write_i64(*c);
+            }
+            Dim::Sym(p) => {
+                state.write_isize(1);
+                p.hash(state);
+            }
+        }
+    }
+}
+
+/// The process's polynomials, each stored once and kept for the life of the process (as a
+/// compiler interns its types): a program mentions a few dozen (`seq`, `start + seq`,
+/// `64*batch*seq`), and every graph built afterwards shares them. A process that makes new
+/// symbol names without end keeps each polynomial it made (a few hundred bytes each).
+mod intern {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, PoisonError};
+
+    use super::Poly;
+
+    static POLYS: Mutex<Option<HashSet<&'static Poly>>> = Mutex::new(None);
+
+    /// The interned polynomial equal to `p`.
+    pub(super) fn poly(p: Poly) -> &'static Poly {
+        let mut polys = POLYS.lock().unwrap_or_else(PoisonError::into_inner);
+        let polys = polys.get_or_insert_with(HashSet::new);
+        if let Some(&q) = polys.get(&p) {
+            return q;
+        }
+        let q: &'static Poly = Box::leak(Box::new(p));
+        polys.insert(q);
+        q
+    }
 }
 
 /// Values for the symbols of a graph, given when a program runs.
@@ -102,16 +162,16 @@ impl Dim {
             1 if terms.keys().next().is_some_and(|m| m.is_empty()) => {
                 Dim::Const(terms.values().next().copied().unwrap_or(0))
             }
-            _ => Dim::Sym(Arc::new(Poly::new(terms))),
+            _ => Dim::Sym(intern::poly(Poly::new(terms))),
         }
     }
 
-    fn to_terms(&self) -> Terms {
+    fn to_terms(self) -> Terms {
         match self {
             Dim::Const(c) => {
                 let mut terms = BTreeMap::new();
-                if *c != 0 {
-                    terms.insert(Monomial::new(), *c);
+                if c != 0 {
+                    terms.insert(Monomial::new(), c);
                 }
                 terms
             }
@@ -298,9 +358,9 @@ fn combine(a: &Dim, b: &Dim, op: char, arith: Arith) -> Option<Dim> {
         }
         // Adding 0 or multiplying by 1 or 0 keeps the other polynomial (shared, not rebuilt):
         // view offsets and strides do this all the time, and a rebuilt polynomial is a new tree.
-        (p, Dim::Const(0)) if op != '*' => return Some(p.clone()),
-        (Dim::Const(0), p) if op == '+' => return Some(p.clone()),
-        (p, Dim::Const(1)) | (Dim::Const(1), p) if op == '*' => return Some(p.clone()),
+        (p, Dim::Const(0)) if op != '*' => return Some(*p),
+        (Dim::Const(0), p) if op == '+' => return Some(*p),
+        (p, Dim::Const(1)) | (Dim::Const(1), p) if op == '*' => return Some(*p),
         (_, Dim::Const(0)) | (Dim::Const(0), _) if op == '*' => return Some(Dim::Const(0)),
         (Dim::Sym(x), Dim::Sym(y)) if op == '-' && x == y => return Some(Dim::Const(0)),
         _ => {}
@@ -318,23 +378,22 @@ fn combine(a: &Dim, b: &Dim, op: char, arith: Arith) -> Option<Dim> {
 /// A small per-thread memo of polynomial arithmetic. Building a graph and lowering it combine the
 /// same symbolic dims over and over (every node's element count is `batch*seq*64`, every view's
 /// offset a sum of the same strides), and each combination builds a new polynomial: a tree map
-/// and its monomials, a dozen allocations. The memo answers a repeated combination with the
-/// polynomial built the first time, shared.
+/// and its monomials, a dozen allocations, then looks it up in the interner. The memo answers a
+/// repeated combination with the polynomial found the first time.
 ///
-/// Entries are found by operand identity (a constant's value, a polynomial's address) and hold
-/// their operands, so an address cannot be reused by another polynomial while its entry lives.
-/// The memo is direct-mapped: a colliding combination replaces the entry, so it never grows past
+/// Entries are found by operand identity (a constant's value, an interned polynomial's address,
+/// which no other polynomial ever takes). The memo is direct-mapped: a colliding combination replaces the entry, so it never grows past
 /// [`memo::SLOTS`] entries. Results are the same with or without it (the arithmetic is a pure
 /// function of the operands' values); only their sharing differs.
 mod memo {
     use std::cell::RefCell;
-    use std::sync::Arc;
 
     use super::{Arith, Dim};
 
     /// Entries per thread.
     pub(super) const SLOTS: usize = 1024;
 
+    #[derive(Clone, Copy)]
     struct Entry {
         op: u8,
         a: Dim,
@@ -343,22 +402,14 @@ mod memo {
     }
 
     thread_local! {
-        static MEMO: RefCell<Vec<Option<Entry>>> = RefCell::new((0..SLOTS).map(|_| None).collect());
+        static MEMO: RefCell<Vec<Option<Entry>>> = RefCell::new(vec![None; SLOTS]);
     }
 
     /// The operand's identity: a constant's value, or its polynomial's address.
     fn id(d: &Dim) -> u64 {
         match d {
             Dim::Const(c) => *c as u64,
-            Dim::Sym(p) => Arc::as_ptr(p) as u64,
-        }
-    }
-
-    fn same(x: &Dim, y: &Dim) -> bool {
-        match (x, y) {
-            (Dim::Const(a), Dim::Const(b)) => a == b,
-            (Dim::Sym(a), Dim::Sym(b)) => Arc::ptr_eq(a, b),
-            _ => false,
+            Dim::Sym(p) => *p as *const super::Poly as u64,
         }
     }
 
@@ -375,13 +426,12 @@ mod memo {
         let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
         let slot = (h >> 32) as usize % SYMBOL_SLOTS;
         let hit = SYMBOLS
-            .with_borrow(|m| m[slot].as_ref().filter(|d| d.as_symbol().is_some_and(|s| s.name() == name)).cloned());
+            .with_borrow(|m| m[slot].as_ref().filter(|d| d.as_symbol().is_some_and(|s| s.name() == name)).copied());
         if let Some(d) = hit {
             return d;
         }
         let d = compute();
-        let old = SYMBOLS.with_borrow_mut(|m| m[slot].replace(d.clone()));
-        drop(old);
+        SYMBOLS.with_borrow_mut(|m| m[slot] = Some(d));
         d
     }
 
@@ -398,17 +448,14 @@ mod memo {
             .wrapping_mul(0xbf58_476d_1ce4_e5b9);
         let slot = (h >> 54) as usize % SLOTS;
         let hit = MEMO.with_borrow(|m| match &m[slot] {
-            Some(e) if e.op == op && same(&e.a, a) && same(&e.b, b) => Some(e.out.clone()),
+            Some(e) if e.op == op && e.a == *a && e.b == *b => Some(e.out),
             _ => None,
         });
         if let Some(out) = hit {
             return out;
         }
         let out = compute();
-        let entry = Entry { op, a: a.clone(), b: b.clone(), out: out.clone() };
-        // The old entry is dropped after the borrow ends (dropping a polynomial never re-enters).
-        let old = MEMO.with_borrow_mut(|m| m[slot].replace(entry));
-        drop(old);
+        MEMO.with_borrow_mut(|m| m[slot] = Some(Entry { op, a: *a, b: *b, out }));
         out
     }
 }
@@ -677,11 +724,11 @@ mod tests {
     fn dims_are_canonical() {
         let seq = Dim::sym("seq");
         let b = Dim::sym("batch");
-        let a = &(&seq * 2) + &(&b * &seq);
-        let c = &(&seq * &b) + &(&seq + &seq);
+        let a = (&seq * 2) + (b * seq);
+        let c = (seq * b) + (seq + seq);
         assert_eq!(a, c);
         assert_eq!(a.to_string(), "batch*seq + 2*seq");
-        assert_eq!(&a - &a, Dim::Const(0));
+        assert_eq!(a - a, Dim::Const(0));
         assert_eq!(Dim::parse(&a.to_string()).unwrap(), a);
         assert_eq!(Dim::parse("-(seq - 1)*3").unwrap().to_string(), "-3*seq + 3");
         let mut bind = Bindings::new();
@@ -695,12 +742,12 @@ mod tests {
     fn a_plain_symbol_is_known_and_named_once_per_thread() {
         let seq = Dim::sym("seq");
         assert_eq!(seq.as_symbol().map(Symbol::name), Some("seq"));
-        for not_plain in [&seq * 2, &seq + 1, &seq * &Dim::sym("b"), Dim::Const(3)] {
+        for not_plain in [&seq * 2, &seq + 1, seq * Dim::sym("b"), Dim::Const(3)] {
             assert_eq!(not_plain.as_symbol(), None, "{not_plain}");
         }
         // Named again, a symbol shares the polynomial built the first time; another name (even
         // one sharing its slot) gets its own.
-        assert!(matches!((&seq, &Dim::sym("seq")), (Dim::Sym(x), Dim::Sym(y)) if Arc::ptr_eq(x, y)));
+        assert!(matches!((&seq, &Dim::sym("seq")), (Dim::Sym(x), Dim::Sym(y)) if std::ptr::eq(*x, *y)));
         let names: Vec<String> = (0..200).map(|i| format!("s{i}")).collect();
         let dims: Vec<Dim> = names.iter().map(|n| Dim::sym(n)).collect();
         for (n, d) in names.iter().zip(&dims) {
@@ -735,10 +782,10 @@ mod tests {
         assert_eq!(checked_size(&huge, 1), Ok(Dim::Const(1 << 62)));
         // A symbolic shape is checked as far as its polynomial goes.
         let seq = Dim::sym("seq");
-        let sym: Shape = smallvec::smallvec![seq.clone(), Dim::Const(1 << 40), Dim::Const(1 << 40)];
+        let sym: Shape = smallvec::smallvec![seq, Dim::Const(1 << 40), Dim::Const(1 << 40)];
         assert!(checked_size(&sym, 4).is_err());
-        let fine: Shape = smallvec::smallvec![seq.clone(), Dim::Const(1 << 40)];
-        assert_eq!(checked_size(&fine, 4), Ok(&seq * (1i64 << 40)));
+        let fine: Shape = smallvec::smallvec![seq, Dim::Const(1 << 40)];
+        assert_eq!(checked_size(&fine, 4), Ok(seq * (1i64 << 40)));
         assert_eq!(checked_size(&[], 8), Ok(Dim::Const(1)));
     }
 
@@ -747,18 +794,18 @@ mod tests {
         let seq = Dim::sym("seq");
         // A repeated combination shares the polynomial built the first time.
         let (a, b) = (&seq * 64, &seq * 64);
-        assert!(matches!((&a, &b), (Dim::Sym(x), Dim::Sym(y)) if Arc::ptr_eq(x, y)));
+        assert!(matches!((&a, &b), (Dim::Sym(x), Dim::Sym(y)) if std::ptr::eq(*x, *y)));
         // Checked and wrapping arithmetic are remembered apart: the same operands overflow in one
         // and wrap in the other.
         let huge = Dim::Const(1 << 62);
         assert_eq!(seq.checked_mul(&huge).and_then(|d| d.checked_mul(&Dim::Const(6))), None);
-        assert_eq!(&(&seq * &huge) * 6, &seq * i64::MIN);
+        assert_eq!(&(seq * huge) * 6, seq * i64::MIN);
         // An operand dropped while its combinations are remembered: a new polynomial of the same
         // size, possibly at the freed address, must not be answered with the old one's result.
         for k in 1..200i64 {
-            let p = &seq + k;
+            let p = seq + k;
             assert_eq!((&p * 2).to_string(), format!("2*seq + {}", 2 * k));
-            assert_eq!((&p - &seq), Dim::Const(k));
+            assert_eq!((p - seq), Dim::Const(k));
         }
         // Many distinct combinations: entries are replaced, never wrong.
         let b = Dim::sym("batch");
@@ -768,7 +815,20 @@ mod tests {
                 1 => "batch + seq".to_string(),
                 _ => format!("{k}*batch + seq"),
             };
-            assert_eq!((&(&b * k) + &seq).to_string(), want);
+            assert_eq!(((b * k) + seq).to_string(), want);
         }
+    }
+
+    #[test]
+    fn equal_polynomials_are_one_whatever_thread_or_route_built_them() {
+        let here = Dim::sym("rows") * 2 + 1;
+        let parsed = Dim::parse("2*rows + 1").unwrap();
+        let there = std::thread::spawn(|| Dim::sym("rows") + Dim::sym("rows") + 1).join().unwrap();
+        for d in [parsed, there] {
+            assert!(matches!((here, d), (Dim::Sym(x), Dim::Sym(y)) if std::ptr::eq(x, y)));
+            assert_eq!(here, d);
+        }
+        assert_ne!(here, Dim::sym("rows") * 2);
+        assert_eq!((here - 1).exact_div(2), Some(Dim::sym("rows")));
     }
 }

@@ -587,7 +587,7 @@ impl Op {
                 {
                     return Err(format!("{:?} is not a permutation of the axes of {}", p.perm.as_slice(), t));
                 }
-                Ok(TensorType { dtype: t.dtype, shape: p.perm.iter().map(|&a| t.shape[a].clone()).collect() })
+                Ok(TensorType { dtype: t.dtype, shape: p.perm.iter().map(|&a| t.shape[a]).collect() })
             }
             Op::Expand(e) => {
                 let t = inputs[0];

@@ -574,15 +574,15 @@ fn symbolic_dims_use_bindings() {
     let dims = |d: &[Dim]| Shape::from_vec(d.to_vec());
     let (zero, two) = (Dim::Const(0), Dim::Const(2));
     let mut g = Graph::new();
-    let x = input(&mut g, 0, DType::F32, dims(&[seq.clone(), two.clone()]));
-    let column = TensorType::new(DType::F32, dims(&[seq.clone(), Dim::Const(1)]));
+    let x = input(&mut g, 0, DType::F32, dims(&[seq, two]));
+    let column = TensorType::new(DType::F32, dims(&[seq, Dim::Const(1)]));
     let io = g.add_leaf(Op::Iota(Iota { axis: 0 }), column).unwrap();
-    let ie = g.add(Op::Expand(Expand { shape: dims(&[seq.clone(), two.clone()]) }), &[io]).unwrap();
+    let ie = g.add(Op::Expand(Expand { shape: dims(&[seq, two]) }), &[io]).unwrap();
     let sum = g.add(Op::Binary(BinaryOp::Add), &[x, ie]).unwrap();
     // Pad seq - 1 rows after, keep the first 2*seq - 1 rows, then flatten to 4*seq - 2.
-    let padding = vec![(zero.clone(), &seq - 1), (zero.clone(), zero.clone())];
+    let padding = vec![(zero, &seq - 1), (zero, zero)];
     let padded = g.add(Op::Pad(Pad { padding, value: Scalar::Float(7.0) }), &[sum]).unwrap();
-    let ranges = vec![(zero.clone(), &(&seq * 2) - 1), (zero.clone(), two)];
+    let ranges = vec![(zero, &(&seq * 2) - 1), (zero, two)];
     let kept = g.add(Op::Shrink(Shrink { ranges }), &[padded]).unwrap();
     let flat = g.add(Op::Reshape(Reshape { shape: dims(&[&(&seq * 4) - 2]) }), &[kept]).unwrap();
     g.add_output(flat);
@@ -683,23 +683,20 @@ fn absurd_sizes_are_errors_not_panics() {
     let big = bind(&[("n", 1 << 62)]);
     let mut g = Graph::new();
     let c = g
-        .add_leaf(
-            Op::Const(Const { value: Scalar::Int(0) }),
-            TensorType::new(DType::I64, Shape::from_vec(vec![n.clone(), n.clone()])),
-        )
+        .add_leaf(Op::Const(Const { value: Scalar::Int(0) }), TensorType::new(DType::I64, Shape::from_vec(vec![n, n])))
         .unwrap();
     g.add_output(c);
     assert!(interp_error(eval(&g, &[], &big)).contains("too many elements"));
 
     let mut g = Graph::new();
     let x = input(&mut g, 0, DType::F32, shape_of(&[1, 1]));
-    let e = g.add(Op::Expand(Expand { shape: Shape::from_vec(vec![n.clone(), n.clone()]) }), &[x]).unwrap();
+    let e = g.add(Op::Expand(Expand { shape: Shape::from_vec(vec![n, n]) }), &[x]).unwrap();
     g.add_output(e);
     assert!(interp_error(eval(&g, &[tensor(vec![1.0f32], &[1, 1])], &big)).contains("too many elements"));
 
     let mut g = Graph::new();
     let x = input(&mut g, 0, DType::F32, shape_of(&[1]));
-    let padding = vec![(n.clone(), n.clone())];
+    let padding = vec![(n, n)];
     let p = g.add(Op::Pad(Pad { padding, value: Scalar::Float(0.0) }), &[x]).unwrap();
     g.add_output(p);
     let huge = bind(&[("n", i64::MAX)]);

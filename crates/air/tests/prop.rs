@@ -26,7 +26,7 @@ fn pick<T: Clone>(items: &[T], seed: u32) -> T {
 /// The dims random shapes are made of: size 1 often, small constants, and symbolic dims.
 fn dim_pool() -> Vec<Dim> {
     let seq = Dim::sym("seq");
-    vec![Dim::from(1), Dim::from(1), Dim::from(2), Dim::from(3), seq.clone(), Dim::sym("batch"), &seq * 2, &seq + 1]
+    vec![Dim::from(1), Dim::from(1), Dim::from(2), Dim::from(3), seq, Dim::sym("batch"), &seq * 2, &seq + 1]
 }
 
 /// The symbol values under which expected shapes are computed on plain integers.
@@ -143,7 +143,7 @@ fn build(steps: &[Step], outputs: &[u32]) -> Built {
                     .enumerate()
                     .map(|(i, d)| {
                         let seed = s2.rotate_right(4 * i as u32);
-                        if *d == Dim::from(1) && seed % 2 == 0 { pick(&pool, seed >> 1) } else { d.clone() }
+                        if *d == Dim::from(1) && seed % 2 == 0 { pick(&pool, seed >> 1) } else { *d }
                     })
                     .collect();
                 let dims = concrete(&shape);
@@ -235,8 +235,8 @@ fn shrink_range(d: &Dim, seed: u32) -> (Dim, Dim) {
             (Dim::from(start), Dim::from(end))
         }
         None => match seed % 3 {
-            0 => (Dim::from(0), d.clone()),
-            1 => (Dim::from(1), d.clone()),
+            0 => (Dim::from(0), *d),
+            1 => (Dim::from(1), *d),
             _ => (Dim::from(0), d - 1),
         },
     }

@@ -34,18 +34,17 @@ fn shape(dims: &[Dim]) -> TensorType {
 fn graph_built_through_the_api() {
     let seq = Dim::sym("seq");
     let mut g = Graph::new();
-    let x = g.add_leaf(Op::Input(Input { slot: 0 }), shape(&[4.into(), seq.clone()])).unwrap();
-    let one = g.add_leaf(Op::Const(Const { value: Scalar::Float(1.0) }), shape(&[4.into(), seq.clone()])).unwrap();
+    let x = g.add_leaf(Op::Input(Input { slot: 0 }), shape(&[4.into(), seq])).unwrap();
+    let one = g.add_leaf(Op::Const(Const { value: Scalar::Float(1.0) }), shape(&[4.into(), seq])).unwrap();
     let sum = g.add(Op::Binary(BinaryOp::Add), &[x, one]).unwrap();
     let red = g.add(Op::Reduce(Reduce { op: ReduceOp::Sum, axes: smallvec![1] }), &[sum]).unwrap();
     let resh = g.add(Op::Reshape(Reshape { shape: [2.into(), &seq * 2].into_iter().collect() }), &[sum]).unwrap();
-    let pad = Pad { padding: vec![(0.into(), 1.into()), (2.into(), seq.clone())], value: Scalar::Float(0.0) };
+    let pad = Pad { padding: vec![(0.into(), 1.into()), (2.into(), seq)], value: Scalar::Float(0.0) };
     let padded = g.add(Op::Pad(pad), &[red]).unwrap();
     let perm = g.add(Op::Permute(Permute { perm: smallvec![1, 0] }), &[padded]).unwrap();
-    let exp = g.add(Op::Expand(Expand { shape: [4.into(), seq.clone()].into_iter().collect() }), &[red]).unwrap();
+    let exp = g.add(Op::Expand(Expand { shape: [4.into(), seq].into_iter().collect() }), &[red]).unwrap();
     let shr = g.add(Op::Shrink(Shrink { ranges: vec![(1.into(), 3.into()), (0.into(), &seq - 1)] }), &[exp]).unwrap();
-    let idx =
-        g.add_leaf(Op::Iota(Iota { axis: 1 }), TensorType::new(DType::I32, smallvec![4.into(), seq.clone()])).unwrap();
+    let idx = g.add_leaf(Op::Iota(Iota { axis: 1 }), TensorType::new(DType::I32, smallvec![4.into(), seq])).unwrap();
     let idx_f = g.add(Op::Cast(Cast { to: DType::F32 }), &[idx]).unwrap();
     let lt = g.add(Op::Binary(BinaryOp::CmpLt), &[idx_f, x]).unwrap();
     let pick = g.add(Op::Where, &[lt, x, exp]).unwrap();

@@ -448,19 +448,19 @@ fn vjp(b: &mut Builder<'_>, id: NodeId, node: &air::Node, g: NodeId, needs: &[bo
         }
         Op::Pad(p) => {
             let x_shape = in_ty(b, 0).shape;
-            let ranges = p.padding.iter().zip(&x_shape).map(|((before, _), d)| (before.clone(), before + d)).collect();
+            let ranges = p.padding.iter().zip(&x_shape).map(|((before, _), d)| (*before, before + d)).collect();
             out.push((inputs[0], b.add(id, Op::Shrink(Shrink { ranges }), &[g])?));
         }
         Op::Shrink(s) => {
             let x_shape = in_ty(b, 0).shape;
-            let padding = s.ranges.iter().zip(&x_shape).map(|((start, end), d)| (start.clone(), d - end)).collect();
+            let padding = s.ranges.iter().zip(&x_shape).map(|((start, end), d)| (*start, d - end)).collect();
             let value = Scalar::Float(0.0);
             out.push((inputs[0], b.add(id, Op::Pad(Pad { padding, value }), &[g])?));
         }
         Op::Gather(ga) => {
             let (src, index) = (in_ty(b, 0), in_ty(b, 1));
             let mut shape = index.shape.clone();
-            shape[ga.axis] = src.shape[ga.axis].clone();
+            shape[ga.axis] = src.shape[ga.axis];
             let half = matches!(src.dtype, DType::F16 | DType::BF16);
             let gf = if half { b.add(id, Op::Cast(Cast { to: DType::F32 }), &[g])? } else { g };
             let scatter = Op::ScatterAdd(Box::new(ScatterAdd { axis: ga.axis, shape: shape.clone() }));

@@ -179,7 +179,7 @@ impl Program {
         let mut out: Vec<Symbol> = indices.iter().filter_map(|&i| self.symbols.get(i as usize).cloned()).collect();
         // An input with no elements (a `Tensor::symbol` carrying a position) sizes nothing: its
         // symbols are offsets unless something else makes them structural.
-        let empty = |t: &&TensorType| t.shape.iter().any(|d| *d == air::Dim::Const(0));
+        let empty = |t: &&TensorType| t.shape.contains(&air::Dim::Const(0));
         let shapes = input_types
             .iter()
             .flatten()

@@ -61,7 +61,7 @@ fn is_zero(d: &Dim) -> bool {
 pub fn row_major(shape: &[Dim]) -> Shape {
     let mut strides: Shape = smallvec::smallvec![Dim::Const(1); shape.len()];
     for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = &strides[d + 1] * &shape[d + 1];
+        strides[d] = strides[d + 1] * shape[d + 1];
     }
     strides
 }
@@ -98,7 +98,7 @@ impl View {
     fn mask_or_full(&self) -> Vec<(Dim, Dim)> {
         match &self.mask {
             Some(m) => m.clone(),
-            None => self.shape.iter().map(|s| (Dim::Const(0), s.clone())).collect(),
+            None => self.shape.iter().map(|s| (Dim::Const(0), *s)).collect(),
         }
     }
 
@@ -109,15 +109,15 @@ impl View {
         }
         is_one(&self.shape[d])
             || is_one(&self.shape[d + 1])
-            || self.strides[d] == &self.strides[d + 1] * &self.shape[d + 1]
+            || self.strides[d] == self.strides[d + 1] * self.shape[d + 1]
     }
 
     fn permute(&self, perm: &[usize]) -> View {
         View {
-            shape: perm.iter().map(|&p| self.shape[p].clone()).collect(),
-            strides: perm.iter().map(|&p| self.strides[p].clone()).collect(),
-            offset: self.offset.clone(),
-            mask: self.mask.as_ref().map(|m| perm.iter().map(|&p| m[p].clone()).collect()),
+            shape: perm.iter().map(|&p| self.shape[p]).collect(),
+            strides: perm.iter().map(|&p| self.strides[p]).collect(),
+            offset: self.offset,
+            mask: self.mask.as_ref().map(|m| perm.iter().map(|&p| m[p]).collect()),
         }
     }
 
@@ -135,7 +135,7 @@ impl View {
                 (Some(lo), Some(hi)) => lo <= 0 && 0 < hi,
                 _ => return None,
             };
-            mask[d] = (Dim::Const(0), if valid { shape[d].clone() } else { Dim::Const(0) });
+            mask[d] = (Dim::Const(0), if valid { shape[d] } else { Dim::Const(0) });
         }
         v.shape = shape.into();
         v.mask = Some(mask);
@@ -144,9 +144,9 @@ impl View {
     }
 
     fn shrink(&self, ranges: &[(Dim, Dim)]) -> View {
-        let mut offset = self.offset.clone();
+        let mut offset = self.offset;
         for (d, (start, _)) in ranges.iter().enumerate() {
-            offset = &offset + &(start * &self.strides[d]);
+            offset = offset + (start * &self.strides[d]);
         }
         let mask =
             self.mask.as_ref().map(|m| m.iter().zip(ranges).map(|((lo, hi), (s, _))| (lo - s, hi - s)).collect());
@@ -159,9 +159,9 @@ impl View {
     /// `None` when the valid range of some dim is not known to lie within the dim (a range
     /// reaching past a shrunk dim's symbolic edge): the padding then goes on a view of its own.
     fn pad(&self, padding: &[(Dim, Dim)]) -> Option<View> {
-        let mut offset = self.offset.clone();
+        let mut offset = self.offset;
         for (d, (before, _)) in padding.iter().enumerate() {
-            offset = &offset - &(before * &self.strides[d]);
+            offset = offset - (before * &self.strides[d]);
         }
         // The valid range is clamped to the dim before it is shifted: past the old edges lie the
         // new padding's positions, which a range reaching beyond them (left by a shrink) must
@@ -171,12 +171,12 @@ impl View {
         for (((lo, hi), size), (b, _)) in self.mask_or_full().iter().zip(&self.shape).zip(padding) {
             let lo = match lo.as_const() {
                 Some(l) => Dim::Const(l.max(0)),
-                None if lo.provably_nonneg() => lo.clone(),
+                None if lo.provably_nonneg() => *lo,
                 None => return None,
             };
             let hi = match (hi.as_const(), size.as_const()) {
                 (Some(h), Some(s)) => Dim::Const(h.min(s)),
-                _ if (size - hi).provably_nonneg() => hi.clone(),
+                _ if (size - hi).provably_nonneg() => *hi,
                 _ => return None,
             };
             mask.push((&lo + b, &hi + b));
@@ -210,12 +210,12 @@ impl View {
         }
         let new_dims: Vec<usize> = (0..new.len()).filter(|&d| !is_one(&new[d])).collect();
         let mut strides: Shape = smallvec::smallvec![Dim::Const(0); new.len()];
-        let mut mask: Vec<(Dim, Dim)> = new.iter().map(|s| (Dim::Const(0), s.clone())).collect();
+        let mut mask: Vec<(Dim, Dim)> = new.iter().map(|s| (Dim::Const(0), *s)).collect();
         let (mut i, mut j) = (0, 0);
         while i < old.len() && j < new_dims.len() {
             let (i0, j0) = (i, j);
-            let mut po = self.shape[old[i]].clone();
-            let mut pn = new[new_dims[j]].clone();
+            let mut po = self.shape[old[i]];
+            let mut pn = new[new_dims[j]];
             i += 1;
             j += 1;
             while po != pn {
@@ -223,20 +223,20 @@ impl View {
                     if i == old.len() {
                         return None;
                     }
-                    po = &po * &self.shape[old[i]];
+                    po = po * self.shape[old[i]];
                     i += 1;
                 } else {
                     if j == new_dims.len() {
                         return None;
                     }
-                    pn = &pn * &new[new_dims[j]];
+                    pn = pn * new[new_dims[j]];
                     j += 1;
                 }
             }
             if i - i0 == 1 && j - j0 == 1 {
-                strides[new_dims[j0]] = self.strides[old[i0]].clone();
+                strides[new_dims[j0]] = self.strides[old[i0]];
                 if let Some(m) = &self.mask {
-                    mask[new_dims[j0]] = m[old[i0]].clone();
+                    mask[new_dims[j0]] = m[old[i0]];
                 }
                 continue;
             }
@@ -244,20 +244,20 @@ impl View {
                 if !self.mask_trivial(old[a]) {
                     return None;
                 }
-                if a + 1 < i && self.strides[old[a]] != &self.strides[old[a + 1]] * &self.shape[old[a + 1]] {
+                if a + 1 < i && self.strides[old[a]] != self.strides[old[a + 1]] * self.shape[old[a + 1]] {
                     return None;
                 }
             }
-            let mut stride = self.strides[old[i - 1]].clone();
+            let mut stride = self.strides[old[i - 1]];
             for b in (j0..j).rev() {
-                strides[new_dims[b]] = stride.clone();
-                stride = &stride * &new[new_dims[b]];
+                strides[new_dims[b]] = stride;
+                stride = stride * new[new_dims[b]];
             }
         }
         if i != old.len() || j != new_dims.len() {
             return None;
         }
-        let mut v = View { shape: new.into(), strides, offset: self.offset.clone(), mask: Some(mask) };
+        let mut v = View { shape: new.into(), strides, offset: self.offset, mask: Some(mask) };
         v.normalize_mask();
         Some(v)
     }
@@ -347,7 +347,7 @@ impl ViewStack {
         if is_one(&top.shape[d]) || is_one(&top.shape[d + 1]) {
             return true;
         }
-        let outer_stride = &top.strides[d + 1] * &top.shape[d + 1];
+        let outer_stride = top.strides[d + 1] * top.shape[d + 1];
         let strides = row_major(&below.shape);
         let real: Vec<usize> = (0..below.shape.len()).filter(|&m| !is_one(&below.shape[m])).collect();
         real.windows(2).all(|pair| strides[pair[0]] != outer_stride)
@@ -757,7 +757,7 @@ impl IndexCx {
         if lo_needed {
             cond = Some(IExpr::lt(self.dim(&(lo - 1))?, e.clone()));
         }
-        let hi_needed = !range_covers(&(Dim::Const(0), hi.clone()), size)
+        let hi_needed = !range_covers(&(Dim::Const(0), *hi), size)
             && match hi.as_const() {
                 Some(h) => bounds.is_none_or(|(_, max)| max >= h),
                 None => true,
@@ -808,7 +808,7 @@ mod tests {
                 IExpr::mul(IExpr::Sym(0), IExpr::Const(k)),
             )
         };
-        let d = &seq * &Dim::Const(32);
+        let d = seq * Dim::Const(32);
         assert_eq!(c.div(lin(288), &d).unwrap(), IExpr::Const(9));
         assert_eq!(c.div(lin(0), &d).unwrap(), IExpr::Const(0));
         // Not a multiple of the divisor's constant, or a remainder that can reach it: unchanged.
@@ -839,9 +839,9 @@ mod tests {
         assert_eq!(r(&[2, 3], &[3, 2]), None);
         assert_eq!(r(&[1, 5], &[5, 1]), Some(vec![5]));
         let n = Dim::sym("n");
-        let sym = common_refinement(&[n.clone(), Dim::Const(6)], &[n.clone(), Dim::Const(2), Dim::Const(3)]);
-        assert_eq!(sym, Some(vec![n.clone(), Dim::Const(2), Dim::Const(3)]));
-        assert_eq!(common_refinement(&[&n * &Dim::Const(2)], &[n, Dim::Const(2)]), None);
+        let sym = common_refinement(&[n, Dim::Const(6)], &[n, Dim::Const(2), Dim::Const(3)]);
+        assert_eq!(sym, Some(vec![n, Dim::Const(2), Dim::Const(3)]));
+        assert_eq!(common_refinement(&[n * Dim::Const(2)], &[n, Dim::Const(2)]), None);
     }
 
     #[test]
@@ -883,10 +883,10 @@ mod tests {
     #[test]
     fn symbolic_dims_become_syms() {
         let seq = Dim::sym("seq");
-        let s = ViewStack::contiguous(&[seq.clone(), Dim::Const(4)]).through(&[Movement::Permute(vec![1, 0])]);
+        let s = ViewStack::contiguous(&[seq, Dim::Const(4)]).through(&[Movement::Permute(vec![1, 0])]);
         let (i, _) = s.index(&vars(2), &cx(&[4])).unwrap();
         assert_eq!(i.to_string(), "(i0 + i1*4)");
-        let t = ViewStack::contiguous(&[Dim::Const(4), seq.clone()]);
+        let t = ViewStack::contiguous(&[Dim::Const(4), seq]);
         let (j, _) = t.index(&vars(2), &IndexCx::new(vec![Symbol::new("seq")])).unwrap();
         assert_eq!(j.to_string(), "(i0*s0 + i1)");
         let c = IndexCx::new(vec![Symbol::new("seq")]);

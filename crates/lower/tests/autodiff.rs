@@ -556,7 +556,7 @@ fn f32_and_symbolic_shapes() {
     // f32, with a symbolic batch: the gradient keeps the wrt node's type exactly.
     let mut g = Graph::new();
     let n = Dim::sym("n");
-    let ty = TensorType::new(DType::F32, [n.clone(), Dim::Const(3)].into_iter().collect::<air::Shape>());
+    let ty = TensorType::new(DType::F32, [n, Dim::Const(3)].into_iter().collect::<air::Shape>());
     let x = g.add_leaf(Op::Input(Input { slot: 0 }), ty.clone()).unwrap();
     let e = g.add(Op::Unary(UnaryOp::Exp2), &[x]).unwrap();
     let padded = g

@@ -54,16 +54,16 @@ impl B {
     fn matmul(&mut self, a: NodeId, b: NodeId) -> NodeId {
         let (sa, sb) = (self.shape(a), self.shape(b));
         let r = sa.len();
-        let (m, k, n) = (sa[r - 2].clone(), sa[r - 1].clone(), sb[r - 1].clone());
+        let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
         let batch = &sa[..r - 2];
         let with = |tail: &[Dim]| -> Vec<Dim> { batch.iter().chain(tail).cloned().collect() };
-        let a1 = self.reshape(a, &with(&[m.clone(), Dim::Const(1), k.clone()]));
-        let a2 = self.expand(a1, &with(&[m.clone(), n.clone(), k.clone()]));
+        let a1 = self.reshape(a, &with(&[m, Dim::Const(1), k]));
+        let a2 = self.expand(a1, &with(&[m, n, k]));
         let mut perm: Vec<usize> = (0..r).collect();
         perm.swap(r - 2, r - 1);
         let bt = self.permute(b, &perm);
-        let b1 = self.reshape(bt, &with(&[Dim::Const(1), n.clone(), k.clone()]));
-        let b2 = self.expand(b1, &with(&[m.clone(), n.clone(), k.clone()]));
+        let b1 = self.reshape(bt, &with(&[Dim::Const(1), n, k]));
+        let b2 = self.expand(b1, &with(&[m, n, k]));
         let p = self.mul(a2, b2);
         let s = self.sum(p, &[r]);
         self.reshape(s, &with(&[m, n]))

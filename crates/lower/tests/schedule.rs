@@ -67,16 +67,16 @@ impl B {
     fn matmul(&mut self, a: NodeId, b: NodeId) -> NodeId {
         let (sa, sb) = (self.shape(a), self.shape(b));
         let r = sa.len();
-        let (m, k, n) = (sa[r - 2].clone(), sa[r - 1].clone(), sb[r - 1].clone());
+        let (m, k, n) = (sa[r - 2], sa[r - 1], sb[r - 1]);
         let batch = &sa[..r - 2];
         let with = |tail: &[Dim]| -> Vec<Dim> { batch.iter().chain(tail).cloned().collect() };
-        let a1 = self.reshape(a, &with(&[m.clone(), Dim::Const(1), k.clone()]));
-        let a2 = self.expand(a1, &with(&[m.clone(), n.clone(), k.clone()]));
+        let a1 = self.reshape(a, &with(&[m, Dim::Const(1), k]));
+        let a2 = self.expand(a1, &with(&[m, n, k]));
         let mut perm: Vec<usize> = (0..r).collect();
         perm.swap(r - 2, r - 1);
         let bt = self.permute(b, &perm);
-        let b1 = self.reshape(bt, &with(&[Dim::Const(1), n.clone(), k.clone()]));
-        let b2 = self.expand(b1, &with(&[m.clone(), n.clone(), k.clone()]));
+        let b1 = self.reshape(bt, &with(&[Dim::Const(1), n, k]));
+        let b2 = self.expand(b1, &with(&[m, n, k]));
         let p = self.bin(BinaryOp::Mul, a2, b2);
         let s = self.reduce(ReduceOp::Sum, p, &[r]);
         self.reshape(s, &with(&[m, n]))
@@ -484,16 +484,14 @@ fn pad_becomes_a_masked_load() {
 
 /// The facade's `cat`: each piece zero-padded along `axis` to the total, the pads added.
 fn cat(b: &mut B, pieces: &[NodeId], axis: usize) -> NodeId {
-    let sizes: Vec<Dim> = pieces.iter().map(|&p| b.shape(p)[axis].clone()).collect();
+    let sizes: Vec<Dim> = pieces.iter().map(|&p| b.shape(p)[axis]).collect();
     let total = sizes.iter().fold(Dim::Const(0), |a, s| &a + s);
     let combine = if b.g.ty(pieces[0]).dtype == DType::Bool { BinaryOp::Or } else { BinaryOp::Add };
     let (mut at, mut acc) = (Dim::Const(0), None);
     for (&p, size) in pieces.iter().zip(&sizes) {
         let rank = b.shape(p).len();
-        let after = &(&total - &at) - size;
-        let padding = (0..rank)
-            .map(|d| if d == axis { (at.clone(), after.clone()) } else { (Dim::Const(0), Dim::Const(0)) })
-            .collect();
+        let after = &(total - at) - size;
+        let padding = (0..rank).map(|d| if d == axis { (at, after) } else { (Dim::Const(0), Dim::Const(0)) }).collect();
         let value = Scalar::Int(0).cast(b.g.ty(p).dtype);
         let padded = b.op(Op::Pad(Pad { padding, value }), &[p]);
         acc = Some(match acc {
@@ -624,8 +622,8 @@ fn cat_pieces_in_any_order_dtype_and_symbolic_sizes() {
     // composes with the cat's), added in an order other than the axis order.
     let (n, m) = (Dim::sym("n"), Dim::sym("m"));
     let mut b = B::default();
-    let x = b.input(DType::F32, &[n.clone(), Dim::Const(4)]);
-    let y = b.input(DType::F32, &[m.clone(), Dim::Const(2)]);
+    let x = b.input(DType::F32, &[n, Dim::Const(4)]);
+    let y = b.input(DType::F32, &[m, Dim::Const(2)]);
     let z = b.f32(&[3, 4]);
     let yp = b.op(
         Op::Pad(Pad {
@@ -689,7 +687,7 @@ fn flattened_window_loops_over_the_window_without_div_mod() {
 fn symbolic_dims_read_syms() {
     let mut b = B::default();
     let seq = Dim::sym("seq");
-    let x = b.input(DType::F32, &[seq.clone(), Dim::Const(4)]);
+    let x = b.input(DType::F32, &[seq, Dim::Const(4)]);
     let m = b.reduce(ReduceOp::Max, x, &[1]);
     let me = b.expand_like(m, x);
     let y = b.bin(BinaryOp::Sub, x, me);
@@ -793,9 +791,9 @@ fn symbolic_attention_runs_for_two_lengths() {
     let mut b = B::default();
     let seq = Dim::sym("seq");
     let d = Dim::Const(4);
-    let q = b.input(DType::F32, &[seq.clone(), d.clone()]);
-    let k = b.input(DType::F32, &[seq.clone(), d.clone()]);
-    let v = b.input(DType::F32, &[seq.clone(), d.clone()]);
+    let q = b.input(DType::F32, &[seq, d]);
+    let k = b.input(DType::F32, &[seq, d]);
+    let v = b.input(DType::F32, &[seq, d]);
     let kt = b.permute(k, &[1, 0]);
     let scores = b.matmul(q, kt);
     let p = softmax(&mut b, scores, 1);
@@ -1048,7 +1046,7 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
                 };
                 let target: Vec<Dim> = shape
                     .iter()
-                    .map(|d| if d.as_const() == Some(1) { Dim::Const(rng.pick(&[1, 2, 3])) } else { d.clone() })
+                    .map(|d| if d.as_const() == Some(1) { Dim::Const(rng.pick(&[1, 2, 3])) } else { *d })
                     .collect();
                 b.expand(x, &target)
             }
@@ -1072,7 +1070,7 @@ fn random_graph(seed: u64, n_ops: usize) -> Graph {
             13 | 14 if rank == 2 && !int => {
                 // A matmul with a fresh weight, sometimes with a bias.
                 let n = rng.pick(&sizes);
-                let k = shape[1].clone();
+                let k = shape[1];
                 let w = b.input(dtype, &[k, Dim::Const(n)]);
                 let y = b.matmul(x, w);
                 if rng.chance(50) {

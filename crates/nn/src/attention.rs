@@ -97,14 +97,14 @@ impl CausalSelfAttention {
                 }
             }
         }
-        full.narrow(0, start.clone(), seq.clone()).narrow(1, 0, len.clone())
+        full.narrow(0, *start, *seq).narrow(1, 0, *len)
     }
 
     /// The input's `[batch, seq, dim]` and the head size (`-1` where unknown: the reshapes that
     /// use it then report the shape).
     fn sizes(&self, x: &Tensor) -> ([Dim; 3], i64) {
         let [batch, seq, dim] = match x.shape().as_slice() {
-            [b, s, d] => [b.clone(), s.clone(), d.clone()],
+            [b, s, d] => [*b, *s, *d],
             // Not `[batch, seq, dim]`: let the reshape below report the shape.
             _ => [Dim::Const(-1), Dim::Const(1), Dim::Const(1)],
         };
@@ -118,8 +118,7 @@ impl CausalSelfAttention {
     /// `[batch, seq, dim]` to `[batch, n_heads, seq, head_dim]`.
     #[track_caller]
     fn heads(&self, t: Tensor, batch: &Dim, seq: &Dim, head_dim: i64) -> Tensor {
-        t.reshape(vec![batch.clone(), seq.clone(), Dim::Const(self.n_heads as i64), Dim::Const(head_dim)])
-            .transpose(1, 2)
+        t.reshape(vec![*batch, *seq, Dim::Const(self.n_heads as i64), Dim::Const(head_dim)]).transpose(1, 2)
     }
 
     /// Attention of the queries `q` (at positions `[start, start + seq)`) over `k` and `v` (at
@@ -138,7 +137,7 @@ impl CausalSelfAttention {
         device: Device,
         mask: Option<&Tensor>,
     ) -> Tensor {
-        let [batch, seq, dim] = sizes.clone();
+        let [batch, seq, dim] = *sizes;
         let len = k.shape().get(2).cloned().unwrap_or(Dim::Const(0));
         // The mask is passed explicitly (not `is_causal`): its block may sit at a symbolic start.
         let mask = match mask {
@@ -189,9 +188,9 @@ impl CausalSelfAttention {
         let q = self.heads(self.q.forward(x), batch, seq, head_dim);
         let k = self.heads(self.k.forward(x), batch, seq, head_dim);
         let v = self.heads(self.v.forward(x), batch, seq, head_dim);
-        let keys = keys.slice_scatter(&k, 2, start.clone());
-        let values = values.slice_scatter(&v, 2, start.clone());
-        let (k_all, v_all) = (keys.narrow(2, 0, len.clone()), values.narrow(2, 0, len.clone()));
+        let keys = keys.slice_scatter(&k, 2, *start);
+        let values = values.slice_scatter(&v, 2, *start);
+        let (k_all, v_all) = (keys.narrow(2, 0, *len), values.narrow(2, 0, *len));
         let y = self.attend(&q, &k_all, &v_all, start, &sizes, head_dim, x.device(), mask);
         (y, keys, values)
     }

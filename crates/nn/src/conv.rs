@@ -39,7 +39,7 @@ pub(crate) fn show_shape(x: &Tensor) -> String {
 /// `(n, c, h, w)` of a 4-D input, `n` possibly symbolic.
 fn nchw(x: &Tensor) -> Option<(Dim, usize, usize, usize)> {
     match x.shape().as_ref() {
-        [n, c, h, w] => Some((n.clone(), c.as_const()? as usize, h.as_const()? as usize, w.as_const()? as usize)),
+        [n, c, h, w] => Some((*n, c.as_const()? as usize, h.as_const()? as usize, w.as_const()? as usize)),
         _ => None,
     }
 }
@@ -202,7 +202,7 @@ impl Geometry {
         let padded =
             if rows == (0, 0) && cols == (0, 0) { x.clone() } else { x.pad(&[(0, 0), (0, 0), rows, cols], pad_value) };
         let inside = Geometry {
-            n: self.n.clone(),
+            n: self.n,
             input: (self.input.0 + rows.0 + rows.1, self.input.1 + cols.0 + cols.1),
             padding: (0, 0),
             ..*self
@@ -226,7 +226,7 @@ impl Geometry {
         let (kh, kw) = self.kernel;
         let (oh, ow) = self.out;
         x.narrow(2, 0, (oh * kh) as i64).narrow(3, 0, (ow * kw) as i64).reshape(vec![
-            self.n.clone(),
+            self.n,
             Dim::from(self.c),
             Dim::from(oh),
             Dim::from(kh),
@@ -499,9 +499,9 @@ pub fn conv_transpose2d(
     }
     // Zeros between the elements: [N, C, H, 1, W, 1] padded to [N, C, H, sh, W, sw], reshaped,
     // and cut after the last element.
-    let n = input.shape()[0].clone();
+    let n = input.shape()[0];
     let spread = input
-        .reshape(vec![n.clone(), Dim::from(c), Dim::from(h), Dim::from(1), Dim::from(w), Dim::from(1)])
+        .reshape(vec![n, Dim::from(c), Dim::from(h), Dim::from(1), Dim::from(w), Dim::from(1)])
         .pad(&[(0, 0), (0, 0), (0, 0), (0, sh - 1), (0, 0), (0, sw - 1)], 0.0)
         .reshape(vec![n, Dim::from(c), Dim::from(h * sh), Dim::from(w * sw)])
         .narrow(2, 0, ((h - 1) * sh + 1) as i64)
@@ -551,13 +551,13 @@ fn pointwise(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, g: usize, geo: 
     let o = weight.shape()[0].as_const().unwrap_or(0) as usize;
     let cg = geo.c / g;
     let (oh, ow) = geo.out;
-    let cols = x.reshape(vec![geo.n.clone(), Dim::from(g), Dim::from(cg), Dim::from(oh * ow)]);
+    let cols = x.reshape(vec![geo.n, Dim::from(g), Dim::from(cg), Dim::from(oh * ow)]);
     let y = weight.reshape(&[g, o / g, cg]).matmul(&cols);
     let y = match bias {
         Some(b) => y.add(b.reshape(&[g, o / g, 1])),
         None => y,
     };
-    y.reshape(vec![geo.n.clone(), Dim::from(o), Dim::from(oh), Dim::from(ow)])
+    y.reshape(vec![geo.n, Dim::from(o), Dim::from(oh), Dim::from(ow)])
 }
 
 /// im2col: the windows stacked into columns `[G, Cg * KH * KW, N * OH * OW]` (one copy kernel,
@@ -578,14 +578,14 @@ fn im2col(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, g: usize, geo: &Ge
         let refs: Vec<&Tensor> = wins.iter().collect();
         Tensor::cat(&refs, 1)
     };
-    let np = &geo.n * &Dim::from(oh * ow);
+    let np = geo.n * Dim::from(oh * ow);
     let cols = cols.reshape(vec![Dim::from(g), Dim::from(cg * k), np]);
     let y = weight.reshape(&[g, o / g, cg * k]).matmul(&cols);
     let y = match bias {
         Some(b) => y.add(b.reshape(&[g, o / g, 1])),
         None => y,
     };
-    y.reshape(vec![Dim::from(o), geo.n.clone(), Dim::from(oh), Dim::from(ow)]).permute(&[1, 0, 2, 3])
+    y.reshape(vec![Dim::from(o), geo.n, Dim::from(oh), Dim::from(ow)]).permute(&[1, 0, 2, 3])
 }
 
 impl Module for Conv2d {
@@ -682,7 +682,7 @@ pub fn max_pool2d(input: &Tensor, kernel_size: (usize, usize), options: MaxPool2
         let (kh, kw) = kernel_size;
         let (oh, ow) = geo.out;
         let windows = tiled.permute(&[0, 1, 2, 4, 3, 5]).reshape(vec![
-            geo.n.clone(),
+            geo.n,
             Dim::from(geo.c),
             Dim::from(oh),
             Dim::from(ow),

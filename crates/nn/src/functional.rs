@@ -117,7 +117,7 @@ pub fn embedding(input: &Tensor, weight: &Tensor) -> Tensor {
         );
     }
     let mut out_shape = input.shape().to_vec();
-    out_shape.push(weight.shape()[1].clone());
+    out_shape.push(weight.shape()[1]);
     weight.index_select(0, &input.reshape(&[-1])).reshape(out_shape)
 }
 
@@ -308,7 +308,7 @@ pub fn group_norm(
             );
         }
     }
-    let grouped = input.reshape(vec![input.shape()[0].clone(), Dim::from(num_groups), Dim::Const(-1)]);
+    let grouped = input.reshape(vec![input.shape()[0], Dim::from(num_groups), Dim::Const(-1)]);
     let y = standardize(&grouped, &[-1], eps).reshape(input.shape().to_vec());
     let mut per_channel = vec![Dim::Const(-1)];
     per_channel.extend((2..input.ndim()).map(|_| Dim::Const(1)));
@@ -343,7 +343,7 @@ fn repeat_heads(t: &Tensor, groups: usize) -> Tensor {
     let mut expanded: Vec<Dim> = vec![Dim::Const(-1); nd + 1];
     expanded[nd - 2] = Dim::from(groups);
     let mut merged: Vec<Dim> = t.shape().to_vec();
-    merged[nd - 3] = merged[nd - 3].clone() * Dim::from(groups);
+    merged[nd - 3] = merged[nd - 3] * Dim::from(groups);
     t.unsqueeze(nd as isize - 2).expand(expanded).reshape(merged)
 }
 
@@ -416,14 +416,14 @@ pub fn scaled_dot_product_attention(query: &Tensor, key: &Tensor, value: &Tensor
 fn class_rows(input: &Tensor) -> (Tensor, Vec<Dim>) {
     let shape = input.shape().to_vec();
     match shape.len() {
-        1 => (input.reshape(vec![Dim::Const(1), shape[0].clone()]), vec![]),
-        2 => (input.clone(), vec![shape[0].clone()]),
+        1 => (input.reshape(vec![Dim::Const(1), shape[0]]), vec![]),
+        2 => (input.clone(), vec![shape[0]]),
         n => {
             let mut perm: Vec<isize> = vec![0];
             perm.extend(2..n as isize);
             perm.push(1);
-            let rows = input.permute(perm).reshape(vec![Dim::Const(-1), shape[1].clone()]);
-            let mut sample = vec![shape[0].clone()];
+            let rows = input.permute(perm).reshape(vec![Dim::Const(-1), shape[1]]);
+            let mut sample = vec![shape[0]];
             sample.extend(shape[2..].iter().cloned());
             (rows, sample)
         }

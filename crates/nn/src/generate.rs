@@ -492,8 +492,8 @@ impl Decoder for RecomputeDecoder<'_> {
         let model = self.model;
         let out = self.jit.call(&[&ids], |a: &[Tensor]| {
             let logits = kiln::no_grad(|| model.forward(&a[0]));
-            let seq = a[0].shape()[1].clone();
-            logits.narrow(1, &seq - &Dim::from(1), 1)
+            let seq = a[0].shape()[1];
+            logits.narrow(1, seq - Dim::from(1), 1)
         })?;
         let logits = out[0].to_vec::<f32>()?;
         if past == 0 {

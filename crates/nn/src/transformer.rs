@@ -343,13 +343,13 @@ impl Transformer {
         let model = &mut *self;
         let jit = if last { &mut cache.jit_last } else { &mut cache.jit };
         let result = jit.call_owned_with(args, &cache.weights, |a: &[Tensor]| -> Result<Vec<Tensor>> {
-            let (start, len) = (a[1].shape()[0].clone(), a[2].shape()[0].clone());
+            let (start, len) = (a[1].shape()[0], a[2].shape()[0]);
             let kv = &a[3..3 + n_kv];
             let mut out =
                 with_tensors(model, &a[3 + n_kv..], |m| kiln::no_grad(|| m.forward_cached(&a[0], &start, &len, kv)))??;
             if last {
-                let seq = a[0].shape()[1].clone();
-                out[0] = out[0].narrow(1, &seq - &Dim::Const(1), 1);
+                let seq = a[0].shape()[1];
+                out[0] = out[0].narrow(1, seq - Dim::Const(1), 1);
             }
             Ok(out)
         });
@@ -405,7 +405,7 @@ impl Transformer {
             return Err(NnError::Cache(format!("{} cache arrays for {} blocks", kv.len(), self.blocks.len())));
         }
         let seq = ids.shape().get(1).cloned().unwrap_or(Dim::Const(1));
-        let positions = self.wpe.weight.narrow(0, start.clone(), seq.clone());
+        let positions = self.wpe.weight.narrow(0, *start, seq);
         let mut x = self.wte.forward(ids).add(positions);
         let mut out = vec![Tensor::zeros(&[0], DType::F32)];
         // One causal mask for every block (the same positions and lengths).

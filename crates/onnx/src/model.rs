@@ -292,9 +292,7 @@ impl Model {
         let dims: Vec<Dim> = dims
             .iter()
             .zip(&host.shape)
-            .map(
-                |(d, &n)| if d.as_const().is_none() && !d.to_string().contains(':') { d.clone() } else { Dim::from(n) },
-            )
+            .map(|(d, &n)| if d.as_const().is_none() && !d.to_string().contains(':') { *d } else { Dim::from(n) })
             .collect();
         let t = t.with_dims(dims);
         match t.error() {

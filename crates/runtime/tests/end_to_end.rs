@@ -187,9 +187,9 @@ fn f64_matmul() {
 fn seq_graph() -> Graph {
     let seq = Dim::sym("seq");
     let mut g = Graph::new();
-    let x = input(&mut g, 0, DType::F32, &[seq.clone(), Dim::Const(4)]);
+    let x = input(&mut g, 0, DType::F32, &[seq, Dim::Const(4)]);
     let w = input_f32(&mut g, 1, &[1, 4]);
-    let w = expand_dims(&mut g, w, &[seq.clone(), Dim::Const(4)]);
+    let w = expand_dims(&mut g, w, &[seq, Dim::Const(4)]);
     let y = g.add(Op::Binary(BinaryOp::Mul), &[x, w]).unwrap();
     let s = reduce(&mut g, ReduceOp::Sum, y, &[1]);
     let s = g.add(Op::Unary(UnaryOp::Neg), &[s]).unwrap();
@@ -228,10 +228,9 @@ fn symbolic_dims_compile_once() {
 fn kernels_differing_in_base_offsets_compile_once() {
     let seq = Dim::sym("seq");
     let mut g = Graph::new();
-    let x = input(&mut g, 0, DType::F32, &[Dim::Const(4), seq.clone(), Dim::Const(8)]);
+    let x = input(&mut g, 0, DType::F32, &[Dim::Const(4), seq, Dim::Const(8)]);
     for t in 0..4 {
-        let ranges =
-            vec![(Dim::Const(t), Dim::Const(t + 1)), (Dim::Const(0), seq.clone()), (Dim::Const(0), Dim::Const(8))];
+        let ranges = vec![(Dim::Const(t), Dim::Const(t + 1)), (Dim::Const(0), seq), (Dim::Const(0), Dim::Const(8))];
         let piece = g.add(Op::Shrink(Shrink { ranges }), &[x]).unwrap();
         let a = g.add(Op::Unary(UnaryOp::Neg), &[piece]).unwrap();
         let b = g.add(Op::Unary(UnaryOp::Exp2), &[a]).unwrap();
@@ -384,14 +383,14 @@ fn large_elementwise_runs_split_over_threads() {
 fn symbolic_matmul() {
     let seq = Dim::sym("seq");
     let mut g = Graph::new();
-    let x = input(&mut g, 0, DType::F32, &[seq.clone(), Dim::Const(16)]);
+    let x = input(&mut g, 0, DType::F32, &[seq, Dim::Const(16)]);
     let w = input_f32(&mut g, 1, &[16, 8]);
     // x[seq, 16] @ w[16, 8], spelled with symbolic shapes.
-    let x4 = reshape_dims(&mut g, x, &[seq.clone(), Dim::Const(1), Dim::Const(16)]);
-    let x4 = expand_dims(&mut g, x4, &[seq.clone(), Dim::Const(8), Dim::Const(16)]);
+    let x4 = reshape_dims(&mut g, x, &[seq, Dim::Const(1), Dim::Const(16)]);
+    let x4 = expand_dims(&mut g, x4, &[seq, Dim::Const(8), Dim::Const(16)]);
     let wt = permute(&mut g, w, &[1, 0]);
     let w4 = reshape(&mut g, wt, &[1, 8, 16]);
-    let w4 = expand_dims(&mut g, w4, &[seq.clone(), Dim::Const(8), Dim::Const(16)]);
+    let w4 = expand_dims(&mut g, w4, &[seq, Dim::Const(8), Dim::Const(16)]);
     let p = g.add(Op::Binary(BinaryOp::Mul), &[x4, w4]).unwrap();
     let s = reduce(&mut g, ReduceOp::Sum, p, &[2]);
     let y = reshape_dims(&mut g, s, &[seq, Dim::Const(8)]);
@@ -441,7 +440,7 @@ fn write_at_position() -> Graph {
     // A carrier of a symbol nothing reads: its shape is still checked.
     input(&mut g, 2, DType::I32, &[Dim::sym("q"), Dim::Const(0)]);
     let p = Dim::sym("p");
-    let padding = vec![(p.clone(), &Dim::Const(12) - &p)];
+    let padding = vec![(p, Dim::Const(12) - p)];
     let y = g.add(Op::Pad(Pad { padding, value: Scalar::Float(0.0) }), &[x]).unwrap();
     g.add_output(y);
     g

@@ -175,7 +175,7 @@ impl Builder {
         let mut slots: Vec<DType> = vec![DType::F32];
         slots.extend(backend.dtypes.iter().copied());
         for (slot, &dtype) in slots.iter().enumerate() {
-            let ty = TensorType::new(dtype, vec![b.rows.clone(), b.cols.clone()]);
+            let ty = TensorType::new(dtype, vec![b.rows, b.cols]);
             let id = b.g.add_leaf(Op::Input(Input { slot: slot as u32 }), ty).unwrap();
             b.vals.push(Val { id, dtype, exact: true });
         }
@@ -189,7 +189,7 @@ impl Builder {
     }
 
     fn shape(&self) -> Vec<Dim> {
-        vec![self.rows.clone(), self.cols.clone()]
+        vec![self.rows, self.cols]
     }
 
     fn pick(&self, i: usize) -> Val {
@@ -344,23 +344,23 @@ impl Builder {
             }
             Step::PadShrink { a, axis, lo, hi, shift, value } => {
                 let v = self.pick(a);
-                let size = self.shape()[axis].clone();
+                let size = self.shape()[axis];
                 let mut padding = vec![(Dim::Const(0), Dim::Const(0)); 2];
                 padding[axis] = (Dim::Const(lo as i64), Dim::Const(hi as i64));
                 let value = self.pad_value(v.dtype, value);
                 let p = self.add(Op::Pad(Pad { padding, value }), &[v.id]);
                 let start = (shift % (lo + hi + 1)) as i64;
                 let mut ranges: Vec<(Dim, Dim)> = self.shape().into_iter().map(|d| (Dim::Const(0), d)).collect();
-                ranges[axis] = (Dim::Const(start), &size + &Dim::Const(start));
+                ranges[axis] = (Dim::Const(start), size + Dim::Const(start));
                 let id = self.add(Op::Shrink(Shrink { ranges }), &[p]);
                 self.push(id, v.exact);
             }
             Step::ShrinkPad { a, axis, lo, hi, value } => {
                 let v = self.pick(a);
                 let (lo, hi) = if (lo + hi) as i64 > self.min_size { (0, 0) } else { (lo as i64, hi as i64) };
-                let size = self.shape()[axis].clone();
+                let size = self.shape()[axis];
                 let mut ranges: Vec<(Dim, Dim)> = self.shape().into_iter().map(|d| (Dim::Const(0), d)).collect();
-                ranges[axis] = (Dim::Const(lo), &size - &Dim::Const(hi));
+                ranges[axis] = (Dim::Const(lo), size - Dim::Const(hi));
                 let s = self.add(Op::Shrink(Shrink { ranges }), &[v.id]);
                 let mut padding = vec![(Dim::Const(0), Dim::Const(0)); 2];
                 padding[axis] = (Dim::Const(lo), Dim::Const(hi));
@@ -377,14 +377,14 @@ impl Builder {
             }
             Step::Batched { a, b, c, broadcast } => {
                 let (x, y, z) = self.matmul_operands(a, b, c);
-                let (r, k) = (self.rows.clone(), self.cols.clone());
+                let (r, k) = (self.rows, self.cols);
                 let one = Dim::Const(1);
                 let right = if broadcast {
                     let yt = permute(&mut self.g, y.id, &[1, 0]);
                     canonical_matmul(&mut self.g, yt, z.id)
                 } else {
-                    let col = reshape_dims(&mut self.g, y.id, &[r.clone(), k.clone(), one.clone()]);
-                    let row = reshape_dims(&mut self.g, z.id, &[r.clone(), one.clone(), k.clone()]);
+                    let col = reshape_dims(&mut self.g, y.id, &[r, k, one]);
+                    let row = reshape_dims(&mut self.g, z.id, &[r, one, k]);
                     canonical_matmul(&mut self.g, col, row)
                 };
                 let left = reshape_dims(&mut self.g, x.id, &[r, one, k]);
@@ -420,19 +420,18 @@ impl Builder {
 fn canonical_matmul(g: &mut Graph, a: NodeId, b: NodeId) -> NodeId {
     let (sa, sb) = (g.ty(a).shape.to_vec(), g.ty(b).shape.to_vec());
     let (ra, rb) = (sa.len(), sb.len());
-    let (m, k, n) = (sa[ra - 2].clone(), sa[ra - 1].clone(), sb[rb - 1].clone());
+    let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 1]);
     let batch: Vec<Dim> = if ra >= rb { sa[..ra - 2].to_vec() } else { sb[..rb - 2].to_vec() };
     let one = Dim::Const(1);
-    let ones = |rank: usize| std::iter::repeat_n(one.clone(), batch.len() + 2 - rank);
-    let full: Vec<Dim> = batch.iter().cloned().chain([m.clone(), n.clone(), k.clone()]).collect();
-    let a_shape: Vec<Dim> =
-        ones(ra).chain(sa[..ra - 2].iter().cloned()).chain([m.clone(), one.clone(), k.clone()]).collect();
+    let ones = |rank: usize| std::iter::repeat_n(one, batch.len() + 2 - rank);
+    let full: Vec<Dim> = batch.iter().cloned().chain([m, n, k]).collect();
+    let a_shape: Vec<Dim> = ones(ra).chain(sa[..ra - 2].iter().cloned()).chain([m, one, k]).collect();
     let a3 = reshape_dims(g, a, &a_shape);
     let a3 = expand_dims(g, a3, &full);
     let mut perm: Vec<usize> = (0..rb).collect();
     perm.swap(rb - 2, rb - 1);
     let bt = permute(g, b, &perm);
-    let b_shape: Vec<Dim> = ones(rb).chain(sb[..rb - 2].iter().cloned()).chain([one.clone(), n.clone(), k]).collect();
+    let b_shape: Vec<Dim> = ones(rb).chain(sb[..rb - 2].iter().cloned()).chain([one, n, k]).collect();
     let b3 = reshape_dims(g, bt, &b_shape);
     let b3 = expand_dims(g, b3, &full);
     let prod = g.add(Op::Binary(BinaryOp::Mul), &[a3, b3]).unwrap();

@@ -58,7 +58,7 @@ fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
         Some(c) => (IExpr::Const(c), vec![], 0),
         None => (IExpr::Sym(0), vec![Symbol::new("n")], 1),
     };
-    let ty = TensorType::new(DType::F32, vec![n.clone()]);
+    let ty = TensorType::new(DType::F32, vec![n]);
     let program = Program {
         symbols,
         kernels: vec![neg_kernel(extent, n_syms)],
@@ -70,9 +70,9 @@ fn neg_chain(n: Dim) -> (Program, Vec<Option<TensorType>>) {
         inits: vec![],
         data_checks: vec![],
         buffers: vec![
-            buf(DType::F32, n.clone(), BufferKind::Input(0)),
-            buf(DType::F32, n.clone(), BufferKind::Temp),
-            buf(DType::F32, n.clone(), BufferKind::Temp),
+            buf(DType::F32, n, BufferKind::Input(0)),
+            buf(DType::F32, n, BufferKind::Temp),
+            buf(DType::F32, n, BufferKind::Temp),
             buf(DType::F32, n, BufferKind::Output(0)),
         ],
         outputs: vec![(BufId(3), ty.clone())],

@@ -364,7 +364,7 @@ mod tests {
     #[test]
     fn symbols_are_priced_at_the_nominal_size() {
         assert_eq!(dim_size(&Dim::sym("n")), SYMBOL_SIZE as f64);
-        let two_n = &Dim::sym("n") * &Dim::Const(2);
+        let two_n = Dim::sym("n") * Dim::Const(2);
         assert_eq!(dim_size(&two_n), 2.0 * SYMBOL_SIZE as f64);
     }
 

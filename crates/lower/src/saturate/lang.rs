@@ -188,7 +188,7 @@ pub fn matmul_type(a: &TensorType, b: &TensorType) -> Option<TensorType> {
         return None;
     }
     let batch = broadcast(&a.shape[..ra - 2], &b.shape[..rb - 2])?;
-    let shape = batch.into_iter().chain([a.shape[ra - 2].clone(), b.shape[rb - 1].clone()]).collect();
+    let shape = batch.into_iter().chain([a.shape[ra - 2], b.shape[rb - 1]]).collect();
     Some(TensorType { dtype: a.dtype, shape })
 }
 
@@ -196,7 +196,7 @@ pub fn matmul_type(a: &TensorType, b: &TensorType) -> Option<TensorType> {
 fn broadcast(x: &[Dim], y: &[Dim]) -> Option<Shape> {
     let rank = x.len().max(y.len());
     let one = Dim::Const(1);
-    let at = |s: &[Dim], i: usize| if i + s.len() >= rank { s[i + s.len() - rank].clone() } else { one.clone() };
+    let at = |s: &[Dim], i: usize| if i + s.len() >= rank { s[i + s.len() - rank] } else { one };
     (0..rank)
         .map(|i| {
             let (p, q) = (at(x, i), at(y, i));
@@ -331,8 +331,8 @@ fn find_matmul(g: &Graph, root: NodeId) -> Option<Found> {
         return None;
     };
     let (av, bv) = (&g.ty(a_view).shape, &g.ty(b_view).shape);
-    let mut a_shape: Shape = av.iter().enumerate().filter(|&(i, _)| i != rank - 2).map(|(_, d)| d.clone()).collect();
-    let mut bt_shape: Shape = bv.iter().enumerate().filter(|&(i, _)| i != rank - 3).map(|(_, d)| d.clone()).collect();
+    let mut a_shape: Shape = av.iter().enumerate().filter(|&(i, _)| i != rank - 2).map(|(_, d)| *d).collect();
+    let mut bt_shape: Shape = bv.iter().enumerate().filter(|&(i, _)| i != rank - 3).map(|(_, d)| *d).collect();
     // Leading 1s only broadcast: drop them from one operand while the other keeps the result's
     // rank (a weight shared by a batch stays a matrix).
     while bt_shape.len() > 2 && bt_shape[0] == one {
@@ -546,11 +546,11 @@ pub fn expand_matmul(g: &mut Graph, a: NodeId, b: NodeId) -> Option<NodeId> {
     let (sa, sb) = (g.ty(a).shape.clone(), g.ty(b).shape.clone());
     let (ra, rb, r) = (sa.len(), sb.len(), out.shape.len());
     let one = Dim::Const(1);
-    let (m, k, n) = (sa[ra - 2].clone(), sa[ra - 1].clone(), sb[rb - 1].clone());
+    let (m, k, n) = (sa[ra - 2], sa[ra - 1], sb[rb - 1]);
     let batch = &out.shape[..r - 2];
-    let full: Shape = batch.iter().cloned().chain([m.clone(), n.clone(), k.clone()]).collect();
-    let pad = |rank: usize| std::iter::repeat_n(one.clone(), r - rank);
-    let a_shape: Shape = pad(ra).chain(sa[..ra - 2].iter().cloned()).chain([m, one.clone(), k.clone()]).collect();
+    let full: Shape = batch.iter().cloned().chain([m, n, k]).collect();
+    let pad = |rank: usize| std::iter::repeat_n(one, r - rank);
+    let a_shape: Shape = pad(ra).chain(sa[..ra - 2].iter().cloned()).chain([m, one, k]).collect();
     let a3 = g.add(Op::Reshape(Reshape { shape: a_shape }), &[a]).ok()?;
     let a3 = g.add(Op::Expand(air::op::Expand { shape: full.clone() }), &[a3]).ok()?;
     let bt = g.add(Op::Permute(Permute { perm: swap_last_two(rb) }), &[b]).ok()?;

@@ -588,7 +588,7 @@ fn merge(eg: &mut EG, s: &Subst) -> Vec<Id> {
         }
     }
     let Some(x) = x else { return Vec::new() };
-    let ns: Vec<Dim> = members.iter().map(|&(_, w)| eg[w].data.ty.shape[1].clone()).collect();
+    let ns: Vec<Dim> = members.iter().map(|&(_, w)| eg[w].data.ty.shape[1]).collect();
     let total = ns.iter().fold(Dim::Const(0), |acc, n| &acc + n);
     let dtype = eg[x].data.ty.dtype;
     let zero = if dtype.is_float() { Scalar::Float(0.0) } else { Scalar::Int(0) };
@@ -597,8 +597,8 @@ fn merge(eg: &mut EG, s: &Subst) -> Vec<Id> {
     let mut ranges = Vec::new();
     for (&(_, w), n) in members.iter().zip(&ns) {
         let end = &offset + n;
-        let after = &total - &end;
-        let padding = vec![(Dim::Const(0), Dim::Const(0)), (offset.clone(), after)];
+        let after = total - end;
+        let padding = vec![(Dim::Const(0), Dim::Const(0)), (offset, after)];
         let Some(piece) = add_op(eg, Op::Pad(Pad { padding, value: zero }), &[w]) else { return Vec::new() };
         cat = Some(match cat {
             None => piece,
@@ -607,7 +607,7 @@ fn merge(eg: &mut EG, s: &Subst) -> Vec<Id> {
                 None => return Vec::new(),
             },
         });
-        ranges.push((offset.clone(), end.clone()));
+        ranges.push((offset, end));
         offset = end;
     }
     let Some(cat) = cat else { return Vec::new() };
@@ -617,7 +617,7 @@ fn merge(eg: &mut EG, s: &Subst) -> Vec<Id> {
     let mut group = Vec::new();
     let mut changed = Vec::new();
     for (&(m, _), range) in members.iter().zip(ranges) {
-        let mut rs: Vec<(Dim, Dim)> = shape.iter().map(|d| (Dim::Const(0), d.clone())).collect();
+        let mut rs: Vec<(Dim, Dim)> = shape.iter().map(|d| (Dim::Const(0), *d)).collect();
         *rs.last_mut().expect("a matmul has rank >= 2") = range;
         let Some(slice) = add_op(eg, Op::Shrink(Shrink { ranges: rs }), &[mm]) else { return Vec::new() };
         if eg[slice].data.ty != eg[m].data.ty {

@@ -38,7 +38,7 @@ pub(super) struct Contraction {
 /// The row-major strides of a reduce's (keepdim) output, indexed by product-space axis.
 fn output_strides(space: &[Dim], reduced: &[usize]) -> air::Shape {
     let out: Vec<Dim> =
-        space.iter().enumerate().map(|(d, s)| if reduced.contains(&d) { Dim::Const(1) } else { s.clone() }).collect();
+        space.iter().enumerate().map(|(d, s)| if reduced.contains(&d) { Dim::Const(1) } else { *s }).collect();
     row_major(&out)
 }
 
@@ -55,11 +55,11 @@ impl Contraction {
 /// no axes; `None` when they do not collapse.
 fn collapse(space: &[Dim], strides: &[Dim], axes: &[usize]) -> Option<Dim> {
     for w in axes.windows(2) {
-        if strides[w[0]] != &strides[w[1]] * &space[w[1]] {
+        if strides[w[0]] != strides[w[1]] * space[w[1]] {
             return None;
         }
     }
-    Some(axes.last().map_or(Dim::Const(0), |&d| strides[d].clone()))
+    Some(axes.last().map_or(Dim::Const(0), |&d| strides[d]))
 }
 
 /// Steps `v` to its next permutation in lexicographic order; false after the last one.
@@ -187,7 +187,7 @@ pub(super) fn matmul_kernel(
             .ok_or_else(|| LowerError::InvalidGraph(format!("{reduce}: matmul axes {axes:?} do not collapse")))
     };
     let stride = |strides: &[Dim], axes: &[usize]| -> Result<IExpr, LowerError> { cx.dim(&collapsed(strides, axes)?) };
-    let size = |axes: &[usize]| product(&axes.iter().map(|&d| space[d].clone()).collect::<Vec<_>>());
+    let size = |axes: &[usize]| product(&axes.iter().map(|&d| space[d]).collect::<Vec<_>>());
     let (batch, m, n, k) = (size(&plan.batch), size(&plan.m), size(&plan.n), size(&plan.k));
     let a = MatOperand {
         buf: slots[0],
@@ -206,8 +206,8 @@ pub(super) fn matmul_kernel(
     // `c` is the reduce's row-major output; an empty group gets the stride it would have in a
     // row-major `[batch, m, n]` (any value would do for a dim of size 1).
     let c_col = if plan.n.is_empty() { Dim::Const(1) } else { collapsed(&sc, &plan.n)? };
-    let c_row = if plan.m.is_empty() { &c_col * &n } else { collapsed(&sc, &plan.m)? };
-    let c_batch = if plan.batch.is_empty() { &m * &n } else { collapsed(&sc, &plan.batch)? };
+    let c_row = if plan.m.is_empty() { c_col * n } else { collapsed(&sc, &plan.m)? };
+    let c_batch = if plan.batch.is_empty() { m * n } else { collapsed(&sc, &plan.batch)? };
     let c = MatOperand {
         buf: 0,
         offset: IExpr::Const(0),

@@ -209,7 +209,7 @@ impl TreeBuilder<'_> {
                 }
                 let view = self.view(n, pending);
                 let in_shape = &g.ty(node.inputs[0]).shape;
-                let ranges = p.padding.iter().zip(in_shape).map(|((b, _), s)| (b.clone(), b + s)).collect();
+                let ranges = p.padding.iter().zip(in_shape).map(|((b, _), s)| (*b, b + s)).collect();
                 pending.push(m);
                 let x = self.build(node.inputs[0], pending, fold, inner, false);
                 pending.pop();
@@ -407,7 +407,7 @@ impl Emitter {
                 let stride = self.cx.dim(&strides[*axis])?;
                 let size = self.cx.dim(&src_shape[*axis])?;
                 let p = self.param(*buf, *dtype, Access::Read);
-                let (check, status) = self.check("gather", CheckKind::Index { size: src_shape[*axis].clone() });
+                let (check, status) = self.check("gather", CheckKind::Index { size: src_shape[*axis] });
                 let inst = Inst::Gather {
                     buf: p,
                     base: base.clone(),
@@ -587,7 +587,7 @@ pub(super) fn cat_pieces(g: &Graph, bufs: &Buffers, n: NodeId) -> Option<(usize,
     // The axis along which every leaf is padded to a range, the ranges tiling it in some order.
     (0..shape.len()).find_map(|axis| {
         let mut left: Vec<CatPiece> =
-            leaves.iter().map(|(m, pad)| (*m, pad[axis].0.clone(), &shape[axis] - &pad[axis].1)).collect();
+            leaves.iter().map(|(m, pad)| (*m, pad[axis].0, shape[axis] - pad[axis].1)).collect();
         // Follow the ranges from 0: each piece starts where the previous one ended.
         let mut pieces = Vec::with_capacity(left.len());
         let mut at = Dim::Const(0);
@@ -595,7 +595,7 @@ pub(super) fn cat_pieces(g: &Graph, bufs: &Buffers, n: NodeId) -> Option<(usize,
             air::work::add(left.len() as u64);
             let next = left.iter().position(|(_, lo, hi)| *lo == at && lo != hi)?;
             let piece = left.swap_remove(next);
-            at = piece.2.clone();
+            at = piece.2;
             pieces.push(piece);
         }
         (pieces.len() > 1 && at == shape[axis]).then_some((axis, pieces))
@@ -628,8 +628,8 @@ pub(super) fn loop_kernel(
     let (outer, red): (Vec<Dim>, Vec<Dim>) = match &tb.reduce {
         None => (root_shape.clone(), Vec::new()),
         Some(r) => (
-            (0..r.in_shape.len()).filter(|a| !r.axes.contains(a)).map(|a| r.in_shape[a].clone()).collect(),
-            r.axes.iter().map(|&a| r.in_shape[a].clone()).collect(),
+            (0..r.in_shape.len()).filter(|a| !r.axes.contains(a)).map(|a| r.in_shape[a]).collect(),
+            r.axes.iter().map(|&a| r.in_shape[a]).collect(),
         ),
     };
     // An element-wise kernel whose reads are plain reshapes of strided views (a flattened
@@ -726,7 +726,7 @@ pub(super) fn scatter_kernel(
     let cx = IndexCx::new(symbols.to_vec());
     let ax = sa.axis;
     let outer = cx.dim(&product(&sa.shape[..ax]))?;
-    let size_dim = sa.shape[ax].clone();
+    let size_dim = sa.shape[ax];
     let size = cx.dim(&size_dim)?;
     let k = cx.dim(&g.ty(index_node).shape[ax])?;
     let inner = cx.dim(&product(&sa.shape[ax + 1..]))?;

@@ -311,12 +311,9 @@ pub fn emit<'g>(g: &'g Graph, dec: &'g Decisions) -> Result<Program, LowerError>
                         if base.is_some() && copied_input(g, leaf, axis) == base {
                             continue;
                         }
-                        let window: Vec<(Dim, Dim)> =
-                            (0..shape.len())
-                                .map(|d| {
-                                    if d == axis { (lo.clone(), hi.clone()) } else { (Dim::Const(0), shape[d].clone()) }
-                                })
-                                .collect();
+                        let window: Vec<(Dim, Dim)> = (0..shape.len())
+                            .map(|d| if d == axis { (lo, hi) } else { (Dim::Const(0), shape[d]) })
+                            .collect();
                         if let Some(piece) =
                             loops(&mut out, &mut memo, &mut checks, leaf, true, target, Some(&window), true)?
                         {
@@ -411,7 +408,7 @@ fn copied_input(g: &Graph, leaf: NodeId, axis: usize) -> Option<NodeId> {
     let same = (0..shape.len()).all(|d| {
         let (lo, hi) = &s.ranges[d];
         if d == axis {
-            *lo == pad.padding[d].0 && *hi == &shape[d] - &pad.padding[d].1
+            *lo == pad.padding[d].0 && *hi == shape[d] - pad.padding[d].1
         } else {
             *lo == Dim::Const(0) && *hi == shape[d] && pad.padding[d] == (Dim::Const(0), Dim::Const(0))
         }

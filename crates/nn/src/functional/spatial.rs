@@ -93,8 +93,8 @@ pub fn pad(input: &Tensor, pad: &[i64], mode: PadMode, value: f64) -> Tensor {
 fn pad_constant(x: &Tensor, axis: usize, before: i64, after: i64, value: f64) -> Result<Tensor, String> {
     let (crop_lo, crop_hi) = ((-before).max(0), (-after).max(0));
     let x = if crop_lo > 0 || crop_hi > 0 {
-        let len = x.shape()[axis].clone();
-        let kept = len.clone() - Dim::from(crop_lo + crop_hi);
+        let len = x.shape()[axis];
+        let kept = len - Dim::from(crop_lo + crop_hi);
         if let Some(k) = kept.as_const()
             && k < 0
         {
@@ -373,8 +373,7 @@ pub fn batch_norm(
         if running_mean.is_some() || running_var.is_some() {
             // Bessel's correction `n / (n - 1)`, `n` the elements per channel (symbolic when the
             // batch is).
-            let n =
-                input.shape().iter().enumerate().filter(|&(i, _)| i != 1).fold(Dim::from(1), |n, (_, d)| n * d.clone());
+            let n = input.shape().iter().enumerate().filter(|&(i, _)| i != 1).fold(Dim::from(1), |n, (_, d)| n * *d);
             let batch_var = biased.reshape(&[c as usize]);
             let unbiased = match n.as_const() {
                 Some(n) => batch_var.mul(n as f64 / (n as f64 - 1.0)),

@@ -116,7 +116,7 @@ fn constant_of_shape(ctx: &Ctx) -> Option<Known> {
     let shape = ctx.known(0)?.consts()?;
     let [n] = shape[..] else { return None };
     let value = match ctx.tensor_attr("value").ok()? {
-        Some(t) => Known::of_host(&HostTensor::new((*t.data).clone(), vec![]).ok()?)?.values.first()?.clone(),
+        Some(t) => *Known::of_host(&HostTensor::new((*t.data).clone(), vec![]).ok()?)?.values.first()?,
         None => return None,
     };
     let n = usize::try_from(n).ok().filter(|&n| n <= MAX_LEN)?;
@@ -149,7 +149,7 @@ fn slice(ctx: &Ctx) -> Option<Known> {
         return None;
     }
     let positions = slice_positions(data.values.len() as i64, starts[0], ends[0], steps[0]);
-    Some(Known::vector(positions.into_iter().map(|p| data.values[p as usize].clone()).collect(), data.anchor.clone()))
+    Some(Known::vector(positions.into_iter().map(|p| data.values[p as usize]).collect(), data.anchor.clone()))
 }
 
 /// Element-wise integer arithmetic with numpy broadcasting of one-element operands: `+ - *` on
@@ -161,7 +161,7 @@ fn arithmetic(ctx: &Ctx) -> Option<Known> {
     if args.iter().any(|k| k.values.len() != len && k.values.len() != 1) {
         return None;
     }
-    let at = |k: &Known, i: usize| k.values[if k.values.len() == 1 { 0 } else { i }].clone();
+    let at = |k: &Known, i: usize| k.values[if k.values.len() == 1 { 0 } else { i }];
     let values = (0..len)
         .map(|i| {
             let (a, b) = (at(args[0], i), at(args[1], i));

@@ -120,8 +120,7 @@ pub(super) fn recurrent(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
             .map(|v| v as usize)
             .ok_or_else(|| format!("the {what} of X {} must be concrete (the steps are unrolled)", show(&x)).into())
     };
-    let (seq, batch, input) =
-        (concrete(&shape[0], "sequence length")?, shape[1].clone(), concrete(&shape[2], "input size")?);
+    let (seq, batch, input) = (concrete(&shape[0], "sequence length")?, shape[1], concrete(&shape[2], "input size")?);
     let hidden = usize::try_from(ctx.int("hidden_size", 0)?).map_err(|_| "hidden_size must be positive")?;
     let direction = ctx.string("direction")?.unwrap_or_else(|| "forward".into());
     let reverse: &[bool] = match direction.as_str() {
@@ -154,7 +153,7 @@ pub(super) fn recurrent(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let state_input = |i: usize, what: &str| -> OpResult<Option<Tensor>> {
         let Some(t) = ctx.opt(i) else { return Ok(None) };
         let t = if batch_first { t.transpose(0, 1) } else { t.clone() };
-        expect(&t, what, &[c(dirs), batch.clone(), c(hidden)])?;
+        expect(&t, what, &[c(dirs), batch, c(hidden)])?;
         Ok(Some(t))
     };
     let initial_h = state_input(5, "initial_h")?;
@@ -203,7 +202,7 @@ pub(super) fn recurrent(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         };
         let first = |s: &Option<Tensor>| match s {
             Some(s) => s.narrow(0, d, 1).squeeze(0),
-            None => Tensor::zeros_on(vec![batch.clone(), c(hidden)], x.dtype(), x.device()),
+            None => Tensor::zeros_on(vec![batch, c(hidden)], x.dtype(), x.device()),
         };
         let acts = &activations[d * per_dir..(d + 1) * per_dir];
         let zero_h0 = initial_h.is_none();

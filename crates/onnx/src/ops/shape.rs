@@ -30,7 +30,7 @@ pub(super) fn reshape(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
                 .ok_or_else(|| format!("shape {shape:?} copies dim {i} of a rank-{} input", x.ndim()))?,
             Some(-1) => Dim::Const(-1),
             Some(d) if d < 0 => return Err(format!("shape {shape:?} has the negative dim {d}").into()),
-            _ => d.clone(),
+            _ => *d,
         });
     }
     Ok(vec![x.reshape(out)])
@@ -119,8 +119,8 @@ pub(super) fn expand(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let rank = shape.len().max(x.ndim());
     let mut out = Vec::with_capacity(rank);
     for i in 0..rank {
-        let have = (i + x.ndim()).checked_sub(rank).map(|j| x.shape()[j].clone());
-        let want = (i + shape.len()).checked_sub(rank).map(|j| shape[j].clone());
+        let have = (i + x.ndim()).checked_sub(rank).map(|j| x.shape()[j]);
+        let want = (i + shape.len()).checked_sub(rank).map(|j| shape[j]);
         out.push(match (have, want) {
             (Some(h), None) => h,
             (Some(h), Some(w)) if w.as_const() == Some(1) => h,
@@ -236,12 +236,12 @@ fn narrow_symbolic(x: &Tensor, axis: usize, start: &Dim, end: &Dim, step: i64) -
     if step != 1 {
         return Err(format!("a slice with symbolic bounds or axis needs step 1, got {step}").into());
     }
-    let len = x.shape()[axis].clone();
+    let len = x.shape()[axis];
     let resolve = |d: &Dim| -> OpResult<Dim> {
         Ok(match d.as_const() {
             Some(v) if v < 0 => len.checked_add(&Dim::Const(v)).ok_or("a slice bound overflows")?,
-            Some(v) if len.as_const().is_some_and(|l| v > l) || (v > i32::MAX as i64 && !len.is_const()) => len.clone(),
-            _ => d.clone(),
+            Some(v) if len.as_const().is_some_and(|l| v > l) || (v > i32::MAX as i64 && !len.is_const()) => len,
+            _ => *d,
         })
     };
     let (s, e) = (resolve(start)?, resolve(end)?);
@@ -315,7 +315,7 @@ pub(super) fn shape(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         .iter()
         .map(|d| match d.as_const() {
             Some(v) => ctx.i64s(vec![v], &[1]),
-            None => Tensor::ones_on(vec![d.clone()], DType::I64, ctx.device)
+            None => Tensor::ones_on(vec![*d], DType::I64, ctx.device)
                 .sum_keepdim(0)
                 .add(super::known::tie(Some(x), DType::I64).expect("an anchor gives a zero")),
         })

@@ -25,7 +25,7 @@ fn batch_and_dims(x: &Tensor) -> OpResult<(Dim, Vec<usize>)> {
             dim.as_const().ok_or_else(|| format!("needs concrete channel and spatial dims, got {}", show(x)))? as usize
         );
     }
-    Ok((n.clone(), d))
+    Ok((*n, d))
 }
 
 /// Positions `q + s * o` (`o` in `0..out`) along `axis`; positions outside the axis read `fill`.
@@ -190,7 +190,7 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let k: usize = geo.kernel.iter().product();
     let o: usize = geo.out.iter().product();
     // Columns [N, g, C/g * K, O] times weights [g, M/g, C/g * K] -> [N, g, M/g, O].
-    let cols = geo.stacked(x, 0.0).reshape(vec![n.clone(), g.into(), ((c / g) * k).into(), o.into()]);
+    let cols = geo.stacked(x, 0.0).reshape(vec![n, g.into(), ((c / g) * k).into(), o.into()]);
     let weights = w.reshape(vec![g, m / g, (c / g) * k]);
     let mut shape = vec![n, m.into()];
     shape.extend(geo.out.iter().map(|&d| Dim::from(d)));
