@@ -27,7 +27,9 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::hash::BuildHasherDefault;
 
+use rustc_hash::FxHasher;
 use smallvec::SmallVec;
 
 use crate::dim::{Bindings, Dim, DimError};
@@ -212,8 +214,8 @@ pub fn collect(graph: &Graph) -> Vec<Check> {
     for id in live {
         is_live[id.index() as usize] = true;
     }
-    let mut seen: HashSet<(Dim, Dim)> = HashSet::new();
-    let mut seen_dims: HashSet<&Dim> = HashSet::new();
+    let mut seen: HashSet<(Dim, Dim), BuildHasherDefault<FxHasher>> = HashSet::default();
+    let mut seen_dims: HashSet<&Dim, BuildHasherDefault<FxHasher>> = HashSet::default();
     let mut checks = Vec::new();
     for (position, &id) in order.iter().enumerate() {
         if !is_live[id.index() as usize] {

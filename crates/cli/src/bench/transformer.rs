@@ -1,8 +1,8 @@
 //! `kiln bench transformer-compile`: compile time and forward time of the decoder per depth.
 //!
 //! - In process: end-to-end compile time (median of several runs, each with a fresh code
-//!   generator and no program cache, after one untimed warm-up compile), its ratio to depth 1 and
-//!   the phase split. A Kiln-internal figure: no peer is measured this way.
+//!   generator and no program cache, after one untimed warm-up compile; the depths take turns, so
+//!   a slow spell of the machine falls on all of them), its ratio to depth 1 and the phase split. A Kiln-internal figure: no peer is measured this way.
 //! - In fresh processes (`--fresh-process N`): the first call of the model in a new `kiln`
 //!   process (the hidden `kiln bench transformer-first-call`), N processes per depth, median;
 //!   "cold" with nothing run before it, "pre-warmed" after one trivial realize (device start-up),
@@ -214,6 +214,17 @@ fn phase_index(p: Phase) -> usize {
     Phase::ALL.iter().position(|&q| q == p).unwrap_or(0)
 }
 
+/// One depth's timed compiles: per phase, end to end, allocations and the device's compile, in
+/// ms (allocations in counts), and the last compile's profile.
+#[derive(Default)]
+struct Compiles {
+    phases: Vec<Vec<f64>>,
+    totals: Vec<f64>,
+    allocs: Vec<f64>,
+    device_compile: Vec<f64>,
+    last: Option<Profiled>,
+}
+
 /// Runs the suite.
 pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
     if args.base.start_pos.is_some() && args.fresh_process.is_some() {
@@ -225,34 +236,39 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
     profile_transformer(GptConfig { layers: 1, ..args.base }, &options)?;
 
     let bar = progress((args.layers.len() * args.repeats) as u64, "transformer-compile");
-    let mut results = Vec::new();
-    let mut check_notes = Vec::new();
     for &layers in &args.layers {
-        let config = GptConfig { layers, ..args.base };
-        let mut phases: Vec<Vec<f64>> = vec![Vec::new(); Phase::ALL.len()];
-        let mut totals = Vec::new();
-        let mut allocs = Vec::new();
-        let mut device_compile = Vec::new();
-        let mut last = None;
-        check_forward(config, &Runner::on(Device::Cpu))?;
-        for _ in 0..args.repeats {
+        check_forward(GptConfig { layers, ..args.base }, &Runner::on(Device::Cpu))?;
+    }
+    // The compiles of every depth take turns (depth 1, 2, 4, ..., then again), so that a slow
+    // spell of the machine falls on all depths alike rather than on the one being measured: the
+    // ratios between depths are the suite's targets.
+    let mut compiles: Vec<Compiles> = args.layers.iter().map(|_| Compiles::default()).collect();
+    for _ in 0..args.repeats {
+        for (&layers, c) in args.layers.iter().zip(&mut compiles) {
             bar.set_message(format!("{layers} layers"));
-            let p = profile_transformer(config, &options)?;
+            let p = profile_transformer(GptConfig { layers, ..args.base }, &options)?;
             let by_phase = p.report.phase_totals();
-            for (i, samples) in phases.iter_mut().enumerate() {
+            c.phases.resize(Phase::ALL.len(), Vec::new());
+            for (i, samples) in c.phases.iter_mut().enumerate() {
                 let ms =
                     by_phase.iter().find(|(q, _)| phase_index(*q) == i).map_or(0.0, |(_, d)| d.as_secs_f64() * 1e3);
                 samples.push(ms);
             }
-            totals.push(p.report.end_to_end().as_secs_f64() * 1e3);
-            allocs.push(p.report.alloc.allocs as f64);
+            c.totals.push(p.report.end_to_end().as_secs_f64() * 1e3);
+            c.allocs.push(p.report.alloc.allocs as f64);
             let device = runtime::CpuDevice::new()?;
             let t0 = Instant::now();
             device.compile(&p.traced.graph)?;
-            device_compile.push(t0.elapsed().as_secs_f64() * 1e3);
-            last = Some(p);
+            c.device_compile.push(t0.elapsed().as_secs_f64() * 1e3);
+            c.last = Some(p);
             bar.inc(1);
         }
+    }
+    let mut results = Vec::new();
+    let mut check_notes = Vec::new();
+    for (&layers, c) in args.layers.iter().zip(compiles) {
+        let config = GptConfig { layers, ..args.base };
+        let Compiles { phases, totals, allocs, device_compile, last } = c;
         let Some(p) = last else { continue };
         check_program(&p)?;
         let steady_ms = measure_ms(args.steady, || Ok(p.compiled.exe.run(&p.traced.inputs, &p.traced.bindings)?))?;
@@ -343,7 +359,10 @@ pub fn render(args: &Args, results: &[DepthResult]) -> SuiteOutput {
     out.meta("device", "cpu (Cranelift loop kernels + GEMM), fresh code generator and no program cache per run");
     out.meta(
         "repeats",
-        format!("{} in-process compiles per depth (median); one untimed warm-up compile first", args.repeats),
+        format!(
+            "{} in-process compiles per depth (median), the depths taking turns; one untimed warm-up compile first",
+            args.repeats
+        ),
     );
     out.meta(
         "end to end",
