@@ -138,6 +138,7 @@ pub fn op_conditions(op: &Op, inputs: &[&TensorType]) -> Vec<Condition> {
     let mut out = Vec::new();
     match op {
         Op::Shrink(s) => {
+            out.reserve_exact(3 * s.ranges.len());
             for (axis, ((start, end), size)) in s.ranges.iter().zip(&inputs[0].shape).enumerate() {
                 out.push(Condition::new(Subject::RangeStart { axis }, &zero, start));
                 out.push(Condition::new(Subject::RangeOrder { axis }, start, end));
@@ -145,6 +146,7 @@ pub fn op_conditions(op: &Op, inputs: &[&TensorType]) -> Vec<Condition> {
             }
         }
         Op::Pad(p) => {
+            out.reserve_exact(2 * p.padding.len());
             for (axis, (before, after)) in p.padding.iter().enumerate() {
                 out.push(Condition::new(Subject::Padding { axis, after: false }, &zero, before));
                 out.push(Condition::new(Subject::Padding { axis, after: true }, &zero, after));

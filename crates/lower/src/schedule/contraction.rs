@@ -3,6 +3,7 @@
 //! into one strided dim), and emitting its `MatmulKernel`.
 
 use air::{Dim, Graph, NodeId, Op, Symbol};
+use smallvec::SmallVec;
 
 use super::Buffers;
 use super::decide::MatmulOperand;
@@ -20,24 +21,28 @@ pub(super) fn is_zero(d: &Dim) -> bool {
     d.as_const() == Some(0)
 }
 
+/// Axes of a product space, inline up to a rank of 8: the decision pass matches every candidate
+/// reduce, and the allocations of these little lists were a quarter of its time.
+type Axes = SmallVec<[usize; 8]>;
+
 /// The GEMM groups of a recognised contraction: axes of the product space (the shape of the
 /// `mul` under the reduce), each group outermost first. A group collapses into one strided dim of
 /// every view that reads it; an empty group is a dim of size 1.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(super) struct Contraction {
     /// Kept axes both operands may vary along.
-    batch: Vec<usize>,
+    batch: Axes,
     /// Kept axes only `a` varies along.
-    m: Vec<usize>,
+    m: Axes,
     /// Kept axes only `b` varies along.
-    n: Vec<usize>,
+    n: Axes,
     /// Reduced axes; both operands vary along them.
-    k: Vec<usize>,
+    k: Axes,
 }
 
 /// The row-major strides of a reduce's (keepdim) output, indexed by product-space axis.
 fn output_strides(space: &[Dim], reduced: &[usize]) -> air::Shape {
-    let out: Vec<Dim> =
+    let out: air::Shape =
         space.iter().enumerate().map(|(d, s)| if reduced.contains(&d) { Dim::Const(1) } else { *s }).collect();
     row_major(&out)
 }
@@ -73,9 +78,9 @@ fn next_permutation(v: &mut [usize]) -> bool {
 
 /// An order of the (ascending) `axes` in which they collapse in every view of `views`: the space
 /// order first, then, for at most `MAX_PERMUTED` axes, every other order.
-fn collapse_order(space: &[Dim], views: &[&[Dim]], axes: &[usize]) -> Option<Vec<usize>> {
+fn collapse_order(space: &[Dim], views: &[&[Dim]], axes: &[usize]) -> Option<Axes> {
     const MAX_PERMUTED: usize = 5;
-    let mut order = axes.to_vec();
+    let mut order = Axes::from_slice(axes);
     loop {
         if views.iter().all(|s| collapse(space, s, &order).is_some()) {
             return Some(order);
@@ -99,7 +104,7 @@ pub(super) fn contraction(space: &[Dim], reduced: &[usize], sa: &[Dim], sb: &[Di
     const MAX_MOVABLE: usize = 8;
     let sc = output_strides(space, reduced);
     let mut base = Contraction::default();
-    let mut movable = Vec::new();
+    let mut movable = Axes::new();
     for d in (0..space.len()).filter(|&d| !is_one(&space[d])) {
         let (va, vb) = (!is_zero(&sa[d]), !is_zero(&sb[d]));
         if reduced.contains(&d) {
@@ -124,14 +129,14 @@ pub(super) fn contraction(space: &[Dim], reduced: &[usize], sa: &[Dim], sb: &[Di
     }
     let k = collapse_order(space, &[sa, sb], &base.k)?;
     let subsets = if movable.len() <= MAX_MOVABLE { 1u32 << movable.len() } else { 1 };
-    let mut masks: Vec<u32> = (0..subsets).collect();
+    let mut masks: SmallVec<[u32; 16]> = (0..subsets).collect();
     masks.sort_by_key(|m| m.count_ones());
     for mask in masks {
         let moved = |d: &usize| movable.iter().position(|x| x == d).is_some_and(|i| mask >> i & 1 == 1);
-        let mut batch: Vec<usize> = base.batch.iter().chain(movable.iter().filter(|d| moved(d))).copied().collect();
+        let mut batch: Axes = base.batch.iter().chain(movable.iter().filter(|d| moved(d))).copied().collect();
         batch.sort_unstable();
-        let m: Vec<usize> = base.m.iter().filter(|d| !moved(d)).copied().collect();
-        let n: Vec<usize> = base.n.iter().filter(|d| !moved(d)).copied().collect();
+        let m: Axes = base.m.iter().filter(|d| !moved(d)).copied().collect();
+        let n: Axes = base.n.iter().filter(|d| !moved(d)).copied().collect();
         if m.is_empty() && n.is_empty() {
             continue;
         }
