@@ -130,6 +130,17 @@ pub struct Program {
     pub data_checks: Vec<DataCheck>,
 }
 
+/// Adds the symbols of `d` that `out` does not hold yet: a program's few symbols recur in the
+/// sizes of most of its hundreds of buffers, and a list per dim (`Dim::symbols`, sorted) cost
+/// more than the lookups.
+fn add_symbols(out: &mut Vec<Symbol>, d: &Dim) {
+    d.for_each_symbol(|s| {
+        if !out.contains(s) {
+            out.push(s.clone());
+        }
+    });
+}
+
 impl Program {
     /// Checks [`Program::checks`] for `bindings` (`air::constraints::check`): the first condition
     /// that fails is the error, naming the node's op and position in the original graph.
@@ -146,7 +157,7 @@ impl Program {
             .chain(self.buffers.iter().map(|b| &b.numel))
             .chain(self.checks.iter().flat_map(|c| [&c.condition.lhs, &c.condition.rhs]));
         for d in dims {
-            out.extend(d.symbols());
+            add_symbols(&mut out, d);
         }
         out.sort();
         out.dedup();
@@ -187,7 +198,7 @@ impl Program {
             .chain(self.outputs.iter().map(|(_, t)| t))
             .flat_map(|t| &t.shape);
         for d in shapes.chain(self.buffers.iter().map(|b| &b.numel)) {
-            out.extend(d.symbols());
+            add_symbols(&mut out, d);
         }
         out.sort();
         out.dedup();
