@@ -113,16 +113,15 @@ impl std::hash::Hash for Dim {
 /// symbol names without end keeps each polynomial it made (a few hundred bytes each).
 mod intern {
     use std::collections::HashSet;
-    use std::sync::{Mutex, PoisonError};
+    use std::sync::{LazyLock, Mutex, PoisonError};
 
     use super::Poly;
 
-    static POLYS: Mutex<Option<HashSet<&'static Poly>>> = Mutex::new(None);
+    static POLYS: LazyLock<Mutex<HashSet<&'static Poly>>> = LazyLock::new(Default::default);
 
     /// The interned polynomial equal to `p`.
     pub(super) fn poly(p: Poly) -> &'static Poly {
         let mut polys = POLYS.lock().unwrap_or_else(PoisonError::into_inner);
-        let polys = polys.get_or_insert_with(HashSet::new);
         if let Some(&q) = polys.get(&p) {
             return q;
         }
@@ -382,9 +381,10 @@ fn combine(a: &Dim, b: &Dim, op: char, arith: Arith) -> Option<Dim> {
 /// repeated combination with the polynomial found the first time.
 ///
 /// Entries are found by operand identity (a constant's value, an interned polynomial's address,
-/// which no other polynomial ever takes). The memo is direct-mapped: a colliding combination replaces the entry, so it never grows past
-/// [`memo::SLOTS`] entries. Results are the same with or without it (the arithmetic is a pure
-/// function of the operands' values); only their sharing differs.
+/// which no other polynomial ever takes). The memo is direct-mapped: a colliding combination
+/// replaces the entry, so it never grows past [`memo::SLOTS`] entries. Results are the same with
+/// or without it: the arithmetic is a pure function of the operands' values, and the interner
+/// returns the one polynomial of a value either way.
 mod memo {
     use std::cell::RefCell;
 

@@ -2,7 +2,8 @@
 //!
 //! - In process: end-to-end compile time (median of several runs, each with a fresh code
 //!   generator and no program cache, after one untimed warm-up compile; the depths take turns, so
-//!   a slow spell of the machine falls on all of them), its ratio to depth 1 and the phase split. A Kiln-internal figure: no peer is measured this way.
+//!   a slow spell of the machine falls on all of them), its ratio to depth 1 and the phase split.
+//!   A Kiln-internal figure: no peer is measured this way.
 //! - In fresh processes (`--fresh-process N`): the first call of the model in a new `kiln`
 //!   process (the hidden `kiln bench transformer-first-call`), N processes per depth, median;
 //!   "cold" with nothing run before it, "pre-warmed" after one trivial realize (device start-up),
@@ -242,13 +243,16 @@ pub fn run(args: &Args) -> anyhow::Result<SuiteOutput> {
     // The compiles of every depth take turns (depth 1, 2, 4, ..., then again), so that a slow
     // spell of the machine falls on all depths alike rather than on the one being measured: the
     // ratios between depths are the suite's targets.
-    let mut compiles: Vec<Compiles> = args.layers.iter().map(|_| Compiles::default()).collect();
+    let mut compiles: Vec<Compiles> = args
+        .layers
+        .iter()
+        .map(|_| Compiles { phases: vec![Vec::new(); Phase::ALL.len()], ..Compiles::default() })
+        .collect();
     for _ in 0..args.repeats {
         for (&layers, c) in args.layers.iter().zip(&mut compiles) {
             bar.set_message(format!("{layers} layers"));
             let p = profile_transformer(GptConfig { layers, ..args.base }, &options)?;
             let by_phase = p.report.phase_totals();
-            c.phases.resize(Phase::ALL.len(), Vec::new());
             for (i, samples) in c.phases.iter_mut().enumerate() {
                 let ms =
                     by_phase.iter().find(|(q, _)| phase_index(*q) == i).map_or(0.0, |(_, d)| d.as_secs_f64() * 1e3);
