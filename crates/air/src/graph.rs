@@ -14,6 +14,9 @@ use smallvec::SmallVec;
 use crate::error::{AirError, Result};
 use crate::op::{Op, TensorType};
 
+/// A set of a few nodes (a graph's outputs), hashed cheaply.
+type NodeSet = std::collections::HashSet<NodeId, std::hash::BuildHasherDefault<rustc_hash::FxHasher>>;
+
 slotmap::new_key_type! {
     /// A node of a `Graph`. Prints as `n12` (its slot index), like the text form.
     pub struct NodeId;
@@ -375,8 +378,15 @@ impl Graph {
         })
     }
 
-    /// The nodes the outputs depend on, in topological order. O(N).
+    /// The nodes the outputs depend on, in topological order. O(N); a graph whose every node
+    /// is read or is an output (all of it live, the usual case after `remove_dead`) skips the
+    /// walk from the outputs.
     pub fn live_order(&self) -> Vec<NodeId> {
+        let outputs: NodeSet = self.outputs.iter().copied().collect();
+        crate::work::add(self.nodes.len() as u64);
+        if self.nodes.keys().all(|id| self.users.get(id).is_some_and(|u| !u.is_empty()) || outputs.contains(&id)) {
+            return self.topo_order().to_vec();
+        }
         let live = self.live_set();
         self.topo_order().iter().copied().filter(|id| live.contains_key(*id)).collect()
     }
@@ -394,23 +404,38 @@ impl Graph {
         live
     }
 
-    /// Removes every node the outputs do not depend on. O(N). Returns how many were removed.
+    /// Removes every node the outputs do not depend on. O(N) to find the nodes without users,
+    /// then O(removed nodes and their edges): a node goes when its last reader went. (A cycle,
+    /// which only the `_unchecked` edits can make and the verifier reports, keeps its nodes.)
+    /// Returns how many were removed.
     pub fn remove_dead(&mut self) -> usize {
-        let live = self.live_set();
         crate::work::add(self.nodes.len() as u64);
-        let dead: Vec<NodeId> = self.nodes.keys().filter(|id| !live.contains_key(*id)).collect();
+        let outputs: NodeSet = self.outputs.iter().copied().collect();
+        let unread = |users: &SmallVec<[NodeId; 4]>, id: NodeId| users.is_empty() && !outputs.contains(&id);
+        let mut dead: Vec<NodeId> =
+            self.nodes.keys().filter(|&id| self.users.get(id).is_none_or(|u| unread(u, id))).collect();
         if dead.is_empty() {
             return 0;
         }
         self.edited();
-        for &id in &dead {
-            self.nodes.remove(id);
+        let mut removed = 0;
+        while let Some(id) = dead.pop() {
+            crate::work::tick();
+            let node = self.nodes.remove(id).expect("a dead node is found once");
             self.users.remove(id);
+            removed += 1;
+            for &i in &node.inputs {
+                let users = &mut self.users[i];
+                // In order: the readers' order is the order passes meet them.
+                if let Some(pos) = users.iter().position(|&u| u == id) {
+                    users.remove(pos);
+                }
+                if unread(users, i) {
+                    dead.push(i);
+                }
+            }
         }
-        for (_, users) in self.users.iter_mut() {
-            users.retain(|u| live.contains_key(*u));
-        }
-        dead.len()
+        removed
     }
 
     /// The input nodes by slot.

@@ -275,6 +275,29 @@ proptest! {
     }
 
     #[test]
+    fn remove_dead_keeps_exactly_what_the_outputs_read((steps, outputs) in recipe()) {
+        let mut g = build(&steps, &outputs).graph;
+        // The reference: a walk from the outputs over the inputs.
+        let mut live = std::collections::HashSet::new();
+        let mut stack: Vec<_> = g.outputs().to_vec();
+        while let Some(id) = stack.pop() {
+            if live.insert(id) {
+                stack.extend(g.inputs(id).iter().copied());
+            }
+        }
+        let order = g.live_order();
+        let expected: Vec<_> = g.topo_order().iter().copied().filter(|id| live.contains(id)).collect();
+        prop_assert_eq!(&order, &expected);
+        let before = g.len();
+        prop_assert_eq!(g.remove_dead(), before - live.len());
+        prop_assert_eq!(g.len(), live.len());
+        prop_assert!(live.iter().all(|&id| g.contains(id)));
+        prop_assert_eq!(g.live_order(), g.topo_order().to_vec());
+        prop_assert_eq!(g.live_order(), expected);
+        prop_assert_eq!(g.verify(), Ok(()));
+    }
+
+    #[test]
     fn mangled_text_never_panics((steps, outputs) in recipe(), edits in prop::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
         let mut text = print_renumbered(&build(&steps, &outputs).graph).into_bytes();
         let alphabet = b" ,:=()[]{}-+*0123456789naxsequif.\n";

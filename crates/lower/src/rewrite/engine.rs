@@ -127,6 +127,11 @@ struct Worklist {
 }
 
 impl Worklist {
+    /// An empty worklist with room for every node of `g`.
+    fn for_graph(g: &Graph) -> Worklist {
+        Worklist { queue: VecDeque::with_capacity(g.len()), queued: SecondaryMap::with_capacity(g.len()) }
+    }
+
     fn push(&mut self, id: NodeId) {
         if self.queued.insert(id, ()).is_none() {
             self.queue.push_back(id);
@@ -160,7 +165,7 @@ pub fn apply_rules(
     changed: &mut Vec<NodeId>,
 ) -> u64 {
     let budget = 8 * g.len() as u64 + 64;
-    let mut work = Worklist { queue: VecDeque::new(), queued: SecondaryMap::new() };
+    let mut work = Worklist::for_graph(g);
     for id in start {
         work.push(id);
     }
@@ -278,7 +283,7 @@ impl Cse {
         nodes: impl IntoIterator<Item = NodeId>,
         readers: &mut Vec<SmallVec<[NodeId; 8]>>,
     ) -> u64 {
-        let mut work = Worklist { queue: VecDeque::new(), queued: SecondaryMap::new() };
+        let mut work = Worklist::for_graph(g);
         for id in nodes {
             work.push(id);
         }
@@ -291,9 +296,14 @@ impl Cse {
             }
             let node = g.node(id);
             let inputs = cse_inputs(&node.op, &node.inputs);
+            // An op and its inputs fix the type (inference is a function of them), so only a
+            // leaf hashes its type; a hit compares it either way.
             let hash = {
                 let mut h = rustc_hash::FxHasher::default();
-                (&node.op, &inputs, &node.ty).hash(&mut h);
+                (&node.op, &inputs).hash(&mut h);
+                if inputs.is_empty() {
+                    node.ty.hash(&mut h);
+                }
                 h.finish()
             };
             let same = self.table.entry(hash).or_default();

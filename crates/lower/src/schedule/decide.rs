@@ -286,6 +286,10 @@ impl Decider<'_> {
         let (op, full) = view_at(nodes.len());
         let mut out = Vec::new();
         if usable(&op, &full) {
+            if first_only {
+                out.push((op, full));
+                return out;
+            }
             out.push((op, full.clone()));
         }
         for cut in (0..nodes.len()).rev() {
@@ -333,7 +337,9 @@ impl Decider<'_> {
             (self.matmul_operands(g.inputs(x)[0], true), self.matmul_operands(g.inputs(x)[1], true));
         let (Some(p0), Some(q0)) = (first_p.first(), first_q.first()) else { return false };
         let mut plan = try_pair(p0, q0);
-        if plan.is_none() {
+        // Shorter cuts exist only below a movement node (a layer norm's `sum(d * d)` has none).
+        let cuts = |top: NodeId| is_movement(g.op(top)) && !self.is_buffer(top);
+        if plan.is_none() && (cuts(g.inputs(x)[0]) || cuts(g.inputs(x)[1])) {
             let (cands_p, cands_q) =
                 (self.matmul_operands(g.inputs(x)[0], false), self.matmul_operands(g.inputs(x)[1], false));
             let mut pairs: Vec<(usize, usize)> =

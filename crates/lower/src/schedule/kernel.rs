@@ -682,7 +682,8 @@ pub(super) fn loop_kernel(
         params: Vec::new(),
         pre: vec![Vec::new(); n_total + 1],
         post: vec![Vec::new(); n_total + 1],
-        cse: HashMap::default(),
+        // Sized for a fused body of a few dozen instructions, so that it rarely grows.
+        cse: HashMap::with_capacity_and_hasher(64, Default::default()),
         next_reg: 0,
         next_acc: 0,
         min_level,
@@ -697,7 +698,7 @@ pub(super) fn loop_kernel(
     let (index, _) = store.index(&em.vars(false), &em.cx)?;
     em.post[n_outer].push(Stmt::Store { buf: 0, index, value: value.reg });
     let mut body = em.assemble(0, &extents);
-    renumber(&mut body, &mut HashMap::default());
+    renumber(&mut body, &mut vec![Reg(u32::MAX); em.next_reg as usize], &mut 0);
     let n_syms = max_sym_stmts(&body).map_or(0, |m| m + 1);
     *checks = em.checks;
     let (args, params): (Vec<BufId>, Vec<Param>) = em.params.into_iter().unzip();
@@ -794,8 +795,11 @@ pub(super) fn scatter_kernel(
 
 /// Renumbers registers in statement order, so that dumps read top to bottom and equal kernels
 /// built in different orders compare equal.
-fn renumber(stmts: &mut [Stmt], map: &mut HashMap<Reg, Reg>) {
-    let get = |map: &HashMap<Reg, Reg>, r: &mut Reg| *r = map[r];
+fn renumber(stmts: &mut [Stmt], map: &mut [Reg], next: &mut u32) {
+    let get = |map: &[Reg], r: &mut Reg| {
+        *r = map[r.0 as usize];
+        assert_ne!(r.0, u32::MAX, "a register is read before it is defined");
+    };
     for s in stmts {
         match s {
             Stmt::Let { reg, inst, .. } => {
@@ -813,11 +817,11 @@ fn renumber(stmts: &mut [Stmt], map: &mut HashMap<Reg, Reg>) {
                     Inst::Gather { index, .. } => get(map, index),
                     Inst::Load { .. } | Inst::Const(_) | Inst::Index(_) | Inst::ReadAcc(_) => {}
                 }
-                let new = Reg(map.len() as u32);
-                map.insert(*reg, new);
-                *reg = new;
+                map[reg.0 as usize] = Reg(*next);
+                *reg = Reg(*next);
+                *next += 1;
             }
-            Stmt::Loop { body, .. } => renumber(body, map),
+            Stmt::Loop { body, .. } => renumber(body, map, next),
             Stmt::AccUpdate { value, .. } | Stmt::Store { value, .. } => get(map, value),
             Stmt::ScatterAdd { index, value, .. } => {
                 get(map, index);
