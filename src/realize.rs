@@ -280,19 +280,25 @@ fn walk_with(
                     } else if t.inner.op.is_leaf() {
                         Step { tensor: t, slot: None, inputs: SmallVec::new() }
                     } else {
-                        let children = t.inputs();
+                        // Read in place under the node's lock: only the inputs not yet walked
+                        // are cloned (onto the stack), the others are named by address.
+                        let children = t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner);
                         if children.is_empty() {
                             // Realized by another thread between the two checks above.
+                            drop(children);
                             stack.push((t, None));
                             continue;
                         }
-                        stack.push((t, Some(children.iter().map(key).collect())));
+                        let keys = children.iter().map(key).collect();
+                        let at = stack.len();
                         // Reversed, so inputs are discovered (and slots numbered) left to right.
-                        for c in children.into_iter().rev() {
-                            if !position.contains_key(&key(&c)) {
-                                stack.push((c, None));
+                        for c in children.iter().rev() {
+                            if !position.contains_key(&key(c)) {
+                                stack.push((c.clone(), None));
                             }
                         }
+                        drop(children);
+                        stack.insert(at, (t, Some(keys)));
                         continue;
                     }
                 }

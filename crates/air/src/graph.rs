@@ -339,6 +339,12 @@ impl Graph {
 
     fn topo(&self) -> &Topo {
         self.topo.get_or_init(|| {
+            // A graph built front to back (a trace) lists every node after its inputs: then slot
+            // order is the order the walk below would find, read off in one pass.
+            crate::work::add(self.nodes.len() as u64);
+            if self.nodes.iter().all(|(id, n)| n.inputs.iter().all(|i| i.index() < id.index())) {
+                return Topo { order: self.nodes.keys().collect(), cycle: None };
+            }
             const ON_STACK: bool = false;
             const DONE: bool = true;
             let mut state: SecondaryMap<NodeId, bool> = SecondaryMap::with_capacity(self.nodes.len());

@@ -12,12 +12,20 @@ use crate::dim::{Dim, Shape, ShapeDisplay, numel};
 use crate::dtype::{DType, Scalar};
 
 /// The type of a node's value: element type and shape.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct TensorType {
     /// Element type.
     pub dtype: DType,
     /// Size of each axis, possibly symbolic.
     pub shape: Shape,
+}
+
+impl Clone for TensorType {
+    /// A copy of the dims at once (`Dim` is `Copy`): the derived clone went element by element,
+    /// and every traced node clones its type.
+    fn clone(&self) -> TensorType {
+        TensorType { dtype: self.dtype, shape: Shape::from_slice(&self.shape) }
+    }
 }
 
 impl TensorType {
