@@ -2,8 +2,10 @@
 //! matmul), from one backward pass counting consumers and one forward pass over the topological
 //! order (see the module docs of `schedule`).
 
-use air::{BinaryOp, DType, Graph, NodeId, Op, OpClass, ReduceOp};
+use air::{BinaryOp, DType, Graph, NodeId, Op, OpClass, ReduceOp, TensorType};
+use rustc_hash::FxHashMap as HashMap;
 use slotmap::SecondaryMap;
+use smallvec::SmallVec;
 
 use super::contraction::{contraction, is_one, is_zero};
 use super::{BROADCAST_MAX, MAX_DEPTH, RECOMPUTE_MAX, STENCIL_READS, TILE_ROWS_MIN, is_movement, movement};
@@ -80,9 +82,20 @@ struct Decider<'a> {
     /// `sin`, `erf`).
     transcendental: SecondaryMap<NodeId, ()>,
     plans: SecondaryMap<NodeId, Plan>,
+    /// The cuts (chain lengths) of the operands a matmul's search found, by its signature.
+    searches: HashMap<Signature<'a>, (usize, usize)>,
 }
 
-impl Decider<'_> {
+/// See [`Decider::search_signature`].
+type Signature<'a> = SmallVec<[(&'a Op, &'a TensorType); 16]>;
+
+/// Whether a matmul can read `op` through `view`: from a buffer (not a constant or an index
+/// ramp, which have none), at affine positions.
+fn usable(g: &Graph, op: &MatmulOperand, view: &ViewStack) -> bool {
+    !matches!(g.op(op.base), Op::Const(_) | Op::Iota(_)) && view.is_affine()
+}
+
+impl<'a> Decider<'a> {
     fn users(&self, n: NodeId) -> impl Iterator<Item = NodeId> + '_ {
         air::work::add(self.g.users(n).len() as u64);
         self.g.users(n).iter().copied().filter(|u| self.live.contains_key(*u))
@@ -254,6 +267,45 @@ impl Decider<'_> {
         }
     }
 
+    /// The movement nodes from `top` down to the first node that is not one or has a buffer,
+    /// top first, and that node.
+    fn operand_chain(&self, top: NodeId) -> (SmallVec<[NodeId; 8]>, NodeId) {
+        let g = self.g;
+        let mut nodes = SmallVec::new();
+        let mut cur = top;
+        while is_movement(g.op(cur)) && !self.is_buffer(cur) {
+            air::work::tick();
+            nodes.push(cur);
+            cur = g.inputs(cur)[0];
+        }
+        (nodes, cur)
+    }
+
+    /// The operand that reads `nodes[cut]` (or `below`, for the whole chain) through the
+    /// movement ops above it, and its view.
+    fn operand_at(&self, nodes: &[NodeId], below: NodeId, cut: usize) -> (MatmulOperand, ViewStack) {
+        let g = self.g;
+        air::work::add(1 + cut as u64);
+        let base = if cut == nodes.len() { below } else { nodes[cut] };
+        let chain: Vec<Movement> = nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
+        let view = ViewStack::contiguous(&g.ty(base).shape).through(chain.iter().rev());
+        (MatmulOperand { base, chain }, view)
+    }
+
+    /// What decides a matmul's search over shorter operand views: the reduce, the product's
+    /// type, and each operand's chain of ops and types down to its buffer or first non-movement
+    /// node. Equal signatures have equal candidates, views and contractions.
+    fn search_signature(&self, n: NodeId, x: NodeId) -> Signature<'a> {
+        let g = self.g;
+        let mut sig: Signature<'a> = smallvec::smallvec![(g.op(n), g.ty(x))];
+        for &top in g.inputs(x) {
+            let (nodes, below) = self.operand_chain(top);
+            sig.extend(nodes.iter().chain([&below]).map(|&m| (g.op(m), g.ty(m))));
+            sig.push((g.op(x), g.ty(x)));
+        }
+        sig
+    }
+
     /// The candidate operands of a matmul read through `top`, fewest copies first: each is a node
     /// to be a buffer (the caller materializes it) and the chain of movement ops above it, whose
     /// composed view is affine. The first keeps the longest chain; later ones cut it lower, so
@@ -263,29 +315,14 @@ impl Decider<'_> {
     /// With `first_only`, stops at the first usable one (the one a product tries first).
     fn matmul_operands(&self, top: NodeId, first_only: bool) -> Vec<(MatmulOperand, ViewStack)> {
         let g = self.g;
-        let mut nodes = Vec::new();
-        let mut cur = top;
-        while is_movement(g.op(cur)) && !self.is_buffer(cur) {
-            air::work::tick();
-            nodes.push(cur);
-            cur = g.inputs(cur)[0];
-        }
-        let view_at = |cut: usize| {
-            air::work::add(1 + cut as u64);
-            let base = if cut == nodes.len() { cur } else { nodes[cut] };
-            let chain: Vec<Movement> = nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
-            let view = ViewStack::contiguous(&g.ty(base).shape).through(chain.iter().rev());
-            (MatmulOperand { base, chain }, view)
-        };
+        let (nodes, cur) = self.operand_chain(top);
+        let view_at = |cut: usize| self.operand_at(&nodes, cur, cut);
         let shape = &g.ty(top).shape;
         let broadcast = |v: &ViewStack, d: usize| !is_one(&shape[d]) && is_zero(&v.top().strides[d]);
-        let usable = |op: &MatmulOperand, view: &ViewStack| {
-            !matches!(g.op(op.base), Op::Const(_) | Op::Iota(_)) && view.is_affine()
-        };
         // The longest chain first; shorter ones while they keep every broadcast axis of it.
         let (op, full) = view_at(nodes.len());
         let mut out = Vec::new();
-        if usable(&op, &full) {
+        if usable(g, &op, &full) {
             if first_only {
                 out.push((op, full));
                 return out;
@@ -301,7 +338,7 @@ impl Decider<'_> {
             if lost {
                 break;
             }
-            if usable(&op, &view) {
+            if usable(g, &op, &view) {
                 out.push((op, view));
             }
         }
@@ -339,14 +376,37 @@ impl Decider<'_> {
         let mut plan = try_pair(p0, q0);
         // Shorter cuts exist only below a movement node (a layer norm's `sum(d * d)` has none).
         let cuts = |top: NodeId| is_movement(g.op(top)) && !self.is_buffer(top);
-        if plan.is_none() && (cuts(g.inputs(x)[0]) || cuts(g.inputs(x)[1])) {
+        let searched = plan.is_none() && (cuts(g.inputs(x)[0]) || cuts(g.inputs(x)[1]));
+        // A search that succeeded for a matmul of the same signature (the layer before's) names
+        // the cuts to try first; the pair is checked as any other.
+        let mut sig = searched.then(|| self.search_signature(n, x));
+        if let Some(&(cut_p, cut_q)) = sig.as_ref().and_then(|sig| self.searches.get(sig)) {
+            let at = |top: NodeId, cut: usize| {
+                let (nodes, below) = self.operand_chain(top);
+                self.operand_at(&nodes, below, cut)
+            };
+            let (p, q) = (at(g.inputs(x)[0], cut_p), at(g.inputs(x)[1], cut_q));
+            if [&p, &q].iter().all(|(op, view)| usable(g, op, view)) {
+                plan = try_pair(&p, &q);
+            }
+            if plan.is_some() {
+                sig = None;
+            }
+        }
+        if plan.is_none() && sig.is_some() {
             let (cands_p, cands_q) =
                 (self.matmul_operands(g.inputs(x)[0], false), self.matmul_operands(g.inputs(x)[1], false));
             let mut pairs: Vec<(usize, usize)> =
                 (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
             pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
             // (0, 0), the pair tried above, sorts first.
-            plan = pairs.into_iter().skip(1).find_map(|(i, j)| try_pair(&cands_p[i], &cands_q[j]));
+            let found =
+                pairs.into_iter().skip(1).find_map(|(i, j)| Some(((i, j), try_pair(&cands_p[i], &cands_q[j])?)));
+            if let Some(((i, j), pair)) = found {
+                self.searches
+                    .insert(sig.take().expect("built above"), (cands_p[i].0.chain.len(), cands_q[j].0.chain.len()));
+                plan = Some(pair);
+            }
         }
         let Some((a, b)) = plan else { return false };
         for op in [&a, &b] {
@@ -471,6 +531,7 @@ pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
         carries: SecondaryMap::new(),
         transcendental: SecondaryMap::new(),
         plans: SecondaryMap::new(),
+        searches: HashMap::default(),
     };
     d.run(&order);
     let aliases = d.alias_outputs();
