@@ -394,6 +394,31 @@ fn heads_split_from_a_sequence_layout_are_copied_once() {
 }
 
 #[test]
+fn a_search_remembered_from_one_product_decides_its_twin_alike() {
+    // Two heads-split products of one structure (two layers of attention scores): the first
+    // searches the shorter operand views, the second starts from the cuts the first found. Both
+    // launch the kernels a product alone gets (a copy and a GEMM), shared, and agree with the
+    // interpreter.
+    let layer = |b: &mut B| {
+        let q = b.f32(&[2, 5, 3, 4]);
+        let k = b.f32(&[2, 3, 4, 6]);
+        let qh = b.permute(q, &[0, 2, 1, 3]);
+        b.matmul(qh, k)
+    };
+    let mut one = B::default();
+    let y = layer(&mut one);
+    let alone = compile(&one.out(&[y]), &options(true)).unwrap();
+    let mut two = B::default();
+    let (y1, y2) = (layer(&mut two), layer(&mut two));
+    let g = two.out(&[y1, y2]);
+    let twins = compile(&g, &options(true)).unwrap();
+    assert_eq!(alone.to_string().matches("matmul(").count(), 1, "{alone}");
+    assert_eq!((twins.kernels.len(), twins.steps.len()), (alone.kernels.len(), 2 * alone.steps.len()), "{twins}");
+    assert_eq!(matmuls(&twins), 2, "{twins}");
+    agree(&g, &twins, 7).unwrap();
+}
+
+#[test]
 fn several_reduced_axes_collapse_into_k() {
     // sum over [k1, k2] of x: [m, k1, k2] and y: [k1, k2, n] in a [m, k1, k2, n] layout.
     let mut b = B::default();

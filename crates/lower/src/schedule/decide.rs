@@ -298,9 +298,12 @@ impl<'a> Decider<'a> {
     fn search_signature(&self, n: NodeId, x: NodeId) -> Signature<'a> {
         let g = self.g;
         let mut sig: Signature<'a> = smallvec::smallvec![(g.op(n), g.ty(x))];
+        // Which input slot an operand reads does not change its views.
+        static INPUT: Op = Op::Input(air::op::Input { slot: 0 });
+        let op = |m: NodeId| if matches!(g.op(m), Op::Input(_)) { &INPUT } else { g.op(m) };
         for &top in g.inputs(x) {
             let (nodes, below) = self.operand_chain(top);
-            sig.extend(nodes.iter().chain([&below]).map(|&m| (g.op(m), g.ty(m))));
+            sig.extend(nodes.iter().chain([&below]).map(|&m| (op(m), g.ty(m))));
             sig.push((g.op(x), g.ty(x)));
         }
         sig
