@@ -187,17 +187,19 @@ impl Graph {
 
     /// Adds a node as given, without type inference (the parser and the verifier's tests use this
     /// to build graphs that may be wrong). Inputs must be live.
+    #[inline]
     pub fn add_unchecked(&mut self, node: Node) -> NodeId {
         assert!(node.inputs.iter().all(|&i| self.contains(i)), "add_unchecked with a dead input");
         self.insert(node)
     }
 
+    #[inline]
     fn insert(&mut self, node: Node) -> NodeId {
         self.edited();
-        let inputs = node.inputs.clone();
         let id = self.nodes.insert(node);
         self.users.insert(id, SmallVec::new());
-        for i in inputs {
+        for k in 0..self.nodes[id].inputs.len() {
+            let i = self.nodes[id].inputs[k];
             self.users[i].push(id);
         }
         id

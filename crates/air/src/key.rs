@@ -58,22 +58,25 @@ impl GraphKey {
     /// The key of `graph`: O(N) over every node of the graph (dead nodes included, so that the
     /// input slots a program expects are the graph's input nodes).
     pub fn of(graph: &Graph) -> GraphKey {
+        GraphKey::with_hash(graph, GraphKey::structural_hash(graph))
+    }
+
+    /// [`GraphKey::of`] for a graph whose [`GraphKey::structural_hash`] is `hash` (a cache that
+    /// looked the graph up has it already): the nodes are copied, not hashed again. A `hash`
+    /// of another graph makes a key no lookup of this graph finds.
+    pub fn with_hash(graph: &Graph, hash: u64) -> GraphKey {
         let order = graph.topo_order();
         let position = positions(order);
         let mut nodes = Vec::with_capacity(order.len());
-        let mut h = FxHasher::default();
-        h.write_usize(order.len());
         for &id in order {
             let node = graph.node(id);
             crate::work::add(1 + node.inputs.len() as u64);
             let inputs: SmallVec<[u32; 3]> = node.inputs.iter().map(|input| position[input.index() as usize]).collect();
-            hash_node(&mut h, &node.op, &node.ty, inputs.iter().copied());
             nodes.push(KeyNode { op: node.op.clone(), ty: node.ty.clone(), inputs });
         }
         let outputs: Vec<u32> = graph.outputs().iter().map(|o| position[o.index() as usize]).collect();
-        h.write_usize(outputs.len());
-        outputs.iter().for_each(|&o| h.write_u32(o));
-        GraphKey { nodes, outputs, hash: h.finish() }
+        debug_assert_eq!(hash, GraphKey::structural_hash(graph), "the hash is the graph's");
+        GraphKey { nodes, outputs, hash }
     }
 
     /// `GraphKey::of(graph).hash_value()` without building the key (no clone of any op or type):

@@ -204,8 +204,8 @@ impl CpuDevice {
             })
             .collect();
         observer.begin(Step::Prepare, None);
-        // Built only now that `lower::compile` verified the graph.
-        let key = GraphKey::of(graph);
+        // Built only now that `lower::compile` verified the graph, with the hash of the lookup.
+        let key = GraphKey::with_hash(graph, hash);
         let exe = Executable::new(program, key.input_types(), loop_fns, Arc::new(code)).and_then(|exe| {
             match self.inner.level_min_work {
                 Some(min_work) => exe.with_concurrency(min_work),

@@ -89,6 +89,12 @@ struct Decider<'a> {
 /// See [`Decider::search_signature`].
 type Signature<'a> = SmallVec<[(&'a Op, &'a TensorType); 16]>;
 
+/// A matmul operand and the view it is read through.
+type Candidate = (MatmulOperand, ViewStack);
+
+/// A matmul's two operands, `a` then `b`.
+type Pair = (MatmulOperand, MatmulOperand);
+
 /// Whether a matmul can read `op` through `view`: from a buffer (not a constant or an index
 /// ramp, which have none), at affine positions.
 fn usable(g: &Graph, op: &MatmulOperand, view: &ViewStack) -> bool {
@@ -283,7 +289,7 @@ impl<'a> Decider<'a> {
 
     /// The operand that reads `nodes[cut]` (or `below`, for the whole chain) through the
     /// movement ops above it, and its view.
-    fn operand_at(&self, nodes: &[NodeId], below: NodeId, cut: usize) -> (MatmulOperand, ViewStack) {
+    fn operand_at(&self, nodes: &[NodeId], below: NodeId, cut: usize) -> Candidate {
         let g = self.g;
         air::work::add(1 + cut as u64);
         let base = if cut == nodes.len() { below } else { nodes[cut] };
@@ -316,7 +322,7 @@ impl<'a> Decider<'a> {
     /// view does not fit a GEMM. No cut lands above a broadcasting expand, which would
     /// materialize the broadcast.
     /// With `first_only`, stops at the first usable one (the one a product tries first).
-    fn matmul_operands(&self, top: NodeId, first_only: bool) -> Vec<(MatmulOperand, ViewStack)> {
+    fn matmul_operands(&self, top: NodeId, first_only: bool) -> Vec<Candidate> {
         let g = self.g;
         let (nodes, cur) = self.operand_chain(top);
         let view_at = |cut: usize| self.operand_at(&nodes, cur, cut);
@@ -359,7 +365,7 @@ impl<'a> Decider<'a> {
             return false;
         }
         let space = g.ty(x).shape.to_vec();
-        let try_pair = |(op_p, vp): &(MatmulOperand, ViewStack), (op_q, vq): &(MatmulOperand, ViewStack)| {
+        let try_pair = |(op_p, vp): &Candidate, (op_q, vq): &Candidate| {
             air::work::tick();
             let (sp, sq) = (&vp.top().strides, &vq.top().strides);
             match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
@@ -379,37 +385,8 @@ impl<'a> Decider<'a> {
         let mut plan = try_pair(p0, q0);
         // Shorter cuts exist only below a movement node (a layer norm's `sum(d * d)` has none).
         let cuts = |top: NodeId| is_movement(g.op(top)) && !self.is_buffer(top);
-        let searched = plan.is_none() && (cuts(g.inputs(x)[0]) || cuts(g.inputs(x)[1]));
-        // A search that succeeded for a matmul of the same signature (the layer before's) names
-        // the cuts to try first; the pair is checked as any other.
-        let mut sig = searched.then(|| self.search_signature(n, x));
-        if let Some(&(cut_p, cut_q)) = sig.as_ref().and_then(|sig| self.searches.get(sig)) {
-            let at = |top: NodeId, cut: usize| {
-                let (nodes, below) = self.operand_chain(top);
-                self.operand_at(&nodes, below, cut)
-            };
-            let (p, q) = (at(g.inputs(x)[0], cut_p), at(g.inputs(x)[1], cut_q));
-            if [&p, &q].iter().all(|(op, view)| usable(g, op, view)) {
-                plan = try_pair(&p, &q);
-            }
-            if plan.is_some() {
-                sig = None;
-            }
-        }
-        if plan.is_none() && sig.is_some() {
-            let (cands_p, cands_q) =
-                (self.matmul_operands(g.inputs(x)[0], false), self.matmul_operands(g.inputs(x)[1], false));
-            let mut pairs: Vec<(usize, usize)> =
-                (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
-            pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
-            // (0, 0), the pair tried above, sorts first.
-            let found =
-                pairs.into_iter().skip(1).find_map(|(i, j)| Some(((i, j), try_pair(&cands_p[i], &cands_q[j])?)));
-            if let Some(((i, j), pair)) = found {
-                self.searches
-                    .insert(sig.take().expect("built above"), (cands_p[i].0.chain.len(), cands_q[j].0.chain.len()));
-                plan = Some(pair);
-            }
+        if plan.is_none() && (cuts(g.inputs(x)[0]) || cuts(g.inputs(x)[1])) {
+            plan = self.search_shorter(n, x, &try_pair);
         }
         let Some((a, b)) = plan else { return false };
         for op in [&a, &b] {
@@ -420,6 +397,43 @@ impl<'a> Decider<'a> {
         self.plans.insert(n, Plan::Matmul { reduce: n, a, b, bias: None });
         self.cost.insert(n, 1);
         true
+    }
+
+    /// The first pair of operand candidates of product `n` (`x = mul(p, q)` below its reduce)
+    /// that `try_pair` accepts, fewest copies first, after the longest pair failed. The cuts a
+    /// search found for a product of the same signature (the layer before's) are tried first,
+    /// checked like any pair; otherwise every pair is, and the cuts found are remembered.
+    fn search_shorter(
+        &mut self,
+        n: NodeId,
+        x: NodeId,
+        try_pair: &dyn Fn(&Candidate, &Candidate) -> Option<Pair>,
+    ) -> Option<Pair> {
+        let g = self.g;
+        let (top_p, top_q) = (g.inputs(x)[0], g.inputs(x)[1]);
+        let sig = self.search_signature(n, x);
+        if let Some(&(cut_p, cut_q)) = self.searches.get(&sig) {
+            let at = |top: NodeId, cut: usize| {
+                let (nodes, below) = self.operand_chain(top);
+                self.operand_at(&nodes, below, cut)
+            };
+            let (p, q) = (at(top_p, cut_p), at(top_q, cut_q));
+            if usable(g, &p.0, &p.1)
+                && usable(g, &q.0, &q.1)
+                && let Some(pair) = try_pair(&p, &q)
+            {
+                return Some(pair);
+            }
+        }
+        let (cands_p, cands_q) = (self.matmul_operands(top_p, false), self.matmul_operands(top_q, false));
+        let mut pairs: Vec<(usize, usize)> =
+            (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
+        pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
+        // (0, 0), the pair the caller tried, sorts first.
+        let ((i, j), pair) =
+            pairs.into_iter().skip(1).find_map(|(i, j)| Some(((i, j), try_pair(&cands_p[i], &cands_q[j])?)))?;
+        self.searches.insert(sig, (cands_p[i].0.chain.len(), cands_q[j].0.chain.len()));
+        Some(pair)
     }
 
     /// Outputs that are reshapes of a materialized node read nowhere else take that node's place.
