@@ -390,9 +390,9 @@ impl Graph {
     /// is read or is an output (all of it live, the usual case after `remove_dead`) skips the
     /// walk from the outputs.
     pub fn live_order(&self) -> Vec<NodeId> {
-        let outputs: NodeSet = self.outputs.iter().copied().collect();
+        let outputs = self.output_set();
         crate::work::add(self.nodes.len() as u64);
-        if self.nodes.keys().all(|id| self.users.get(id).is_some_and(|u| !u.is_empty()) || outputs.contains(&id)) {
+        if !self.nodes.keys().any(|id| self.unread(id, &outputs)) {
             return self.topo_order().to_vec();
         }
         let live = self.live_set();
@@ -418,10 +418,8 @@ impl Graph {
     /// Returns how many were removed.
     pub fn remove_dead(&mut self) -> usize {
         crate::work::add(self.nodes.len() as u64);
-        let outputs: NodeSet = self.outputs.iter().copied().collect();
-        let unread = |users: &SmallVec<[NodeId; 4]>, id: NodeId| users.is_empty() && !outputs.contains(&id);
-        let mut dead: Vec<NodeId> =
-            self.nodes.keys().filter(|&id| self.users.get(id).is_none_or(|u| unread(u, id))).collect();
+        let outputs = self.output_set();
+        let mut dead: Vec<NodeId> = self.nodes.keys().filter(|&id| self.unread(id, &outputs)).collect();
         if dead.is_empty() {
             return 0;
         }
@@ -438,12 +436,22 @@ impl Graph {
                 if let Some(pos) = users.iter().position(|&u| u == id) {
                     users.remove(pos);
                 }
-                if unread(users, i) {
+                if self.unread(i, &outputs) {
                     dead.push(i);
                 }
             }
         }
         removed
+    }
+
+    /// The outputs as a set.
+    fn output_set(&self) -> NodeSet {
+        self.outputs.iter().copied().collect()
+    }
+
+    /// Whether no node reads `id` and it is not an output (one of `outputs`).
+    fn unread(&self, id: NodeId, outputs: &NodeSet) -> bool {
+        self.users.get(id).is_none_or(|u| u.is_empty()) && !outputs.contains(&id)
     }
 
     /// The input nodes by slot.

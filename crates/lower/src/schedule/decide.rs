@@ -92,6 +92,20 @@ type Signature<'a> = SmallVec<[(&'a Op, &'a TensorType); 16]>;
 /// A matmul operand and the view it is read through.
 type Candidate = (MatmulOperand, ViewStack);
 
+/// An operand's movement nodes, from the product's input down (none where the input is not a
+/// movement node or has a buffer), and the node below them.
+struct Chain {
+    nodes: SmallVec<[NodeId; 8]>,
+    below: NodeId,
+}
+
+impl Chain {
+    /// The node the product reads.
+    fn top(&self) -> NodeId {
+        self.nodes.first().copied().unwrap_or(self.below)
+    }
+}
+
 /// A matmul's two operands, `a` then `b`.
 type Pair = (MatmulOperand, MatmulOperand);
 
@@ -273,63 +287,60 @@ impl<'a> Decider<'a> {
         }
     }
 
-    /// The movement nodes from `top` down to the first node that is not one or has a buffer,
-    /// top first, and that node.
-    fn operand_chain(&self, top: NodeId) -> (SmallVec<[NodeId; 8]>, NodeId) {
+    /// The movement nodes from `top` down to the first node that is not one or has a buffer.
+    fn operand_chain(&self, top: NodeId) -> Chain {
         let g = self.g;
         let mut nodes = SmallVec::new();
-        let mut cur = top;
-        while is_movement(g.op(cur)) && !self.is_buffer(cur) {
+        let mut below = top;
+        while is_movement(g.op(below)) && !self.is_buffer(below) {
             air::work::tick();
-            nodes.push(cur);
-            cur = g.inputs(cur)[0];
+            nodes.push(below);
+            below = g.inputs(below)[0];
         }
-        (nodes, cur)
+        Chain { nodes, below }
     }
 
-    /// The operand that reads `nodes[cut]` (or `below`, for the whole chain) through the
-    /// movement ops above it, and its view.
-    fn operand_at(&self, nodes: &[NodeId], below: NodeId, cut: usize) -> Candidate {
+    /// The operand that reads `chain.nodes[cut]` (or `chain.below`, for the whole chain) through
+    /// the movement ops above it, and its view.
+    fn operand_at(&self, chain: &Chain, cut: usize) -> Candidate {
         let g = self.g;
         air::work::add(1 + cut as u64);
-        let base = if cut == nodes.len() { below } else { nodes[cut] };
-        let chain: Vec<Movement> = nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
-        let view = ViewStack::contiguous(&g.ty(base).shape).through(chain.iter().rev());
-        (MatmulOperand { base, chain }, view)
+        let base = chain.nodes.get(cut).copied().unwrap_or(chain.below);
+        let moves: Vec<Movement> = chain.nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
+        let view = ViewStack::contiguous(&g.ty(base).shape).through(moves.iter().rev());
+        (MatmulOperand { base, chain: moves }, view)
     }
 
     /// What decides a matmul's search over shorter operand views: the reduce, the product's
     /// type, and each operand's chain of ops and types down to its buffer or first non-movement
     /// node. Equal signatures have equal candidates, views and contractions.
-    fn search_signature(&self, n: NodeId, x: NodeId) -> Signature<'a> {
+    fn search_signature(&self, n: NodeId, x: NodeId, chains: &[Chain; 2]) -> Signature<'a> {
         let g = self.g;
         let mut sig: Signature<'a> = smallvec::smallvec![(g.op(n), g.ty(x))];
         // Which input slot an operand reads does not change its views.
         static INPUT: Op = Op::Input(air::op::Input { slot: 0 });
         let op = |m: NodeId| if matches!(g.op(m), Op::Input(_)) { &INPUT } else { g.op(m) };
-        for &top in g.inputs(x) {
-            let (nodes, below) = self.operand_chain(top);
-            sig.extend(nodes.iter().chain([&below]).map(|&m| (op(m), g.ty(m))));
+        for chain in chains {
+            sig.extend(chain.nodes.iter().chain([&chain.below]).map(|&m| (op(m), g.ty(m))));
             sig.push((g.op(x), g.ty(x)));
         }
         sig
     }
 
-    /// The candidate operands of a matmul read through `top`, fewest copies first: each is a node
+    /// The candidate operands of a matmul read through `chain`, fewest copies first: each is a node
     /// to be a buffer (the caller materializes it) and the chain of movement ops above it, whose
     /// composed view is affine. The first keeps the longest chain; later ones cut it lower, so
     /// that a movement node gets a buffer in its own row-major layout (a copy) where the longer
     /// view does not fit a GEMM. No cut lands above a broadcasting expand, which would
     /// materialize the broadcast.
     /// With `first_only`, stops at the first usable one (the one a product tries first).
-    fn matmul_operands(&self, top: NodeId, first_only: bool) -> Vec<Candidate> {
+    fn matmul_operands(&self, chain: &Chain, first_only: bool) -> Vec<Candidate> {
         let g = self.g;
-        let (nodes, cur) = self.operand_chain(top);
-        let view_at = |cut: usize| self.operand_at(&nodes, cur, cut);
-        let shape = &g.ty(top).shape;
+        let view_at = |cut: usize| self.operand_at(chain, cut);
+        let shape = &g.ty(chain.top()).shape;
         let broadcast = |v: &ViewStack, d: usize| !is_one(&shape[d]) && is_zero(&v.top().strides[d]);
         // The longest chain first; shorter ones while they keep every broadcast axis of it.
-        let (op, full) = view_at(nodes.len());
+        let (op, full) = view_at(chain.nodes.len());
         let mut out = Vec::new();
         if usable(g, &op, &full) {
             if first_only {
@@ -338,7 +349,7 @@ impl<'a> Decider<'a> {
             }
             out.push((op, full.clone()));
         }
-        for cut in (0..nodes.len()).rev() {
+        for cut in (0..chain.nodes.len()).rev() {
             if first_only && !out.is_empty() {
                 break;
             }
@@ -379,14 +390,14 @@ impl<'a> Decider<'a> {
         };
         // The longest views first, alone: they nearly always fit, and the shorter cuts cost a
         // view each to build.
-        let (first_p, first_q) =
-            (self.matmul_operands(g.inputs(x)[0], true), self.matmul_operands(g.inputs(x)[1], true));
+        let chains = [self.operand_chain(g.inputs(x)[0]), self.operand_chain(g.inputs(x)[1])];
+        let (first_p, first_q) = (self.matmul_operands(&chains[0], true), self.matmul_operands(&chains[1], true));
         let (Some(p0), Some(q0)) = (first_p.first(), first_q.first()) else { return false };
         let mut plan = try_pair(p0, q0);
-        // Shorter cuts exist only below a movement node (a layer norm's `sum(d * d)` has none).
-        let cuts = |top: NodeId| is_movement(g.op(top)) && !self.is_buffer(top);
-        if plan.is_none() && (cuts(g.inputs(x)[0]) || cuts(g.inputs(x)[1])) {
-            plan = self.search_shorter(n, x, &try_pair);
+        // Shorter cuts exist only in a chain of movement nodes (a layer norm's `sum(d * d)` has
+        // none).
+        if plan.is_none() && chains.iter().any(|c| !c.nodes.is_empty()) {
+            plan = self.search_shorter(n, x, &chains, &try_pair);
         }
         let Some((a, b)) = plan else { return false };
         for op in [&a, &b] {
@@ -407,17 +418,13 @@ impl<'a> Decider<'a> {
         &mut self,
         n: NodeId,
         x: NodeId,
+        chains: &[Chain; 2],
         try_pair: &dyn Fn(&Candidate, &Candidate) -> Option<Pair>,
     ) -> Option<Pair> {
         let g = self.g;
-        let (top_p, top_q) = (g.inputs(x)[0], g.inputs(x)[1]);
-        let sig = self.search_signature(n, x);
+        let sig = self.search_signature(n, x, chains);
         if let Some(&(cut_p, cut_q)) = self.searches.get(&sig) {
-            let at = |top: NodeId, cut: usize| {
-                let (nodes, below) = self.operand_chain(top);
-                self.operand_at(&nodes, below, cut)
-            };
-            let (p, q) = (at(top_p, cut_p), at(top_q, cut_q));
+            let (p, q) = (self.operand_at(&chains[0], cut_p), self.operand_at(&chains[1], cut_q));
             if usable(g, &p.0, &p.1)
                 && usable(g, &q.0, &q.1)
                 && let Some(pair) = try_pair(&p, &q)
@@ -425,7 +432,7 @@ impl<'a> Decider<'a> {
                 return Some(pair);
             }
         }
-        let (cands_p, cands_q) = (self.matmul_operands(top_p, false), self.matmul_operands(top_q, false));
+        let (cands_p, cands_q) = (self.matmul_operands(&chains[0], false), self.matmul_operands(&chains[1], false));
         let mut pairs: Vec<(usize, usize)> =
             (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
         pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
