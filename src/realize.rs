@@ -340,7 +340,11 @@ impl Walk {
                 None if step.inputs.is_empty() => graph.add_leaf(op.clone(), ty.clone())?,
                 None => {
                     let inputs = step.inputs.iter().map(|&i| ids[i as usize]).collect();
-                    graph.add_unchecked(Node { op: op.clone(), inputs, ty: ty.clone() })
+                    // SAFETY: `Tensor::apply` recorded this node with the type `Op::infer`
+                    // gave for its inputs' types and checked its size (an error tensor is never
+                    // walked); its inputs are the nodes of those inputs, which carry their
+                    // recorded types (a realized input its own, as an `Input` leaf).
+                    unsafe { graph.add_inferred(Node { op: op.clone(), inputs, ty: ty.clone() }) }
                 }
             };
             if step.slot.is_none() {

@@ -63,6 +63,9 @@ pub struct Graph {
     users: SecondaryMap<NodeId, SmallVec<[NodeId; 4]>>,
     outputs: Vec<NodeId>,
     topo: OnceCell<Topo>,
+    /// Set by the first edit that may break what the verifier checks (see
+    /// [`Graph::is_verified`]); never cleared.
+    unverified: bool,
 }
 
 /// The cached topological order, and a node on a cycle if the graph has one.
@@ -165,9 +168,32 @@ impl Graph {
         self.topo.take();
     }
 
+    /// An edit that may break what the verifier checks (a type, an arity, a cycle).
+    fn edited_unchecked(&mut self) {
+        self.edited();
+        self.unverified = true;
+    }
+
+    /// Whether [`crate::verify`] is known to pass without running it: every node came in through
+    /// [`Graph::add`] or [`Graph::add_leaf`] (which check a node as the verifier does: its type
+    /// rule or leaf attributes and its size) or [`Graph::add_inferred`] (whose caller checked
+    /// it), and no edit since could have broken a type, an arity or acyclicity (`set_op`,
+    /// `set_inputs`, `replace_all_uses` and the `_unchecked` edits could). `lower::compile`
+    /// runs the verifier only on a graph for which this is false (and on every graph in a
+    /// debug build): a traced graph, built node by node from the facade's checked ops, skips it.
+    pub fn is_verified(&self) -> bool {
+        !self.unverified
+    }
+
+    /// The verifier's check of a node's size ([`TensorType::checked_numel`]), as an error of `op`.
+    fn check_size(op: &Op, ty: &TensorType) -> Result<()> {
+        ty.checked_numel().map(drop).map_err(|msg| AirError::Op(format!("{}: {msg}", op.mnemonic())))
+    }
+
     /// Adds a leaf (`input`, `const`, `iota`) of the given type.
     pub fn add_leaf(&mut self, op: Op, ty: TensorType) -> Result<NodeId> {
         op.check_leaf(&ty).map_err(AirError::Op)?;
+        Graph::check_size(&op, &ty)?;
         Ok(self.insert(Node { op, inputs: Inputs::new(), ty }))
     }
 
@@ -182,14 +208,48 @@ impl Graph {
             let tys: SmallVec<[&TensorType; 3]> = inputs.iter().map(|&i| &self.nodes[i].ty).collect();
             op.infer(&tys)?
         };
+        Graph::check_size(&op, &ty)?;
         Ok(self.insert(Node { op, inputs: inputs.into(), ty }))
     }
 
     /// Adds a node as given, without type inference (the parser and the verifier's tests use this
-    /// to build graphs that may be wrong). Inputs must be live.
+    /// to build graphs that may be wrong). Inputs must be live. The graph is no longer
+    /// [verified](Graph::is_verified).
     #[inline]
     pub fn add_unchecked(&mut self, node: Node) -> NodeId {
         assert!(node.inputs.iter().all(|&i| self.contains(i)), "add_unchecked with a dead input");
+        self.unverified = true;
+        self.insert(node)
+    }
+
+    /// Adds a node whose type its caller inferred, without inferring it again: what a tracer
+    /// calls for nodes it checked when they were recorded. The graph stays
+    /// [verified](Graph::is_verified). Inputs must be live. A debug build checks the contract.
+    ///
+    /// # Safety
+    /// The node must pass the verifier's checks of a node: a leaf has no inputs and its
+    /// attributes fit its type (`Op::check_leaf`); any other node has the arity of its op and
+    /// exactly the type `Op::infer` gives for its inputs' types; and its size is checked
+    /// (`TensorType::checked_numel` is `Ok`). Compilation trusts a verified graph's types for
+    /// the sizes of the buffers its kernels index: a wrong type here can make compiled code
+    /// read or write outside a buffer.
+    #[inline]
+    pub unsafe fn add_inferred(&mut self, node: Node) -> NodeId {
+        assert!(node.inputs.iter().all(|&i| self.contains(i)), "add_inferred with a dead input");
+        #[cfg(debug_assertions)]
+        {
+            let tys: SmallVec<[&TensorType; 3]> = node.inputs.iter().map(|&i| &self.nodes[i].ty).collect();
+            let checked = if node.op.is_leaf() {
+                node.op.check_leaf(&node.ty).is_ok() && tys.is_empty()
+            } else {
+                node.op.infer(&tys).is_ok_and(|ty| ty == node.ty)
+            };
+            debug_assert!(
+                checked && node.ty.checked_numel().is_ok(),
+                "add_inferred: {} breaks its contract",
+                node.op.mnemonic()
+            );
+        }
         self.insert(node)
     }
 
@@ -244,7 +304,7 @@ impl Graph {
         if old == new {
             return;
         }
-        self.edited();
+        self.edited_unchecked();
         let users = std::mem::take(&mut self.users[old]);
         for &u in &users {
             for inp in self.nodes[u].inputs.iter_mut() {
@@ -283,7 +343,7 @@ impl Graph {
     /// the verifier; [`Graph::topo_order`] never panics on one.
     pub fn set_inputs_unchecked(&mut self, id: NodeId, inputs: &[NodeId]) {
         assert!(inputs.iter().all(|&i| self.contains(i)), "set_inputs with a dead input");
-        self.edited();
+        self.edited_unchecked();
         let old = std::mem::replace(&mut self.nodes[id].inputs, inputs.into());
         for i in old {
             unlink(&mut self.users[i], id);
@@ -295,7 +355,7 @@ impl Graph {
 
     /// Replaces the op (and type) of `id`, keeping its inputs and users.
     pub fn set_op(&mut self, id: NodeId, op: Op, ty: TensorType) {
-        self.edited();
+        self.edited_unchecked();
         let n = &mut self.nodes[id];
         n.op = op;
         n.ty = ty;
@@ -502,6 +562,54 @@ mod tests {
         assert_eq!(g.topo_order(), &[a, c]);
         assert!(g.remove(c).is_err());
         assert!(g.add(Op::Binary(BinaryOp::Add), &[a]).is_err());
+    }
+
+    #[test]
+    fn checked_additions_keep_a_graph_verified_and_edits_that_may_break_it_do_not() {
+        let t = TensorType::new(DType::F32, shape_of(&[4]));
+        let build = || {
+            let mut g = Graph::new();
+            let a = g.add_leaf(Op::Input(Input { slot: 0 }), t.clone()).unwrap();
+            let b = g.add(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
+            let c = g.add(Op::Binary(BinaryOp::Add), &[b, b]).unwrap();
+            g.add_output(c);
+            (g, [a, b, c])
+        };
+        let (mut g, [a, _, c]) = build();
+        assert!(g.is_verified() && crate::verify(&g).is_ok());
+        // Removing a node keeps every check true.
+        let spare = g.add(Op::Unary(UnaryOp::Neg), &[c]).unwrap();
+        g.remove(spare).unwrap();
+        let unread = g.add(Op::Unary(UnaryOp::Neg), &[a]).unwrap();
+        assert_eq!(g.remove_dead(), 1, "{unread} goes");
+        assert!(g.is_verified());
+        type Edit = fn(&mut Graph, [NodeId; 3]);
+        let edits: [(&str, Edit); 5] = [
+            ("replace_all_uses", |g, [a, b, _]| g.replace_all_uses(b, a).unwrap()),
+            ("set_inputs", |g, [a, _, c]| g.set_inputs(c, &[a, a]).unwrap()),
+            ("set_op", |g, [_, b, _]| g.set_op(b, Op::Unary(UnaryOp::Sin), g.ty(b).clone())),
+            ("set_inputs_unchecked", |g, [a, _, c]| g.set_inputs_unchecked(c, &[a])),
+            ("add_unchecked", |g, [a, _, _]| {
+                g.add_unchecked(Node {
+                    op: Op::Unary(UnaryOp::Neg),
+                    inputs: [a].into_iter().collect(),
+                    ty: g.ty(a).clone(),
+                });
+            }),
+        ];
+        for (name, edit) in edits {
+            let (mut g, ids) = build();
+            edit(&mut g, ids);
+            assert!(!g.is_verified(), "{name} may break a type, an arity or acyclicity");
+        }
+        // A size the verifier refuses is refused by the checked additions too.
+        let huge = TensorType::new(DType::F32, shape_of(&[1 << 40, 1 << 40]));
+        let mut g = Graph::new();
+        assert!(g.add_leaf(Op::Input(Input { slot: 0 }), huge).is_err());
+        let x = g.add_leaf(Op::Input(Input { slot: 0 }), TensorType::new(DType::F32, shape_of(&[1]))).unwrap();
+        let big = crate::op::Expand { shape: shape_of(&[1 << 40, 1 << 40]) };
+        assert!(g.add(Op::Expand(big), &[x]).is_err());
+        assert!(g.is_verified());
     }
 
     #[test]

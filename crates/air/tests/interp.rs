@@ -704,9 +704,14 @@ fn absurd_sizes_are_errors_not_panics() {
     let e = eval(&g, &[tensor(vec![1.0f32], &[1])], &huge).unwrap_err();
     assert!(matches!(&e, AirError::Bounds(b) if b.op == "pad" && b.message.contains("overflow")), "{e}");
 
-    // An input whose shape's element count overflows (the fields are public).
+    // An input whose shape's element count overflows: `add_leaf` refuses it, as the verifier
+    // does; added unchecked, the interpreter refuses it (the fields are public).
     let mut g = Graph::new();
-    let x = input(&mut g, 0, DType::F32, shape_of(&[1 << 62, 8]));
+    let overflowing = TensorType::new(DType::F32, shape_of(&[1 << 62, 8]));
+    let refused = g.add_leaf(Op::Input(Input { slot: 0 }), overflowing.clone()).unwrap_err();
+    assert!(refused.to_string().contains("input: the element count of shape"), "{refused}");
+    let x =
+        g.add_unchecked(air::Node { op: Op::Input(Input { slot: 0 }), inputs: Default::default(), ty: overflowing });
     g.add_output(x);
     let bad = HostTensor { data: std::sync::Arc::new(air::HostData::F32(vec![])), shape: vec![1 << 62, 8] };
     assert!(interp_error(eval(&g, &[bad], &Bindings::new())).contains("input slot 0"));

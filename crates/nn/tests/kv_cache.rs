@@ -188,6 +188,24 @@ fn generating_with_the_cache_matches_the_recompute_decoder() {
 
 /// The attended length covers the context, wastes at most half of it below one bucket, and
 /// takes few distinct values (each is a memory plan and set of launches of its own).
+/// The facade adds every traced node as checked when it was recorded (`Graph::add_inferred`), so
+/// `lower::compile` skips the verifier in a release build: the traced cached forward (symbolic
+/// position, length and sequence, slices of the cache, in-place updates) must pass it.
+#[test]
+fn the_traced_cached_forward_is_verified_by_construction() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let m = model(32, Device::Cpu);
+    let kv: Vec<Tensor> = (0..4).map(|_| Tensor::zeros(&[2, 8, 32, 8], DType::F32)).collect();
+    let ids = tokens(&[vec![1, 2, 3], vec![4, 5, 6]], Device::Cpu)
+        .with_dims(vec![kiln::Dim::Const(2), kiln::Dim::sym("seq")]);
+    let (start, len) = (kiln::Dim::sym("start_pos"), kiln::Dim::sym("kv_len"));
+    let outputs = kiln::no_grad(|| m.forward_cached(&ids, &start, &len, &kv)).unwrap();
+    let program = kiln::trace(&outputs.iter().collect::<Vec<_>>()).unwrap();
+    assert!(program.graph.len() > 100);
+    assert!(program.graph.is_verified());
+    air::verify(&program.graph).unwrap();
+}
+
 #[test]
 fn attended_lengths_cover_the_context_in_few_sizes() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
