@@ -492,10 +492,21 @@ impl Kernel {
     /// A structural hash: equal kernels hash equal, whatever program they come from (`FxHasher`:
     /// fast, not collision-resistant, so a cache compares kernels in full on a match).
     pub fn structural_hash(&self) -> u64 {
-        let mut h = rustc_hash::FxHasher::default();
-        self.hash(&mut h);
-        h.finish()
+        fx_hash(self)
     }
+}
+
+impl LoopKernel {
+    /// A structural hash, as [`Kernel::structural_hash`].
+    pub fn structural_hash(&self) -> u64 {
+        fx_hash(self)
+    }
+}
+
+fn fx_hash(t: &impl Hash) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    t.hash(&mut h);
+    h.finish()
 }
 
 fn indent(f: &mut fmt::Formatter<'_>, depth: usize) -> fmt::Result {
