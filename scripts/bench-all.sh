@@ -54,7 +54,7 @@ suite tree tree-matmul
 suite memory memory
 suite models models
 suite embedding embedding
-suite transformer-cached transformer-compile --layers 1,2,8 --start-pos 2
+suite transformer-cached transformer-compile --layers 1,2,8 --start-pos 2 --repeats 51
 suite decode decode
 anchors=../shared/anchors
 if [ -n "${ANCHOR_PYTHON:-}" ] && [ -d "$anchors" ]; then
