@@ -536,6 +536,8 @@ impl<'a> Decider<'a> {
 /// Decides kernel boundaries (see the module docs).
 pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
     let order = g.live_order();
+    // Side tables sized once for the highest slot, not grown as the nodes are met.
+    let slots = order.iter().map(|id| id.index() as usize + 2).max().unwrap_or(0);
     let mut outputs = SecondaryMap::new();
     for &o in g.outputs() {
         air::work::tick();
@@ -548,13 +550,13 @@ pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
         opts,
         live: order.iter().map(|&n| (n, ())).collect(),
         outputs,
-        consumers: SecondaryMap::new(),
-        broadcast: SecondaryMap::new(),
-        cost: SecondaryMap::new(),
-        depth: SecondaryMap::new(),
-        carries: SecondaryMap::new(),
-        transcendental: SecondaryMap::new(),
-        plans: SecondaryMap::new(),
+        consumers: SecondaryMap::with_capacity(slots),
+        broadcast: SecondaryMap::with_capacity(slots),
+        cost: SecondaryMap::with_capacity(slots),
+        depth: SecondaryMap::with_capacity(slots),
+        carries: SecondaryMap::with_capacity(slots),
+        transcendental: SecondaryMap::with_capacity(slots),
+        plans: SecondaryMap::with_capacity(slots),
         searches: HashMap::default(),
     };
     d.run(&order);
