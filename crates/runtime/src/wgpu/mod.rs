@@ -215,16 +215,33 @@ impl std::fmt::Debug for WgpuDevice {
     }
 }
 
+/// The instance [`WgpuDevice::with_options`] asks for an adapter: the environment's settings, on
+/// wgpu's primary backends unless `WGPU_BACKEND` names the backends.
+fn instance_descriptor() -> ::wgpu::InstanceDescriptor {
+    let mut descriptor = ::wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if ::wgpu::Backends::from_env().is_none() {
+        descriptor.backends = ::wgpu::Backends::PRIMARY;
+    }
+    descriptor
+}
+
 impl WgpuDevice {
-    /// A device on the default adapter (high performance; `WGPU_BACKEND` may restrict the
-    /// backends), with the default lowering options.
+    /// A device on the default adapter (high performance, on Vulkan, Metal or DX12; `WGPU_BACKEND`
+    /// may name other backends), with the default lowering options.
     pub fn new() -> Result<WgpuDevice> {
         WgpuDevice::with_options(lower::CompileOptions::default())
     }
 
     /// A device that lowers every graph with `options`. Logs the adapter it got (`log`, level `info`).
+    ///
+    /// Only wgpu's primary backends (Vulkan, Metal, DX12) are asked for an adapter unless
+    /// `WGPU_BACKEND` names others: on OpenGL, naga's GLSL gives integer `%` of a negative operand
+    /// GLSL's undefined result (Mesa's llvmpipe computes it unsigned: `-7 % 3` was 0, a silent
+    /// wrong answer) and wgpu's GL device panicked under concurrent use ("Could not lock adapter
+    /// context"). A machine with only OpenGL has no `wgpu` device ([`WgpuError::NoAdapter`]), and
+    /// `Device::wgpu_if_available` picks the CPU there.
     pub fn with_options(options: lower::CompileOptions) -> Result<WgpuDevice> {
-        let instance = ::wgpu::Instance::new(::wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let instance = ::wgpu::Instance::new(instance_descriptor());
         let adapter = pollster::block_on(instance.request_adapter(&::wgpu::RequestAdapterOptions {
             power_preference: ::wgpu::PowerPreference::HighPerformance,
             force_fallback_adapter: false,
@@ -474,6 +491,23 @@ impl WgpuDevice {
             Err(WgpuError::OutOfMemory(first))
         } else {
             Err(WgpuError::Device(first))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adapters_come_from_the_primary_backends_unless_the_environment_names_others() {
+        let backends = instance_descriptor().backends;
+        match ::wgpu::Backends::from_env() {
+            None => {
+                assert_eq!(backends, ::wgpu::Backends::PRIMARY);
+                assert!(!backends.contains(::wgpu::Backends::GL), "OpenGL's integer % is undefined for negatives");
+            }
+            Some(named) => assert_eq!(backends, named),
         }
     }
 }
