@@ -25,8 +25,14 @@
 //! realized tensor is a constant to autodiff, and a realized output whose graph was dropped is an
 //! error of [`grad`] and `backward`, never zero gradients.
 
+use rustc_hash::FxBuildHasher;
 use std::cell::Cell;
-use std::collections::{HashMap, HashSet};
+
+/// Maps and sets keyed by tensor addresses and node ids: FxHash (one multiply) where SipHash was
+/// a twentieth of a Transformer's facade forward (`keeps_walked`'s lookups per node). Addresses
+/// are not attacker-chosen.
+type HashMap<K, V> = std::collections::HashMap<K, V, FxBuildHasher>;
+type HashSet<K> = std::collections::HashSet<K, FxBuildHasher>;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
@@ -59,7 +65,7 @@ struct Registry {
 static EVER_MARKED: AtomicBool = AtomicBool::new(false);
 
 static REGISTRY: LazyLock<Mutex<Registry>> =
-    LazyLock::new(|| Mutex::new(Registry { entries: HashMap::new(), sweep_at: 64 }));
+    LazyLock::new(|| Mutex::new(Registry { entries: HashMap::default(), sweep_at: 64 }));
 
 thread_local! {
     static NO_GRAD_DEPTH: Cell<usize> = const { Cell::new(0) };
@@ -264,7 +270,7 @@ fn differentiate(output: &Tensor, wrt: Wrt<'_>, loc: &'static Location<'static>)
     });
     let given: HashSet<usize> = match wrt {
         Wrt::Given(list) => list.iter().map(|t| addr(t)).collect(),
-        Wrt::Marked => HashSet::new(),
+        Wrt::Marked => HashSet::default(),
     };
     let output_is_wrt = given.contains(&addr(output)) || marked.contains(&addr(output));
     if output.is_realized() && !output_is_wrt && !output.op().is_leaf() && output.inputs().is_empty() {
@@ -334,7 +340,7 @@ fn differentiate(output: &Tensor, wrt: Wrt<'_>, loc: &'static Location<'static>)
 /// Traces the DAG behind `output` into an air graph for autodiff only: tensors that hold data and
 /// stopped tensors become `input` leaves (their slots only need to be distinct).
 fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
-    let mut traced = Traced { graph: Graph::new(), ids: HashMap::new(), tensors: HashMap::new() };
+    let mut traced = Traced { graph: Graph::new(), ids: HashMap::default(), tensors: HashMap::default() };
     let mut stack: Vec<(Tensor, Option<crate::tensor::Inputs>)> = vec![(output.clone(), None)];
     while let Some((t, children)) = stack.pop() {
         if traced.ids.contains_key(&addr(&t)) {
