@@ -186,8 +186,6 @@ fn generating_with_the_cache_matches_the_recompute_decoder() {
     }
 }
 
-/// The attended length covers the context, wastes at most half of it below one bucket, and
-/// takes few distinct values (each is a memory plan and set of launches of its own).
 /// The facade adds every traced node as checked when it was recorded (`Graph::add_inferred`), so
 /// `lower::compile` skips the verifier in a release build: the traced cached forward (symbolic
 /// position, length and sequence, slices of the cache, in-place updates) must pass it.
@@ -206,6 +204,8 @@ fn the_traced_cached_forward_is_verified_by_construction() {
     air::verify(&program.graph).unwrap();
 }
 
+/// The attended length covers the context, wastes at most half of it below one bucket, and
+/// takes few distinct values (each is a memory plan and set of launches of its own).
 #[test]
 fn attended_lengths_cover_the_context_in_few_sizes() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

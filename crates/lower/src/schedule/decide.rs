@@ -536,7 +536,8 @@ impl<'a> Decider<'a> {
 /// Decides kernel boundaries (see the module docs).
 pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
     let order = g.live_order();
-    // Side tables sized once for the highest slot, not grown as the nodes are met.
+    // Side tables sized once for the highest slot, not grown as the nodes are met (a node's slot
+    // is its index + 1, slotmap's slot 0 being a sentinel; the tables hold slots 0..=that).
     let slots = order.iter().map(|id| id.index() as usize + 2).max().unwrap_or(0);
     let mut outputs = SecondaryMap::new();
     for &o in g.outputs() {
