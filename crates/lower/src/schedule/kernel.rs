@@ -4,6 +4,7 @@
 //! the scatter-add kernel.
 
 use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
 
 use air::{BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Scalar, Symbol, UnaryOp};
 
@@ -245,13 +246,43 @@ struct Slot {
     post: bool,
 }
 
+/// A `Let` of [`Emitter::cse`]: its register's slot and its statement's position in
+/// `pre[slot.level]` or `post[slot.level]` (statements are only appended while emitting).
+#[derive(Clone, Copy)]
+struct CseEntry {
+    slot: Slot,
+    at: usize,
+}
+
+/// The hash [`Emitter::cse`] files `(dtype, inst)` under.
+fn cse_hash(dtype: DType, inst: &Inst) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut h = rustc_hash::FxBuildHasher.build_hasher();
+    dtype.hash(&mut h);
+    inst.hash(&mut h);
+    h.finish()
+}
+
+/// The innermost loop level the index expressions an instruction holds read (0 for none).
+fn index_level(inst: &Inst) -> usize {
+    match inst {
+        Inst::Load { index, mask, .. } => var_level(index).max(mask.as_ref().map_or(0, var_level)),
+        Inst::Index(e) => var_level(e),
+        Inst::Gather { base, stride, size, .. } => var_level(base).max(var_level(stride)).max(var_level(size)),
+        _ => 0,
+    }
+}
+
 /// Emits kir statements for an expression tree into a loop nest, level by level.
 struct Emitter {
     cx: IndexCx,
     params: Vec<(BufId, Param)>,
     pre: Vec<Vec<Stmt>>,
     post: Vec<Vec<Stmt>>,
-    cse: HashMap<(DType, Inst), Slot>,
+    /// Hash-consing: the `Let`s emitted so far by the hash of their dtype and instruction (a
+    /// hash is computed once per instruction, and the instruction itself lives only in its
+    /// statement: each entry says where that statement is).
+    cse: HashMap<u64, SmallVec<[CseEntry; 1]>>,
     next_reg: u32,
     next_acc: u32,
     min_level: usize,
@@ -299,16 +330,27 @@ impl Emitter {
         (0..n as u32).map(|v| IExpr::Var(Var(v))).collect()
     }
 
-    fn let_(&mut self, dtype: DType, inst: Inst, operands: &[Slot], exprs: &[&IExpr]) -> Slot {
+    /// The slot of an equal `Let` emitted before, if any (`hash` is `cse_hash(dtype, inst)`).
+    fn find(&self, hash: u64, dtype: DType, inst: &Inst) -> Option<Slot> {
+        self.cse.get(&hash)?.iter().find_map(|e| {
+            let stmts = if e.slot.post { &self.post[e.slot.level] } else { &self.pre[e.slot.level] };
+            match &stmts[e.at] {
+                Stmt::Let { dtype: d, inst: i, .. } if *d == dtype && i == inst => Some(e.slot),
+                _ => None,
+            }
+        })
+    }
+
+    /// The register holding `inst` of `dtype` (reading `operands`): an equal instruction's
+    /// when one was emitted before, else a new `Let` at the outermost loop level that its
+    /// operands and index expressions allow.
+    fn let_(&mut self, dtype: DType, inst: Inst, operands: &[Slot]) -> Slot {
         air::work::add(1 + operands.len() as u64);
-        let key = (dtype, inst);
-        if let Some(&s) = self.cse.get(&key) {
+        let hash = cse_hash(dtype, &inst);
+        if let Some(s) = self.find(hash, dtype, &inst) {
             return s;
         }
-        let mut level = self.min_level;
-        for e in exprs {
-            level = level.max(var_level(e));
-        }
+        let mut level = self.min_level.max(index_level(&inst));
         for s in operands {
             level = level.max(s.level);
         }
@@ -316,13 +358,10 @@ impl Emitter {
         let reg = Reg(self.next_reg);
         self.next_reg += 1;
         let slot = Slot { reg, level, post };
-        let stmt = Stmt::Let { reg, dtype, inst: key.1.clone() };
-        if post {
-            self.post[level].push(stmt)
-        } else {
-            self.pre[level].push(stmt)
-        }
-        self.cse.insert(key, slot);
+        let stmts = if post { &mut self.post[level] } else { &mut self.pre[level] };
+        stmts.push(Stmt::Let { reg, dtype, inst });
+        let at = stmts.len() - 1;
+        self.cse.entry(hash).or_default().push(CseEntry { slot, at });
         slot
     }
 
@@ -331,16 +370,13 @@ impl Emitter {
             KExpr::Load { buf, dtype, view, other, inner } => {
                 let (index, mask) = view.index(&self.vars(*inner), &self.cx)?;
                 let p = self.param(*buf, *dtype, Access::Read);
-                let exprs: Vec<IExpr> = std::iter::once(index.clone()).chain(mask.clone()).collect();
-                let refs: Vec<&IExpr> = exprs.iter().collect();
                 let other = if mask.is_some() { *other } else { zero_of(*dtype) };
-                self.let_(*dtype, Inst::Load { buf: p, index, mask, other }, &[], &refs)
+                self.let_(*dtype, Inst::Load { buf: p, index, mask, other }, &[])
             }
-            KExpr::Const { dtype, value } => self.let_(*dtype, Inst::Const(*value), &[], &[]),
+            KExpr::Const { dtype, value } => self.let_(*dtype, Inst::Const(*value), &[]),
             KExpr::Iota { dtype, view, axis, inner } => {
                 let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
-                let e = idx[*axis].clone();
-                self.let_(*dtype, Inst::Index(e.clone()), &[], &[&e])
+                self.let_(*dtype, Inst::Index(idx[*axis].clone()), &[])
             }
             KExpr::Pad { dtype, view, ranges, value, inner, x } => {
                 let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
@@ -362,38 +398,32 @@ impl Emitter {
                 match cond {
                     None => x,
                     Some(c) => {
-                        let c = self.let_(DType::Bool, Inst::Index(c.clone()), &[], &[&c]);
-                        let v = self.let_(*dtype, Inst::Const(*value), &[], &[]);
-                        self.let_(*dtype, Inst::Where(c.reg, x.reg, v.reg), &[c, x, v], &[])
+                        let c = self.let_(DType::Bool, Inst::Index(c), &[]);
+                        let v = self.let_(*dtype, Inst::Const(*value), &[]);
+                        self.let_(*dtype, Inst::Where(c.reg, x.reg, v.reg), &[c, x, v])
                     }
                 }
             }
             KExpr::Unary { op, dtype, x } => {
                 let x = self.emit(x)?;
-                self.let_(*dtype, Inst::Unary(*op, x.reg), &[x], &[])
+                self.let_(*dtype, Inst::Unary(*op, x.reg), &[x])
             }
             KExpr::Binary { op, dtype, a, b } => {
                 let (a, b) = (self.emit(a)?, self.emit(b)?);
                 let inst = Inst::Binary(*op, a.reg, b.reg);
                 let checked = matches!(op, BinaryOp::Div | BinaryOp::Mod) && dtype.is_int();
-                if checked && !self.cse.contains_key(&(*dtype, inst.clone())) {
-                    let zero = self.let_(*dtype, Inst::Const(zero_of(*dtype)), &[], &[]);
-                    let mut bad =
-                        self.let_(DType::Bool, Inst::Binary(BinaryOp::CmpEq, b.reg, zero.reg), &[b, zero], &[]);
+                if checked && self.find(cse_hash(*dtype, &inst), *dtype, &inst).is_none() {
+                    let zero = self.let_(*dtype, Inst::Const(zero_of(*dtype)), &[]);
+                    let mut bad = self.let_(DType::Bool, Inst::Binary(BinaryOp::CmpEq, b.reg, zero.reg), &[b, zero]);
                     if let Some(g) = self.guards.iter().cloned().reduce(IExpr::and) {
-                        let inside = self.let_(DType::Bool, Inst::Index(g.clone()), &[], &[&g]);
-                        bad = self.let_(
-                            DType::Bool,
-                            Inst::Binary(BinaryOp::And, bad.reg, inside.reg),
-                            &[bad, inside],
-                            &[],
-                        );
+                        let inside = self.let_(DType::Bool, Inst::Index(g), &[]);
+                        bad = self.let_(DType::Bool, Inst::Binary(BinaryOp::And, bad.reg, inside.reg), &[bad, inside]);
                     }
                     let (check, status) = self.check(op.name(), CheckKind::DivByZero);
                     let stmt = Stmt::Check { cond: bad.reg, value: b.reg, status, check };
                     if bad.post { self.post[bad.level].push(stmt) } else { self.pre[bad.level].push(stmt) }
                 }
-                self.let_(*dtype, inst, &[a, b], &[])
+                self.let_(*dtype, inst, &[a, b])
             }
             KExpr::Gather { buf, dtype, src_shape, axis, view, inner, index } => {
                 let i = self.emit(index)?;
@@ -408,24 +438,16 @@ impl Emitter {
                 let size = self.cx.dim(&src_shape[*axis])?;
                 let p = self.param(*buf, *dtype, Access::Read);
                 let (check, status) = self.check("gather", CheckKind::Index { size: src_shape[*axis] });
-                let inst = Inst::Gather {
-                    buf: p,
-                    base: base.clone(),
-                    index: i.reg,
-                    stride: stride.clone(),
-                    size: size.clone(),
-                    status,
-                    check,
-                };
-                self.let_(*dtype, inst, &[i], &[&base, &stride, &size])
+                let inst = Inst::Gather { buf: p, base, index: i.reg, stride, size, status, check };
+                self.let_(*dtype, inst, &[i])
             }
             KExpr::Where { dtype, c, a, b } => {
                 let (c, a, b) = (self.emit(c)?, self.emit(a)?, self.emit(b)?);
-                self.let_(*dtype, Inst::Where(c.reg, a.reg, b.reg), &[c, a, b], &[])
+                self.let_(*dtype, Inst::Where(c.reg, a.reg, b.reg), &[c, a, b])
             }
             KExpr::Cast { dtype, x } => {
                 let x = self.emit(x)?;
-                self.let_(*dtype, Inst::Cast(x.reg), &[x], &[])
+                self.let_(*dtype, Inst::Cast(x.reg), &[x])
             }
             KExpr::Reduce { op, dtype, x } => {
                 let half = matches!(dtype, DType::F16 | DType::BF16);
@@ -447,18 +469,21 @@ impl Emitter {
                 if empty {
                     self.min_level = min_level;
                     let inner = self.n_total;
-                    self.cse.retain(|_, s| s.level < inner);
+                    self.cse.retain(|_, entries| {
+                        entries.retain(|e| e.slot.level < inner);
+                        !entries.is_empty()
+                    });
                 }
                 let mut v = v?;
                 if half {
-                    v = self.let_(DType::F32, Inst::Cast(v.reg), &[v], &[]);
+                    v = self.let_(DType::F32, Inst::Cast(v.reg), &[v]);
                 }
                 self.pre[self.n_total].push(Stmt::AccUpdate { acc, value: v.reg });
                 let reg = Reg(self.next_reg);
                 self.next_reg += 1;
                 self.post[self.n_outer].push(Stmt::Let { reg, dtype: acc_dtype, inst: Inst::ReadAcc(acc) });
                 let read = Slot { reg, level: self.n_outer, post: true };
-                if half { self.let_(*dtype, Inst::Cast(read.reg), &[read], &[]) } else { read }
+                if half { self.let_(*dtype, Inst::Cast(read.reg), &[read]) } else { read }
             }
         })
     }
