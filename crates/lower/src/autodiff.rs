@@ -51,7 +51,7 @@
 //! NaN conventions: a `max`/`min` with a NaN operand routes no gradient to either operand (every
 //! comparison with NaN is false), and a `reduce max` whose result is NaN routes none.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use air::dim::Dim;
 use air::op::{Cast, Const, Expand, Gather, Pad, Permute, Reduce, ReduceOp, Reshape, ScatterAdd, Shrink};
@@ -173,7 +173,7 @@ fn backward(mut b: Builder<'_>, output: NodeId, seed: NodeId, wrt: &[NodeId]) ->
 
     // Active nodes: float nodes that are a wrt node or read an active node.
     let wrt_set: HashSet<NodeId> = wrt.iter().copied().collect();
-    let mut active: HashSet<NodeId> = HashSet::new();
+    let mut active: HashSet<NodeId> = HashSet::default();
     for &id in &order {
         let node = b.graph.node(id);
         if node.ty.dtype.is_float() && (wrt_set.contains(&id) || node.inputs.iter().any(|i| active.contains(i))) {
@@ -181,7 +181,7 @@ fn backward(mut b: Builder<'_>, output: NodeId, seed: NodeId, wrt: &[NodeId]) ->
         }
     }
 
-    let mut grads: HashMap<NodeId, NodeId> = HashMap::new();
+    let mut grads: HashMap<NodeId, NodeId> = HashMap::default();
     if active.contains(&output) {
         grads.insert(output, seed);
     }
@@ -239,7 +239,7 @@ fn backward(mut b: Builder<'_>, output: NodeId, seed: NodeId, wrt: &[NodeId]) ->
 fn ancestors_in_topo_order(graph: &Graph, output: NodeId) -> Result<Vec<NodeId>> {
     const ON_STACK: bool = false;
     const DONE: bool = true;
-    let mut state: HashMap<NodeId, bool> = HashMap::new();
+    let mut state: HashMap<NodeId, bool> = HashMap::default();
     let mut order = Vec::new();
     let mut stack: Vec<(NodeId, usize)> = vec![(output, 0)];
     state.insert(output, ON_STACK);
@@ -275,7 +275,7 @@ struct Builder<'g> {
 
 impl<'g> Builder<'g> {
     fn new(graph: &'g mut Graph) -> Builder<'g> {
-        Builder { graph, consts: HashMap::new() }
+        Builder { graph, consts: HashMap::default() }
     }
 
     /// A `const` of type `ty` filled with `value`.

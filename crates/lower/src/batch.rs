@@ -23,7 +23,7 @@
 //!
 //! Everything here is computed once per program, in O(steps + arguments) plus a sort per level.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::error::LowerError;
 use crate::kir::{Access, Kernel};
@@ -134,7 +134,7 @@ impl Launch {
 /// twice become one [`Launch::Grouped`] (placed where its first step was); every other step is a
 /// launch of its own. `steps` must be independent of each other (one level).
 pub fn group_level(program: &Program, steps: &[usize]) -> Vec<Launch> {
-    let mut by_kernel: HashMap<u32, Vec<usize>> = HashMap::new();
+    let mut by_kernel: HashMap<u32, Vec<usize>> = HashMap::default();
     for &s in steps {
         let k = program.steps[s].kernel;
         if matches!(program.kernels.get(k as usize), Some(Kernel::Matmul(_))) {

@@ -1,7 +1,7 @@
 //! `Model`: a decoded, validated ONNX model (initializers decoded, nodes in a topological order,
 //! every name resolved), and `run`, which builds Kiln's lazy graph for given inputs.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::path::{Path, PathBuf};
 
 use kiln::{DType, Device, Dim, HostTensor, Tensor};
@@ -101,7 +101,7 @@ impl Model {
     fn decode(bytes: Bytes, dir: Option<PathBuf>) -> Result<Model> {
         let proto = ModelProto::decode(bytes).map_err(|e| Error::Decode(e.to_string()))?;
         let mut graph = proto.graph.ok_or_else(|| Error::Invalid("the model has no graph".into()))?;
-        let mut opsets = HashMap::new();
+        let mut opsets = HashMap::default();
         for o in &proto.opset_import {
             let d = match o.domain.as_deref() {
                 None | Some("ai.onnx") => "",
@@ -197,14 +197,14 @@ impl Model {
             Some(t) => t.device(),
             None => Device::default_device()?,
         };
-        let mut env: HashMap<&str, Tensor> = HashMap::new();
+        let mut env: HashMap<&str, Tensor> = HashMap::default();
         for (info, t) in self.inputs.iter().zip(inputs) {
             check_input(info, t)?;
             env.insert(&info.name, t.clone());
         }
         // Shape values known at import (see `ops::known`): small integer constants, `Shape`
         // outputs and what is computed from them.
-        let mut known: HashMap<&str, ops::known::Known> = HashMap::new();
+        let mut known: HashMap<&str, ops::known::Known> = HashMap::default();
         for (name, host) in &self.initializers {
             env.insert(name, Tensor::from_host_on(host.clone(), device));
             if let Some(k) = ops::known::Known::of_host(host) {
@@ -339,7 +339,7 @@ fn check_input(info: &ValueInfo, t: &Tensor) -> Result<()> {
 /// error naming a dangling input, a value produced twice, or the nodes on a cycle.
 fn topo_order<'a>(graph: &'a GraphProto, sources: impl Iterator<Item = &'a str>) -> Result<Vec<usize>> {
     let sources: HashSet<&str> = sources.collect();
-    let mut producer: HashMap<&str, usize> = HashMap::new();
+    let mut producer: HashMap<&str, usize> = HashMap::default();
     for (i, n) in graph.node.iter().enumerate() {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
             if sources.contains(o.as_str()) || producer.insert(o, i).is_some() {

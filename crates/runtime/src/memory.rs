@@ -242,7 +242,7 @@ enum Seen {
 }
 
 /// The big input arrays bound so far, by (address, bytes); forgotten past [`NOTED_MAX`].
-static NOTED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<(usize, usize), Seen>>> =
+static NOTED: std::sync::LazyLock<std::sync::Mutex<rustc_hash::FxHashMap<(usize, usize), Seen>>> =
     std::sync::LazyLock::new(Default::default);
 const NOTED_MAX: usize = 4096;
 

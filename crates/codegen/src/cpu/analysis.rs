@@ -12,7 +12,7 @@
 //! - accumulator updates are `sum`/`max` of `f32`/`i32` into accumulators declared outside the
 //!   loop, and nothing in the loop reads an accumulator (a reduction: partial sums per lane).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
 use lower::kir::{Acc, IExpr, Inst, LoopKernel, Reg, Stmt, Var};
@@ -29,7 +29,7 @@ pub(crate) struct KernelInfo {
 
 impl KernelInfo {
     pub(crate) fn new(k: &LoopKernel) -> Result<KernelInfo> {
-        let mut info = KernelInfo { regs: HashMap::new(), accs: HashMap::new() };
+        let mut info = KernelInfo { regs: HashMap::default(), accs: HashMap::default() };
         info.collect(k, &k.body)?;
         Ok(info)
     }
@@ -435,17 +435,17 @@ fn tile_plan_with(
         return None;
     }
     let f32_buf = |b: u32| k.params.get(b as usize).is_some_and(|p| p.dtype == DType::F32);
-    let mut varying: HashMap<Reg, usize> = HashMap::new();
-    let mut defined: HashMap<Reg, usize> = HashMap::new();
+    let mut varying: HashMap<Reg, usize> = HashMap::default();
+    let mut defined: HashMap<Reg, usize> = HashMap::default();
     let mut steps = Vec::with_capacity(body.len());
     let mut loaded = Vec::new();
     let mut stored = Vec::new();
     let mut heavy = false;
     // A select's index (register -> expression) and comparison (register -> index expression
     // and bound): read by nothing but the comparison and the `where` respectively.
-    let mut indices: HashMap<Reg, IExpr> = HashMap::new();
-    let mut compares: HashMap<Reg, (IExpr, Reg)> = HashMap::new();
-    let mut selects: HashMap<usize, Select> = HashMap::new();
+    let mut indices: HashMap<Reg, IExpr> = HashMap::default();
+    let mut compares: HashMap<Reg, (IExpr, Reg)> = HashMap::default();
+    let mut selects: HashMap<usize, Select> = HashMap::default();
     let is_varying = |varying: &HashMap<Reg, usize>, r: &Reg| varying.contains_key(r);
     for (i, s) in body.iter().enumerate() {
         let operand = |r: &Reg| -> Option<()> { (info.regs.get(r) == Some(&DType::F32)).then_some(()) };
@@ -584,7 +584,7 @@ fn tile_plan_with(
         }
     };
     let effects: Vec<(Option<Reg>, Vec<Reg>)> = (0..body.len()).map(effect).collect();
-    let mut last_use: HashMap<Reg, usize> = HashMap::new();
+    let mut last_use: HashMap<Reg, usize> = HashMap::default();
     for (i, (_, operands)) in effects.iter().enumerate() {
         for r in operands {
             last_use.insert(*r, i);
@@ -604,7 +604,7 @@ fn tile_plan_with(
     // routines read each element before writing it).
     let mut free: Vec<usize> = Vec::new();
     let mut slots = 0;
-    let mut holder: HashMap<Reg, usize> = HashMap::new();
+    let mut holder: HashMap<Reg, usize> = HashMap::default();
     for (i, (def, operands)) in effects.iter().enumerate() {
         for r in operands {
             if last_use.get(r) == Some(&i)
@@ -656,8 +656,8 @@ fn fold_around(
     defined: &mut HashMap<Reg, usize>,
 ) -> HashMap<usize, Around> {
     // Uses per register, and the last statement that reads it.
-    let mut uses: HashMap<Reg, (usize, usize)> = HashMap::new();
-    let mut consts: HashMap<Reg, f64> = HashMap::new();
+    let mut uses: HashMap<Reg, (usize, usize)> = HashMap::default();
+    let mut consts: HashMap<Reg, f64> = HashMap::default();
     for (i, s) in body.iter().enumerate() {
         for r in &stmt_reads(s) {
             let u = uses.entry(*r).or_insert((0, i));
@@ -679,7 +679,7 @@ fn fold_around(
         }
     };
     let foldable_min = |r: &Reg| consts.get(r).is_some_and(|&c| (c as f32) != 0.0 && !c.is_nan());
-    let mut out = HashMap::new();
+    let mut out = HashMap::default();
     for i in 0..body.len() {
         let Stmt::Let { reg, inst: Inst::Unary(op, first), .. } = &body[i] else { continue };
         if steps[i] != TileStep::Slot(0) || tile_unary_op(*op).is_none() {
@@ -834,8 +834,8 @@ pub(crate) fn tile_rows_plan(
     // Each access's row stride (its coefficient for `outer`), which must be a constant or an
     // expression free of both loop variables; an access that does not move along the row may
     // not move with it either.
-    let mut strided = HashMap::new();
-    let mut per_row = HashMap::new();
+    let mut strided = HashMap::default();
+    let mut per_row = HashMap::default();
     for (i, s) in flat.iter().enumerate() {
         let index = match s {
             Stmt::Let { inst: Inst::Load { index, .. }, .. } | Stmt::Store { index, .. } => index,

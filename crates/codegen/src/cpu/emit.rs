@@ -23,7 +23,7 @@ mod stencil;
 mod tile;
 mod vector;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use air::{DType, ReduceOp, Scalar};
 use cranelift_codegen::ir::{FuncRef, Function, InstBuilder, MemFlagsData, Type, Value, ValueDef, types};
@@ -130,23 +130,23 @@ pub(crate) fn emit_kernel(
     let mut e = Emitter {
         b,
         call_conv: isa.default_call_conv(),
-        helper_refs: HashMap::new(),
+        helper_refs: HashMap::default(),
         k,
         info: &info,
         bases,
         syms,
-        vars: HashMap::new(),
-        regs: HashMap::new(),
-        accs: HashMap::new(),
+        vars: HashMap::default(),
+        regs: HashMap::default(),
+        accs: HashMap::default(),
         vec_var: None,
-        partials: HashMap::new(),
+        partials: HashMap::default(),
         copy: 0,
         lane_offset: 0,
         flags,
         fma,
         tiling,
         consts: ConstPool::new(entry),
-        numbered: HashMap::new(),
+        numbered: HashMap::default(),
     };
     match k.body.as_slice() {
         [Stmt::Loop { var, extent, parallel: true, body }] => {

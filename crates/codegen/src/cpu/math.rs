@@ -17,7 +17,7 @@
 //! Polynomials use fused multiply-add where the host has it (`has_fma`).
 //! Measured errors are in `tests/approx.rs` and the crate's report.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use cranelift_codegen::cursor::{Cursor, FuncCursor};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -35,7 +35,7 @@ pub(crate) struct ConstPool {
 
 impl ConstPool {
     pub(crate) fn new(entry: Block) -> ConstPool {
-        ConstPool { entry, map: HashMap::new() }
+        ConstPool { entry, map: HashMap::default() }
     }
 
     /// The constant of type `ty` (a lane type or a vector of it) whose lanes have bit pattern

@@ -5,7 +5,9 @@
 //! loops: splitting a padded plane's row loop leaves the interior rows with masks of the column
 //! alone, which the column loop splits in turn.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use air::{DType, Scalar};
 use lower::kir::{IExpr, Inst, Reg, Stmt, Var};
@@ -63,7 +65,7 @@ fn collect(e: &IExpr, v: Var, out: &mut BTreeSet<i64>) {
 /// a constant, and a `where` on such a constant is the operand it picks (a padded copy's border
 /// is stores of zeros, its interior the copy alone).
 pub(crate) fn segment(body: &[Stmt], v: Var, lo: i64, hi: Option<i64>) -> Vec<Stmt> {
-    segment_known(body, v, lo, hi, &mut HashMap::new())
+    segment_known(body, v, lo, hi, &mut HashMap::default())
 }
 
 /// [`segment`], with `known` the registers folded to constants so far (in enclosing bodies).

@@ -21,7 +21,7 @@
 //! - optionally `max(value, p)` for a uniform `p` (a ReLU);
 //! - one contiguous f32 store at `base' + r * row' + c` into another buffer.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use air::{BinaryOp, DType, ReduceOp, Scalar};
 use lower::kir::{Acc, IExpr, Inst, Reg, Stmt, Var};
@@ -367,8 +367,13 @@ pub(crate) fn stencil_plan(row: Var, rows: &IExpr, body: &[Stmt]) -> Option<Sten
         return None;
     };
     let width = extent.as_const().filter(|&w| w >= 4)?;
-    let mut walk =
-        Walk { regs: HashMap::new(), accs: HashMap::new(), loads: Vec::new(), unrolled: Vec::new(), store: None };
+    let mut walk = Walk {
+        regs: HashMap::default(),
+        accs: HashMap::default(),
+        loads: Vec::new(),
+        unrolled: Vec::new(),
+        store: None,
+    };
     walk.stmts(col_body)?;
     let (dst_buf, dst_index, value) = walk.store.take()?;
 
@@ -515,7 +520,7 @@ fn per_plane(o: Operand, plane: Var, prefix: &HashMap<Reg, &Inst>) -> Option<Per
 pub(crate) fn plane_plan(plane: Var, planes: &IExpr, body: &[Stmt]) -> Option<StencilPlan> {
     let (last, prefix) = body.split_last()?;
     let Stmt::Loop { var: row, extent: rows, parallel: false, body: row_body } = last else { return None };
-    let mut defs = HashMap::new();
+    let mut defs = HashMap::default();
     for s in prefix {
         match s {
             Stmt::Let { reg, dtype: DType::F32, inst: inst @ (Inst::Const(_) | Inst::Load { mask: None, .. }) } => {

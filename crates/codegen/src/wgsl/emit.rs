@@ -1,7 +1,9 @@
 //! Loop kernels as WGSL: expressions, statements, helper functions, and the three launch shapes
 //! (grid-stride, workgroup reduction, single invocation).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt::Write as _;
 
 use air::{BinaryOp, DType, ReduceOp, Scalar, UnaryOp};
@@ -241,8 +243,8 @@ impl<'a> Writer<'a> {
         Writer {
             params,
             read_write,
-            regs: HashMap::new(),
-            accs: HashMap::new(),
+            regs: HashMap::default(),
+            accs: HashMap::default(),
             helpers: BTreeSet::new(),
             status: BTreeSet::new(),
             body: String::new(),

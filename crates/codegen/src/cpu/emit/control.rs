@@ -4,7 +4,7 @@
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::Variable;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use lower::kir::{IExpr, Reg, Stmt, Var};
 

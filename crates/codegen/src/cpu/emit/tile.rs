@@ -2,7 +2,7 @@
 //! full-width routine per varying statement (see `analysis::tile_plan` and `tile`), and loops
 //! over short rows tiled as whole rows (`analysis::tile_rows_plan`).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use cranelift_codegen::ir::{InstBuilder, StackSlot, StackSlotData, StackSlotKind, Value, types};
 use lower::kir::{IExpr, Inst, Reg, Stmt, Var};
@@ -31,7 +31,7 @@ impl<'f> Emitter<'_, 'f> {
             let tile = s.b.ins().iconst(types::I64, TILE);
             let n = s.b.ins().smin(left, tile);
             // Where each varying register's tile is.
-            let mut at: HashMap<Reg, Value> = HashMap::new();
+            let mut at: HashMap<Reg, Value> = HashMap::default();
             for (i, (stmt, step)) in body.iter().zip(&plan.steps).enumerate() {
                 if let (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) = (stmt, *step) {
                     let a = s.addr(*buf, index, air::DType::F32)?;
@@ -80,7 +80,7 @@ impl<'f> Emitter<'_, 'f> {
             let count = s.b.ins().iconst(types::I64, per_tile);
             let count = s.b.ins().smin(left, count);
             let n = s.b.ins().imul_imm_s(count, rows.width);
-            let mut at: HashMap<Reg, Value> = HashMap::new();
+            let mut at: HashMap<Reg, Value> = HashMap::default();
             for (i, (stmt, step)) in flat.iter().zip(&plan.steps).enumerate() {
                 let strided = rows.strided.get(&i);
                 if let (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) = (stmt, *step) {
