@@ -244,18 +244,18 @@ struct Inner {
 struct KernelCache(Lru<u64, Bucket>);
 
 /// The cached kernels of one hash (almost always one).
-type Bucket = SmallVec<[(LoopKernel, Arc<CompiledKernel>); 1]>;
+type Bucket = SmallVec<[(Arc<LoopKernel>, Arc<CompiledKernel>); 1]>;
 
 impl KernelCache {
     /// The code of `k`, whose hash is `hash`, marked as just used.
     fn get(&mut self, hash: u64, k: &LoopKernel) -> Option<Arc<CompiledKernel>> {
-        self.0.get(&hash)?.iter().find(|(c, _)| c == k).map(|(_, code)| code.clone())
+        self.0.get(&hash)?.iter().find(|(c, _)| **c == *k).map(|(_, code)| code.clone())
     }
 
     /// Keeps `code` for `k` (of hash `hash`); returns the evicted entries, for the caller to drop.
-    fn insert(&mut self, hash: u64, k: LoopKernel, code: Arc<CompiledKernel>) -> Vec<Bucket> {
+    fn insert(&mut self, hash: u64, k: Arc<LoopKernel>, code: Arc<CompiledKernel>) -> Vec<Bucket> {
         if let Some(same) = self.0.get_mut(&hash) {
-            match same.iter_mut().find(|(c, _)| *c == k) {
+            match same.iter_mut().find(|(c, _)| **c == *k) {
                 Some(entry) => entry.1 = code,
                 None => same.push((k, code)),
             }
@@ -517,9 +517,11 @@ impl Inner {
             match r {
                 Ok(c) => {
                     self.stats.compiled += 1;
-                    self.tier_up(k, c, disasm);
+                    // One copy of the kernel, shared by the cache's key and the tier-up job.
+                    let k = Arc::new(k.clone());
+                    self.tier_up(&k, c, disasm);
                     // An evicted kernel's code stays valid while anything else holds it.
-                    drop(self.cache.insert(hash, k.clone(), c.clone()));
+                    drop(self.cache.insert(hash, k, c.clone()));
                 }
                 Err(_) => self.stats.failures += 1,
             }
@@ -530,7 +532,7 @@ impl Inner {
 
     /// Arms a kernel just compiled for the background thread, under [`JitMode::Tiered`]: it
     /// goes there when a runner asks ([`KernelEntry::request_tier_up`]).
-    fn tier_up(&mut self, k: &LoopKernel, c: &Arc<CompiledKernel>, disasm: bool) {
+    fn tier_up(&mut self, k: &Arc<LoopKernel>, c: &Arc<CompiledKernel>, disasm: bool) {
         if self.mode == JitMode::Tiered {
             self.tier_up.arm(k, c, self.tiling, disasm);
         }
@@ -682,14 +684,14 @@ mod tests {
         let (code_a, code_b) = (compiler.compile(&a).unwrap(), compiler.compile(&b).unwrap());
         // Both under one (forced) hash: a lookup compares the kernels in full.
         let mut cache = KernelCache(Lru::new(4));
-        assert!(cache.insert(7, a.clone(), code_a.clone()).is_empty());
+        assert!(cache.insert(7, Arc::new(a.clone()), code_a.clone()).is_empty());
         assert!(cache.get(7, &b).is_none());
-        assert!(cache.insert(7, b.clone(), code_b.clone()).is_empty());
+        assert!(cache.insert(7, Arc::new(b.clone()), code_b.clone()).is_empty());
         assert!(Arc::ptr_eq(&cache.get(7, &a).unwrap(), &code_a));
         assert!(Arc::ptr_eq(&cache.get(7, &b).unwrap(), &code_b));
         assert!(cache.get(8, &a).is_none());
         // Inserting a kernel again replaces its code, and only its.
-        assert!(cache.insert(7, a.clone(), code_b.clone()).is_empty());
+        assert!(cache.insert(7, Arc::new(a.clone()), code_b.clone()).is_empty());
         assert!(Arc::ptr_eq(&cache.get(7, &a).unwrap(), &code_b));
         assert_eq!(cache.0.len(), 1);
     }

@@ -195,7 +195,7 @@ pub fn wait_tier_up_all() {
 /// counts as finished when it drops, whatever became of it (done, skipped, or lost with a
 /// thread that panicked or could not start), with the outcome the thread recorded.
 pub(crate) struct Job {
-    pub(crate) kernel: LoopKernel,
+    pub(crate) kernel: Arc<LoopKernel>,
     pub(crate) target: Weak<CompiledKernel>,
     pub(crate) tiling: Tiling,
     pub(crate) disasm: bool,
@@ -241,7 +241,7 @@ impl TierUp {
 
     /// Arms `target`'s entry with the job of recompiling `kernel`, sent when a runner asks
     /// ([`KernelEntry::request_tier_up`]).
-    pub(crate) fn arm(&self, kernel: &LoopKernel, target: &Arc<CompiledKernel>, tiling: Tiling, disasm: bool) {
+    pub(crate) fn arm(&self, kernel: &Arc<LoopKernel>, target: &Arc<CompiledKernel>, tiling: Tiling, disasm: bool) {
         target.entry().arm(Job {
             kernel: kernel.clone(),
             target: Arc::downgrade(target),
