@@ -12,7 +12,7 @@
 //! `n` of `Program::symbols` as `IExpr::Sym(n)`, and simplifies div/mod of affine expressions with
 //! the known loop extents (`(i0*6 + i1) / 6` is `i0` when `i1 < 6`).
 
-use std::collections::BTreeMap;
+use smallvec::SmallVec;
 
 use air::{Dim, Shape, Symbol};
 
@@ -456,49 +456,50 @@ pub struct IndexCx {
     pub extent_exprs: Vec<IExpr>,
 }
 
-/// An affine form `sum(coef * var) + constant` with constant coefficients.
+/// An affine form `sum(coef * var) + constant` with constant coefficients: the terms by loop
+/// variable, ascending, none with coefficient 0.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Affine {
-    terms: BTreeMap<u32, i64>,
+    terms: SmallVec<[(u32, i64); 8]>,
     constant: i64,
 }
 
 impl Affine {
+    /// The affine form of `e`, or `None` where it is not one (a div, a mod, a symbol, a product
+    /// of two non-constants) or a coefficient overflows.
     fn of(e: &IExpr) -> Option<Affine> {
+        let mut a = Affine::default();
+        a.add(e, 1)?;
+        a.terms.retain(|(_, c)| *c != 0);
+        Some(a)
+    }
+
+    /// Adds `k * e`, accumulating into one table (the index of a view stack has a dozen nodes,
+    /// and a form per node cost an allocation each).
+    fn add(&mut self, e: &IExpr, k: i64) -> Option<()> {
         match e {
-            IExpr::Const(c) => Some(Affine { terms: BTreeMap::new(), constant: *c }),
-            IExpr::Var(v) => Some(Affine { terms: BTreeMap::from([(v.0, 1)]), constant: 0 }),
+            IExpr::Const(c) => self.constant = self.constant.checked_add(c.checked_mul(k)?)?,
+            IExpr::Var(v) => match self.terms.binary_search_by_key(&v.0, |&(t, _)| t) {
+                Ok(i) => self.terms[i].1 = self.terms[i].1.checked_add(k)?,
+                Err(i) => self.terms.insert(i, (v.0, k)),
+            },
             IExpr::Add(a, b) => {
-                let mut x = Affine::of(a)?;
-                let y = Affine::of(b)?;
-                for (v, c) in y.terms {
-                    *x.terms.entry(v).or_insert(0) += c;
-                }
-                x.terms.retain(|_, c| *c != 0);
-                x.constant = x.constant.checked_add(y.constant)?;
-                Some(x)
+                self.add(a, k)?;
+                self.add(b, k)?;
             }
-            IExpr::Mul(a, b) => {
-                let (x, k) = match (a.as_const(), b.as_const()) {
-                    (Some(k), _) => (Affine::of(b)?, k),
-                    (_, Some(k)) => (Affine::of(a)?, k),
-                    _ => return None,
-                };
-                let mut terms = BTreeMap::new();
-                for (v, c) in x.terms {
-                    if c.checked_mul(k)? != 0 {
-                        terms.insert(v, c * k);
-                    }
-                }
-                Some(Affine { terms, constant: x.constant.checked_mul(k)? })
-            }
-            _ => None,
+            IExpr::Mul(a, b) => match (a.as_const(), b.as_const()) {
+                (Some(c), _) => self.add(b, k.checked_mul(c)?)?,
+                (_, Some(c)) => self.add(a, k.checked_mul(c)?)?,
+                _ => return None,
+            },
+            _ => return None,
         }
+        Some(())
     }
 
     fn expr(&self) -> IExpr {
         let mut e = IExpr::Const(0);
-        for (&v, &c) in &self.terms {
+        for &(v, c) in &self.terms {
             e = IExpr::add(e, IExpr::mul(IExpr::Var(crate::kir::Var(v)), IExpr::Const(c)));
         }
         IExpr::add(e, IExpr::Const(self.constant))
