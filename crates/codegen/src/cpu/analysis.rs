@@ -435,8 +435,8 @@ fn tile_plan_with(
         return None;
     }
     let f32_buf = |b: u32| k.params.get(b as usize).is_some_and(|p| p.dtype == DType::F32);
-    let mut varying: HashMap<Reg, usize> = HashMap::default();
-    let mut defined: HashMap<Reg, usize> = HashMap::default();
+    let mut varying: HashMap<Reg, usize> = HashMap::with_capacity_and_hasher(body.len(), Default::default());
+    let mut defined: HashMap<Reg, usize> = HashMap::with_capacity_and_hasher(body.len(), Default::default());
     let mut steps = Vec::with_capacity(body.len());
     let mut loaded = Vec::new();
     let mut stored = Vec::new();
@@ -834,8 +834,8 @@ pub(crate) fn tile_rows_plan(
     // Each access's row stride (its coefficient for `outer`), which must be a constant or an
     // expression free of both loop variables; an access that does not move along the row may
     // not move with it either.
-    let mut strided = HashMap::default();
-    let mut per_row = HashMap::default();
+    let mut strided = HashMap::with_capacity_and_hasher(flat.len(), Default::default());
+    let mut per_row = HashMap::with_capacity_and_hasher(flat.len(), Default::default());
     for (i, s) in flat.iter().enumerate() {
         let index = match s {
             Stmt::Let { inst: Inst::Load { index, .. }, .. } | Stmt::Store { index, .. } => index,
