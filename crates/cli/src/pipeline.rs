@@ -127,6 +127,7 @@ pub fn compile(
     let memory = profile::span(Step::MemoryPlan, || exe.memory(bindings))?;
     profile::set_memory(memory);
     profile::add_counter("loop kernels compiled", device.stats().kernels_compiled);
+    profile::add_counter("loop kernels run natively", device.stats().kernels_native);
     let kernels = exe.program().kernels.len();
     let loop_kernels = exe.program().kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();
     let launches = exe.launches();

@@ -142,7 +142,7 @@ pub fn render(config: &GptConfig, p: &Profiled) -> String {
 pub fn render_titled(title: &str, p: &Profiled) -> String {
     format!(
         "{title}\n\
-         graph: {} nodes traced -> {} kernels ({} loop kernels compiled), {} launches per run\n\n\
+         graph: {} nodes traced -> {} kernels ({} loop kernels), {} launches per run\n\n\
          {}second run: {:.3} ms\n\
          optimised code (the JIT's background tier-up): in place {:.3} ms after the second run; a run then: {:.3} ms\n",
         p.traced.graph.len(),

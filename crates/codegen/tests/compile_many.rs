@@ -332,8 +332,8 @@ fn a_programs_loop_kernels_in_one_batch() {
         .collect();
     let code: Vec<Arc<CompiledKernel>> =
         compiler.compile_many(&loops).into_iter().collect::<Result<_, CodegenError>>().unwrap();
-    let mut fns = code.iter().map(|c| c.as_fn());
-    let loop_fns: Vec<Option<kiln_codegen::KernelFn>> = program
+    let mut fns = code.iter().map(|c| c.entry().clone());
+    let loop_fns: Vec<Option<Arc<kiln_codegen::KernelEntry>>> = program
         .iter()
         .map(|k| match k {
             Kernel::Loops(_) => fns.next(),
@@ -342,7 +342,7 @@ fn a_programs_loop_kernels_in_one_batch() {
         .collect();
     let present: Vec<bool> = loop_fns.iter().map(Option::is_some).collect();
     assert_eq!(present, [true, false, true, true, false, true]);
-    assert_eq!(loop_fns[0].map(|f| f as usize), loop_fns[3].map(|f| f as usize));
+    assert!(Arc::ptr_eq(loop_fns[0].as_ref().unwrap(), loop_fns[3].as_ref().unwrap()));
     let s = compiler.stats();
     assert_eq!((s.hits, s.misses), (1, 3));
     // One bad kernel fails the whole program when collected.

@@ -201,6 +201,11 @@ impl IExpr {
         self.any_leaf(&|e| matches!(e, IExpr::Var(_)))
     }
 
+    /// Whether `f` holds for every leaf (constant, variable or symbol) of this expression.
+    pub fn all_leaves(&self, f: &impl Fn(&IExpr) -> bool) -> bool {
+        !self.any_leaf(&|e| !f(e))
+    }
+
     /// Whether `f` holds for some leaf (constant, variable or symbol) of this expression.
     fn any_leaf(&self, f: &impl Fn(&IExpr) -> bool) -> bool {
         match self {

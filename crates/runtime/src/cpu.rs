@@ -39,6 +39,9 @@ pub struct CpuStats {
     pub cache_hits: u64,
     /// Loop kernels compiled to native code (the code generator's own cache catches repeats).
     pub kernels_compiled: u64,
+    /// Distinct loop kernels that are copy nests, run natively with no code compiled (not
+    /// counted in `kernels_compiled`).
+    pub kernels_native: u64,
     /// Programs evicted from the program cache to keep it at its capacity.
     pub programs_evicted: u64,
     /// Kernels evicted from the code generator's kernel cache.
@@ -248,6 +251,7 @@ impl CpuDevice {
             programs_compiled: self.inner.programs_compiled.load(Ordering::Relaxed),
             cache_hits: self.inner.cache_hits.load(Ordering::Relaxed),
             kernels_compiled: kernels.compiled,
+            kernels_native: kernels.native,
             programs_evicted: self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner).evictions(),
             kernels_evicted: kernels.evictions,
             kernels_tiered_up: kernels.tiered_up,

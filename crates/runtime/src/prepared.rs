@@ -95,17 +95,11 @@ pub(crate) fn var_count(stmts: &[Stmt]) -> usize {
 /// Whether `e` only reads symbols below `n_syms` and variables below `n_vars` (so `eval` cannot
 /// index out of bounds).
 pub(crate) fn expr_ok(e: &IExpr, n_syms: usize, n_vars: usize) -> bool {
-    match e {
-        IExpr::Const(_) => true,
+    e.all_leaves(&|l| match l {
         IExpr::Var(v) => (v.0 as usize) < n_vars,
         IExpr::Sym(s) => (*s as usize) < n_syms,
-        IExpr::Add(a, b)
-        | IExpr::Mul(a, b)
-        | IExpr::Div(a, b)
-        | IExpr::Mod(a, b)
-        | IExpr::Lt(a, b)
-        | IExpr::And(a, b) => expr_ok(a, n_syms, n_vars) && expr_ok(b, n_syms, n_vars),
-    }
+        _ => true,
+    })
 }
 
 fn loop_extents_ok(stmts: &[Stmt], n_syms: usize, n_vars: usize) -> bool {

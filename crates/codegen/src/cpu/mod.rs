@@ -34,6 +34,7 @@
 //! kernel twice; they wait (the batch already uses every core).
 
 mod analysis;
+mod copy;
 mod emit;
 mod helpers;
 mod jit;
@@ -58,6 +59,7 @@ use lower::kir::{Kernel, LoopKernel, Stmt};
 
 use crate::error::{CodegenError, Result};
 use crate::lru::{Lru, capacity_from_env};
+use copy::CopyPlan;
 use jit::{Arena, Code, Linker, Tier};
 use rustc_hash::FxHashMap;
 use smallvec::{SmallVec, smallvec};
@@ -99,7 +101,8 @@ pub struct CompiledKernel {
     parallel: bool,
     /// Compiled at [`Tier::Optimized`] from the start.
     optimized_first: bool,
-    _arena: Arc<Arena>,
+    /// The arena of the code (none for a native copy).
+    _arena: Option<Arc<Arena>>,
     /// The arena of the optimised code swapped in later.
     optimized: OnceLock<Arc<Arena>>,
 }
@@ -135,9 +138,15 @@ impl CompiledKernel {
         self.parallel
     }
 
-    /// The entry point to call now.
-    pub fn as_fn(&self) -> KernelFn {
+    /// The entry point to call now; `None` for a copy run natively ([`is_native`](Self::is_native):
+    /// [`call`](Self::call) runs either).
+    pub fn as_fn(&self) -> Option<KernelFn> {
         self.entry.get()
+    }
+
+    /// Whether the kernel is a copy nest run natively now, with no code (see `copy`).
+    pub fn is_native(&self) -> bool {
+        self.entry.is_native()
     }
 
     /// The kernel's entry, shared: it follows the swap to optimised code, so a runner that
@@ -172,7 +181,7 @@ impl CompiledKernel {
     /// `n_syms()` values.
     pub unsafe fn call(&self, bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
         // SAFETY: forwarded to the caller.
-        unsafe { (self.entry.get())(bufs, syms, start, end) }
+        unsafe { self.entry.invoke(bufs, syms, start, end) }
     }
 
     /// Like [`call`](Self::call), but checks the number of buffers and symbols first.
@@ -200,8 +209,10 @@ pub struct CacheStats {
     pub hits: u64,
     /// Kernels that had to be compiled.
     pub misses: u64,
-    /// Kernels compiled successfully.
+    /// Kernels compiled successfully (to code: natively run copies are not).
     pub compiled: u64,
+    /// Kernels that are copy nests, run natively with no code compiled (see `copy`).
+    pub native: u64,
     /// Compilations that returned an error.
     pub failures: u64,
     /// Time spent compiling (emission, Cranelift, linking), over all misses: wall-clock time, so
@@ -237,7 +248,13 @@ struct Inner {
     max_threads: usize,
     /// When inner loops run over tiles with full-width routines (see `tile`).
     tiling: Tiling,
+    /// Whether copy nests run natively instead of compiling at the quick tier (see `copy`;
+    /// `KILN_NATIVE_COPY=0` compiles them like any kernel; never under [`JitMode::Optimized`]).
+    native_copies: bool,
 }
+
+/// Environment variable that turns native copies off (`0`) for comparisons.
+pub const NATIVE_COPY_ENV: &str = "KILN_NATIVE_COPY";
 
 /// The compiled kernels by structural hash ([`LoopKernel::structural_hash`], computed once per
 /// lookup), least recently used first out; kernels of one hash are told apart in full.
@@ -315,6 +332,7 @@ impl CpuCompiler {
                 workers: vec![Worker::new()],
                 max_threads,
                 tiling: Tiling::from_env(),
+                native_copies: std::env::var(NATIVE_COPY_ENV).map_or(true, |v| v.trim() != "0"),
             }),
         })
     }
@@ -323,6 +341,13 @@ impl CpuCompiler {
     /// every batch on the calling thread).
     pub fn set_compile_threads(&self, n: usize) {
         self.lock().max_threads = n.max(1);
+    }
+
+    /// Whether copy nests compiled from now on run natively until their optimised code (the
+    /// default, unless `KILN_NATIVE_COPY=0` or [`JitMode::Optimized`]) or are compiled like any
+    /// kernel.
+    pub fn set_native_copies(&self, on: bool) {
+        self.lock().native_copies = on;
     }
 
     /// Sets the most kernels the cache keeps (at least 1), evicting the least recently used
@@ -481,8 +506,14 @@ impl Inner {
     /// per kernel, in order.
     fn compile_misses(&mut self, misses: &[(u64, &LoopKernel)]) -> Vec<Result<Arc<CompiledKernel>>> {
         self.stats.misses += misses.len() as u64;
-        let kernels: Vec<&LoopKernel> = misses.iter().map(|&(_, k)| k).collect();
         let t0 = Instant::now();
+        // Copy nests need no code: they run natively, cached like compiled kernels.
+        let plans: Vec<Option<CopyPlan>> = misses
+            .iter()
+            .map(|&(_, k)| if self.native_copies && self.mode != JitMode::Optimized { CopyPlan::of(k) } else { None })
+            .collect();
+        let kernels: Vec<&LoopKernel> =
+            misses.iter().zip(&plans).filter(|(_, p)| p.is_none()).map(|(&(_, k), _)| k).collect();
         let threads = self.max_threads.min(kernels.len() / MIN_KERNELS_PER_THREAD).max(1);
         while self.workers.len() < threads {
             self.workers.push(Worker::new());
@@ -506,18 +537,40 @@ impl Inner {
                         n_syms: k.n_syms as usize,
                         parallel: matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]),
                         optimized_first,
-                        _arena: arena,
+                        _arena: Some(arena),
                         optimized: OnceLock::new(),
                     })
                 })
+            })
+            .collect();
+        let mut compiled = results.into_iter();
+        let results: Vec<Result<Arc<CompiledKernel>>> = misses
+            .iter()
+            .zip(plans)
+            .map(|(&(_, k), plan)| match plan {
+                Some(plan) => Ok(Arc::new(CompiledKernel {
+                    entry: Arc::new(KernelEntry::native(plan)),
+                    n_params: k.params.len(),
+                    n_syms: k.n_syms as usize,
+                    parallel: matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]),
+                    optimized_first: false,
+                    _arena: None,
+                    optimized: OnceLock::new(),
+                })),
+                None => compiled.next().expect("one result per compiled kernel"),
             })
             .collect();
         self.stats.compile_time += t0.elapsed();
         for (&(hash, k), r) in misses.iter().zip(&results) {
             match r {
                 Ok(c) => {
-                    self.stats.compiled += 1;
-                    // One copy of the kernel, shared by the cache's key and the tier-up job.
+                    if c.is_native() {
+                        self.stats.native += 1;
+                    } else {
+                        self.stats.compiled += 1;
+                    }
+                    // One copy of the kernel, shared by the cache's key and the tier-up job
+                    // (a native copy's too: its optimised code replaces it in steady state).
                     let k = Arc::new(k.clone());
                     self.tier_up(&k, c, disasm);
                     // An evicted kernel's code stays valid while anything else holds it.

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use lower::kir::LoopKernel;
 
+use super::copy::CopyPlan;
 use super::jit::{self, Linker, Tier};
 use super::{CompiledKernel, KernelFn, Tiling, Worker};
 
@@ -67,7 +68,11 @@ impl JitMode {
 /// code is linked. Runners keep an `Arc` of it rather than a copy of the pointer, so a swap
 /// reaches every program that uses the kernel.
 pub struct KernelEntry {
+    /// The code's entry point; null while a native copy (`native`) has no code yet.
     func: AtomicPtr<u8>,
+    /// A copy nest run natively until optimised code is swapped in (see `copy`): the quick tier
+    /// of a copy kernel, with no compile at all.
+    native: Option<Box<CopyPlan>>,
     swapped: AtomicBool,
     /// The job [`KernelEntry::request_tier_up`] sends, until it does.
     pending: Mutex<Option<Job>>,
@@ -94,18 +99,56 @@ impl KernelEntry {
     pub fn new(func: KernelFn) -> KernelEntry {
         KernelEntry {
             func: AtomicPtr::new(func as *mut u8),
+            native: None,
             swapped: AtomicBool::new(false),
             pending: Mutex::new(None),
         }
     }
 
-    /// The function to call now.
+    /// An entry that runs `plan` natively.
+    pub(crate) fn native(plan: CopyPlan) -> KernelEntry {
+        KernelEntry {
+            func: AtomicPtr::new(std::ptr::null_mut()),
+            native: Some(Box::new(plan)),
+            swapped: AtomicBool::new(false),
+            pending: Mutex::new(None),
+        }
+    }
+
+    /// The function to call now; `None` for a copy run natively until its optimised code is
+    /// swapped in (call [`invoke`](Self::invoke), which runs either).
     #[inline]
-    pub fn get(&self) -> KernelFn {
+    pub fn get(&self) -> Option<KernelFn> {
         let ptr = self.func.load(Ordering::Acquire);
         // SAFETY: only `new` and `swap_in` store here, each a `KernelFn` (as a pointer); the
-        // acquire load pairs with their release, so the code bytes are visible.
-        unsafe { std::mem::transmute::<*mut u8, KernelFn>(ptr) }
+        // acquire load pairs with their release, so the code bytes are visible. `native` stores
+        // null, which is never transmuted.
+        (!ptr.is_null()).then(|| unsafe { std::mem::transmute::<*mut u8, KernelFn>(ptr) })
+    }
+
+    /// Whether the kernel runs natively now (a copy nest, see `copy`), with no code of its own
+    /// (yet: under [`JitMode::Tiered`] its optimised code replaces it once the program runs
+    /// again).
+    pub fn is_native(&self) -> bool {
+        self.native.is_some() && self.func.load(Ordering::Acquire).is_null()
+    }
+
+    /// Runs the kernel: its current code, or its native copy.
+    ///
+    /// # Safety
+    /// As for calling the kernel's code: `bufs` holds one pointer per parameter, each buffer
+    /// large enough for every index the kernel touches for these symbols and this range; `syms`
+    /// holds every symbol it reads; nothing else touches what it writes meanwhile.
+    #[inline]
+    pub unsafe fn invoke(&self, bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
+        let ptr = self.func.load(Ordering::Acquire);
+        match &self.native {
+            // SAFETY: forwarded to the caller.
+            Some(plan) if ptr.is_null() => unsafe { plan.run(bufs, syms, start, end) },
+            // SAFETY: as in `get` (an entry without a native plan always has code); the call's
+            // contract is the caller's.
+            _ => unsafe { std::mem::transmute::<*mut u8, KernelFn>(ptr)(bufs, syms, start, end) },
+        }
     }
 
     /// Whether the entry has moved to other (optimised) code since it was made.

@@ -326,7 +326,6 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
     match *launch {
         Launch::Loop { ref entry, arg_start, end, ref chunks, .. } => {
             let chunks = chunks.load(Ordering::Relaxed);
-            let func = entry.get();
             // SAFETY: `arg_start` indexes this step's arguments in the table, one valid
             // buffer pointer per kernel parameter, each buffer as large as the program
             // says (inputs checked, outputs and arena allocated to size); `syms` holds
@@ -335,14 +334,16 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
             let args = unsafe { table.add(arg_start as usize) };
             if chunks <= 1 || alone {
                 // SAFETY: see above; the kernel's contract is to touch only its buffers.
-                unsafe { func(args, syms, 0, end) };
+                unsafe { entry.invoke(args, syms, 0, end) };
                 false
             } else {
                 let (args, syms) = (SendPtr(args as *mut u8), SendPtr(syms as *mut u8));
                 parallel::for_chunks(end as usize, chunks as usize, &|lo, hi| {
                     // SAFETY: as above; disjoint ranges of the parallel loop write
                     // disjoint elements (the kir contract for `parallel` loops).
-                    unsafe { func(args.get() as *const *mut u8, syms.get() as *const i64, lo as i64, hi as i64) }
+                    unsafe {
+                        entry.invoke(args.get() as *const *mut u8, syms.get() as *const i64, lo as i64, hi as i64)
+                    }
                 });
                 true
             }
