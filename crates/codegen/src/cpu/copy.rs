@@ -10,6 +10,8 @@
 //! where both sides are contiguous. [`CopyPlan::of`] recognises the nest; [`CopyPlan::run`]
 //! evaluates it for the call's symbols and copies, with the JIT's calling convention (the
 //! arguments' pointers, the symbols, and the `[start, end)` range of a parallel outer loop).
+//! It is the copy's quick tier: the tiered JIT swaps optimised code in once the program runs
+//! again, which runs short rows (a head split's eight floats) without a call per row.
 
 use lower::kir::{IExpr, Inst, LoopKernel, Stmt, Var};
 
