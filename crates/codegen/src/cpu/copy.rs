@@ -19,6 +19,10 @@ use lower::kir::{IExpr, Inst, LoopKernel, Stmt, Var};
 /// The most loop levels a copy nest may have (a view of rank 8 or less is the norm).
 const MAX_DEPTH: usize = 8;
 
+/// Loop variables at 0: a plan's variables are numbered below its length (kernels number theirs
+/// from 0; a nest past it gets no plan).
+static ZEROS: [i64; 64] = [0; 64];
+
 /// A number of the plan: known when the kernel is compiled, or an expression of the symbols (and
 /// of loop variables at 0) evaluated per call. Most are constants: a call then evaluates little
 /// (a decoding step's copies are a few hundred elements each).
@@ -67,7 +71,8 @@ pub(crate) struct CopyPlan {
     size: usize,
     src: Side,
     dst: Side,
-    /// One past the largest loop variable number (the length of `eval`'s `vars`).
+    /// One past the largest loop variable number (the length of `eval`'s `vars`, at most
+    /// `ZEROS.len()`).
     n_vars: usize,
     /// Symbols the expressions read (`LoopKernel::n_syms`).
     n_syms: usize,
@@ -134,17 +139,20 @@ impl CopyPlan {
             return None;
         }
         let n_vars = vars.iter().map(|v| v.0 as usize + 1).max().unwrap_or(0);
-        let zeros = vec![0; n_vars];
+        if n_vars > ZEROS.len() {
+            return None;
+        }
+        let zeros = &ZEROS[..n_vars];
         let side = |param: u32, index: &IExpr| -> Option<Side> {
             let coefs: Vec<IExpr> = vars.iter().map(|&v| index.linear_coeff(v)).collect::<Option<_>>()?;
             if coefs.iter().any(IExpr::reads_vars) {
                 return None;
             }
-            let coefs = coefs.iter().map(|e| Num::of(e, &zeros)).collect();
-            Some(Side { param: param as usize, offset: Num::of(index, &zeros), coefs })
+            let coefs = coefs.iter().map(|e| Num::of(e, zeros)).collect();
+            Some(Side { param: param as usize, offset: Num::of(index, zeros), coefs })
         };
         let (src, dst) = (side(src_buf, src_index)?, side(dst_buf, dst_index)?);
-        let extents = extents.iter().map(|e| Num::of(e, &zeros)).collect();
+        let extents = extents.iter().map(|e| Num::of(e, zeros)).collect();
         Some(CopyPlan { extents, parallel, size: dtype.size_bytes(), src, dst, n_vars, n_syms })
     }
 
@@ -159,18 +167,11 @@ impl CopyPlan {
         // SAFETY: the caller passes `n_syms` symbols.
         let syms = unsafe { std::slice::from_raw_parts(syms, self.n_syms) };
         // Loop variables at 0, for the offsets and any per-call number.
-        static ZEROS: [i64; 64] = [0; 64];
-        let big;
-        let vars: &[i64] = if self.n_vars <= ZEROS.len() {
-            &ZEROS[..self.n_vars]
-        } else {
-            big = vec![0; self.n_vars];
-            &big
-        };
+        let vars = &ZEROS[..self.n_vars];
         let depth = self.extents.len();
-        let mut extent = [0i64; MAX_DEPTH + 1];
-        let mut src_step = [0isize; MAX_DEPTH + 1];
-        let mut dst_step = [0isize; MAX_DEPTH + 1];
+        let mut extent = [0i64; MAX_DEPTH];
+        let mut src_step = [0isize; MAX_DEPTH];
+        let mut dst_step = [0isize; MAX_DEPTH];
         let size = self.size as isize;
         for d in 0..depth {
             extent[d] = self.extents[d].eval(vars, syms).max(0);
@@ -195,7 +196,7 @@ impl CopyPlan {
         let n = extent[inner] as usize;
         let contiguous = src_step[inner] == size && dst_step[inner] == size;
         // An odometer over every level but the innermost, which is one run.
-        let mut at = [0i64; MAX_DEPTH + 1];
+        let mut at = [0i64; MAX_DEPTH];
         let (mut src, mut dst) = (src0, dst0);
         loop {
             // SAFETY: `src + j * src_step[inner]` and `dst + j * dst_step[inner]` for `j < n` are
