@@ -123,6 +123,24 @@ impl std::fmt::Debug for CompiledKernel {
 }
 
 impl CompiledKernel {
+    /// The kernel `k` behind `entry`, its code (if any) in `arena`.
+    fn new(
+        k: &LoopKernel,
+        entry: KernelEntry,
+        optimized_first: bool,
+        arena: Option<Arc<Arena>>,
+    ) -> Arc<CompiledKernel> {
+        Arc::new(CompiledKernel {
+            entry: Arc::new(entry),
+            n_params: k.params.len(),
+            n_syms: k.n_syms as usize,
+            parallel: matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]),
+            optimized_first,
+            _arena: arena,
+            optimized: OnceLock::new(),
+        })
+    }
+
     /// Number of buffer parameters.
     pub fn n_params(&self) -> usize {
         self.n_params
@@ -529,17 +547,10 @@ impl Inner {
             .zip(kernels)
             .map(|(linked, k)| {
                 linked.map(|(ptr, arena)| {
-                    Arc::new(CompiledKernel {
-                        // SAFETY: `ptr` is the entry of a function just defined (and finalized)
-                        // with `kernel_signature`.
-                        entry: Arc::new(KernelEntry::new(unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) })),
-                        n_params: k.params.len(),
-                        n_syms: k.n_syms as usize,
-                        parallel: matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]),
-                        optimized_first,
-                        _arena: Some(arena),
-                        optimized: OnceLock::new(),
-                    })
+                    // SAFETY: `ptr` is the entry of a function just defined (and finalized) with
+                    // `kernel_signature`.
+                    let func = unsafe { std::mem::transmute::<*const u8, KernelFn>(ptr) };
+                    CompiledKernel::new(k, KernelEntry::new(func), optimized_first, Some(arena))
                 })
             })
             .collect();
@@ -548,15 +559,7 @@ impl Inner {
             .iter()
             .zip(plans)
             .map(|(&(_, k), plan)| match plan {
-                Some(plan) => Ok(Arc::new(CompiledKernel {
-                    entry: Arc::new(KernelEntry::native(plan)),
-                    n_params: k.params.len(),
-                    n_syms: k.n_syms as usize,
-                    parallel: matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]),
-                    optimized_first: false,
-                    _arena: None,
-                    optimized: OnceLock::new(),
-                })),
+                Some(plan) => Ok(CompiledKernel::new(k, KernelEntry::native(plan), false, None)),
                 None => compiled.next().expect("one result per compiled kernel"),
             })
             .collect();
