@@ -39,12 +39,12 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use air::{Bindings, DType, HostData, HostTensor, Shape, TensorType};
+use air::{Bindings, DType, HostData, HostTensor, Shape, Symbol, TensorType};
 
 use crate::backend::{self, Loaded};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::realize::{Sites, merge_bindings, own_bindings, trace_roots};
+use crate::realize::{Sites, bind, merge_bindings, own_bindings, trace_roots};
 use crate::tensor::Tensor;
 
 /// A random input drawn from the global generator on every call.
@@ -227,13 +227,19 @@ impl JitCache {
     /// decoding step passes its tokens and cache arrays owned and ~200 weights borrowed; a weight
     /// given again in its slot is then bound without its tensor being touched at all (see
     /// [`jit`](crate::jit)'s module docs).
+    ///
+    /// `symbols` gives the values of symbols the closure names itself (`Dim::sym`) instead of
+    /// reading them from an argument's shape (a decoding step's position): no tensor is made,
+    /// bound and dropped for them per call. A value contradicting one an argument binds is an
+    /// error.
     pub fn call_owned_with<R: JitOutput>(
         &mut self,
         owned: Vec<Tensor>,
         borrowed: &[Tensor],
+        symbols: &[(Symbol, i64)],
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
-        self.run_parts(owned, borrowed, Vec::new(), f)
+        self.run_parts(owned, borrowed, symbols, Vec::new(), f)
     }
 
     fn run<R: JitOutput>(
@@ -242,14 +248,15 @@ impl JitCache {
         out: Vec<Tensor>,
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
-        self.run_parts(args, &[], out, f)
+        self.run_parts(args, &[], &[], out, f)
     }
 
-    /// A call on the arguments `owned` then `borrowed`.
+    /// A call on the arguments `owned` then `borrowed`, with `symbols` bound besides theirs.
     fn run_parts<R: JitOutput>(
         &mut self,
         mut owned: Vec<Tensor>,
         borrowed: &[Tensor],
+        symbols: &[(Symbol, i64)],
         out: Vec<Tensor>,
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
@@ -301,13 +308,17 @@ impl JitCache {
         self.last = Some(index);
         let entry = &mut self.entries[index];
         let mut bindings = entry.captured_bindings.clone();
-        let (owned_kept, borrowed_kept) = entry.kept.split_at_mut(owned.len());
-        let (owned_bound, rest) = entry.bound.split_at_mut(owned.len());
+        for (symbol, value) in symbols {
+            bind(&mut bindings, symbol, *value)?;
+        }
+        let n_owned = owned.len();
+        let (owned_kept, borrowed_kept) = entry.kept.split_at_mut(n_owned);
+        let (owned_bound, rest) = entry.bound.split_at_mut(n_owned);
         let (borrowed_bound, drawn) = rest.split_at_mut(borrowed.len());
         let taken_slots = &entry.taken_slots;
         // The arguments whose arrays the call took, by array: an output written in place over
         // one of them comes back in its handle (`Tensor::refill`).
-        let mut shells: Vec<(*const HostData, Option<Tensor>)> = Vec::new();
+        let mut shells: Vec<(*const HostData, Option<Tensor>)> = Vec::with_capacity(n_owned);
         for (j, ((mut a, kept), slot)) in owned.into_iter().zip(owned_kept).zip(owned_bound).enumerate() {
             if kept.is_some() {
                 continue;
@@ -325,19 +336,26 @@ impl JitCache {
                 None => bind_shared(&a, kept, !taken_slots.contains(&j), &mut bindings)?,
             };
         }
+        // The borrowed slots bound for this call only (not kept: emptied after it). A weight given
+        // again is kept and in none of these loops' work.
+        let mut rebound = Vec::new();
         for (j, ((a, kept), slot)) in borrowed.iter().zip(borrowed_kept).zip(borrowed_bound).enumerate() {
             if kept.is_none() {
-                *slot = bind_shared(a, kept, !taken_slots.contains(&(n - borrowed.len() + j)), &mut bindings)?;
+                *slot = bind_shared(a, kept, !taken_slots.contains(&(n_owned + j)), &mut bindings)?;
+                if kept.is_none() {
+                    rebound.push(n_owned + j);
+                }
             }
         }
         for (draw, slot) in entry.random.iter().zip(drawn) {
             *slot = draw().map_err(Error::Jit)?;
         }
         let ran = backend::run_loaded(&entry.loaded, &entry.graph, &mut entry.bound, &bindings, &entry.sites, spare);
-        // Only kept arguments and captured data stay bound between calls.
-        for (j, slot) in entry.bound[..n + entry.random.len()].iter_mut().enumerate() {
+        // Only kept arguments and captured data stay bound between calls: the owned arguments'
+        // slots, the borrowed ones bound for this call and the random draws are emptied.
+        for j in (0..n_owned).chain(rebound).chain(n..n + entry.random.len()) {
             if entry.kept.get(j).is_none_or(Option::is_none) {
-                unbind(slot);
+                unbind(&mut entry.bound[j]);
             }
         }
         let hosts = ran?;
@@ -359,7 +377,12 @@ impl JitCache {
                 None => Tensor::source(host, shape.clone(), own, device),
             });
         }
-        let results = entry.which.iter().map(|&i| tensors[i].clone()).collect();
+        // Each output once, in order (the usual case): the tensors themselves, no handle cloned.
+        let results = if entry.which.iter().copied().eq(0..tensors.len()) {
+            tensors
+        } else {
+            entry.which.iter().map(|&i| tensors[i].clone()).collect()
+        };
         self.held.rotate_left(1);
         self.held[1] = held;
         Ok(results)
@@ -400,6 +423,11 @@ impl JitCache {
 /// past it. The slot keeps its shape's allocation (a call per decoding step empties ~30 slots,
 /// each an allocation and a free when it was a fresh empty tensor).
 fn unbind(slot: &mut HostTensor) {
+    if HostData::is_empty_shared(&slot.data) {
+        // An array the run took (updated in place): the runtime left the placeholder already,
+        // and the slot is rebound before it is read again, so its shape is left as it is.
+        return;
+    }
     slot.data = HostData::empty_shared(slot.data.dtype());
     slot.shape.clear();
     slot.shape.push(0);

@@ -494,14 +494,22 @@ impl runtime::CompileObserver for ProfileObserver {
 pub fn profile<T>(f: impl FnOnce() -> T) -> (T, Report) {
     let fresh = Recorder {
         t0: Instant::now(),
-        alloc0: alloc_counts(),
-        spans: Vec::new(),
-        open: Vec::new(),
+        alloc0: AllocCounts::default(),
+        spans: Vec::with_capacity(16),
+        open: Vec::with_capacity(4),
         memory: None,
         counters: Vec::new(),
     };
     let outer = RECORDER.with(|r| r.borrow_mut().replace(fresh));
     let was_active = ACTIVE.with(|a| a.replace(true));
+    // The counts and the clock start last, so that the recorder's own setup is not counted as
+    // the profiled work's (a decoding step's host time is a few tens of microseconds).
+    RECORDER.with(|r| {
+        if let Some(rec) = r.borrow_mut().as_mut() {
+            rec.alloc0 = alloc_counts();
+            rec.t0 = Instant::now();
+        }
+    });
     let out = f();
     while RECORDER.with(|r| r.borrow().as_ref().is_some_and(|rec| !rec.open.is_empty())) {
         end(None);

@@ -478,11 +478,13 @@ pub(crate) fn own_bindings(shape: &air::Shape, bindings: &Bindings) -> Bindings 
         return own;
     }
     for d in shape {
-        for s in d.symbols() {
-            if let Some(&v) = bindings.get(&s) {
-                own.insert(s, v);
+        d.for_each_symbol(|s| {
+            if !own.contains_key(s)
+                && let Some(&v) = bindings.get(s)
+            {
+                own.insert(s.clone(), v);
             }
-        }
+        });
     }
     own
 }

@@ -1,7 +1,8 @@
 //! `Tensor::slice_scatter` at a symbolic position: values against a host reference on every
 //! device, the in-place update of a donated argument (`JitCache::call_owned`: same array, only
-//! the new rows written), a shared argument left unchanged, one trace for every position, and a
-//! range past the end reported as an error.
+//! the new rows written), a shared argument left unchanged, one trace for every position (given
+//! as a symbol tensor or as a symbol's value, `JitCache::call_owned_with`), and a range past the
+//! end reported as an error.
 
 mod support;
 
@@ -186,5 +187,45 @@ fn an_array_updated_in_place_comes_back_as_the_very_array_given() {
         if let Some(array) = elsewhere {
             assert_eq!(array.to_f64_vec(), program.inputs[slot].data.to_f64_vec(), "a shared array was written");
         }
+    }
+}
+
+#[test]
+fn a_position_given_as_a_symbol_value_updates_in_place_with_one_trace() {
+    // `JitCache::call_owned_with`'s `symbols`: the closure names the position itself, each call
+    // binds its value without a tensor for it.
+    for device in devices() {
+        let pos = Dim::sym("pos");
+        let symbol = pos.as_symbol().unwrap().clone();
+        let write = |a: &[Tensor]| vec![a[0].slice_scatter(&a[1], 0, pos)];
+        let mut f = kiln::JitCache::new();
+        let mut cache = Tensor::zeros_on(&[ROWS, COLS], kiln::DType::F32, device);
+        let mut reference = vec![0.0f32; ROWS * COLS];
+        for p in 0..ROWS {
+            let new_rows = rows(1, p as f32);
+            reference[p * COLS..(p + 1) * COLS].copy_from_slice(&new_rows);
+            let new = Tensor::from_vec_on(new_rows, &[1, COLS], device);
+            let before = data_ptr(&cache);
+            let mut out = f.call_owned_with(vec![cache, new], &[], &[(symbol.clone(), p as i64)], write).unwrap();
+            cache = out.remove(0);
+            assert_eq!(cache.to_vec::<f32>().unwrap(), reference, "{device} position {p}");
+            if device == Device::Cpu && p > 0 {
+                assert_eq!(data_ptr(&cache), before, "{device} position {p}: the cache was copied");
+            }
+        }
+        assert_eq!(f.traces(), 1, "{device}");
+        // Past the end: an error naming the op, not a write out of bounds.
+        let new = Tensor::from_vec_on(rows(1, 0.0), &[1, COLS], device);
+        let e = f.call_owned_with(vec![cache.clone(), new.clone()], &[], &[(symbol.clone(), ROWS as i64)], write);
+        let msg = e.unwrap_err().to_string();
+        assert!(msg.contains("slice_scatter") && msg.contains("pos"), "{device}: {msg}");
+        // A value that contradicts the one an argument binds: an error.
+        let marker = Tensor::from_vec_on(vec![0i32; 2], &[2], device).with_dims(vec![pos]);
+        let e = f
+            .call_owned_with(vec![cache.clone(), new, marker], &[], &[(symbol.clone(), 3)], |a: &[Tensor]| {
+                vec![a[0].slice_scatter(&a[1], 0, pos)]
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("`pos` is bound to both 3 and 2"), "{device}: {e}");
     }
 }

@@ -97,6 +97,10 @@ macro_rules! with_host_data {
     };
 }
 
+/// [`HostData::empty_shared`]'s arrays, one per dtype.
+static EMPTY_SHARED: std::sync::LazyLock<[Arc<HostData>; DType::ALL.len()]> =
+    std::sync::LazyLock::new(|| DType::ALL.map(|d| Arc::new(HostData::filled(d, 0, Scalar::Int(0)))));
+
 impl HostData {
     /// The dtype of the elements.
     pub fn dtype(&self) -> DType {
@@ -137,10 +141,14 @@ impl HostData {
     /// A shared array of no elements of `dtype`: a placeholder for an array taken elsewhere, at
     /// the cost of a reference count rather than an allocation.
     pub fn empty_shared(dtype: DType) -> Arc<HostData> {
-        static EMPTY: std::sync::LazyLock<[Arc<HostData>; DType::ALL.len()]> =
-            std::sync::LazyLock::new(|| DType::ALL.map(|d| Arc::new(HostData::filled(d, 0, Scalar::Int(0)))));
         let i = DType::ALL.iter().position(|&d| d == dtype).expect("DType::ALL lists every dtype");
-        EMPTY[i].clone()
+        EMPTY_SHARED[i].clone()
+    }
+
+    /// Whether `data` is one of [`HostData::empty_shared`]'s arrays (compared by address: no
+    /// array is read).
+    pub fn is_empty_shared(data: &Arc<HostData>) -> bool {
+        EMPTY_SHARED.iter().any(|e| Arc::ptr_eq(e, data))
     }
 
     /// Element `i` as a scalar.

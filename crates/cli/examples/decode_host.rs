@@ -3,12 +3,16 @@
 //! 64: GPT-2 small's depth with tiny widths, where the facade's per-call work shows; `12 100 768
 //! 50257` for GPT-2 small's shapes). `FLUSH=1` reads 600 MB between steps, as a GPT-2 step's
 //! weights do, to show what cold caches cost the host side; `SPANS=1` prints the last step's
-//! profile spans.
+//! profile spans; `FULL=1` calls `forward_at` (every position's logits, as `kiln bench decode`
+//! does) rather than `forward_at_last`. Allocations are counted, as in the `kiln` binary.
 
 use std::time::Instant;
 
 use kiln::{Device, Tensor};
 use nn::{Module, Transformer, TransformerConfig};
+
+#[global_allocator]
+static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let layers: usize = std::env::args().nth(1).map_or(Ok(12), |s| s.parse())?;
@@ -28,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     model.to_device(Device::Cpu)?;
     let mut cache = model.kv_cache(1)?;
     let flush: Option<Vec<u32>> = std::env::var_os("FLUSH").map(|_| (0..150_000_000u32).collect());
+    let full = std::env::var_os("FULL").is_some();
     let mut times = Vec::new();
     let mut host = Vec::new();
     let t_all = Instant::now();
@@ -41,7 +46,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::hint::black_box(f.iter().step_by(16).fold(0u32, |a, &b| a.wrapping_add(b)));
         }
         let t0 = Instant::now();
-        let (r, report) = kiln::profile::profile(|| model.forward_at_last(&tok, cache.len(), &mut cache));
+        let (r, report) = kiln::profile::profile(|| {
+            if full {
+                model.forward_at(&tok, cache.len(), &mut cache)
+            } else {
+                model.forward_at_last(&tok, cache.len(), &mut cache)
+            }
+        });
         let _ = r?;
         let run: f64 = report.spans.iter().filter(|s| s.name == "run").map(|s| s.duration.as_secs_f64()).sum();
         times.push(t0.elapsed().as_secs_f64() * 1e6);

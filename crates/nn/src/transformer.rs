@@ -5,7 +5,7 @@
 //! `blocks.{i}.ln2.{weight,bias}`, `blocks.{i}.mlp.{fc,proj}.{weight,bias}`, `ln_f.{weight,bias}`,
 //! `head.weight`.
 
-use kiln::{DType, Dim, JitCache, Tensor};
+use kiln::{DType, Dim, JitCache, Symbol, Tensor};
 
 use crate::Module;
 use crate::activation::Activation;
@@ -189,6 +189,11 @@ pub struct KvCache {
     jit_last: JitCache,
     /// The model's tensors (`visit_tensors` order) of the last call.
     weights: Vec<Tensor>,
+    /// The forward's symbols, made once: the tokens' `seq`, then `start_pos` and `kv_len`, whose
+    /// values each call binds directly (`kiln::JitCache::call_owned_with`'s `symbols`).
+    seq: Dim,
+    start: (Dim, Symbol),
+    kv_len: (Dim, Symbol),
 }
 
 impl KvCache {
@@ -259,6 +264,9 @@ impl Transformer {
             jit: JitCache::new(),
             jit_last: JitCache::new(),
             weights: Vec::new(),
+            seq: Dim::sym("seq"),
+            start: symbol("start_pos"),
+            kv_len: symbol("kv_len"),
         })
     }
 
@@ -320,7 +328,7 @@ impl Transformer {
                 cache.max_seq_len
             )));
         }
-        let tokens = tokens.with_dims(vec![Dim::Const(batch as i64), Dim::sym("seq")]);
+        let tokens = tokens.with_dims(vec![Dim::Const(batch as i64), cache.seq]);
         // The model's tensors as of the last call, collected again only when one was replaced
         // (compared by handle: no tensor is touched, see `kiln::JitCache::call_owned_with`).
         let mut unchanged = true;
@@ -333,20 +341,21 @@ impl Transformer {
             cache.weights = model_tensors(self);
         }
         let n_kv = cache.kv.len();
-        let mut args = Vec::with_capacity(3 + n_kv);
+        let mut args = Vec::with_capacity(1 + n_kv);
         args.push(tokens);
-        let device = self.wte.weight.device();
-        args.push(Tensor::symbol("start_pos", start_pos).to_device(device)?);
-        args.push(Tensor::symbol("kv_len", self.attended_len(start_pos, seq)).to_device(device)?);
         // The cache arrays are given up, so the program updates them in place.
         args.append(&mut cache.kv);
+        let symbols = [
+            (cache.start.1.clone(), start_pos as i64),
+            (cache.kv_len.1.clone(), self.attended_len(start_pos, seq) as i64),
+        ];
+        let (start, len) = (cache.start.0, cache.kv_len.0);
         let model = &mut *self;
         let jit = if last { &mut cache.jit_last } else { &mut cache.jit };
-        let result = jit.call_owned_with(args, &cache.weights, |a: &[Tensor]| -> Result<Vec<Tensor>> {
-            let (start, len) = (a[1].shape()[0], a[2].shape()[0]);
-            let kv = &a[3..3 + n_kv];
+        let result = jit.call_owned_with(args, &cache.weights, &symbols, |a: &[Tensor]| -> Result<Vec<Tensor>> {
+            let kv = &a[1..1 + n_kv];
             let mut out =
-                with_tensors(model, &a[3 + n_kv..], |m| kiln::no_grad(|| m.forward_cached(&a[0], &start, &len, kv)))??;
+                with_tensors(model, &a[1 + n_kv..], |m| kiln::no_grad(|| m.forward_cached(&a[0], &start, &len, kv)))??;
             if last {
                 let seq = a[0].shape()[1];
                 out[0] = out[0].narrow(1, seq - Dim::Const(1), 1);
@@ -364,7 +373,7 @@ impl Transformer {
                 return Err(e);
             }
         };
-        cache.kv = out.split_off(1);
+        cache.kv.extend(out.drain(1..));
         cache.len = start_pos + seq;
         out.pop().ok_or_else(|| NnError::Cache("the compiled forward returned nothing".into()))
     }
@@ -421,4 +430,11 @@ impl Transformer {
         out[0] = self.head.forward(&self.ln_f.forward(&x));
         Ok(out)
     }
+}
+
+/// A symbolic dim named `name` and its symbol.
+fn symbol(name: &str) -> (Dim, Symbol) {
+    let dim = Dim::sym(name);
+    let symbol = dim.as_symbol().expect("a name is a plain symbol").clone();
+    (dim, symbol)
 }
