@@ -32,9 +32,11 @@
 //! Arguments given again are cheap: a shared argument without symbol bindings (a weight) stays
 //! bound to its slot after the call, and the next call that passes the same tensor there
 //! (`Tensor::ptr_eq`; tensors never change) neither checks its type nor reads it again. With
-//! [`JitCache::call_owned_with`] the weights are lent by reference, so not even a handle is
-//! cloned: a GPT-2 decoding step passes ~220 arguments, and after its kernels have streamed
-//! ~500 MB every one of them would be a cache miss.
+//! [`JitCache::call_with_state`] the weights are lent by reference, so not even a handle is
+//! cloned, and arrays the call updates in place (a key/value cache) are passed as *state*: host
+//! arrays given to the program and put back, with no tensor made for them. A GPT-2 decoding step
+//! passes ~175 arguments, and after its kernels have streamed ~500 MB every object the call
+//! touches is a cache miss.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -136,6 +138,12 @@ struct Entry {
     /// touched); the others are rebound per call and emptied after it, so that no array of
     /// theirs is held past the call.
     bound: Vec<HostTensor>,
+    /// How many of the arguments, after the owned ones, are state arrays
+    /// ([`JitCache::call_with_state`]); the closure's last as many outputs are their new values.
+    n_state: usize,
+    /// Per graph output, whether exactly one of the closure's outputs is it (its array can be
+    /// moved out rather than shared).
+    sole: Vec<bool>,
     /// Per argument, the last call's argument when it was a shared tensor without bindings (a
     /// weight): the same tensor given again has the same type and data, so the next call skips
     /// its signature check and leaves its host tensor in `bound`. Decoding passes ~200 weights
@@ -222,24 +230,36 @@ impl JitCache {
         self.run(args, Vec::new(), f)
     }
 
-    /// [`JitCache::call_owned`] on `owned`, followed by `borrowed`: arguments the caller keeps
-    /// (a model's weights), read where they are, without a handle being cloned per call. A
-    /// decoding step passes its tokens and cache arrays owned and ~200 weights borrowed; a weight
-    /// given again in its slot is then bound without its tensor being touched at all (see
-    /// [`jit`](crate::jit)'s module docs).
+    /// [`JitCache::call_owned`] on `owned`, then `state`, then `borrowed`, with `symbols` bound
+    /// besides what the arguments bind: the call a decoding step makes.
     ///
-    /// `symbols` gives the values of symbols the closure names itself (`Dim::sym`) instead of
-    /// reading them from an argument's shape (a decoding step's position): no tensor is made,
-    /// bound and dropped for them per call. A value contradicting one an argument binds is an
-    /// error.
-    pub fn call_owned_with<R: JitOutput>(
+    /// - `state` holds arrays the call updates (a key/value cache), kept by the caller as host
+    ///   arrays rather than tensors: the closure sees each as an argument and returns its new
+    ///   value among its *last* `state.len()` outputs (in order, each of the argument's type), and
+    ///   the call puts those new arrays back into `state` instead of returning them. An array
+    ///   written in place over its argument (`slice_scatter` into a cache nothing else reads)
+    ///   comes back as the very array given; nothing else holding it, it is not copied. No tensor
+    ///   is made, checked or refilled for them per call: after a GPT-2 step's kernels have
+    ///   streamed ~500 MB, each such tensor was a handful of cache misses. If the call fails, the
+    ///   state's arrays may have been given to it already: they are left empty.
+    /// - `borrowed` are arguments the caller keeps (a model's weights), read where they are,
+    ///   without a handle cloned per call; a weight given again in its slot is bound without its
+    ///   tensor being touched at all (see [`jit`](crate::jit)'s module docs).
+    /// - `symbols` gives the values of symbols the closure names itself (`Dim::sym`) instead of
+    ///   reading them from an argument's shape (a decoding step's position): no tensor is made,
+    ///   bound and dropped for them per call. A value contradicting one an argument binds is an
+    ///   error.
+    ///
+    /// Returns the closure's outputs before the state's.
+    pub fn call_with_state<R: JitOutput>(
         &mut self,
         owned: Vec<Tensor>,
+        state: &mut [HostTensor],
         borrowed: &[Tensor],
         symbols: &[(Symbol, i64)],
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
-        self.run_parts(owned, borrowed, symbols, Vec::new(), f)
+        self.run_parts(owned, state, borrowed, symbols, Vec::new(), f)
     }
 
     fn run<R: JitOutput>(
@@ -248,37 +268,54 @@ impl JitCache {
         out: Vec<Tensor>,
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
-        self.run_parts(args, &[], &[], out, f)
+        self.run_parts(args, &mut [], &[], &[], out, f)
     }
 
-    /// A call on the arguments `owned` then `borrowed`, with `symbols` bound besides theirs.
+    /// A call on the arguments `owned`, `state` and `borrowed`, in that order, with `symbols`
+    /// bound besides theirs (see [`JitCache::call_with_state`]).
     fn run_parts<R: JitOutput>(
         &mut self,
         mut owned: Vec<Tensor>,
+        state: &mut [HostTensor],
         borrowed: &[Tensor],
         symbols: &[(Symbol, i64)],
         out: Vec<Tensor>,
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
         if is_tracing() {
+            if !state.is_empty() {
+                return Err(Error::Jit("a call with state arrays cannot run inside another trace".into()).into());
+            }
             // Inside another trace: the arguments may be placeholders; run the closure inline.
             owned.extend(borrowed.iter().cloned());
             return f(&owned).into_outputs();
         }
-        let n = owned.len() + borrowed.len();
-        let arg = |i: usize| if i < owned.len() { &owned[i] } else { &borrowed[i - owned.len()] };
-        let device = if n > 0 { arg(0).device() } else { Device::default() };
+        let (n_owned, n_state) = (owned.len(), state.len());
+        let n = n_owned + n_state + borrowed.len();
+        // The tensor argument `i` (`None` for a state array).
+        let arg = |i: usize| match i.checked_sub(n_owned) {
+            None => Some(&owned[i]),
+            Some(j) => j.checked_sub(n_state).map(|j| &borrowed[j]),
+        };
+        let device = owned.first().or(borrowed.first()).map_or_else(Device::default, Tensor::device);
         let found = self.entries.iter().position(|e| {
             e.device == device
                 && e.signature.len() == n
-                && (0..n).all(|i| e.kept[i].as_ref().is_some_and(|k| k.is(arg(i))) || e.signature[i] == *arg(i).ty())
+                && e.n_state == n_state
+                && (0..n).all(|i| match arg(i) {
+                    Some(a) => e.kept[i].as_ref().is_some_and(|k| k.is(a)) || e.signature[i] == *a.ty(),
+                    None => holds(&e.signature[i], &state[i - n_owned]),
+                })
         });
         let index = match found {
             Some(i) => i,
             None => {
-                let refs: Vec<&Tensor> = (0..n).map(arg).collect();
+                // The state arrays as tensors, for the trace only (they share the arrays).
+                let arrays: Vec<Tensor> = state.iter().map(|h| Tensor::from_host_on(h.clone(), device)).collect();
+                let refs: Vec<&Tensor> = (0..n).map(|i| arg(i).unwrap_or_else(|| &arrays[i - n_owned])).collect();
                 crate::realize(&refs)?;
-                let entry = trace(device, &refs, f)?;
+                let entry = trace(device, &refs, n_owned..n_owned + n_state, f)?;
+                drop(arrays);
                 self.traces += 1;
                 self.entries.push(entry);
                 self.entries.len() - 1
@@ -289,9 +326,11 @@ impl JitCache {
         // whose caller gave up every other handle (so that the call may take its array).
         for (i, e) in self.entries.iter_mut().enumerate() {
             for (j, k) in e.kept.iter_mut().enumerate() {
-                let drop = k
-                    .as_ref()
-                    .is_some_and(|k| i != index || !k.is(arg(j)) || (j < owned.len() && k.only_other_handle(arg(j))));
+                let given = if i == index { arg(j) } else { None };
+                let drop = k.as_ref().is_some_and(|k| match given {
+                    Some(a) => !k.is(a) || (j < n_owned && k.only_other_handle(a)),
+                    None => true,
+                });
                 if drop {
                     *k = None;
                     unbind(&mut e.bound[j]);
@@ -301,7 +340,7 @@ impl JitCache {
         {
             // A kept argument is realized (it was when it was kept, and a tensor's data stays).
             let kept = &self.entries[index].kept;
-            let refs: Vec<&Tensor> = (0..n).filter(|&i| kept[i].is_none()).map(arg).collect();
+            let refs: Vec<&Tensor> = (0..n).filter(|&i| kept[i].is_none()).filter_map(arg).collect();
             crate::realize(&refs)?;
         }
         let spare = self.spare(out);
@@ -311,9 +350,10 @@ impl JitCache {
         for (symbol, value) in symbols {
             bind(&mut bindings, symbol, *value)?;
         }
-        let n_owned = owned.len();
-        let (owned_kept, borrowed_kept) = entry.kept.split_at_mut(n_owned);
+        let (owned_kept, rest_kept) = entry.kept.split_at_mut(n_owned);
+        let borrowed_kept = &mut rest_kept[n_state..];
         let (owned_bound, rest) = entry.bound.split_at_mut(n_owned);
+        let (state_bound, rest) = rest.split_at_mut(n_state);
         let (borrowed_bound, drawn) = rest.split_at_mut(borrowed.len());
         let taken_slots = &entry.taken_slots;
         // The arguments whose arrays the call took, by array: an output written in place over
@@ -336,14 +376,19 @@ impl JitCache {
                 None => bind_shared(&a, kept, !taken_slots.contains(&j), &mut bindings)?,
             };
         }
+        for (array, slot) in state.iter_mut().zip(state_bound) {
+            let empty = HostTensor { data: HostData::empty_shared(array.dtype()), shape: Vec::new() };
+            *slot = std::mem::replace(array, empty);
+        }
         // The borrowed slots bound for this call only (not kept: emptied after it). A weight given
         // again is kept and in none of these loops' work.
+        let first_borrowed = n_owned + n_state;
         let mut rebound = Vec::new();
         for (j, ((a, kept), slot)) in borrowed.iter().zip(borrowed_kept).zip(borrowed_bound).enumerate() {
             if kept.is_none() {
-                *slot = bind_shared(a, kept, !taken_slots.contains(&(n_owned + j)), &mut bindings)?;
+                *slot = bind_shared(a, kept, !taken_slots.contains(&(first_borrowed + j)), &mut bindings)?;
                 if kept.is_none() {
-                    rebound.push(n_owned + j);
+                    rebound.push(first_borrowed + j);
                 }
             }
         }
@@ -352,8 +397,9 @@ impl JitCache {
         }
         let ran = backend::run_loaded(&entry.loaded, &entry.graph, &mut entry.bound, &bindings, &entry.sites, spare);
         // Only kept arguments and captured data stay bound between calls: the owned arguments'
-        // slots, the borrowed ones bound for this call and the random draws are emptied.
-        for j in (0..n_owned).chain(rebound).chain(n..n + entry.random.len()) {
+        // and the state's slots, the borrowed ones bound for this call and the random draws are
+        // emptied.
+        for j in (0..first_borrowed).chain(rebound).chain(n..n + entry.random.len()) {
             if entry.kept.get(j).is_none_or(Option::is_none) {
                 unbind(&mut entry.bound[j]);
             }
@@ -362,9 +408,21 @@ impl JitCache {
         if hosts.len() != entry.outputs.len() {
             return Err(Error::internal(format!("{} outputs for {} traced", hosts.len(), entry.outputs.len())).into());
         }
-        let mut held: Vec<Arc<HostData>> = Vec::with_capacity(hosts.len());
+        let mut hosts: Vec<Option<HostTensor>> = hosts.into_iter().map(Some).collect();
+        // The state's new arrays: the closure's last outputs, moved out unless another output is
+        // the same tensor.
+        let n_results = entry.which.len() - n_state;
+        for (array, &g) in state.iter_mut().zip(&entry.which[n_results..]) {
+            let host = if entry.sole[g] { hosts[g].take() } else { hosts[g].clone() };
+            *array = host.ok_or_else(|| Error::internal("a state output taken twice".into()))?;
+        }
+        let mut held: Vec<Arc<HostData>> = Vec::with_capacity(n_results);
         let mut tensors = Vec::with_capacity(hosts.len());
         for (i, (host, shape)) in hosts.into_iter().zip(&entry.outputs).enumerate() {
+            let Some(host) = host else {
+                tensors.push(None);
+                continue;
+            };
             // An output written in place is not held for reuse: the next call may be given it
             // back as an argument, to be updated in place again.
             if !entry.in_place.contains(&i) && !held.iter().any(|h| Arc::ptr_eq(h, &host.data)) {
@@ -372,17 +430,17 @@ impl JitCache {
             }
             let own = own_bindings(shape, &bindings);
             let shell = shells.iter_mut().find(|(p, _)| *p == Arc::as_ptr(&host.data)).and_then(|(_, t)| t.take());
-            tensors.push(match shell {
+            tensors.push(Some(match shell {
                 Some(shell) => Tensor::refill(shell, host, shape.clone(), own, device),
                 None => Tensor::source(host, shape.clone(), own, device),
-            });
+            }));
         }
-        // Each output once, in order (the usual case): the tensors themselves, no handle cloned.
-        let results = if entry.which.iter().copied().eq(0..tensors.len()) {
-            tensors
-        } else {
-            entry.which.iter().map(|&i| tensors[i].clone()).collect()
-        };
+        // Each output its own tensor (the usual case) is returned as made, no handle cloned.
+        let results = entry.which[..n_results]
+            .iter()
+            .map(|&g| if entry.sole[g] { tensors[g].take() } else { tensors[g].clone() })
+            .collect::<Option<Vec<Tensor>>>()
+            .ok_or_else(|| Error::internal("an output taken twice".into()))?;
         self.held.rotate_left(1);
         self.held[1] = held;
         Ok(results)
@@ -459,10 +517,20 @@ impl Kept {
     }
 }
 
-/// Traces `f` on placeholders typed like `args` and loads the result on `device`.
+/// Whether `host` is an array of type `ty` (a state array given again: a trace's signature).
+fn holds(ty: &TensorType, host: &HostTensor) -> bool {
+    ty.dtype == host.dtype()
+        && ty.shape.len() == host.shape.len()
+        && ty.shape.iter().zip(&host.shape).all(|(d, &s)| d.as_const() == Some(s as i64))
+}
+
+/// Traces `f` on placeholders typed like `args` and loads the result on `device`. The arguments
+/// at `state_args` are state arrays: the closure's last outputs must be their new values, each of its
+/// argument's type.
 fn trace<R: JitOutput>(
     device: Device,
     args: &[&Tensor],
+    state_args: std::ops::Range<usize>,
     f: impl FnOnce(&[Tensor]) -> R,
 ) -> std::result::Result<Entry, R::Error> {
     let placeholders: Vec<Tensor> = args.iter().map(|a| Tensor::placeholder(a.ty().clone(), a.device())).collect();
@@ -482,6 +550,26 @@ fn trace<R: JitOutput>(
     };
     for o in &outputs {
         o.check()?;
+    }
+    if outputs.len() < state_args.len() {
+        return Err(Error::Jit(format!(
+            "the function returned {} outputs for {} state arrays (their new values come last)",
+            outputs.len(),
+            state_args.len()
+        ))
+        .into());
+    }
+    let first_state = outputs.len() - state_args.len();
+    for (o, i) in outputs[first_state..].iter().zip(state_args.clone()) {
+        if o.ty() != args[i].ty() {
+            return Err(Error::Jit(format!(
+                "state array {} is {} but the function's new value for it is {}",
+                i - state_args.start,
+                args[i].ty(),
+                o.ty()
+            ))
+            .into());
+        }
     }
     let mut all_args = placeholders;
     let mut random = Vec::with_capacity(state.random.len());
@@ -509,7 +597,9 @@ fn trace<R: JitOutput>(
         device,
         signature: args.iter().map(|a| a.ty().clone()).collect(),
         outputs: roots.iter().map(|o| o.shape().clone()).collect(),
+        sole: (0..roots.len()).map(|g| which.iter().filter(|&&w| w == g).count() == 1).collect(),
         which,
+        n_state: state_args.len(),
         in_place,
         taken_slots,
         kept: args.iter().map(|_| None).collect(),

@@ -1,8 +1,8 @@
 //! `Tensor::slice_scatter` at a symbolic position: values against a host reference on every
 //! device, the in-place update of a donated argument (`JitCache::call_owned`: same array, only
-//! the new rows written), a shared argument left unchanged, one trace for every position (given
-//! as a symbol tensor or as a symbol's value, `JitCache::call_owned_with`), and a range past the
-//! end reported as an error.
+//! the new rows written; or a state array, `JitCache::call_with_state`, taken and put back), a
+//! shared argument left unchanged, one trace for every position (given as a symbol tensor or as
+//! a symbol's value), and a range past the end reported as an error.
 
 mod support;
 
@@ -191,41 +191,68 @@ fn an_array_updated_in_place_comes_back_as_the_very_array_given() {
 }
 
 #[test]
-fn a_position_given_as_a_symbol_value_updates_in_place_with_one_trace() {
-    // `JitCache::call_owned_with`'s `symbols`: the closure names the position itself, each call
-    // binds its value without a tensor for it.
+fn a_state_array_at_a_symbol_position_is_updated_in_place_with_one_trace() {
+    // `JitCache::call_with_state`: the cache is a host array the call takes and puts back, and
+    // the closure names the position itself (each call binds its value, no tensor made).
     for device in devices() {
         let pos = Dim::sym("pos");
         let symbol = pos.as_symbol().unwrap().clone();
-        let write = |a: &[Tensor]| vec![a[0].slice_scatter(&a[1], 0, pos)];
+        // Arguments: the new row, then the cache; outputs: the filled rows' sums, then the cache.
+        let write = |a: &[Tensor]| {
+            let updated = a[1].slice_scatter(&a[0], 0, pos);
+            vec![updated.narrow(0, 0, pos + 1).sum(&[1]), updated]
+        };
         let mut f = kiln::JitCache::new();
-        let mut cache = Tensor::zeros_on(&[ROWS, COLS], kiln::DType::F32, device);
-        let mut reference = vec![0.0f32; ROWS * COLS];
+        let zeros = kiln::HostData::filled(kiln::DType::F32, ROWS * COLS, kiln::Scalar::Int(0));
+        let mut state = vec![kiln::HostTensor::new(zeros, vec![ROWS, COLS]).unwrap()];
+        let mut reference = [0.0f32; ROWS * COLS];
         for p in 0..ROWS {
             let new_rows = rows(1, p as f32);
             reference[p * COLS..(p + 1) * COLS].copy_from_slice(&new_rows);
             let new = Tensor::from_vec_on(new_rows, &[1, COLS], device);
-            let before = data_ptr(&cache);
-            let mut out = f.call_owned_with(vec![cache, new], &[], &[(symbol.clone(), p as i64)], write).unwrap();
-            cache = out.remove(0);
-            assert_eq!(cache.to_vec::<f32>().unwrap(), reference, "{device} position {p}");
-            if device == Device::Cpu && p > 0 {
-                assert_eq!(data_ptr(&cache), before, "{device} position {p}: the cache was copied");
+            let before = Arc::as_ptr(&state[0].data);
+            let out = f.call_with_state(vec![new], &mut state, &[], &[(symbol.clone(), p as i64)], write).unwrap();
+            assert_eq!(out.len(), 1, "{device}: the state's outputs are not returned");
+            assert_eq!(state[0].shape, [ROWS, COLS]);
+            assert_eq!(state[0].data.to_f64_vec(), reference.iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
+            let want: Vec<f32> = reference[..(p + 1) * COLS].chunks(COLS).map(|r| r.iter().sum()).collect();
+            let got = out[0].to_vec::<f32>().unwrap();
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g - w).abs() < 1e-5, "{device} position {p}: {got:?} vs {want:?}");
+            }
+            if device == Device::Cpu {
+                assert_eq!(Arc::as_ptr(&state[0].data), before, "{device} position {p}: the cache was copied");
             }
         }
         assert_eq!(f.traces(), 1, "{device}");
+        // A tensor sharing the array (held by the caller) is not written under it: a copy is.
+        let held = Tensor::from_host_on(state[0].clone(), device);
+        let seen = held.to_vec::<f32>().unwrap();
+        let new = Tensor::from_vec_on(rows(1, 9.0), &[1, COLS], device);
+        f.call_with_state(vec![new], &mut state, &[], &[(symbol.clone(), 0)], write).unwrap();
+        assert_eq!(held.to_vec::<f32>().unwrap(), seen, "{device}: a shared array was written");
+        assert_eq!(state[0].data.to_f64_vec()[..COLS], rows(1, 9.0).iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
         // Past the end: an error naming the op, not a write out of bounds.
         let new = Tensor::from_vec_on(rows(1, 0.0), &[1, COLS], device);
-        let e = f.call_owned_with(vec![cache.clone(), new.clone()], &[], &[(symbol.clone(), ROWS as i64)], write);
+        let e = f.call_with_state(vec![new.clone()], &mut state, &[], &[(symbol.clone(), ROWS as i64)], write);
         let msg = e.unwrap_err().to_string();
         assert!(msg.contains("slice_scatter") && msg.contains("pos"), "{device}: {msg}");
         // A value that contradicts the one an argument binds: an error.
+        let zeros = kiln::HostData::filled(kiln::DType::F32, ROWS * COLS, kiln::Scalar::Int(0));
+        let mut state = vec![kiln::HostTensor::new(zeros, vec![ROWS, COLS]).unwrap()];
         let marker = Tensor::from_vec_on(vec![0i32; 2], &[2], device).with_dims(vec![pos]);
         let e = f
-            .call_owned_with(vec![cache.clone(), new, marker], &[], &[(symbol.clone(), 3)], |a: &[Tensor]| {
-                vec![a[0].slice_scatter(&a[1], 0, pos)]
+            .call_with_state(vec![new.clone(), marker], &mut state, &[], &[(symbol.clone(), 3)], |a: &[Tensor]| {
+                vec![a[2].slice_scatter(&a[0], 0, pos)]
             })
             .unwrap_err();
         assert!(e.to_string().contains("`pos` is bound to both 3 and 2"), "{device}: {e}");
+        // A new value of another type than its state array's: an error at the trace.
+        let zeros = kiln::HostData::filled(kiln::DType::F32, ROWS * COLS, kiln::Scalar::Int(0));
+        let mut state = vec![kiln::HostTensor::new(zeros, vec![ROWS, COLS]).unwrap()];
+        let e = kiln::JitCache::new()
+            .call_with_state(vec![new], &mut state, &[], &[], |a: &[Tensor]| vec![a[1].narrow(0, 0, 2)])
+            .unwrap_err();
+        assert!(e.to_string().contains("state array 0"), "{device}: {e}");
     }
 }

@@ -94,7 +94,7 @@ impl Gpt {
             return Ok((vec![self.forward(tokens)], Bindings::new()));
         };
         let kv: Vec<Tensor> = (0..self.config.layers)
-            .flat_map(|b| [cache.keys(b).cloned(), cache.values(b).cloned()])
+            .flat_map(|b| [cache.keys(b), cache.values(b)])
             .collect::<Option<_>>()
             .ok_or_else(|| anyhow::anyhow!("the cache has fewer blocks than the model"))?;
         let tokens = tokens.with_dims(vec![Dim::Const(self.config.batch as i64), Dim::sym("seq")]);

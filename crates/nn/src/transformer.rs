@@ -5,7 +5,7 @@
 //! `blocks.{i}.ln2.{weight,bias}`, `blocks.{i}.mlp.{fc,proj}.{weight,bias}`, `ln_f.{weight,bias}`,
 //! `head.weight`.
 
-use kiln::{DType, Dim, JitCache, Symbol, Tensor};
+use kiln::{DType, Device, Dim, HostData, HostTensor, JitCache, Scalar, Symbol, Tensor};
 
 use crate::Module;
 use crate::activation::Activation;
@@ -173,13 +173,15 @@ impl Module for Transformer {
 ///
 /// Each block's keys and values are `[batch, n_heads, max_seq_len, head_dim]` arrays allocated
 /// once. A call writes its tokens' keys and values at `[start_pos, start_pos + seq)` *in place*
-/// (the arrays are given to the compiled forward and come back as its outputs, with only the new
-/// rows written; see `kiln::JitCache::call_owned`) and attends over `[0, start_pos + seq)`. The
-/// cache also holds the compiled forward: `start_pos` and `seq` are symbols of one program, so
-/// a prefill and every decoding step run without compiling again.
+/// (the arrays are the compiled forward's state, `kiln::JitCache::call_with_state`: given to
+/// each call and put back, with only the new rows written) and attends over
+/// `[0, start_pos + seq)`. The cache also holds the compiled forward: `start_pos` and `seq` are
+/// symbols of one program, so a prefill and every decoding step run without compiling again.
 pub struct KvCache {
-    /// Keys, then values, per block.
-    kv: Vec<Tensor>,
+    /// Keys, then values, per block: host arrays, not tensors, so that a decoding step touches
+    /// no tensor node for them.
+    kv: Vec<HostTensor>,
+    device: Device,
     batch: usize,
     max_seq_len: usize,
     /// The number of positions filled.
@@ -190,7 +192,7 @@ pub struct KvCache {
     /// The model's tensors (`visit_tensors` order) of the last call.
     weights: Vec<Tensor>,
     /// The forward's symbols, made once: the tokens' `seq`, then `start_pos` and `kv_len`, whose
-    /// values each call binds directly (`kiln::JitCache::call_owned_with`'s `symbols`).
+    /// values each call binds directly (`kiln::JitCache::call_with_state`'s `symbols`).
     seq: Dim,
     start: (Dim, Symbol),
     kv_len: (Dim, Symbol),
@@ -218,14 +220,19 @@ impl KvCache {
     }
 
     /// Block `block`'s keys, `[batch, n_heads, max_seq_len, head_dim]` (positions from
-    /// [`KvCache::len`] on are stale).
-    pub fn keys(&self, block: usize) -> Option<&Tensor> {
-        self.kv.get(2 * block)
+    /// [`KvCache::len`] on are stale): a tensor sharing the cache's array (while it is held, the
+    /// next call copies the array rather than update it under it).
+    pub fn keys(&self, block: usize) -> Option<Tensor> {
+        self.array(2 * block)
     }
 
     /// Block `block`'s values, laid out as [`KvCache::keys`].
-    pub fn values(&self, block: usize) -> Option<&Tensor> {
-        self.kv.get(2 * block + 1)
+    pub fn values(&self, block: usize) -> Option<Tensor> {
+        self.array(2 * block + 1)
+    }
+
+    fn array(&self, i: usize) -> Option<Tensor> {
+        self.kv.get(i).map(|h| Tensor::from_host_on(h.clone(), self.device))
     }
 
     /// Forgets every position (the arrays are kept; the next call starts at position 0).
@@ -248,16 +255,15 @@ impl Transformer {
         let head_dim = c.dim / c.n_heads;
         let device = self.wte.weight.device();
         let dtype = self.wte.weight.dtype();
-        let shape = [batch, c.n_heads, c.max_seq_len, head_dim];
+        let shape = vec![batch, c.n_heads, c.max_seq_len, head_dim];
+        let numel = shape.iter().product();
         let kv = (0..2 * c.n_layers)
-            .map(|_| {
-                let t = Tensor::zeros_on(&shape[..], dtype, device);
-                t.realize()?;
-                Ok(t)
-            })
-            .collect::<Result<_>>()?;
+            .map(|_| HostTensor::new(HostData::filled(dtype, numel, Scalar::Int(0)), shape.clone()))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(NnError::Cache)?;
         Ok(KvCache {
             kv,
+            device,
             batch,
             max_seq_len: c.max_seq_len,
             len: 0,
@@ -330,7 +336,7 @@ impl Transformer {
         }
         let tokens = tokens.with_dims(vec![Dim::Const(batch as i64), cache.seq]);
         // The model's tensors as of the last call, collected again only when one was replaced
-        // (compared by handle: no tensor is touched, see `kiln::JitCache::call_owned_with`).
+        // (compared by handle: no tensor is touched, see `kiln::JitCache::call_with_state`).
         let mut unchanged = true;
         let mut count = 0;
         self.visit_tensors(&mut |t, _| {
@@ -341,10 +347,6 @@ impl Transformer {
             cache.weights = model_tensors(self);
         }
         let n_kv = cache.kv.len();
-        let mut args = Vec::with_capacity(1 + n_kv);
-        args.push(tokens);
-        // The cache arrays are given up, so the program updates them in place.
-        args.append(&mut cache.kv);
         let symbols = [
             (cache.start.1.clone(), start_pos as i64),
             (cache.kv_len.1.clone(), self.attended_len(start_pos, seq) as i64),
@@ -352,16 +354,21 @@ impl Transformer {
         let (start, len) = (cache.start.0, cache.kv_len.0);
         let model = &mut *self;
         let jit = if last { &mut cache.jit_last } else { &mut cache.jit };
-        let result = jit.call_owned_with(args, &cache.weights, &symbols, |a: &[Tensor]| -> Result<Vec<Tensor>> {
-            let kv = &a[1..1 + n_kv];
-            let mut out =
-                with_tensors(model, &a[1 + n_kv..], |m| kiln::no_grad(|| m.forward_cached(&a[0], &start, &len, kv)))??;
-            if last {
-                let seq = a[0].shape()[1];
-                out[0] = out[0].narrow(1, seq - Dim::Const(1), 1);
-            }
-            Ok(out)
-        });
+        // The cache arrays are the call's state: given to the program, which updates them in
+        // place, and put back.
+        let (kv_arrays, weights) = (&mut cache.kv, &cache.weights);
+        let result =
+            jit.call_with_state(vec![tokens], kv_arrays, weights, &symbols, |a: &[Tensor]| -> Result<Vec<Tensor>> {
+                let kv = &a[1..1 + n_kv];
+                let mut out = with_tensors(model, &a[1 + n_kv..], |m| {
+                    kiln::no_grad(|| m.forward_cached(&a[0], &start, &len, kv))
+                })??;
+                if last {
+                    let seq = a[0].shape()[1];
+                    out[0] = out[0].narrow(1, seq - Dim::Const(1), 1);
+                }
+                Ok(out)
+            });
         let mut out = match result {
             Ok(out) => out,
             Err(e) => {
@@ -373,7 +380,6 @@ impl Transformer {
                 return Err(e);
             }
         };
-        cache.kv.extend(out.drain(1..));
         cache.len = start_pos + seq;
         out.pop().ok_or_else(|| NnError::Cache("the compiled forward returned nothing".into()))
     }

@@ -107,7 +107,7 @@ fn sixty_four_decoding_steps_compile_nothing() {
     let mut logits = m.forward_at(&prompt, 0, &mut cache).unwrap();
     let compiled = cpu.stats().programs_compiled;
     let arrays = |c: &KvCache| -> Vec<*const u8> {
-        (0..2).flat_map(|b| [data_ptr(c.keys(b).unwrap()), data_ptr(c.values(b).unwrap())]).collect()
+        (0..2).flat_map(|b| [data_ptr(&c.keys(b).unwrap()), data_ptr(&c.values(b).unwrap())]).collect()
     };
     let first = arrays(&cache);
     let mut launched = Vec::new();
