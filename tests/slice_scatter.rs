@@ -180,9 +180,13 @@ fn an_array_updated_in_place_comes_back_as_the_very_array_given() {
         // An array of the caller's alone (the trace's inputs share `cache`'s).
         inputs[slot].data = Arc::new(inputs[slot].data.as_ref().clone());
         let given = Arc::as_ptr(&inputs[slot].data);
+        let given_shape = inputs[slot].shape.as_ptr();
         let elsewhere = shared.then(|| inputs[slot].data.clone());
         let out = exe.run_taking(&mut inputs, &pos.bindings(), Vec::new()).unwrap();
         assert_eq!(std::ptr::eq(Arc::as_ptr(&out[0].data), given), !shared, "shared elsewhere: {shared}");
+        // The output's shape is the input's own allocation, handed on (no allocation per run).
+        assert_eq!(out[0].shape, [ROWS, COLS]);
+        assert_eq!(out[0].shape.as_ptr(), given_shape, "shared elsewhere: {shared}");
         assert_eq!(out[0].data.to_f64_vec(), want.iter().map(|&x| f64::from(x)).collect::<Vec<_>>());
         if let Some(array) = elsewhere {
             assert_eq!(array.to_f64_vec(), program.inputs[slot].data.to_f64_vec(), "a shared array was written");

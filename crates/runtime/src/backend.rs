@@ -21,7 +21,7 @@ use air::{Bindings, HostData, HostTensor, TensorType};
 use lower::{MemoryPlan, MemoryStats, Program};
 
 use crate::error::Result;
-use crate::prepared::{Prepared, SizedCache, Sizes};
+use crate::prepared::{Prepared, Preset, SizedCache, Sizes};
 
 /// One program's kernels on one device, and the buffers its runs use.
 ///
@@ -68,7 +68,7 @@ pub trait Backend: Send + Sync + Sized {
     /// run holding exactly that data. A backend whose outputs live in host arrays takes the
     /// array when nobody else holds it (no copy), else copies it. By default a program with
     /// such outputs is refused.
-    fn preset(&self, buffers: &mut Self::Buffers, inits: Vec<(usize, Arc<HostData>)>) -> Result<()> {
+    fn preset(&self, buffers: &mut Self::Buffers, inits: Vec<Preset>) -> Result<()> {
         let _ = buffers;
         if inits.is_empty() {
             return Ok(());
@@ -312,7 +312,7 @@ impl<B: Backend> Runner<B> {
         inputs: &[HostTensor],
         sized: &BindingSet<B>,
         spare: Vec<HostData>,
-        inits: Vec<(usize, Arc<HostData>)>,
+        inits: Vec<Preset>,
     ) -> Result<Vec<HostTensor>> {
         // Concurrent runs: the first takes the shared buffers; the others make their own for the
         // run, or wait when the backend says so.

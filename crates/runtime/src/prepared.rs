@@ -135,6 +135,18 @@ fn invalid<T>(msg: String) -> Result<T> {
     Err(RuntimeError::InvalidProgram(msg))
 }
 
+/// The initial contents of an output written in place over an input (`Program::inits`).
+pub struct Preset {
+    /// The output's buffer.
+    pub out: usize,
+    /// The input's array.
+    pub data: Arc<HostData>,
+    /// The input's shape allocation: the output's shape is the input's, so a backend may hand
+    /// it out again rather than allocate one per output per run (a decoding step's 24 key and
+    /// value arrays).
+    pub shape: Vec<usize>,
+}
+
 impl Prepared {
     /// Validates `program` for the graph whose input slots have `input_types`.
     pub fn new(program: Program, input_types: Vec<Option<TensorType>>) -> Result<Prepared> {
@@ -248,15 +260,16 @@ impl Prepared {
     }
 
     /// Takes the storage of each input that initializes an output (`Program::inits`) out of
-    /// `inputs`, as (output buffer, data): no kernel reads those inputs, so their slots are left
-    /// empty. A backend gives each output that data before the run; when nobody else holds it
-    /// (`Arc::try_unwrap` succeeds) it is the output's storage, written in place.
-    pub fn take_inits(&self, inputs: &mut [HostTensor]) -> Vec<(usize, Arc<HostData>)> {
+    /// `inputs`: no kernel reads those inputs, so their slots are left empty. A backend gives
+    /// each output that data before the run; when nobody else holds it (`Arc::try_unwrap`
+    /// succeeds) it is the output's storage, written in place.
+    pub fn take_inits(&self, inputs: &mut [HostTensor]) -> Vec<Preset> {
         self.init_slots
             .iter()
             .map(|&(out, slot)| {
-                let empty = HostData::empty_shared(inputs[slot].data.dtype());
-                (out, std::mem::replace(&mut inputs[slot].data, empty))
+                let input = &mut inputs[slot];
+                let empty = HostData::empty_shared(input.data.dtype());
+                Preset { out, data: std::mem::replace(&mut input.data, empty), shape: std::mem::take(&mut input.shape) }
             })
             .collect()
     }

@@ -48,7 +48,7 @@ use crate::error::{Result, RuntimeError};
 use crate::levels::LevelSchedule;
 use crate::memory::Arena;
 use crate::parallel;
-use crate::prepared::{self, Prepared};
+use crate::prepared::{self, Prepared, Preset};
 
 use launch::{Code, Launch, StepCode};
 
@@ -196,12 +196,14 @@ pub struct RunState {
     buf_ptrs: Vec<*mut u8>,
     table: Vec<*mut u8>,
     fresh: Vec<Arc<HostData>>,
+    /// Per fresh output, the shape allocation of the input it is written in place over.
+    fresh_shapes: Vec<Option<Vec<usize>>>,
     /// Arrays offered by the caller for this run's outputs ([`Backend::recycle`]), emptied by
     /// `bind`.
     spare: Vec<HostData>,
     /// The initial contents of outputs written in place ([`Backend::preset`]), by buffer,
     /// emptied by `bind`.
-    presets: Vec<(usize, Arc<HostData>)>,
+    presets: Vec<Preset>,
     /// The run's status words (`lower::kir::STATUS_WORDS`), zeroed before each run; kernels
     /// record data-dependent failures here.
     status: Vec<i32>,

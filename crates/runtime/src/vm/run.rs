@@ -17,7 +17,7 @@ use crate::levels::{self, Phase};
 use crate::matmul::RowCopy;
 use crate::memory;
 use crate::parallel::{self, SendPtr};
-use crate::prepared::{Prepared, Sizes};
+use crate::prepared::{Prepared, Preset, Sizes};
 
 impl Backend for CpuCode {
     const NAME: &'static str = "cpu";
@@ -79,7 +79,7 @@ impl Backend for CpuCode {
         state.spare = spare;
     }
 
-    fn preset(&self, state: &mut RunState, inits: Vec<(usize, Arc<HostData>)>) -> Result<()> {
+    fn preset(&self, state: &mut RunState, inits: Vec<Preset>) -> Result<()> {
         state.presets = inits;
         Ok(())
     }
@@ -98,13 +98,14 @@ impl Backend for CpuCode {
         let base = state.arena.base();
 
         state.fresh.clear();
+        state.fresh_shapes.clear();
         for (j, &b) in self.output_bufs.iter().enumerate() {
             let b = b as usize;
             let (dtype, n) = (program.buffers[b].dtype, sized.sizes.buf_numel[b]);
-            if let Some(k) = state.presets.iter().position(|(out, _)| *out == b) {
+            if let Some(k) = state.presets.iter().position(|p| p.out == b) {
                 // Written in place: the given array itself (its very `Arc`, so that the caller
                 // can tell it comes back) when nobody else holds it, else a copy.
-                let (_, mut data) = state.presets.swap_remove(k);
+                let Preset { mut data, shape, .. } = state.presets.swap_remove(k);
                 Arc::make_mut(&mut data);
                 if data.dtype() != dtype || data.len() != n {
                     state.presets.clear();
@@ -115,8 +116,10 @@ impl Backend for CpuCode {
                     )));
                 }
                 state.fresh.push(data);
+                state.fresh_shapes.push(Some(shape));
                 continue;
             }
+            state.fresh_shapes.push(None);
             let spare = state.spare.iter().position(|d| d.dtype() == dtype && d.len() == n);
             state.fresh.push(Arc::new(match spare {
                 Some(i) => {
@@ -355,7 +358,20 @@ impl Backend for CpuCode {
         }
         let mut results = Vec::with_capacity(self.outputs.len());
         for (i, source) in self.outputs.iter().enumerate() {
-            let shape = sized.sizes.output_shapes[i].clone();
+            let dims = &sized.sizes.output_shapes[i];
+            // An output written in place takes its input's shape allocation (same dims).
+            let shape = match *source {
+                OutputSource::Fresh(j) => state.fresh_shapes.get_mut(j).and_then(Option::take),
+                _ => None,
+            };
+            let shape = match shape {
+                Some(mut shape) => {
+                    shape.clear();
+                    shape.extend_from_slice(dims);
+                    shape
+                }
+                None => dims.clone(),
+            };
             let data = match *source {
                 OutputSource::Fresh(j) => fresh[j].clone(),
                 OutputSource::Input(slot) => inputs[slot as usize].data.clone(),

@@ -12,7 +12,7 @@ use lower::{BufferKind, Program};
 use super::{Pipeline, WgpuDevice, WgpuError};
 use crate::backend::{Backend, BindingSet, Runner};
 use crate::error::{Result, RuntimeError};
-use crate::prepared::{Prepared, SizeKey, Sizes};
+use crate::prepared::{Prepared, Preset, SizeKey, Sizes};
 
 /// A program's pipelines on a wgpu device: the wgpu [`Backend`].
 pub struct GpuCode {
@@ -58,7 +58,7 @@ pub struct GpuBuffers {
     pass: Option<::wgpu::ComputePass<'static>>,
     /// The initial contents of outputs written in place ([`Backend::preset`]), uploaded by
     /// `bind`.
-    presets: Vec<(usize, Arc<HostData>)>,
+    presets: Vec<Preset>,
 }
 
 /// A compiled program, ready to run on the GPU for any symbol values.
@@ -181,7 +181,7 @@ impl Backend for GpuCode {
         Ok(GpuLaunches { bytes, io_bytes, dispatches })
     }
 
-    fn preset(&self, st: &mut GpuBuffers, inits: Vec<(usize, Arc<HostData>)>) -> Result<()> {
+    fn preset(&self, st: &mut GpuBuffers, inits: Vec<Preset>) -> Result<()> {
         st.presets = inits;
         Ok(())
     }
@@ -266,7 +266,7 @@ impl Backend for GpuCode {
             upload(dev, &target.buffer, &inputs[slot as usize].data)?;
         }
         // Outputs written in place start from their inputs' contents.
-        for (b, data) in std::mem::take(&mut st.presets) {
+        for Preset { out: b, data, .. } in std::mem::take(&mut st.presets) {
             let target = st
                 .outputs
                 .get(b)
