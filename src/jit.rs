@@ -525,8 +525,8 @@ fn holds(ty: &TensorType, host: &HostTensor) -> bool {
 }
 
 /// Traces `f` on placeholders typed like `args` and loads the result on `device`. The arguments
-/// at `state_args` are state arrays: the closure's last outputs must be their new values, each of its
-/// argument's type.
+/// at `state_args` are state arrays: the closure's last outputs must be their new values, each
+/// of its argument's type.
 fn trace<R: JitOutput>(
     device: Device,
     args: &[&Tensor],

@@ -358,20 +358,12 @@ impl Backend for CpuCode {
         }
         let mut results = Vec::with_capacity(self.outputs.len());
         for (i, source) in self.outputs.iter().enumerate() {
-            let dims = &sized.sizes.output_shapes[i];
             // An output written in place takes its input's shape allocation (same dims).
-            let shape = match *source {
-                OutputSource::Fresh(j) => state.fresh_shapes.get_mut(j).and_then(Option::take),
-                _ => None,
+            let mut shape = match *source {
+                OutputSource::Fresh(j) => state.fresh_shapes.get_mut(j).and_then(Option::take).unwrap_or_default(),
+                _ => Vec::new(),
             };
-            let shape = match shape {
-                Some(mut shape) => {
-                    shape.clear();
-                    shape.extend_from_slice(dims);
-                    shape
-                }
-                None => dims.clone(),
-            };
+            shape.clone_from(&sized.sizes.output_shapes[i]);
             let data = match *source {
                 OutputSource::Fresh(j) => fresh[j].clone(),
                 OutputSource::Input(slot) => inputs[slot as usize].data.clone(),
