@@ -16,7 +16,7 @@ run() {
     echo "== $* (PROPTEST_CASES=$PROPTEST_CASES)" >&2
     timeout "$limit" cargo test --release "$@" -- --test-threads=2
 }
-run -p kiln-air --test fuzz_text
-run -p kiln-nn --test fuzz_safetensors
-run -p kiln --test fuzz_ops
-run -p kiln-onnx --test import
+run -p kiln-air --test it fuzz_text::
+run -p kiln-nn --test it fuzz_safetensors::
+run -p kiln --test it fuzz_ops::
+run -p kiln-onnx --test it import::

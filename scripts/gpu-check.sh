@@ -17,8 +17,8 @@ if command -v vulkaninfo >/dev/null 2>&1; then
 fi
 
 echo "== wgpu op tests" >&2
-cargo test -p kiln-codegen --test wgsl_gen
-cargo test -p kiln-runtime --test wgpu_ops -- --nocapture 2>&1 | grep -E "kiln wgpu: adapter|^test |test result" | sort -u
+cargo test -p kiln-codegen --test it wgsl_gen::
+cargo test -p kiln-runtime --test gpu wgpu_ops:: -- --nocapture 2>&1 | grep -E "kiln wgpu: adapter|^test |test result" | sort -u
 
 echo "== wgpu benchmark" >&2
 cargo run --release -p kiln-runtime --example wgpu_bench -- "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the folder of ONNX's backend node tests (model.onnx + test_data_set_0 per op test), the
-# reference crates/onnx/tests/node.rs checks Kiln against. The onnx 1.22.0 wheel is the last one
+# reference crates/onnx/tests/it/node.rs checks Kiln against. The onnx 1.22.0 wheel is the last one
 # that ships the folders; this installs it with pip into a throwaway venv under the cargo target
 # folder (target/onnx-venv) the first time and reuses it afterwards. Progress goes to stderr, the
 # path alone to stdout:  export KILN_ONNX_NODE_DIR=$(bash scripts/onnx-node-data.sh)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the random-graph property tests (crates/runtime/tests/random_graphs.rs: the CPU device and
+# Runs the random-graph property tests (crates/runtime/tests/gpu/random_graphs.rs: the CPU device and
 # wgpu against the reference interpreter) with many cases: PROPTEST_CASES, default 2000, which
 # every test of that file honours. Built with optimisations, since the interpreter and the code
 # generator dominate the time. Extra arguments go to the test binary (a test name filter, say).
@@ -9,4 +9,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PROPTEST_CASES="${PROPTEST_CASES:-2000}"
 echo "random graphs with PROPTEST_CASES=$PROPTEST_CASES"
-cargo test --release -p kiln-runtime --test random_graphs -- --nocapture "$@"
+cargo test --release -p kiln-runtime --test gpu random_graphs:: -- --nocapture "$@"

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(bash scripts/install-gpu-deps.sh)"
-# ONNX's backend node tests, the reference of crates/onnx/tests/node.rs (onnx 1.22.0 wheel, pip).
+# ONNX's backend node tests, the reference of crates/onnx/tests/it/node.rs (onnx 1.22.0 wheel, pip).
 KILN_ONNX_NODE_DIR="${KILN_ONNX_NODE_DIR:-$(bash scripts/onnx-node-data.sh)}"
 export KILN_ONNX_NODE_DIR
 cargo test --workspace "$@"

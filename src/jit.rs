@@ -12,7 +12,7 @@
 //! `jax.jit`: tensors that hold data are read as they were when the signature was traced. Pass
 //! anything that changes between calls (weights being trained, optimizer state, a learning rate)
 //! as an argument. Two things are handled for the caller:
-//! - random tensors the closure draws from the global generator (`Tensor::rand`, `randn`, dropout)
+//! - random tensors the closure draws from the thread's generator (`Tensor::rand`, `randn`, dropout)
 //!   are drawn again on every call, in the same order, as running the closure would (a seeded
 //!   draw is a constant);
 //! - a closure that realizes a tensor built from an argument (`item`, `to_vec`) cannot be traced:
@@ -49,7 +49,7 @@ use crate::error::{Error, Result};
 use crate::realize::{Sites, bind, merge_bindings, own_bindings, trace_roots};
 use crate::tensor::Tensor;
 
-/// A random input drawn from the global generator on every call.
+/// A random input drawn from the calling thread's generator on every call.
 pub(crate) type Draw = Box<dyn Fn() -> std::result::Result<HostTensor, String>>;
 
 /// What a trace in progress collects besides the closure's outputs.

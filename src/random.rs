@@ -1,10 +1,12 @@
 //! Random tensors, generated on the host: `rand` (uniform in `[0, 1)`) and `randn` (standard
-//! normal), from a global generator that `manual_seed` resets, or from an explicit seed.
+//! normal), from the calling thread's generator that `manual_seed` resets, or from an explicit
+//! seed.
 //!
-//! The global generator starts from a fixed seed, so a program is reproducible by default (as
-//! PyTorch's default generator is).
+//! Every thread's generator starts from the same fixed seed, so a program is reproducible by
+//! default, threads included: one thread's draws never move another's sequence. (PyTorch's
+//! default generator is one per process, so there concurrent draws depend on scheduling.)
 
-use std::sync::{Mutex, PoisonError};
+use std::cell::RefCell;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -16,11 +18,18 @@ use crate::tensor::{Site, Tensor};
 
 const DEFAULT_SEED: u64 = 0x4b69_6c6e; // "Kiln"
 
-static GLOBAL: Mutex<Option<StdRng>> = Mutex::new(None);
+thread_local! {
+    static GENERATOR: RefCell<StdRng> = RefCell::new(StdRng::seed_from_u64(DEFAULT_SEED));
+}
 
-/// Resets the global generator that `Tensor::rand` and `Tensor::randn` draw from.
+/// Resets the calling thread's generator, the one `Tensor::rand` and `Tensor::randn` draw from.
 pub fn manual_seed(seed: u64) {
-    *GLOBAL.lock().unwrap_or_else(PoisonError::into_inner) = Some(StdRng::seed_from_u64(seed));
+    GENERATOR.with(|g| *g.borrow_mut() = StdRng::seed_from_u64(seed));
+}
+
+/// `n` samples from the calling thread's generator.
+fn draw(n: usize, kind: Kind) -> Result<Vec<f32>, String> {
+    GENERATOR.with(|g| fill(&mut g.borrow_mut(), n, kind))
 }
 
 #[derive(Clone, Copy)]
@@ -50,28 +59,21 @@ fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>, devic
     }
     let n: usize = dims.iter().product();
     if seed.is_none() && crate::jit::is_tracing() {
-        // Inside a `kiln::jit` trace: an input drawn again from the global generator on every call.
+        // Inside a `kiln::jit` trace: an input drawn again from the caller's generator on every call.
         let device = match crate::ops::create::place(device) {
             Ok(d) => d,
             Err(e) => return e,
         };
         let ty = air::TensorType::new(air::DType::F32, shape.clone());
         let draw_dims = dims.clone();
-        let draw: crate::jit::Draw = Box::new(move || {
-            let mut global = GLOBAL.lock().unwrap_or_else(PoisonError::into_inner);
-            let data = fill(global.get_or_insert_with(|| StdRng::seed_from_u64(DEFAULT_SEED)), n, kind)?;
-            air::HostTensor::from_vec(data, draw_dims.clone())
-        });
+        let draw: crate::jit::Draw = Box::new(move || air::HostTensor::from_vec(draw(n, kind)?, draw_dims.clone()));
         if let Some(t) = crate::jit::random_input(ty, device, draw) {
             return t;
         }
     }
     let data = match seed {
         Some(seed) => fill(&mut StdRng::seed_from_u64(seed), n, kind),
-        None => {
-            let mut global = GLOBAL.lock().unwrap_or_else(PoisonError::into_inner);
-            fill(global.get_or_insert_with(|| StdRng::seed_from_u64(DEFAULT_SEED)), n, kind)
-        }
+        None => draw(n, kind),
     };
     match data.and_then(|data| air::HostTensor::from_vec(data, dims)) {
         Ok(host) => Tensor::from_host_in(host, device),
@@ -80,25 +82,25 @@ fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>, devic
 }
 
 impl Tensor {
-    /// `f32` samples uniform in `[0, 1)` from the global generator.
+    /// `f32` samples uniform in `[0, 1)` from the thread's generator.
     #[track_caller]
     pub fn rand(shape: impl IntoShape) -> Tensor {
         random(Site::here("rand"), shape.into_dims(), Kind::Uniform, None, None)
     }
 
-    /// [`Tensor::rand`] on `device` (generated on the host, from the global generator).
+    /// [`Tensor::rand`] on `device` (generated on the host, from the thread's generator).
     #[track_caller]
     pub fn rand_on(shape: impl IntoShape, device: Device) -> Tensor {
         random(Site::here("rand"), shape.into_dims(), Kind::Uniform, None, Some(device))
     }
 
-    /// `f32` samples from the standard normal distribution, from the global generator.
+    /// `f32` samples from the standard normal distribution, from the thread's generator.
     #[track_caller]
     pub fn randn(shape: impl IntoShape) -> Tensor {
         random(Site::here("randn"), shape.into_dims(), Kind::Normal, None, None)
     }
 
-    /// [`Tensor::randn`] on `device` (generated on the host, from the global generator).
+    /// [`Tensor::randn`] on `device` (generated on the host, from the thread's generator).
     #[track_caller]
     pub fn randn_on(shape: impl IntoShape, device: Device) -> Tensor {
         random(Site::here("randn"), shape.into_dims(), Kind::Normal, None, Some(device))

@@ -46,8 +46,8 @@ impl Module for Activation {
 }
 
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)` in training mode;
-/// the identity at inference (the default mode). The mask is drawn on the host from `kiln`'s
-/// global generator, so it is an input of the step's graph and the graph's structure does not
+/// the identity at inference (the default mode). The mask is drawn on the host from the calling
+/// thread's `kiln` generator, so it is an input of the step's graph and the graph's structure does not
 /// change from step to step. Needs a concrete shape in training mode (a symbolic shape is an
 /// error). The forward is [`functional::dropout`].
 #[derive(Module)]

@@ -123,7 +123,7 @@ pub fn embedding(input: &Tensor, weight: &Tensor) -> Tensor {
 
 /// `F.dropout(input, p=0.5, training=True)`: in training, zeroes each element with probability
 /// `p` and scales the others by `1 / (1 - p)`; otherwise the identity. The mask is drawn on the
-/// host from `kiln`'s global generator ([`kiln::manual_seed`]), so it is an input of the graph
+/// host from the calling thread's `kiln` generator ([`kiln::manual_seed`]), so it is an input of the graph
 /// and a training step's graph keeps its structure from step to step. In training the shape must
 /// be concrete (a symbolic shape is an error, never a silent identity); `p` outside `[0, 1]` is
 /// an error, as in PyTorch.

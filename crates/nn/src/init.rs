@@ -1,4 +1,4 @@
-//! Parameter initialisation on the host, from `kiln`'s global generator (so `kiln::manual_seed`
+//! Parameter initialisation on the host, from the calling thread's `kiln` generator (so `kiln::manual_seed`
 //! makes models reproducible). Initial values follow PyTorch's defaults.
 
 use kiln::Tensor;

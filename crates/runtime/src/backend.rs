@@ -7,7 +7,7 @@
 //! derives its launches for a binding set, allocates its buffers, launches a step and hands the
 //! outputs out. The CPU VM ([`crate::vm::CpuCode`]) and wgpu ([`crate::wgpu::GpuCode`]) are the two
 //! backends; a third one writes those few methods and nothing else (see
-//! `tests/third_backend.rs`).
+//! `tests/it/third_backend.rs`).
 //!
 //! A run: the binding set's [`BindingSet`] (cached: sizes, memory plan, launches), the inputs
 //! checked, then [`Backend::bind`], [`Backend::launch_all`] (by default [`Backend::launch`] for

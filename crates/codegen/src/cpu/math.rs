@@ -15,7 +15,7 @@
 //!   `1 - t P(t) exp(-x^2)` with `t = 1/(1 + p|x|)` (absolute error 1.5e-7), with the sign of `x`.
 //!
 //! Polynomials use fused multiply-add where the host has it (`has_fma`).
-//! Measured errors are in `tests/approx.rs` and the crate's report.
+//! Measured errors are in `tests/it/approx.rs` and the crate's report.
 
 use rustc_hash::FxHashMap as HashMap;
 

@@ -3,7 +3,7 @@
 //! `Exp2`, `Log2`, `Sin` and `Pow` take no 64-bit floats, so `exp2`, `log2`, `sin`, `erf` and
 //! `pow` are written here from `+ - * /`, `floor` and `ldexp` (which do take them): range
 //! reduction plus a polynomial, each within a few ULP of libm (the sweeps of
-//! `f64_transcendentals_are_within_a_few_ulps_of_libm` in `crates/runtime/tests/wgpu_ops.rs`
+//! `f64_transcendentals_are_within_a_few_ulps_of_libm` in `crates/runtime/tests/gpu/wgpu_ops.rs`
 //! pin the bounds). Nothing relies on error-free transformations (two-sum and the like): Mesa's
 //! NIR (lavapipe) treats float ops as reassociable and folds them away.
 //!

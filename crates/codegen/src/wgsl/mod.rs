@@ -90,7 +90,7 @@
 //! bases with integer exponents, `pow(x, 0) = 1` and `pow(1, y) = 1`.
 //! `f64` matches the same list (and `pow(-0, y)` keeps the sign of zero); `exp2`, `log2`, `sin`
 //! are within a few ULP of libm and `erf` within a few more (the bounds are asserted in
-//! `crates/runtime/tests/wgpu_ops.rs`). Lavapipe's `f64` `trunc` and `f64 <-> u32` conversions
+//! `crates/runtime/tests/gpu/wgpu_ops.rs`). Lavapipe's `f64` `trunc` and `f64 <-> u32` conversions
 //! are wrong for some values, so the helpers build `trunc` from `floor` and convert words through
 //! `i32`.
 //! Deviations: float sums accumulate in `f32` in the kernel's order (a tree order in workgroup

@@ -1,4 +1,4 @@
-//! The data-parallel training scenario shared by the in-process tests (`tests/ddp.rs`) and the
+//! The data-parallel training scenario shared by the in-process tests (`tests/it/ddp.rs`) and the
 //! MPI example (`examples/train_ddp.rs`): a 2-layer Transformer, a synthetic next-token dataset,
 //! the ranks' training and the single-process reference on the global batches.
 
