@@ -5,7 +5,6 @@
 use air::HostTensor;
 use kiln::{Device, Tensor};
 use kiln_cli::bench::check::{self, Tolerance};
-
 use kiln_cli::bench::{embedding, matmul, models, transformer, tree, unary};
 use kiln_cli::model::GptConfig;
 use kiln_cli::pipeline::Traced;

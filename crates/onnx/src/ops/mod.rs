@@ -4,6 +4,7 @@
 //! `import` dispatches on the op type; `is_supported` is the same table, so the list of
 //! unsupported ops a model reports is exactly what `import` would refuse.
 
+mod attention;
 mod elementwise;
 pub(crate) mod known;
 mod nn;
@@ -269,6 +270,7 @@ fn handler(op: &str) -> Option<Handler> {
         | "ReduceLogSum" | "ReduceLogSumExp" => reduce::reduce,
         "ArgMax" | "ArgMin" => reduce::arg,
         "Softmax" | "LogSoftmax" | "Hardmax" => reduce::softmax,
+        "Attention" => attention::attention,
         "MatMul" => nn::matmul,
         "Gemm" => nn::gemm,
         "LayerNormalization" => nn::layer_norm,

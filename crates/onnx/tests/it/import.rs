@@ -439,3 +439,79 @@ proptest! {
         decode_and_run(&bytes);
     }
 }
+
+fn int_attr(name: &str, value: i64) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(value),
+        ..Default::default()
+    }
+}
+
+/// One Attention node of opset 23 over `q`, `k`, `v` of `dims`.
+fn attention_model(attrs: Vec<AttributeProto>, dims: &[Result<i64, &str>]) -> ModelProto {
+    let mut n = node("att", "Attention", &["q", "k", "v"], &["y"]);
+    n.attribute = attrs;
+    let inputs = vec![value("q", dims), value("k", dims), value("v", dims)];
+    let mut g = model(vec![n], inputs, vec![value("y", dims)], vec![]);
+    g.opset_import[0].version = Some(23);
+    g
+}
+
+#[test]
+fn causal_attention_at_a_symbolic_sequence_length_matches_a_direct_computation() {
+    let (heads, size) = (2usize, 4usize);
+    let g = attention_model(vec![int_attr("is_causal", 1)], &[Ok(1), Ok(heads as i64), Err("seq"), Ok(size as i64)]);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    for seq in [3usize, 5] {
+        let data =
+            |salt: f32| -> Vec<f32> { (0..heads * seq * size).map(|i| ((i as f32 + salt) * 0.61).sin()).collect() };
+        let (q, k, v) = (data(0.0), data(1.0), data(2.0));
+        let input = |i: usize, d: &[f32]| {
+            let host = HostTensor::new(HostData::F32(d.to_vec()), vec![1, heads, seq, size]).unwrap();
+            m.input_tensor(i, host, Device::Cpu).unwrap()
+        };
+        let y = m.run(&[input(0, &q), input(1, &k), input(2, &v)]).unwrap().remove(0);
+        assert_eq!(y.shape()[2].to_string(), "seq");
+        // Query `i` of each head attends to keys `0..=i`, scores scaled by 1/sqrt(size).
+        let mut want = vec![0.0f32; heads * seq * size];
+        for h in 0..heads {
+            let at = |x: &[f32], row: usize, c: usize| x[(h * seq + row) * size + c];
+            for i in 0..seq {
+                let scores: Vec<f32> =
+                    (0..=i).map(|j| (0..size).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f32>() / 2.0).collect();
+                let top = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let weights: Vec<f32> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f32 = weights.iter().sum();
+                for c in 0..size {
+                    let sum: f32 = (0..=i).map(|j| weights[j] * at(&v, j, c)).sum();
+                    want[(h * seq + i) * size + c] = sum / total;
+                }
+            }
+        }
+        air::testing::assert_close("attention", &y.to_vec::<f32>().unwrap(), &want, air::testing::Tol::both(1e-5));
+    }
+}
+
+#[test]
+fn attention_heads_that_do_not_fit_are_errors_naming_the_node() {
+    // 3-D inputs without the head counts.
+    let g = attention_model(vec![], &[Ok(1), Ok(2), Ok(8)]);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let x = || Tensor::zeros(&[1, 2, 8], kiln::DType::F32);
+    let err = m.run(&[x(), x(), x()]).unwrap_err().to_string();
+    assert!(err.contains("\"att\"") && err.contains("Attention") && err.contains("q_num_heads"), "{err}");
+    // 3 query heads cannot share 2 key/value heads.
+    let g = attention_model(vec![int_attr("q_num_heads", 3), int_attr("kv_num_heads", 2)], &[Ok(1), Ok(2), Ok(12)]);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let x = || Tensor::zeros(&[1, 2, 12], kiln::DType::F32);
+    let err = m.run(&[x(), x(), x()]).unwrap_err().to_string();
+    assert!(err.contains("\"att\"") && err.contains("3 query heads cannot share 2"), "{err}");
+    // A hidden size the head count does not divide.
+    let g = attention_model(vec![int_attr("q_num_heads", 3), int_attr("kv_num_heads", 3)], &[Ok(1), Ok(2), Ok(8)]);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let x = || Tensor::zeros(&[1, 2, 8], kiln::DType::F32);
+    let err = m.run(&[x(), x(), x()]).unwrap_err().to_string();
+    assert!(err.contains("not a multiple of 3 heads"), "{err}");
+}
