@@ -1,7 +1,8 @@
-//! The Attention op (opset 23; opset 24's `nonpad_kv_seqlen` input too): scaled dot-product
-//! attention over `[batch, heads, seq, head_size]` (or 3-D `[batch, seq, heads * head_size]`)
-//! queries, keys and values, with an optional key/value cache, mask, causal mask, softcap and
-//! grouped-query heads, built from Kiln's tensor ops.
+//! The attention ops of opset 23, built from Kiln's tensor ops: Attention (opset 24's
+//! `nonpad_kv_seqlen` input too), scaled dot-product attention over `[batch, heads, seq,
+//! head_size]` (or 3-D `[batch, seq, heads * head_size]`) queries, keys and values, with an
+//! optional key/value cache, mask, causal mask, softcap and grouped-query heads; and
+//! RotaryEmbedding.
 //!
 //! The order of the steps is that of ONNX's reference implementation, whose outputs the node
 //! tests record: `Q * sqrt(scale)` against `K * sqrt(scale)`, then the softcap, then the mask
@@ -203,4 +204,69 @@ fn kiln_dtype(code: i64) -> OpResult<DType> {
         .ok()
         .and_then(crate::data::to_dtype)
         .ok_or_else(|| format!("softmax_precision {code} is not a data type Kiln has").into())
+}
+
+/// RotaryEmbedding (opset 23): rotates the first `rotary_embedding_dim` features of each head
+/// (all by default) by the angles whose cosines and sines the caches hold, at each token's
+/// position (`position_ids` rows of the caches, or caches already `[batch, seq, dim / 2]`). The
+/// pairs rotated are the two halves of those features, or neighbours with `interleaved`.
+pub(super) fn rotary_embedding(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    // As [batch, seq, heads, head_size].
+    let work = match x.ndim() {
+        4 => x.transpose(1, 2),
+        3 => {
+            let heads = match ctx.int("num_heads", 0)? {
+                h if h > 0 => h as usize,
+                _ => return Err("a 3-D input needs the attribute num_heads (a positive head count)".into()),
+            };
+            split_heads(x, heads, "input")?.transpose(1, 2)
+        }
+        _ => return Err(format!("input {} must be 3-D or 4-D", show(x)).into()),
+    };
+    let head_size = concrete(&work, 3, "the head size")?;
+    let rotated = match ctx.int("rotary_embedding_dim", 0)? {
+        0 => head_size,
+        r if r > 0 && r as usize <= head_size && r % 2 == 0 => r as usize,
+        r => return Err(format!("rotary_embedding_dim {r} is not an even size of at most {head_size}").into()),
+    };
+    let half = rotated / 2;
+    let angle = |cache: &Tensor, name: &str| -> OpResult<Tensor> {
+        let picked = match ctx.opt(3) {
+            Some(ids) => {
+                let mut shape = ids.shape().to_vec();
+                shape.extend(cache.shape().iter().skip(1).copied());
+                cache.index_select(0, &ids.cast(DType::I64).reshape(&[-1])).reshape(shape)
+            }
+            None => cache.clone(),
+        };
+        if picked.ndim() != 3 || picked.shape()[2].as_const() != Some(half as i64) {
+            return Err(format!("{name} {} does not give [batch, seq, {half}] angles", show(cache)).into());
+        }
+        // [batch, seq, 1, half]: the same angle for every head.
+        Ok(picked.cast(x.dtype()).unsqueeze(2))
+    };
+    let (cos, sin) = (angle(ctx.input(1)?, "cos_cache")?, angle(ctx.input(2)?, "sin_cache")?);
+    let part = work.narrow(3, 0, rotated as i64);
+    let d = work.shape().clone();
+    let (x1, x2) = if ctx.int("interleaved", 0)? != 0 {
+        let pairs = part.reshape(vec![d[0], d[1], d[2], Dim::from(half as i64), Dim::from(2)]);
+        (pairs.narrow(4, 0, 1).squeeze(4), pairs.narrow(4, 1, 1).squeeze(4))
+    } else {
+        (part.narrow(3, 0, half as i64), part.narrow(3, half as i64, half as i64))
+    };
+    let real = cos.mul(&x1).sub(sin.mul(&x2));
+    let imag = sin.mul(&x1).add(cos.mul(&x2));
+    let mut out = if ctx.int("interleaved", 0)? != 0 {
+        Tensor::stack(&[&real, &imag], 4).reshape(vec![d[0], d[1], d[2], Dim::from(rotated as i64)])
+    } else {
+        Tensor::cat(&[&real, &imag], 3)
+    };
+    if rotated < head_size {
+        out = Tensor::cat(&[&out, &work.narrow(3, rotated as i64, (head_size - rotated) as i64)], 3);
+    }
+    Ok(vec![match x.ndim() {
+        4 => out.transpose(1, 2),
+        _ => out.reshape(x.shape().clone()),
+    }])
 }

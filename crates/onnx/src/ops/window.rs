@@ -1,5 +1,5 @@
 //! Sliding-window ops over `[N, C, D1, ..., Dn]` (any number of spatial dims): Conv (groups,
-//! dilations, strides, pads, auto_pad), MaxPool/AveragePool (ceil_mode, count_include_pad,
+//! dilations, strides, pads, auto_pad), ConvTranspose (as a convolution), MaxPool/AveragePool (ceil_mode, count_include_pad,
 //! dilations) and the global pools. Two spatial dims with the same padding on both sides (what
 //! PyTorch exports) go through `kiln_nn::functional`'s `conv2d`/`max_pool2d`/`avg_pool2d`, one
 //! implementation with the models' fast paths (depthwise, 1x1, tiled pooling); the rest is the
@@ -160,7 +160,7 @@ impl Geometry {
 
 pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let (x, w) = (ctx.input(0)?, ctx.input(1)?);
-    let ((n, xd), wd) = (batch_and_dims(x)?, dims(w)?);
+    let ((_, xd), wd) = (batch_and_dims(x)?, dims(w)?);
     if xd.len() < 3 || wd.len() != xd.len() {
         return Err(
             format!("X {} and W {wd:?} must be [N, C, ...] and [M, C/group, ...] of one rank >= 3", show(x)).into()
@@ -171,7 +171,7 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         .ok()
         .filter(|&g| g >= 1 && xd[1] % g == 0 && wd[0] % g == 0)
         .ok_or_else(|| format!("group {group} does not divide the channels"))?;
-    let (c, m) = (xd[1], wd[0]);
+    let c = xd[1];
     if wd[1] * g != c {
         return Err(format!("W {wd:?} takes {} channels per group; X {} has {c} in {g} groups", wd[1], show(x)).into());
     }
@@ -183,9 +183,17 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         return Err(format!("kernel_shape {kernel:?} differs from W's {:?}", &wd[2..]).into());
     }
     let geo = Geometry::new(ctx, &xd[2..], kernel, false)?;
+    Ok(vec![convolve(x, w, ctx.opt(2), &geo, g)?])
+}
+
+/// The convolution of `x` (`[N, C, spatial...]`) with `w` (`[M, C/g, kernel...]`) in `g` groups
+/// over the windows of `geo`, plus the bias `b` (`[M]`).
+fn convolve(x: &Tensor, w: &Tensor, b: Option<&Tensor>, geo: &Geometry, g: usize) -> OpResult<Tensor> {
+    let ((n, xd), wd) = (batch_and_dims(x)?, dims(w)?);
+    let (c, m) = (xd[1], wd[0]);
     if let Some([stride, padding, dilation]) = geo.symmetric_2d() {
         let options = F::Conv2dOptions { stride, padding: F::Padding::Explicit(padding), dilation, groups: g };
-        return Ok(vec![F::conv2d(x, w, ctx.opt(2), options)]);
+        return Ok(F::conv2d(x, w, b, options));
     }
     let k: usize = geo.kernel.iter().product();
     let o: usize = geo.out.iter().product();
@@ -195,12 +203,130 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let mut shape = vec![n, m.into()];
     shape.extend(geo.out.iter().map(|&d| Dim::from(d)));
     let mut y = weights.matmul(&cols).reshape(shape);
-    if let Some(b) = ctx.opt(2) {
+    if let Some(b) = b {
         let mut bshape = vec![m];
         bshape.extend(std::iter::repeat_n(1, geo.out.len()));
         y = y.add(b.reshape(bshape));
     }
-    Ok(vec![y])
+    Ok(y)
+}
+
+/// ConvTranspose: the gradient of a convolution with respect to its input, computed as a
+/// convolution. Per spatial axis, the input's elements are spread `stride` apart (zeros
+/// between), padded by the dilated kernel's reach less the op's `pads` (cropped where that is
+/// negative), and convolved at stride 1 with the weights turned around (`[C, M/g, k...]` to
+/// `[M, C/g, k...]`, each kernel axis reversed). `output_shape` sets the size (its padding split
+/// by `auto_pad` as ONNX's reference splits it), `output_padding` adds to the end.
+pub(super) fn conv_transpose(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    let ((_, xd), wd) = (batch_and_dims(x)?, dims(w)?);
+    let rank = xd.len();
+    if rank < 3 || wd.len() != rank {
+        return Err(
+            format!("X {} and W {wd:?} must be [N, C, ...] and [C, M/group, ...] of one rank >= 3", show(x)).into()
+        );
+    }
+    let spatial = rank - 2;
+    let group = ctx.int("group", 1)?;
+    let g = usize::try_from(group)
+        .ok()
+        .filter(|&g| g >= 1 && xd[1] % g == 0)
+        .ok_or_else(|| format!("group {group} does not divide the {} input channels", xd[1]))?;
+    let (c, m_g) = (xd[1], wd[1]);
+    if wd[0] != c {
+        return Err(format!("W {wd:?} is for {} input channels; X {} has {c}", wd[0], show(x)).into());
+    }
+    let kernel = wd[2..].to_vec();
+    if let Some(k) = ctx.ints("kernel_shape")?
+        && k.iter().map(|&v| v.max(0) as usize).collect::<Vec<_>>() != kernel
+    {
+        return Err(format!("kernel_shape {k:?} differs from W's {kernel:?}").into());
+    }
+    let list = |name: &str, default: usize, min: i64| -> OpResult<Vec<usize>> {
+        match ctx.ints(name)? {
+            None => Ok(vec![default; spatial]),
+            Some(v) if v.len() == spatial && v.iter().all(|&x| x >= min) => Ok(v.iter().map(|&x| x as usize).collect()),
+            Some(v) => Err(format!("{name} {v:?} do not fit {spatial} spatial dims").into()),
+        }
+    };
+    let (stride, dilation, extra) = (list("strides", 1, 1)?, list("dilations", 1, 1)?, list("output_padding", 0, 0)?);
+    let auto = ctx.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    let pads = match ctx.ints("pads")? {
+        Some(p) if p.len() == 2 * spatial && p.iter().all(|&v| v >= 0) => p,
+        Some(p) => return Err(format!("pads {p:?} do not fit {spatial} spatial dims").into()),
+        None => vec![0; 2 * spatial],
+    };
+    let output_shape = ctx.ints("output_shape")?;
+    if let Some(o) = &output_shape
+        && (o.len() != spatial || o.iter().any(|&v| v < 1))
+    {
+        return Err(format!("output_shape {o:?} does not fit {spatial} spatial dims").into());
+    }
+    // Per axis: the full result's length, the output's start in it and the output's length.
+    let mut y = x.clone();
+    let mut out = Vec::with_capacity(spatial);
+    for i in 0..spatial {
+        let (len, s, d, k) = (xd[2 + i] as i64, stride[i] as i64, dilation[i] as i64, kernel[i] as i64);
+        let full = s * (len - 1) + extra[i] as i64 + (k - 1) * d + 1;
+        let (begin, size) = match (&output_shape, auto.as_str()) {
+            (Some(o), "SAME_UPPER" | "SAME_LOWER") => {
+                let total = full - o[i];
+                let small = total.div_euclid(2);
+                (if auto == "SAME_UPPER" { small } else { total - small }, o[i])
+            }
+            (None, "SAME_UPPER" | "SAME_LOWER") => {
+                let total = full - len * s;
+                let small = total.div_euclid(2);
+                (if auto == "SAME_UPPER" { small } else { total - small }, len * s)
+            }
+            (Some(o), "NOTSET" | "VALID") => (pads[i] as i64, o[i]),
+            (None, "NOTSET" | "VALID") => (pads[i] as i64, full - pads[i] as i64 - pads[i + spatial] as i64),
+            (_, other) => return Err(format!("auto_pad {other:?} is not supported").into()),
+        };
+        if size < 1 {
+            return Err(format!("the output's spatial dim {i} would be {size}").into());
+        }
+        // Spread: [.., len, ..] -> [.., (len - 1) * s + 1, ..] with s - 1 zeros between.
+        let axis = 2 + i;
+        if s > 1 {
+            let mut wide: Vec<Dim> = y.shape().to_vec();
+            wide[axis] = Dim::from(len * s);
+            let mut pad = vec![(0, 0); y.ndim() + 1];
+            pad[axis + 1] = (0, (s - 1) as usize);
+            y = y.unsqueeze(axis + 1).pad(&pad, 0.0).reshape(wide).narrow(axis as i64, 0, (len - 1) * s + 1);
+        }
+        // Pad (or crop) so that a stride-1 window of the dilated kernel at output position o
+        // covers the full result's position begin + o.
+        let reach = (k - 1) * d;
+        let (before, spread) = (reach - begin, (len - 1) * s + 1);
+        let after = size + reach - spread - before;
+        let mut pad = vec![(0, 0); y.ndim()];
+        pad[axis] = (before.max(0) as usize, after.max(0) as usize);
+        y = y.pad(&pad, 0.0);
+        if before < 0 || after < 0 {
+            y = y.narrow(axis as i64, (-before).max(0), size + reach);
+        }
+        out.push(size as usize);
+    }
+    // Weights [C, M/g, k...] -> [M, C/g, k...], each kernel axis reversed.
+    let mut grouped = vec![g, c / g, m_g];
+    grouped.extend(&kernel);
+    let mut flat = vec![g * m_g, c / g];
+    flat.extend(&kernel);
+    let mut wt = w.reshape(grouped).transpose(1, 2).reshape(flat);
+    for (i, &k) in kernel.iter().enumerate() {
+        let reversed = ctx.i64s((0..k as i64).rev().collect(), &[k]);
+        wt = wt.index_select(2 + i, &reversed);
+    }
+    let geo = Geometry {
+        kernel,
+        stride: vec![1; spatial],
+        dilation,
+        pad_before: vec![0; spatial],
+        pad_after: vec![0; spatial],
+        out,
+    };
+    Ok(vec![convolve(&y, &wt, ctx.opt(2), &geo, g)?])
 }
 
 pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {

@@ -515,3 +515,16 @@ fn attention_heads_that_do_not_fit_are_errors_naming_the_node() {
     let err = m.run(&[x(), x(), x()]).unwrap_err().to_string();
     assert!(err.contains("not a multiple of 3 heads"), "{err}");
 }
+
+#[test]
+fn conv_transpose_weights_for_other_channels_are_an_error_naming_the_node() {
+    let g = model(
+        vec![node("up", "ConvTranspose", &["x", "w"], &["y"])],
+        vec![value("x", &[Ok(1), Ok(3), Ok(4), Ok(4)])],
+        vec![value("y", &[Ok(1), Ok(2), Ok(6), Ok(6)])],
+        vec![floats("w", &[2, 2, 3, 3], &[0.5; 36])],
+    );
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let err = m.run(&[Tensor::zeros(&[1, 3, 4, 4], kiln::DType::F32)]).unwrap_err().to_string();
+    assert!(err.contains("\"up\"") && err.contains("ConvTranspose") && err.contains("3"), "{err}");
+}
