@@ -9,6 +9,7 @@ mod elementwise;
 pub(crate) mod known;
 mod nn;
 mod reduce;
+mod resize;
 mod rnn;
 mod shape;
 mod window;
@@ -284,6 +285,7 @@ fn handler(op: &str) -> Option<Handler> {
         "MeanVarianceNormalization" => nn::mean_variance_norm,
         "Conv" => window::conv,
         "ConvTranspose" => window::conv_transpose,
+        "Resize" | "Upsample" => resize::resize,
         "MaxPool" | "AveragePool" => window::pool,
         "GlobalAveragePool" | "GlobalMaxPool" => window::global_pool,
         "RNN" | "GRU" | "LSTM" => rnn::recurrent,

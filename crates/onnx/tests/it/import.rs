@@ -528,3 +528,46 @@ fn conv_transpose_weights_for_other_channels_are_an_error_naming_the_node() {
     let err = m.run(&[Tensor::zeros(&[1, 3, 4, 4], kiln::DType::F32)]).unwrap_err().to_string();
     assert!(err.contains("\"up\"") && err.contains("ConvTranspose") && err.contains("3"), "{err}");
 }
+
+/// Resize of x `[batch, 1, 2, 2]` (batch symbolic) by `scales` (an initializer; none if empty),
+/// opset 19.
+fn resize_model(scales: &[f32], mode: &str) -> ModelProto {
+    let mut n = node("up", "Resize", &["x", "", "scales"], &["y"]);
+    n.attribute.push(AttributeProto {
+        name: Some("mode".into()),
+        r#type: Some(AttributeType::String as i32),
+        s: Some(mode.as_bytes().to_vec()),
+        ..Default::default()
+    });
+    let mut g = model(
+        vec![n],
+        vec![value("x", &[Err("batch"), Ok(1), Ok(2), Ok(2)])],
+        vec![value("y", &[Err("batch"), Ok(1), Ok(4), Ok(4)])],
+        vec![floats("scales", &[scales.len() as i64], scales)],
+    );
+    g.opset_import[0].version = Some(19);
+    g
+}
+
+#[test]
+fn resize_keeps_a_symbolic_batch_and_needs_a_target_size() {
+    let m = Model::from_bytes(&resize_model(&[1.0, 1.0, 2.0, 2.0], "nearest").encode_to_vec()).unwrap();
+    for batch in [1usize, 3] {
+        let data: Vec<f32> = (0..batch * 4).map(|i| i as f32).collect();
+        let x = m.input_tensor(0, HostTensor::new(HostData::F32(data), vec![batch, 1, 2, 2]).unwrap(), Device::Cpu);
+        let y = m.run(&[x.unwrap()]).unwrap().remove(0);
+        assert_eq!(y.shape()[0].to_string(), "batch");
+        let got = y.to_vec::<f32>().unwrap();
+        // Each input element becomes a 2x2 block (half_pixel, round_prefer_floor at scale 2).
+        for b in 0..batch {
+            for r in 0..4 {
+                for c in 0..4 {
+                    assert_eq!(got[b * 16 + r * 4 + c], (b * 4 + (r / 2) * 2 + c / 2) as f32, "({b}, {r}, {c})");
+                }
+            }
+        }
+    }
+    let m = Model::from_bytes(&resize_model(&[], "linear").encode_to_vec()).unwrap();
+    let err = m.run(&[Tensor::zeros(&[1, 1, 2, 2], kiln::DType::F32)]).unwrap_err().to_string();
+    assert!(err.contains("\"up\"") && err.contains("Resize") && err.contains("needs scales or sizes"), "{err}");
+}
