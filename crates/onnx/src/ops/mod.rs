@@ -267,8 +267,10 @@ fn handler(op: &str) -> Option<Handler> {
         "Pad" => shape::pad,
         "Trilu" => shape::trilu,
         "EyeLike" => shape::eye_like,
+        "OneHot" => shape::one_hot,
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
-        | "ReduceLogSum" | "ReduceLogSumExp" => reduce::reduce,
+        | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceProd" => reduce::reduce,
+        "CumSum" => reduce::cumsum,
         "ArgMax" | "ArgMin" => reduce::arg,
         "Softmax" | "LogSoftmax" | "Hardmax" => reduce::softmax,
         "Attention" => attention::attention,
@@ -288,6 +290,7 @@ fn handler(op: &str) -> Option<Handler> {
         "Resize" | "Upsample" => resize::resize,
         "MaxPool" | "AveragePool" => window::pool,
         "GlobalAveragePool" | "GlobalMaxPool" => window::global_pool,
+        "LpPool" => window::lp_pool,
         "RNN" | "GRU" | "LSTM" => rnn::recurrent,
         _ => return None,
     })

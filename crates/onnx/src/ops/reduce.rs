@@ -1,5 +1,5 @@
-//! Reductions (ReduceSum/Mean/Max/Min/L1/L2/SumSquare/LogSum/LogSumExp), ArgMax/ArgMin and
-//! Softmax/LogSoftmax/Hardmax, with each opset's axis rules.
+//! Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp), CumSum,
+//! ArgMax/ArgMin and Softmax/LogSoftmax/Hardmax, with each opset's axis rules.
 
 use kiln::Tensor;
 
@@ -36,9 +36,64 @@ pub(super) fn reduce(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         "ReduceSumSquare" => x.square().sum_keepdim(&axes),
         "ReduceLogSum" => x.sum_keepdim(&axes).log(),
         "ReduceLogSumExp" => x.logsumexp_keepdim(&axes),
+        "ReduceProd" => product_keepdim(x, &axes)?,
         other => return Err(format!("{other} is not a reduction").into()),
     };
     Ok(vec![without(y, &axes, keep)])
+}
+
+/// The product over `axes`, kept with size 1: per axis a tree of pairwise products (an odd
+/// length padded with a 1), `log2(n)` element-wise multiplies over a concrete axis of `n`.
+fn product_keepdim(x: &Tensor, axes: &[usize]) -> OpResult<Tensor> {
+    let mut y = x.clone();
+    for &a in axes {
+        let mut n = y.shape()[a].as_const().ok_or("ReduceProd needs concrete reduced axes")?;
+        if n == 0 {
+            // The empty product.
+            y = y.sum_keepdim(a).ones_like();
+            continue;
+        }
+        while n > 1 {
+            if n % 2 == 1 {
+                let mut pads = vec![(0, 0); y.ndim()];
+                pads[a] = (0, 1);
+                y = y.pad(&pads, 1.0);
+                n += 1;
+            }
+            let mut pairs = y.shape().to_vec();
+            pairs[a] = (n / 2).into();
+            pairs.insert(a + 1, 2.into());
+            let p = y.reshape(pairs);
+            y = p.narrow(a as i64 + 1, 0, 1).mul(p.narrow(a as i64 + 1, 1, 1)).squeeze(a + 1);
+            n /= 2;
+        }
+    }
+    Ok(y)
+}
+
+/// CumSum: running sums along `axis` (input 1), `exclusive` (each sum leaves its own element out)
+/// and `reverse` (from the end): a product with a constant triangular matrix of ones along the
+/// axis (exact for integers; `n^2` multiply-adds per row of `n`).
+pub(super) fn cumsum(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let a = axis(*ctx.values_at(1)?.first().ok_or("axis must hold one value")?, x.ndim())?;
+    let n = x.shape()[a].as_const().ok_or("CumSum needs a concrete axis")? as usize;
+    let (exclusive, reverse) = (ctx.int("exclusive", 0)? != 0, ctx.int("reverse", 0)? != 0);
+    // ones[i][j]: whether input position i adds to output position j.
+    let ones: Vec<i64> = (0..n * n)
+        .map(|k| {
+            let (i, j) = (k / n, k % n);
+            i64::from(match (reverse, exclusive) {
+                (false, false) => i <= j,
+                (false, true) => i < j,
+                (true, false) => i >= j,
+                (true, true) => i > j,
+            })
+        })
+        .collect();
+    let ones = ctx.i64s(ones, &[n, n]).cast(x.dtype());
+    let last = x.ndim() - 1;
+    Ok(vec![x.transpose(a, last).matmul(&ones).transpose(a, last)])
 }
 
 /// `y` with the reduced `axes` (kept with size 1) removed unless `keep` (ONNX's `keepdims`).

@@ -542,3 +542,28 @@ pub(super) fn eye_like(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let k = ctx.int("k", 0)?;
     Ok(vec![diagonal_offsets(ctx, d[0], d[1]).eq(k).cast(dtype)])
 }
+
+/// OneHot: `values[1]` where the new `axis` position equals the index (a negative index counts
+/// from `depth`), `values[0]` elsewhere; an index outside `[-depth, depth)` gives a row of
+/// `values[0]`.
+pub(super) fn one_hot(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (indices, values) = (ctx.input(0)?, ctx.input(2)?);
+    let depth = ctx.scalar_f64(ctx.input(1)?)?;
+    if !(depth >= 1.0 && depth.fract() == 0.0) {
+        return Err(format!("depth {depth} is not a positive integer").into());
+    }
+    let depth = depth as i64;
+    let rank = indices.ndim() + 1;
+    let a = axis(ctx.int("axis", -1)?, rank)?;
+    if values.shape().iter().map(|d| d.as_const()).product::<Option<i64>>() != Some(2) {
+        return Err(format!("values {} must hold two elements (off, on)", super::show(values)).into());
+    }
+    let values = values.reshape(&[2]);
+    let (off, on) = (values.narrow(0, 0, 1).squeeze(0), values.narrow(0, 1, 1).squeeze(0));
+    let index = if indices.dtype().is_float() { indices.floor() } else { indices.clone() }.cast(kiln::DType::I64);
+    let wrapped = index.lt(0i64).where_cond(index.add(depth), &index);
+    let mut shape = vec![1usize; rank];
+    shape[a] = depth as usize;
+    let positions = ctx.i64s((0..depth).collect(), &shape);
+    Ok(vec![wrapped.unsqueeze(a).eq(&positions).where_cond(&on, &off)])
+}

@@ -394,3 +394,31 @@ pub(super) fn global_pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let axes: Vec<usize> = (2..x.ndim()).collect();
     Ok(vec![if ctx.op() == "GlobalMaxPool" { x.amax_keepdim(axes) } else { x.mean_keepdim(axes) }])
 }
+
+/// LpPool: `(sum over the window of |x|^p)^(1/p)`, the windows as Conv's and the pools' (padding
+/// counts as zeros).
+pub(super) fn lp_pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let (_, xd) = batch_and_dims(x)?;
+    if xd.len() < 3 {
+        return Err(format!("X {} must be [N, C, ...]", show(x)).into());
+    }
+    let kernel: Vec<usize> =
+        ctx.ints("kernel_shape")?.ok_or("kernel_shape is required")?.iter().map(|&v| v.max(0) as usize).collect();
+    let geo = Geometry::new(ctx, &xd[2..], kernel, ctx.int("ceil_mode", 0)? != 0)?;
+    let p = ctx.int("p", 2)?;
+    if p < 1 {
+        return Err(format!("p = {p} is not a positive integer").into());
+    }
+    let powered = match p {
+        1 => x.abs(),
+        2 => x.square(),
+        _ => x.abs().pow(p as f64),
+    };
+    let sums = geo.stacked(&powered, 0.0).sum(2);
+    Ok(vec![match p {
+        1 => sums,
+        2 => sums.sqrt(),
+        _ => sums.pow(1.0 / p as f64),
+    }])
+}
