@@ -5,6 +5,7 @@
 //! unsupported ops a model reports is exactly what `import` would refuse.
 
 mod attention;
+mod einsum;
 mod elementwise;
 pub(crate) mod known;
 mod nn;
@@ -271,11 +272,13 @@ fn handler(op: &str) -> Option<Handler> {
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
         | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceProd" => reduce::reduce,
         "CumSum" => reduce::cumsum,
+        "TopK" => reduce::top_k,
         "ArgMax" | "ArgMin" => reduce::arg,
         "Softmax" | "LogSoftmax" | "Hardmax" => reduce::softmax,
         "Attention" => attention::attention,
         "RotaryEmbedding" => attention::rotary_embedding,
         "MatMul" => nn::matmul,
+        "Einsum" => einsum::einsum,
         "Gemm" => nn::gemm,
         "LayerNormalization" => nn::layer_norm,
         "RMSNormalization" => nn::rms_norm,

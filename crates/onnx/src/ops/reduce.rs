@@ -1,4 +1,4 @@
-//! Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp), CumSum,
+//! Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp), CumSum, TopK,
 //! ArgMax/ArgMin and Softmax/LogSoftmax/Hardmax, with each opset's axis rules.
 
 use kiln::Tensor;
@@ -94,6 +94,51 @@ pub(super) fn cumsum(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let ones = ctx.i64s(ones, &[n, n]).cast(x.dtype());
     let last = x.ndim() - 1;
     Ok(vec![x.transpose(a, last).matmul(&ones).transpose(a, last)])
+}
+
+/// TopK: the `k` largest (or, with `largest = 0`, smallest) elements along `axis` and their
+/// indices, best first, ties to the lower index. `k` rounds, each taking the best element not
+/// yet taken: among the positions holding the best remaining value, the first one not taken
+/// (so a value equal to the masking infinity is still found in order).
+pub(super) fn top_k(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let a = axis(ctx.int("axis", -1)?, x.ndim())?;
+    // K is an attribute before opset 10.
+    let k = if ctx.opset < 10 { vec![ctx.int("k", -1)?] } else { ctx.values_at(1)? };
+    let k = match k.as_slice() {
+        [k] if *k >= 0 => *k,
+        other => return Err(format!("K {other:?} is not one non-negative count").into()),
+    };
+    let n = x.shape()[a].as_const().ok_or("TopK needs a concrete axis")?;
+    if k > n {
+        return Err(format!("K = {k} is more than the {n} elements along axis {a}").into());
+    }
+    let largest = ctx.int("largest", 1)? != 0;
+    let mut shape = vec![1usize; x.ndim()];
+    shape[a] = n as usize;
+    let positions = ctx.i64s((0..n).collect(), &shape);
+    let worst = if largest { f64::NEG_INFINITY } else { f64::INFINITY };
+    let worst = match x.dtype() {
+        kiln::DType::I32 => x.full_like(if largest { i32::MIN } else { i32::MAX }),
+        kiln::DType::I64 => x.full_like(if largest { i64::MIN } else { i64::MAX }),
+        _ => x.ones_like().mul(worst),
+    };
+    let mut taken = positions.lt(0i64);
+    let (mut values, mut indices) = (Vec::new(), Vec::new());
+    for _ in 0..k {
+        let key = taken.where_cond(&worst, x);
+        let best = if largest { key.amax_keepdim(a) } else { key.amin_keepdim(a) };
+        let candidates = key.eq(&best).logical_and(taken.logical_not());
+        let index = candidates.cast(kiln::DType::I32).argmax_keepdim(a);
+        values.push(x.gather(a, &index));
+        taken = taken.logical_or(positions.eq(&index));
+        indices.push(index);
+    }
+    if k == 0 {
+        return Ok(vec![x.narrow(a, 0, 0), x.narrow(a, 0, 0).cast(kiln::DType::I64)]);
+    }
+    let (values, indices): (Vec<&Tensor>, Vec<&Tensor>) = (values.iter().collect(), indices.iter().collect());
+    Ok(vec![Tensor::cat(&values, a), Tensor::cat(&indices, a).cast(kiln::DType::I64)])
 }
 
 /// `y` with the reduced `axes` (kept with size 1) removed unless `keep` (ONNX's `keepdims`).

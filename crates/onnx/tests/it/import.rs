@@ -571,3 +571,96 @@ fn resize_keeps_a_symbolic_batch_and_needs_a_target_size() {
     let err = m.run(&[Tensor::zeros(&[1, 1, 2, 2], kiln::DType::F32)]).unwrap_err().to_string();
     assert!(err.contains("\"up\"") && err.contains("Resize") && err.contains("needs scales or sizes"), "{err}");
 }
+
+/// Einsum by brute force over every assignment of the labels (letters only, explicit output):
+/// the reference the importer's contractions are checked against.
+fn einsum_reference(equation: &str, operands: &[(&[usize], &[f32])]) -> (Vec<usize>, Vec<f32>) {
+    let (lhs, out) = equation.split_once("->").unwrap();
+    let specs: Vec<&[u8]> = lhs.split(',').map(str::as_bytes).collect();
+    let mut size = std::collections::BTreeMap::new();
+    for (spec, (dims, _)) in specs.iter().zip(operands) {
+        for (&l, &d) in spec.iter().zip(dims.iter()) {
+            size.insert(l, d);
+        }
+    }
+    let labels: Vec<u8> = size.keys().copied().collect();
+    let out_dims: Vec<usize> = out.bytes().map(|l| size[&l]).collect();
+    let mut result = vec![0.0f32; out_dims.iter().product()];
+    let total: usize = labels.iter().map(|l| size[l]).product();
+    for mut k in 0..total {
+        let mut at = std::collections::BTreeMap::new();
+        for &l in labels.iter().rev() {
+            at.insert(l, k % size[&l]);
+            k /= size[&l];
+        }
+        let flat = |spec: &[u8], dims: &[usize]| spec.iter().zip(dims).fold(0, |acc, (l, d)| acc * d + at[l]);
+        let term: f32 = specs.iter().zip(operands).map(|(spec, (dims, data))| data[flat(spec, dims)]).product();
+        result[flat(out.as_bytes(), &out_dims)] += term;
+    }
+    (out_dims, result)
+}
+
+#[test]
+fn einsum_contractions_match_a_brute_force_reference() {
+    let cases: [(&str, &[&[usize]]); 6] = [
+        ("bhqd,bhkd->bhqk", &[&[2, 3, 4, 5], &[2, 3, 6, 5]]),
+        ("ij,jk->ki", &[&[3, 4], &[4, 5]]),
+        ("i,j,k->ijk", &[&[2], &[3], &[4]]),
+        ("ij,jk,kl->il", &[&[2, 3], &[3, 4], &[4, 2]]),
+        ("bij,jk->bk", &[&[2, 3, 4], &[4, 5]]),
+        ("iij,jk->ik", &[&[3, 3, 4], &[4, 2]]),
+    ];
+    for (equation, shapes) in cases {
+        let names: Vec<String> = (0..shapes.len()).map(|i| format!("x{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut n = node("e", "Einsum", &refs, &["y"]);
+        n.attribute.push(AttributeProto {
+            name: Some("equation".into()),
+            r#type: Some(AttributeType::String as i32),
+            s: Some(equation.as_bytes().to_vec()),
+            ..Default::default()
+        });
+        let inputs: Vec<ValueInfoProto> = names
+            .iter()
+            .zip(shapes)
+            .map(|(name, dims)| value(name, &dims.iter().map(|&d| Ok(d as i64)).collect::<Vec<_>>()))
+            .collect();
+        let mut g = model(vec![n], inputs, vec![value("y", &[])], vec![]);
+        g.graph.as_mut().unwrap().output[0].r#type = None;
+        g.opset_import[0].version = Some(12);
+        let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+        let data: Vec<Vec<f32>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, dims)| {
+                (0..dims.iter().product::<usize>()).map(|j| ((j * 7 + i * 3) as f32 * 0.37).sin()).collect()
+            })
+            .collect();
+        let tensors: Vec<Tensor> =
+            data.iter().zip(shapes).map(|(d, dims)| Tensor::from_vec(d.clone(), *dims)).collect();
+        let y = m.run(&tensors).unwrap_or_else(|e| panic!("{equation}: {e}")).remove(0);
+        let operands: Vec<(&[usize], &[f32])> = shapes.iter().zip(&data).map(|(s, d)| (*s, d.as_slice())).collect();
+        let (dims, want) = einsum_reference(equation, &operands);
+        let got_dims: Vec<usize> = y.shape().iter().map(|d| d.as_const().unwrap() as usize).collect();
+        assert_eq!(got_dims, dims, "{equation}");
+        air::testing::assert_close(equation, &y.to_vec::<f32>().unwrap(), &want, air::testing::Tol::both(1e-5));
+    }
+}
+
+#[test]
+fn top_k_orders_ties_and_infinities_by_index() {
+    let g = model(
+        vec![node("top", "TopK", &["x", "k"], &["values", "indices"])],
+        vec![value("x", &[Ok(5)])],
+        vec![value("values", &[Ok(5)]), value("indices", &[Ok(5)])],
+        vec![ints("k", &[1], &[5])],
+    );
+    let mut g = g;
+    g.opset_import[0].version = Some(11);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let x = Tensor::from_vec(vec![f32::NEG_INFINITY, 3.0, f32::NEG_INFINITY, 3.0, 1.0], &[5]);
+    let out = m.run(&[x]).unwrap();
+    let inf = f32::NEG_INFINITY;
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![3.0, 3.0, 1.0, inf, inf]);
+    assert_eq!(out[1].to_vec::<i64>().unwrap(), vec![1, 3, 4, 0, 2]);
+}
