@@ -269,9 +269,10 @@ fn handler(op: &str) -> Option<Handler> {
         "Trilu" => shape::trilu,
         "EyeLike" => shape::eye_like,
         "OneHot" => shape::one_hot,
+        "CenterCropPad" => shape::center_crop_pad,
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
         | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceProd" => reduce::reduce,
-        "CumSum" => reduce::cumsum,
+        "CumSum" | "CumProd" => reduce::cumulative,
         "TopK" => reduce::top_k,
         "ArgMax" | "ArgMin" => reduce::arg,
         "Softmax" | "LogSoftmax" | "Hardmax" => reduce::softmax,

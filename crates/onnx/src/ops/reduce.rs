@@ -1,5 +1,5 @@
-//! Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp), CumSum, TopK,
-//! ArgMax/ArgMin and Softmax/LogSoftmax/Hardmax, with each opset's axis rules.
+//! Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp), CumSum and
+//! CumProd, TopK, ArgMax/ArgMin and Softmax/LogSoftmax/Hardmax, with each opset's axis rules.
 
 use kiln::Tensor;
 
@@ -71,29 +71,35 @@ fn product_keepdim(x: &Tensor, axes: &[usize]) -> OpResult<Tensor> {
     Ok(y)
 }
 
-/// CumSum: running sums along `axis` (input 1), `exclusive` (each sum leaves its own element out)
-/// and `reverse` (from the end): a product with a constant triangular matrix of ones along the
-/// axis (exact for integers; `n^2` multiply-adds per row of `n`).
-pub(super) fn cumsum(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+/// CumSum and CumProd: running sums or products along `axis` (input 1), `exclusive` (each
+/// leaves its own element out) and `reverse` (from the end). A Hillis-Steele scan: `log2(n)`
+/// rounds, each combining every element with the one `2^r` before it (the identity before the
+/// start), so the graph and the work grow as `n log n`, not `n^2`.
+pub(super) fn cumulative(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
     let a = axis(*ctx.values_at(1)?.first().ok_or("axis must hold one value")?, x.ndim())?;
-    let n = x.shape()[a].as_const().ok_or("CumSum needs a concrete axis")? as usize;
+    let n = x.shape()[a].as_const().ok_or("a running sum or product needs a concrete axis")?;
+    let product = ctx.op() == "CumProd";
+    let identity = if product { 1.0 } else { 0.0 };
     let (exclusive, reverse) = (ctx.int("exclusive", 0)? != 0, ctx.int("reverse", 0)? != 0);
-    // ones[i][j]: whether input position i adds to output position j.
-    let ones: Vec<i64> = (0..n * n)
-        .map(|k| {
-            let (i, j) = (k / n, k % n);
-            i64::from(match (reverse, exclusive) {
-                (false, false) => i <= j,
-                (false, true) => i < j,
-                (true, false) => i >= j,
-                (true, true) => i > j,
-            })
-        })
-        .collect();
-    let ones = ctx.i64s(ones, &[n, n]).cast(x.dtype());
-    let last = x.ndim() - 1;
-    Ok(vec![x.transpose(a, last).matmul(&ones).transpose(a, last)])
+    let flip = |t: &Tensor| take(ctx, t, a, (0..n).rev().collect());
+    // `t` moved `by` positions along the axis, the identity in front.
+    let shifted = |t: &Tensor, by: i64| -> Tensor {
+        let mut pads = vec![(0, 0); t.ndim()];
+        pads[a] = (by as usize, 0);
+        t.narrow(a, 0, n - by).pad(&pads, identity)
+    };
+    let mut y = if reverse { flip(x) } else { x.clone() };
+    let mut step = 1;
+    while step < n {
+        let earlier = shifted(&y, step);
+        y = if product { y.mul(&earlier) } else { y.add(&earlier) };
+        step *= 2;
+    }
+    if exclusive && n > 0 {
+        y = shifted(&y, 1);
+    }
+    Ok(vec![if reverse { flip(&y) } else { y }])
 }
 
 /// TopK: the `k` largest (or, with `largest = 0`, smallest) elements along `axis` and their

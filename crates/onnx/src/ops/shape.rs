@@ -567,3 +567,30 @@ pub(super) fn one_hot(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let positions = ctx.i64s((0..depth).collect(), &shape);
     Ok(vec![wrapped.unsqueeze(a).eq(&positions).where_cond(&on, &off)])
 }
+
+/// CenterCropPad: each of `axes` (all by default) cropped or zero-padded to its size in `shape`,
+/// centred (an odd difference leaves the extra element at the end).
+pub(super) fn center_crop_pad(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let sizes = ctx.values_at(1)?;
+    let axes: Vec<usize> = match ctx.ints("axes")? {
+        Some(a) => a.iter().map(|&v| axis(v, x.ndim())).collect::<OpResult<_>>()?,
+        None => (0..x.ndim()).collect(),
+    };
+    if sizes.len() != axes.len() || sizes.iter().any(|&v| v < 0) {
+        return Err(format!("shape {sizes:?} does not fit the {} axes", axes.len()).into());
+    }
+    let mut y = x.clone();
+    for (&a, &want) in axes.iter().zip(&sizes) {
+        let have = y.shape()[a].as_const().ok_or("CenterCropPad needs concrete axes")?;
+        if want < have {
+            y = y.narrow(a, (have - want) / 2, want);
+        } else if want > have {
+            let mut pads = vec![(0, 0); y.ndim()];
+            let before = ((want - have) / 2) as usize;
+            pads[a] = (before, (want - have) as usize - before);
+            y = y.pad(&pads, 0.0);
+        }
+    }
+    Ok(vec![y])
+}
