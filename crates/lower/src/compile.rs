@@ -27,12 +27,25 @@ pub struct CompileOptions {
     pub optimize: bool,
     /// How hard `optimize` works (only when `optimize` is on).
     pub level: OptLevel,
+    /// The most buffers one kernel may bind (a GPU's storage buffers per shader stage: `wgpu`
+    /// sets its adapter's); fusion cuts expressions that would read more. `None`: any number
+    /// (the CPU).
+    pub max_kernel_buffers: Option<u32>,
 }
+
+/// Buffers a kernel binds besides the ones it reads: its output and a data check's status.
+pub const KERNEL_BUFFERS_RESERVED: u32 = 2;
 
 impl Default for CompileOptions {
     /// Fusing, matmuls and rewrites on, at [`OptLevel::from_env`].
     fn default() -> CompileOptions {
-        CompileOptions { fuse: true, matmul: true, optimize: true, level: OptLevel::from_env() }
+        CompileOptions {
+            fuse: true,
+            matmul: true,
+            optimize: true,
+            level: OptLevel::from_env(),
+            max_kernel_buffers: None,
+        }
     }
 }
 
@@ -201,7 +214,11 @@ pub fn compile_observed(
             observer.output(Pass::Saturate, PassOutput::Saturated(&g, &stats));
         }
     }
-    let fuse = FuseOptions { fuse: options.fuse, matmul: options.matmul };
+    let fuse = FuseOptions {
+        fuse: options.fuse,
+        matmul: options.matmul,
+        max_reads: options.max_kernel_buffers.map(|m| m.saturating_sub(KERNEL_BUFFERS_RESERVED).max(2)),
+    };
     let decisions = pass(observer, Pass::DecideFusion, &mut g, |g| Ok(schedule::decide(g, fuse)))?;
     observer.output(Pass::DecideFusion, PassOutput::Graph(&g));
     let program = pass(observer, Pass::EmitKernels, &mut g, |g| {

@@ -18,6 +18,10 @@ pub struct FuseOptions {
     pub fuse: bool,
     /// Recognise matmuls (only when fusing).
     pub matmul: bool,
+    /// The most distinct buffers one kernel may read (a device's binding limit, less what a
+    /// kernel binds besides its inputs); `None`: any number. A fused expression that would read
+    /// more is cut: its largest operand expression gets a buffer of its own.
+    pub max_reads: Option<u32>,
 }
 
 /// One operand of a recognised matmul: `base`'s buffer seen through `chain` (top op first).
@@ -82,9 +86,15 @@ struct Decider<'a> {
     /// `sin`, `erf`).
     transcendental: SecondaryMap<NodeId, ()>,
     plans: SecondaryMap<NodeId, Plan>,
+    /// With `max_reads`: the buffers a non-materialized node's expression reads (at most
+    /// `max_reads` of them).
+    reads: SecondaryMap<NodeId, Reads>,
     /// The cuts (chain lengths) of the operands a matmul's search found, by its signature.
     searches: HashMap<Signature<'a>, (usize, usize)>,
 }
+
+/// The distinct buffers an expression reads.
+type Reads = SmallVec<[NodeId; 8]>;
 
 /// See [`Decider::search_signature`].
 type Signature<'a> = SmallVec<[(&'a Op, &'a TensorType); 16]>;
@@ -132,6 +142,51 @@ impl<'a> Decider<'a> {
         self.depth.insert(n, 0);
         self.carries.remove(n);
         self.transcendental.remove(n);
+        self.reads.remove(n);
+    }
+
+    /// The buffers reading `n` inside a kernel reads: `n`'s own, or its expression's.
+    fn reads_of(&self, n: NodeId) -> Reads {
+        if self.is_buffer(n) {
+            return smallvec::smallvec![n];
+        }
+        self.reads.get(n).cloned().unwrap_or_default()
+    }
+
+    /// With `max_reads`: notes the buffers `n`'s expression reads, first giving the largest
+    /// operand expressions buffers of their own until they are at most `max_reads`.
+    fn bound_reads(&mut self, n: NodeId) {
+        let Some(limit) = self.opts.max_reads else { return };
+        loop {
+            let mut set = Reads::new();
+            for &i in self.g.inputs(n) {
+                for b in self.reads_of(i) {
+                    air::work::tick();
+                    if !set.contains(&b) {
+                        set.push(b);
+                    }
+                }
+            }
+            if set.len() <= limit as usize {
+                self.reads.insert(n, set);
+                return;
+            }
+            let widest = self
+                .g
+                .inputs(n)
+                .iter()
+                .copied()
+                .filter(|&i| !self.is_buffer(i))
+                .max_by_key(|&i| self.reads_of(i).len());
+            match widest {
+                Some(i) => self.materialize(i),
+                // Every operand a buffer already: an op cannot read more than its operands.
+                None => {
+                    self.reads.insert(n, set);
+                    return;
+                }
+            }
+        }
     }
 
     fn is_buffer(&self, n: NodeId) -> bool {
@@ -191,6 +246,7 @@ impl<'a> Decider<'a> {
                 if self.carries.contains_key(inputs[0]) {
                     self.materialize(inputs[0]);
                 }
+                self.bound_reads(n);
                 self.cost.insert(n, self.read_cost(inputs[0]));
                 if self.transcendental.contains_key(inputs[0]) {
                     self.transcendental.insert(n, ());
@@ -213,6 +269,11 @@ impl<'a> Decider<'a> {
                             Some(_) => self.materialize(i),
                         }
                     }
+                }
+                self.bound_reads(n);
+                // A cut operand no longer carries its reduce.
+                if carried.is_some_and(|r| !inputs.iter().any(|&i| self.carries.get(i) == Some(&r))) {
+                    carried = None;
                 }
                 let cost = 1 + inputs.iter().map(|&i| self.read_cost(i)).sum::<u32>();
                 self.cost.insert(n, cost);
@@ -257,6 +318,7 @@ impl<'a> Decider<'a> {
                 if self.carries.contains_key(inputs[0]) {
                     self.materialize(inputs[0]);
                 }
+                self.bound_reads(n);
                 if self.opts.fuse && self.opts.matmul && self.try_matmul(n) {
                     return;
                 }
@@ -282,6 +344,7 @@ impl<'a> Decider<'a> {
                     Op::Gather(_) => {}
                     _ => self.materialize(inputs[1]),
                 }
+                self.bound_reads(n);
                 self.materialize(n);
             }
         }
@@ -558,6 +621,7 @@ pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
         carries: SecondaryMap::with_capacity(slots),
         transcendental: SecondaryMap::with_capacity(slots),
         plans: SecondaryMap::with_capacity(slots),
+        reads: SecondaryMap::new(),
         searches: HashMap::default(),
     };
     d.run(&order);

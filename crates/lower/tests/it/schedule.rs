@@ -1214,3 +1214,38 @@ fn kernels_of_one_structure_are_built_once_and_bound_to_their_own_buffers() {
     .assert_eq(&p.to_string());
     agree(&g, &p, &Bindings::new(), 3).unwrap();
 }
+
+/// A sum of many distinct inputs (with a shared subexpression and a reduce between) compiled
+/// with a kernel-buffer bound: every kernel binds at most that many buffers, the result is the
+/// interpreter's, and without the bound it is one kernel.
+#[test]
+fn a_kernel_buffer_bound_cuts_wide_fused_expressions() {
+    let mut b = B::default();
+    let xs: Vec<NodeId> = (0..40).map(|_| b.f32(&[4, 6])).collect();
+    let mut acc = xs[0];
+    for (i, &x) in xs.iter().enumerate().skip(1) {
+        let term = if i % 7 == 0 { b.un(UnaryOp::Exp2, x) } else { x };
+        acc = b.bin(BinaryOp::Add, acc, term);
+    }
+    let total = b.reduce(ReduceOp::Sum, acc, &[1]);
+    let total = b.reshape(total, &dims(&[4, 1]));
+    let total = b.expand(total, &dims(&[4, 6]));
+    let y = b.bin(BinaryOp::Mul, acc, total);
+    b.g.set_outputs(vec![y]);
+    let g = b.g;
+    let unbounded = compile(&g, &fused()).unwrap();
+    for bound in [6u32, 12, 33] {
+        let options = CompileOptions { max_kernel_buffers: Some(bound), ..fused() };
+        let p = compile(&g, &options).unwrap();
+        for k in &p.kernels {
+            assert!(
+                k.params().len() as u32 <= bound,
+                "a kernel binds {} buffers, over {bound}:\n{p}",
+                k.params().len()
+            );
+        }
+        assert!(p.kernels.len() > 1, "40 inputs under a bound of {bound} need several kernels:\n{p}");
+        agree(&g, &p, &Bindings::new(), 3).unwrap();
+    }
+    assert!(unbounded.kernels.iter().any(|k| k.params().len() > 40), "unbounded, one kernel reads all:\n{unbounded}");
+}

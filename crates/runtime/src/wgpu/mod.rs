@@ -240,7 +240,7 @@ impl WgpuDevice {
     /// wrong answer) and wgpu's GL device panicked under concurrent use ("Could not lock adapter
     /// context"). A machine with only OpenGL has no `wgpu` device ([`WgpuError::NoAdapter`]), and
     /// `Device::wgpu_if_available` picks the CPU there.
-    pub fn with_options(options: lower::CompileOptions) -> Result<WgpuDevice> {
+    pub fn with_options(mut options: lower::CompileOptions) -> Result<WgpuDevice> {
         let instance = ::wgpu::Instance::new(instance_descriptor());
         let adapter = pollster::block_on(instance.request_adapter(&::wgpu::RequestAdapterOptions {
             power_preference: ::wgpu::PowerPreference::HighPerformance,
@@ -258,6 +258,10 @@ impl WgpuDevice {
         };
         log::info!("kiln wgpu: adapter {report}");
         let limits = adapter.limits();
+        // A kernel binds its buffers as storage buffers of one compute stage: fusion keeps each
+        // kernel within the adapter's count.
+        let most = limits.max_storage_buffers_per_shader_stage;
+        options.max_kernel_buffers = Some(options.max_kernel_buffers.map_or(most, |m| m.min(most)));
         // `f64` kernels need the adapter's 64-bit floats (Vulkan's `shaderFloat64`); without
         // them an `f64` program is refused when it is compiled (see `GpuCode::new`).
         let features = adapter.features() & ::wgpu::Features::SHADER_F64;
