@@ -23,7 +23,7 @@ fn tanh(x: &Tensor) -> Tensor {
 }
 
 /// Round half to even (ONNX's Round, numpy's `round`).
-fn round_even(x: &Tensor) -> Tensor {
+pub(super) fn round_even(x: &Tensor) -> Tensor {
     let r = x.floor();
     let diff = x.sub(&r);
     let odd = r.remainder(2.0).ne(0.0);

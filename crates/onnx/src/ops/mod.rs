@@ -7,6 +7,7 @@
 mod attention;
 mod einsum;
 mod elementwise;
+mod grid;
 pub(crate) mod known;
 mod nn;
 mod reduce;
@@ -292,6 +293,7 @@ fn handler(op: &str) -> Option<Handler> {
         "Conv" => window::conv,
         "ConvTranspose" => window::conv_transpose,
         "Resize" | "Upsample" => resize::resize,
+        "GridSample" => grid::grid_sample,
         "MaxPool" | "AveragePool" => window::pool,
         "GlobalAveragePool" | "GlobalMaxPool" => window::global_pool,
         "LpPool" => window::lp_pool,
