@@ -6,7 +6,7 @@
 //! indexed axis. Their out-of-range (or negative) indices make the realize fail with an error
 //! naming the op and the index, as PyTorch raises one; the gradient is a `scatter_add`.
 
-use air::op::Gather;
+use air::op::{Gather, ScatterAdd};
 use air::{BinaryOp, DType, Dim, Op, Scalar, Shape};
 
 use crate::shape::{Axis, normalize_axis, show};
@@ -131,6 +131,66 @@ impl Tensor {
             }
         }
         Tensor::apply(site, Op::Gather(Gather { axis: ax }), &[self, index])
+    }
+
+    /// `self` with `src` added at the positions `index` names along `dim`
+    /// (`torch.Tensor.scatter_add`): for `dim = 0`, `out[index[i][j]][j] += src[i][j]`.
+    /// `index` (integer) and `src` have one shape and `self`'s rank; along the other axes they
+    /// may be smaller than `self`. Duplicate indices add up. An index outside `0..self.shape[dim]`
+    /// makes the realize fail, as in [`Tensor::gather`]. `i32`, `i64`, `f32` and `f64` values.
+    #[track_caller]
+    pub fn scatter_add(&self, dim: impl Axis, index: &Tensor, src: &Tensor) -> Tensor {
+        let site = Site::here("scatter_add");
+        if let Some(e) = [self, index, src].into_iter().find(|t| t.error().is_some()) {
+            return e.clone();
+        }
+        let r = self.ndim();
+        let ax = match normalize_axis(dim.to_isize(), r) {
+            Ok(a) => a,
+            Err(m) => return site.fail(format!("{m} (shape {})", show(self.shape()))),
+        };
+        if !index.dtype().is_int() {
+            return site.fail(format!("index must be an integer tensor, got {}", index.dtype()));
+        }
+        if src.dtype() != self.dtype() || !matches!(self.dtype(), DType::I32 | DType::I64 | DType::F32 | DType::F64) {
+            return site.fail(format!(
+                "src ({}) must have self's dtype ({}), one of i32, i64, f32, f64",
+                src.dtype(),
+                self.dtype()
+            ));
+        }
+        if index.shape() != src.shape() || index.ndim() != r {
+            return site.fail(format!(
+                "index {} and src {} must have one shape of the rank of self {}",
+                show(index.shape()),
+                show(src.shape()),
+                show(self.shape())
+            ));
+        }
+        // Along the other axes the op takes the output's size: smaller operands are padded with
+        // index 0 and value 0, which add nothing.
+        let mut padding = vec![(0usize, 0usize); r];
+        for d in (0..r).filter(|&d| d != ax) {
+            let (i, s) = (index.shape()[d], self.shape()[d]);
+            match (i.as_const(), s.as_const()) {
+                _ if i == s => {}
+                (Some(a), Some(b)) if a <= b => padding[d] = (0, (b - a) as usize),
+                _ => {
+                    return site.fail(format!(
+                        "index shape {} exceeds shape {} along dim {d}",
+                        show(index.shape()),
+                        show(self.shape())
+                    ));
+                }
+            }
+        }
+        let (index, src) = if padding.iter().any(|&(_, after)| after > 0) {
+            (index.pad(&padding, 0i64), src.pad(&padding, 0.0))
+        } else {
+            (index.clone(), src.clone())
+        };
+        let op = Op::ScatterAdd(Box::new(ScatterAdd { axis: ax, shape: self.shape().clone() }));
+        self.add(Tensor::apply(site, op, &[&index, &src]))
     }
 
     /// The entries of `self` at positions `index` (1-D, integer) along `dim`

@@ -638,3 +638,31 @@ fn one_hot_marks_each_index() {
     let err = Tensor::from_vec(vec![1.0f32], &[1]).one_hot(3).to_vec::<i64>().unwrap_err();
     assert!(err.to_string().contains("one_hot: indices must be integers"), "{err}");
 }
+
+#[test]
+fn scatter_add_adds_duplicates_and_takes_a_smaller_index() {
+    // torch.zeros(3, 4).scatter_add(0, index, src) with index and src of shape [2, 3].
+    let base = t(&[1.0; 12], &[3, 4]);
+    let index = Tensor::from_vec(vec![0i64, 2, 0, 0, 1, 0], &[2, 3]);
+    let src = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let got = f32s(&base.scatter_add(0, &index, &src));
+    #[rustfmt::skip]
+    let want = vec![
+        1.0 + 1.0 + 4.0, 1.0, 1.0 + 3.0 + 6.0, 1.0,
+        1.0, 1.0 + 5.0, 1.0, 1.0,
+        1.0, 1.0 + 2.0, 1.0, 1.0,
+    ];
+    assert_eq!(got, want);
+    // Along dim 1, on i64 values.
+    let base = Tensor::from_vec(vec![0i64; 6], &[2, 3]);
+    let index = Tensor::from_vec(vec![2i64, 2, 0, 1], &[2, 2]);
+    let src = Tensor::from_vec(vec![5i64, 7, 1, 1], &[2, 2]);
+    assert_eq!(base.scatter_add(1, &index, &src).to_vec::<i64>().unwrap(), vec![0, 0, 12, 1, 1, 0]);
+    // An index past the axis fails the realize; a src of another dtype is an error at once.
+    let bad = t(&[0.0; 4], &[4]).scatter_add(0, &Tensor::from_vec(vec![4i64], &[1]), &t(&[1.0], &[1]));
+    assert!(bad.to_vec::<f32>().is_err());
+    let mixed =
+        t(&[0.0; 4], &[4]).scatter_add(0, &Tensor::from_vec(vec![1i64], &[1]), &Tensor::from_vec(vec![1i64], &[1]));
+    let e = mixed.to_vec::<f32>().unwrap_err().to_string();
+    assert!(e.contains("scatter_add") && e.contains("dtype"), "{e}");
+}

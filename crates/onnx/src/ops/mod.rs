@@ -259,6 +259,8 @@ fn handler(op: &str) -> Option<Handler> {
         "Slice" => shape::slice,
         "Gather" => shape::gather,
         "GatherElements" => shape::gather_elements,
+        "ScatterElements" | "Scatter" => shape::scatter_elements,
+        "ScatterND" => shape::scatter_nd,
         "Shape" => shape::shape,
         "Size" => shape::size,
         "Constant" => shape::constant,

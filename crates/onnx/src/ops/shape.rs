@@ -594,3 +594,62 @@ pub(super) fn center_crop_pad(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     }
     Ok(vec![y])
 }
+
+/// ScatterElements (and the older Scatter): `data` with `updates` written (`reduction` none) or
+/// added (`add`) at `indices` along `axis`; negative indices count from the end. A `scatter_add`
+/// of the updates, and for none a second one counting the writes per position to pick the
+/// written ones (ONNX leaves the result of duplicate indices under none undefined: here they
+/// add up). `mul`, `max` and `min` are not supported.
+pub(super) fn scatter_elements(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (data, indices, updates) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
+    let a = axis(ctx.int("axis", 0)?, data.ndim())?;
+    let index = wrap_negative(indices, &data.shape()[a]).cast(kiln::DType::I64);
+    scatter(ctx, data, a, &index, updates)
+}
+
+/// ScatterND: `data` with `updates` written or added at the index tuples of `indices`'s last
+/// axis (each naming a slice of `data`'s leading dims): the leading dims flattened into one
+/// axis, then [`scatter_elements`]'s scatter along it.
+pub(super) fn scatter_nd(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (data, indices, updates) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
+    let dd = dims(data)?;
+    let id = dims(indices)?;
+    let k = *id.last().ok_or("indices must have rank >= 1")?;
+    if k == 0 || k > dd.len() {
+        return Err(format!("index tuples of {k} do not fit data {}", super::show(data)).into());
+    }
+    let tuples: usize = id[..id.len() - 1].iter().product();
+    let rest: Vec<usize> = dd[k..].to_vec();
+    let slice: usize = rest.iter().product();
+    // One flat position per tuple: sum of index * stride over the first k dims.
+    let strides: Vec<i64> = (0..k).map(|j| dd[j + 1..k].iter().product::<usize>() as i64).collect();
+    let mut flat: Option<Tensor> = None;
+    let indices = indices.cast(kiln::DType::I64).reshape(vec![tuples as i64, k as i64]);
+    for (j, &stride) in strides.iter().enumerate() {
+        let column = wrap_negative(&indices.narrow(1, j as i64, 1), &Dim::from(dd[j] as i64)).mul(stride);
+        flat = Some(match flat {
+            None => column,
+            Some(f) => f.add(&column),
+        });
+    }
+    let flat = flat.expect("k >= 1").expand(vec![tuples, slice]);
+    let leading: usize = dd[..k].iter().product();
+    let table = data.reshape(vec![leading, slice]);
+    let values = updates.reshape(vec![tuples, slice]);
+    let y = scatter(ctx, &table, 0, &flat, &values)?;
+    Ok(vec![y[0].reshape(dd)])
+}
+
+/// `data` with `updates` written or added at `index` along `axis` (see [`scatter_elements`]).
+fn scatter(ctx: &Ctx, data: &Tensor, axis: usize, index: &Tensor, updates: &Tensor) -> OpResult<Vec<Tensor>> {
+    let updates = updates.cast(data.dtype());
+    match ctx.string("reduction")?.as_deref().unwrap_or("none") {
+        "add" => Ok(vec![data.scatter_add(axis, index, &updates)]),
+        "none" => {
+            let zeros = data.zeros_like();
+            let written = zeros.scatter_add(axis, index, &updates.ones_like()).gt(0.0);
+            Ok(vec![written.where_cond(zeros.scatter_add(axis, index, &updates), data)])
+        }
+        other => Err(format!("reduction {other:?} is not supported (none and add are)").into()),
+    }
+}
