@@ -1,13 +1,14 @@
-//! GridSample: `X` (`[N, C, D1, ..., Dk]`, k = 2 or 3) read at the positions a grid
-//! (`[N, O1, ..., Ok, k]`, normalized to `[-1, 1]`, x first) gives, by nearest, linear or cubic
-//! interpolation, with zeros, border or reflection padding.
+//! GridSample and AffineGrid. GridSample: `X` (`[N, C, D1, ..., Dk]`, k = 2 or 3) read at the
+//! positions a grid (`[N, O1, ..., Ok, k]`, normalized to `[-1, 1]`, x first) gives, by nearest,
+//! linear or cubic interpolation, with zeros, border or reflection padding. AffineGrid makes such
+//! a grid from affine maps.
 //!
 //! The positions are data, so every tap is a gather: per spatial axis, each output position's
 //! tap indices (2 for linear, 4 for cubic, 1 for nearest), their weights and whether they lie
 //! inside; per combination of taps over the axes, one gather from `X` flattened over its spatial
 //! dims, masked and weighted. The steps are those of ONNX's reference implementation.
 
-use kiln::{DType, Dim, Tensor};
+use kiln::{DType, Dim, HostData, HostTensor, Tensor};
 
 use super::elementwise::round_even;
 use super::{Ctx, OpResult, dims, show};
@@ -189,4 +190,54 @@ fn cubic_weights(t: &Tensor) -> Vec<Tensor> {
     let far = |x: Tensor| x.mul(a).sub(5.0 * a).mul(&x).add(8.0 * a).mul(&x).sub(4.0 * a);
     let u = t.neg().add(1.0);
     vec![far(t.add(1.0)), near(t.clone()), near(u.clone()), far(u.add(1.0))]
+}
+
+/// AffineGrid: the sampling grid (`[N, H, W, 2]` or `[N, D, H, W, 3]`, x first) that `theta`
+/// (`[N, 2, 3]` or `[N, 3, 4]`) maps the output's normalized positions to: a constant
+/// `[positions, k + 1]` of homogeneous coordinates (pixel centres, or corners with
+/// `align_corners`) times each `theta` transposed.
+pub(super) fn affine_grid(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let theta = ctx.input(0)?;
+    let size = ctx.values_at(1)?;
+    let spatial: Vec<usize> = match size.as_slice() {
+        [_, _, rest @ ..] if (rest.len() == 2 || rest.len() == 3) && rest.iter().all(|&v| v > 0) => {
+            rest.iter().map(|&v| v as usize).collect()
+        }
+        other => return Err(format!("size {other:?} is not [N, C, H, W] or [N, C, D, H, W]").into()),
+    };
+    let k = spatial.len();
+    if theta.ndim() != 3
+        || theta.shape()[1].as_const() != Some(k as i64)
+        || theta.shape()[2].as_const() != Some(k as i64 + 1)
+    {
+        return Err(format!("theta {} is not [N, {k}, {}] for size {size:?}", show(theta), k + 1).into());
+    }
+    let align = ctx.int("align_corners", 0)? != 0;
+    let coordinate = |i: usize, len: usize| -> f64 {
+        if align {
+            if len == 1 { -1.0 } else { -1.0 + 2.0 * i as f64 / (len - 1) as f64 }
+        } else {
+            -1.0 + (2 * i + 1) as f64 / len as f64
+        }
+    };
+    let positions: usize = spatial.iter().product();
+    let mut homo = Vec::with_capacity(positions * (k + 1));
+    for p in 0..positions {
+        // The position's index along each spatial axis, the last fastest.
+        let mut rest = p;
+        let mut at = vec![0usize; k];
+        for axis in (0..k).rev() {
+            at[axis] = rest % spatial[axis];
+            rest /= spatial[axis];
+        }
+        // x (the last axis) first, then y (and z), then 1.
+        homo.extend((0..k).rev().map(|axis| coordinate(at[axis], spatial[axis])));
+        homo.push(1.0);
+    }
+    let homo = HostTensor::new(HostData::F64(homo), vec![positions, k + 1]).map_err(|e| e.to_string())?;
+    let grid = ctx.constant(homo).cast(theta.dtype()).matmul(&theta.transpose(1, 2));
+    let mut shape = vec![theta.shape()[0]];
+    shape.extend(spatial.iter().map(|&d| Dim::from(d as i64)));
+    shape.push(Dim::from(k as i64));
+    Ok(vec![grid.reshape(shape)])
 }

@@ -296,6 +296,7 @@ fn handler(op: &str) -> Option<Handler> {
         "ConvTranspose" => window::conv_transpose,
         "Resize" | "Upsample" => resize::resize,
         "GridSample" => grid::grid_sample,
+        "AffineGrid" => grid::affine_grid,
         "MaxPool" | "AveragePool" => window::pool,
         "GlobalAveragePool" | "GlobalMaxPool" => window::global_pool,
         "LpPool" => window::lp_pool,
