@@ -166,19 +166,31 @@ impl Model {
         self.opsets.get(domain(node)).copied().unwrap_or(1)
     }
 
-    /// Every node whose op the importer does not know, in node order.
+    /// Every node whose op the importer does not know, in node order (an `If`'s branches'
+    /// nodes after the `If`).
     pub fn unsupported(&self) -> Vec<UnsupportedOp> {
-        self.nodes()
-            .filter(|n| !ops::is_supported(domain(n), n.op_type.as_deref().unwrap_or(""), self.node_opset(n)))
-            .map(|n| UnsupportedOp {
-                node: n.name.clone().unwrap_or_default(),
-                op_type: match domain(n) {
-                    "" => n.op_type.clone().unwrap_or_default(),
-                    d => format!("{d}.{}", n.op_type.as_deref().unwrap_or("")),
-                },
-                opset: self.node_opset(n),
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.collect_unsupported(self.nodes(), &mut out);
+        out
+    }
+
+    fn collect_unsupported<'a>(&self, nodes: impl Iterator<Item = &'a NodeProto>, out: &mut Vec<UnsupportedOp>) {
+        for n in nodes {
+            if !ops::is_supported(domain(n), n.op_type.as_deref().unwrap_or(""), self.node_opset(n)) {
+                out.push(UnsupportedOp {
+                    node: n.name.clone().unwrap_or_default(),
+                    op_type: match domain(n) {
+                        "" => n.op_type.clone().unwrap_or_default(),
+                        d => format!("{d}.{}", n.op_type.as_deref().unwrap_or("")),
+                    },
+                    opset: self.node_opset(n),
+                });
+            } else if is_if(n) {
+                for g in subgraphs(n) {
+                    self.collect_unsupported(g.node.iter(), out);
+                }
+            }
+        }
     }
 
     /// Builds the lazy graph of the model for `inputs` (one per [`Model::inputs`], in order) and
@@ -211,7 +223,28 @@ impl Model {
                 known.insert(name, k);
             }
         }
-        for node in self.nodes() {
+        let nodes: Vec<&NodeProto> = self.nodes().collect();
+        self.eval(&nodes, &mut env, &mut known, device)?;
+        self.outputs
+            .iter()
+            .map(|o| {
+                env.get(o.name.as_str())
+                    .cloned()
+                    .ok_or_else(|| Error::Invalid(format!("output {:?} was not computed", o.name)))
+            })
+            .collect()
+    }
+
+    /// Imports `nodes` (in a topological order) into `env`, the tensors by name, and `known`,
+    /// the shape values known at import.
+    fn eval<'a>(
+        &'a self,
+        nodes: &[&'a NodeProto],
+        env: &mut HashMap<&'a str, Tensor>,
+        known: &mut HashMap<&'a str, ops::known::Known>,
+        device: Device,
+    ) -> Result<()> {
+        for &node in nodes {
             let fail = |message: String| Error::Node {
                 node: node.name.clone().unwrap_or_default(),
                 op_type: node.op_type.clone().unwrap_or_default(),
@@ -232,11 +265,18 @@ impl Model {
                 device,
                 dir: self.dir.as_deref(),
             };
-            let outs = ops::import(&ctx).map_err(|e| match e {
-                ops::OpError::Message(m) => fail(m),
-                ops::OpError::Other(e) => e,
-            })?;
-            let mut known_outs = ops::known::propagate(&ctx);
+            let (outs, mut known_outs) = if is_if(node) {
+                self.run_if(&ctx, env, known).map_err(|e| match e {
+                    ops::OpError::Message(m) => fail(m),
+                    ops::OpError::Other(e) => e,
+                })?
+            } else {
+                let outs = ops::import(&ctx).map_err(|e| match e {
+                    ops::OpError::Message(m) => fail(m),
+                    ops::OpError::Other(e) => e,
+                })?;
+                (outs, ops::known::propagate(&ctx))
+            };
             // A Constant's tensor holds its data already: reading it back realizes nothing.
             if node.op_type.as_deref() == Some("Constant")
                 && let Some(t) = outs.first()
@@ -269,14 +309,96 @@ impl Model {
                 env.insert(name, t.clone());
             }
         }
-        self.outputs
-            .iter()
-            .map(|o| {
-                env.get(o.name.as_str())
-                    .cloned()
-                    .ok_or_else(|| Error::Invalid(format!("output {:?} was not computed", o.name)))
-            })
-            .collect()
+        Ok(())
+    }
+
+    /// An `If`: the branch its condition picks where the condition is known at import (a shape
+    /// test, as exporters write them), else both branches and, per output, `where(cond, then,
+    /// else)`, which needs outputs of one type. Outputs with the shape values known in the
+    /// branch taken.
+    fn run_if<'a>(
+        &'a self,
+        ctx: &ops::Ctx<'a>,
+        env: &HashMap<&'a str, Tensor>,
+        known: &HashMap<&'a str, ops::known::Known>,
+    ) -> ops::OpResult<IfOutputs> {
+        let node = ctx.node;
+        let branch = |name: &str| -> ops::OpResult<&'a GraphProto> {
+            node.attribute
+                .iter()
+                .find(|a| a.name.as_deref() == Some(name))
+                .and_then(|a| a.g.as_ref())
+                .ok_or_else(|| format!("the {name} attribute (a graph) is required").into())
+        };
+        let (then_g, else_g) = (branch("then_branch")?, branch("else_branch")?);
+        let cond_known = ctx.known(0).and_then(|k| k.consts()).filter(|v| v.len() == 1).map(|v| v[0] != 0);
+        if let Some(c) = cond_known {
+            return self
+                .run_branch(if c { then_g } else { else_g }, env, known, ctx.device)
+                .map_err(ops::OpError::Other);
+        }
+        let cond = ctx.input(0)?;
+        if cond.shape().iter().any(|d| d.as_const() != Some(1)) {
+            return Err(format!("the condition {} must hold one element", ops::show(cond)).into());
+        }
+        let cond = cond.reshape(&[] as &[usize]).cast(DType::Bool);
+        let (then_out, _) = self.run_branch(then_g, env, known, ctx.device).map_err(ops::OpError::Other)?;
+        let (else_out, _) = self.run_branch(else_g, env, known, ctx.device).map_err(ops::OpError::Other)?;
+        if then_out.len() != else_out.len() {
+            return Err(format!("the branches give {} and {} outputs", then_out.len(), else_out.len()).into());
+        }
+        let mut outs = Vec::with_capacity(then_out.len());
+        for (i, (t, e)) in then_out.iter().zip(&else_out).enumerate() {
+            if t.dtype() != e.dtype() || t.shape() != e.shape() {
+                return Err(format!(
+                    "output {i} is {} {} in one branch and {} {} in the other: a condition known only when \
+                     the model runs needs outputs of one type",
+                    t.dtype(),
+                    ops::show(t),
+                    e.dtype(),
+                    ops::show(e)
+                )
+                .into());
+            }
+            outs.push(cond.where_cond(t, e));
+        }
+        let unknown = vec![None; outs.len()];
+        Ok((outs, unknown))
+    }
+
+    /// Imports the subgraph `g` in the scope of `env` and `known` (its own initializers added):
+    /// its outputs, with their known shape values.
+    fn run_branch<'a>(
+        &'a self,
+        g: &'a GraphProto,
+        env: &HashMap<&'a str, Tensor>,
+        known: &HashMap<&'a str, ops::known::Known>,
+        device: Device,
+    ) -> Result<IfOutputs> {
+        let (mut env, mut known) = (env.clone(), known.clone());
+        for t in &g.initializer {
+            let name = t.name.as_deref().unwrap_or("");
+            let host = from_tensor_proto(t, self.dir.as_deref())?;
+            if let Some(k) = ops::known::Known::of_host(&host) {
+                known.insert(name, k);
+            }
+            env.insert(name, Tensor::from_host_on(host, device));
+        }
+        let order = topo_order(g, env.keys().copied())?;
+        let nodes: Vec<&NodeProto> = order.iter().map(|&i| &g.node[i]).collect();
+        self.eval(&nodes, &mut env, &mut known, device)?;
+        let mut outs = Vec::with_capacity(g.output.len());
+        let mut shapes = Vec::with_capacity(g.output.len());
+        for o in &g.output {
+            let name = o.name.as_deref().unwrap_or("");
+            let t = env
+                .get(name)
+                .cloned()
+                .ok_or_else(|| Error::Invalid(format!("branch output {name:?} was not computed")))?;
+            outs.push(t);
+            shapes.push(known.get(name).cloned());
+        }
+        Ok((outs, shapes))
     }
 
     /// A tensor holding `host` for input `index`, typed with the input's declared dims where they
@@ -335,6 +457,37 @@ fn check_input(info: &ValueInfo, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// An `If`'s outputs with their shape values known at import.
+type IfOutputs = (Vec<Tensor>, Vec<Option<ops::known::Known>>);
+
+/// Whether `node` is ONNX's `If`.
+fn is_if(node: &NodeProto) -> bool {
+    domain(node).is_empty() && node.op_type.as_deref() == Some("If")
+}
+
+/// The graphs among `node`'s attributes (an `If`'s branches, a `Loop`'s body).
+fn subgraphs(node: &NodeProto) -> impl Iterator<Item = &GraphProto> {
+    node.attribute.iter().flat_map(|a| a.g.iter().chain(a.graphs.iter()))
+}
+
+/// The names the nodes of `g` (and of their subgraphs) read from the scope around `g`.
+fn free_names<'a>(g: &'a GraphProto, out: &mut Vec<&'a str>) {
+    let mut defined: HashSet<&str> = g.input.iter().filter_map(|v| v.name.as_deref()).collect();
+    defined.extend(g.initializer.iter().filter_map(|t| t.name.as_deref()));
+    defined.extend(g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)));
+    for n in &g.node {
+        let mut inner = Vec::new();
+        for sub in subgraphs(n) {
+            free_names(sub, &mut inner);
+        }
+        for name in n.input.iter().map(String::as_str).chain(inner) {
+            if !name.is_empty() && !defined.contains(name) && !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+}
+
 /// The nodes of `graph` in a topological order (Kahn's algorithm, stable in file order), or the
 /// error naming a dangling input, a value produced twice, or the nodes on a cycle.
 fn topo_order<'a>(graph: &'a GraphProto, sources: impl Iterator<Item = &'a str>) -> Result<Vec<usize>> {
@@ -350,11 +503,17 @@ fn topo_order<'a>(graph: &'a GraphProto, sources: impl Iterator<Item = &'a str>)
     let mut pending = vec![0usize; graph.node.len()];
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); graph.node.len()];
     for (i, n) in graph.node.iter().enumerate() {
-        for name in n.input.iter().filter(|x| !x.is_empty()) {
-            if let Some(&p) = producer.get(name.as_str()) {
+        // A subgraph's reads from this scope are inputs of its node too.
+        let mut implicit = Vec::new();
+        for sub in subgraphs(n) {
+            free_names(sub, &mut implicit);
+        }
+        let explicit = n.input.iter().map(String::as_str).filter(|x| !x.is_empty());
+        for name in explicit.chain(implicit) {
+            if let Some(&p) = producer.get(name) {
                 pending[i] += 1;
                 users[p].push(i);
-            } else if !sources.contains(name.as_str()) {
+            } else if !sources.contains(name) {
                 return Err(Error::Invalid(format!(
                     "node {:?} ({}) reads {name:?}, which no input, initializer or node provides",
                     n.name.as_deref().unwrap_or(""),

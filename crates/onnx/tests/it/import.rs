@@ -664,3 +664,92 @@ fn top_k_orders_ties_and_infinities_by_index() {
     assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![3.0, 3.0, 1.0, inf, inf]);
     assert_eq!(out[1].to_vec::<i64>().unwrap(), vec![1, 3, 4, 0, 2]);
 }
+
+/// An `If` attribute holding `graph`.
+fn branch_attr(name: &str, nodes: Vec<NodeProto>, output: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Graph as i32),
+        g: Some(GraphProto {
+            node: nodes,
+            name: Some(name.into()),
+            output: vec![ValueInfoProto { name: Some(output.into()), ..Default::default() }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn if_takes_the_branch_a_known_condition_picks_and_selects_at_run_time_otherwise() {
+    // cond = Shape(x)[0] == 2: known at import. The branches give different shapes, so only the
+    // branch taken can be imported. The then branch reads `doubled`, produced by a node listed
+    // after the If: the If is ordered after it.
+    let mut if_node = node("choose", "If", &["cond"], &["y"]);
+    if_node.attribute = vec![
+        branch_attr("then_branch", vec![node("t", "Identity", &["doubled"], &["t_out"])], "t_out"),
+        branch_attr("else_branch", vec![node("e", "ReduceSum", &["x"], &["e_out"])], "e_out"),
+    ];
+    let nodes = vec![
+        node("shape", "Shape", &["x"], &["s"]),
+        node("first", "Gather", &["s", "zero"], &["n"]),
+        node("is_two", "Equal", &["n", "two"], &["cond"]),
+        if_node,
+        node("double", "Add", &["x", "x"], &["doubled"]),
+    ];
+    let inits = vec![ints("zero", &[], &[0]), ints("two", &[], &[2])];
+    let mut g = model(nodes, vec![value("x", &[Ok(2), Ok(3)])], vec![value("y", &[Ok(2), Ok(3)])], inits);
+    g.graph.as_mut().unwrap().output[0].r#type = None;
+    g.opset_import[0].version = Some(13);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let y = m.run(&[x]).unwrap().remove(0);
+    assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0, 8.0, 10.0, 12.0]);
+
+    // A condition known only when the model runs: both branches, selected per element type.
+    let mut if_node = node("choose", "If", &["c"], &["y"]);
+    if_node.attribute = vec![
+        branch_attr("then_branch", vec![node("t", "Neg", &["x"], &["t_out"])], "t_out"),
+        branch_attr("else_branch", vec![node("e", "Abs", &["x"], &["e_out"])], "e_out"),
+    ];
+    let mut cond = value("c", &[]);
+    if let Some(type_proto::Value::TensorType(t)) = cond.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        t.elem_type = Some(DataType::Bool as i32);
+    }
+    let mut g = model(vec![if_node], vec![value("x", &[Ok(2)]), cond], vec![value("y", &[Ok(2)])], vec![]);
+    g.opset_import[0].version = Some(13);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let x = || Tensor::from_vec(vec![-1.0f32, 2.0], &[2]);
+    for (c, want) in [(true, vec![1.0f32, -2.0]), (false, vec![1.0, 2.0])] {
+        let y = m.run(&[x(), Tensor::from_vec(vec![c], &[] as &[usize])]).unwrap().remove(0);
+        assert_eq!(y.to_vec::<f32>().unwrap(), want, "cond {c}");
+    }
+
+    // Branches of different shapes under such a condition: an error naming the node.
+    let mut if_node = node("choose", "If", &["c"], &["y"]);
+    if_node.attribute = vec![
+        branch_attr("then_branch", vec![node("t", "Neg", &["x"], &["t_out"])], "t_out"),
+        branch_attr("else_branch", vec![node("e", "ReduceSum", &["x"], &["e_out"])], "e_out"),
+    ];
+    let mut cond = value("c", &[]);
+    if let Some(type_proto::Value::TensorType(t)) = cond.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        t.elem_type = Some(DataType::Bool as i32);
+    }
+    let mut g = model(vec![if_node], vec![value("x", &[Ok(2)]), cond], vec![value("y", &[Ok(2)])], vec![]);
+    g.opset_import[0].version = Some(13);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let err = m.run(&[x(), Tensor::from_vec(vec![true], &[] as &[usize])]).unwrap_err().to_string();
+    assert!(err.contains("\"choose\"") && err.contains("one type"), "{err}");
+
+    // An op the importer does not know inside a branch is reported with the others.
+    let mut if_node = node("choose", "If", &["c"], &["y"]);
+    if_node.attribute = vec![
+        branch_attr("then_branch", vec![node("odd", "NoSuchOp", &["x"], &["t_out"])], "t_out"),
+        branch_attr("else_branch", vec![node("e", "Abs", &["x"], &["e_out"])], "e_out"),
+    ];
+    let g = model(vec![if_node], vec![value("x", &[Ok(2)]), value("c", &[])], vec![value("y", &[Ok(2)])], vec![]);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let unsupported = m.unsupported();
+    assert_eq!(unsupported.len(), 1);
+    assert_eq!((unsupported[0].node.as_str(), unsupported[0].op_type.as_str()), ("odd", "NoSuchOp"));
+}
