@@ -1,5 +1,6 @@
-//! Models exported by `torch.onnx.export` (`fixtures/gen_onnx.py`: an MLP, and a CNN with conv,
-//! batch norm, max pooling, a residual add and global average pooling) match onnxruntime's
+//! Models exported by `torch.onnx.export` (`fixtures/gen_onnx.py`: an MLP, a CNN with conv,
+//! batch norm, max pooling, a residual add and global average pooling, a recurrent model, a tiny
+//! GPT-2 and an upsampling decoder with ConvTranspose and Resize) match onnxruntime's
 //! recorded outputs within 1e-4 at batch sizes 1 and 3, with the batch a symbolic dim (one
 //! program serves both sizes), lazily and through a compiled `Session` traced once.
 
@@ -79,4 +80,11 @@ fn exported_gpt2_matches_onnxruntime_at_two_batch_sizes_and_sequence_lengths() {
     // ids are computed from `Shape` ops, so both axes stay symbolic and one trace serves batch 1
     // of 5 tokens and batch 3 of 9.
     check_everywhere("gpt2");
+}
+
+#[test]
+fn exported_upsampling_decoder_matches_onnxruntime() {
+    // ConvTranspose (stride 2, output padding 1), bilinear and nearest Resize, as
+    // torch.onnx.export writes them.
+    check_everywhere("upsample");
 }
