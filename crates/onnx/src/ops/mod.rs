@@ -14,6 +14,7 @@ mod reduce;
 mod resize;
 mod rnn;
 mod shape;
+mod spectral;
 mod window;
 
 use std::path::Path;
@@ -283,6 +284,8 @@ fn handler(op: &str) -> Option<Handler> {
         "RotaryEmbedding" => attention::rotary_embedding,
         "MatMul" => nn::matmul,
         "Einsum" => einsum::einsum,
+        "DFT" => spectral::dft,
+        "STFT" => spectral::stft,
         "Gemm" => nn::gemm,
         "LayerNormalization" => nn::layer_norm,
         "RMSNormalization" => nn::rms_norm,
