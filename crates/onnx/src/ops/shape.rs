@@ -645,11 +645,82 @@ fn scatter(ctx: &Ctx, data: &Tensor, axis: usize, index: &Tensor, updates: &Tens
     let updates = updates.cast(data.dtype());
     match ctx.string("reduction")?.as_deref().unwrap_or("none") {
         "add" => Ok(vec![data.scatter_add(axis, index, &updates)]),
-        "none" => {
-            let zeros = data.zeros_like();
-            let written = zeros.scatter_add(axis, index, &updates.ones_like()).gt(0.0);
-            Ok(vec![written.where_cond(zeros.scatter_add(axis, index, &updates), data)])
-        }
+        "none" => Ok(vec![overwrite(data, axis, index, &updates)]),
         other => Err(format!("reduction {other:?} is not supported (none and add are)").into()),
     }
+}
+
+/// GatherND: the slices of `data` at the index tuples of `indices`'s last axis (each naming
+/// positions in the `k` dims after the first `batch_dims`, which `data` and `indices` share).
+/// `data` seen as `[batch, positions, slice]` rows: one `index_select` of flat row numbers.
+pub(super) fn gather_nd(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (data, indices) = (ctx.input(0)?, ctx.input(1)?);
+    let (dd, id) = (dims(data)?, dims(indices)?);
+    let b = usize::try_from(ctx.int("batch_dims", 0)?).map_err(|_| "batch_dims must not be negative")?;
+    let k = *id.last().ok_or("indices must have rank >= 1")?;
+    if id.len() < b + 1 || dd.len() < b + k || id[..b] != dd[..b] || k == 0 {
+        return Err(format!(
+            "indices {} do not fit data {} with {b} batch dims",
+            super::show(indices),
+            super::show(data)
+        )
+        .into());
+    }
+    let batch: usize = dd[..b].iter().product();
+    let positions: usize = dd[b..b + k].iter().product();
+    let slice: usize = dd[b + k..].iter().product();
+    let tuples: usize = id[b..id.len() - 1].iter().product();
+    let indices = indices.cast(kiln::DType::I64).reshape(vec![batch, tuples, k]);
+    // Row of each tuple: its batch's first row plus the tuple's position in the k dims.
+    let mut rows = ctx.i64s((0..batch as i64).map(|i| i * positions as i64).collect(), &[batch, 1]);
+    for j in 0..k {
+        let stride: usize = dd[b + j + 1..b + k].iter().product();
+        let column = indices.narrow(2, j as i64, 1).squeeze(2);
+        rows = rows.add(wrap_negative(&column, &Dim::from(dd[b + j] as i64)).mul(stride as i64));
+    }
+    let table = data.reshape(vec![batch * positions, slice]);
+    let picked = table.index_select(0, &rows.reshape(&[-1]));
+    let mut shape: Vec<usize> = id[..id.len() - 1].to_vec();
+    shape.extend(&dd[b + k..]);
+    Ok(vec![picked.reshape(shape)])
+}
+
+/// TensorScatter (opset 24): a key/value cache with `update` written along `axis` from each
+/// batch entry's `write_indices` position on (0 without them); `circular` wraps past the end, and
+/// `linear` past the end is an error of the run (the index check of `scatter_add`).
+pub(super) fn tensor_scatter(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (cache, update) = (ctx.input(0)?, ctx.input(1)?);
+    let rank = cache.ndim();
+    let a = axis(ctx.int("axis", -2)?, rank)?;
+    if a == 0 || update.ndim() != rank {
+        return Err(
+            format!("update {} does not fit cache {} along axis {a}", super::show(update), super::show(cache)).into()
+        );
+    }
+    let seq = update.shape()[a].as_const().ok_or("the update's length must be concrete")?;
+    let max = cache.shape()[a].as_const().ok_or("the cache's length must be concrete")?;
+    let mut batch_shape = vec![1i64; rank];
+    batch_shape[0] = -1;
+    let start = match ctx.opt(2) {
+        Some(w) => w.cast(kiln::DType::I64).reshape(batch_shape),
+        None => ctx.i64s(vec![0], &vec![1; rank]),
+    };
+    let mut seq_shape = vec![1usize; rank];
+    seq_shape[a] = seq as usize;
+    let mut index = start.add(ctx.i64s((0..seq).collect(), &seq_shape));
+    match ctx.string("mode")?.as_deref().unwrap_or("linear") {
+        "linear" => {}
+        "circular" => index = index.remainder(max),
+        other => return Err(format!("mode {other:?} is not linear or circular").into()),
+    }
+    let index = index.expand(update.shape().clone());
+    Ok(vec![overwrite(cache, a, &index, &update.cast(cache.dtype()))])
+}
+
+/// `data` with `updates` written at `index` along `axis`: a `scatter_add` of the updates where a
+/// second one (of ones) counts a write, `data` elsewhere (duplicate positions add up).
+fn overwrite(data: &Tensor, axis: usize, index: &Tensor, updates: &Tensor) -> Tensor {
+    let zeros = data.zeros_like();
+    let written = zeros.scatter_add(axis, index, &updates.ones_like()).gt(0.0);
+    written.where_cond(zeros.scatter_add(axis, index, updates), data)
 }
