@@ -270,3 +270,92 @@ pub(super) fn rotary_embedding(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         _ => out.reshape(x.shape().clone()),
     }])
 }
+
+/// LinearAttention (opset 27): a recurrent state `[batch, kv_heads, d_k, d_v]` updated per token
+/// by the outer product of its key and value (`linear`), first decayed by `exp(decay)` (`gated`),
+/// with the value replaced by `beta * (v - state^T k)` (`delta`), or both (`gated_delta`, the
+/// default); each token's output is `scale * q^T state` (the state repeated for grouped query
+/// heads). Unrolled over the concrete sequence length in f32, as the recurrent ops are.
+pub(super) fn linear_attention(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (q, k, v) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
+    let rule = ctx.string("update_rule")?.unwrap_or_else(|| "gated_delta".into());
+    let (gated, delta) = match rule.as_str() {
+        "linear" => (false, false),
+        "gated" => (true, false),
+        "delta" => (false, true),
+        "gated_delta" => (true, true),
+        other => return Err(format!("update_rule {other:?} is not linear, gated, delta or gated_delta").into()),
+    };
+    let heads = |name: &str| -> OpResult<usize> {
+        match ctx.int(name, 0)? {
+            h if h > 0 => Ok(h as usize),
+            _ => Err(format!("the attribute {name} (a positive head count) is required").into()),
+        }
+    };
+    let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+    if qh % kvh != 0 {
+        return Err(format!("{qh} query heads cannot share {kvh} key/value heads").into());
+    }
+    for (name, t) in [("query", q), ("key", k), ("value", v)] {
+        if t.ndim() != 3 {
+            return Err(format!("{name} {} must be [batch, seq, heads * size]", show(t)).into());
+        }
+    }
+    let (decay, beta) = (ctx.opt(4), ctx.opt(5));
+    if gated != decay.is_some() || delta != beta.is_some() {
+        return Err(format!("update_rule {rule:?} takes decay: {gated}, beta: {delta}").into());
+    }
+    let f32s = |t: &Tensor| t.cast(DType::F32);
+    let (q4, k4, v4) =
+        (f32s(&split_heads(q, qh, "query")?), f32s(&split_heads(k, kvh, "key")?), f32s(&split_heads(v, kvh, "value")?));
+    let (d_k, d_v) = (concrete(&q4, 3, "the key size")?, concrete(&v4, 3, "the value size")?);
+    let steps = concrete(&q4, 2, "the sequence length")?;
+    let batch = q.shape()[0];
+    // Per-token gates as [batch, kv_heads, seq, 1 or d_k] and betas as [batch, 1 or kv_heads, seq, 1].
+    let decay4 = match decay {
+        Some(g) if g.shape()[2].as_const() == Some(kvh as i64) => Some(f32s(g).transpose(1, 2).unsqueeze(3)),
+        Some(g) if g.shape()[2].as_const() == Some((kvh * d_k) as i64) => Some(f32s(&split_heads(g, kvh, "decay")?)),
+        Some(g) => return Err(format!("decay {} must end in kv_num_heads or kv_num_heads * d_k", show(g)).into()),
+        None => None,
+    };
+    let beta4 = beta.map(|b| f32s(b).transpose(1, 2).unsqueeze(3));
+    let mut state = match ctx.opt(3) {
+        Some(s) => f32s(s),
+        None => Tensor::zeros(&[1, kvh, d_k, d_v], DType::F32).to_device(ctx.device)?.expand(vec![
+            batch,
+            Dim::from(kvh as i64),
+            Dim::from(d_k as i64),
+            Dim::from(d_v as i64),
+        ]),
+    };
+    let scale = match f64::from(ctx.float("scale", 0.0)?) {
+        0.0 => 1.0 / (d_k as f64).sqrt(),
+        s => s,
+    };
+    let group = qh / kvh;
+    let step = |t: &Tensor, i: usize| t.narrow(2, i as i64, 1).squeeze(2);
+    let mut outputs = Vec::with_capacity(steps);
+    for i in 0..steps {
+        let (k_t, mut v_t) = (step(&k4, i), step(&v4, i));
+        if let Some(g) = &decay4 {
+            state = state.mul(step(g, i).exp().unsqueeze(3));
+        }
+        if let Some(b) = &beta4 {
+            // The value the state already holds for this key: state^T k, [batch, kv_heads, d_v].
+            let retrieved = k_t.unsqueeze(2).matmul(&state).squeeze(2);
+            v_t = step(b, i).mul(v_t.sub(&retrieved));
+        }
+        state = state.add(k_t.unsqueeze(3).mul(v_t.unsqueeze(2)));
+        let read = if group == 1 { state.clone() } else { repeat_heads(&state, group) };
+        outputs.push(step(&q4, i).unsqueeze(2).matmul(&read).mul(scale));
+    }
+    let refs: Vec<&Tensor> = outputs.iter().collect();
+    // [batch, q_heads, seq, d_v] -> [batch, seq, q_heads * d_v].
+    let y = Tensor::cat(&refs, 2).transpose(1, 2).reshape(vec![
+        batch,
+        Dim::from(steps as i64),
+        Dim::from((qh * d_v) as i64),
+    ]);
+    let state_dtype = ctx.opt(3).map_or(q.dtype(), |s| s.dtype());
+    Ok(vec![y.cast(q.dtype()), state.cast(state_dtype)])
+}

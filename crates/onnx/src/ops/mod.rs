@@ -284,6 +284,7 @@ fn handler(op: &str) -> Option<Handler> {
         "Softmax" | "LogSoftmax" | "Hardmax" => reduce::softmax,
         "Attention" => attention::attention,
         "RotaryEmbedding" => attention::rotary_embedding,
+        "LinearAttention" => attention::linear_attention,
         "MatMul" => nn::matmul,
         "Einsum" => einsum::einsum,
         "DFT" => spectral::dft,
@@ -305,6 +306,7 @@ fn handler(op: &str) -> Option<Handler> {
         "MaxPool" | "AveragePool" => window::pool,
         "GlobalAveragePool" | "GlobalMaxPool" => window::global_pool,
         "LpPool" => window::lp_pool,
+        "CausalConvWithState" => window::causal_conv_with_state,
         "RNN" | "GRU" | "LSTM" => rnn::recurrent,
         _ => return None,
     })

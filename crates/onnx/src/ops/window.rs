@@ -422,3 +422,49 @@ pub(super) fn lp_pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         _ => sums.pow(1.0 / p as f64),
     }])
 }
+
+/// CausalConvWithState (opset 27): a depthwise causal 1-D convolution over `[N, C, L]` that
+/// carries its last `k - 1` inputs between calls: the past state (zeros without one) prepended,
+/// `k` shifted slices times their per-channel taps, the bias, then the optional SiLU; the second
+/// output is the new state.
+pub(super) fn causal_conv_with_state(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    let ((_, xd), wd) = (batch_and_dims(x)?, dims(w)?);
+    if xd.len() != 3 || wd.len() != 3 || wd[0] != xd[1] || wd[1] != 1 || wd[2] == 0 {
+        return Err(format!("input {} and weight {wd:?} must be [N, C, L] and [C, 1, k]", show(x)).into());
+    }
+    let (channels, len, k) = (xd[1], xd[2], wd[2]);
+    let past = match ctx.opt(3) {
+        Some(p) => p.clone(),
+        None => {
+            let mut pads = vec![(0, 0); 3];
+            pads[2] = (k - 1, 0);
+            x.narrow(2, 0, 0).pad(&pads, 0.0)
+        }
+    };
+    let padded = cat(&[&past, x], 2);
+    let taps = w.reshape(vec![channels, k]);
+    let mut y: Option<Tensor> = None;
+    for j in 0..k {
+        let term = padded.narrow(2, j as i64, len as i64).mul(taps.narrow(1, j as i64, 1));
+        y = Some(match y {
+            None => term,
+            Some(s) => s.add(&term),
+        });
+    }
+    let mut y = y.expect("k >= 1");
+    if let Some(b) = ctx.opt(2) {
+        y = y.add(b.reshape(vec![channels, 1]));
+    }
+    match ctx.string("activation")?.as_deref().unwrap_or("none") {
+        "none" => {}
+        // In f32 whatever the input's type, as ONNX's reference computes it.
+        "silu" | "swish" => {
+            let wide = y.cast(kiln::DType::F32);
+            y = wide.mul(wide.sigmoid()).cast(x.dtype());
+        }
+        other => return Err(format!("activation {other:?} is not none, silu or swish").into()),
+    }
+    let state = padded.narrow(2, len as i64, k as i64 - 1);
+    Ok(vec![y, state])
+}
