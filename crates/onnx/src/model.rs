@@ -185,7 +185,7 @@ impl Model {
                     },
                     opset: self.node_opset(n),
                 });
-            } else if is_if(n) {
+            } else if is_if(n) || is_scan(n) {
                 for g in subgraphs(n) {
                     self.collect_unsupported(g.node.iter(), out);
                 }
@@ -265,8 +265,9 @@ impl Model {
                 device,
                 dir: self.dir.as_deref(),
             };
-            let (outs, mut known_outs) = if is_if(node) {
-                self.run_if(&ctx, env, known).map_err(|e| match e {
+            let (outs, mut known_outs) = if is_if(node) || is_scan(node) {
+                let run = if is_if(node) { Self::run_if } else { Self::run_scan };
+                run(self, &ctx, env, known).map_err(|e| match e {
                     ops::OpError::Message(m) => fail(m),
                     ops::OpError::Other(e) => e,
                 })?
@@ -366,6 +367,83 @@ impl Model {
         Ok((outs, unknown))
     }
 
+    /// A `Scan` (opset 9 on), unrolled over its concrete scan length: the body imported once per
+    /// step with the state and each scan input's slice at that step (from the end for a reverse
+    /// direction), its new state carried on, its per-step outputs stacked along their axes.
+    fn run_scan<'a>(
+        &'a self,
+        ctx: &ops::Ctx<'a>,
+        env: &HashMap<&'a str, Tensor>,
+        known: &HashMap<&'a str, ops::known::Known>,
+    ) -> ops::OpResult<IfOutputs> {
+        if ctx.opset < 9 {
+            return Err("Scan before opset 9 (a batch axis and sequence_lens) is not supported".into());
+        }
+        let body = ctx
+            .node
+            .attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some("body"))
+            .and_then(|a| a.g.as_ref())
+            .ok_or("the body attribute (a graph) is required")?;
+        let inputs: Vec<Tensor> = ctx
+            .inputs
+            .iter()
+            .map(|t| t.clone().ok_or("Scan's inputs are all required"))
+            .collect::<std::result::Result<_, _>>()?;
+        let m = usize::try_from(ctx.int("num_scan_inputs", 0)?)
+            .ok()
+            .filter(|&m| m >= 1 && m <= inputs.len())
+            .ok_or("num_scan_inputs must be between 1 and the input count")?;
+        let n = inputs.len() - m;
+        let list = |name: &str, len: usize| -> ops::OpResult<Vec<i64>> {
+            match ctx.ints(name)? {
+                Some(v) if v.len() == len => Ok(v),
+                Some(v) => Err(format!("{name} {v:?} does not have {len} entries").into()),
+                None => Ok(vec![0; len]),
+            }
+        };
+        let (in_axes, in_dirs) = (list("scan_input_axes", m)?, list("scan_input_directions", m)?);
+        let scans: Vec<(Tensor, usize, bool)> = inputs[n..]
+            .iter()
+            .zip(in_axes.iter().zip(&in_dirs))
+            .map(|(t, (&a, &d))| ops::axis(a, t.ndim()).map(|a| (t.clone(), a, d != 0)))
+            .collect::<ops::OpResult<_>>()?;
+        let steps = scans[0].0.shape()[scans[0].1].as_const().ok_or("the scan axis must be concrete")?;
+        if scans.iter().any(|(t, a, _)| t.shape()[*a].as_const() != Some(steps)) {
+            return Err("the scan inputs differ in length along their scan axes".into());
+        }
+        let k = body.output.len().checked_sub(n).ok_or("the body gives fewer outputs than the state has")?;
+        let (out_axes, out_dirs) = (list("scan_output_axes", k)?, list("scan_output_directions", k)?);
+        let mut state: Vec<Tensor> = inputs[..n].to_vec();
+        let mut per_step: Vec<Vec<Tensor>> = vec![Vec::new(); k];
+        for t in 0..steps {
+            let mut args = state.clone();
+            for (x, a, reverse) in &scans {
+                let at = if *reverse { steps - 1 - t } else { t };
+                args.push(x.narrow(*a, at, 1).squeeze(*a));
+            }
+            let (outs, _) = self.run_subgraph(body, &args, env, known, ctx.device).map_err(ops::OpError::Other)?;
+            let mut outs = outs.into_iter();
+            state = outs.by_ref().take(n).collect();
+            for (j, o) in outs.enumerate() {
+                per_step[j].push(o);
+            }
+        }
+        let mut results = state;
+        for ((mut slices, &axis), &dir) in per_step.into_iter().zip(&out_axes).zip(&out_dirs) {
+            if dir != 0 {
+                slices.reverse();
+            }
+            let rank = slices.first().map_or(0, |s| s.ndim()) + 1;
+            let a = ops::axis(axis, rank)?;
+            let refs: Vec<&Tensor> = slices.iter().collect();
+            results.push(Tensor::stack(&refs, a));
+        }
+        let unknown = vec![None; results.len()];
+        Ok((results, unknown))
+    }
+
     /// Imports the subgraph `g` in the scope of `env` and `known` (its own initializers added):
     /// its outputs, with their known shape values.
     fn run_branch<'a>(
@@ -375,7 +453,28 @@ impl Model {
         known: &HashMap<&'a str, ops::known::Known>,
         device: Device,
     ) -> Result<IfOutputs> {
+        self.run_subgraph(g, &[], env, known, device)
+    }
+
+    /// Imports the subgraph `g` with its inputs bound to `args` (in order), in the scope of `env`
+    /// and `known`: its outputs, with their known shape values.
+    fn run_subgraph<'a>(
+        &'a self,
+        g: &'a GraphProto,
+        args: &[Tensor],
+        env: &HashMap<&'a str, Tensor>,
+        known: &HashMap<&'a str, ops::known::Known>,
+        device: Device,
+    ) -> Result<IfOutputs> {
         let (mut env, mut known) = (env.clone(), known.clone());
+        if args.len() != g.input.len() {
+            return Err(Error::Invalid(format!("a subgraph of {} inputs given {} values", g.input.len(), args.len())));
+        }
+        for (input, t) in g.input.iter().zip(args) {
+            let name = input.name.as_deref().unwrap_or("");
+            known.remove(name);
+            env.insert(name, t.clone());
+        }
         for t in &g.initializer {
             let name = t.name.as_deref().unwrap_or("");
             let host = from_tensor_proto(t, self.dir.as_deref())?;
@@ -459,6 +558,11 @@ fn check_input(info: &ValueInfo, t: &Tensor) -> Result<()> {
 
 /// An `If`'s outputs with their shape values known at import.
 type IfOutputs = (Vec<Tensor>, Vec<Option<ops::known::Known>>);
+
+/// Whether `node` is ONNX's `Scan`.
+fn is_scan(node: &NodeProto) -> bool {
+    domain(node).is_empty() && node.op_type.as_deref() == Some("Scan")
+}
 
 /// Whether `node` is ONNX's `If`.
 fn is_if(node: &NodeProto) -> bool {

@@ -753,3 +753,48 @@ fn if_takes_the_branch_a_known_condition_picks_and_selects_at_run_time_otherwise
     assert_eq!(unsupported.len(), 1);
     assert_eq!((unsupported[0].node.as_str(), unsupported[0].op_type.as_str()), ("odd", "NoSuchOp"));
 }
+
+#[test]
+fn scan_runs_its_body_per_step_in_either_direction() {
+    // A running sum: state s (2 values) plus each row of xs ([3, 2]), the rows taken from the end.
+    let body = GraphProto {
+        node: vec![node("add", "Add", &["s_in", "x_in"], &["s_out"]), node("copy", "Identity", &["s_out"], &["y"])],
+        name: Some("body".into()),
+        input: vec![value("s_in", &[Ok(2)]), value("x_in", &[Ok(2)])],
+        output: vec![value("s_out", &[Ok(2)]), value("y", &[Ok(2)])],
+        ..Default::default()
+    };
+    let mut scan = node("scan", "Scan", &["init", "xs"], &["total", "ys"]);
+    scan.attribute = vec![
+        AttributeProto {
+            name: Some("body".into()),
+            r#type: Some(AttributeType::Graph as i32),
+            g: Some(body),
+            ..Default::default()
+        },
+        int_attr("num_scan_inputs", 1),
+        AttributeProto {
+            name: Some("scan_input_directions".into()),
+            r#type: Some(AttributeType::Ints as i32),
+            ints: vec![1],
+            ..Default::default()
+        },
+    ];
+    let mut g = model(
+        vec![scan],
+        vec![value("init", &[Ok(2)]), value("xs", &[Ok(3), Ok(2)])],
+        vec![value("total", &[Ok(2)]), value("ys", &[Ok(3), Ok(2)])],
+        vec![],
+    );
+    g.opset_import[0].version = Some(16);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let out = m
+        .run(&[
+            Tensor::from_vec(vec![0.5f32, -1.0], &[2]),
+            Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2]),
+        ])
+        .unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![9.5, 11.0]);
+    // Step 0 added the last row.
+    assert_eq!(out[1].to_vec::<f32>().unwrap(), vec![5.5, 5.0, 8.5, 9.0, 9.5, 11.0]);
+}
