@@ -177,3 +177,61 @@ pub(super) fn softmax_cross_entropy(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let log_prob = scores.log_softmax(1);
     Ok(vec![nll(ctx, &log_prob, ctx.input(1)?, ctx.opt(2))?, log_prob])
 }
+
+/// GroupNormalization: `[N, C, ...]` normalized over each group of `C / num_groups` channels and
+/// all spatial positions (in f32 unless f64, `stash_type`), then scaled and shifted per channel
+/// (opset 21's `[C]` scale and bias) or per group (opset 18's `[num_groups]`).
+pub(super) fn group_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let d = super::dims(x)?;
+    if d.len() < 3 {
+        return Err(format!("input {} must be [N, C, ...]", super::show(x)).into());
+    }
+    let (n, c) = (d[0], d[1]);
+    let groups = usize::try_from(ctx.int("num_groups", 0)?).ok().filter(|&g| g >= 1 && c % g == 0);
+    let g = groups.ok_or_else(|| format!("num_groups must divide the {c} channels"))?;
+    let eps = f64::from(ctx.float("epsilon", 1e-5)?);
+    let work = if x.dtype() == DType::F64 { x.clone() } else { x.cast(DType::F32) };
+    let grouped = work.reshape(vec![n, g, d[1..].iter().product::<usize>() / g]);
+    let (normed, _, _) = normalize(&grouped, &[2], eps);
+    let mut shape = vec![1usize; d.len()];
+    shape[1] = c;
+    let per_channel = |p: &Tensor| -> OpResult<Tensor> {
+        let len = p.shape().iter().map(|v| v.as_const()).product::<Option<i64>>();
+        match len {
+            Some(l) if l as usize == c => Ok(p.reshape(shape.clone())),
+            // One value per group, repeated for its channels.
+            Some(l) if l as usize == g => Ok(p.reshape(vec![g, 1]).expand(vec![g, c / g]).reshape(shape.clone())),
+            _ => Err(format!("scale and bias {} must hold C = {c} or num_groups = {g} values", super::show(p)).into()),
+        }
+    };
+    let (scale, bias) = (per_channel(ctx.input(1)?)?, per_channel(ctx.input(2)?)?);
+    let y = normed.reshape(d.clone()).cast(x.dtype()).mul(scale).add(bias);
+    Ok(vec![y])
+}
+
+/// LRN: each element divided by `(bias + alpha / size * sum of squares over the `size`
+/// neighbouring channels)^beta`; the window is a sum of shifted slices of the zero-padded squares.
+pub(super) fn lrn(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let size = usize::try_from(ctx.int("size", 0)?).ok().filter(|&s| s >= 1).ok_or("size must be positive")?;
+    let (alpha, beta, bias) =
+        (f64::from(ctx.float("alpha", 1e-4)?), f64::from(ctx.float("beta", 0.75)?), f64::from(ctx.float("bias", 1.0)?));
+    let c = x.shape().get(1).and_then(|d| d.as_const()).ok_or("LRN needs [N, C, ...] with concrete channels")?;
+    // floor((size - 1) / 2) channels before each one, the rest after.
+    let before = (size - 1) / 2;
+    let after = size - 1 - before;
+    let mut pads = vec![(0, 0); x.ndim()];
+    pads[1] = (before, after);
+    let squares = x.square().pad(&pads, 0.0);
+    let mut sum: Option<Tensor> = None;
+    for j in 0..size {
+        let part = squares.narrow(1, j as i64, c);
+        sum = Some(match sum {
+            None => part,
+            Some(s) => s.add(&part),
+        });
+    }
+    let sum = sum.expect("size >= 1");
+    Ok(vec![x.div(sum.mul(alpha / size as f64).add(bias).pow(beta))])
+}

@@ -724,3 +724,50 @@ fn overwrite(data: &Tensor, axis: usize, index: &Tensor, updates: &Tensor) -> Te
     let written = zeros.scatter_add(axis, index, &updates.ones_like()).gt(0.0);
     written.where_cond(zeros.scatter_add(axis, index, updates), data)
 }
+
+/// DepthToSpace (DCR or CRD order) and SpaceToDepth on `[N, C, H, W]`: one reshape, one
+/// permutation and one reshape.
+pub(super) fn depth_space(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let x = ctx.input(0)?;
+    let d = dims(x)?;
+    let b = usize::try_from(ctx.int("blocksize", 0)?).ok().filter(|&b| b >= 1).ok_or("blocksize must be positive")?;
+    let [n, c, h, w] = d[..] else {
+        return Err(format!("input {} must be [N, C, H, W]", super::show(x)).into());
+    };
+    if ctx.op() == "SpaceToDepth" {
+        if h % b != 0 || w % b != 0 {
+            return Err(format!("H {h} and W {w} must be multiples of blocksize {b}").into());
+        }
+        let y = x.reshape(vec![n, c, h / b, b, w / b, b]).permute(vec![0, 3, 5, 1, 2, 4]);
+        return Ok(vec![y.reshape(vec![n, c * b * b, h / b, w / b])]);
+    }
+    if c % (b * b) != 0 {
+        return Err(format!("C {c} must be a multiple of blocksize^2 = {}", b * b).into());
+    }
+    let c2 = c / (b * b);
+    let y = match ctx.string("mode")?.as_deref().unwrap_or("DCR") {
+        "DCR" => x.reshape(vec![n, b, b, c2, h, w]).permute(vec![0, 3, 4, 1, 5, 2]),
+        "CRD" => x.reshape(vec![n, c2, b, b, h, w]).permute(vec![0, 1, 4, 2, 5, 3]),
+        other => return Err(format!("mode {other:?} is not DCR or CRD").into()),
+    };
+    Ok(vec![y.reshape(vec![n, c2, h * b, w * b])])
+}
+
+/// ReverseSequence: along `time_axis`, each `batch_axis` entry's first `sequence_lens[i]`
+/// elements reversed (the rest as they are): one gather of positions computed from the lengths.
+pub(super) fn reverse_sequence(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (x, lens) = (ctx.input(0)?, ctx.input(1)?);
+    let (b, t) = (axis(ctx.int("batch_axis", 1)?, x.ndim())?, axis(ctx.int("time_axis", 0)?, x.ndim())?);
+    if b == t || x.ndim() < 2 {
+        return Err("batch_axis and time_axis must be two different axes".into());
+    }
+    let steps = x.shape()[t].as_const().ok_or("ReverseSequence needs a concrete time axis")?;
+    let mut time_shape = vec![1usize; x.ndim()];
+    time_shape[t] = steps as usize;
+    let time = ctx.i64s((0..steps).collect(), &time_shape);
+    let mut batch_shape = vec![1i64; x.ndim()];
+    batch_shape[b] = -1;
+    let len = lens.cast(kiln::DType::I64).reshape(batch_shape);
+    let source = time.lt(&len).where_cond(len.sub(1i64).sub(&time), &time);
+    Ok(vec![x.gather(t, &source.expand(x.shape().clone()))])
+}

@@ -151,3 +151,28 @@ pub(super) fn stft(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let onesided = ctx.int("onesided", 1)? != 0;
     Ok(vec![transform(ctx, &framed, 2, frame, false, onesided)?])
 }
+
+/// HannWindow, HammingWindow and BlackmanWindow: `size` samples of the window (periodic by
+/// default: the period is `size`, else `size - 1`), computed at import in f64.
+pub(super) fn window_function(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let size = match ctx.values_at(0)?.as_slice() {
+        [n] if *n >= 0 => *n as usize,
+        other => return Err(format!("size {other:?} is not one non-negative count").into()),
+    };
+    let periodic = ctx.int("periodic", 1)? != 0;
+    let period = if periodic { size as f64 } else { size.saturating_sub(1).max(1) as f64 };
+    let angle = |n: usize| 2.0 * std::f64::consts::PI * n as f64 / period;
+    let values: Vec<f64> = (0..size)
+        .map(|n| match ctx.op() {
+            "HannWindow" => 0.5 - 0.5 * angle(n).cos(),
+            "HammingWindow" => 25.0 / 46.0 - (21.0 / 46.0) * angle(n).cos(),
+            _ => 0.42 - 0.5 * angle(n).cos() + 0.08 * (2.0 * angle(n)).cos(),
+        })
+        .collect();
+    let dtype = match ctx.attr("output_datatype") {
+        Some(_) => ctx.dtype_attr("output_datatype")?,
+        None => DType::F32,
+    };
+    let host = HostTensor::new(HostData::F64(values), vec![size]).map_err(|e| e.to_string())?;
+    Ok(vec![ctx.constant(host).cast(dtype)])
+}
