@@ -485,6 +485,49 @@ impl Tensor {
         x.p_binary(site, BinaryOp::Add, &x.splat(site, FRAC_PI_2)).p_unary(site, UnaryOp::Sin)
     }
 
+    /// Arctangent, in `(-pi/2, pi/2)`: `|x|` reduced to `[-tan(pi/8), tan(pi/8)]` by `pi/4 + atan((x - 1) /
+    /// (x + 1))` above `tan(pi/8)` and `pi/2 + atan(-1/x)` above `tan(3 pi/8)`, then an odd
+    /// polynomial of degree 9 (Cephes' single-precision coefficients), within a few f32 ulps; the
+    /// sign put back. Each branch's operands are kept finite where it is not taken, so the
+    /// gradient is a number everywhere.
+    #[track_caller]
+    pub fn atan(&self) -> Tensor {
+        let x = self.float_input(Site::here("atan"));
+        let a = x.abs();
+        let big = a.gt(2.414_213_562_373_095);
+        let mid = a.gt(0.414_213_562_373_095).logical_and(big.logical_not());
+        let inverse = big.where_cond(&a, 1.0).reciprocal().neg();
+        let shifted = a.sub(1.0).div(a.add(1.0));
+        // Below tan(pi/8) the polynomial takes `x` itself (it is odd): no `|x|`, whose gradient at
+        // 0 is 0, on the path through 0.
+        let t = big.where_cond(&inverse, mid.where_cond(&shifted, &x));
+        let base = big.where_cond(
+            a.full_like(FRAC_PI_2),
+            mid.where_cond(a.full_like(std::f64::consts::FRAC_PI_4), a.zeros_like()),
+        );
+        let z = t.mul(&t);
+        let poly = z.mul(8.053_744_495_38e-2).sub(1.387_768_560_32e-1).mul(&z).add(1.997_771_064_78e-1).mul(&z);
+        let poly = poly.sub(3.333_294_915_39e-1).mul(&z).mul(&t).add(&t);
+        let r = base.add(poly);
+        let reduced = big.logical_or(&mid);
+        reduced.logical_and(x.lt(0.0)).where_cond(r.neg(), r)
+    }
+
+    /// Arcsine, as `atan(x / sqrt((1 - x)(1 + x)))` (`±pi/2` at `±1`, NaN outside `[-1, 1]`).
+    #[track_caller]
+    pub fn asin(&self) -> Tensor {
+        let x = self.float_input(Site::here("asin"));
+        x.div(x.neg().add(1.0).mul(x.add(1.0)).sqrt()).atan()
+    }
+
+    /// Arccosine, as `2 atan(sqrt((1 - x) / (1 + x)))` (accurate near `1`, `pi` at `-1`, NaN
+    /// outside `[-1, 1]`).
+    #[track_caller]
+    pub fn acos(&self) -> Tensor {
+        let x = self.float_input(Site::here("acos"));
+        x.neg().add(1.0).div(x.add(1.0)).sqrt().atan().mul(2.0)
+    }
+
     /// The error function.
     #[track_caller]
     pub fn erf(&self) -> Tensor {

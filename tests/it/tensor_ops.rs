@@ -666,3 +666,31 @@ fn scatter_add_adds_duplicates_and_takes_a_smaller_index() {
     let e = mixed.to_vec::<f32>().unwrap_err().to_string();
     assert!(e.contains("scatter_add") && e.contains("dtype"), "{e}");
 }
+
+#[test]
+fn inverse_trigonometric_functions_match_f64_within_a_few_ulps() {
+    let xs: Vec<f32> = (0..=2000).map(|i| -1.0 + i as f32 / 1000.0).collect();
+    let wide: Vec<f32> =
+        (0..=2000).map(|i| (i as f32 - 1000.0) / 25.0).chain([f32::INFINITY, f32::NEG_INFINITY]).collect();
+    let check = |name: &str, got: Vec<f32>, inputs: &[f32], f: fn(f64) -> f64| {
+        for (&x, &g) in inputs.iter().zip(&got) {
+            let want = f(x as f64);
+            let err = (g as f64 - want).abs();
+            assert!(err <= 4.0 * f32::EPSILON as f64 * want.abs().max(1e-3), "{name}({x}) = {g}, want {want}");
+        }
+    };
+    check("atan", f32s(&t(&wide, &[wide.len()]).atan()), &wide, f64::atan);
+    check("asin", f32s(&t(&xs, &[xs.len()]).asin()), &xs, f64::asin);
+    check("acos", f32s(&t(&xs, &[xs.len()]).acos()), &xs, f64::acos);
+    // Outside [-1, 1] there is no angle; NaN stays NaN.
+    let odd = f32s(&t(&[1.5, -2.0, f32::NAN], &[3]).asin());
+    assert!(odd.iter().all(|v| v.is_nan()), "{odd:?}");
+    assert!(f32s(&t(&[f32::NAN], &[1]).atan())[0].is_nan());
+    // The gradient of atan is 1 / (1 + x^2), a number everywhere (0 and the branch edges too).
+    for x in [0.0f32, 0.3, 0.414_213_57, 1.0, 2.414_213_6, 10.0, -3.0] {
+        let v = Tensor::from_vec(vec![x], &[1]).requires_grad_();
+        let g = f32s(&kiln::grad(&v.atan().sum_all(), &[&v]).unwrap()[0]);
+        let want = 1.0 / (1.0 + x * x);
+        assert!((g[0] - want).abs() <= 1e-5 * want.max(1.0), "atan'({x}) = {}, want {want}", g[0]);
+    }
+}

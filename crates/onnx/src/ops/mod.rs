@@ -239,10 +239,9 @@ fn handler(op: &str) -> Option<Handler> {
     Some(match op {
         "Abs" | "Neg" | "Exp" | "Log" | "Sqrt" | "Reciprocal" | "Floor" | "Ceil" | "Sin" | "Cos" | "Tan" | "Tanh"
         | "Sigmoid" | "Relu" | "Erf" | "Sign" | "Identity" | "Not" | "Softplus" | "Softsign" | "Elu" | "Selu"
-        | "LeakyRelu" | "HardSigmoid" | "HardSwish" | "ThresholdedRelu" | "Celu" | "Mish" | "Gelu" | "Round"
-        | "IsNaN" | "IsInf" | "Sinh" | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "BitwiseNot" | "Shrink" | "Swish" => {
-            elementwise::unary
-        }
+        | "Atan" | "Asin" | "Acos" | "LeakyRelu" | "HardSigmoid" | "HardSwish" | "ThresholdedRelu" | "Celu"
+        | "Mish" | "Gelu" | "Round" | "IsNaN" | "IsInf" | "Sinh" | "Cosh" | "Asinh" | "Acosh" | "Atanh"
+        | "BitwiseNot" | "Shrink" | "Swish" => elementwise::unary,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual"
         | "And" | "Or" | "Xor" | "Mod" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "PRelu" => elementwise::binary,
         "Max" | "Min" | "Sum" | "Mean" => elementwise::variadic,
