@@ -310,6 +310,7 @@ fn handler(op: &str) -> Option<Handler> {
         "MaxPool" | "AveragePool" => window::pool,
         "GlobalAveragePool" | "GlobalMaxPool" => window::global_pool,
         "LpPool" => window::lp_pool,
+        "MaxUnpool" => window::max_unpool,
         "CausalConvWithState" => window::causal_conv_with_state,
         "RNN" | "GRU" | "LSTM" => rnn::recurrent,
         _ => return None,

@@ -719,7 +719,7 @@ pub(super) fn tensor_scatter(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 
 /// `data` with `updates` written at `index` along `axis`: a `scatter_add` of the updates where a
 /// second one (of ones) counts a write, `data` elsewhere (duplicate positions add up).
-fn overwrite(data: &Tensor, axis: usize, index: &Tensor, updates: &Tensor) -> Tensor {
+pub(super) fn overwrite(data: &Tensor, axis: usize, index: &Tensor, updates: &Tensor) -> Tensor {
     let zeros = data.zeros_like();
     let written = zeros.scatter_add(axis, index, &updates.ones_like()).gt(0.0);
     written.where_cond(zeros.scatter_add(axis, index, updates), data)

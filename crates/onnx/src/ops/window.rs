@@ -335,13 +335,13 @@ pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     if xd.len() < 3 {
         return Err(format!("X {} must be [N, C, ...]", show(x)).into());
     }
-    if ctx.node.output.len() > 1 && ctx.node.output[1..].iter().any(|o| !o.is_empty()) {
-        return Err("the Indices output of MaxPool is not supported".into());
-    }
     let kernel: Vec<usize> =
         ctx.ints("kernel_shape")?.ok_or("kernel_shape is required")?.iter().map(|&v| v.max(0) as usize).collect();
     let ceil_mode = ctx.int("ceil_mode", 0)? != 0;
     let geo = Geometry::new(ctx, &xd[2..], kernel, ceil_mode)?;
+    if ctx.node.output.len() > 1 && ctx.node.output[1..].iter().any(|o| !o.is_empty()) {
+        return max_pool_with_indices(ctx, x, &xd, &geo);
+    }
     let kernel_2d = (geo.kernel.len() == 2).then(|| (geo.kernel[0], geo.kernel[1]));
     if let (Some([stride, padding, dilation]), Some(k)) = (geo.symmetric_2d(), kernel_2d) {
         // PyTorch's pools take padding of at most half the (dilated) kernel; ONNX allows more.
@@ -393,6 +393,46 @@ pub(super) fn global_pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     }
     let axes: Vec<usize> = (2..x.ndim()).collect();
     Ok(vec![if ctx.op() == "GlobalMaxPool" { x.amax_keepdim(axes) } else { x.mean_keepdim(axes) }])
+}
+
+/// MaxPool with its Indices output: the windows stacked (`-inf` outside the input), their
+/// maximum and the first position holding it, turned into the flat index of that element in
+/// `X` (row-major, or column-major over the spatial dims with `storage_order` 1).
+fn max_pool_with_indices(ctx: &Ctx, x: &Tensor, xd: &[usize], geo: &Geometry) -> OpResult<Vec<Tensor>> {
+    let windows = geo.stacked(x, f64::NEG_INFINITY);
+    let values = windows.amax(2);
+    let k = windows.argmax_keepdim(2).squeeze(2).cast(kiln::DType::I64);
+    let spatial = &xd[2..];
+    let column_major = ctx.int("storage_order", 0)? != 0;
+    // Per spatial axis: the input position of kernel offset k at each output position.
+    let offsets = geo.offsets();
+    let mut flat: Option<Tensor> = None;
+    for axis in 0..spatial.len() {
+        let of_k: Vec<i64> = offsets.iter().map(|o| (o[axis] * geo.dilation[axis]) as i64).collect();
+        let table = ctx.i64s(of_k, &[offsets.len()]);
+        let mut out_shape = vec![1usize; geo.out.len() + 2];
+        out_shape[2 + axis] = geo.out[axis];
+        let starts: Vec<i64> =
+            (0..geo.out[axis]).map(|o| (o * geo.stride[axis]) as i64 - geo.pad_before[axis] as i64).collect();
+        let position =
+            table.index_select(0, &k.reshape(&[-1])).reshape(k.shape().clone()).add(ctx.i64s(starts, &out_shape));
+        let stride: usize =
+            if column_major { spatial[..axis].iter().product() } else { spatial[axis + 1..].iter().product() };
+        let term = position.mul(stride as i64);
+        flat = Some(match flat {
+            None => term,
+            Some(f) => f.add(&term),
+        });
+    }
+    // Plus the (batch, channel) plane's first element.
+    let plane: usize = spatial.iter().product();
+    let n = x.shape()[0];
+    let mut nc_shape = vec![1i64; geo.out.len() + 2];
+    nc_shape[0] = -1;
+    nc_shape[1] = xd[1] as i64;
+    let planes = Tensor::iota_on(n, kiln::DType::I64, ctx.device).reshape(vec![n, Dim::from(1)]).mul(xd[1] as i64);
+    let planes = planes.add(ctx.i64s((0..xd[1] as i64).collect(), &[1, xd[1]])).mul(plane as i64).reshape(nc_shape);
+    Ok(vec![values, flat.expect("one spatial axis at least").add(planes)])
 }
 
 /// LpPool: `(sum over the window of |x|^p)^(1/p)`, the windows as Conv's and the pools' (padding
@@ -467,4 +507,36 @@ pub(super) fn causal_conv_with_state(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     }
     let state = padded.narrow(2, len as i64, k as i64 - 1);
     Ok(vec![y, state])
+}
+
+/// MaxUnpool: `X`'s elements written at the flat positions `I` (MaxPool's Indices) of a zero
+/// tensor of the pooled input's shape (from kernel, strides and pads), zero-padded at the end of
+/// each spatial dim to `output_shape` where it is given.
+pub(super) fn max_unpool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
+    let (x, indices) = (ctx.input(0)?, ctx.input(1)?);
+    let xd = dims(x)?;
+    let k = xd.len().checked_sub(2).filter(|&k| k >= 1).ok_or_else(|| format!("X {} must be [N, C, ...]", show(x)))?;
+    let kernel = ctx.ints("kernel_shape")?.ok_or("kernel_shape is required")?;
+    let strides = ctx.ints("strides")?.unwrap_or_else(|| vec![1; k]);
+    let pads = ctx.ints("pads")?.unwrap_or_else(|| vec![0; 2 * k]);
+    if kernel.len() != k || strides.len() != k || pads.len() != 2 * k {
+        return Err(format!("kernel_shape, strides and pads do not fit {k} spatial dims").into());
+    }
+    let mut inferred = xd[..2].to_vec();
+    for i in 0..k {
+        let size = (xd[2 + i] as i64 - 1) * strides[i] - (pads[i] + pads[k + i]) + kernel[i];
+        inferred.push(usize::try_from(size).map_err(|_| format!("spatial dim {i} would be {size}"))?);
+    }
+    let total: usize = inferred.iter().product();
+    let flat = Tensor::zeros(&[total], x.dtype()).to_device(ctx.device)?;
+    let y = super::shape::overwrite(&flat, 0, &indices.cast(kiln::DType::I64).reshape(&[-1]), &x.reshape(&[-1]));
+    let mut y = y.reshape(inferred.clone());
+    if let Some(shape) = ctx.opt_values(2)? {
+        if shape.len() != inferred.len() || shape.iter().zip(&inferred).any(|(&s, &i)| s < i as i64) {
+            return Err(format!("output_shape {shape:?} is smaller than the unpooled {inferred:?}").into());
+        }
+        let pads: Vec<(usize, usize)> = shape.iter().zip(&inferred).map(|(&s, &i)| (0, s as usize - i)).collect();
+        y = y.pad(&pads, 0.0);
+    }
+    Ok(vec![y])
 }
