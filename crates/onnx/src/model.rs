@@ -185,7 +185,7 @@ impl Model {
                     },
                     opset: self.node_opset(n),
                 });
-            } else if is_if(n) || is_scan(n) {
+            } else if is_if(n) || is_scan(n) || is_loop(n) {
                 for g in subgraphs(n) {
                     self.collect_unsupported(g.node.iter(), out);
                 }
@@ -265,8 +265,14 @@ impl Model {
                 device,
                 dir: self.dir.as_deref(),
             };
-            let (outs, mut known_outs) = if is_if(node) || is_scan(node) {
-                let run = if is_if(node) { Self::run_if } else { Self::run_scan };
+            let (outs, mut known_outs) = if is_if(node) || is_scan(node) || is_loop(node) {
+                let run = if is_if(node) {
+                    Self::run_if
+                } else if is_scan(node) {
+                    Self::run_scan
+                } else {
+                    Self::run_loop
+                };
                 run(self, &ctx, env, known).map_err(|e| match e {
                     ops::OpError::Message(m) => fail(m),
                     ops::OpError::Other(e) => e,
@@ -444,6 +450,74 @@ impl Model {
         Ok((results, unknown))
     }
 
+    /// A `Loop`, unrolled: its trip count and its condition are read when the model is imported
+    /// (known shape values, else realized: `Model::run` has the inputs' data, a `Session`'s trace
+    /// does not and reports it), the body imported once per iteration with the iteration number,
+    /// the condition and the carried values; it stops at the trip count or when the body's
+    /// condition is false (read after each iteration), at most [`LOOP_MAX_ITERATIONS`].
+    fn run_loop<'a>(
+        &'a self,
+        ctx: &ops::Ctx<'a>,
+        env: &HashMap<&'a str, Tensor>,
+        known: &HashMap<&'a str, ops::known::Known>,
+    ) -> ops::OpResult<IfOutputs> {
+        let body = ctx
+            .node
+            .attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some("body"))
+            .and_then(|a| a.g.as_ref())
+            .ok_or("the body attribute (a graph) is required")?;
+        let read = |i: usize| -> ops::OpResult<Option<i64>> {
+            if let Some(v) = ctx.known(i).and_then(|k| k.consts()) {
+                return Ok(v.first().copied());
+            }
+            match ctx.opt(i) {
+                None => Ok(None),
+                Some(t) => Ok(Some(ctx.scalar_f64(t)? as i64)),
+            }
+        };
+        let trips = read(0)?;
+        let mut going = read(1)?.is_none_or(|c| c != 0);
+        let mut carried: Vec<Tensor> = ctx
+            .inputs
+            .iter()
+            .skip(2)
+            .map(|t| t.clone().ok_or("a Loop's carried values are all required"))
+            .collect::<std::result::Result<_, _>>()?;
+        let n = carried.len();
+        let k = body.output.len().checked_sub(1 + n).ok_or("the body gives fewer outputs than the loop carries")?;
+        let mut per_step: Vec<Vec<Tensor>> = vec![Vec::new(); k];
+        let mut cond = Tensor::from_vec(vec![going], &[] as &[usize]).to_device(ctx.device)?;
+        let mut i = 0i64;
+        while going && trips.is_none_or(|m| i < m) {
+            if i >= LOOP_MAX_ITERATIONS {
+                return Err(format!("the loop ran {LOOP_MAX_ITERATIONS} iterations without stopping").into());
+            }
+            let mut args = vec![Tensor::from_vec(vec![i], &[] as &[usize]).to_device(ctx.device)?, cond.clone()];
+            args.extend(carried.iter().cloned());
+            let (outs, _) = self.run_subgraph(body, &args, env, known, ctx.device).map_err(ops::OpError::Other)?;
+            let mut outs = outs.into_iter();
+            cond = outs.next().ok_or("the body gives no condition")?;
+            carried = outs.by_ref().take(n).collect();
+            for (j, o) in outs.enumerate() {
+                per_step[j].push(o);
+            }
+            going = ctx.scalar_f64(&cond)? != 0.0;
+            i += 1;
+        }
+        let mut results = carried;
+        for slices in per_step {
+            if slices.is_empty() {
+                return Err("a Loop that ran no iteration has scan outputs of unknown shape".into());
+            }
+            let refs: Vec<&Tensor> = slices.iter().collect();
+            results.push(Tensor::stack(&refs, 0));
+        }
+        let unknown = vec![None; results.len()];
+        Ok((results, unknown))
+    }
+
     /// Imports the subgraph `g` in the scope of `env` and `known` (its own initializers added):
     /// its outputs, with their known shape values.
     fn run_branch<'a>(
@@ -558,6 +632,14 @@ fn check_input(info: &ValueInfo, t: &Tensor) -> Result<()> {
 
 /// An `If`'s outputs with their shape values known at import.
 type IfOutputs = (Vec<Tensor>, Vec<Option<ops::known::Known>>);
+
+/// The most iterations a `Loop` is unrolled to.
+const LOOP_MAX_ITERATIONS: i64 = 100_000;
+
+/// Whether `node` is ONNX's `Loop`.
+fn is_loop(node: &NodeProto) -> bool {
+    domain(node).is_empty() && node.op_type.as_deref() == Some("Loop")
+}
 
 /// Whether `node` is ONNX's `Scan`.
 fn is_scan(node: &NodeProto) -> bool {

@@ -319,8 +319,8 @@ fn handler(op: &str) -> Option<Handler> {
 
 /// Whether the importer knows `op_type` of `domain` (`""` is ONNX's default domain) at `opset`.
 pub fn is_supported(domain: &str, op_type: &str, _opset: i64) -> bool {
-    // `If` and `Scan` are imported by the model (their bodies are graphs in the model's scope).
-    domain.is_empty() && (handler(op_type).is_some() || op_type == "If" || op_type == "Scan")
+    // `If`, `Scan` and `Loop` are imported by the model (their bodies are graphs in its scope).
+    domain.is_empty() && (handler(op_type).is_some() || matches!(op_type, "If" | "Scan" | "Loop"))
 }
 
 /// Imports one node: its output tensors, in order.

@@ -798,3 +798,39 @@ fn scan_runs_its_body_per_step_in_either_direction() {
     // Step 0 added the last row.
     assert_eq!(out[1].to_vec::<f32>().unwrap(), vec![5.5, 5.0, 8.5, 9.0, 9.5, 11.0]);
 }
+
+#[test]
+fn loop_runs_until_its_trip_count_or_its_condition_stops_it() {
+    // y doubles each iteration; the body's condition is `iteration < 2`, so with a trip count of
+    // 10 the loop stops after three iterations; each iteration's y is a scan output.
+    let body = GraphProto {
+        node: vec![
+            node("double", "Add", &["y_in", "y_in"], &["y_out"]),
+            node("limit", "Less", &["i", "two"], &["cond_out"]),
+            node("copy", "Identity", &["y_out"], &["scan"]),
+        ],
+        name: Some("body".into()),
+        input: vec![value("i", &[]), value("cond_in", &[]), value("y_in", &[Ok(2)])],
+        output: vec![value("cond_out", &[]), value("y_out", &[Ok(2)]), value("scan", &[Ok(2)])],
+        initializer: vec![ints("two", &[], &[2])],
+        ..Default::default()
+    };
+    let mut lp = node("loop", "Loop", &["trips", "", "y"], &["y_final", "ys"]);
+    lp.attribute = vec![AttributeProto {
+        name: Some("body".into()),
+        r#type: Some(AttributeType::Graph as i32),
+        g: Some(body),
+        ..Default::default()
+    }];
+    let mut g = model(
+        vec![lp],
+        vec![value("y", &[Ok(2)])],
+        vec![value("y_final", &[Ok(2)]), value("ys", &[Ok(3), Ok(2)])],
+        vec![ints("trips", &[], &[10])],
+    );
+    g.opset_import[0].version = Some(16);
+    let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let out = m.run(&[Tensor::from_vec(vec![1.0f32, -0.5], &[2])]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![8.0, -4.0]);
+    assert_eq!(out[1].to_vec::<f32>().unwrap(), vec![2.0, -1.0, 4.0, -2.0, 8.0, -4.0]);
+}
