@@ -179,7 +179,7 @@ pub(super) fn softmax_cross_entropy(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 }
 
 /// GroupNormalization: `[N, C, ...]` normalized over each group of `C / num_groups` channels and
-/// all spatial positions (in f32 unless f64, `stash_type`), then scaled and shifted per channel
+/// all spatial positions (computed in f32, or f64 for f64 input), then scaled and shifted per channel
 /// (opset 21's `[C]` scale and bias) or per group (opset 18's `[num_groups]`).
 pub(super) fn group_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
@@ -210,8 +210,8 @@ pub(super) fn group_norm(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     Ok(vec![y])
 }
 
-/// LRN: each element divided by `(bias + alpha / size * sum of squares over the `size`
-/// neighbouring channels)^beta`; the window is a sum of shifted slices of the zero-padded squares.
+/// LRN: each element divided by `(bias + alpha / size * s)^beta`, `s` the sum of squares over
+/// the `size` neighbouring channels: a sum of shifted slices of the zero-padded squares.
 pub(super) fn lrn(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
     let size = usize::try_from(ctx.int("size", 0)?).ok().filter(|&s| s >= 1).ok_or("size must be positive")?;
