@@ -185,7 +185,7 @@ impl Model {
                     },
                     opset: self.node_opset(n),
                 });
-            } else if is_if(n) || is_scan(n) || is_loop(n) {
+            } else if control_flow(n).is_some() {
                 for g in subgraphs(n) {
                     self.collect_unsupported(g.node.iter(), out);
                 }
@@ -265,25 +265,14 @@ impl Model {
                 device,
                 dir: self.dir.as_deref(),
             };
-            let (outs, mut known_outs) = if is_if(node) || is_scan(node) || is_loop(node) {
-                let run = if is_if(node) {
-                    Self::run_if
-                } else if is_scan(node) {
-                    Self::run_scan
-                } else {
-                    Self::run_loop
-                };
-                run(self, &ctx, env, known).map_err(|e| match e {
-                    ops::OpError::Message(m) => fail(m),
-                    ops::OpError::Other(e) => e,
-                })?
-            } else {
-                let outs = ops::import(&ctx).map_err(|e| match e {
-                    ops::OpError::Message(m) => fail(m),
-                    ops::OpError::Other(e) => e,
-                })?;
-                (outs, ops::known::propagate(&ctx))
+            let result = match control_flow(node) {
+                Some(run) => run(self, &ctx, env, known),
+                None => ops::import(&ctx).map(|outs| (outs, ops::known::propagate(&ctx))),
             };
+            let (outs, mut known_outs) = result.map_err(|e| match e {
+                ops::OpError::Message(m) => fail(m),
+                ops::OpError::Other(e) => e,
+            })?;
             // A Constant's tensor holds its data already: reading it back realizes nothing.
             if node.op_type.as_deref() == Some("Constant")
                 && let Some(t) = outs.first()
@@ -329,15 +318,7 @@ impl Model {
         env: &HashMap<&'a str, Tensor>,
         known: &HashMap<&'a str, ops::known::Known>,
     ) -> ops::OpResult<IfOutputs> {
-        let node = ctx.node;
-        let branch = |name: &str| -> ops::OpResult<&'a GraphProto> {
-            node.attribute
-                .iter()
-                .find(|a| a.name.as_deref() == Some(name))
-                .and_then(|a| a.g.as_ref())
-                .ok_or_else(|| format!("the {name} attribute (a graph) is required").into())
-        };
-        let (then_g, else_g) = (branch("then_branch")?, branch("else_branch")?);
+        let (then_g, else_g) = (ctx.graph("then_branch")?, ctx.graph("else_branch")?);
         let cond_known = ctx.known(0).and_then(|k| k.consts()).filter(|v| v.len() == 1).map(|v| v[0] != 0);
         if let Some(c) = cond_known {
             return self
@@ -385,13 +366,7 @@ impl Model {
         if ctx.opset < 9 {
             return Err("Scan before opset 9 (a batch axis and sequence_lens) is not supported".into());
         }
-        let body = ctx
-            .node
-            .attribute
-            .iter()
-            .find(|a| a.name.as_deref() == Some("body"))
-            .and_then(|a| a.g.as_ref())
-            .ok_or("the body attribute (a graph) is required")?;
+        let body = ctx.graph("body")?;
         let inputs: Vec<Tensor> = ctx
             .inputs
             .iter()
@@ -461,13 +436,7 @@ impl Model {
         env: &HashMap<&'a str, Tensor>,
         known: &HashMap<&'a str, ops::known::Known>,
     ) -> ops::OpResult<IfOutputs> {
-        let body = ctx
-            .node
-            .attribute
-            .iter()
-            .find(|a| a.name.as_deref() == Some("body"))
-            .and_then(|a| a.g.as_ref())
-            .ok_or("the body attribute (a graph) is required")?;
+        let body = ctx.graph("body")?;
         let read = |i: usize| -> ops::OpResult<Option<i64>> {
             if let Some(v) = ctx.known(i).and_then(|k| k.consts()) {
                 return Ok(v.first().copied());
@@ -630,25 +599,31 @@ fn check_input(info: &ValueInfo, t: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// An `If`'s outputs with their shape values known at import.
+/// A control-flow op's (or a subgraph's) outputs with their shape values known at import.
 type IfOutputs = (Vec<Tensor>, Vec<Option<ops::known::Known>>);
+
+/// How `Model` imports one control-flow node (its bodies are graphs in the model's scope).
+type ControlFlow = for<'a> fn(
+    &'a Model,
+    &ops::Ctx<'a>,
+    &HashMap<&'a str, Tensor>,
+    &HashMap<&'a str, ops::known::Known>,
+) -> ops::OpResult<IfOutputs>;
 
 /// The most iterations a `Loop` is unrolled to.
 const LOOP_MAX_ITERATIONS: i64 = 100_000;
 
-/// Whether `node` is ONNX's `Loop`.
-fn is_loop(node: &NodeProto) -> bool {
-    domain(node).is_empty() && node.op_type.as_deref() == Some("Loop")
-}
-
-/// Whether `node` is ONNX's `Scan`.
-fn is_scan(node: &NodeProto) -> bool {
-    domain(node).is_empty() && node.op_type.as_deref() == Some("Scan")
-}
-
-/// Whether `node` is ONNX's `If`.
-fn is_if(node: &NodeProto) -> bool {
-    domain(node).is_empty() && node.op_type.as_deref() == Some("If")
+/// The importer of `node` if it is ONNX's `If`, `Scan` or `Loop`.
+fn control_flow(node: &NodeProto) -> Option<ControlFlow> {
+    if !domain(node).is_empty() {
+        return None;
+    }
+    match node.op_type.as_deref()? {
+        "If" => Some(Model::run_if),
+        "Scan" => Some(Model::run_scan),
+        "Loop" => Some(Model::run_loop),
+        _ => None,
+    }
 }
 
 /// The graphs among `node`'s attributes (an `If`'s branches, a `Loop`'s body).

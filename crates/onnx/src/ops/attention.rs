@@ -48,13 +48,7 @@ pub(super) fn attention(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     }
     // Everything in 4-D: [batch, heads, seq, head_size].
     let (q4, k4, v4) = if rank == 3 {
-        let heads = |name: &str| -> OpResult<usize> {
-            match ctx.int(name, 0)? {
-                h if h > 0 => Ok(h as usize),
-                _ => Err(format!("3-D inputs need the attribute {name} (a positive head count)").into()),
-            }
-        };
-        let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+        let (qh, kvh) = (ctx.head_count("q_num_heads")?, ctx.head_count("kv_num_heads")?);
         (split_heads(q, qh, "Q")?, split_heads(k, kvh, "K")?, split_heads(v, kvh, "V")?)
     } else {
         (q.clone(), k.clone(), v.clone())
@@ -215,13 +209,7 @@ pub(super) fn rotary_embedding(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     // As [batch, seq, heads, head_size].
     let work = match x.ndim() {
         4 => x.transpose(1, 2),
-        3 => {
-            let heads = match ctx.int("num_heads", 0)? {
-                h if h > 0 => h as usize,
-                _ => return Err("a 3-D input needs the attribute num_heads (a positive head count)".into()),
-            };
-            split_heads(x, heads, "input")?.transpose(1, 2)
-        }
+        3 => split_heads(x, ctx.head_count("num_heads")?, "input")?.transpose(1, 2),
         _ => return Err(format!("input {} must be 3-D or 4-D", show(x)).into()),
     };
     let head_size = concrete(&work, 3, "the head size")?;
@@ -286,13 +274,7 @@ pub(super) fn linear_attention(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         "gated_delta" => (true, true),
         other => return Err(format!("update_rule {other:?} is not linear, gated, delta or gated_delta").into()),
     };
-    let heads = |name: &str| -> OpResult<usize> {
-        match ctx.int(name, 0)? {
-            h if h > 0 => Ok(h as usize),
-            _ => Err(format!("the attribute {name} (a positive head count) is required").into()),
-        }
-    };
-    let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+    let (qh, kvh) = (ctx.head_count("q_num_heads")?, ctx.head_count("kv_num_heads")?);
     if qh % kvh != 0 {
         return Err(format!("{qh} query heads cannot share {kvh} key/value heads").into());
     }

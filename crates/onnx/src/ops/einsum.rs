@@ -207,7 +207,7 @@ fn broadcast_all(terms: Vec<Term>, output: &[Label]) -> OpResult<Term> {
             }
         }
     }
-    let mut product: Option<Tensor> = None;
+    let mut laid_out = Vec::with_capacity(terms.len());
     for term in terms {
         let present: Vec<Label> = all.iter().filter(|l| term.labels.contains(l)).copied().collect();
         let mut t = arrange(term, &present)?.t;
@@ -216,12 +216,9 @@ fn broadcast_all(terms: Vec<Term>, output: &[Label]) -> OpResult<Term> {
                 t = t.unsqueeze(i);
             }
         }
-        product = Some(match product {
-            None => t,
-            Some(p) => p.mul(&t),
-        });
+        laid_out.push(t);
     }
-    let mut t = product.ok_or("no operands")?;
+    let mut t = laid_out.into_iter().reduce(|a, b| a.mul(&b)).ok_or("no operands")?;
     if all.len() > output.len() {
         t = t.sum((output.len()..all.len()).collect::<Vec<_>>());
     }

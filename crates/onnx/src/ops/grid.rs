@@ -108,63 +108,36 @@ pub(super) fn grid_sample(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         .product::<Option<i64>>()
         .ok_or_else(|| format!("grid {}: the output's spatial dims must be concrete", show(&grid)))?;
     let source = x.reshape(vec![n, Dim::from(channels as i64), Dim::from(total as i64)]);
-    let mut sum: Option<Tensor> = None;
-    let mut pick = vec![0usize; k];
-    loop {
-        let mut index: Option<Tensor> = None;
-        let mut weight: Option<Tensor> = None;
-        let mut inside: Option<Tensor> = None;
-        for axis in 0..k {
-            let tap = &taps[axis][pick[axis]];
-            let stride: usize = spatial[axis + 1..].iter().product();
-            let part = tap.index.mul(stride as i64);
-            index = Some(match index {
-                None => part,
-                Some(i) => i.add(&part),
-            });
-            if let Some(w) = &tap.weight {
-                weight = Some(match weight {
-                    None => w.clone(),
-                    Some(v) => v.mul(w),
-                });
-            }
-            if let Some(m) = &tap.inside {
-                inside = Some(match inside {
-                    None => m.clone(),
-                    Some(v) => v.logical_and(m),
-                });
-            }
-        }
-        let index = index.expect("k >= 2").reshape(vec![n, Dim::from(1), Dim::from(flat_out)]);
-        let index = index.expand(vec![n, Dim::from(channels as i64), Dim::from(flat_out)]);
-        let mut value = source.gather(2, &index).cast(work);
-        let flat = |t: Tensor| t.reshape(vec![n, Dim::from(1), Dim::from(flat_out)]);
-        if let Some(m) = inside {
-            value = flat(m).where_cond(&value, 0.0);
-        }
-        if let Some(w) = weight {
-            value = value.mul(flat(w));
-        }
-        sum = Some(match sum {
-            None => value,
-            Some(s) => s.add(&value),
-        });
-        // The next combination (the last axis fastest).
-        let mut axis = k;
-        loop {
-            if axis == 0 {
-                let mut shape = vec![n, Dim::from(channels as i64)];
-                shape.extend(outs);
-                return Ok(vec![sum.expect("one combination at least").reshape(shape).cast(x.dtype())]);
-            }
-            axis -= 1;
-            pick[axis] += 1;
-            if pick[axis] < taps[axis].len() {
-                break;
-            }
-            pick[axis] = 0;
-        }
+    // Every combination of one tap per axis (the last axis fastest).
+    let mut combinations: Vec<Vec<&Tap>> = vec![Vec::new()];
+    for axis_taps in &taps {
+        combinations = combinations
+            .into_iter()
+            .flat_map(|c| axis_taps.iter().map(move |t| [c.clone(), vec![t]].concat()))
+            .collect();
     }
+    let flat = |t: Tensor| t.reshape(vec![n, Dim::from(1), Dim::from(flat_out)]);
+    let values = combinations.into_iter().map(|combination| {
+        let index = combination
+            .iter()
+            .enumerate()
+            .map(|(axis, tap)| tap.index.mul(spatial[axis + 1..].iter().product::<usize>() as i64))
+            .reduce(|a, b| a.add(&b))
+            .expect("k >= 2");
+        let index = flat(index).expand(vec![n, Dim::from(channels as i64), Dim::from(flat_out)]);
+        let mut value = source.gather(2, &index).cast(work);
+        if let Some(inside) = combination.iter().filter_map(|t| t.inside.clone()).reduce(|a, b| a.logical_and(&b)) {
+            value = flat(inside).where_cond(&value, 0.0);
+        }
+        if let Some(weight) = combination.iter().filter_map(|t| t.weight.clone()).reduce(|a, b| a.mul(&b)) {
+            value = value.mul(flat(weight));
+        }
+        value
+    });
+    let sum = values.reduce(|a, b| a.add(&b)).expect("one combination at least");
+    let mut shape = vec![n, Dim::from(channels as i64)];
+    shape.extend(outs);
+    Ok(vec![sum.reshape(shape).cast(x.dtype())])
 }
 
 /// `c` reflected by the near border until it lies in `[lo, hi]` (ONNX's reference: the distance

@@ -24,7 +24,7 @@ use kiln::{DType, Device, Dim, HostData, HostTensor, Tensor};
 use crate::data::{from_tensor_proto, to_dtype};
 use crate::error::Error;
 use crate::proto::attribute_proto::AttributeType;
-use crate::proto::{AttributeProto, NodeProto};
+use crate::proto::{AttributeProto, GraphProto, NodeProto};
 
 /// Why a node failed: a message (wrapped by the caller into [`Error::Node`]) or an error that is
 /// already complete.
@@ -65,7 +65,7 @@ pub(crate) struct Ctx<'a> {
     pub dir: Option<&'a Path>,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
     pub fn op(&self) -> &str {
         self.node.op_type.as_deref().unwrap_or("")
     }
@@ -83,6 +83,24 @@ impl Ctx<'_> {
     /// The given inputs (variadic ops).
     pub fn all(&self) -> Vec<&Tensor> {
         self.inputs.iter().flatten().collect()
+    }
+
+    /// The graph attribute `name` (an `If`'s branch, a loop's body), which the op requires.
+    pub fn graph(&self, name: &str) -> OpResult<&'a GraphProto> {
+        self.node
+            .attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(name))
+            .and_then(|a| a.g.as_ref())
+            .ok_or_else(|| format!("the {name} attribute (a graph) is required").into())
+    }
+
+    /// The positive head count attribute `name`, which the op requires.
+    pub fn head_count(&self, name: &str) -> OpResult<usize> {
+        match self.int(name, 0)? {
+            h if h > 0 => Ok(h as usize),
+            _ => Err(format!("the attribute {name} (a positive head count) is required").into()),
+        }
     }
 
     pub fn attr(&self, name: &str) -> Option<&AttributeProto> {

@@ -224,14 +224,6 @@ pub(super) fn lrn(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let mut pads = vec![(0, 0); x.ndim()];
     pads[1] = (before, after);
     let squares = x.square().pad(&pads, 0.0);
-    let mut sum: Option<Tensor> = None;
-    for j in 0..size {
-        let part = squares.narrow(1, j as i64, c);
-        sum = Some(match sum {
-            None => part,
-            Some(s) => s.add(&part),
-        });
-    }
-    let sum = sum.expect("size >= 1");
+    let sum = (0..size).map(|j| squares.narrow(1, j as i64, c)).reduce(|a, b| a.add(&b)).expect("size >= 1");
     Ok(vec![x.div(sum.mul(alpha / size as f64).add(bias).pow(beta))])
 }

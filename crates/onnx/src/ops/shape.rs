@@ -623,16 +623,14 @@ pub(super) fn scatter_nd(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let slice: usize = rest.iter().product();
     // One flat position per tuple: sum of index * stride over the first k dims.
     let strides: Vec<i64> = (0..k).map(|j| dd[j + 1..k].iter().product::<usize>() as i64).collect();
-    let mut flat: Option<Tensor> = None;
     let indices = indices.cast(kiln::DType::I64).reshape(vec![tuples as i64, k as i64]);
-    for (j, &stride) in strides.iter().enumerate() {
-        let column = wrap_negative(&indices.narrow(1, j as i64, 1), &Dim::from(dd[j] as i64)).mul(stride);
-        flat = Some(match flat {
-            None => column,
-            Some(f) => f.add(&column),
-        });
-    }
-    let flat = flat.expect("k >= 1").expand(vec![tuples, slice]);
+    let flat = strides
+        .iter()
+        .enumerate()
+        .map(|(j, &stride)| wrap_negative(&indices.narrow(1, j as i64, 1), &Dim::from(dd[j] as i64)).mul(stride))
+        .reduce(|a, b| a.add(&b))
+        .expect("k >= 1")
+        .expand(vec![tuples, slice]);
     let leading: usize = dd[..k].iter().product();
     let table = data.reshape(vec![leading, slice]);
     let values = updates.reshape(vec![tuples, slice]);

@@ -406,7 +406,7 @@ fn max_pool_with_indices(ctx: &Ctx, x: &Tensor, xd: &[usize], geo: &Geometry) ->
     let column_major = ctx.int("storage_order", 0)? != 0;
     // Per spatial axis: the input position of kernel offset k at each output position.
     let offsets = geo.offsets();
-    let mut flat: Option<Tensor> = None;
+    let mut terms = Vec::with_capacity(spatial.len());
     for axis in 0..spatial.len() {
         let of_k: Vec<i64> = offsets.iter().map(|o| (o[axis] * geo.dilation[axis]) as i64).collect();
         let table = ctx.i64s(of_k, &[offsets.len()]);
@@ -418,12 +418,9 @@ fn max_pool_with_indices(ctx: &Ctx, x: &Tensor, xd: &[usize], geo: &Geometry) ->
             table.index_select(0, &k.reshape(&[-1])).reshape(k.shape().clone()).add(ctx.i64s(starts, &out_shape));
         let stride: usize =
             if column_major { spatial[..axis].iter().product() } else { spatial[axis + 1..].iter().product() };
-        let term = position.mul(stride as i64);
-        flat = Some(match flat {
-            None => term,
-            Some(f) => f.add(&term),
-        });
+        terms.push(position.mul(stride as i64));
     }
+    let flat = terms.into_iter().reduce(|a, b| a.add(&b)).expect("one spatial axis at least");
     // Plus the (batch, channel) plane's first element.
     let plane: usize = spatial.iter().product();
     let n = x.shape()[0];
@@ -432,7 +429,7 @@ fn max_pool_with_indices(ctx: &Ctx, x: &Tensor, xd: &[usize], geo: &Geometry) ->
     nc_shape[1] = xd[1] as i64;
     let planes = Tensor::iota_on(n, kiln::DType::I64, ctx.device).reshape(vec![n, Dim::from(1)]).mul(xd[1] as i64);
     let planes = planes.add(ctx.i64s((0..xd[1] as i64).collect(), &[1, xd[1]])).mul(plane as i64).reshape(nc_shape);
-    Ok(vec![values, flat.expect("one spatial axis at least").add(planes)])
+    Ok(vec![values, flat.add(planes)])
 }
 
 /// LpPool: `(sum over the window of |x|^p)^(1/p)`, the windows as Conv's and the pools' (padding
@@ -484,15 +481,10 @@ pub(super) fn causal_conv_with_state(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     };
     let padded = cat(&[&past, x], 2);
     let taps = w.reshape(vec![channels, k]);
-    let mut y: Option<Tensor> = None;
-    for j in 0..k {
-        let term = padded.narrow(2, j as i64, len as i64).mul(taps.narrow(1, j as i64, 1));
-        y = Some(match y {
-            None => term,
-            Some(s) => s.add(&term),
-        });
-    }
-    let mut y = y.expect("k >= 1");
+    let mut y = (0..k)
+        .map(|j| padded.narrow(2, j as i64, len as i64).mul(taps.narrow(1, j as i64, 1)))
+        .reduce(|a, b| a.add(&b))
+        .expect("k >= 1");
     if let Some(b) = ctx.opt(2) {
         y = y.add(b.reshape(vec![channels, 1]));
     }
