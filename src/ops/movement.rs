@@ -68,21 +68,24 @@ impl Tensor {
                     Some(0) => None,
                     Some(k) => total.exact_div(k),
                     None if known == total => Some(Dim::Const(1)),
-                    None => cancel_common_dims(self.shape(), &dims, *i).or_else(|| {
-                        // Symbolic by symbolic: look for a product of some of this tensor's dims
-                        // that completes the known part (rank is small, so 2^rank is cheap).
-                        let shape = self.shape();
-                        (shape.len() <= 12)
-                            .then(|| {
-                                (0u32..1 << shape.len()).find_map(|mask| {
-                                    let q = (0..shape.len())
-                                        .filter(|i| mask & (1 << i) != 0)
-                                        .fold(Dim::Const(1), |acc, i| acc * shape[i]);
-                                    (q * known == total).then_some(q)
+                    None => total
+                        .exact_div_dim(&known)
+                        .or_else(|| cancel_common_dims(self.shape(), &dims, *i))
+                        .or_else(|| {
+                            // Symbolic by symbolic: look for a product of some of this tensor's dims
+                            // that completes the known part (rank is small, so 2^rank is cheap).
+                            let shape = self.shape();
+                            (shape.len() <= 12)
+                                .then(|| {
+                                    (0u32..1 << shape.len()).find_map(|mask| {
+                                        let q = (0..shape.len())
+                                            .filter(|i| mask & (1 << i) != 0)
+                                            .fold(Dim::Const(1), |acc, i| acc * shape[i]);
+                                        (q * known == total).then_some(q)
+                                    })
                                 })
-                            })
-                            .flatten()
-                    }),
+                                .flatten()
+                        }),
                 };
                 let Some(inferred) = inferred else { return Err(bad()) };
                 let mut out: Shape = dims.into_iter().collect();

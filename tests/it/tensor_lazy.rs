@@ -257,6 +257,21 @@ fn reshape_infers_minus_one_by_cancelling_shared_symbolic_dims() {
 }
 
 #[test]
+fn reshape_infers_minus_one_by_dividing_out_a_symbolic_term() {
+    // DeBERTa's attention scores `[4*batch, seq, seq]` back to `[-1, 4, seq, seq]`: the `-1` is
+    // `batch`, which is none of the input's dims.
+    let (b, seq) = (Dim::sym("batch"), Dim::sym("seq"));
+    let data: Vec<f32> = (0..4 * 2 * 3 * 3).map(|i| i as f32).collect();
+    let x = Tensor::from_vec(data.clone(), &[8, 3, 3]).with_dims(vec![Dim::Const(4) * b, seq, seq]);
+    let y = x.reshape(vec![Dim::Const(-1), Dim::Const(4), seq, seq]);
+    assert_eq!(y.shape()[0], b);
+    assert_eq!(y.dims().unwrap(), [2, 4, 3, 3]);
+    assert_eq!(y.to_vec::<f32>().unwrap(), data);
+    // Not exact: `[4*batch, seq, seq]` to `[-1, 8, seq, seq]` is an error, never a guess.
+    assert!(x.reshape(vec![Dim::Const(-1), Dim::Const(8), seq, seq]).error().is_some());
+}
+
+#[test]
 fn repeated_scalar_operands_share_one_constant_node_and_their_gradients_stay_right() {
     let x = t(&[1.0, 2.0, 3.0], &[3]).requires_grad_();
     let y = t(&[4.0, 5.0, 6.0], &[3]);

@@ -261,6 +261,31 @@ impl Dim {
         Some(Dim::from_terms(terms))
     }
 
+    /// `self / d` if the division is exact for every symbol value, where `d` is a constant or a
+    /// single term (`4*seq*seq`): every term of `self` must hold `d`'s symbols and a multiple of
+    /// its coefficient (`4*batch*seq*seq / 4*seq*seq` is `batch`). `None` otherwise, and for a
+    /// `d` of several terms (`start + seq`), which this does not divide.
+    pub fn exact_div_dim(&self, d: &Dim) -> Option<Dim> {
+        let (m, c) = match d {
+            Dim::Const(c) => return self.exact_div(*c),
+            Dim::Sym(p) if p.terms.len() == 1 => p.terms.iter().next()?,
+            Dim::Sym(_) => return None,
+        };
+        let mut terms = BTreeMap::new();
+        for (mut t, tc) in self.to_terms() {
+            if tc.checked_rem(*c)? != 0 {
+                return None;
+            }
+            // Remove `m`'s symbols from `t` (both sorted multisets).
+            for s in m {
+                let at = t.iter().position(|x| x == s)?;
+                t.remove(at);
+            }
+            terms.insert(t, tc.checked_div(*c)?);
+        }
+        Some(Dim::from_terms(terms))
+    }
+
     /// Parses the form `Display` prints: integers, symbols, `+`, `-`, `*` and parentheses.
     pub fn parse(text: &str) -> Result<Dim, String> {
         let mut p = DimParser { s: text.as_bytes(), i: 0, depth: 0 };
@@ -719,6 +744,24 @@ impl fmt::Display for ShapeDisplay<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exact_division_by_a_term() {
+        let (b, seq, start) = (Dim::sym("batch"), Dim::sym("seq"), Dim::sym("start"));
+        let total = Dim::Const(4) * b * seq * seq;
+        assert_eq!(total.exact_div_dim(&(Dim::Const(4) * seq * seq)), Some(b));
+        assert_eq!(total.exact_div_dim(&(Dim::Const(2) * seq)), Some(Dim::Const(2) * b * seq));
+        assert_eq!(total.exact_div_dim(&Dim::Const(8)), None);
+        // A symbol the dividend lacks, or a power it has too few of.
+        assert_eq!(total.exact_div_dim(&start), None);
+        assert_eq!(total.exact_div_dim(&(seq * seq * seq)), None);
+        // Every term divides, or the division is not exact.
+        let sum = Dim::Const(6) * b * (start + seq);
+        assert_eq!(sum.exact_div_dim(&(Dim::Const(3) * b)), Some(Dim::Const(2) * (start + seq)));
+        assert_eq!((sum + 1).exact_div_dim(&b), None);
+        // Several terms are not divided.
+        assert_eq!(sum.exact_div_dim(&(start + seq)), None);
+    }
 
     #[test]
     fn dims_are_canonical() {

@@ -244,7 +244,16 @@ impl Model {
         known: &mut HashMap<&'a str, ops::known::Known>,
         device: Device,
     ) -> Result<()> {
+        // Names whose values do not depend on the graph's inputs: initializers, and the outputs
+        // of nodes whose inputs all are (or are concrete known values).
+        let mut constant: HashSet<&str> = self.initializers.iter().map(|(n, _)| n.as_str()).collect();
         for &node in nodes {
+            let node_constant = control_flow(node).is_none()
+                && node.input.iter().all(|n| {
+                    n.is_empty()
+                        || constant.contains(n.as_str())
+                        || known.get(n.as_str()).is_some_and(|k| k.consts().is_some())
+                });
             let fail = |message: String| Error::Node {
                 node: node.name.clone().unwrap_or_default(),
                 op_type: node.op_type.clone().unwrap_or_default(),
@@ -269,7 +278,7 @@ impl Model {
                 Some(run) => run(self, &ctx, env, known),
                 None => ops::import(&ctx).map(|outs| (outs, ops::known::propagate(&ctx))),
             };
-            let (outs, mut known_outs) = result.map_err(|e| match e {
+            let (mut outs, mut known_outs) = result.map_err(|e| match e {
                 ops::OpError::Message(m) => fail(m),
                 ops::OpError::Other(e) => e,
             })?;
@@ -280,6 +289,35 @@ impl Model {
                 && let Ok(host) = t.to_host()
             {
                 known_outs = vec![ops::known::Known::of_host(&host)];
+            }
+            // A small integer computed from constants alone (a size through float arithmetic:
+            // MobileViT's `ceil(h / patch) * patch`): its value, computed now.
+            if node_constant {
+                known_outs.resize(outs.len(), None);
+                for (k, t) in known_outs.iter_mut().zip(&outs) {
+                    if k.is_none() && is_small_integer(t) {
+                        *k = t.to_host().ok().and_then(|h| ops::known::Known::of_host(&h));
+                    }
+                }
+            }
+            // An integer output whose values are all known is that constant: a size read off a
+            // symbolic shape (`Shape(x)[2]` of `[batch, 8, 8]`) no longer reads `x`, so what is
+            // computed from it is constant too.
+            for (t, k) in outs.iter_mut().zip(&known_outs) {
+                if let Some(values) = k.as_ref().and_then(|k| k.consts())
+                    && matches!(t.dtype(), DType::I64 | DType::I32)
+                    && t.ndim() <= 1
+                    && t.shape().iter().all(|d| d.as_const() == Some(values.len() as i64))
+                {
+                    let shape = t.shape().iter().map(|_| values.len()).collect::<Vec<_>>();
+                    let dtype = t.dtype();
+                    *t = Tensor::from_vec_on(values, &shape, device).cast(dtype);
+                }
+            }
+            for (name, k) in node.output.iter().zip(&known_outs) {
+                if !name.is_empty() && (node_constant || k.as_ref().is_some_and(|k| k.consts().is_some())) {
+                    constant.insert(name);
+                }
             }
             for (name, k) in node.output.iter().zip(known_outs) {
                 if let Some(k) = k
@@ -564,6 +602,13 @@ impl Model {
             None => Ok(t),
         }
     }
+}
+
+/// Whether `t` is an integer scalar or vector of at most a few elements (a shape value).
+fn is_small_integer(t: &Tensor) -> bool {
+    matches!(t.dtype(), DType::I64 | DType::I32)
+        && t.ndim() <= 1
+        && t.shape().iter().all(|d| d.as_const().is_some_and(|n| n <= 64))
 }
 
 fn check_input(info: &ValueInfo, t: &Tensor) -> Result<()> {

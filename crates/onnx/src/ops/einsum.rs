@@ -173,11 +173,11 @@ fn contract(a: Term, b: Term, output: &[Label]) -> OpResult<Term> {
             if x.as_const() == Some(1) { y } else { x }
         })
         .collect();
+    // Symbolic sizes merge as polynomials (Funnel contracts over a symbolic sequence).
     let product = |dims: Vec<Dim>| -> OpResult<Dim> {
         dims.iter()
-            .try_fold(1i64, |acc, d| d.as_const().map(|v| acc * v))
-            .map(Dim::from)
-            .ok_or_else(|| "a contracted, row or column dim must be concrete".into())
+            .try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d))
+            .ok_or_else(|| "the product of the contracted, row or column dims overflows".into())
     };
     let m = product(rows.iter().map(|&l| size(&a, l)).collect())?;
     let k = product(summed.iter().map(|&l| size(&a, l)).collect())?;

@@ -78,6 +78,9 @@ pub(crate) fn propagate(ctx: &Ctx) -> Vec<Option<Known>> {
         "Add" | "Sub" | "Mul" | "Div" | "Max" | "Min" | "Equal" | "Where" => arithmetic(ctx),
         _ => None,
     };
+    // Concrete values need no anchor: a tensor built from them must not read the anchor's data
+    // (in a traced function that data is an argument, not yet known).
+    let out = out.map(|k| if k.consts().is_some() { Known { anchor: None, ..k } } else { k });
     vec![out]
 }
 
@@ -152,8 +155,8 @@ fn slice(ctx: &Ctx) -> Option<Known> {
     Some(Known::vector(positions.into_iter().map(|p| data.values[p as usize]).collect(), data.anchor.clone()))
 }
 
-/// Element-wise integer arithmetic with numpy broadcasting of one-element operands: `+ - *` on
-/// symbolic values, the rest on concrete ones.
+/// Element-wise integer arithmetic with numpy broadcasting of one-element operands: `+ - *` and
+/// exact division on symbolic values, the rest on concrete ones.
 fn arithmetic(ctx: &Ctx) -> Option<Known> {
     let n_inputs = if ctx.op() == "Where" { 3 } else { 2 };
     let args: Vec<&Known> = (0..n_inputs).map(|i| ctx.known(i)).collect::<Option<_>>()?;
@@ -179,6 +182,9 @@ fn arithmetic(ctx: &Ctx) -> Option<Known> {
                 {
                     Some(Dim::Const(0))
                 }
+                // A symbolic quotient where it is exact for every symbol value (BLOOM's
+                // `4*batch / 4` heads back to the batch); else concrete operands below.
+                "Div" if !a.is_const() => a.exact_div_dim(&b),
                 "Where" => {
                     let c = at(args[2], i);
                     Some(if a.as_const()? != 0 { b } else { c })

@@ -1,7 +1,7 @@
 //! Reductions (ReduceSum/Mean/Max/Min/Prod/L1/L2/SumSquare/LogSum/LogSumExp), CumSum and
 //! CumProd, TopK, ArgMax/ArgMin and Softmax/LogSoftmax/Hardmax, with each opset's axis rules.
 
-use kiln::Tensor;
+use kiln::{DType, Tensor};
 
 use super::shape::take;
 use super::{Ctx, OpResult, axis};
@@ -74,14 +74,21 @@ fn product_keepdim(x: &Tensor, axes: &[usize]) -> OpResult<Tensor> {
 /// CumSum and CumProd: running sums or products along `axis` (input 1), `exclusive` (each
 /// leaves its own element out) and `reverse` (from the end). A Hillis-Steele scan: `log2(n)`
 /// rounds, each combining every element with the one `2^r` before it (the identity before the
-/// start), so the graph and the work grow as `n log n`, not `n^2`.
+/// start), so the graph and the work grow as `n log n`, not `n^2`. A sum along a symbolic axis
+/// (RoBERTa's and OPT's positions, counted from the attention mask over the sequence) is a
+/// masked sum over an `n x n` triangle instead ([`masked_cumsum`]).
 pub(super) fn cumulative(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
     let a = axis(*ctx.values_at(1)?.first().ok_or("axis must hold one value")?, x.ndim())?;
-    let n = x.shape()[a].as_const().ok_or("a running sum or product needs a concrete axis")?;
     let product = ctx.op() == "CumProd";
-    let identity = if product { 1.0 } else { 0.0 };
     let (exclusive, reverse) = (ctx.int("exclusive", 0)? != 0, ctx.int("reverse", 0)? != 0);
+    let Some(n) = x.shape()[a].as_const() else {
+        if product {
+            return Err("a running product needs a concrete axis".into());
+        }
+        return Ok(vec![masked_cumsum(ctx, x, a, exclusive, reverse)]);
+    };
+    let identity = if product { 1.0 } else { 0.0 };
     let flip = |t: &Tensor| take(ctx, t, a, (0..n).rev().collect());
     // `t` moved `by` positions along the axis, the identity in front.
     let shifted = |t: &Tensor, by: i64| -> Tensor {
@@ -100,6 +107,30 @@ pub(super) fn cumulative(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         y = shifted(&y, 1);
     }
     Ok(vec![if reverse { flip(&y) } else { y }])
+}
+
+/// The running sum of `x` along axis `a` of symbolic length `n`: output `j` sums the inputs `i`
+/// with `i <= j` (`i < j` when `exclusive`; `>=` and `>` when `reverse`), as one masked sum
+/// over `[..., n (j), n (i)]`.
+fn masked_cumsum(ctx: &Ctx, x: &Tensor, a: usize, exclusive: bool, reverse: bool) -> Tensor {
+    let n = x.shape()[a];
+    let i = Tensor::iota_on(n, DType::I64, ctx.device).unsqueeze(0);
+    let j = Tensor::iota_on(n, DType::I64, ctx.device).unsqueeze(1);
+    let keep = match (reverse, exclusive) {
+        (false, false) => i.le(&j),
+        (false, true) => i.lt(&j),
+        (true, false) => i.ge(&j),
+        (true, true) => i.gt(&j),
+    };
+    // Axis `a` last (`to_last`), and back (`back`).
+    let r = x.ndim();
+    let to_last: Vec<usize> = (0..r).filter(|&d| d != a).chain([a]).collect();
+    let mut back = vec![0; r];
+    for (at, &d) in to_last.iter().enumerate() {
+        back[d] = at;
+    }
+    let xs = x.permute(to_last).unsqueeze(r - 1);
+    keep.where_cond(&xs, xs.zeros_like()).sum(&[r]).permute(back)
 }
 
 /// TopK: the `k` largest (or, with `largest = 0`, smallest) elements along `axis` and their

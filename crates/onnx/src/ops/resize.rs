@@ -101,10 +101,24 @@ pub(super) fn resize(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         None => ctx.floats("scales")?.map(|v| v.into_iter().map(f64::from).collect()),
         at => floats_of(at)?,
     };
-    let sizes = match sizes_at.and_then(|i| ctx.opt(i)) {
-        Some(t) if t.shape().iter().any(|d| d.as_const() != Some(0)) => Some(ctx.values(t)?),
-        _ => None,
-    };
+    // Sizes as known shape values: a symbolic one must be the input's own dim (MobileViT sizes
+    // its upsampling `[batch, C, h, w]` from the input's shape), an axis left as it is (`None`).
+    let sizes =
+        match sizes_at.filter(|&i| ctx.opt(i).is_some_and(|t| t.shape().iter().any(|d| d.as_const() != Some(0)))) {
+            Some(i) => {
+                let values = ctx.dim_values(i)?;
+                let mut sizes = Vec::with_capacity(values.len());
+                for (k, v) in values.iter().enumerate() {
+                    sizes.push(match v.as_const() {
+                        Some(v) => Some(v),
+                        None if axes.get(k).is_some_and(|&a| x.shape()[a] == *v) => None,
+                        None => return Err(format!("the size {v} of axis {k} is symbolic").into()),
+                    });
+                }
+                Some(sizes)
+            }
+            None => None,
+        };
     let roi = floats_of(roi_at)?;
     // A symbolic dim (a batch) can only be an axis the node leaves as it is (scale 1).
     let in_dims: Vec<Option<usize>> = x.shape().iter().map(|d| d.as_const().map(|v| v as usize)).collect();
@@ -142,7 +156,7 @@ fn targets(
     in_dims: &[Option<usize>],
     axes: &[usize],
     scales: Option<Vec<f64>>,
-    sizes: Option<Vec<i64>>,
+    sizes: Option<Vec<Option<i64>>>,
 ) -> OpResult<(Vec<f64>, Vec<Option<usize>>)> {
     let rank = in_dims.len();
     let mut scale = vec![1.0; rank];
@@ -151,12 +165,15 @@ fn targets(
     let ratio = |size: usize, len: Option<usize>| len.map_or(f64::NAN, |len| size as f64 / len as f64);
     match (scales, sizes) {
         (_, Some(sizes)) => {
-            if sizes.len() != axes.len() || sizes.iter().any(|&v| v < 0) {
+            if sizes.len() != axes.len() || sizes.iter().any(|&v| v.is_some_and(|v| v < 0)) {
                 return Err(format!("sizes {sizes:?} do not fit the {} resized axes", axes.len()).into());
             }
+            // `None`: the input's own (symbolic) size, scale 1.
             for (&a, &v) in axes.iter().zip(&sizes) {
-                out[a] = Some(v as usize);
-                scale[a] = ratio(v as usize, in_dims[a]);
+                if let Some(v) = v {
+                    out[a] = Some(v as usize);
+                    scale[a] = ratio(v as usize, in_dims[a]);
+                }
             }
             let policy = ctx.string("keep_aspect_ratio_policy")?.unwrap_or_else(|| "stretch".into());
             let pick = match policy.as_str() {

@@ -419,18 +419,21 @@ pub(super) fn split(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 
 pub(super) fn tile(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
-    let reps = ctx.values(ctx.input(1)?)?;
-    let d = dims(x)?;
-    if reps.len() != d.len() || reps.iter().any(|&r| r < 0) {
+    // Repeats may be symbolic (BLOOM tiles its ALiBi slopes over the batch).
+    let reps = ctx.dim_values(1)?;
+    let d = x.shape();
+    if reps.len() != d.len() || reps.iter().any(|r| r.as_const().is_some_and(|r| r < 0)) {
         return Err(format!("repeats {reps:?} do not fit rank {}", d.len()).into());
     }
+    // Each axis `n` becomes `[1, n]`, expanded to `[r, n]` and merged into `r*n` (symbolic `n`
+    // too: rotary tables tile over the sequence).
     let mut split = Vec::new();
     let mut big = Vec::new();
     let mut out = Vec::new();
     for (&n, &r) in d.iter().zip(&reps) {
-        split.extend([1, n as i64]);
-        big.extend([r, n as i64]);
-        out.push(r * n as i64);
+        split.extend([Dim::Const(1), n]);
+        big.extend([r, n]);
+        out.push(r * n);
     }
     Ok(vec![x.reshape(split).expand(big).reshape(out)])
 }
@@ -465,7 +468,7 @@ pub(super) fn pad(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
             Some(v) => ctx.scalar_f64(v)?,
             None => 0.0,
         };
-        (ctx.values(ctx.input(1)?)?, value)
+        (ctx.values_at(1)?, value)
     };
     let axes: Vec<usize> = match ctx.opt_values(3)? {
         Some(a) if ctx.opset >= 18 => a.iter().map(|&a| axis(a, r)).collect::<OpResult<_>>()?,
@@ -480,13 +483,15 @@ pub(super) fn pad(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let mut amounts = vec![(0usize, 0usize); r];
     for (k, &a) in axes.iter().enumerate() {
         let (b, e) = (pads[k], pads[k + n]);
-        let len = y.shape()[a].as_const().ok_or("padding needs concrete dims")?;
         let (cb, ce) = ((-b).max(0), (-e).max(0));
-        if cb + ce > len {
-            return Err(format!("pads {pads:?} crop more than axis {a} holds").into());
-        }
         if cb + ce > 0 {
-            y = y.narrow(a as i64, cb, len - cb - ce);
+            // A symbolic axis is cropped symbolically; the narrow checks its bounds when the
+            // program runs.
+            let len = y.shape()[a];
+            if len.as_const().is_some_and(|len| cb + ce > len) {
+                return Err(format!("pads {pads:?} crop more than axis {a} holds").into());
+            }
+            y = y.narrow(a as i64, cb, len - Dim::Const(cb + ce));
         }
         amounts[a] = (b.max(0) as usize, e.max(0) as usize);
     }
@@ -500,7 +505,7 @@ pub(super) fn pad(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         if b + e == 0 {
             continue;
         }
-        let len = y.shape()[a].as_const().ok_or("padding needs concrete dims")?;
+        let len = y.shape()[a].as_const().ok_or_else(|| format!("{mode} padding needs a concrete axis {a}"))?;
         if len == 0 {
             return Err(format!("cannot {mode}-pad an empty axis").into());
         }

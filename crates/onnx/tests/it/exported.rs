@@ -1,6 +1,7 @@
 //! Models exported by `torch.onnx.export` (`fixtures/gen_onnx.py`: an MLP, a CNN with conv,
 //! batch norm, max pooling, a residual add and global average pooling, a recurrent model, a tiny
-//! GPT-2 and an upsampling decoder with ConvTranspose and Resize) match onnxruntime's
+//! GPT-2, an upsampling decoder with ConvTranspose and Resize, and RoBERTa, BLOOM, DeBERTa-v2
+//! and Swin from `transformers`, whose shape arithmetic must stay symbolic) match onnxruntime's
 //! recorded outputs within 1e-4 at batch sizes 1 and 3, with the batch a symbolic dim (one
 //! program serves both sizes), lazily and through a compiled `Session` traced once.
 
@@ -87,4 +88,31 @@ fn exported_upsampling_decoder_matches_onnxruntime() {
     // ConvTranspose (stride 2, output padding 1), bilinear and nearest Resize, as
     // torch.onnx.export writes them.
     check_everywhere("upsample");
+}
+
+// Four `transformers` exports whose shapes are computed over the symbolic batch and sequence in
+// ways the importer must follow, each from one trace at two sizes (text: batch 1 of 5 tokens and
+// batch 3 of 9; Swin: batch 1 and 3):
+// positions as a CumSum over the sequence (RoBERTa), ALiBi slopes tiled over the batch and
+// `heads*batch / heads` (BLOOM), a reshape's `-1` that is `batch` (DeBERTa-v2), and a pad of a
+// symbolic batch of windows (Swin).
+
+#[test]
+fn exported_roberta_matches_onnxruntime() {
+    check_everywhere("roberta");
+}
+
+#[test]
+fn exported_bloom_matches_onnxruntime() {
+    check_everywhere("bloom");
+}
+
+#[test]
+fn exported_deberta_matches_onnxruntime() {
+    check_everywhere("deberta");
+}
+
+#[test]
+fn exported_swin_matches_onnxruntime() {
+    check_everywhere("swin");
 }

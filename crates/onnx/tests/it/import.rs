@@ -834,3 +834,80 @@ fn loop_runs_until_its_trip_count_or_its_condition_stops_it() {
     assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![8.0, -4.0]);
     assert_eq!(out[1].to_vec::<f32>().unwrap(), vec![2.0, -1.0, 4.0, -2.0, 8.0, -4.0]);
 }
+
+#[test]
+fn cumsum_over_a_symbolic_axis_matches_a_direct_running_sum() {
+    // Along a symbolic sequence (RoBERTa's positions) the sum is a masked sum over the triangle;
+    // every combination of `exclusive` and `reverse` against the definition.
+    for (exclusive, reverse) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        let mut n = node("cs", "CumSum", &["x", "axis"], &["y"]);
+        n.attribute.extend([int_attr("exclusive", exclusive), int_attr("reverse", reverse)]);
+        let m = model(
+            vec![n],
+            vec![value("x", &[Ok(2), Err("seq")])],
+            vec![value("y", &[Ok(2), Err("seq")])],
+            vec![ints("axis", &[], &[1])],
+        );
+        let m = Model::from_bytes(&m.encode_to_vec()).unwrap();
+        for seq in [1usize, 5] {
+            let data: Vec<f32> = (0..2 * seq).map(|i| (i as f32 * 0.7).sin()).collect();
+            let x = m.input_tensor(0, HostTensor::new(HostData::F32(data.clone()), vec![2, seq]).unwrap(), Device::Cpu);
+            let y = m.run(&[x.unwrap()]).unwrap().remove(0);
+            assert_eq!(y.shape()[1].to_string(), "seq");
+            let got = y.to_vec::<f32>().unwrap();
+            for r in 0..2 {
+                for j in 0..seq {
+                    let keep = |i: usize| match (reverse, exclusive) {
+                        (0, 0) => i <= j,
+                        (0, _) => i < j,
+                        (_, 0) => i >= j,
+                        _ => i > j,
+                    };
+                    let want: f32 = (0..seq).filter(|&i| keep(i)).map(|i| data[r * seq + i]).sum();
+                    let g = got[r * seq + j];
+                    assert!(
+                        (g - want).abs() < 1e-5,
+                        "exclusive {exclusive} reverse {reverse} seq {seq} ({r}, {j}): {g} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn tile_pad_and_einsum_keep_symbolic_dims() {
+    // Tile `[2, seq]` by `[1, 2]`, pad the sequence by one zero in front, contract it with itself
+    // over the sequence: `[2, 2*seq + 1]` then `[2, 2]`, for two lengths from one import.
+    let tile = node("t", "Tile", &["x", "reps"], &["tiled"]);
+    let pad = node("p", "Pad", &["tiled", "pads"], &["padded"]);
+    let mut e = node("e", "Einsum", &["padded", "padded"], &["y"]);
+    e.attribute.push(AttributeProto {
+        name: Some("equation".into()),
+        r#type: Some(AttributeType::String as i32),
+        s: Some(b"is,js->ij".to_vec()),
+        ..Default::default()
+    });
+    let m = model(
+        vec![tile, pad, e],
+        vec![value("x", &[Ok(2), Err("seq")])],
+        vec![value("y", &[Ok(2), Ok(2)])],
+        vec![ints("reps", &[2], &[1, 2]), ints("pads", &[4], &[0, 1, 0, 0])],
+    );
+    let m = Model::from_bytes(&m.encode_to_vec()).unwrap();
+    for seq in [1usize, 4] {
+        let data: Vec<f32> = (0..2 * seq).map(|i| i as f32 + 1.0).collect();
+        let x = m.input_tensor(0, HostTensor::new(HostData::F32(data.clone()), vec![2, seq]).unwrap(), Device::Cpu);
+        let y = m.run(&[x.unwrap()]).unwrap().remove(0);
+        let row = |r: usize| -> Vec<f32> {
+            let mut v = vec![0.0];
+            v.extend(data[r * seq..(r + 1) * seq].iter().chain(&data[r * seq..(r + 1) * seq]));
+            v
+        };
+        let want: Vec<f32> = (0..2)
+            .flat_map(|i| (0..2).map(move |j| (i, j)))
+            .map(|(i, j)| row(i).iter().zip(row(j)).map(|(a, b)| a * b).sum())
+            .collect();
+        assert_eq!(y.to_vec::<f32>().unwrap(), want, "seq {seq}");
+    }
+}
