@@ -6,8 +6,9 @@
 //! - `kiln bench <suite>`: [`bench`], run through a [`runner::Runner`], written by [`output`] and
 //!   plotted by [`svg`]. The suites' workloads are [`workloads`], which the criterion benches of
 //!   this package (`crates/cli/benches/`) share.
-//! - `kiln onnx info`, `kiln profile onnx`, `kiln bench onnx`: [`onnx_cmd`], models imported
-//!   with `kiln-onnx`.
+//! - `kiln onnx info`, `kiln onnx run`, `kiln profile onnx`, `kiln bench onnx`: [`onnx_cmd`],
+//!   models imported with `kiln-onnx`; [`tensor_file`] reads and writes their inputs and outputs
+//!   (`.npy`, `.pb`).
 //! - `kiln generate`: [`generate_cmd`], GPT-2 checkpoints decoded with a KV cache and
 //!   [`tokenizer`], GPT-2's byte-level BPE (embedded, offline).
 
@@ -21,6 +22,7 @@ pub mod pipeline;
 pub mod profile_cmd;
 pub mod runner;
 pub mod svg;
+pub mod tensor_file;
 pub mod timing;
 pub mod tokenizer;
 pub mod workloads;

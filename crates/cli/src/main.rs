@@ -9,6 +9,7 @@
 //! kiln bench memory [--device cpu|wgpu] [--chain 100] [--elements 65536] [--compiles 10000] [--out dir] [--smoke]
 //! kiln profile model conv-32 [--fit] [--launches 10] [--trace t.json] [--dump DIR]
 //! kiln onnx info model.onnx
+//! kiln onnx run model.onnx --input x=x.npy [--expect y=y.npy] [--out DIR] [--device cpu]
 //! kiln profile onnx model.onnx [--dim batch=8] [--no-fuse] [--trace t.json] [--launches 10] [--dump DIR]
 //! kiln bench onnx model.onnx [--dim batch=8] [--device cpu] [--smoke]
 //! ```
@@ -53,7 +54,7 @@ enum Command {
     Bench(Suite),
     /// Generate text from a GPT-2 checkpoint (Hugging Face safetensors), streamed as it decodes.
     Generate(GenerateCli),
-    /// Inspect an ONNX model.
+    /// Inspect or run an ONNX model.
     #[command(subcommand)]
     Onnx(OnnxCmd),
 }
@@ -64,6 +65,30 @@ enum OnnxCmd {
     Info {
         /// The .onnx file.
         model: PathBuf,
+    },
+    /// Run the model once on inputs from files; describe, write and check its outputs.
+    Run {
+        /// The .onnx file.
+        model: PathBuf,
+        /// A graph input's tensor, a .npy or .pb (TensorProto) file: --input NAME=FILE, one per
+        /// input; their shapes give the model's symbolic dims.
+        #[arg(long = "input", value_name = "NAME=FILE")]
+        inputs: Vec<String>,
+        /// A reference for an output (.npy or .pb): --expect NAME=FILE; a difference beyond the
+        /// tolerance is an error.
+        #[arg(long = "expect", value_name = "NAME=FILE")]
+        expect: Vec<String>,
+        /// Relative tolerance of --expect: |got - want| <= atol + rtol * |want|.
+        #[arg(long, default_value_t = 1e-4)]
+        rtol: f64,
+        /// Absolute tolerance of --expect.
+        #[arg(long, default_value_t = 1e-5)]
+        atol: f64,
+        /// Write every output to DIR/NAME.npy.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        device: DeviceArg,
     },
 }
 
@@ -433,6 +458,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Onnx(OnnxCmd::Info { model }) => {
             print!("{}", onnx_cmd::info(&model)?);
             Ok(())
+        }
+        Command::Onnx(OnnxCmd::Run { model, inputs, expect, rtol, atol, out, device }) => {
+            let report = onnx_cmd::run(&onnx_cmd::RunArgs {
+                model: &model,
+                inputs: &onnx_cmd::parse_named_files("--input", &inputs)?,
+                expect: &onnx_cmd::parse_named_files("--expect", &expect)?,
+                tol: kiln_cli::bench::check::Tolerance { rtol, atol },
+                out: out.as_deref(),
+                device: kiln::Device::parse(&device.device)?,
+            })?;
+            print!("{}", report.text);
+            match report.mismatches.as_slice() {
+                [] => Ok(()),
+                m => anyhow::bail!("{} of the outputs differ from their reference:\n{}", m.len(), m.join("\n")),
+            }
         }
         Command::Bench(suite) => run_suite(suite),
         Command::Generate(g) => kiln_cli::generate_cmd::run(&kiln_cli::generate_cmd::GenerateArgs {

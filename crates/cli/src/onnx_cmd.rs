@@ -1,16 +1,20 @@
-//! `kiln onnx info`, `kiln profile onnx` and `kiln bench onnx`: an imported ONNX model's
-//! summary, its per-pass compile table, and its import + compile time and steady inference.
+//! `kiln onnx info`, `kiln onnx run`, `kiln profile onnx` and `kiln bench onnx`: an imported ONNX
+//! model's summary, one run on inputs from files (outputs described, written and checked against
+//! reference files), its per-pass compile table, and its import + compile time and steady
+//! inference.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kiln::{DType, Device, HostData, HostTensor, Tensor};
 use kiln_onnx::Model;
 use lower::CompileOptions;
 
+use crate::bench::check::{self, Tolerance};
 use crate::profile_cmd::{self, Profiled};
+use crate::tensor_file;
 use crate::timing::{Budget, measure_ms};
 
 /// Parses `--dim name=value` arguments.
@@ -199,3 +203,134 @@ pub fn warm_first_calls(model: &Model, args: &[&Tensor], n: usize) -> anyhow::Re
 /// First calls timed in the warm process by `kiln bench onnx` (onnxruntime's anchor creates its
 /// session five times too).
 pub const WARM_FIRST_CALLS: usize = 5;
+
+/// What `kiln onnx run` is asked to do.
+pub struct RunArgs<'a> {
+    /// The .onnx file.
+    pub model: &'a Path,
+    /// `(input name, file)`: every graph input's tensor (`.npy` or `.pb`).
+    pub inputs: &'a [(String, PathBuf)],
+    /// `(output name, file)`: outputs to compare with a reference.
+    pub expect: &'a [(String, PathBuf)],
+    /// The comparison's tolerance.
+    pub tol: Tolerance,
+    /// Where to write every output as `NAME.npy`.
+    pub out: Option<&'a Path>,
+    pub device: Device,
+}
+
+/// What `kiln onnx run` found.
+pub struct RunReport {
+    /// One block per output: dtype, shape, range, first values; and each comparison's verdict.
+    pub text: String,
+    /// The outputs that differ from their reference (each with why).
+    pub mismatches: Vec<String>,
+}
+
+/// Parses `NAME=PATH` arguments (`--input`, `--expect`).
+pub fn parse_named_files(flag: &str, args: &[String]) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    args.iter()
+        .map(|a| match a.split_once('=') {
+            Some((name, path)) if !name.is_empty() && !path.is_empty() => Ok((name.to_string(), PathBuf::from(path))),
+            _ => anyhow::bail!("{flag} {a:?}: expected NAME=FILE"),
+        })
+        .collect()
+}
+
+/// Imports the model, runs it once on the inputs read from files (their shapes bind the
+/// model's symbolic dims), and describes, writes and checks its outputs.
+pub fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
+    let model = Model::load(args.model)?;
+    let declared = |names: &mut dyn Iterator<Item = &kiln_onnx::ValueInfo>| {
+        names.map(|i| format!("  {}", i.describe())).collect::<Vec<_>>().join("\n")
+    };
+    for (name, _) in args.inputs {
+        if !model.inputs().iter().any(|i| &i.name == name) {
+            anyhow::bail!(
+                "--input {name}: the model has no such input; its inputs:\n{}",
+                declared(&mut model.inputs().iter())
+            );
+        }
+    }
+    for (name, _) in args.expect {
+        if !model.outputs().iter().any(|o| &o.name == name) {
+            anyhow::bail!(
+                "--expect {name}: the model has no such output; its outputs:\n{}",
+                declared(&mut model.outputs().iter())
+            );
+        }
+    }
+    let missing: Vec<&kiln_onnx::ValueInfo> =
+        model.inputs().iter().filter(|i| !args.inputs.iter().any(|(n, _)| n == &i.name)).collect();
+    if !missing.is_empty() {
+        anyhow::bail!(
+            "no tensor for {} of the model's inputs (give each with --input NAME=FILE):\n{}",
+            missing.len(),
+            declared(&mut missing.into_iter())
+        );
+    }
+    let x = model
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(index, info)| {
+            let (_, path) = args.inputs.iter().find(|(n, _)| n == &info.name).expect("checked above");
+            Ok(model.input_tensor(index, tensor_file::read(path)?, args.device)?)
+        })
+        .collect::<anyhow::Result<Vec<Tensor>>>()?;
+    let t0 = Instant::now();
+    let y = kiln::no_grad(|| model.run(&x))?;
+    kiln::realize(&y.iter().collect::<Vec<_>>())?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut text =
+        format!("{}: import + compile + run on {} in {ms:.2} ms\n", args.model.display(), args.device.name());
+    let mut mismatches = Vec::new();
+    for (info, y) in model.outputs().iter().zip(&y) {
+        let got = y.to_host()?;
+        writeln!(text, "{}", describe_output(&info.name, &got))?;
+        if let Some(dir) = args.out {
+            std::fs::create_dir_all(dir)?;
+            let path = dir.join(format!("{}.npy", file_stem(&info.name)));
+            tensor_file::write_npy(&path, &got)?;
+            writeln!(text, "  written to {}", path.display())?;
+        }
+        for (_, path) in args.expect.iter().filter(|(n, _)| n == &info.name) {
+            let want = tensor_file::read(path)?;
+            match check::compare(&info.name, &got, &want, args.tol) {
+                Ok(()) => {
+                    writeln!(text, "  matches {} (rtol {:e}, atol {:e})", path.display(), args.tol.rtol, args.tol.atol)?
+                }
+                Err(m) => {
+                    writeln!(text, "  DIFFERS from {}: {}", path.display(), m.detail)?;
+                    mismatches.push(format!("output {:?} differs from {}: {}", info.name, path.display(), m.detail));
+                }
+            }
+        }
+    }
+    Ok(RunReport { text, mismatches })
+}
+
+/// `name: dtype [shape]`, the range and mean of its values, and its first values.
+fn describe_output(name: &str, t: &HostTensor) -> String {
+    let v = t.data.to_f64_vec();
+    let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    let mut s = format!("{name}: {} {:?}", t.dtype(), t.shape);
+    if !finite.is_empty() {
+        let (lo, hi) = finite.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+        let _ = write!(s, "  min {lo:.6} max {hi:.6} mean {mean:.6}");
+    }
+    if finite.len() < v.len() {
+        let _ = write!(s, "  ({} not finite)", v.len() - finite.len());
+    }
+    let first: Vec<String> = v.iter().take(6).map(|x| format!("{x:.6}")).collect();
+    let _ = write!(s, "\n  first values: [{}{}]", first.join(", "), if v.len() > 6 { ", ..." } else { "" });
+    s
+}
+
+/// A file name for an output's name (ONNX names may hold `/` or `:`).
+fn file_stem(name: &str) -> String {
+    let s: String =
+        name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+    if s.is_empty() || s.starts_with('.') { format!("output_{s}") } else { s }
+}

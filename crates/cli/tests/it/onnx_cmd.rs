@@ -1,6 +1,6 @@
-//! `kiln onnx info`, `kiln profile onnx` and `kiln bench onnx` on a small model written here:
-//! `y = softmax(x @ w + b)` with a symbolic batch and one op the importer lacks in a second file,
-//! and a max pool whose profile must be the inference program.
+//! `kiln onnx info`, `kiln onnx run`, `kiln profile onnx` and `kiln bench onnx` on a small model
+//! written here: `y = softmax(x @ w + b)` with a symbolic batch and one op the importer lacks in
+//! a second file, and a max pool whose profile must be the inference program.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -143,5 +143,94 @@ fn profile_and_bench_run_the_imported_model() {
     let err = onnx_cmd::bench(&path, &HashMap::new(), kiln::Device::Cpu, Budget::SMOKE).err().unwrap().to_string();
     assert!(err.contains("--dim batch=N"), "{err}");
     assert!(onnx_cmd::parse_dims(&["batch".to_string()]).is_err());
+    std::fs::remove_file(path).unwrap();
+}
+
+/// `softmax(x @ w + b)` of the model `write_model` writes, by the definition.
+fn reference(x: &[f32], batch: usize) -> Vec<f32> {
+    let w: Vec<f32> = (0..12).map(|i| i as f32 * 0.1 - 0.5).collect();
+    let b = [0.1f32, 0.2, 0.3];
+    let mut y = Vec::new();
+    for r in 0..batch {
+        let z: Vec<f32> = (0..3).map(|j| (0..4).map(|p| x[r * 4 + p] * w[p * 3 + j]).sum::<f32>() + b[j]).collect();
+        let m = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = z.iter().map(|v| (v - m).exp()).collect();
+        let s: f32 = e.iter().sum();
+        y.extend(e.iter().map(|v| v / s));
+    }
+    y
+}
+
+#[test]
+fn run_reads_inputs_from_files_and_writes_and_checks_outputs() {
+    use kiln::{HostData, HostTensor};
+    use kiln_cli::bench::check::Tolerance;
+    use kiln_cli::tensor_file;
+
+    let path = write_model("files.onnx", None);
+    let dir = std::env::temp_dir().join(format!("kiln-cli-{}-run", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f32s = |v: Vec<f32>, shape: Vec<usize>| HostTensor::new(HostData::F32(v), shape).unwrap();
+    // Batch 2 as a .npy file; batch 3 as a TensorProto (.pb): the batch is symbolic.
+    let x2: Vec<f32> = (0..8).map(|i| (i as f32 * 0.37).sin()).collect();
+    tensor_file::write_npy(&dir.join("x2.npy"), &f32s(x2.clone(), vec![2, 4])).unwrap();
+    tensor_file::write_npy(&dir.join("y2.npy"), &f32s(reference(&x2, 2), vec![2, 3])).unwrap();
+    let x3: Vec<f32> = (0..12).map(|i| (i as f32 * 0.61).cos()).collect();
+    let proto = TensorProto {
+        name: Some("x".into()),
+        dims: vec![3, 4],
+        data_type: Some(DataType::Float as i32),
+        float_data: x3.clone(),
+        ..Default::default()
+    };
+    std::fs::write(dir.join("x3.pb"), proto.encode_to_vec()).unwrap();
+    let named = |pairs: &[(&str, &str)]| -> Vec<(String, PathBuf)> {
+        pairs.iter().map(|(n, f)| (n.to_string(), dir.join(f))).collect()
+    };
+    let out = dir.join("out");
+    let tol = Tolerance { rtol: 1e-5, atol: 1e-6 };
+    let run = |inputs: &[(String, PathBuf)], expect: &[(String, PathBuf)], out: Option<&std::path::Path>| {
+        onnx_cmd::run(&onnx_cmd::RunArgs { model: &path, inputs, expect, tol, out, device: kiln::Device::Cpu })
+    };
+
+    let r = run(&named(&[("x", "x2.npy")]), &named(&[("y", "y2.npy")]), Some(&out)).unwrap();
+    assert!(r.mismatches.is_empty(), "{}", r.text);
+    assert!(r.text.contains("y: f32 [2, 3]") && r.text.contains("matches"), "{}", r.text);
+    // The written output reads back as what the model computed.
+    let written = tensor_file::read(&out.join("y.npy")).unwrap();
+    assert_eq!(written.shape, vec![2, 3]);
+    let got = written.data.to_f64_vec();
+    for (g, w) in got.iter().zip(reference(&x2, 2)) {
+        assert!((g - w as f64).abs() < 1e-6, "{got:?}");
+    }
+
+    // Batch 3 from a TensorProto, checked against a reference of the wrong batch: a mismatch
+    // that says why, not an error of the run itself.
+    let r = run(&named(&[("x", "x3.pb")]), &named(&[("y", "y2.npy")]), None).unwrap();
+    assert!(r.text.contains("y: f32 [3, 3]"), "{}", r.text);
+    assert_eq!(r.mismatches.len(), 1, "{}", r.text);
+    assert!(r.mismatches[0].contains("shape [3, 3] where the reference has [2, 3]"), "{:?}", r.mismatches);
+    // A reference off in one element.
+    let mut off = reference(&x3, 3);
+    off[4] += 1e-3;
+    tensor_file::write_npy(&dir.join("y3_off.npy"), &f32s(off, vec![3, 3])).unwrap();
+    let r = run(&named(&[("x", "x3.pb")]), &named(&[("y", "y3_off.npy")]), None).unwrap();
+    assert!(r.text.contains("DIFFERS") && r.mismatches[0].contains("1 of 9 elements"), "{}", r.text);
+
+    // Missing and unknown inputs, unknown outputs and unreadable files are errors that say what
+    // the model takes.
+    let err = run(&[], &[], None).err().unwrap().to_string();
+    assert!(err.contains("--input NAME=FILE") && err.contains("x: FLOAT [batch, 4]"), "{err}");
+    let err = run(&named(&[("x", "x2.npy"), ("z", "x2.npy")]), &[], None).err().unwrap().to_string();
+    assert!(err.contains("--input z: the model has no such input"), "{err}");
+    let err = run(&named(&[("x", "x2.npy")]), &named(&[("q", "y2.npy")]), None).err().unwrap().to_string();
+    assert!(err.contains("--expect q: the model has no such output"), "{err}");
+    std::fs::write(dir.join("x.txt"), "1 2 3").unwrap();
+    let err = format!("{:#}", run(&named(&[("x", "x.txt")]), &[], None).err().unwrap());
+    assert!(err.contains("expected a .npy or a .pb"), "{err}");
+    std::fs::write(dir.join("bad.npy"), "not numpy").unwrap();
+    assert!(run(&named(&[("x", "bad.npy")]), &[], None).is_err());
+    assert!(onnx_cmd::parse_named_files("--input", &["x".to_string()]).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_file(path).unwrap();
 }
