@@ -253,7 +253,16 @@ fn narrow_symbolic(x: &Tensor, axis: usize, start: &Dim, end: &Dim, step: i64) -
 fn wrap_negative(idx: &Tensor, len: &Dim) -> Tensor {
     match len.as_const() {
         Some(n) => idx.lt(0).where_cond(idx.add(n), idx),
-        None => idx.clone(),
+        None => idx.lt(0).where_cond(idx.add(dim_value(len, idx.device())), idx),
+    }
+}
+
+/// `d`'s value as an i64 scalar: a constant, or a symbolic size counted as a sum of ones over
+/// it when the program runs (the tensors that use it carry the symbol, which binds it).
+fn dim_value(d: &Dim, device: kiln::Device) -> Tensor {
+    match d.as_const() {
+        Some(c) => Tensor::from_vec_on(vec![c], Vec::<usize>::new(), device),
+        None => Tensor::ones_on(vec![*d], DType::I64, device).sum(0),
     }
 }
 
@@ -617,27 +626,30 @@ pub(super) fn scatter_elements(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 /// axis, then [`scatter_elements`]'s scatter along it.
 pub(super) fn scatter_nd(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let (data, indices, updates) = (ctx.input(0)?, ctx.input(1)?, ctx.input(2)?);
-    let dd = dims(data)?;
-    let id = dims(indices)?;
-    let k = *id.last().ok_or("indices must have rank >= 1")?;
+    let (dd, id) = (data.shape().to_vec(), indices.shape().to_vec());
+    let k = id.last().and_then(Dim::as_const).ok_or("indices must have rank >= 1 and a concrete last dim")? as usize;
     if k == 0 || k > dd.len() {
         return Err(format!("index tuples of {k} do not fit data {}", super::show(data)).into());
     }
-    let tuples: usize = id[..id.len() - 1].iter().product();
-    let rest: Vec<usize> = dd[k..].to_vec();
-    let slice: usize = rest.iter().product();
+    // Sizes may be symbolic (BART shifts its decoder's token ids with a ScatterND over batch and
+    // sequence), as in `gather_nd`.
+    let product = |ds: &[Dim]| ds.iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d)).ok_or("sizes overflow");
+    let tuples = product(&id[..id.len() - 1])?;
+    let slice = product(&dd[k..])?;
+    let device = data.device();
     // One flat position per tuple: sum of index * stride over the first k dims.
-    let strides: Vec<i64> = (0..k).map(|j| dd[j + 1..k].iter().product::<usize>() as i64).collect();
-    let indices = indices.cast(kiln::DType::I64).reshape(vec![tuples as i64, k as i64]);
-    let flat = strides
-        .iter()
-        .enumerate()
-        .map(|(j, &stride)| wrap_negative(&indices.narrow(1, j as i64, 1), &Dim::from(dd[j] as i64)).mul(stride))
-        .reduce(|a, b| a.add(&b))
-        .expect("k >= 1")
-        .expand(vec![tuples, slice]);
-    let leading: usize = dd[..k].iter().product();
-    let table = data.reshape(vec![leading, slice]);
+    let indices = indices.cast(kiln::DType::I64).reshape(vec![tuples, Dim::from(k)]);
+    let mut flat = None;
+    for j in 0..k {
+        let stride = product(&dd[j + 1..k])?;
+        let term = wrap_negative(&indices.narrow(1, j as i64, 1), &dd[j]).mul(dim_value(&stride, device));
+        flat = Some(match flat {
+            None => term,
+            Some(f) => term.add(&f),
+        });
+    }
+    let flat = flat.expect("k >= 1").expand(vec![tuples, slice]);
+    let table = data.reshape(vec![product(&dd[..k])?, slice]);
     let values = updates.reshape(vec![tuples, slice]);
     let y = scatter(ctx, &table, 0, &flat, &values)?;
     Ok(vec![y[0].reshape(dd)])
@@ -658,9 +670,9 @@ fn scatter(ctx: &Ctx, data: &Tensor, axis: usize, index: &Tensor, updates: &Tens
 /// `data` seen as `[batch, positions, slice]` rows: one `index_select` of flat row numbers.
 pub(super) fn gather_nd(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let (data, indices) = (ctx.input(0)?, ctx.input(1)?);
-    let (dd, id) = (dims(data)?, dims(indices)?);
+    let (dd, id) = (data.shape().to_vec(), indices.shape().to_vec());
     let b = usize::try_from(ctx.int("batch_dims", 0)?).map_err(|_| "batch_dims must not be negative")?;
-    let k = *id.last().ok_or("indices must have rank >= 1")?;
+    let k = id.last().and_then(Dim::as_const).ok_or("indices must have rank >= 1 and a concrete last dim")? as usize;
     if id.len() < b + 1 || dd.len() < b + k || id[..b] != dd[..b] || k == 0 {
         return Err(format!(
             "indices {} do not fit data {} with {b} batch dims",
@@ -669,21 +681,25 @@ pub(super) fn gather_nd(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
         )
         .into());
     }
-    let batch: usize = dd[..b].iter().product();
-    let positions: usize = dd[b..b + k].iter().product();
-    let slice: usize = dd[b + k..].iter().product();
-    let tuples: usize = id[b..id.len() - 1].iter().product();
-    let indices = indices.cast(kiln::DType::I64).reshape(vec![batch, tuples, k]);
+    // Sizes may be symbolic (a mask indexed by broadcast ranges over batch and sequence, as
+    // torch.export writes `mask[b, s]`): products of dims as polynomials, strides as values.
+    let product = |ds: &[Dim]| ds.iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d)).ok_or("sizes overflow");
+    let batch = product(&dd[..b])?;
+    let positions = product(&dd[b..b + k])?;
+    let slice = product(&dd[b + k..])?;
+    let tuples = product(&id[b..id.len() - 1])?;
+    let indices = indices.cast(kiln::DType::I64).reshape(vec![batch, tuples, Dim::from(k)]);
     // Row of each tuple: its batch's first row plus the tuple's position in the k dims.
-    let mut rows = ctx.i64s((0..batch as i64).map(|i| i * positions as i64).collect(), &[batch, 1]);
+    let device = data.device();
+    let mut rows = Tensor::iota_on(batch, DType::I64, device).unsqueeze(1).mul(dim_value(&positions, device));
     for j in 0..k {
-        let stride: usize = dd[b + j + 1..b + k].iter().product();
+        let stride = product(&dd[b + j + 1..b + k])?;
         let column = indices.narrow(2, j as i64, 1).squeeze(2);
-        rows = rows.add(wrap_negative(&column, &Dim::from(dd[b + j] as i64)).mul(stride as i64));
+        rows = rows.add(wrap_negative(&column, &dd[b + j]).mul(dim_value(&stride, device)));
     }
     let table = data.reshape(vec![batch * positions, slice]);
-    let picked = table.index_select(0, &rows.reshape(&[-1]));
-    let mut shape: Vec<usize> = id[..id.len() - 1].to_vec();
+    let picked = table.index_select(0, &rows.reshape(vec![batch * tuples]));
+    let mut shape: Vec<Dim> = id[..id.len() - 1].to_vec();
     shape.extend(&dd[b + k..]);
     Ok(vec![picked.reshape(shape)])
 }

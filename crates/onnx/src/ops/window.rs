@@ -50,6 +50,15 @@ fn strided(x: &Tensor, axis: usize, q: i64, s: usize, out: usize, fill: f64) -> 
     y.reshape(split).narrow(axis as i64 + 1, 0, 1).squeeze(axis + 1)
 }
 
+/// Attribute `name`'s value per spatial axis (`n` of them, each at least 1), 1 where it is absent.
+fn per_axis(ctx: &Ctx, name: &str, n: usize) -> OpResult<Vec<usize>> {
+    match ctx.ints(name)? {
+        None => Ok(vec![1; n]),
+        Some(v) if v.len() == n && v.iter().all(|&x| x >= 1) => Ok(v.iter().map(|&x| x as usize).collect()),
+        Some(v) => Err(format!("{name} {v:?} do not fit {n} spatial dims").into()),
+    }
+}
+
 /// The geometry of a window op: per spatial axis the kernel, stride, dilation, padding before
 /// and after, and output size.
 struct Geometry {
@@ -65,14 +74,7 @@ impl Geometry {
     /// From the node's attributes for input dims `spatial` and `kernel`.
     fn new(ctx: &Ctx, spatial: &[usize], kernel: Vec<usize>, ceil_mode: bool) -> OpResult<Geometry> {
         let n = spatial.len();
-        let list = |name: &str| -> OpResult<Vec<usize>> {
-            match ctx.ints(name)? {
-                None => Ok(vec![1; n]),
-                Some(v) if v.len() == n && v.iter().all(|&x| x >= 1) => Ok(v.iter().map(|&x| x as usize).collect()),
-                Some(v) => Err(format!("{name} {v:?} do not fit {n} spatial dims").into()),
-            }
-        };
-        let (stride, dilation) = (list("strides")?, list("dilations")?);
+        let (stride, dilation) = (per_axis(ctx, "strides", n)?, per_axis(ctx, "dilations", n)?);
         if kernel.len() != n || kernel.contains(&0) {
             return Err(format!("kernel {kernel:?} does not fit {n} spatial dims").into());
         }
@@ -160,6 +162,9 @@ impl Geometry {
 
 pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let (x, w) = (ctx.input(0)?, ctx.input(1)?);
+    if x.shape().iter().skip(2).any(|d| !d.is_const()) {
+        return Ok(vec![conv_symbolic(ctx, x, w)?]);
+    }
     let ((_, xd), wd) = (batch_and_dims(x)?, dims(w)?);
     if xd.len() < 3 || wd.len() != xd.len() {
         return Err(
@@ -184,6 +189,101 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     }
     let geo = Geometry::new(ctx, &xd[2..], kernel, false)?;
     Ok(vec![convolve(x, w, ctx.opt(2), &geo, g)?])
+}
+
+/// A convolution over symbolic spatial dims (a sequence: SqueezeBERT's and Conformer's 1-D
+/// convolutions, wav2vec2's positional one) at stride 1, where each output size is a polynomial
+/// of the symbols (`len + pads - (k - 1) * dilation`): the input padded once, each kernel offset
+/// one narrow per axis, the windows stacked and contracted with the weights in one batched
+/// matmul, as [`convolve`] does for concrete sizes. A stride over a symbolic axis is an error:
+/// the output size would be a floor division, which a `Dim` does not express.
+fn conv_symbolic(ctx: &Ctx, x: &Tensor, w: &Tensor) -> OpResult<Tensor> {
+    let wd = dims(w)?;
+    let rank = x.ndim();
+    if rank < 3 || wd.len() != rank {
+        return Err(
+            format!("X {} and W {wd:?} must be [N, C, ...] and [M, C/group, ...] of one rank >= 3", show(x)).into()
+        );
+    }
+    let n_sp = rank - 2;
+    let c = x.shape()[1].as_const().ok_or_else(|| format!("needs a concrete channel dim, got {}", show(x)))? as usize;
+    let group = ctx.int("group", 1)?;
+    let g = usize::try_from(group)
+        .ok()
+        .filter(|&g| g >= 1 && c.is_multiple_of(g) && wd[0].is_multiple_of(g) && wd[1] * g == c)
+        .ok_or_else(|| format!("group {group} does not fit X {} and W {wd:?}", show(x)))?;
+    let kernel = &wd[2..];
+    if ctx.ints("kernel_shape")?.is_some_and(|k| k.iter().map(|&v| v.max(0) as usize).collect::<Vec<_>>() != kernel) {
+        return Err(format!("kernel_shape differs from W's {kernel:?}").into());
+    }
+    let (stride, dilation) = (per_axis(ctx, "strides", n_sp)?, per_axis(ctx, "dilations", n_sp)?);
+    if stride.iter().any(|&s| s != 1) {
+        return Err(format!(
+            "strides {stride:?} over the symbolic dims of X {}: the output size would be a floor division",
+            show(x)
+        )
+        .into());
+    }
+    let mut pads = vec![(0usize, 0usize); rank];
+    match ctx.string("auto_pad")?.as_deref().unwrap_or("NOTSET") {
+        "NOTSET" => {
+            if let Some(p) = ctx.ints("pads")? {
+                if p.len() != 2 * n_sp || p.iter().any(|&v| v < 0) {
+                    return Err(format!("pads {p:?} do not fit {n_sp} spatial dims").into());
+                }
+                for i in 0..n_sp {
+                    pads[2 + i] = (p[i] as usize, p[i + n_sp] as usize);
+                }
+            }
+        }
+        "VALID" => {}
+        // At stride 1 the output keeps the input's size: the dilated kernel's reach less one,
+        // split with the odd one after (SAME_UPPER) or before (SAME_LOWER).
+        auto @ ("SAME_UPPER" | "SAME_LOWER") => {
+            for i in 0..n_sp {
+                let total = (kernel[i] - 1) * dilation[i];
+                let small = total / 2;
+                pads[2 + i] = if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+            }
+        }
+        other => return Err(format!("auto_pad {other:?} is not supported").into()),
+    }
+    let out: Vec<Dim> = (0..n_sp)
+        .map(|i| {
+            let (b, a) = pads[2 + i];
+            x.shape()[2 + i] + Dim::from(b + a) - Dim::from((kernel[i] - 1) * dilation[i])
+        })
+        .collect();
+    let padded = if pads.iter().any(|&(b, a)| b + a > 0) { x.pad(&pads, 0.0) } else { x.clone() };
+    // Every kernel offset, first axis slowest: its window `[N, C, 1, out...]`.
+    let mut offsets: Vec<Vec<usize>> = vec![vec![]];
+    for &k in kernel {
+        offsets = offsets.into_iter().flat_map(|p| (0..k).map(move |j| [p.clone(), vec![j]].concat())).collect();
+    }
+    let windows: Vec<Tensor> = offsets
+        .iter()
+        .map(|o| {
+            let mut y = padded.clone();
+            for (i, &j) in o.iter().enumerate() {
+                y = y.narrow(2 + i as i64, (j * dilation[i]) as i64, out[i]);
+            }
+            y.unsqueeze(2)
+        })
+        .collect();
+    let k: usize = kernel.iter().product();
+    let o = out.iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d)).ok_or("the output size overflows")?;
+    let m = wd[0];
+    let cols =
+        cat(&windows.iter().collect::<Vec<_>>(), 2).reshape(vec![x.shape()[0], g.into(), ((c / g) * k).into(), o]);
+    let mut shape = vec![x.shape()[0], m.into()];
+    shape.extend(out.iter().copied());
+    let mut y = w.reshape(vec![g, m / g, (c / g) * k]).matmul(&cols).reshape(shape);
+    if let Some(b) = ctx.opt(2) {
+        let mut bshape = vec![m];
+        bshape.extend(std::iter::repeat_n(1, n_sp));
+        y = y.add(b.reshape(bshape));
+    }
+    Ok(y)
 }
 
 /// The convolution of `x` (`[N, C, spatial...]`) with `w` (`[M, C/g, kernel...]`) in `g` groups

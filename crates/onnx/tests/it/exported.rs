@@ -1,7 +1,8 @@
 //! Models exported by `torch.onnx.export` (`fixtures/gen_onnx.py`: an MLP, a CNN with conv,
 //! batch norm, max pooling, a residual add and global average pooling, a recurrent model, a tiny
-//! GPT-2, an upsampling decoder with ConvTranspose and Resize, and RoBERTa, BLOOM, DeBERTa-v2
-//! and Swin from `transformers`, whose shape arithmetic must stay symbolic) match onnxruntime's
+//! GPT-2, an upsampling decoder with ConvTranspose and Resize, RoBERTa, BLOOM, DeBERTa-v2 and
+//! Swin from `transformers`, whose shape arithmetic must stay symbolic, and BERT with an attention
+//! mask through the dynamo exporter) match onnxruntime's
 //! recorded outputs within 1e-4 at batch sizes 1 and 3, with the batch a symbolic dim (one
 //! program serves both sizes), lazily and through a compiled `Session` traced once.
 
@@ -43,14 +44,24 @@ fn check_model(name: &str, device: Device) {
     assert!(model.unsupported().is_empty(), "{:?}", model.unsupported());
     let mut session = model.session();
     for batch in [1, 3] {
-        let x = model.input_tensor(0, read(&format!("{name}_b{batch}_input.pb")), device).unwrap();
-        assert_eq!(x.shape()[0].to_string(), "batch", "the batch stays symbolic");
+        // Input 0 from `_input.pb`, any further ones (an attention mask) from `_input_<i>.pb`.
+        let xs: Vec<Tensor> = (0..model.inputs().len())
+            .map(|i| {
+                let file = match i {
+                    0 => format!("{name}_b{batch}_input.pb"),
+                    i => format!("{name}_b{batch}_input_{i}.pb"),
+                };
+                model.input_tensor(i, read(&file), device).unwrap()
+            })
+            .collect();
+        assert_eq!(xs[0].shape()[0].to_string(), "batch", "the batch stays symbolic");
         let want = read(&format!("{name}_b{batch}_output.pb"));
         // The imported graph run lazily, and the compiled session (twice: the second call runs
         // the compiled program directly).
-        let lazy: Tensor = model.run(std::slice::from_ref(&x)).unwrap().remove(0);
-        let compiled = session.run(&[&x]).unwrap().remove(0);
-        let again = session.run(&[&x]).unwrap().remove(0);
+        let args: Vec<&Tensor> = xs.iter().collect();
+        let lazy: Tensor = model.run(&xs).unwrap().remove(0);
+        let compiled = session.run(&args).unwrap().remove(0);
+        let again = session.run(&args).unwrap().remove(0);
         for (how, y) in [("run", lazy), ("session", compiled), ("session, again", again)] {
             check_host(&y.to_host().unwrap(), &want, Tol { atol: 1e-4, rtol: 1e-4 })
                 .unwrap_or_else(|e| panic!("{name} ({how}) at batch {batch} on {}: {e}", device.name()));
@@ -115,4 +126,12 @@ fn exported_deberta_matches_onnxruntime() {
 #[test]
 fn exported_swin_matches_onnxruntime() {
     check_everywhere("swin");
+}
+
+#[test]
+fn dynamo_exported_bert_with_a_mask_matches_onnxruntime() {
+    // torch.onnx.export's default exporter since torch 2.9: opset 20, LayerNormalization and Gelu
+    // ops, and the attention mask indexed by broadcast ranges over batch and sequence (a
+    // GatherND over symbolic dims); the last token of the first row is masked out.
+    check_everywhere("bert_dynamo");
 }

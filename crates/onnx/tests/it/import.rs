@@ -911,3 +911,133 @@ fn tile_pad_and_einsum_keep_symbolic_dims() {
         assert_eq!(y.to_vec::<f32>().unwrap(), want, "seq {seq}");
     }
 }
+
+fn ints_attr(name: &str, values: &[i64]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn conv_over_a_symbolic_length_matches_a_direct_computation() {
+    // A grouped, dilated, padded 1-D convolution over a symbolic sequence (4 channels in 2
+    // groups to 2 outputs, kernel 3, dilation 2, pads 2 before and 1 after, a bias): one import
+    // serves two lengths; the output length is `seq + 3 - 4`.
+    let (c, m, k, dil, (pb, pa)) = (4usize, 2usize, 3usize, 2usize, (2usize, 1usize));
+    let w: Vec<f32> = (0..m * (c / 2) * k).map(|i| (i as f32 * 0.37).sin()).collect();
+    let bias = [0.25f32, -0.5];
+    let mut n = node("conv", "Conv", &["x", "w", "b"], &["y"]);
+    n.attribute.extend([
+        int_attr("group", 2),
+        ints_attr("dilations", &[dil as i64]),
+        ints_attr("pads", &[pb as i64, pa as i64]),
+    ]);
+    let g = model(
+        vec![n],
+        vec![value("x", &[Ok(1), Ok(c as i64), Err("seq")])],
+        vec![value("y", &[Ok(1), Ok(m as i64), Err("out")])],
+        vec![floats("w", &[m as i64, (c / 2) as i64, k as i64], &w), floats("b", &[m as i64], &bias)],
+    );
+    let imported = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    for seq in [3usize, 7] {
+        let x: Vec<f32> = (0..c * seq).map(|i| (i as f32 * 0.73).cos()).collect();
+        let t =
+            imported.input_tensor(0, HostTensor::new(HostData::F32(x.clone()), vec![1, c, seq]).unwrap(), Device::Cpu);
+        let y = imported.run(&[t.unwrap()]).unwrap().remove(0);
+        let len = seq + pb + pa - (k - 1) * dil;
+        let got = y.to_vec::<f32>().unwrap();
+        assert_eq!(y.dims().unwrap(), [1, m, len]);
+        for o in 0..m {
+            let group = o / (m / 2);
+            for t in 0..len {
+                let mut want = bias[o];
+                for ci in 0..c / 2 {
+                    for j in 0..k {
+                        let pos = (t + j * dil) as i64 - pb as i64;
+                        if (0..seq as i64).contains(&pos) {
+                            want += w[(o * (c / 2) + ci) * k + j] * x[(group * (c / 2) + ci) * seq + pos as usize];
+                        }
+                    }
+                }
+                assert!((got[o * len + t] - want).abs() < 1e-5, "seq {seq} ({o}, {t}): {} vs {want}", got[o * len + t]);
+            }
+        }
+    }
+    // A stride over the symbolic length is an error naming the node.
+    let mut n = node("strided", "Conv", &["x", "w"], &["y"]);
+    n.attribute.extend([int_attr("group", 2), ints_attr("strides", &[2])]);
+    let g = model(
+        vec![n],
+        vec![value("x", &[Ok(1), Ok(c as i64), Err("seq")])],
+        vec![value("y", &[Ok(1), Ok(m as i64), Err("out")])],
+        vec![floats("w", &[m as i64, (c / 2) as i64, k as i64], &w)],
+    );
+    let imported = Model::from_bytes(&g.encode_to_vec()).unwrap();
+    let t =
+        imported.input_tensor(0, HostTensor::new(HostData::F32(vec![0.0; c * 5]), vec![1, c, 5]).unwrap(), Device::Cpu);
+    let err = imported.run(&[t.unwrap()]).unwrap_err().to_string();
+    assert!(err.contains("\"strided\"") && err.contains("floor division"), "{err}");
+}
+
+/// An int64 tensor value `name` of `dims` (`Err(param)` dims are symbolic).
+fn int64_value(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
+    let mut v = value(name, dims);
+    if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        t.elem_type = Some(DataType::Int64 as i32);
+    }
+    v
+}
+
+#[test]
+fn gather_nd_and_scatter_nd_over_symbolic_dims_match_a_direct_computation() {
+    // `data[i, j]` for index pairs over a symbolic `[rows, cols]` (torch.export writes a mask
+    // indexed by broadcast ranges this way), and writing values there (BART's shifted ids); one
+    // import serves two sizes, negative indices counting from the end.
+    let dims = [Err("rows"), Err("cols")];
+    let gather = model(
+        vec![node("g", "GatherND", &["data", "idx"], &["y"])],
+        vec![value("data", &dims), int64_value("idx", &[Err("t"), Ok(2)])],
+        vec![value("y", &[Err("t")])],
+        vec![],
+    );
+    let scatter = model(
+        vec![node("s", "ScatterND", &["data", "idx", "upd"], &["y"])],
+        vec![value("data", &dims), int64_value("idx", &[Err("t"), Ok(2)]), value("upd", &[Err("t")])],
+        vec![value("y", &dims)],
+        vec![],
+    );
+    let (gather, scatter) =
+        (Model::from_bytes(&gather.encode_to_vec()).unwrap(), Model::from_bytes(&scatter.encode_to_vec()).unwrap());
+    for (rows, cols) in [(2usize, 3usize), (3, 5)] {
+        let data: Vec<f32> = (0..rows * cols).map(|i| i as f32 * 0.5).collect();
+        let pairs: Vec<(i64, i64)> = vec![(0, 1), (rows as i64 - 1, -1), (-1, 0)];
+        let idx: Vec<i64> = pairs.iter().flat_map(|&(i, j)| [i, j]).collect();
+        let at = |(i, j): (i64, i64)| {
+            let (i, j) = (i.rem_euclid(rows as i64) as usize, j.rem_euclid(cols as i64) as usize);
+            i * cols + j
+        };
+        let host = |d: HostData, s: Vec<usize>| HostTensor::new(d, s).unwrap();
+        let args = |m: &Model, upd: Option<Vec<f32>>| -> Vec<Tensor> {
+            let mut a = vec![
+                m.input_tensor(0, host(HostData::F32(data.clone()), vec![rows, cols]), Device::Cpu).unwrap(),
+                m.input_tensor(1, host(HostData::I64(idx.clone()), vec![pairs.len(), 2]), Device::Cpu).unwrap(),
+            ];
+            if let Some(u) = upd {
+                a.push(m.input_tensor(2, host(HostData::F32(u), vec![pairs.len()]), Device::Cpu).unwrap());
+            }
+            a
+        };
+        let got = gather.run(&args(&gather, None)).unwrap().remove(0).to_vec::<f32>().unwrap();
+        assert_eq!(got, pairs.iter().map(|&p| data[at(p)]).collect::<Vec<_>>(), "{rows}x{cols}");
+        let upd = vec![-1.0f32, -2.0, -3.0];
+        let got = scatter.run(&args(&scatter, Some(upd.clone()))).unwrap().remove(0).to_vec::<f32>().unwrap();
+        let mut want = data.clone();
+        for (&p, &u) in pairs.iter().zip(&upd) {
+            want[at(p)] = u;
+        }
+        assert_eq!(got, want, "{rows}x{cols}");
+    }
+}
