@@ -262,8 +262,10 @@ fn reshape_infers_minus_one_by_dividing_out_a_symbolic_term() {
     // `batch`, which is none of the input's dims.
     let (b, seq) = (Dim::sym("batch"), Dim::sym("seq"));
     let data: Vec<f32> = (0..4 * 2 * 3 * 3).map(|i| i as f32).collect();
-    let x = Tensor::from_vec(data.clone(), &[8, 3, 3]).with_dims(vec![Dim::Const(4) * b, seq, seq]);
+    let heads = Tensor::from_vec(data.clone(), &[2, 4, 3, 3]).with_dims(vec![b, Dim::Const(4), seq, seq]);
+    let x = heads.reshape(vec![Dim::Const(4) * b, seq, seq]);
     let y = x.reshape(vec![Dim::Const(-1), Dim::Const(4), seq, seq]);
+    assert!(y.error().is_none(), "{:?}", y.error());
     assert_eq!(y.shape()[0], b);
     assert_eq!(y.dims().unwrap(), [2, 4, 3, 3]);
     assert_eq!(y.to_vec::<f32>().unwrap(), data);
