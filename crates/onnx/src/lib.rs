@@ -17,8 +17,9 @@
 //! ```
 //!
 //! Ops are imported with the semantics of the model's opset (attributes that became inputs,
-//! Softmax's axis rule before opset 13...). An import that meets ops it does not know reports
-//! all of them at once ([`Error::Unsupported`]).
+//! Softmax's axis rule before opset 13...), from ONNX's default domain and from `ai.onnx.ml`
+//! (scikit-learn's exports: linear models, scalers, tree ensembles, SVMs). An import that meets
+//! ops it does not know reports all of them at once ([`Error::Unsupported`]).
 
 mod data;
 mod error;

@@ -9,6 +9,7 @@ mod einsum;
 mod elementwise;
 mod grid;
 pub(crate) mod known;
+mod ml;
 mod nn;
 mod reduce;
 mod resize;
@@ -335,15 +336,41 @@ fn handler(op: &str) -> Option<Handler> {
     })
 }
 
+/// The importers of the `ai.onnx.ml` domain (scikit-learn's exports).
+fn ml_handler(op: &str) -> Option<Handler> {
+    Some(match op {
+        "LinearRegressor" => ml::linear_regressor,
+        "LinearClassifier" => ml::linear_classifier,
+        "Scaler" => ml::scaler,
+        "Normalizer" => ml::normalizer,
+        "Binarizer" => ml::binarizer,
+        "ArrayFeatureExtractor" => ml::array_feature_extractor,
+        "TreeEnsembleRegressor" => ml::tree_ensemble_regressor,
+        "TreeEnsembleClassifier" => ml::tree_ensemble_classifier,
+        "SVMRegressor" => ml::svm_regressor,
+        "SVMClassifier" => ml::svm_classifier,
+        _ => return None,
+    })
+}
+
+/// The importer of `op` in `domain` (`""` and `ai.onnx` are ONNX's default domain).
+fn domain_handler(domain: &str, op: &str) -> Option<Handler> {
+    match domain {
+        "" | "ai.onnx" => handler(op),
+        "ai.onnx.ml" => ml_handler(op),
+        _ => None,
+    }
+}
+
 /// Whether the importer knows `op_type` of `domain` (`""` is ONNX's default domain) at `opset`.
 pub fn is_supported(domain: &str, op_type: &str, _opset: i64) -> bool {
     // `If`, `Scan` and `Loop` are imported by the model (their bodies are graphs in its scope).
-    domain.is_empty() && (handler(op_type).is_some() || matches!(op_type, "If" | "Scan" | "Loop"))
+    domain_handler(domain, op_type).is_some() || (domain.is_empty() && matches!(op_type, "If" | "Scan" | "Loop"))
 }
 
 /// Imports one node: its output tensors, in order.
 pub(crate) fn import(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
-    match handler(ctx.op()) {
+    match domain_handler(ctx.node.domain.as_deref().unwrap_or(""), ctx.op()) {
         Some(h) => h(ctx),
         None => Err(format!("{} is not supported", ctx.op()).into()),
     }

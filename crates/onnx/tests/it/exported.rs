@@ -1,10 +1,11 @@
-//! Models exported by `torch.onnx.export` (`fixtures/gen_onnx.py`: an MLP, a CNN with conv,
-//! batch norm, max pooling, a residual add and global average pooling, a recurrent model, a tiny
-//! GPT-2, an upsampling decoder with ConvTranspose and Resize, RoBERTa, BLOOM, DeBERTa-v2 and
-//! Swin from `transformers`, whose shape arithmetic must stay symbolic, and BERT with an attention
-//! mask through the dynamo exporter) match onnxruntime's
-//! recorded outputs within 1e-4 at batch sizes 1 and 3, with the batch a symbolic dim (one
-//! program serves both sizes), lazily and through a compiled `Session` traced once.
+//! Models exported to ONNX by other tools match onnxruntime's recorded outputs, lazily and
+//! through a compiled `Session` traced once for two sizes of a symbolic batch:
+//! `torch.onnx.export` (`fixtures/gen_onnx.py`: an MLP, a CNN with conv, batch norm, max pooling,
+//! a residual add and global average pooling, a recurrent model, a tiny GPT-2, an upsampling
+//! decoder with ConvTranspose and Resize, RoBERTa, BLOOM, DeBERTa-v2 and Swin from
+//! `transformers`, whose shape arithmetic must stay symbolic, and BERT with an attention mask
+//! through the dynamo exporter) within 1e-4 at batch sizes 1 and 3; and skl2onnx
+//! (`fixtures/gen_sklearn.py`: scikit-learn models of the `ai.onnx.ml` domain) at 5 and 2 rows.
 
 use std::path::PathBuf;
 
@@ -26,10 +27,15 @@ fn read(name: &str) -> kiln::HostTensor {
 /// Checks `name` on the interpreter, the CPU device and (where this machine has an adapter, and
 /// always under `CI` or `KILN_REQUIRE_VULKAN=1`) wgpu.
 fn check_everywhere(name: &str) {
-    check_model(name, Device::Cpu);
-    check_model(name, Device::Interp);
+    on_every_device(name, check_model);
+}
+
+/// `check(name, device)` on the CPU device, the interpreter and wgpu (see [`check_everywhere`]).
+fn on_every_device(name: &str, check: fn(&str, Device)) {
+    check(name, Device::Cpu);
+    check(name, Device::Interp);
     match Device::Wgpu.probe() {
-        Ok(()) => check_model(name, Device::Wgpu),
+        Ok(()) => check(name, Device::Wgpu),
         Err(e) => {
             let required =
                 std::env::var_os("CI").is_some() || std::env::var_os("KILN_REQUIRE_VULKAN").is_some_and(|v| v == "1");
@@ -134,4 +140,40 @@ fn dynamo_exported_bert_with_a_mask_matches_onnxruntime() {
     // ops, and the attention mask indexed by broadcast ranges over batch and sequence (a
     // GatherND over symbolic dims); the last token of the first row is masked out.
     check_everywhere("bert_dynamo");
+}
+
+/// A scikit-learn fixture (`fixtures/gen_sklearn.py`): every output (labels, probabilities or
+/// values) against onnxruntime's at 5 and 2 rows, with the row count the symbolic `N` (one
+/// session trace), on `device`.
+fn check_sklearn(name: &str, device: Device) {
+    let model = Model::load(fixture(&format!("sk_{name}.onnx"))).unwrap();
+    assert!(model.unsupported().is_empty(), "{:?}", model.unsupported());
+    let mut session = model.session();
+    for rows in [5, 2] {
+        let x = model.input_tensor(0, read(&format!("sk_{name}_r{rows}_input.pb")), device).unwrap();
+        assert_eq!(x.shape()[0].to_string(), "N", "the row count stays symbolic");
+        let lazy = model.run(std::slice::from_ref(&x)).unwrap();
+        let compiled = session.run(&[&x]).unwrap();
+        for (how, outputs) in [("run", lazy), ("session", compiled)] {
+            assert_eq!(outputs.len(), model.outputs().len());
+            for (i, y) in outputs.iter().enumerate() {
+                let want = read(&format!("sk_{name}_r{rows}_output_{i}.pb"));
+                check_host(&y.to_host().unwrap(), &want, Tol { atol: 1e-5, rtol: 1e-4 }).unwrap_or_else(|e| {
+                    panic!("sk_{name} ({how}) output {i} at {rows} rows on {}: {e}", device.name())
+                });
+            }
+        }
+    }
+    assert_eq!(session.traces(), 1, "one trace serves both row counts");
+}
+
+#[test]
+fn scikit_learn_models_match_onnxruntime() {
+    // `ai.onnx.ml` ops as skl2onnx writes them: Scaler, LinearClassifier and Normalizer (a
+    // pipeline), TreeEnsembleClassifier (a random forest; gradient boosting, binary),
+    // TreeEnsembleRegressor (gradient boosting), SVMClassifier and SVMRegressor (RBF kernels),
+    // and a nearest-neighbours regressor (ArrayFeatureExtractor over TopK's indices).
+    for name in ["pipeline", "forest", "boosting", "boosting_binary", "svc", "svr", "knn"] {
+        on_every_device(name, check_sklearn);
+    }
 }

@@ -1041,3 +1041,118 @@ fn gather_nd_and_scatter_nd_over_symbolic_dims_match_a_direct_computation() {
         assert_eq!(got, want, "{rows}x{cols}");
     }
 }
+
+fn floats_attr(name: &str, values: &[f32]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Floats as i32),
+        floats: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn strings_attr(name: &str, values: &[&str]) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Strings as i32),
+        strings: values.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        ..Default::default()
+    }
+}
+
+fn string_attr(name: &str, value: &str) -> AttributeProto {
+    AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::String as i32),
+        s: Some(value.as_bytes().to_vec()),
+        ..Default::default()
+    }
+}
+
+/// An `ai.onnx.ml` node's model over `X` `[N, 2]` with the given outputs.
+fn ml_model(op: &str, attrs: Vec<AttributeProto>, outputs: &[&str]) -> Model {
+    let mut n = node("ml", op, &["X"], outputs);
+    n.domain = Some("ai.onnx.ml".into());
+    n.attribute = attrs;
+    let mut m =
+        model(vec![n], vec![value("X", &[Err("N"), Ok(2)])], outputs.iter().map(|o| value(o, &[])).collect(), vec![]);
+    m.opset_import.push(OperatorSetIdProto { domain: Some("ai.onnx.ml".into()), version: Some(3) });
+    Model::from_bytes(&m.encode_to_vec()).unwrap()
+}
+
+/// Two trees: `x0 <= 0.5 ? 1 : (x1 < 2 ? 2 : 3)` (a missing `x1` goes true, a missing `x0`
+/// false) and `x1 >= 1 ? 10 : 20` (missing: false), as `nodes_*` attributes.
+fn two_trees(leaf: &str, weights: &[f32]) -> Vec<AttributeProto> {
+    let ints = |name: &str, v: &[i64]| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: v.to_vec(),
+        ..Default::default()
+    };
+    vec![
+        ints("nodes_treeids", &[0, 0, 0, 0, 0, 1, 1, 1]),
+        ints("nodes_nodeids", &[0, 1, 2, 3, 4, 0, 1, 2]),
+        ints("nodes_featureids", &[0, 0, 1, 0, 0, 1, 0, 0]),
+        floats_attr("nodes_values", &[0.5, 0.0, 2.0, 0.0, 0.0, 1.0, 0.0, 0.0]),
+        strings_attr("nodes_modes", &["BRANCH_LEQ", "LEAF", "BRANCH_LT", "LEAF", "LEAF", "BRANCH_GTE", "LEAF", "LEAF"]),
+        ints("nodes_truenodeids", &[1, 0, 3, 0, 0, 1, 0, 0]),
+        ints("nodes_falsenodeids", &[2, 0, 4, 0, 0, 2, 0, 0]),
+        ints("nodes_missing_value_tracks_true", &[0, 0, 1, 0, 0, 0, 0, 0]),
+        ints(&format!("{leaf}_treeids"), &[0, 0, 0, 1, 1]),
+        ints(&format!("{leaf}_nodeids"), &[1, 3, 4, 1, 2]),
+        ints(&format!("{leaf}_ids"), &[0, 0, 0, 0, 0]),
+        floats_attr(&format!("{leaf}_weights"), weights),
+    ]
+}
+
+#[test]
+fn tree_ensembles_walk_every_rule_and_missing_value_as_the_reference_does() {
+    let x: Vec<f32> = vec![0.0, 5.0, 1.0, 1.5, 1.0, f32::NAN, f32::NAN, 3.0];
+    let rows =
+        |m: &Model| m.input_tensor(0, HostTensor::new(HostData::F32(x.clone()), vec![4, 2]).unwrap(), Device::Cpu);
+    // Leaves by row: tree 0 gives 1, 2, 2 (missing x1 goes true), 3 (missing x0 goes false);
+    // tree 1 gives 10, 10, 20 (missing goes false), 10.
+    for (aggregate, want) in [("SUM", [11.5f32, 12.5, 22.5, 13.5]), ("AVERAGE", [6.0, 6.5, 11.5, 7.0])] {
+        let mut attrs = two_trees("target", &[1.0, 2.0, 3.0, 10.0, 20.0]);
+        attrs.extend([string_attr("aggregate_function", aggregate), floats_attr("base_values", &[0.5])]);
+        let m = ml_model("TreeEnsembleRegressor", attrs, &["Y"]);
+        let y = m.run(&[rows(&m).unwrap()]).unwrap().remove(0);
+        assert_eq!(y.to_vec::<f32>().unwrap(), want, "{aggregate}");
+    }
+    // A binary classifier: one score per row (every weight for class 0), the first class's
+    // score its negation under LOGISTIC.
+    let mut attrs = two_trees("class", &[-1.0, 0.5, 2.0, 0.0, 0.0]);
+    attrs.extend([
+        AttributeProto {
+            name: Some("classlabels_int64s".into()),
+            r#type: Some(AttributeType::Ints as i32),
+            ints: vec![7, 9],
+            ..Default::default()
+        },
+        string_attr("post_transform", "LOGISTIC"),
+    ]);
+    let m = ml_model("TreeEnsembleClassifier", attrs, &["label", "scores"]);
+    let out = m.run(&[rows(&m).unwrap()]).unwrap();
+    assert_eq!(out[0].to_vec::<i64>().unwrap(), vec![7, 9, 9, 9]);
+    let sigmoid = |v: f32| 1.0 / (1.0 + (-v).exp());
+    let scores = out[1].to_vec::<f32>().unwrap();
+    for (r, s) in [-1.0f32, 0.5, 0.5, 2.0].into_iter().enumerate() {
+        for (c, want) in [sigmoid(-s), sigmoid(s)].into_iter().enumerate() {
+            assert!((scores[r * 2 + c] - want).abs() < 1e-6, "row {r} column {c}: {scores:?}");
+        }
+    }
+    // MIN over leaves that lack a weight for a target is an error naming the node.
+    let mut attrs = two_trees("target", &[1.0, 2.0, 3.0, 10.0, 20.0]);
+    attrs.extend([
+        string_attr("aggregate_function", "MIN"),
+        AttributeProto {
+            name: Some("n_targets".into()),
+            r#type: Some(AttributeType::Int as i32),
+            i: Some(2),
+            ..Default::default()
+        },
+    ]);
+    let m = ml_model("TreeEnsembleRegressor", attrs, &["Y"]);
+    let err = m.run(&[rows(&m).unwrap()]).unwrap_err().to_string();
+    assert!(err.contains("\"ml\"") && err.contains("MIN over leaves"), "{err}");
+}
