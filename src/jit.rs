@@ -46,7 +46,7 @@ use air::{Bindings, DType, HostData, HostTensor, Shape, Symbol, TensorType};
 use crate::backend::{self, Loaded};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::realize::{Sites, bind, merge_bindings, own_bindings, trace_roots};
+use crate::realize::{Sites, bind, close_derived, merge_bindings, own_bindings, trace_roots};
 use crate::tensor::Tensor;
 
 /// A random input drawn from the calling thread's generator on every call.
@@ -395,6 +395,7 @@ impl JitCache {
         for (draw, slot) in entry.random.iter().zip(drawn) {
             *slot = draw().map_err(Error::Jit)?;
         }
+        close_derived(&mut bindings)?;
         let ran = backend::run_loaded(&entry.loaded, &entry.graph, &mut entry.bound, &bindings, &entry.sites, spare);
         // Only kept arguments and captured data stay bound between calls: the owned arguments'
         // and the state's slots, the borrowed ones bound for this call and the random draws are

@@ -78,6 +78,12 @@ pub(crate) fn merge_bindings(into: &mut Bindings, new: &Bindings) -> Result<()> 
     new.iter().try_for_each(|(symbol, &value)| bind(into, symbol, value))
 }
 
+/// Binds the floor-division symbols ([`air::dim::close_derived`]) that follow from `bindings`;
+/// one bound to another value than its definition gives is an error naming it.
+pub(crate) fn close_derived(bindings: &mut Bindings) -> Result<()> {
+    air::dim::close_derived(bindings).map_err(|(symbol, first, second)| Error::Binding { symbol, first, second })
+}
+
 /// Binds `symbol` to `value` in `into`, an error if it is bound to another value there.
 pub(crate) fn bind(into: &mut Bindings, symbol: &air::Symbol, value: i64) -> Result<()> {
     match into.get(symbol) {
@@ -309,6 +315,8 @@ fn walk_with(
     let outputs: SmallVec<[u32; 2]> = roots.iter().map(|r| position[&key(r)]).collect();
     h.write_usize(outputs.len());
     outputs.iter().for_each(|&o| h.write_u32(o));
+    // Floor-division symbols (a strided window over a symbolic size) follow from the others.
+    close_derived(&mut bindings)?;
     Ok(Walk { steps, outputs, inputs, bindings, hash: h.finish() })
 }
 

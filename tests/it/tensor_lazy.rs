@@ -329,3 +329,20 @@ fn views_of_views_record_one_node_and_keep_values_and_gradients() {
     let g = kiln::grad(&back.mul(&x).sum_all(), &[&mid]).unwrap();
     assert_eq!(g[0].to_vec::<f32>().unwrap(), x.transpose(0, 1).contiguous().to_vec::<f32>().unwrap());
 }
+
+#[test]
+fn floor_division_symbols_are_bound_from_their_definition_and_checked_against_it() {
+    // `x[: 2*⌊h/2⌋]` of a symbolic `[h]`: the even prefix, whatever `h` is.
+    let h = Dim::sym("h");
+    let even = Dim::Const(2) * h.floor_div(2).unwrap();
+    let of = |n: usize| Tensor::from_vec((0..n).map(|i| i as f32).collect(), &[n]).with_dims(vec![h]);
+    let (x5, x9) = (of(5), of(9));
+    let y5 = x5.narrow(0, 0, even);
+    assert_eq!(y5.to_vec::<f32>().unwrap(), vec![0.0, 1.0, 2.0, 3.0]);
+    assert_eq!(x9.narrow(0, 0, even).to_vec::<f32>().unwrap(), (0..8).map(|i| i as f32).collect::<Vec<_>>());
+    // A result computed for h = 5 mixed with an input of h = 9: the floor's two values conflict,
+    // an error naming it rather than a program run with the wrong one.
+    let mixed = y5.add(x9.narrow(0, 0, even));
+    let err = mixed.to_vec::<f32>().unwrap_err().to_string();
+    assert!(err.contains("⌊(h)/2⌋") && err.contains("2 and 4"), "{err}");
+}

@@ -134,6 +134,58 @@ mod intern {
 /// Values for the symbols of a graph, given when a program runs.
 pub type Bindings = BTreeMap<Symbol, i64>;
 
+/// Binds every derived symbol ([`Dim::floor_div`]) whose definition's symbols are bound, in the
+/// order the symbols were defined (a floor of a floor comes after its inner one). One already
+/// bound to another value than its definition gives (a tensor computed for another size, mixed
+/// in) is returned as `Err((symbol, bound, defined))`. Free when the process defined none; what
+/// runs a graph calls this after binding its inputs' symbols.
+pub fn close_derived(bindings: &mut Bindings) -> Result<(), (Symbol, i64, i64)> {
+    derived::close(bindings)
+}
+
+/// The floor-division symbols of the process ([`Dim::floor_div`]): each name's definition, kept
+/// for the life of the process like the interned polynomials.
+mod derived {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Mutex, PoisonError};
+
+    use super::{Bindings, Dim, Symbol};
+
+    /// `(symbol, numerator, divisor)` in definition order.
+    static DEFINED: Mutex<Vec<(Symbol, Dim, i64)>> = Mutex::new(Vec::new());
+    static ANY: AtomicBool = AtomicBool::new(false);
+
+    /// The symbol for `floor(num / d)`, defined on first use.
+    pub(super) fn floor(num: Dim, d: i64) -> Dim {
+        let name = format!("⌊({num})/{d}⌋");
+        let mut defined = DEFINED.lock().unwrap_or_else(PoisonError::into_inner);
+        if !defined.iter().any(|(s, _, _)| s.name() == name) {
+            defined.push((Symbol::new(&name), num, d));
+            ANY.store(true, Ordering::Release);
+        }
+        Dim::sym(&name)
+    }
+
+    pub(super) fn close(bindings: &mut Bindings) -> Result<(), (Symbol, i64, i64)> {
+        if !ANY.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let defined = DEFINED.lock().unwrap_or_else(PoisonError::into_inner);
+        for (s, num, d) in defined.iter() {
+            let Ok(v) = num.eval(bindings) else { continue };
+            let v = v.div_euclid(*d);
+            match bindings.get(s) {
+                Some(&bound) if bound != v => return Err((s.clone(), bound, v)),
+                Some(_) => {}
+                None => {
+                    bindings.insert(s.clone(), v);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Why a symbolic dim could not be evaluated.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DimError {
@@ -218,6 +270,14 @@ impl Dim {
         }
     }
 
+    /// The terms of this dim in printed order (highest degree first, then by symbol name; the
+    /// constant last): each the symbols it multiplies and its coefficient. `0` has none.
+    pub fn terms(&self) -> Vec<(Vec<Symbol>, i64)> {
+        let mut terms: Vec<(Vec<Symbol>, i64)> = self.to_terms().into_iter().map(|(m, c)| (m.into_vec(), c)).collect();
+        terms.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        terms
+    }
+
     /// Every symbol this dim mentions, sorted and deduplicated.
     pub fn symbols(&self) -> Vec<Symbol> {
         let mut out = Vec::new();
@@ -284,6 +344,37 @@ impl Dim {
             terms.insert(t, tc.checked_div(*c)?);
         }
         Some(Dim::from_terms(terms))
+    }
+
+    /// `floor(self / d)` for a positive `d`: the exact quotient where every coefficient divides
+    /// (`exact_div`), a constant's quotient, or else a *derived* symbol standing for the floor,
+    /// named `⌊(self)/d⌋` and defined once per process ([`close_derived`] binds it from the
+    /// symbols `self` mentions). A strided window's output size, `⌊(h - 7)/2⌋ + 1`, is one:
+    /// polynomials have no floor, so the floor is a symbol of its own. `None` for `d <= 0`.
+    ///
+    /// The numerator is first reduced so that one floor has one name whatever form it came in:
+    /// each coefficient `c = q*d + r` with `0 <= r < d` puts `q` times its term outside the floor
+    /// (`⌊(h - 8)/4⌋` is `⌊h/4⌋ - 2`, as torch.export writes it).
+    pub fn floor_div(&self, d: i64) -> Option<Dim> {
+        if d <= 0 {
+            return None;
+        }
+        let (mut whole, mut rest) = (BTreeMap::new(), BTreeMap::new());
+        for (m, c) in self.to_terms() {
+            let (q, r) = (c.div_euclid(d), c.rem_euclid(d));
+            if q != 0 {
+                whole.insert(m.clone(), q);
+            }
+            if r != 0 {
+                rest.insert(m, r);
+            }
+        }
+        let (whole, rest) = (Dim::from_terms(whole), Dim::from_terms(rest));
+        Some(match rest {
+            // `0 <= rest < d`: its floor is 0.
+            Dim::Const(_) => whole,
+            rest => whole + derived::floor(rest, d),
+        })
     }
 
     /// Parses the form `Display` prints: integers, symbols, `+`, `-`, `*` and parentheses.
@@ -744,6 +835,36 @@ impl fmt::Display for ShapeDisplay<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn floor_division_is_exact_constant_or_a_derived_symbol() {
+        let h = Dim::sym("h");
+        assert_eq!(Dim::Const(7).floor_div(2), Some(Dim::Const(3)));
+        assert_eq!(Dim::Const(-7).floor_div(2), Some(Dim::Const(-4)));
+        assert_eq!((Dim::Const(4) * h).floor_div(2), Some(Dim::Const(2) * h));
+        assert_eq!(h.floor_div(0), None);
+        // `⌊(h - 7)/2⌋ + 1`, and a floor of that: one symbol each, the same one when asked again
+        // and for every form of the same floor (`⌊(h + 1)/2⌋ - 4 + 1`).
+        let out = (h - 7).floor_div(2).unwrap() + 1;
+        assert_eq!(out, (h + 1).floor_div(2).unwrap() - 3);
+        assert_eq!((Dim::Const(5) * h).floor_div(4).unwrap(), h + h.floor_div(4).unwrap());
+        let out2 = (out - 3).floor_div(2).unwrap() + 1;
+        for (hv, want, want2) in [(32i64, 13i64, 6i64), (45, 20, 9), (7, 1, 0)] {
+            let mut b = Bindings::new();
+            b.insert(Symbol::new("h"), hv);
+            close_derived(&mut b).unwrap();
+            assert_eq!((out.eval(&b).unwrap(), out2.eval(&b).unwrap()), (want, want2), "h = {hv}");
+        }
+        // Unbound inputs leave it unbound; a value bound against its definition is an error.
+        let mut b = Bindings::new();
+        close_derived(&mut b).unwrap();
+        assert!(out.eval(&b).is_err());
+        let name = (h - 7).floor_div(2).unwrap().symbols().into_iter().find(|s| s.name() != "h").unwrap();
+        assert_eq!(name.name(), "⌊(h + 1)/2⌋");
+        b.insert(Symbol::new("h"), 32);
+        b.insert(name.clone(), 99);
+        assert_eq!(close_derived(&mut b), Err((name, 99, 16)));
+    }
 
     #[test]
     fn exact_division_by_a_term() {

@@ -567,35 +567,20 @@ impl IndexCx {
         if let Some(c) = d.as_const() {
             return Ok(IExpr::Const(c));
         }
-        // `Dim` keeps its polynomial private; its printed form (`2*seq*b - 3`) is canonical and
-        // documented, so read the terms back from it.
-        let text = d.to_string();
-        let bad = || LowerError::InvalidGraph(format!("cannot turn dim `{text}` into an index"));
+        // Term by term, each built as `sign * magnitude * symbols...` in printed order.
         let mut out = IExpr::Const(0);
-        let mut sign = 1i64;
-        for tok in text.split_whitespace() {
-            match tok {
-                "+" => sign = 1,
-                "-" => sign = -1,
-                _ => {
-                    let (neg, body) = match tok.strip_prefix('-') {
-                        Some(b) => (true, b),
-                        None => (false, tok),
-                    };
-                    let mut term = IExpr::Const(if neg { -sign } else { sign });
-                    for factor in body.split('*') {
-                        let f = if let Ok(c) = factor.parse::<i64>() {
-                            IExpr::Const(c)
-                        } else {
-                            let n = self.symbols.iter().position(|s| s.name() == factor).ok_or_else(bad)?;
-                            IExpr::Sym(n as u32)
-                        };
-                        term = IExpr::mul(f, term);
-                    }
-                    out = IExpr::add(out, term);
-                    sign = 1;
-                }
+        for (symbols, c) in d.terms() {
+            let mut term = IExpr::Const(c.signum());
+            if c.unsigned_abs() != 1 {
+                term = IExpr::mul(IExpr::Const(c.unsigned_abs() as i64), term);
             }
+            for s in &symbols {
+                let n = self.symbols.iter().position(|x| x == s).ok_or_else(|| {
+                    LowerError::InvalidGraph(format!("dim `{d}` names the symbol `{s}`, which the program lacks"))
+                })?;
+                term = IExpr::mul(IExpr::Sym(n as u32), term);
+            }
+            out = IExpr::add(out, term);
         }
         Ok(out)
     }

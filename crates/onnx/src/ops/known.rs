@@ -182,9 +182,14 @@ fn arithmetic(ctx: &Ctx) -> Option<Known> {
                 {
                     Some(Dim::Const(0))
                 }
-                // A symbolic quotient where it is exact for every symbol value (BLOOM's
-                // `4*batch / 4` heads back to the batch); else concrete operands below.
-                "Div" if !a.is_const() => a.exact_div_dim(&b),
+                // A symbolic quotient: exact for every symbol value (BLOOM's `4*batch / 4` heads
+                // back to the batch), or by a positive constant a floor-division symbol (a
+                // strided window's output size as torch.export computes it; sizes are not
+                // negative, where ONNX's truncation and the floor agree); else concrete operands
+                // below.
+                "Div" if !a.is_const() => {
+                    a.exact_div_dim(&b).or_else(|| b.as_const().filter(|&d| d > 0).and_then(|d| a.floor_div(d)))
+                }
                 "Where" => {
                     let c = at(args[2], i);
                     Some(if a.as_const()? != 0 { b } else { c })

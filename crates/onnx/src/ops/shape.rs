@@ -229,12 +229,14 @@ fn symbolic_slice(ctx: &Ctx, x: &Tensor, starts: Vec<Dim>, ends: Vec<Dim>) -> Op
     Ok(vec![y])
 }
 
-/// `x[start:end]` along `axis` with step 1, where the bounds or the axis are symbolic: a
-/// negative constant counts from the end, an end past a concrete axis (ONNX's `INT64_MAX`)
-/// stops at it.
+/// `x[start:end:step]` along `axis` with a positive step, where the bounds or the axis are
+/// symbolic: a negative constant counts from the end, an end past a concrete axis (ONNX's
+/// `INT64_MAX`) stops at it. A step above 1 keeps `⌊(length + step - 1)/step⌋` positions (a
+/// floor-division symbol): the range padded by `step - 1` at its end, narrowed to a multiple of
+/// the step, every `step`-th kept (Funnel's pooling over the sequence).
 fn narrow_symbolic(x: &Tensor, axis: usize, start: &Dim, end: &Dim, step: i64) -> OpResult<Tensor> {
-    if step != 1 {
-        return Err(format!("a slice with symbolic bounds or axis needs step 1, got {step}").into());
+    if step < 1 {
+        return Err(format!("a slice with symbolic bounds or axis needs a positive step, got {step}").into());
     }
     let len = x.shape()[axis];
     let resolve = |d: &Dim| -> OpResult<Dim> {
@@ -246,7 +248,21 @@ fn narrow_symbolic(x: &Tensor, axis: usize, start: &Dim, end: &Dim, step: i64) -
     };
     let (s, e) = (resolve(start)?, resolve(end)?);
     let length = e.checked_sub(&s).ok_or("a slice length overflows")?;
-    Ok(x.narrow(axis, s, length))
+    let y = x.narrow(axis, s, length);
+    if step == 1 {
+        return Ok(y);
+    }
+    let kept = (length + Dim::Const(step - 1)).floor_div(step).ok_or("a slice step must be positive")?;
+    let mut pads = vec![(0, 0); y.ndim()];
+    pads[axis] = (0, step as usize - 1);
+    let mut split: Vec<Dim> = y.shape().to_vec();
+    split[axis] = kept;
+    split.insert(axis + 1, Dim::Const(step));
+    Ok(y.pad(&pads, 0.0)
+        .narrow(axis, 0, Dim::Const(step) * kept)
+        .reshape(split)
+        .narrow(axis as i64 + 1, 0, 1)
+        .squeeze(axis + 1))
 }
 
 /// `idx` with negative entries counted from the end of an axis of `len` elements.

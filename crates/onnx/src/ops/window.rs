@@ -191,12 +191,118 @@ pub(super) fn conv(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     Ok(vec![convolve(x, w, ctx.opt(2), &geo, g)?])
 }
 
+/// The windows of a window op over symbolic spatial dims (a sequence, an image of any size):
+/// per axis the kernel, stride, dilation and explicit padding, and the output size, a
+/// polynomial at stride 1 (`len + pads - (k - 1) * dilation`) and otherwise a floor-division
+/// symbol (`⌊(len + pads - span)/s⌋ + 1`, `Dim::floor_div`, bound when the program runs).
+struct SymWindows {
+    kernel: Vec<usize>,
+    stride: Vec<usize>,
+    dilation: Vec<usize>,
+    pads: Vec<(usize, usize)>,
+    out: Vec<Dim>,
+    /// ceil_mode: a last, partial window where the input has a remainder.
+    ceil: bool,
+}
+
+impl SymWindows {
+    /// From the node's attributes for `x` (`[N, C, spatial...]`) and `kernel`. `auto_pad`'s SAME
+    /// modes need stride 1 on a symbolic axis (their split of the padding depends on the size's
+    /// remainder), and ceil_mode padding after each axis of at most the kernel's reach less the
+    /// stride (so that no last window starts in that padding, which ONNX drops).
+    fn new(ctx: &Ctx, x: &Tensor, kernel: &[usize]) -> OpResult<SymWindows> {
+        let n = x.ndim() - 2;
+        if kernel.len() != n || kernel.contains(&0) {
+            return Err(format!("kernel {kernel:?} does not fit X {}", show(x)).into());
+        }
+        let ceil = ctx.int("ceil_mode", 0)? != 0;
+        let (stride, dilation) = (per_axis(ctx, "strides", n)?, per_axis(ctx, "dilations", n)?);
+        let mut pads = vec![(0usize, 0usize); n];
+        match ctx.string("auto_pad")?.as_deref().unwrap_or("NOTSET") {
+            "NOTSET" => {
+                if let Some(p) = ctx.ints("pads")? {
+                    if p.len() != 2 * n || p.iter().any(|&v| v < 0) {
+                        return Err(format!("pads {p:?} do not fit {n} spatial dims").into());
+                    }
+                    for i in 0..n {
+                        pads[i] = (p[i] as usize, p[i + n] as usize);
+                    }
+                }
+            }
+            "VALID" => {}
+            // At stride 1 the output keeps the input's size: the dilated kernel's reach less one,
+            // split with the odd one after (SAME_UPPER) or before (SAME_LOWER).
+            auto @ ("SAME_UPPER" | "SAME_LOWER") => {
+                for i in 0..n {
+                    if stride[i] != 1 && !x.shape()[2 + i].is_const() {
+                        return Err(
+                            format!("{auto} at stride {} over a symbolic dim of X {}", stride[i], show(x)).into()
+                        );
+                    }
+                    let total = (kernel[i] - 1) * dilation[i];
+                    let small = total / 2;
+                    pads[i] = if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
+                }
+            }
+            other => return Err(format!("auto_pad {other:?} is not supported").into()),
+        }
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let (b, a) = pads[i];
+            let span = (kernel[i] - 1) * dilation[i] + 1;
+            if ceil && a + stride[i] > span {
+                return Err(format!(
+                    "ceil_mode with padding {a} after a symbolic axis of X {} (kernel reach {span}, stride {})",
+                    show(x),
+                    stride[i]
+                )
+                .into());
+            }
+            let round_up = if ceil { stride[i] - 1 } else { 0 };
+            let reach = x.shape()[2 + i] + Dim::from(b + a + round_up) - Dim::from(span);
+            out.push(reach.floor_div(stride[i] as i64).ok_or("a stride must be positive")? + Dim::Const(1));
+        }
+        Ok(SymWindows { kernel: kernel.to_vec(), stride, dilation, pads, out, ceil })
+    }
+
+    /// All windows of `x` stacked on a new axis 2: `[N, C, K, out...]`, `fill` in the padding.
+    /// Each axis is padded once, by its padding and `stride - 1` more at the end (twice that
+    /// with ceil_mode, whose last window may reach past the padding): a window's strided
+    /// positions then always lie inside, whatever the size's remainder; a kernel offset's window
+    /// is a narrow of `stride * out` positions, every `stride`-th kept.
+    fn stacked(&self, x: &Tensor, fill: f64) -> Tensor {
+        let extra = if self.ceil { 2 } else { 1 };
+        let mut amounts = vec![(0usize, 0usize); 2];
+        amounts.extend(self.pads.iter().zip(&self.stride).map(|(&(b, a), &s)| (b, a + extra * (s - 1))));
+        let padded = if amounts.iter().any(|&(b, a)| b + a > 0) { x.pad(&amounts, fill) } else { x.clone() };
+        let mut offsets: Vec<Vec<usize>> = vec![vec![]];
+        for &k in &self.kernel {
+            offsets = offsets.into_iter().flat_map(|p| (0..k).map(move |j| [p.clone(), vec![j]].concat())).collect();
+        }
+        let windows: Vec<Tensor> = offsets
+            .iter()
+            .map(|o| {
+                let mut y = padded.clone();
+                for (i, &j) in o.iter().enumerate() {
+                    let (axis, s, out) = (2 + i, self.stride[i], self.out[i]);
+                    y = y.narrow(axis as i64, (j * self.dilation[i]) as i64, Dim::from(s) * out);
+                    if s > 1 {
+                        let mut split: Vec<Dim> = y.shape().to_vec();
+                        split[axis] = out;
+                        split.insert(axis + 1, s.into());
+                        y = y.reshape(split).narrow(axis as i64 + 1, 0, 1).squeeze(axis + 1);
+                    }
+                }
+                y.unsqueeze(2)
+            })
+            .collect();
+        cat(&windows.iter().collect::<Vec<_>>(), 2)
+    }
+}
+
 /// A convolution over symbolic spatial dims (a sequence: SqueezeBERT's and Conformer's 1-D
-/// convolutions, wav2vec2's positional one) at stride 1, where each output size is a polynomial
-/// of the symbols (`len + pads - (k - 1) * dilation`): the input padded once, each kernel offset
-/// one narrow per axis, the windows stacked and contracted with the weights in one batched
-/// matmul, as [`convolve`] does for concrete sizes. A stride over a symbolic axis is an error:
-/// the output size would be a floor division, which a `Dim` does not express.
+/// convolutions, wav2vec2's; an image of any size): the windows of [`SymWindows`] contracted
+/// with the weights in one batched matmul, as [`convolve`] does for concrete sizes.
 fn conv_symbolic(ctx: &Ctx, x: &Tensor, w: &Tensor) -> OpResult<Tensor> {
     let wd = dims(w)?;
     let rank = x.ndim();
@@ -216,67 +322,13 @@ fn conv_symbolic(ctx: &Ctx, x: &Tensor, w: &Tensor) -> OpResult<Tensor> {
     if ctx.ints("kernel_shape")?.is_some_and(|k| k.iter().map(|&v| v.max(0) as usize).collect::<Vec<_>>() != kernel) {
         return Err(format!("kernel_shape differs from W's {kernel:?}").into());
     }
-    let (stride, dilation) = (per_axis(ctx, "strides", n_sp)?, per_axis(ctx, "dilations", n_sp)?);
-    if stride.iter().any(|&s| s != 1) {
-        return Err(format!(
-            "strides {stride:?} over the symbolic dims of X {}: the output size would be a floor division",
-            show(x)
-        )
-        .into());
-    }
-    let mut pads = vec![(0usize, 0usize); rank];
-    match ctx.string("auto_pad")?.as_deref().unwrap_or("NOTSET") {
-        "NOTSET" => {
-            if let Some(p) = ctx.ints("pads")? {
-                if p.len() != 2 * n_sp || p.iter().any(|&v| v < 0) {
-                    return Err(format!("pads {p:?} do not fit {n_sp} spatial dims").into());
-                }
-                for i in 0..n_sp {
-                    pads[2 + i] = (p[i] as usize, p[i + n_sp] as usize);
-                }
-            }
-        }
-        "VALID" => {}
-        // At stride 1 the output keeps the input's size: the dilated kernel's reach less one,
-        // split with the odd one after (SAME_UPPER) or before (SAME_LOWER).
-        auto @ ("SAME_UPPER" | "SAME_LOWER") => {
-            for i in 0..n_sp {
-                let total = (kernel[i] - 1) * dilation[i];
-                let small = total / 2;
-                pads[2 + i] = if auto == "SAME_UPPER" { (small, total - small) } else { (total - small, small) };
-            }
-        }
-        other => return Err(format!("auto_pad {other:?} is not supported").into()),
-    }
-    let out: Vec<Dim> = (0..n_sp)
-        .map(|i| {
-            let (b, a) = pads[2 + i];
-            x.shape()[2 + i] + Dim::from(b + a) - Dim::from((kernel[i] - 1) * dilation[i])
-        })
-        .collect();
-    let padded = if pads.iter().any(|&(b, a)| b + a > 0) { x.pad(&pads, 0.0) } else { x.clone() };
-    // Every kernel offset, first axis slowest: its window `[N, C, 1, out...]`.
-    let mut offsets: Vec<Vec<usize>> = vec![vec![]];
-    for &k in kernel {
-        offsets = offsets.into_iter().flat_map(|p| (0..k).map(move |j| [p.clone(), vec![j]].concat())).collect();
-    }
-    let windows: Vec<Tensor> = offsets
-        .iter()
-        .map(|o| {
-            let mut y = padded.clone();
-            for (i, &j) in o.iter().enumerate() {
-                y = y.narrow(2 + i as i64, (j * dilation[i]) as i64, out[i]);
-            }
-            y.unsqueeze(2)
-        })
-        .collect();
+    let win = SymWindows::new(ctx, x, kernel)?;
     let k: usize = kernel.iter().product();
-    let o = out.iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d)).ok_or("the output size overflows")?;
+    let o = win.out.iter().try_fold(Dim::Const(1), |acc, d| acc.checked_mul(d)).ok_or("the output size overflows")?;
     let m = wd[0];
-    let cols =
-        cat(&windows.iter().collect::<Vec<_>>(), 2).reshape(vec![x.shape()[0], g.into(), ((c / g) * k).into(), o]);
+    let cols = win.stacked(x, 0.0).reshape(vec![x.shape()[0], g.into(), ((c / g) * k).into(), o]);
     let mut shape = vec![x.shape()[0], m.into()];
-    shape.extend(out.iter().copied());
+    shape.extend(win.out.iter().copied());
     let mut y = w.reshape(vec![g, m / g, (c / g) * k]).matmul(&cols).reshape(shape);
     if let Some(b) = ctx.opt(2) {
         let mut bshape = vec![m];
@@ -284,6 +336,34 @@ fn conv_symbolic(ctx: &Ctx, x: &Tensor, w: &Tensor) -> OpResult<Tensor> {
         y = y.add(b.reshape(bshape));
     }
     Ok(y)
+}
+
+/// MaxPool and AveragePool over symbolic spatial dims ([`SymWindows`]): the windows' maximum,
+/// or their sum over how many of each window's positions are in the input (or in the input and
+/// its explicit padding, with count_include_pad).
+fn pool_symbolic(ctx: &Ctx, x: &Tensor) -> OpResult<Tensor> {
+    if x.ndim() < 3 {
+        return Err(format!("X {} must be [N, C, ...]", show(x)).into());
+    }
+    let kernel: Vec<usize> =
+        ctx.ints("kernel_shape")?.ok_or("kernel_shape is required")?.iter().map(|&v| v.max(0) as usize).collect();
+    let win = SymWindows::new(ctx, x, &kernel)?;
+    if ctx.op() == "MaxPool" {
+        return Ok(win.stacked(x, f64::NEG_INFINITY).amax(2));
+    }
+    let sum = win.stacked(x, 0.0).sum(2);
+    let mut ones_shape = vec![Dim::Const(1), Dim::Const(1)];
+    ones_shape.extend(x.shape()[2..].iter().copied());
+    let ones = Tensor::ones_on(ones_shape, x.dtype(), ctx.device);
+    let count = if ctx.int("count_include_pad", 0)? != 0 {
+        let mut amounts = vec![(0, 0), (0, 0)];
+        amounts.extend(win.pads.iter().copied());
+        let unpadded = SymWindows { pads: vec![(0, 0); kernel.len()], ..win };
+        unpadded.stacked(&ones.pad(&amounts, 1.0), 0.0).sum(2)
+    } else {
+        win.stacked(&ones, 0.0).sum(2)
+    };
+    Ok(sum.div(count))
 }
 
 /// The convolution of `x` (`[N, C, spatial...]`) with `w` (`[M, C/g, kernel...]`) in `g` groups
@@ -431,6 +511,10 @@ pub(super) fn conv_transpose(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
 
 pub(super) fn pool(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
     let x = ctx.input(0)?;
+    let indices = ctx.node.output.len() > 1 && ctx.node.output[1..].iter().any(|o| !o.is_empty());
+    if x.shape().iter().skip(2).any(|d| !d.is_const()) && !indices {
+        return Ok(vec![pool_symbolic(ctx, x)?]);
+    }
     let (_, xd) = batch_and_dims(x)?;
     if xd.len() < 3 {
         return Err(format!("X {} must be [N, C, ...]", show(x)).into());

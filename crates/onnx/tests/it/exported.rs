@@ -177,3 +177,11 @@ fn scikit_learn_models_match_onnxruntime() {
         on_every_device(name, check_sklearn);
     }
 }
+
+#[test]
+fn exported_resnet_with_a_dynamic_image_size_matches_onnxruntime() {
+    // Batch, height and width all symbolic: the stem's stride-2 convolution and max pool and
+    // the stage's strided convolution have floor-division output sizes (`Dim::floor_div`), bound
+    // when the program runs; batch 1 at 32x32 and batch 3 at 45x37 from one trace.
+    check_everywhere("resnet_hw");
+}

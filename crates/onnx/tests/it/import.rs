@@ -966,9 +966,10 @@ fn conv_over_a_symbolic_length_matches_a_direct_computation() {
             }
         }
     }
-    // A stride over the symbolic length is an error naming the node.
+    // Strided, over the same symbolic length: the output length is a floor-division symbol
+    // (`⌊(seq + 3 - 5)/2⌋ + 1`) bound when the program runs.
     let mut n = node("strided", "Conv", &["x", "w"], &["y"]);
-    n.attribute.extend([int_attr("group", 2), ints_attr("strides", &[2])]);
+    n.attribute.extend([int_attr("group", 2), ints_attr("strides", &[2]), ints_attr("pads", &[1, 2])]);
     let g = model(
         vec![n],
         vec![value("x", &[Ok(1), Ok(c as i64), Err("seq")])],
@@ -976,10 +977,77 @@ fn conv_over_a_symbolic_length_matches_a_direct_computation() {
         vec![floats("w", &[m as i64, (c / 2) as i64, k as i64], &w)],
     );
     let imported = Model::from_bytes(&g.encode_to_vec()).unwrap();
-    let t =
-        imported.input_tensor(0, HostTensor::new(HostData::F32(vec![0.0; c * 5]), vec![1, c, 5]).unwrap(), Device::Cpu);
-    let err = imported.run(&[t.unwrap()]).unwrap_err().to_string();
-    assert!(err.contains("\"strided\"") && err.contains("floor division"), "{err}");
+    for seq in [4usize, 7, 8] {
+        let x: Vec<f32> = (0..c * seq).map(|i| (i as f32 * 0.41).sin()).collect();
+        let t =
+            imported.input_tensor(0, HostTensor::new(HostData::F32(x.clone()), vec![1, c, seq]).unwrap(), Device::Cpu);
+        let y = imported.run(&[t.unwrap()]).unwrap().remove(0);
+        let got = y.to_vec::<f32>().unwrap();
+        let len = (seq + 3 - k) / 2 + 1;
+        assert_eq!(y.dims().unwrap(), [1, m, len], "seq {seq}");
+        for o in 0..m {
+            let group = o / (m / 2);
+            for t in 0..len {
+                let mut want = 0.0;
+                for ci in 0..c / 2 {
+                    for j in 0..k {
+                        let pos = (2 * t + j) as i64 - 1;
+                        if (0..seq as i64).contains(&pos) {
+                            want += w[(o * (c / 2) + ci) * k + j] * x[(group * (c / 2) + ci) * seq + pos as usize];
+                        }
+                    }
+                }
+                assert!((got[o * len + t] - want).abs() < 1e-5, "strided, seq {seq} ({o}, {t})");
+            }
+        }
+    }
+}
+
+#[test]
+fn pools_over_a_symbolic_length_match_a_direct_computation() {
+    // MaxPool (kernel 3, stride 2, pads 1 and 1) and AveragePool with ceil_mode (kernel 2,
+    // stride 2: a last half window where the length is odd) over a symbolic sequence.
+    let mut max = node("max", "MaxPool", &["x"], &["y"]);
+    max.attribute.extend([ints_attr("kernel_shape", &[3]), ints_attr("strides", &[2]), ints_attr("pads", &[1, 1])]);
+    let mut avg = node("avg", "AveragePool", &["x"], &["y"]);
+    avg.attribute.extend([ints_attr("kernel_shape", &[2]), ints_attr("strides", &[2]), int_attr("ceil_mode", 1)]);
+    for (n, kernel, pad, ceil) in [(max, 3usize, 1usize, false), (avg, 2, 0, true)] {
+        let is_max = n.op_type.as_deref() == Some("MaxPool");
+        let g = model(
+            vec![n],
+            vec![value("x", &[Ok(1), Ok(2), Err("seq")])],
+            vec![value("y", &[Ok(1), Ok(2), Err("o")])],
+            vec![],
+        );
+        let imported = Model::from_bytes(&g.encode_to_vec()).unwrap();
+        for seq in [5usize, 6, 9] {
+            let x: Vec<f32> = (0..2 * seq).map(|i| (i as f32 * 0.83).cos()).collect();
+            let t = imported.input_tensor(
+                0,
+                HostTensor::new(HostData::F32(x.clone()), vec![1, 2, seq]).unwrap(),
+                Device::Cpu,
+            );
+            let got = imported.run(&[t.unwrap()]).unwrap().remove(0).to_vec::<f32>().unwrap();
+            let reach = seq + 2 * pad - kernel;
+            let len = if ceil { reach.div_ceil(2) + 1 } else { reach / 2 + 1 };
+            assert_eq!(got.len(), 2 * len, "seq {seq}");
+            for ch in 0..2 {
+                for o in 0..len {
+                    let inside: Vec<f32> = (0..kernel)
+                        .map(|j| (2 * o + j) as i64 - pad as i64)
+                        .filter(|p| (0..seq as i64).contains(p))
+                        .map(|p| x[ch * seq + p as usize])
+                        .collect();
+                    let want = if is_max {
+                        inside.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                    } else {
+                        inside.iter().sum::<f32>() / inside.len() as f32
+                    };
+                    assert!((got[ch * len + o] - want).abs() < 1e-6, "max {is_max}, seq {seq} ({ch}, {o})");
+                }
+            }
+        }
+    }
 }
 
 /// An int64 tensor value `name` of `dims` (`Err(param)` dims are symbolic).
