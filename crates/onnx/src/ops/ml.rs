@@ -66,15 +66,18 @@ fn post_transform(ctx: &Ctx, scores: Tensor) -> OpResult<Tensor> {
             let sum = e.sum_keepdim(-1);
             sum.eq(0.0).where_cond(e.zeros_like().add(0.5), e.div(&sum))
         }
-        // sqrt(2) * erfinv(2v - 1), with the reference's approximation of erfinv.
+        // sqrt(2) * erfinv(2v - 1), with the reference's approximation of erfinv (0 where
+        // `(1 - x)(1 + x)` is 0, as the reference returns).
         "PROBIT" => {
             let x = scores.mul(2.0).sub(1.0);
             let sign = x.lt(0.0).where_cond(x.zeros_like().sub(1.0), x.zeros_like().add(1.0));
-            let w = x.neg().add(1.0).mul(x.add(1.0)).log();
+            let q = x.neg().add(1.0).mul(x.add(1.0));
+            let w = q.log();
             let a = 0.147f64;
             let v = w.mul(0.5).add(2.0 / (std::f64::consts::PI * a));
             let inner = v.mul(&v).sub(w.mul(1.0 / a)).sqrt().sub(&v);
-            sign.mul(inner.sqrt()).mul(std::f64::consts::SQRT_2)
+            let y = sign.mul(inner.sqrt()).mul(std::f64::consts::SQRT_2);
+            q.eq(0.0).where_cond(y.zeros_like(), y)
         }
         other => return Err(format!("post_transform {other:?} is not supported").into()),
     })

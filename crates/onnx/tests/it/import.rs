@@ -1224,3 +1224,77 @@ fn tree_ensembles_walk_every_rule_and_missing_value_as_the_reference_does() {
     let err = m.run(&[rows(&m).unwrap()]).unwrap_err().to_string();
     assert!(err.contains("\"ml\"") && err.contains("MIN over leaves"), "{err}");
 }
+
+#[test]
+fn linear_classifier_post_transforms_follow_the_reference() {
+    // Three classes, scores `x0 * [1, 0, -1] + [0, 0, 0.5]`: a zero score in the middle column,
+    // which SOFTMAX_ZERO leaves out of the exponentials.
+    let sigmoid = |v: f64| 1.0 / (1.0 + (-v).exp());
+    let x = [0.5f32, 0.0, -2.0, 1.0];
+    let scores = |x0: f64| [x0, 0.0, 0.5 - x0];
+    // The reference's erfinv approximation (`onnx.reference.ops.aionnxml._common_classifier`).
+    let probit = |v: f64| {
+        let x = 2.0 * v - 1.0;
+        let sgn = if x < 0.0 { -1.0 } else { 1.0 };
+        if (1.0 - x) * (1.0 + x) == 0.0 {
+            return 0.0;
+        }
+        let w = ((1.0 - x) * (1.0 + x)).ln();
+        let a = 0.147;
+        let t = 2.0 / (std::f64::consts::PI * a) + 0.5 * w;
+        2f64.sqrt() * sgn * (-t + (t * t - w / a).sqrt()).sqrt()
+    };
+    type Reference = Box<dyn Fn([f64; 3]) -> [f64; 3]>;
+    let transforms: [(&str, Reference); 4] = [
+        ("LOGISTIC", Box::new(move |s: [f64; 3]| s.map(sigmoid))),
+        (
+            "SOFTMAX",
+            Box::new(|s: [f64; 3]| {
+                let m = s.iter().copied().fold(f64::MIN, f64::max);
+                let e = s.map(|v| (v - m).exp());
+                let sum: f64 = e.iter().sum();
+                e.map(|v| v / sum)
+            }),
+        ),
+        (
+            "SOFTMAX_ZERO",
+            Box::new(|s: [f64; 3]| {
+                let m = s.iter().copied().fold(f64::MIN, f64::max);
+                let e = s.map(|v| if v.abs() > 1e-7 { (v - m).exp() } else { v * (-m).exp() });
+                let sum: f64 = e.iter().sum();
+                e.map(|v| v / sum)
+            }),
+        ),
+        ("PROBIT", Box::new(move |s: [f64; 3]| s.map(probit))),
+    ];
+    for (name, reference) in transforms {
+        let attrs = vec![
+            floats_attr("coefficients", &[1.0, 0.0, 0.0, 0.0, -1.0, 0.0]),
+            floats_attr("intercepts", &[0.0, 0.0, 0.5]),
+            AttributeProto {
+                name: Some("classlabels_ints".into()),
+                r#type: Some(AttributeType::Ints as i32),
+                ints: vec![10, 20, 30],
+                ..Default::default()
+            },
+            string_attr("post_transform", name),
+        ];
+        let m = ml_model("LinearClassifier", attrs, &["label", "scores"]);
+        let t = m.input_tensor(0, HostTensor::new(HostData::F32(x.to_vec()), vec![2, 2]).unwrap(), Device::Cpu);
+        let out = m.run(&[t.unwrap()]).unwrap();
+        let (labels, got) = (out[0].to_vec::<i64>().unwrap(), out[1].to_vec::<f32>().unwrap());
+        for (r, x0) in [0.5f64, -2.0].into_iter().enumerate() {
+            let want = reference(scores(x0));
+            for c in 0..3 {
+                let g = got[r * 3 + c] as f64;
+                assert!(
+                    (g - want[c]).abs() < 1e-5 || (g.is_nan() && want[c].is_nan()),
+                    "{name} row {r} column {c}: {g} vs {}",
+                    want[c]
+                );
+            }
+            let best = (0..3).fold(0, |b, c| if got[r * 3 + c] > got[r * 3 + b] { c } else { b });
+            assert_eq!(labels[r], [10, 20, 30][best], "{name} row {r}");
+        }
+    }
+}
