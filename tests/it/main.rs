@@ -27,3 +27,4 @@ mod torch_edges;
 mod torch_names;
 mod torch_ops;
 mod tree;
+mod wgpu_loop_nests;

@@ -879,16 +879,48 @@ pub(super) fn loop_kernel(k: &LoopKernel, force_read_write: &[bool]) -> Result<W
                     (shared_arrays(&shape)?, Dispatch::Rows { rows: extent.clone() }, REDUCE_WG, "workgroup-reduce")
                 }
                 None => {
-                    let e = w.iexpr(extent)?;
+                    // The parallel loop and the loops nested alone inside it (each the only
+                    // statement of its parent, extents free of the loop variables): one flat
+                    // grid-stride index over their product, split back into the variables, so
+                    // that a small parallel extent (a batch of 1) does not leave one invocation
+                    // the whole nest (slow everywhere, and silently cut short on lavapipe, which
+                    // ends an invocation's loops after 65,535 iterations).
+                    let mut nest: Vec<(lower::kir::Var, &lower::kir::IExpr)> = vec![(*var, extent)];
+                    let mut inner: &[Stmt] = body;
+                    while let [Stmt::Loop { var: v, extent: e, body: b, .. }] = inner {
+                        if nest.iter().any(|&(u, _)| e.uses(u)) || e.uses(*v) {
+                            break;
+                        }
+                        nest.push((*v, e));
+                        inner = b;
+                    }
+                    let total =
+                        nest.iter().skip(1).fold(extent.clone(), |t, (_, e)| lower::kir::IExpr::mul(t, (*e).clone()));
                     let wg = ELEMENTWISE_WG;
                     w.line(0, &format!("@compute @workgroup_size({wg})"));
                     w.line(0, "fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {");
                     w.line(1, &format!("let stride = i32(nwg.x) * {wg};"));
-                    w.line(1, &format!("for (var {var}: i32 = i32(gid.x); {var} < {e}; {var} += stride) {{"));
-                    w.stmts(body, 2)?;
+                    if nest.len() == 1 {
+                        let e = w.iexpr(extent)?;
+                        w.line(1, &format!("for (var {var}: i32 = i32(gid.x); {var} < {e}; {var} += stride) {{"));
+                    } else {
+                        let t = w.iexpr(&total)?;
+                        w.line(1, &format!("for (var flat: i32 = i32(gid.x); flat < {t}; flat += stride) {{"));
+                        w.line(2, "var rest = flat;");
+                        for (i, &(v, e)) in nest.iter().enumerate().rev() {
+                            if i == 0 {
+                                w.line(2, &format!("let {v} = rest;"));
+                            } else {
+                                let e = w.iexpr(e)?;
+                                w.line(2, &format!("let {v} = rest % ({e});"));
+                                w.line(2, &format!("rest = rest / ({e});"));
+                            }
+                        }
+                    }
+                    w.stmts(inner, 2)?;
                     w.line(1, "}");
                     w.line(0, "}");
-                    (String::new(), Dispatch::Grid { extent: extent.clone(), per_workgroup: wg }, wg, "grid")
+                    (String::new(), Dispatch::Grid { extent: total, per_workgroup: wg }, wg, "grid")
                 }
             }
         }

@@ -57,7 +57,11 @@
 //!
 //! - A kernel whose body is one top-level `parallel` loop becomes a grid-stride loop over
 //!   `global_invocation_id.x` (workgroup size [`ELEMENTWISE_WG`]), so any extent works with at most
-//!   [`MAX_WORKGROUPS`] workgroups.
+//!   [`MAX_WORKGROUPS`] workgroups. The loops nested alone inside it (each its parent's only
+//!   statement, extents free of loop variables) join it: one flat index over the product of
+//!   their extents, split back into the variables. A short parallel loop (a symbolic batch
+//!   of one) then does not leave one invocation the whole nest: slow on any GPU, and wrong on
+//!   lavapipe, which ends an invocation's loops after 65,535 iterations without an error.
 //! - When that loop's body (or, without a parallel loop, the kernel body) is "accumulators, one
 //!   reduce loop nest, epilogue" and the reduction is long (at least [`WG_REDUCE_MIN`] elements, or
 //!   symbolic), it becomes a workgroup reduction: one workgroup per output row (rows grid-strided
