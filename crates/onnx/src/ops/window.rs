@@ -296,7 +296,21 @@ impl SymWindows {
                 y.unsqueeze(2)
             })
             .collect();
-        cat(&windows.iter().collect::<Vec<_>>(), 2)
+        let stacked = cat(&windows.iter().collect::<Vec<_>>(), 2);
+        // A window larger than a symbolic axis and its padding is an error when the program runs
+        // (onnxruntime refuses it), not an empty result: a zero summed over none of the
+        // `len + pads - span` positions, which the run checks are not negative.
+        let mut guarded = stacked;
+        for (i, &(b, a)) in self.pads.iter().enumerate() {
+            let len = x.shape()[2 + i];
+            let span = (self.kernel[i] - 1) * self.dilation[i] + 1;
+            if !len.is_const() && span > b + a {
+                let reach = len + Dim::from(b + a) - Dim::from(span);
+                let zero = Tensor::iota_on(reach, x.dtype(), x.device()).narrow(0, 0, 0).sum(0);
+                guarded = guarded.add(zero);
+            }
+        }
+        guarded
     }
 }
 

@@ -966,6 +966,11 @@ fn conv_over_a_symbolic_length_matches_a_direct_computation() {
             }
         }
     }
+    // A length shorter than the dilated window's reach (5) less the padding (3) is an error when the program
+    // runs, as onnxruntime's, not an empty output.
+    let t = imported.input_tensor(0, HostTensor::new(HostData::F32(vec![0.0; c]), vec![1, c, 1]).unwrap(), Device::Cpu);
+    let err = imported.run(&[t.unwrap()]).unwrap().remove(0).to_vec::<f32>().unwrap_err().to_string();
+    assert!(err.contains("< 0"), "{err}");
     // Strided, over the same symbolic length: the output length is a floor-division symbol
     // (`⌊(seq + 3 - 5)/2⌋ + 1`) bound when the program runs.
     let mut n = node("strided", "Conv", &["x", "w"], &["y"]);
