@@ -885,10 +885,13 @@ pub(super) fn loop_kernel(k: &LoopKernel, force_read_write: &[bool]) -> Result<W
                     // that a small parallel extent (a batch of 1) does not leave one invocation
                     // the whole nest (slow everywhere, and silently cut short on lavapipe, which
                     // ends an invocation's loops after 65,535 iterations).
+                    // (A constant extent of 0 or less stays out: its `% 0` would not validate,
+                    // and the loop runs nothing anyway.)
+                    let empty = |e: &lower::kir::IExpr| matches!(e, lower::kir::IExpr::Const(c) if *c <= 0);
                     let mut nest: Vec<(lower::kir::Var, &lower::kir::IExpr)> = vec![(*var, extent)];
                     let mut inner: &[Stmt] = body;
                     while let [Stmt::Loop { var: v, extent: e, body: b, .. }] = inner {
-                        if nest.iter().any(|&(u, _)| e.uses(u)) || e.uses(*v) {
+                        if nest.iter().any(|&(u, _)| e.uses(u)) || e.uses(*v) || empty(e) || empty(extent) {
                             break;
                         }
                         nest.push((*v, e));
