@@ -1,7 +1,7 @@
 """Kiln against onnxruntime on a zoo of exported models: tiny, randomly initialized Hugging Face
 `transformers` models (from their configs, nothing downloaded) exported by torch.onnx.export with
 dynamic batch and sequence axes, by the TorchScript exporter (opset 17) and, where `onnxscript`
-imports, the dynamo exporter (opset 20); a ResNet with a dynamic image size; and, where
+imports, the dynamo exporter (opset 20); six vision models with a dynamic image size too; and, where
 scikit-learn and skl2onnx import, small scikit-learn models. Each model runs on onnxruntime at
 two sizes, then through `kiln onnx run --expect` on the same inputs (rtol 1e-4, atol 1e-5); the
 script prints one line per model and size and a summary, and exits 1 if any fails.
@@ -84,7 +84,13 @@ def hf_models():
     yield "regnet", lambda: lm(T.RegNetConfig, T.RegNetModel, num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8), "pix", False
     yield "poolformer", lambda: lm(T.PoolFormerConfig, T.PoolFormerModel, num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_encoder_blocks=2, patch_sizes=[7, 3], strides=[4, 2], padding=[2, 1]), "pix", False
     yield "mobilenet_v2", lambda: lm(T.MobileNetV2Config, T.MobileNetV2Model, num_channels=3, image_size=32, depth_multiplier=0.25), "pix", False
+    # Vision models with a dynamic height and width too (strided windows over symbolic sizes).
     yield "resnet_hw", lambda: lm(T.ResNetConfig, T.ResNetModel, num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic"), "pix_hw", False
+    yield "convnext_hw", lambda: lm(T.ConvNextConfig, T.ConvNextModel, num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2), "pix_hw", False
+    yield "mobilenet_v2_hw", lambda: lm(T.MobileNetV2Config, T.MobileNetV2Model, num_channels=3, image_size=32, depth_multiplier=0.25), "pix_hw", False
+    yield "segformer_hw", lambda: lm(T.SegformerConfig, T.SegformerModel, num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2]), "pix_hw", False
+    yield "regnet_hw", lambda: lm(T.RegNetConfig, T.RegNetModel, num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8), "pix_hw", False
+    yield "poolformer_hw", lambda: lm(T.PoolFormerConfig, T.PoolFormerModel, num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], num_encoder_blocks=2, patch_sizes=[7, 3], strides=[4, 2], padding=[2, 1]), "pix_hw", False
 
 
 class Wrap(torch.nn.Module):

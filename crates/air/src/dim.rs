@@ -166,6 +166,15 @@ mod derived {
         Dim::sym(&name)
     }
 
+    /// The numerator and divisor `s` stands for, if it is a derived symbol.
+    pub(super) fn definition(s: &Symbol) -> Option<(Dim, i64)> {
+        if !ANY.load(Ordering::Acquire) {
+            return None;
+        }
+        let defined = DEFINED.lock().unwrap_or_else(PoisonError::into_inner);
+        defined.iter().find(|(t, _, _)| t == s).map(|&(_, num, d)| (num, d))
+    }
+
     pub(super) fn close(bindings: &mut Bindings) -> Result<(), (Symbol, i64, i64)> {
         if !ANY.load(Ordering::Acquire) {
             return Ok(());
@@ -370,10 +379,28 @@ impl Dim {
             }
         }
         let (whole, rest) = (Dim::from_terms(whole), Dim::from_terms(rest));
-        Some(match rest {
+        // A floor of a floor plus a constant is one floor: `⌊(⌊p/a⌋ + c)/d⌋ = ⌊(p + a*c)/(a*d)⌋`
+        // (strided windows in a row; torch.export writes the right-hand side).
+        let mut inner = None;
+        let mut c = 0;
+        for (symbols, coefficient) in rest.terms() {
+            match (symbols.as_slice(), coefficient) {
+                ([], k) => c = k,
+                ([s], 1) if inner.is_none() => match derived::definition(s) {
+                    Some(def) => inner = Some(def),
+                    None => return Some(whole + derived::floor(rest, d)),
+                },
+                _ => return Some(whole + derived::floor(rest, d)),
+            }
+        }
+        Some(match (rest, inner) {
             // `0 <= rest < d`: its floor is 0.
-            Dim::Const(_) => whole,
-            rest => whole + derived::floor(rest, d),
+            (Dim::Const(_), _) => whole,
+            (_, Some((p, a))) => match (a.checked_mul(c), a.checked_mul(d)) {
+                (Some(ac), Some(ad)) => whole + (p + Dim::Const(ac)).floor_div(ad)?,
+                _ => whole + derived::floor(rest, d),
+            },
+            (rest, None) => whole + derived::floor(rest, d),
         })
     }
 
@@ -849,6 +876,9 @@ mod tests {
         assert_eq!(out, (h + 1).floor_div(2).unwrap() - 3);
         assert_eq!((Dim::Const(5) * h).floor_div(4).unwrap(), h + h.floor_div(4).unwrap());
         let out2 = (out - 3).floor_div(2).unwrap() + 1;
+        // A floor of a floor plus a constant is one floor (`⌊(⌊(h + 3)/4⌋ + 1)/2⌋ = ⌊(h + 7)/8⌋`).
+        let nested = ((h + 3).floor_div(4).unwrap() + 1).floor_div(2).unwrap();
+        assert_eq!(nested, (h + 7).floor_div(8).unwrap());
         for (hv, want, want2) in [(32i64, 13i64, 6i64), (45, 20, 9), (7, 1, 0)] {
             let mut b = Bindings::new();
             b.insert(Symbol::new("h"), hv);
