@@ -241,22 +241,42 @@ impl Forest {
             t_idx.push(child(if_true[i])?);
             f_idx.push(child(if_false[i])?);
         }
-        // The deepest leaf, walking from each root (a cycle is an error).
-        let mut depth = 0;
+        // The deepest leaf below each node, once per node (nodes that share children, a file's
+        // diamond of them, cost no more), depth first without recursion; a cycle is an error.
+        const UNSEEN: usize = usize::MAX;
+        const OPEN: usize = usize::MAX - 1;
+        let mut below = vec![UNSEEN; n];
+        let children = |i: usize| [t_idx[i] as usize, f_idx[i] as usize];
         for &(_, root) in &roots {
-            let mut stack = vec![(root, 0usize)];
-            while let Some((i, d)) = stack.pop() {
-                if d > n {
-                    return Err("a tree's nodes form a cycle".into());
-                }
+            let mut stack = vec![root];
+            while let Some(&i) = stack.last() {
                 if modes[i] == "LEAF" {
-                    depth = depth.max(d);
-                } else {
-                    stack.push((t_idx[i] as usize, d + 1));
-                    stack.push((f_idx[i] as usize, d + 1));
+                    below[i] = 0;
+                    stack.pop();
+                    continue;
+                }
+                match below[i] {
+                    UNSEEN => {
+                        below[i] = OPEN;
+                        for c in children(i) {
+                            match below[c] {
+                                OPEN => return Err("a tree's nodes form a cycle".into()),
+                                UNSEEN => stack.push(c),
+                                _ => {}
+                            }
+                        }
+                    }
+                    OPEN => {
+                        below[i] = 1 + children(i).iter().map(|&c| below[c]).max().unwrap_or(0);
+                        stack.pop();
+                    }
+                    _ => {
+                        stack.pop();
+                    }
                 }
             }
         }
+        let depth = roots.iter().map(|&(_, r)| below[r]).max().unwrap_or(0);
         let roots = roots.into_iter().map(|(_, i)| i as i64).collect();
         Ok(Forest {
             roots,

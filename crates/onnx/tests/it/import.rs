@@ -1303,3 +1303,43 @@ fn linear_classifier_post_transforms_follow_the_reference() {
         }
     }
 }
+
+#[test]
+fn tree_ensembles_that_share_nodes_import_at_once_and_cycles_are_errors() {
+    // Forty levels whose two branches meet again at the next node (2^40 paths, 41 nodes), then
+    // a leaf: the depth is found per node, not per path, so this imports at once.
+    let levels = 40i64;
+    let ints = |name: &str, v: Vec<i64>| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: v,
+        ..Default::default()
+    };
+    let chain = |next: &dyn Fn(i64) -> i64| -> Vec<AttributeProto> {
+        let n = levels + 1;
+        let mut modes: Vec<&str> = vec!["BRANCH_LEQ"; levels as usize];
+        modes.push("LEAF");
+        vec![
+            ints("nodes_treeids", vec![0; n as usize]),
+            ints("nodes_nodeids", (0..n).collect()),
+            ints("nodes_featureids", vec![0; n as usize]),
+            floats_attr("nodes_values", &vec![0.0; n as usize]),
+            strings_attr("nodes_modes", &modes),
+            ints("nodes_truenodeids", (0..n).map(next).collect()),
+            ints("nodes_falsenodeids", (0..n).map(next).collect()),
+            ints("target_treeids", vec![0]),
+            ints("target_nodeids", vec![levels]),
+            ints("target_ids", vec![0]),
+            floats_attr("target_weights", &[2.5]),
+        ]
+    };
+    let m = ml_model("TreeEnsembleRegressor", chain(&|i| (i + 1).min(levels)), &["Y"]);
+    let x = m.input_tensor(0, HostTensor::new(HostData::F32(vec![1.0, 0.0]), vec![1, 2]).unwrap(), Device::Cpu);
+    assert_eq!(m.run(&[x.unwrap()]).unwrap().remove(0).to_vec::<f32>().unwrap(), vec![2.5]);
+    // The last branch leads back to the first: an error naming the node.
+    let m =
+        ml_model("TreeEnsembleRegressor", chain(&|i| if i == levels - 1 { 0 } else { (i + 1).min(levels) }), &["Y"]);
+    let x = m.input_tensor(0, HostTensor::new(HostData::F32(vec![1.0, 0.0]), vec![1, 2]).unwrap(), Device::Cpu);
+    let err = m.run(&[x.unwrap()]).unwrap_err().to_string();
+    assert!(err.contains("\"ml\"") && err.contains("cycle"), "{err}");
+}
