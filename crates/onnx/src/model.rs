@@ -604,11 +604,12 @@ impl Model {
     }
 }
 
-/// Whether `t` is an integer scalar or vector of at most a few elements (a shape value).
+/// Whether `t` is an integer scalar or vector short enough to be tracked as a shape value
+/// ([`ops::known::MAX_LEN`]).
 fn is_small_integer(t: &Tensor) -> bool {
     matches!(t.dtype(), DType::I64 | DType::I32)
         && t.ndim() <= 1
-        && t.shape().iter().all(|d| d.as_const().is_some_and(|n| n <= 64))
+        && t.shape().iter().all(|d| d.as_const().is_some_and(|n| n as usize <= ops::known::MAX_LEN))
 }
 
 fn check_input(info: &ValueInfo, t: &Tensor) -> Result<()> {

@@ -32,7 +32,7 @@ pub(crate) fn tie(anchor: Option<&Tensor>, dtype: DType) -> Option<Tensor> {
 }
 
 /// Integer tensors with at most this many elements are tracked.
-const MAX_LEN: usize = 64;
+pub(crate) const MAX_LEN: usize = 64;
 
 impl Known {
     fn vector(values: Vec<Dim>, anchor: Option<Tensor>) -> Known {

@@ -48,6 +48,15 @@ fn value(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
     }
 }
 
+/// A tensor value `name` of `dims` with element type `elem`.
+fn typed_value(name: &str, dims: &[Result<i64, &str>], elem: DataType) -> ValueInfoProto {
+    let mut v = value(name, dims);
+    if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        t.elem_type = Some(elem as i32);
+    }
+    v
+}
+
 fn model(
     nodes: Vec<NodeProto>,
     inputs: Vec<ValueInfoProto>,
@@ -712,10 +721,7 @@ fn if_takes_the_branch_a_known_condition_picks_and_selects_at_run_time_otherwise
         branch_attr("then_branch", vec![node("t", "Neg", &["x"], &["t_out"])], "t_out"),
         branch_attr("else_branch", vec![node("e", "Abs", &["x"], &["e_out"])], "e_out"),
     ];
-    let mut cond = value("c", &[]);
-    if let Some(type_proto::Value::TensorType(t)) = cond.r#type.as_mut().and_then(|t| t.value.as_mut()) {
-        t.elem_type = Some(DataType::Bool as i32);
-    }
+    let cond = typed_value("c", &[], DataType::Bool);
     let mut g = model(vec![if_node], vec![value("x", &[Ok(2)]), cond], vec![value("y", &[Ok(2)])], vec![]);
     g.opset_import[0].version = Some(13);
     let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
@@ -731,10 +737,7 @@ fn if_takes_the_branch_a_known_condition_picks_and_selects_at_run_time_otherwise
         branch_attr("then_branch", vec![node("t", "Neg", &["x"], &["t_out"])], "t_out"),
         branch_attr("else_branch", vec![node("e", "ReduceSum", &["x"], &["e_out"])], "e_out"),
     ];
-    let mut cond = value("c", &[]);
-    if let Some(type_proto::Value::TensorType(t)) = cond.r#type.as_mut().and_then(|t| t.value.as_mut()) {
-        t.elem_type = Some(DataType::Bool as i32);
-    }
+    let cond = typed_value("c", &[], DataType::Bool);
     let mut g = model(vec![if_node], vec![value("x", &[Ok(2)]), cond], vec![value("y", &[Ok(2)])], vec![]);
     g.opset_import[0].version = Some(13);
     let m = Model::from_bytes(&g.encode_to_vec()).unwrap();
@@ -1057,11 +1060,7 @@ fn pools_over_a_symbolic_length_match_a_direct_computation() {
 
 /// An int64 tensor value `name` of `dims` (`Err(param)` dims are symbolic).
 fn int64_value(name: &str, dims: &[Result<i64, &str>]) -> ValueInfoProto {
-    let mut v = value(name, dims);
-    if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
-        t.elem_type = Some(DataType::Int64 as i32);
-    }
-    v
+    typed_value(name, dims, DataType::Int64)
 }
 
 #[test]
