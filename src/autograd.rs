@@ -168,14 +168,14 @@ pub(crate) fn keeps_graphs(roots: &[Tensor]) -> SmallVec<[bool; 4]> {
 /// that hashes every node (a fifth of a Transformer's facade forward); a tensor that holds data
 /// and kept its graph is looked through as `keeps_graphs` does.
 pub(crate) fn keeps_walked(walk: &Walk) -> SmallVec<[bool; 4]> {
-    let roots = walk.outputs.iter().map(|&o| &walk.steps[o as usize].tensor);
+    let roots = walk.outputs.iter().map(|&o| walk.steps[o as usize].tensor());
     let mut keep: SmallVec<[bool; 4]> = smallvec::smallvec![false; walk.outputs.len()];
     let Some(marked) = marked_for(roots) else { return keep };
     // Memo of the walks below kept graphs, made on first need.
     let mut below: Option<HashMap<usize, bool>> = None;
     let mut reaches: Vec<bool> = Vec::with_capacity(walk.steps.len());
     for step in &walk.steps {
-        let t = &step.tensor;
+        let t = step.tensor();
         let hit = marked.contains(&addr(t))
             || if step.slot.is_some() || step.inputs.is_empty() {
                 let kept = !t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).is_empty();
@@ -189,7 +189,7 @@ pub(crate) fn keeps_walked(walk: &Walk) -> SmallVec<[bool; 4]> {
         reaches.push(hit);
     }
     for (keep, &o) in keep.iter_mut().zip(&walk.outputs) {
-        *keep = keeps_inputs(&walk.steps[o as usize].tensor) && reaches[o as usize];
+        *keep = keeps_inputs(walk.steps[o as usize].tensor()) && reaches[o as usize];
     }
     keep
 }
@@ -348,6 +348,12 @@ fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
         }
         t.check()?;
         let id = match children {
+            Some(children) if t.inner.call.is_some() => {
+                // An output of a recorded function's call stands for its replay's output.
+                let id = traced.ids[&addr(&children[0])];
+                traced.ids.insert(addr(&t), id);
+                continue;
+            }
             Some(children) => {
                 let inputs: Vec<NodeId> = children.iter().map(|c| traced.ids[&addr(c)]).collect();
                 traced.graph.add(t.op().clone(), &inputs)?
@@ -361,6 +367,16 @@ fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
                     traced.graph.add_leaf(Op::Input(Input { slot }), t.ty().clone())?
                 } else if t.op().is_leaf() {
                     traced.graph.add_leaf(t.op().clone(), t.ty().clone())?
+                } else if let Some(call) = &t.inner.call {
+                    // Autodiff needs real nodes: the recording replayed onto the call's arguments
+                    // (kept in the call, so that realizing the output walks them too).
+                    let replayed = crate::record::replayed_output(call, &t.inputs());
+                    let pending = !traced.ids.contains_key(&addr(&replayed));
+                    stack.push((t, Some(smallvec::smallvec![replayed.clone()])));
+                    if pending {
+                        stack.push((replayed, None));
+                    }
+                    continue;
                 } else {
                     let children = t.inputs();
                     if children.is_empty() {

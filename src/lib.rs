@@ -25,7 +25,8 @@
 //!
 //! Where things live: `tensor` (the handle and the primitives), `ops/*` (every op, as compositions
 //! of air primitives; `ops/matmul.rs` holds the canonical matmul pattern), `realize` (tracing and
-//! running), `backend` (the one place that dispatches on a device).
+//! running), `record` (functions recorded once and called as one node), `backend` (the one place
+//! that dispatches on a device).
 //!
 //! Cargo features: `wgpu` (default) builds the GPU device; without it `Device::Wgpu` still exists
 //! and realizing on it is an error saying the feature is off.
@@ -39,6 +40,7 @@ mod ops;
 pub mod profile;
 mod random;
 mod realize;
+pub mod record;
 mod scalar;
 mod shape;
 pub mod stats;
@@ -58,6 +60,7 @@ pub use ops::elementwise::{GeluApprox, where_cond};
 pub use ops::index::{cat, stack};
 pub use random::manual_seed;
 pub use realize::{Program, realize, trace};
+pub use record::Recorder;
 pub use scalar::{Arg, IntoScalar, Operand};
 pub use shape::{Axes, Axis, IntoShape};
 pub use tensor::Tensor;

@@ -58,6 +58,9 @@ fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>, devic
         return site.fail(message);
     }
     let n: usize = dims.iter().product();
+    if seed.is_none() {
+        crate::record::count_draw();
+    }
     if seed.is_none() && crate::jit::is_tracing() {
         // Inside a `kiln::jit` trace: an input drawn again from the caller's generator on every call.
         let device = match crate::ops::create::place(device) {

@@ -15,6 +15,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::panic::Location;
+use std::ptr::NonNull;
 use std::sync::{Arc, PoisonError};
 
 use air::graph::Node;
@@ -26,6 +27,7 @@ use smallvec::SmallVec;
 use crate::backend;
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::record::{Call, Instance, Kind, Recording};
 use crate::shape::show;
 use crate::tensor::{Inner, Realized, Site, Tensor};
 
@@ -126,7 +128,7 @@ type PtrSet = std::collections::HashSet<*const Inner, BuildHasherDefault<PtrHash
 
 /// One tensor of a trace, in trace order (every tensor after its inputs).
 pub(crate) struct Step {
-    pub(crate) tensor: Tensor,
+    node: StepNode,
     /// `Some(slot)`: the tensor enters the program as `Input { slot }` (a `kiln::jit` argument,
     /// or a tensor that holds data).
     pub(crate) slot: Option<u32>,
@@ -134,12 +136,43 @@ pub(crate) struct Step {
     pub(crate) inputs: SmallVec<[u32; 3]>,
 }
 
+/// The tensor of a step: one the walk holds, or a node of a recording the walk keeps alive.
+enum StepNode {
+    Walked(Tensor),
+    /// A computed node of a recorded function's recording ([`crate::record::Step::tensor`]):
+    /// named by address, since cloning a handle per node (an atomic increment of a cold counter,
+    /// and the decrement when the walk is dropped) was half the cost of walking a call.
+    Recorded(NonNull<Tensor>),
+}
+
 impl Step {
+    fn walked(tensor: Tensor, slot: Option<u32>, inputs: SmallVec<[u32; 3]>) -> Step {
+        Step { node: StepNode::Walked(tensor), slot, inputs }
+    }
+
+    /// The recording's tensor this step is, by address, if it is a node of a recorded call.
+    pub(crate) fn recorded(&self) -> Option<NonNull<Tensor>> {
+        match self.node {
+            StepNode::Walked(_) => None,
+            StepNode::Recorded(p) => Some(p),
+        }
+    }
+
+    /// The tensor this step is.
+    pub(crate) fn tensor(&self) -> &Tensor {
+        match &self.node {
+            StepNode::Walked(t) => t,
+            // SAFETY: the pointer is into the steps of a recording, which never change, and the
+            // walk this step belongs to holds the recording (`Walk::_instances`).
+            StepNode::Recorded(p) => unsafe { p.as_ref() },
+        }
+    }
+
     /// The air op of this step: `Input { slot }` for an input, else the tensor's own op.
     pub(crate) fn same_op(&self, op: &Op) -> bool {
         match self.slot {
             Some(slot) => *op == Op::Input(Input { slot }),
-            None => *op == self.tensor.inner.op,
+            None => *op == self.tensor().inner.op,
         }
     }
 }
@@ -158,12 +191,27 @@ pub(crate) struct Walk {
     pub(crate) bindings: Bindings,
     /// The structural hash of the steps (ops, types, input positions) and outputs.
     pub(crate) hash: u64,
+    /// The calls of recorded functions walked: what keeps the recordings of their steps alive.
+    _instances: SmallVec<[Arc<Instance>; 1]>,
 }
 
 /// Feeds one step to the structural hash.
 fn hash_step(h: &mut FxHasher, op: &Op, ty: &air::TensorType, inputs: &[u32]) {
-    op.hash(h);
-    ty.hash(h);
+    hash_node(h, node_hash(op, ty), inputs);
+}
+
+/// The hash of a node's op and type: what a recording keeps per node ([`crate::record`]), so that
+/// walking a call of it hashes no op or type.
+pub(crate) fn node_hash(op: &Op, ty: &air::TensorType) -> u64 {
+    let mut h = FxHasher::default();
+    op.hash(&mut h);
+    ty.hash(&mut h);
+    h.finish()
+}
+
+/// Feeds one step to the structural hash, its op and type as [`node_hash`] gave them.
+fn hash_node(h: &mut FxHasher, node: u64, inputs: &[u32]) {
+    h.write_u64(node);
     h.write_usize(inputs.len());
     inputs.iter().for_each(|&i| h.write_u32(i));
 }
@@ -175,17 +223,40 @@ fn hash_step(h: &mut FxHasher, op: &Op, ty: &air::TensorType, inputs: &[u32]) {
 /// `Walk::inputs` holds only theirs (`inputs[k]` feeds slot `args.len() + k`). A placeholder
 /// not in `args` is an error: it escaped the trace it belongs to.
 pub(crate) fn walk(roots: &[Tensor], device: Device, args: &[Tensor]) -> Result<Walk> {
+    walk_placed(roots, device, args, false)
+}
+
+/// [`walk`], with each argument's step where the walk first reaches it rather than first (an
+/// argument never reached has none): the order a walk of the same graph without arguments has,
+/// which a recording keeps ([`crate::record`]) so that a call of it walks into the very steps
+/// the function's own graph gives.
+pub(crate) fn walk_args_in_place(roots: &[Tensor], device: Device, args: &[Tensor]) -> Result<Walk> {
+    walk_placed(roots, device, args, true)
+}
+
+fn walk_placed(roots: &[Tensor], device: Device, args: &[Tensor], in_place: bool) -> Result<Walk> {
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut scratch) => {
             let scratch = &mut *scratch;
             let steps = std::mem::take(&mut scratch.steps);
+            let args = Args { tensors: args, in_place };
             let walk = walk_with(roots, device, args, &mut scratch.position, &mut scratch.stack, steps);
             scratch.tidy();
             walk
         }
         // Not reached (a walk runs no user code), but a fresh table is always right.
-        Err(_) => walk_with(roots, device, args, &mut PtrMap::default(), &mut Vec::new(), Vec::new()),
+        Err(_) => {
+            let args = Args { tensors: args, in_place };
+            walk_with(roots, device, args, &mut PtrMap::default(), &mut Vec::new(), Vec::new())
+        }
     })
+}
+
+/// The arguments of a walk: `Input { slot: i }` for `tensors[i]`, stepped first or where first
+/// reached (`in_place`).
+struct Args<'a> {
+    tensors: &'a [Tensor],
+    in_place: bool,
 }
 
 /// Tensors waiting on the walk's stack, each with its inputs (by address, only ever compared: each
@@ -228,7 +299,7 @@ thread_local! {
 fn walk_with(
     roots: &[Tensor],
     device: Device,
-    args: &[Tensor],
+    args: Args<'_>,
     position: &mut PtrMap<u32>,
     stack: &mut Pending,
     mut steps: Vec<Step>,
@@ -238,17 +309,25 @@ fn walk_with(
     let mut h = FxHasher::default();
     let push = |steps: &mut Vec<Step>, step: Step, position: &mut PtrMap<u32>, h: &mut FxHasher| {
         match step.slot {
-            Some(slot) => hash_step(h, &Op::Input(Input { slot }), &step.tensor.inner.ty, &[]),
-            None => hash_step(h, &step.tensor.inner.op, &step.tensor.inner.ty, &step.inputs),
+            Some(slot) => hash_step(h, &Op::Input(Input { slot }), &step.tensor().inner.ty, &[]),
+            None => hash_step(h, &step.tensor().inner.op, &step.tensor().inner.ty, &step.inputs),
         }
-        position.insert(key(&step.tensor), steps.len() as u32);
+        position.insert(key(step.tensor()), steps.len() as u32);
         steps.push(step);
     };
-    for (slot, arg) in args.iter().enumerate() {
-        let step = Step { tensor: arg.clone(), slot: Some(slot as u32), inputs: SmallVec::new() };
-        push(&mut steps, step, position, &mut h);
+    // Arguments placed where first reached, by address.
+    let mut arg_slots: PtrMap<u32> = PtrMap::default();
+    for (slot, arg) in args.tensors.iter().enumerate() {
+        if args.in_place {
+            arg_slots.insert(key(arg), slot as u32);
+        } else {
+            let step = Step::walked(arg.clone(), Some(slot as u32), SmallVec::new());
+            push(&mut steps, step, position, &mut h);
+        }
     }
-    let first_slot = args.len();
+    let first_slot = args.tensors.len();
+    // The calls of recorded functions walked so far: the position of each output.
+    let mut expanded: SmallVec<[Expanded; 1]> = SmallVec::new();
     // An entry is expanded first, then completed once every input has a position.
     for root in roots {
         stack.push((root.clone(), None));
@@ -264,15 +343,54 @@ fn walk_with(
             }
             let step = match children {
                 Some(children) => {
+                    if let Some(call) = &t.inner.call {
+                        // A call of a recorded function: the node is its replay's output, or the
+                        // recording's output walked with the call's arguments as inputs.
+                        let at = match call.replayed() {
+                            Some(r) if children.len() == 1 && children[0] == key(r) => position[&children[0]],
+                            _ => {
+                                let at = match expanded.iter().find(|(i, _)| Arc::ptr_eq(i, &call.instance)) {
+                                    Some((_, at)) => at,
+                                    None => {
+                                        let args = t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner);
+                                        if args.len() != children.len() {
+                                            // Realized by another thread since it was expanded.
+                                            drop(args);
+                                            stack.push((t, None));
+                                            continue;
+                                        }
+                                        let mut cx = Cx {
+                                            position,
+                                            arg_slots: &arg_slots,
+                                            first_slot,
+                                            steps: &mut steps,
+                                            inputs: &mut inputs,
+                                            bindings: &mut bindings,
+                                            h: &mut h,
+                                        };
+                                        let at = expand(&call.instance.recording, &args, &mut cx)?;
+                                        drop(args);
+                                        expanded.push((call.instance.clone(), at));
+                                        &expanded.last().expect("just pushed").1
+                                    }
+                                };
+                                at[call.output as usize]
+                            }
+                        };
+                        position.insert(key(&t), at);
+                        continue;
+                    }
                     let inputs = children.iter().map(|c| position[c]).collect();
-                    Step { tensor: t, slot: None, inputs }
+                    Step::walked(t, None, inputs)
                 }
                 None => {
-                    if let Some(r) = t.inner.data.get() {
+                    if let Some(&slot) = arg_slots.get(&key(&t)) {
+                        Step::walked(t, Some(slot), SmallVec::new())
+                    } else if let Some(r) = t.inner.data.get() {
                         let slot = (first_slot + inputs.len()) as u32;
                         merge_bindings(&mut bindings, &r.bindings)?;
                         inputs.push(r.host.clone());
-                        Step { tensor: t, slot: Some(slot), inputs: SmallVec::new() }
+                        Step::walked(t, Some(slot), SmallVec::new())
                     } else if t.is_placeholder() {
                         let message = if crate::jit::is_tracing() {
                             "a kiln::jit function realized a value computed from its arguments while it was \
@@ -284,7 +402,16 @@ fn walk_with(
                         };
                         return Err(Error::Jit(message.into()));
                     } else if t.inner.op.is_leaf() {
-                        Step { tensor: t, slot: None, inputs: SmallVec::new() }
+                        Step::walked(t, None, SmallVec::new())
+                    } else if let Some(r) = t.inner.call.as_ref().and_then(Call::replayed) {
+                        let r = r.clone();
+                        let keys = smallvec::smallvec![key(&r)];
+                        let at = stack.len();
+                        if !position.contains_key(&key(&r)) {
+                            stack.push((r, None));
+                        }
+                        stack.insert(at, (t, Some(keys)));
+                        continue;
                     } else {
                         // Read in place under the node's lock: only the inputs not yet walked
                         // are cloned (onto the stack), the others are named by address.
@@ -297,9 +424,13 @@ fn walk_with(
                         }
                         let keys = children.iter().map(key).collect();
                         let at = stack.len();
+                        // The arguments of a recorded call that hold data are stepped where the
+                        // recording reaches them (`expand`), the others are walked first.
+                        let call = t.inner.call.is_some();
                         // Reversed, so inputs are discovered (and slots numbered) left to right.
                         for c in children.iter().rev() {
-                            if !position.contains_key(&key(c)) {
+                            let later = call && c.inner.data.get().is_some();
+                            if !later && !position.contains_key(&key(c)) {
                                 stack.push((c.clone(), None));
                             }
                         }
@@ -317,10 +448,84 @@ fn walk_with(
     outputs.iter().for_each(|&o| h.write_u32(o));
     // Floor-division symbols (a strided window over a symbolic size) follow from the others.
     close_derived(&mut bindings)?;
-    Ok(Walk { steps, outputs, inputs, bindings, hash: h.finish() })
+    let instances = expanded.into_iter().map(|(instance, _)| instance).collect();
+    Ok(Walk { steps, outputs, inputs, bindings, hash: h.finish(), _instances: instances })
+}
+
+/// A recorded call walked, with the position of each of its outputs.
+type Expanded = (Arc<Instance>, SmallVec<[u32; 2]>);
+
+/// The parts of a walk in progress that [`expand`] adds to.
+struct Cx<'a> {
+    position: &'a mut PtrMap<u32>,
+    arg_slots: &'a PtrMap<u32>,
+    first_slot: usize,
+    steps: &'a mut Vec<Step>,
+    inputs: &'a mut Vec<HostTensor>,
+    bindings: &'a mut Bindings,
+    h: &'a mut FxHasher,
+}
+
+impl Cx<'_> {
+    /// The position of `t`, a tensor without inputs to walk (an argument, data, a leaf), stepped
+    /// as the walk steps such a tensor if it has no position yet.
+    fn source(&mut self, t: &Tensor) -> Result<u32> {
+        if let Some(&p) = self.position.get(&key(t)) {
+            return Ok(p);
+        }
+        let slot = if let Some(&slot) = self.arg_slots.get(&key(t)) {
+            Some(slot)
+        } else if let Some(r) = t.inner.data.get() {
+            let slot = (self.first_slot + self.inputs.len()) as u32;
+            merge_bindings(self.bindings, &r.bindings)?;
+            self.inputs.push(r.host.clone());
+            Some(slot)
+        } else if t.inner.op.is_leaf() {
+            None
+        } else {
+            return Err(Error::internal("a recorded call's argument was neither walked nor data".into()));
+        };
+        match slot {
+            Some(slot) => hash_step(self.h, &Op::Input(Input { slot }), &t.inner.ty, &[]),
+            None => hash_step(self.h, &t.inner.op, &t.inner.ty, &[]),
+        }
+        let p = self.steps.len() as u32;
+        self.position.insert(key(t), p);
+        self.steps.push(Step::walked(t.clone(), slot, SmallVec::new()));
+        Ok(p)
+    }
+}
+
+/// Walks the nodes of `recording` for a call on `args`: each computed node is a step of its own
+/// (the recorded tensor, with the positions of this call's inputs); arguments and shared tensors
+/// are stepped where the recording first reaches them, as a walk of the function's own graph
+/// would (the arguments that hold no data were walked before). Returns the position of each
+/// output.
+fn expand(recording: &Recording, args: &[Tensor], cx: &mut Cx<'_>) -> Result<SmallVec<[u32; 2]>> {
+    let mut at: Vec<u32> = Vec::with_capacity(recording.steps.len());
+    for rs in &recording.steps {
+        let p = match &rs.kind {
+            Kind::Arg(i) => cx.source(&args[*i as usize])?,
+            Kind::Shared => cx.source(&rs.tensor)?,
+            Kind::Computed(from, hash) => {
+                let step_inputs: SmallVec<[u32; 3]> = from.iter().map(|&i| at[i as usize]).collect();
+                hash_node(cx.h, *hash, &step_inputs);
+                let node = StepNode::Recorded(NonNull::from(&rs.tensor));
+                cx.steps.push(Step { node, slot: None, inputs: step_inputs });
+                cx.steps.len() as u32 - 1
+            }
+        };
+        at.push(p);
+    }
+    Ok(recording.outputs.iter().map(|&o| at[o as usize]).collect())
 }
 
 impl Walk {
+    /// The recordings the walk's recorded steps are nodes of.
+    pub(crate) fn recordings(&self) -> Vec<Arc<Recording>> {
+        self._instances.iter().map(|i| i.recording.clone()).collect()
+    }
+
     /// Gives the step list back to this thread's [`walk`] tables, emptied, for the next walk.
     pub(crate) fn recycle(self) {
         let mut steps = self.steps;
@@ -342,7 +547,7 @@ impl Walk {
         let mut ids = Vec::with_capacity(self.steps.len());
         let mut sites = Sites::default();
         for step in &self.steps {
-            let (op, ty) = (&step.tensor.inner.op, &step.tensor.inner.ty);
+            let (op, ty) = (&step.tensor().inner.op, &step.tensor().inner.ty);
             let id = match step.slot {
                 Some(slot) => graph.add_leaf(Op::Input(Input { slot }), ty.clone())?,
                 None if step.inputs.is_empty() => graph.add_leaf(op.clone(), ty.clone())?,
@@ -356,7 +561,7 @@ impl Walk {
                 }
             };
             if step.slot.is_none() {
-                sites.set(id, step.tensor.inner.site);
+                sites.set(id, step.tensor().inner.site);
             }
             ids.push(id);
         }

@@ -50,6 +50,10 @@ pub(crate) struct Inner {
     /// tensors): `trace` keeps it per air node, so that a shape condition that fails only when
     /// the program runs still names the caller's line.
     pub(crate) site: Option<Site>,
+    /// Set on an output of a call of a recorded function ([`crate::record`]): the call and which
+    /// of the recording's outputs this is. Such a node's `inputs` are the call's arguments, and
+    /// `op`, `ty` and `site` are those of the recorded output.
+    pub(crate) call: Option<crate::record::Call>,
 }
 
 /// Constants remembered per thread by [`Tensor::const_operand`].
@@ -110,7 +114,7 @@ impl Site {
 }
 
 impl Tensor {
-    fn new_node(inner: Inner) -> Tensor {
+    pub(crate) fn new_node(inner: Inner) -> Tensor {
         Tensor { inner: Arc::new(inner) }
     }
 
@@ -124,6 +128,7 @@ impl Tensor {
             data: OnceLock::new(),
             error: Some(error),
             site: None,
+            call: None,
         })
     }
 
@@ -150,6 +155,7 @@ impl Tensor {
             data,
             error: None,
             site: None,
+            call: None,
         })
     }
 
@@ -191,6 +197,7 @@ impl Tensor {
             data: OnceLock::new(),
             error: None,
             site: None,
+            call: None,
         })
     }
 
@@ -212,6 +219,7 @@ impl Tensor {
             data: OnceLock::new(),
             error: None,
             site: Some(site),
+            call: None,
         })
     }
 
@@ -247,6 +255,7 @@ impl Tensor {
                 data: OnceLock::new(),
                 error: None,
                 site: Some(site),
+                call: None,
             }),
             Err(message) => site.fail(message),
         }

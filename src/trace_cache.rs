@@ -20,7 +20,9 @@
 //! graph compiles.
 
 use std::cell::RefCell;
+use std::ptr::NonNull;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use air::{Bindings, Graph, HostTensor, NodeId};
 use runtime::lru::{Lru, capacity_from_env};
@@ -30,6 +32,7 @@ use crate::backend::{self, Loaded};
 use crate::device::Device;
 use crate::error::Result;
 use crate::realize::{SiteOf, Step, Walk, walk};
+use crate::record::Recording;
 use crate::tensor::{Site, Tensor};
 
 /// How many distinct structures a thread's realize cache keeps by default.
@@ -49,6 +52,11 @@ struct Entry {
     /// The node of each step of the walk it was built from.
     ids: Vec<NodeId>,
     loaded: Loaded,
+    /// For each step that was a node of a recorded call, that node (empty when none was): a
+    /// walk whose step is the same node has its op and type without comparing them.
+    recorded: Vec<Option<NonNull<Tensor>>>,
+    /// The recordings those nodes belong to, kept alive (and so never another node's address).
+    _recordings: Vec<Arc<Recording>>,
 }
 
 impl Entry {
@@ -57,12 +65,16 @@ impl Entry {
         if walk.steps.len() != self.ids.len() || walk.outputs.len() != self.graph.outputs().len() {
             return false;
         }
-        let same_steps = walk.steps.iter().zip(&self.ids).all(|(step, &id)| {
+        let same_steps = walk.steps.iter().zip(&self.ids).enumerate().all(|(k, (step, &id))| {
             let node = self.graph.node(id);
+            let same_node = || {
+                let recorded = self.recorded.get(k).copied().flatten();
+                (recorded.is_some() && recorded == step.recorded())
+                    || (node.ty == step.tensor().inner.ty && step.same_op(&node.op))
+            };
             node.inputs.len() == step.inputs.len()
                 && node.inputs.iter().zip(&step.inputs).all(|(&i, &p)| self.ids[p as usize] == i)
-                && node.ty == step.tensor.inner.ty
-                && step.same_op(&node.op)
+                && same_node()
         });
         same_steps && walk.outputs.iter().zip(self.graph.outputs()).all(|(&p, &o)| self.ids[p as usize] == o)
     }
@@ -93,7 +105,7 @@ impl SiteOf for WalkSites<'_> {
     fn site(&self, id: NodeId) -> Option<Site> {
         // Only a failed run asks, once: a scan is enough.
         let step = &self.steps[self.ids.iter().position(|&i| i == id)?];
-        if step.slot.is_some() { None } else { step.tensor.inner.site }
+        if step.slot.is_some() { None } else { step.tensor().inner.site }
     }
 }
 
@@ -121,7 +133,12 @@ pub(crate) fn realize_roots(
         None => {
             let (graph, ids, sites) = walk.build()?;
             let loaded = backend::load(device, &graph, &sites)?;
-            let entry = Rc::new(Entry { generation, graph, ids, loaded });
+            let recordings = walk.recordings();
+            let recorded = match recordings.is_empty() {
+                true => Vec::new(),
+                false => walk.steps.iter().map(Step::recorded).collect(),
+            };
+            let entry = Rc::new(Entry { generation, graph, ids, loaded, recorded, _recordings: recordings });
             CACHE.with(|cache| {
                 let mut cache = cache.borrow_mut();
                 match cache.get_mut(&key) {
@@ -156,7 +173,7 @@ mod tests {
     fn entry(roots: &[Tensor]) -> Entry {
         let walk = walk(roots, Device::Interp, &[]).unwrap();
         let (graph, ids, _) = walk.build().unwrap();
-        Entry { generation: 0, graph, ids, loaded: Loaded::Interp }
+        Entry { generation: 0, graph, ids, loaded: Loaded::Interp, recorded: Vec::new(), _recordings: Vec::new() }
     }
 
     fn matches(entry: &Entry, roots: &[Tensor]) -> bool {

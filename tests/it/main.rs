@@ -14,6 +14,7 @@ mod fuzz_ops;
 mod index_checks;
 mod jit;
 mod realize_cache;
+mod recorder;
 mod sizes;
 mod slice_scatter;
 mod softmax;

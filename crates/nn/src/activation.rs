@@ -6,7 +6,7 @@ use crate::Module;
 use crate::functional;
 
 /// An element-wise activation as a layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Module)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Module)]
 pub enum Activation {
     /// `max(x, 0)`.
     Relu,

@@ -587,6 +587,7 @@ fn build(sizes: Sizes, weights: Weights) -> Result<Transformer> {
         ln_f: norm(weights.ln_f),
         head: Linear { weight: head, bias: None },
         config: sizes.config,
+        recorder: kiln::Recorder::new(),
     })
 }
 

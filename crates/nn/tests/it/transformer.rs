@@ -83,3 +83,33 @@ fn a_sequence_longer_than_max_seq_len_is_an_error_never_wrong_logits() {
         assert!(e.to_string().contains(&format!("seq = {len} > size 4")), "{e}");
     }
 }
+
+#[test]
+fn the_recorded_forward_matches_pytorch_and_differentiates() {
+    // From the second call on, the forward is recorded (`Transformer::recorder`): a call adds one
+    // node. Its logits and gradients are PyTorch's still, and new weights are seen.
+    let (mut model, f) = transformer_and_fixture();
+    let want = common::values("logits", &f.get("out"));
+    for call in 0..4 {
+        let logits = model.forward(&f.get("x"));
+        assert!(!logits.is_realized());
+        let loss = cross_entropy(&logits, &f.get("targets"));
+        let params = model.named_parameters();
+        let refs: Vec<&Tensor> = params.iter().map(|(_, t)| t).collect();
+        let grads = kiln::grad(&loss, &refs).unwrap();
+        let mut all = vec![&logits, &loss];
+        all.extend(grads.iter());
+        kiln::realize(&all).unwrap();
+        let got = common::values("logits", &logits);
+        air::testing::assert_close("logits", &got, &want, air::testing::Tol { atol: 1e-4, rtol: 0.0 });
+        for ((name, _), g) in params.iter().zip(&grads) {
+            assert_close(&format!("call {call}: grad.{name}"), g, &f.get(&format!("grad.{name}")), 1e-4);
+        }
+        assert_eq!(model.recorder.recordings(), usize::from(call >= 1), "call {call}");
+    }
+    // A new head weight (same type) is an argument of the recording, not a stale constant.
+    model.head.weight = model.head.weight.mul(0.0f32).to_host().map(Tensor::from_host).unwrap();
+    let logits = model.forward(&f.get("x"));
+    assert!(logits.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+    assert_eq!(model.recorder.recordings(), 1);
+}
