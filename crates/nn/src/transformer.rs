@@ -118,10 +118,12 @@ pub struct Transformer {
     pub head: Linear,
     /// The sizes.
     pub config: TransformerConfig,
-    /// The forward pass as recorded per input signature: a forward called again with tokens of
-    /// a type seen before adds one node instead of recording ~180 per block (`kiln::Recorder`;
-    /// the weights are its arguments, so new weights need no new recording, and the sizes,
-    /// epsilons and activations are its key).
+    /// The forward pass as recorded per input signature, and a block as recorded once per
+    /// model (`kiln::Recorder`): a forward called again with tokens of a type seen before adds
+    /// one node instead of recording ~180 per block, and a first forward (or a cached forward's
+    /// first trace) records two blocks and makes the others one node each. The weights are the
+    /// recordings' arguments, so new weights need no new recording; the sizes, epsilons and
+    /// activations are their key.
     pub recorder: kiln::Recorder,
 }
 
@@ -185,8 +187,7 @@ impl Transformer {
         (c.dim, c.n_heads, c.n_layers, c.vocab_size, c.max_seq_len, c.norm_eps.to_bits()).hash(&mut h);
         self.ln_f.eps.to_bits().hash(&mut h);
         for b in &self.blocks {
-            (b.ln1.eps.to_bits(), b.ln2.eps.to_bits(), b.attn.n_heads, b.attn.max_seq_len).hash(&mut h);
-            b.mlp.activation.hash(&mut h);
+            b.structure_key(&mut h);
         }
         h.finish()
     }
@@ -197,9 +198,29 @@ impl Transformer {
         let positions = self.wpe.weight.narrow(0, 0, seq);
         let mut x = self.wte.forward(ids).add(positions);
         for block in &self.blocks {
-            x = block.forward(&x);
+            x = self.block(block, &x);
         }
         self.head.forward(&self.ln_f.forward(&x))
+    }
+
+    /// `block.forward(x)`, the blocks of a model being one function of their own tensors,
+    /// recorded once ([`Transformer::recorder`]): the third block on is one node each.
+    fn block(&self, block: &Block, x: &Tensor) -> Tensor {
+        let tensors = model_tensors(block);
+        let mut args: Vec<&Tensor> = Vec::with_capacity(1 + tensors.len());
+        args.push(x);
+        args.extend(&tensors);
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            "block".hash(&mut h);
+            block.structure_key(&mut h);
+            h.finish()
+        };
+        match self.recorder.call_keyed(key, &args, |_| block.forward(x)) {
+            Ok(outputs) => outputs.into_iter().next().unwrap_or_else(|| Tensor::op_error("forward", "no output")),
+            Err(e) => Tensor::op_error("forward", e.to_string()),
+        }
     }
 }
 
@@ -461,15 +482,66 @@ impl Transformer {
         // One causal mask for every block (the same positions and lengths).
         let mask = self.blocks.first().map(|b| b.attn.mask(start, &seq, len, x.device()));
         for (block, kv) in self.blocks.iter().zip(kv.chunks(2)) {
-            let (y, keys, values) =
-                block.attn.forward_cached_masked(&block.ln1.forward(&x), start, len, &kv[0], &kv[1], mask.as_ref());
-            x = x.add(y);
-            x = x.add(block.mlp.forward(&block.ln2.forward(&x)));
+            let [y, keys, values] = self.block_cached(block, &x, start, len, [&kv[0], &kv[1]], mask.as_ref());
+            x = y;
             out.push(keys);
             out.push(values);
         }
         out[0] = self.head.forward(&self.ln_f.forward(&x));
         Ok(out)
+    }
+}
+
+impl Transformer {
+    /// One block of [`Transformer::forward_cached`]: the block's output, keys and values. The
+    /// blocks of a model are one function of their own tensors, recorded once
+    /// ([`Transformer::recorder`]): the third block on is one node each, so a deep model's first
+    /// trace records two blocks' graphs, not every one.
+    fn block_cached(
+        &self,
+        block: &Block,
+        x: &Tensor,
+        start: &Dim,
+        len: &Dim,
+        kv: [&Tensor; 2],
+        mask: Option<&Tensor>,
+    ) -> [Tensor; 3] {
+        let run = |x: &Tensor| {
+            let (y, keys, values) =
+                block.attn.forward_cached_masked(&block.ln1.forward(x), start, len, kv[0], kv[1], mask);
+            let x = x.add(y);
+            let x = x.add(block.mlp.forward(&block.ln2.forward(&x)));
+            [x, keys, values]
+        };
+        let tensors = model_tensors(block);
+        let mut args: Vec<&Tensor> = Vec::with_capacity(4 + tensors.len());
+        args.extend([x, kv[0], kv[1]]);
+        args.extend(mask);
+        args.extend(&tensors);
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            ("block_cached", start, len, mask.is_some()).hash(&mut h);
+            block.structure_key(&mut h);
+            h.finish()
+        };
+        let outputs = self.recorder.call_keyed(key, &args, |_| run(x).to_vec());
+        match outputs.map(<[Tensor; 3]>::try_from) {
+            Ok(Ok(out)) => out,
+            Ok(Err(_)) => {
+                std::array::from_fn(|_| Tensor::op_error("forward_cached", "a block gave other than 3 outputs"))
+            }
+            Err(e) => std::array::from_fn(|_| Tensor::op_error("forward_cached", e.to_string())),
+        }
+    }
+}
+
+impl Block {
+    /// What the block computes besides its tensors (see [`Transformer::recorder`]).
+    fn structure_key(&self, h: &mut impl std::hash::Hasher) {
+        use std::hash::Hash;
+        (self.ln1.eps.to_bits(), self.ln2.eps.to_bits(), self.attn.n_heads, self.attn.max_seq_len).hash(h);
+        self.mlp.activation.hash(h);
     }
 }
 

@@ -18,8 +18,12 @@ fn data_ptr(t: &Tensor) -> *const u8 {
 }
 
 fn model(max_seq_len: usize, device: Device) -> Transformer {
+    model_of(2, max_seq_len, device)
+}
+
+fn model_of(n_layers: usize, max_seq_len: usize, device: Device) -> Transformer {
     kiln::manual_seed(7);
-    let config = TransformerConfig { dim: 64, n_heads: 8, n_layers: 2, norm_eps: 1e-5, vocab_size: 64, max_seq_len };
+    let config = TransformerConfig { dim: 64, n_heads: 8, n_layers, norm_eps: 1e-5, vocab_size: 64, max_seq_len };
     let mut m = Transformer::from_config(config).unwrap();
     m.to_device(device).unwrap();
     m
@@ -62,13 +66,14 @@ fn devices() -> Vec<Device> {
 }
 
 /// Prefill 5 tokens of 2 rows, then greedy steps: every step's logits equal the full forward of
-/// the prefix within 1e-5.
+/// the prefix within 1e-5. With 4 blocks, the third and fourth are calls of the recording of the
+/// second (`Transformer::recorder`).
 #[test]
 fn cached_decoding_matches_a_full_recompute() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for device in devices() {
+    for (device, layers) in devices().into_iter().flat_map(|d| [(d, 2), (d, 4)]) {
         let steps = if device == Device::Cpu { 12 } else { 4 };
-        let mut m = model(32, device);
+        let mut m = model_of(layers, 32, device);
         let mut cache = m.kv_cache(2).unwrap();
         let mut rows: Vec<Vec<i64>> = vec![vec![3, 14, 15, 9, 26], vec![5, 35, 8, 9, 7]];
         let prefill = m.forward_at(&tokens(&rows, device), 0, &mut cache).unwrap();
@@ -92,6 +97,7 @@ fn cached_decoding_matches_a_full_recompute() {
         }
         assert_eq!(cache.len(), 5 + steps);
         assert_eq!(cache.traces(), 1, "{device}: prefill and steps share one trace");
+        assert!(m.recorder.recordings() >= 1, "{device}: the blocks are recorded");
     }
 }
 
