@@ -282,6 +282,8 @@ impl JitCache {
         out: Vec<Tensor>,
         f: impl FnOnce(&[Tensor]) -> R,
     ) -> std::result::Result<Vec<Tensor>, R::Error> {
+        // A call computes: a recorded function that makes one is never recorded.
+        crate::record::impure();
         if is_tracing() {
             if !state.is_empty() {
                 return Err(Error::Jit("a call with state arrays cannot run inside another trace".into()).into());

@@ -59,7 +59,7 @@ fn random(site: Site, shape: Vec<air::Dim>, kind: Kind, seed: Option<u64>, devic
     }
     let n: usize = dims.iter().product();
     if seed.is_none() {
-        crate::record::count_draw();
+        crate::record::impure();
     }
     if seed.is_none() && crate::jit::is_tracing() {
         // Inside a `kiln::jit` trace: an input drawn again from the caller's generator on every call.

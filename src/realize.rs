@@ -620,6 +620,9 @@ pub fn trace(tensors: &[&Tensor]) -> Result<Program> {
 /// stores each result in its tensor. Later realizes reuse the stored data.
 pub fn realize(tensors: &[&Tensor]) -> Result<()> {
     let todo = pending(tensors)?;
+    if !todo.is_empty() {
+        crate::record::impure();
+    }
     let mut devices: SmallVec<[Device; 1]> = SmallVec::new();
     for t in &todo {
         if !devices.contains(&t.device()) {
@@ -711,6 +714,7 @@ impl Tensor {
 
     /// The realized data as a host tensor (shares the buffer, no copy).
     pub fn to_host(&self) -> Result<HostTensor> {
+        crate::record::impure();
         self.realize()?;
         match self.inner.data.get() {
             Some(r) => Ok(r.host.clone()),
@@ -734,6 +738,7 @@ impl Tensor {
     #[track_caller]
     pub fn into_vec<T: Element>(mut self) -> Result<Vec<T>> {
         let loc = Location::caller();
+        crate::record::impure();
         self.realize()?;
         let host = match Arc::get_mut(&mut self.inner) {
             Some(inner) => inner.data.take().map(|r| r.host),

@@ -18,8 +18,9 @@
 //! As with `kiln::jit`, a function is recorded as it ran: what it captures instead of taking as
 //! an argument is a constant of the recording. The recorder records a signature the *second*
 //! time it is called with it (a forward pass called once costs nothing extra), and never records
-//! a call that drew random numbers (dropout must draw again on every call), that marked or cut a
-//! gradient inside (`requires_grad_`, `stop_gradient`), or whose graph could not be walked (an error tensor, mixed devices): such a signature runs the
+//! a call that drew random numbers (dropout must draw again on every call), read data out of a
+//! tensor or ran a computation (its choices could depend on the values: see [`impure`]), marked
+//! or cut a gradient inside (`requires_grad_`, `stop_gradient`), or whose graph could not be walked (an error tensor, mixed devices): such a signature runs the
 //! function every time.
 
 use std::cell::Cell;
@@ -126,13 +127,17 @@ pub(crate) fn replay(recording: &Recording, args: &[Tensor]) -> Vec<Tensor> {
 }
 
 thread_local! {
-    /// Unseeded random tensors drawn on this thread: a call that draws is never recorded.
-    static DRAWS: Cell<u64> = const { Cell::new(0) };
+    /// What code on this thread could have learned or drawn beyond its tensors' types: unseeded
+    /// random draws, data read out of tensors (`to_host`, `to_vec`, `item`, `into_vec`, a
+    /// symbolic shape's values, `bindings`) and computations run (`realize`, a compiled call). A
+    /// call during which this changed is never recorded: a recording would keep one call's
+    /// draws, or the branch one call's values chose, for every later call.
+    static IMPURE: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Counts an unseeded random draw (see [`DRAWS`]).
-pub(crate) fn count_draw() {
-    DRAWS.with(|d| d.set(d.get() + 1));
+/// Counts something a recording could not repeat (see [`IMPURE`]).
+pub(crate) fn impure() {
+    IMPURE.with(|d| d.set(d.get() + 1));
 }
 
 /// The most signatures a [`Recorder`] keeps (the oldest goes first).
@@ -255,11 +260,11 @@ impl Recorder {
             Some(Some(recording)) => Ok(instantiate(&recording, &unique)),
             None => f(&owned()).into_outputs(),
             Some(None) => {
-                let draws = DRAWS.with(Cell::get);
+                let before = IMPURE.with(Cell::get);
                 let outputs = f(&owned()).into_outputs()?;
-                let drew = DRAWS.with(Cell::get) != draws;
+                let impure = IMPURE.with(Cell::get) != before;
                 let unique: Vec<Tensor> = unique.iter().map(|t| (*t).clone()).collect();
-                let state = match (drew, record(&outputs, &unique, device)) {
+                let state = match (impure, record(&outputs, &unique, device)) {
                     (false, Some(r)) => State::Recorded(Arc::new(r)),
                     _ => State::Direct,
                 };

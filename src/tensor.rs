@@ -273,6 +273,10 @@ impl Tensor {
     pub fn dims(&self) -> Result<Vec<usize>> {
         self.check()?;
         if let Some(r) = self.inner.data.get() {
+            if concrete(self.shape()).is_none() {
+                // The values of symbols, which the tensor's type does not hold.
+                crate::record::impure();
+            }
             return Ok(r.host.shape.clone());
         }
         concrete(self.shape()).ok_or_else(|| {
@@ -341,7 +345,11 @@ impl Tensor {
 
     /// The symbol values recorded for this tensor's data (empty when it has none).
     pub fn bindings(&self) -> Bindings {
-        self.inner.data.get().map(|r| r.bindings.clone()).unwrap_or_default()
+        let bindings = self.inner.data.get().map(|r| r.bindings.clone()).unwrap_or_default();
+        if !bindings.is_empty() {
+            crate::record::impure();
+        }
+        bindings
     }
 
     /// The input tensors of this node (empty for sources, leaves and realized tensors).

@@ -182,3 +182,37 @@ fn errors_stay_errors_and_calls_compose_with_jit() {
     let y = recorder.call(&[&x, &w], |b| b[0].matmul(&b[1]).tanh()).unwrap().remove(0);
     assert_eq!(y.to_vec::<f32>().unwrap(), x.matmul(&w).tanh().to_vec::<f32>().unwrap());
 }
+
+#[test]
+fn a_call_that_reads_values_or_computes_is_never_recorded() {
+    // A branch on an argument's value: a recording would replay the first call's branch.
+    let recorder = Recorder::new();
+    let f = |x: &Tensor| {
+        recorder
+            .call(&[x], |a| if a[0].sum_all().item::<f32>().unwrap() > 0.0 { a[0].exp() } else { a[0].neg() })
+            .unwrap()
+            .remove(0)
+    };
+    for sign in [1.0f32, 1.0, 1.0, -1.0, 1.0, -1.0] {
+        let x = Tensor::from_vec(vec![sign, 2.0 * sign], &[2]);
+        let want = if sign > 0.0 { x.exp() } else { x.neg() };
+        assert_eq!(f(&x).to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap(), "sign {sign}");
+    }
+    assert_eq!(recorder.recordings(), 0);
+    // A value computed inside and used as data: a recording would keep the first call's.
+    let inner = Recorder::new();
+    for i in 0..4 {
+        let x = vec2(2, 3, i);
+        let y = inner.call(&[&x], |a| Tensor::from_host(a[0].exp().to_host().unwrap()).add(1.0)).unwrap().remove(0);
+        assert_eq!(y.to_vec::<f32>().unwrap(), x.exp().add(1.0).to_vec::<f32>().unwrap(), "call {i}");
+    }
+    assert_eq!(inner.recordings(), 0);
+    // The sizes behind a symbolic shape are values too.
+    let sizes = Recorder::new();
+    for n in [2usize, 3, 2, 4] {
+        let x = Tensor::from_host_symbolic(HostTensor::from_vec(vec![1.0f32; n], vec![n]).unwrap(), &[Dim::sym("n")]);
+        let y = sizes.call(&[&x], |a| a[0].mul(a[0].dims().unwrap()[0] as f32)).unwrap().remove(0);
+        assert_eq!(y.to_vec::<f32>().unwrap(), vec![n as f32; n], "n = {n}");
+    }
+    assert_eq!(sizes.recordings(), 0);
+}
