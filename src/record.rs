@@ -154,7 +154,8 @@ enum State {
 }
 
 struct Entry {
-    key: u64,
+    /// The caller's key, and whether gradients were enabled.
+    key: (u64, bool),
     device: Device,
     /// Which arguments are the same tensor (see [`distinct`]).
     aliases: Vec<u32>,
@@ -232,6 +233,8 @@ impl Recorder {
         // arguments are the same is part of the signature.
         let (unique, aliases) = distinct(args);
         let unique = unique.unwrap_or_else(|| args.to_vec());
+        // A function may build another graph with gradients off (`no_grad`).
+        let key = (key, crate::autograd::is_grad_enabled());
         let same = |e: &Entry| {
             e.key == key
                 && e.device == device

@@ -216,3 +216,20 @@ fn a_call_that_reads_values_or_computes_is_never_recorded() {
     }
     assert_eq!(sizes.recordings(), 0);
 }
+
+#[test]
+fn gradients_on_or_off_are_part_of_the_signature() {
+    let recorder = Recorder::new();
+    let f = |x: &Tensor| {
+        recorder.call(&[x], |a| if kiln::is_grad_enabled() { a[0].exp() } else { a[0].neg() }).unwrap().remove(0)
+    };
+    let x = vec2(2, 3, 1);
+    for _ in 0..3 {
+        assert_eq!(f(&x).to_vec::<f32>().unwrap(), x.exp().to_vec::<f32>().unwrap());
+    }
+    for _ in 0..3 {
+        let y = kiln::no_grad(|| f(&x));
+        assert_eq!(y.to_vec::<f32>().unwrap(), x.neg().to_vec::<f32>().unwrap());
+    }
+    assert_eq!(recorder.recordings(), 2);
+}
