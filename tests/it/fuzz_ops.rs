@@ -170,6 +170,40 @@ fn run(device: Device, sources: &[(usize, Vec<usize>)], steps: &[Step]) -> usize
     pool.iter().filter(|t| t.realize().is_ok()).count()
 }
 
+/// The bits of every tensor's values (`None` for an error): what two runs of one program must
+/// agree on.
+fn outcomes(tensors: &[Tensor]) -> Vec<Option<Vec<u8>>> {
+    tensors.iter().map(|t| t.to_host().ok().map(|h| h.data.as_bytes().to_vec())).collect()
+}
+
+/// One random program as a function of its sources, called through a `kiln::Recorder` with
+/// sources of other values (the same shapes and dtypes) four times: each call's last three
+/// error-free tensors hold what running the program directly gives, bit for bit (an error at
+/// realize included).
+fn run_recorded(sources: &[(usize, Vec<usize>)], steps: &[Step]) -> Result<(), TestCaseError> {
+    let recorder = kiln::Recorder::new();
+    let program = |args: &[Tensor]| {
+        let mut pool: Vec<Tensor> = args.to_vec();
+        for s in steps {
+            apply(&mut pool, s);
+        }
+        // The last three that are not error tensors (an error output is never recorded).
+        pool.iter().rev().filter(|t| t.error().is_none()).take(3).cloned().collect::<Vec<Tensor>>()
+    };
+    for call in 0..4u64 {
+        let args: Vec<Tensor> = sources
+            .iter()
+            .enumerate()
+            .map(|(i, (d, shape))| source(DTYPES[d % DTYPES.len()], shape, 100 * call + i as u64, Device::Cpu))
+            .collect();
+        let refs: Vec<&Tensor> = args.iter().collect();
+        let recorded = recorder.call(&refs, program).expect("a recorded call of tensors");
+        let direct = program(&args);
+        prop_assert_eq!(outcomes(&recorded), outcomes(&direct), "call {}", call);
+    }
+    Ok(())
+}
+
 fn sources() -> impl Strategy<Value = Vec<(usize, Vec<usize>)>> {
     prop::collection::vec((0usize..7, prop::collection::vec(0usize..5, 0..4)), 1..4)
 }
@@ -184,6 +218,14 @@ proptest! {
     ) {
         let ok = run(Device::Cpu, &sources, &steps);
         prop_assert!(ok >= 1, "the sources themselves realize");
+    }
+
+    #[test]
+    fn random_programs_called_as_recordings_give_their_own_results(
+        sources in sources(),
+        steps in prop::collection::vec(step(), 1..10),
+    ) {
+        run_recorded(&sources, &steps)?;
     }
 
     #[test]
