@@ -193,6 +193,9 @@ pub(crate) struct Walk {
     pub(crate) hash: u64,
     /// The calls of recorded functions walked: what keeps the recordings of their steps alive.
     _instances: SmallVec<[Arc<Instance>; 1]>,
+    /// The outputs of those calls (no step holds them, and `walk` names every tensor it walked
+    /// by address while it runs: a freed one's address could come back as another tensor's).
+    _calls: SmallVec<[Tensor; 1]>,
 }
 
 /// Feeds one step to the structural hash.
@@ -328,6 +331,8 @@ fn walk_with(
     let first_slot = args.tensors.len();
     // The calls of recorded functions walked so far: the position of each output.
     let mut expanded: SmallVec<[Expanded; 1]> = SmallVec::new();
+    // Their outputs, which no step holds.
+    let mut held: SmallVec<[Tensor; 1]> = SmallVec::new();
     // An entry is expanded first, then completed once every input has a position.
     for root in roots {
         stack.push((root.clone(), None));
@@ -378,6 +383,8 @@ fn walk_with(
                             }
                         };
                         position.insert(key(&t), at);
+                        // Held, as every walked tensor is: its address names it in `position`.
+                        held.push(t);
                         continue;
                     }
                     let inputs = children.iter().map(|c| position[c]).collect();
@@ -449,7 +456,7 @@ fn walk_with(
     // Floor-division symbols (a strided window over a symbolic size) follow from the others.
     close_derived(&mut bindings)?;
     let instances = expanded.into_iter().map(|(instance, _)| instance).collect();
-    Ok(Walk { steps, outputs, inputs, bindings, hash: h.finish(), _instances: instances })
+    Ok(Walk { steps, outputs, inputs, bindings, hash: h.finish(), _instances: instances, _calls: held })
 }
 
 /// A recorded call walked, with the position of each of its outputs.
