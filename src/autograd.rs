@@ -370,7 +370,11 @@ fn trace(output: &Tensor, stops: &HashSet<usize>) -> Result<Traced> {
                 } else if let Some(call) = &t.inner.call {
                     // Autodiff needs real nodes: the recording replayed onto the call's arguments
                     // (kept in the call, so that realizing the output walks them too).
-                    let replayed = crate::record::replayed_output(call, &t.inputs());
+                    let Some(replayed) = crate::record::replayed_output(call, &t.inputs()) else {
+                        // Realized by another thread since the checks above: walked as data.
+                        stack.push((t, None));
+                        continue;
+                    };
                     let pending = !traced.ids.contains_key(&addr(&replayed));
                     stack.push((t, Some(smallvec::smallvec![replayed.clone()])));
                     if pending {

@@ -20,8 +20,8 @@
 //! time it is called with it (a forward pass called once costs nothing extra), and never records
 //! a call that drew random numbers (dropout must draw again on every call), read data out of a
 //! tensor or ran a computation (its choices could depend on the values: see [`impure`]), marked
-//! or cut a gradient inside (`requires_grad_`, `stop_gradient`), or whose graph could not be walked (an error tensor, mixed devices): such a signature runs the
-//! function every time.
+//! or cut a gradient inside (`requires_grad_`, `stop_gradient`), or whose graph could not be
+//! walked (an error tensor, mixed devices): such a signature runs the function every time.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -55,6 +55,8 @@ pub(crate) struct Step {
 
 /// What a function recorded for one signature, in trace order (every node after its inputs).
 pub(crate) struct Recording {
+    /// How many arguments a call passes.
+    pub(crate) args: usize,
     pub(crate) steps: Vec<Step>,
     /// The position of each output.
     pub(crate) outputs: SmallVec<[u32; 2]>,
@@ -84,13 +86,17 @@ impl Call {
 }
 
 /// This call's output replayed as an ordinary tensor (see [`replay`]), made by the first caller
-/// that needs it; `args` are the call's arguments.
-pub(crate) fn replayed_output(call: &Call, args: &[Tensor]) -> Tensor {
+/// that needs it; `args` are the call's arguments as its output holds them. `None` when they are
+/// gone (another thread realized the output and dropped them).
+pub(crate) fn replayed_output(call: &Call, args: &[Tensor]) -> Option<Tensor> {
     if call.replayed().is_none() {
+        if args.len() < call.instance.recording.args {
+            return None;
+        }
         // Another thread may replay at the same time: one replay is kept, and both are the same.
         let _ = call.instance.replayed.set(replay(&call.instance.recording, args));
     }
-    call.replayed().expect("the replay was just made").clone()
+    call.replayed().cloned()
 }
 
 /// A new node with `t`'s op, type, device and site, computed from `inputs` (a call's output
@@ -288,10 +294,11 @@ impl Recorder {
     }
 }
 
-/// The device of a call that may use a recording: error-free arguments on one device. `None`:
-/// the call runs the function.
+/// The device of a call that may use a recording: at least one argument (a call's outputs are
+/// nodes whose inputs are its arguments), all error-free and on one device. `None`: the call runs
+/// the function.
 fn recordable(args: &[&Tensor]) -> Option<Device> {
-    let device = args.first().map_or_else(Device::default, |t| t.device());
+    let device = args.first()?.device();
     args.iter().all(|a| a.error().is_none() && a.device() == device).then_some(device)
 }
 
@@ -383,5 +390,5 @@ fn record(outputs: &[Tensor], args: &[Tensor], device: Device) -> Option<Recordi
     }
     let outputs = walk.outputs.clone();
     walk.recycle();
-    Some(Recording { steps, outputs })
+    Some(Recording { args: args.len(), steps, outputs })
 }

@@ -233,3 +233,17 @@ fn gradients_on_or_off_are_part_of_the_signature() {
     }
     assert_eq!(recorder.recordings(), 2);
 }
+
+#[test]
+fn a_function_of_no_tensors_runs_every_time() {
+    // Its outputs could not be nodes whose inputs are the call's arguments: never recorded.
+    let recorder = Recorder::new();
+    for _ in 0..3 {
+        let y = recorder.call(&[], |_| Tensor::from_vec(vec![1.0f32, 2.0], &[2]).exp()).unwrap().remove(0);
+        assert_eq!(
+            y.to_vec::<f32>().unwrap(),
+            Tensor::from_vec(vec![1.0f32, 2.0], &[2]).exp().to_vec::<f32>().unwrap()
+        );
+    }
+    assert_eq!(recorder.recordings(), 0);
+}
