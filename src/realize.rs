@@ -662,6 +662,14 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
             return Err(Error::internal(format!("{} outputs for {} requested tensors", outputs.len(), roots.len())));
         }
         for ((t, host), keep) in roots.iter().zip(outputs).zip(keep) {
+            // The output of a recorded call that autodiff replayed stands for the replay's: both
+            // hold the value, so a gradient built on the replay reads it as a direct graph's
+            // gradient reads its realized forward (rather than computing it again).
+            if let Some(r) = t.inner.call.as_ref().and_then(Call::replayed)
+                && !r.is_realized()
+            {
+                store(r, host.clone(), &bindings, keep)?;
+            }
             store(t, host, &bindings, keep)?;
         }
     }

@@ -179,7 +179,7 @@ fn outcomes(tensors: &[Tensor]) -> Vec<Option<Vec<u8>>> {
 /// One random program as a function of its sources, called through a `kiln::Recorder` with
 /// sources of other values (the same shapes and dtypes) four times: each call's last three
 /// error-free tensors hold what running the program directly gives, bit for bit (an error at
-/// realize included).
+/// realize included), and so do their gradients with respect to the first float source.
 fn run_recorded(sources: &[(usize, Vec<usize>)], steps: &[Step]) -> Result<(), TestCaseError> {
     let recorder = kiln::Recorder::new();
     let program = |args: &[Tensor]| {
@@ -199,7 +199,21 @@ fn run_recorded(sources: &[(usize, Vec<usize>)], steps: &[Step]) -> Result<(), T
         let refs: Vec<&Tensor> = args.iter().collect();
         let recorded = recorder.call(&refs, program).expect("a recorded call of tensors");
         let direct = program(&args);
+        // Gradients through a call (autodiff replays the recording) are the direct program's too.
+        let grads = |outputs: &[Tensor]| -> Vec<Tensor> {
+            let Some(wrt) = args.iter().find(|a| a.dtype().is_float()) else { return Vec::new() };
+            outputs
+                .iter()
+                .filter(|o| o.dtype().is_float())
+                .map(|o| match kiln::grad(&o.sum_all(), &[wrt]) {
+                    Ok(mut g) => g.remove(0),
+                    Err(e) => Tensor::op_error("grad", e.to_string()),
+                })
+                .collect()
+        };
+        let (g_recorded, g_direct) = (grads(&recorded), grads(&direct));
         prop_assert_eq!(outcomes(&recorded), outcomes(&direct), "call {}", call);
+        prop_assert_eq!(outcomes(&g_recorded), outcomes(&g_direct), "gradients, call {}", call);
     }
     Ok(())
 }
