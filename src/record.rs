@@ -5,7 +5,8 @@
 //! Recording a model's forward pass op by op costs more than running it once it is compiled
 //! (a 2-layer Transformer's 389 nodes: ~70 us to record, ~50 us more to trace and hash, against a
 //! ~90 us run). A [`Recorder`] keeps what a function recorded for a signature (each argument's
-//! device and type) as a [`Recording`]: its nodes in trace order, each one an argument, a tensor
+//! device and type, which arguments are the same tensor, whether gradients are enabled, and a
+//! key the caller gives) as a [`Recording`]: its nodes in trace order, each one an argument, a tensor
 //! every call shares (data the function captured, a constant), or a node computed from earlier
 //! ones. A later call with that signature makes only its outputs: *call* nodes whose inputs are
 //! the call's arguments. Nothing else changes: the result is as lazy as the function's own, and
@@ -21,7 +22,8 @@
 //! a call that drew random numbers (dropout must draw again on every call), read data out of a
 //! tensor or ran a computation (its choices could depend on the values: see [`impure`]), marked
 //! or cut a gradient inside (`requires_grad_`, `stop_gradient`), or whose graph could not be
-//! walked (an error tensor, mixed devices): such a signature runs the function every time.
+//! walked (an error tensor, mixed devices): such a signature runs the function every time, as
+//! does a function of no tensors.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
