@@ -2,25 +2,25 @@
 //! signature, after which each call adds one node per output instead of recording the function's
 //! graph again.
 //!
-//! Recording a model's forward pass op by op costs more than running it once it is compiled
-//! (a 2-layer Transformer's 389 nodes: ~70 us to record, ~50 us more to trace and hash, against a
-//! ~90 us run). A [`Recorder`] keeps what a function recorded for a signature (each argument's
-//! device and type, which arguments are the same tensor, whether gradients are enabled, and a
-//! key the caller gives) as a [`Recording`]: its nodes in trace order, each one an argument, a tensor
-//! every call shares (data the function captured, a constant), or a node computed from earlier
-//! ones. A later call with that signature makes only its outputs: *call* nodes whose inputs are
-//! the call's arguments. Nothing else changes: the result is as lazy as the function's own, and
-//! realizing it walks the recording's nodes in place of each call node
-//! ([`crate::realize::walk`]), so the air graph, the realize cache's key and the program are those
-//! of the recorded graph, and everything around the call still fuses with it. Differentiating
-//! through a call replays the recording onto the call's arguments as ordinary tensors
-//! ([`replay`]); a realize after that walks the replay, so forward and backward share it.
+//! Recording a model's forward pass op by op costs more than running it once it is compiled (a
+//! 2-layer Transformer's 389 nodes: ~70 us to record, ~50 us more to trace and hash, against a ~90
+//! us run). A [`Recorder`] keeps what a function recorded for a signature (each argument's device
+//! and type, which arguments are the same tensor, whether gradients are enabled, and a key the
+//! caller gives) as a `Recording`: its nodes in trace order, each one an argument, a tensor every
+//! call shares (data the function captured, a constant), or a node computed from earlier ones. A
+//! later call with that signature makes only its outputs: *call* nodes whose inputs are the call's
+//! arguments. Nothing else changes: the result is as lazy as the function's own, and realizing it
+//! walks the recording's nodes in place of each call node (`realize::walk`), so the air graph, the
+//! realize cache's key and the program are those of the recorded graph, and everything around the
+//! call still fuses with it. Differentiating through a call replays the recording onto the call's
+//! arguments as ordinary tensors (`replay`); a realize after that walks the replay, so forward and
+//! backward share it.
 //!
 //! As with `kiln::jit`, a function is recorded as it ran: what it captures instead of taking as
 //! an argument is a constant of the recording. The recorder records a signature the *second*
 //! time it is called with it (a forward pass called once costs nothing extra), and never records
 //! a call that drew random numbers (dropout must draw again on every call), read data out of a
-//! tensor or ran a computation (its choices could depend on the values: see [`impure`]), marked
+//! tensor or ran a computation (its choices could depend on the values: see `impure`), marked
 //! or cut a gradient inside (`requires_grad_`, `stop_gradient`), or whose graph could not be
 //! walked (an error tensor, mixed devices): such a signature runs the function every time, as
 //! does a function of no tensors.
@@ -68,7 +68,7 @@ pub(crate) struct Recording {
 pub(crate) struct Instance {
     pub(crate) recording: Arc<Recording>,
     /// The recording replayed onto the call's arguments, once autodiff needed real nodes
-    /// ([`replay`]): from then on the outputs stand for these.
+    /// (`replay`): from then on the outputs stand for these.
     pub(crate) replayed: OnceLock<Vec<Tensor>>,
 }
 
