@@ -4,7 +4,7 @@
 # many more cases than CI replays.
 #   bash scripts/fuzz.sh [CASES]          (default 100000 cases per property)
 # Each harness runs under `timeout` (FUZZ_TIMEOUT seconds, default 3600) so a hang is a failure.
-# A failing case is shrunk by proptest and saved in the test's `.proptest-regressions` file;
+# A failing case is shrunk by proptest and saved under the crate's `tests/proptest-regressions/`;
 # commit that file and fix the bug (keep the input as a regression test).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -349,42 +349,25 @@ fn walk_with(
             let step = match children {
                 Some(children) => {
                     if let Some(call) = &t.inner.call {
-                        // A call of a recorded function: the node is its replay's output, or the
-                        // recording's output walked with the call's arguments as inputs.
-                        let at = match call.replayed() {
-                            Some(r) if children.len() == 1 && children[0] == key(r) => position[&children[0]],
-                            _ => {
-                                let at = match expanded.iter().find(|(i, _)| Arc::ptr_eq(i, &call.instance)) {
-                                    Some((_, at)) => at,
-                                    None => {
-                                        let args = t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner);
-                                        if args.len() != children.len() {
-                                            // Realized by another thread since it was expanded.
-                                            drop(args);
-                                            stack.push((t, None));
-                                            continue;
-                                        }
-                                        let mut cx = Cx {
-                                            position,
-                                            arg_slots: &arg_slots,
-                                            first_slot,
-                                            steps: &mut steps,
-                                            inputs: &mut inputs,
-                                            bindings: &mut bindings,
-                                            h: &mut h,
-                                        };
-                                        let at = expand(&call.instance.recording, &args, &mut cx)?;
-                                        drop(args);
-                                        expanded.push((call.instance.clone(), at));
-                                        &expanded.last().expect("just pushed").1
-                                    }
-                                };
-                                at[call.output as usize]
-                            }
+                        let mut cx = Cx {
+                            position,
+                            arg_slots: &arg_slots,
+                            first_slot,
+                            steps: &mut steps,
+                            inputs: &mut inputs,
+                            bindings: &mut bindings,
+                            h: &mut h,
                         };
-                        position.insert(key(&t), at);
-                        // Held, as every walked tensor is: its address names it in `position`.
-                        held.push(t);
+                        match call_position(&t, call, &children, &mut expanded, &mut cx)? {
+                            Some(at) => {
+                                position.insert(key(&t), at);
+                                // Held, as every walked tensor is: its address names it in
+                                // `position`.
+                                held.push(t);
+                            }
+                            // Realized by another thread since it was expanded: walked again.
+                            None => stack.push((t, None)),
+                        }
                         continue;
                     }
                     let inputs = children.iter().map(|c| position[c]).collect();
@@ -501,6 +484,36 @@ impl Cx<'_> {
         self.steps.push(Step::walked(t.clone(), slot, SmallVec::new()));
         Ok(p)
     }
+}
+
+/// The position of `t`, an output of `call` whose inputs' addresses are `children`: its replay's
+/// output once autodiff made one, else the recording's output, the recording walked once per
+/// call (`expanded`). `None` when another thread realized `t` since its inputs were read.
+fn call_position(
+    t: &Tensor,
+    call: &Call,
+    children: &[*const Inner],
+    expanded: &mut SmallVec<[Expanded; 1]>,
+    cx: &mut Cx<'_>,
+) -> Result<Option<u32>> {
+    if let Some(r) = call.replayed()
+        && children.len() == 1
+        && children[0] == key(r)
+    {
+        return Ok(Some(cx.position[&children[0]]));
+    }
+    if let Some((_, at)) = expanded.iter().find(|(i, _)| Arc::ptr_eq(i, &call.instance)) {
+        return Ok(Some(at[call.output as usize]));
+    }
+    let args = t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner);
+    if args.len() != children.len() {
+        return Ok(None);
+    }
+    let at = expand(&call.instance.recording, &args, cx)?;
+    drop(args);
+    let position = at[call.output as usize];
+    expanded.push((call.instance.clone(), at));
+    Ok(Some(position))
 }
 
 /// Walks the nodes of `recording` for a call on `args`: each computed node is a step of its own

@@ -171,6 +171,19 @@ struct Entry {
     state: State,
 }
 
+impl Entry {
+    /// Whether this is the entry of a call with these key, device, aliases and argument types.
+    fn is<'a>(
+        &self,
+        key: (u64, bool),
+        device: Device,
+        aliases: &[u32],
+        types: impl Iterator<Item = &'a TensorType>,
+    ) -> bool {
+        self.key == key && self.device == device && self.aliases == aliases && self.signature.iter().eq(types)
+    }
+}
+
 /// The recordings of one lazy function, by argument signature (see the [module
 /// docs](crate::record)): what a model keeps to make its forward pass cheap to call again.
 ///
@@ -243,15 +256,9 @@ impl Recorder {
         let unique = unique.unwrap_or_else(|| args.to_vec());
         // A function may build another graph with gradients off (`no_grad`).
         let key = (key, crate::autograd::is_grad_enabled());
-        let same = |e: &Entry| {
-            e.key == key
-                && e.device == device
-                && e.aliases == aliases
-                && e.signature.iter().eq(unique.iter().map(|t| t.ty()))
-        };
         let found = {
             let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-            match entries.iter().position(same) {
+            match entries.iter().position(|e| e.is(key, device, &aliases, unique.iter().map(|t| t.ty()))) {
                 Some(i) => match &entries[i].state {
                     State::Recorded(r) => Some(Some(r.clone())),
                     State::Direct => None,
@@ -281,13 +288,8 @@ impl Recorder {
                 };
                 let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
                 // Looked up again: `f` may have called this recorder itself.
-                let same = |e: &Entry| {
-                    e.key == key
-                        && e.device == device
-                        && e.aliases == aliases
-                        && e.signature.iter().eq(unique.iter().map(Tensor::ty))
-                };
-                if let Some(e) = entries.iter_mut().find(|e| same(e)) {
+                if let Some(e) = entries.iter_mut().find(|e| e.is(key, device, &aliases, unique.iter().map(Tensor::ty)))
+                {
                     e.state = state;
                 }
                 Ok(outputs)
@@ -333,29 +335,18 @@ fn distinct<'a>(args: &[&'a Tensor]) -> (Option<Vec<&'a Tensor>>, Vec<u32>) {
 /// The outputs of a call of `recording` on `args`.
 fn instantiate(recording: &Arc<Recording>, args: &[&Tensor]) -> Vec<Tensor> {
     let instance = Arc::new(Instance { recording: recording.clone(), replayed: OnceLock::new() });
-    let mut inputs: Option<Inputs> = None;
-    let n = recording.outputs.len();
-    let mut outputs = Vec::with_capacity(n);
+    let computed = |o: &u32| matches!(recording.steps[*o as usize].kind, Kind::Computed(..));
+    // The arguments are the inputs of every computed output; the last one takes the list itself.
+    let last = recording.outputs.iter().rposition(computed);
+    let mut list: Option<Inputs> = last.map(|_| args.iter().map(|t| (*t).clone()).collect());
+    let mut outputs = Vec::with_capacity(recording.outputs.len());
     for (k, &o) in recording.outputs.iter().enumerate() {
         let step = &recording.steps[o as usize];
         outputs.push(match step.kind {
             Kind::Arg(i) => (*args[i as usize]).clone(),
             Kind::Shared => step.tensor.clone(),
             Kind::Computed(..) => {
-                let inputs = match inputs.take() {
-                    // The last output that needs them takes the list itself.
-                    Some(list) if k + 1 == n => list,
-                    Some(list) => {
-                        inputs = Some(list.clone());
-                        list
-                    }
-                    None if k + 1 == n => args.iter().map(|t| (*t).clone()).collect(),
-                    None => {
-                        let list: Inputs = args.iter().map(|t| (*t).clone()).collect();
-                        inputs = Some(list.clone());
-                        list
-                    }
-                };
+                let inputs = if Some(k) == last { list.take() } else { list.clone() }.unwrap_or_default();
                 copy(&step.tensor, inputs, Some(Call { instance: instance.clone(), output: k as u32 }))
             }
         });

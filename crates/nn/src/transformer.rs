@@ -166,14 +166,8 @@ impl Transformer {
 
 impl Module for Transformer {
     fn forward(&self, ids: &Tensor) -> Tensor {
-        let tensors = model_tensors(self);
-        let mut args: Vec<&Tensor> = Vec::with_capacity(1 + tensors.len());
-        args.push(ids);
-        args.extend(&tensors);
-        match self.recorder.call_keyed(self.structure_key(), &args, |_| self.record_forward(ids)) {
-            Ok(outputs) => outputs.into_iter().next().unwrap_or_else(|| Tensor::op_error("forward", "no output")),
-            Err(e) => Tensor::op_error("forward", e.to_string()),
-        }
+        let [logits] = self.recorded("forward", self.structure_key(), &[ids], self, || [self.record_forward(ids)]);
+        logits
     }
 }
 
@@ -206,20 +200,32 @@ impl Transformer {
     /// `block.forward(x)`, the blocks of a model being one function of their own tensors,
     /// recorded once ([`Transformer::recorder`]): the third block on is one node each.
     fn block(&self, block: &Block, x: &Tensor) -> Tensor {
-        let tensors = model_tensors(block);
-        let mut args: Vec<&Tensor> = Vec::with_capacity(1 + tensors.len());
-        args.push(x);
+        let [y] = self.recorded("forward", block.key("block"), &[x], block, || [block.forward(x)]);
+        y
+    }
+
+    /// `f()` through [`Transformer::recorder`]: `lead`, then `module`'s tensors, are the
+    /// arguments of the recording, and `key` stands for everything else `f` reads. A failed call
+    /// is `N` error tensors naming `op`.
+    fn recorded<const N: usize>(
+        &self,
+        op: &'static str,
+        key: u64,
+        lead: &[&Tensor],
+        module: &(impl ModuleParams + ?Sized),
+        f: impl FnOnce() -> [Tensor; N],
+    ) -> [Tensor; N] {
+        let tensors = model_tensors(module);
+        let mut args: Vec<&Tensor> = Vec::with_capacity(lead.len() + tensors.len());
+        args.extend(lead);
         args.extend(&tensors);
-        let key = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            "block".hash(&mut h);
-            block.structure_key(&mut h);
-            h.finish()
-        };
-        match self.recorder.call_keyed(key, &args, |_| block.forward(x)) {
-            Ok(outputs) => outputs.into_iter().next().unwrap_or_else(|| Tensor::op_error("forward", "no output")),
-            Err(e) => Tensor::op_error("forward", e.to_string()),
+        let outputs = self.recorder.call_keyed(key, &args, |_| f().to_vec());
+        match outputs.map(<[Tensor; N]>::try_from) {
+            Ok(Ok(out)) => out,
+            Ok(Err(_)) => {
+                std::array::from_fn(|_| Tensor::op_error(op, format!("a recorded call gave other than {N} outputs")))
+            }
+            Err(e) => std::array::from_fn(|_| Tensor::op_error(op, e.to_string())),
         }
     }
 }
@@ -513,26 +519,10 @@ impl Transformer {
             let x = x.add(block.mlp.forward(&block.ln2.forward(&x)));
             [x, keys, values]
         };
-        let tensors = model_tensors(block);
-        let mut args: Vec<&Tensor> = Vec::with_capacity(4 + tensors.len());
-        args.extend([x, kv[0], kv[1]]);
-        args.extend(mask);
-        args.extend(&tensors);
-        let key = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            ("block_cached", start, len, mask.is_some()).hash(&mut h);
-            block.structure_key(&mut h);
-            h.finish()
-        };
-        let outputs = self.recorder.call_keyed(key, &args, |_| run(x).to_vec());
-        match outputs.map(<[Tensor; 3]>::try_from) {
-            Ok(Ok(out)) => out,
-            Ok(Err(_)) => {
-                std::array::from_fn(|_| Tensor::op_error("forward_cached", "a block gave other than 3 outputs"))
-            }
-            Err(e) => std::array::from_fn(|_| Tensor::op_error("forward_cached", e.to_string())),
-        }
+        let mut lead = vec![x, kv[0], kv[1]];
+        lead.extend(mask);
+        let key = block.key(("block_cached", start, len, mask.is_some()));
+        self.recorded("forward_cached", key, &lead, block, || run(x))
     }
 }
 
@@ -542,6 +532,16 @@ impl Block {
         use std::hash::Hash;
         (self.ln1.eps.to_bits(), self.ln2.eps.to_bits(), self.attn.n_heads, self.attn.max_seq_len).hash(h);
         self.mlp.activation.hash(h);
+    }
+
+    /// The recorder's key for a call of this block: `call` (which function, and what else it
+    /// reads) and the block's [`Block::structure_key`].
+    fn key(&self, call: impl std::hash::Hash) -> u64 {
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        call.hash(&mut h);
+        self.structure_key(&mut h);
+        h.finish()
     }
 }
 
