@@ -34,6 +34,7 @@ pub mod levels;
 pub mod matmul;
 pub mod memory;
 pub mod observe;
+mod panel;
 pub mod parallel;
 pub mod prepared;
 pub mod vm;

@@ -95,6 +95,13 @@ const FEW_ROWS_MAX_MACS: u128 = 1 << 18;
 /// lanes each over a long `k` (a dot product of thousands) stays with `gemm` or the dots.
 const SMALL_MAX_STEPS: usize = 512;
 
+/// The shortest `k` whose weight is packed in panels ([`crate::panel`]); a shorter one is kept in
+/// rows for `gemm`. The panel kernel stores each tile once per call and packs `a` first, which a
+/// short `k` does not amortise: an attention's four `Linear`s (128x64x64, one thread) took 42 us
+/// from panels against 32 from rows (`kiln profile model attention --launches 300`), where
+/// dense-large's 784 and 1024 gained.
+const PANEL_MIN_K: usize = 256;
+
 /// A threaded GEMM is cut into blocks of at least this many columns (or rows) per thread.
 const GEMM_SPLIT_MIN: usize = 32;
 
@@ -408,7 +415,7 @@ unsafe fn transpose16(src: *const f32, src_row: usize, dst: *mut f32, dst_row: u
 /// `src` holds the matrix; `dst` holds `(k - 1) * ld + n` elements; AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn columns_to_rows(src: *const f32, col: usize, k: usize, n: usize, dst: *mut f32, ld: usize) {
+pub(crate) unsafe fn columns_to_rows(src: *const f32, col: usize, k: usize, n: usize, dst: *mut f32, ld: usize) {
     // SAFETY: every access is below `k` along columns and `n` across them.
     unsafe {
         for j0 in (0..n).step_by(16) {
@@ -604,11 +611,14 @@ thread_local! {
 #[repr(C, align(64))]
 struct Line16([f32; 16]);
 
-/// A column-major weight copied to rows once and kept across runs while the weight is the same
-/// (ONNX Runtime prepacks constant weights when it creates a session). `gemm` packs a
-/// column-major `b` more slowly than a row-major one: dense-large's (128x784)@(784x1024) and
-/// (128x1024)@(1024x1024) with their `Linear` weights as read (`[out, in]`, columns of `b`
-/// contiguous) take 590 and 1955 us against about 565 and 700 from rows.
+/// A weight packed once and kept across runs while the weight is the same (ONNX Runtime
+/// prepacks constant weights when it creates a session): in panels of 32 columns for
+/// [`crate::panel`]'s kernel, or, for an entry small enough for [`small_avx512`], in rows. `gemm`
+/// packs its `b` again on every call, and a column-major one slowly: dense-large's
+/// (128x784)@(784x1024) and (128x1024)@(1024x1024) with their `Linear` weights as read (`[out,
+/// in]`, columns of `b` contiguous) took 590 and 1955 us against about 565 and 700 from rows
+/// (AMD EPYC host), and from panels the steady call of the whole model took 1.65 ms against 1.74
+/// from rows (Intel host, `kiln bench onnx`, three alternations).
 ///
 /// The copy pays only from a step's second run on: a step's first run (of a run state) reads
 /// the weight in place and only notes it, and the second run makes the copy, as a tiered JIT
@@ -624,66 +634,96 @@ struct Line16([f32; 16]);
 /// `Arc::try_unwrap` to be written in place leaves the `Weak` dead, so the next run copies
 /// again). The address and the launch's strides are compared too (an offset may move with a
 /// symbol).
-pub struct RowCopy {
+pub struct PackedWeight {
+    /// The weight last seen (`lines` holds its copy when `valid`).
     source: Weak<HostData>,
-    /// `(address of b's first element, k, n, column stride)`.
-    key: (usize, usize, usize, isize),
+    /// `(address of b's first element, k, n, row stride, column stride, in panels)`: one step may
+    /// take either layout in different binding sets (a few rows run from rows, more from panels).
+    key: (usize, usize, usize, isize, isize, bool),
     /// Empty until the second run.
-    rows: Vec<Line16>,
+    lines: Vec<Line16>,
+    valid: bool,
 }
 
-impl RowCopy {
+impl PackedWeight {
     /// The copy of `launch`'s `b` (at `b`, the entry's first element, in the array `source`)
-    /// from `copy`, made again unless it is one of the same array, address and shape; null on
-    /// the step's first run (`copy` is `None`), which reads `b` in place.
+    /// for `copied` (`launch`'s [`MatmulLaunch::with_packed_b`]) from `copy`, made again unless
+    /// it is one of the same array, address and shape; null on the step's first run (`copy` is
+    /// `None`), which reads `b` in place.
     ///
     /// # Safety
     /// `b` points into `source`'s elements and holds the launch's `b` (its strides checked in
-    /// `MatmulLaunch::new`); `launch` came from [`MatmulLaunch::with_rows_copy`]'s receiver.
+    /// `MatmulLaunch::new`); `copied` came from `launch.with_packed_b()`.
     pub unsafe fn refresh(
-        copy: &mut Option<RowCopy>,
-        launch: &MatmulLaunch,
+        copy: &mut Option<PackedWeight>,
+        (launch, copied): (&MatmulLaunch, &MatmulLaunch),
         source: &Arc<HostData>,
         b: *mut u8,
         threaded: bool,
     ) -> *mut u8 {
-        let key = (b as usize, launch.k, launch.n, launch.b.col);
+        let key = (b as usize, launch.k, launch.n, launch.b.row, launch.b.col, copied.packed);
         let Some(c) = copy else {
-            *copy = Some(RowCopy { source: Arc::downgrade(source), key, rows: Vec::new() });
+            *copy = Some(PackedWeight { source: Arc::downgrade(source), key, lines: Vec::new(), valid: false });
             return std::ptr::null_mut();
         };
-        let current = !c.rows.is_empty() && c.key == key && c.source.upgrade().is_some_and(|s| Arc::ptr_eq(&s, source));
-        if !current {
-            let len = launch.rows_copy_len();
+        let same = c.key == key && c.source.upgrade().is_some_and(|s| Arc::ptr_eq(&s, source));
+        if !same && launch.b.col == 1 {
+            // A weight in rows that changed since the last run (one updated every training step)
+            // is read in place, as on a step's first run: `gemm` reads rows well, and a copy pays
+            // only when the next run reads the same weight (dense-large's fit step took 7.3 ms
+            // against 6.4 packing its backward's weights every step).
+            c.source = Arc::downgrade(source);
+            c.key = key;
+            c.valid = false;
+            return std::ptr::null_mut();
+        }
+        if !(same && c.valid) {
+            let len = copied.copy_len();
             let lines = len.div_ceil(16);
-            if c.rows.len() == lines {
-                // The last copy's storage (a weight updated every step).
-                // SAFETY: the caller's contract; `rows` holds `k * (n + B_ROWS_PAD)` f32; the
-                // launch qualified for a copy only on an AVX-512F host.
-                unsafe { launch.copy_b_to_rows(b, c.rows.as_mut_ptr() as *mut f32, threaded) };
-            } else {
-                // A new copy is written once, not zeroed first: the columns by the copy, the
-                // padding after each row and the tail of the last line here.
-                let mut rows = Vec::<Line16>::with_capacity(lines);
-                let (n, ld) = (launch.n, launch.n + B_ROWS_PAD);
-                // SAFETY: as above, for the `len` f32 reserved (and the rest of the last line);
-                // every element is written (columns `..n` of each row by the copy, `n..ld` and
-                // the last line's tail here) before the length covers them.
+            if c.lines.len() != lines {
+                // A new copy is written once, not zeroed first: every element of `len` by the
+                // copy below (padding included), the tail of the last line here.
+                let mut fresh = Vec::<Line16>::with_capacity(lines);
+                // SAFETY: the tail lies inside the reserved lines; the rest is written below
+                // before anything reads it.
                 unsafe {
-                    let dst = rows.as_mut_ptr() as *mut f32;
+                    std::ptr::write_bytes((fresh.as_mut_ptr() as *mut f32).add(len), 0, lines * 16 - len);
+                    fresh.set_len(lines);
+                }
+                c.lines = fresh;
+            }
+            let dst = c.lines.as_mut_ptr() as *mut f32;
+            // SAFETY: the caller's contract; `dst` holds `copy_len` floats on a cache line;
+            // `with_packed_b` qualified the launch only on an AVX-512F host.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                if copied.packed {
+                    crate::panel::pack(
+                        b as *const f32,
+                        (launch.b.row, launch.b.col),
+                        launch.k,
+                        launch.n,
+                        dst,
+                        threaded,
+                    );
+                } else if launch.b.row == 1 {
                     launch.copy_b_to_rows(b, dst, threaded);
                     for p in 0..launch.k {
-                        std::ptr::write_bytes(dst.add(p * ld + n), 0, B_ROWS_PAD);
+                        std::ptr::write_bytes(dst.add(p * (launch.n + B_ROWS_PAD) + launch.n), 0, B_ROWS_PAD);
                     }
-                    std::ptr::write_bytes(dst.add(len), 0, lines * 16 - len);
-                    rows.set_len(lines);
+                } else {
+                    let (src, ld) = (b as *const f32, launch.n + B_ROWS_PAD);
+                    for p in 0..launch.k {
+                        std::ptr::copy_nonoverlapping(src.offset(p as isize * launch.b.row), dst.add(p * ld), launch.n);
+                        std::ptr::write_bytes(dst.add(p * ld + launch.n), 0, B_ROWS_PAD);
+                    }
                 }
-                c.rows = rows;
             }
             c.source = Arc::downgrade(source);
             c.key = key;
+            c.valid = true;
         }
-        c.rows.as_mut_ptr() as *mut u8
+        c.lines.as_mut_ptr() as *mut u8
     }
 }
 
@@ -710,6 +750,9 @@ pub struct MatmulLaunch {
     pub b: Strides,
     pub c: Strides,
     pub accumulate: bool,
+    /// `b` is a weight packed in panels ([`PackedWeight`], [`crate::panel`]), not a strided
+    /// matrix (`b`'s strides then name only its parameter).
+    pub packed: bool,
 }
 
 fn eval_size(name: &str, e: &lower::kir::IExpr, syms: &[i64]) -> Result<usize> {
@@ -773,6 +816,7 @@ impl MatmulLaunch {
             b: eval_operand("b", &kernel.b, syms, np)?,
             c: eval_operand("c", &kernel.c, syms, np)?,
             accumulate: kernel.accumulate,
+            packed: false,
         };
         let (batch, m, n, k) = (launch.batch, launch.m, launch.n, launch.k);
         for (p, name) in [(&kernel.a, "a"), (&kernel.b, "b"), (&kernel.c, "c")] {
@@ -843,12 +887,12 @@ impl MatmulLaunch {
         }
     }
 
-    /// Runs `copied` (this launch's [`MatmulLaunch::with_rows_copy`]) on this launch's `a` and `c`
+    /// Runs `copied` (this launch's [`MatmulLaunch::with_packed_b`]) on this launch's `a` and `c`
     /// in `args` and the copy of `b` at `rows`.
     ///
     /// # Safety
     /// As for [`MatmulLaunch::run`] on `args`; `rows` holds the copy of this launch's `b`
-    /// ([`RowCopy::refresh`]).
+    /// ([`PackedWeight::refresh`]).
     pub unsafe fn run_with_copy(&self, copied: &MatmulLaunch, args: *const *mut u8, rows: *mut u8, threads: bool) {
         // SAFETY: the caller's contract; `copied` reads its operands at 0, 1 and 2.
         unsafe {
@@ -888,6 +932,28 @@ impl MatmulLaunch {
         let at = |p: &SendPtr, s: &Strides, entry: usize| {
             (p.get() as isize + (s.offset + entry as isize * s.batch) * size as isize) as *mut u8
         };
+        #[cfg(target_arch = "x86_64")]
+        if self.packed {
+            for entry in lo..hi {
+                let (a, c) = (at(&ptrs.0, &self.a, entry), at(&ptrs.2, &self.c, entry));
+                // SAFETY: the entry's `a` and `c` lie inside their buffers (checked in `new`);
+                // `b` is the weight packed for this launch (`with_packed_b`, `refresh`), which
+                // qualified it only on an AVX-512F host.
+                unsafe {
+                    crate::panel::gemm(
+                        (self.m, self.n, self.k),
+                        a as *const f32,
+                        (self.a.row, self.a.col),
+                        ptrs.1.get() as *const f32,
+                        c as *mut f32,
+                        self.c.row,
+                        self.accumulate,
+                        threaded,
+                    )
+                }
+            }
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if self.is_small() {
             if self.b_copied_once(hi - lo) {
@@ -1092,35 +1158,44 @@ impl MatmulLaunch {
         let _ = (b, rows, threaded);
     }
 
-    /// This launch with its column-major `b` replaced by a copy in rows, where a copy kept across
-    /// runs pays (see [`RowCopy`]): f32, one `b` for every batch entry, not dot-shaped, `b` at least
-    /// 16x16 and at most [`B_ROWS_ALIASED_MAX`] elements, an AVX-512F host. The copy's operand
-    /// is `b` at offset 0, rows `n + B_ROWS_PAD` apart; it runs on `[a, copy, c]` as its
-    /// parameters 0, 1 and 2 ([`MatmulLaunch::run_with_copy`]).
-    pub fn with_rows_copy(&self) -> Option<MatmulLaunch> {
+    /// This launch with its `b` replaced by a copy kept across runs, where one pays (see
+    /// [`PackedWeight`]): f32, one `b` for every batch entry with its rows or its columns
+    /// contiguous, `c`'s columns contiguous, not dot-shaped, `b` at least 16x16 and at most
+    /// [`B_ROWS_ALIASED_MAX`] elements, an AVX-512F host. The copy is in panels
+    /// ([`crate::panel`], `packed`), or in rows `n + B_ROWS_PAD` apart for an entry that
+    /// [`small_avx512`] runs from rows (an RNN step's 16x128x32) and for a `k` below
+    /// [`PANEL_MIN_K`]. It runs on `[a, copy, c]` as its parameters 0, 1 and 2
+    /// ([`MatmulLaunch::run_with_copy`]).
+    pub fn with_packed_b(&self) -> Option<MatmulLaunch> {
         let b = &self.b;
+        let columns = b.row == 1 && b.col >= self.k as isize;
+        let rows = b.col == 1 && b.row >= self.n as isize;
         let fits = self.dtype == DType::F32
             && (self.batch == 1 || b.batch == 0)
-            && b.row == 1
-            && b.col >= self.k as isize
+            && (columns || rows)
+            && self.c.col == 1
             && self.k >= 16
             && self.n >= 16
             && self.k * self.n <= B_ROWS_ALIASED_MAX
             && !self.is_dot_shaped()
             && avx512_here();
+        if !fits {
+            return None;
+        }
         // Run on the three pointers `[a, copy, c]` (see `run_with_copy`).
-        let rows = Strides { param: 1, offset: 0, batch: 0, row: (self.n + B_ROWS_PAD) as isize, col: 1 };
-        fits.then(|| MatmulLaunch {
-            a: Strides { param: 0, ..self.a },
-            b: rows,
-            c: Strides { param: 2, ..self.c },
-            ..self.clone()
-        })
+        let (a, c) = (Strides { param: 0, ..self.a }, Strides { param: 2, ..self.c });
+        let in_rows = Strides { param: 1, offset: 0, batch: 0, row: (self.n + B_ROWS_PAD) as isize, col: 1 };
+        let copy = MatmulLaunch { a, b: in_rows, c, ..self.clone() };
+        if copy.is_small() || self.k < PANEL_MIN_K {
+            // A copy in rows of a weight already in rows would gain nothing.
+            return columns.then_some(copy);
+        }
+        Some(MatmulLaunch { b: Strides { row: crate::panel::NR as isize, ..in_rows }, packed: true, ..copy })
     }
 
-    /// Elements of the copy [`MatmulLaunch::with_rows_copy`] reads.
-    pub fn rows_copy_len(&self) -> usize {
-        self.k * (self.n + B_ROWS_PAD)
+    /// Elements of the copy of `b` this launch (from [`MatmulLaunch::with_packed_b`]) reads.
+    pub fn copy_len(&self) -> usize {
+        if self.packed { crate::panel::packed_len(self.k, self.n) } else { self.k * (self.n + B_ROWS_PAD) }
     }
 
     /// `c[i][j] (+)= dot(a[i, :], b[:, j])` for one entry of a dot-shaped launch: columns of `b`
@@ -1366,6 +1441,7 @@ mod tests {
             b: strides(1, k, n, b_col_major),
             c: strides(2, m, n, false),
             accumulate,
+            packed: false,
         };
         let value = |i: usize, salt: usize| ((i * 31 + salt * 17) % 23) as f32 / 8.0 - 1.0;
         let mut a: Vec<f32> = (0..m * k).map(|i| value(i, 1)).collect();
@@ -1387,6 +1463,11 @@ mod tests {
         }
     }
 
+    /// Asserts `got` within 1e-4 (relative, and absolute near 0) of `want`.
+    fn near(got: f32, want: f64, what: impl Fn() -> String) {
+        assert!((got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "{}: {got} vs {want}", what());
+    }
+
     /// One `[m, k] x [k, n]` f32 product with `b` column-major (a `Linear`'s `[n, k]` weight)
     /// and `a`, `c` row-major.
     fn weight_product(m: usize, n: usize, k: usize) -> MatmulLaunch {
@@ -1400,6 +1481,7 @@ mod tests {
             b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
             c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
             accumulate: false,
+            packed: false,
         }
     }
 
@@ -1433,6 +1515,7 @@ mod tests {
                 b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
                 c: Strides { param: 2, offset: 0, batch: (m * n) as isize, row: n as isize, col: 1 },
                 accumulate: false,
+                packed: false,
             };
             let mut a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
             let mut b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 44.0 - 1.0).collect();
@@ -1467,6 +1550,7 @@ mod tests {
                 b: Strides { param: 1, offset: 0, batch: 0, row: n as isize, col: 1 },
                 c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
                 accumulate: m == 5,
+                packed: false,
             };
             assert!(launch.few_rows_wide() && launch.macs() > SMALL_MACS as u128);
             assert_eq!(launch.is_small(), avx512_here(), "{m}x{n}x{k}");
@@ -1505,6 +1589,140 @@ mod tests {
     }
 
     #[test]
+    fn weights_packed_in_panels_give_the_product_at_every_edge() {
+        // Rows past a multiple of the strip (12), columns past a panel (32), `k` past a block
+        // (1024, cut into equal blocks), accumulating or not, `a` by rows or by columns, the
+        // weight by columns (a `Linear`'s) or by rows (a Conv1D's), a batch sharing one weight,
+        // on one thread and split over the threads.
+        #[cfg(target_arch = "x86_64")]
+        if avx512_here() {
+            let cases = [(5, 16, 16), (13, 33, 17), (40, 100, 64), (25, 70, 1500), (128, 64, 300), (7, 512, 40)];
+            for (case, &(m, n, k)) in cases.iter().enumerate() {
+                for layout in 0..4 {
+                    let (a_cols, b_cols, accumulate) = (layout & 1 == 1, layout & 2 == 2, (case + layout) % 2 == 1);
+                    let batch = if case % 2 == 0 { 1 } else { 3 };
+                    let a = if a_cols {
+                        Strides { param: 0, offset: 0, batch: (m * k) as isize, row: 1, col: m as isize }
+                    } else {
+                        Strides { param: 0, offset: 0, batch: (m * k) as isize, row: k as isize, col: 1 }
+                    };
+                    let b = if b_cols {
+                        Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize }
+                    } else {
+                        Strides { param: 1, offset: 0, batch: 0, row: n as isize, col: 1 }
+                    };
+                    let c = Strides { param: 2, offset: 0, batch: (m * n) as isize, row: n as isize, col: 1 };
+                    let launch = MatmulLaunch { dtype: DType::F32, batch, m, n, k, a, b, c, accumulate, packed: false };
+                    let Some(copied) = launch.with_packed_b() else {
+                        // A weight in rows is copied only into panels.
+                        assert!(!b_cols && k < PANEL_MIN_K, "{m}x{n}x{k} layout {layout}");
+                        continue;
+                    };
+                    assert_eq!(copied.packed, !copied.is_small() && k >= PANEL_MIN_K, "{m}x{n}x{k}");
+                    let value = |i: usize, salt: usize| ((i * 31 + salt * 17) % 23) as f32 / 8.0 - 1.0;
+                    let mut xa: Vec<f32> = (0..batch * m * k).map(|i| value(i, 1)).collect();
+                    let w = Arc::new(HostData::F32((0..k * n).map(|i| value(i, 2)).collect()));
+                    let HostData::F32(wv) = &*w else { unreachable!() };
+                    let start: Vec<f32> = (0..batch * m * n).map(|i| value(i, 3)).collect();
+                    let at = |s: &Strides, e: usize, r: usize, col: usize| {
+                        (e as isize * s.batch + r as isize * s.row + col as isize * s.col) as usize
+                    };
+                    let want: Vec<f64> = (0..batch * m * n)
+                        .map(|o| {
+                            let (e, i, j) = (o / (m * n), o / n % m, o % n);
+                            let dot: f64 =
+                                (0..k).map(|p| xa[at(&a, e, i, p)] as f64 * wv[at(&b, 0, p, j)] as f64).sum();
+                            dot + if accumulate { start[o] as f64 } else { 0.0 }
+                        })
+                        .collect();
+                    let mut copy = None;
+                    let wp = wv.as_ptr() as *mut u8;
+                    // SAFETY: `wp` is the first element of `w`; the second refresh makes the copy.
+                    let packed = unsafe {
+                        PackedWeight::refresh(&mut copy, (&launch, &copied), &w, wp, false);
+                        PackedWeight::refresh(&mut copy, (&launch, &copied), &w, wp, true)
+                    };
+                    assert!(!packed.is_null());
+                    for threads in [false, true] {
+                        let mut out = start.clone();
+                        let args = [xa.as_mut_ptr() as *mut u8, wp, out.as_mut_ptr() as *mut u8];
+                        // SAFETY: buffers of the sizes the strides describe; `packed` holds
+                        // the copy of `b`.
+                        unsafe { launch.run_with_copy(&copied, args.as_ptr(), packed, threads) };
+                        for (o, (&got, &want)) in out.iter().zip(&want).enumerate() {
+                            near(got, want, || format!("{m}x{n}x{k} layout {layout} threads {threads} at {o}"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_copy_kept_in_one_layout_is_not_read_as_the_other() {
+        // One step, one weight, read in rows by one binding set's launch and in panels by
+        // another's: the copy kept from the first must not be handed to the second (the
+        // exported GPT-2 at batch 1, then 3, read garbage when rows of a few tokens took the
+        // copy in rows and more took panels).
+        #[cfg(target_arch = "x86_64")]
+        if avx512_here() {
+            let (m, n, k) = (40, 48, 300);
+            let launch = weight_product(m, n, k);
+            let panels = launch.with_packed_b().expect("a weight that qualifies for a copy");
+            assert!(panels.packed);
+            let ld = (n + B_ROWS_PAD) as isize;
+            let rows = MatmulLaunch { packed: false, b: Strides { row: ld, ..panels.b }, ..panels.clone() };
+            let w = Arc::new(HostData::F32((0..n * k).map(|i| ((i * 7) % 97) as f32 / 48.0 - 1.0).collect()));
+            let HostData::F32(wv) = &*w else { unreachable!() };
+            let wp = wv.as_ptr() as *mut u8;
+            let mut a: Vec<f32> = (0..m * k).map(|i| ((i * 31) % 89) as f32 / 44.0 - 1.0).collect();
+            let mut copy = None;
+            for copied in [&rows, &panels, &rows] {
+                // SAFETY: `wp` is the first element of `w`.
+                let kept = unsafe {
+                    PackedWeight::refresh(&mut copy, (&launch, copied), &w, wp, false);
+                    PackedWeight::refresh(&mut copy, (&launch, copied), &w, wp, false)
+                };
+                let mut c = vec![0f32; m * n];
+                let args = [a.as_mut_ptr() as *mut u8, wp, c.as_mut_ptr() as *mut u8];
+                // SAFETY: buffers of the sizes the strides describe; `kept` holds the copy.
+                unsafe { launch.run_with_copy(copied, args.as_ptr(), kept, false) };
+                for (o, &got) in c.iter().enumerate() {
+                    let (i, j) = (o / n, o % n);
+                    let want: f64 = (0..k).map(|p| a[i * k + p] as f64 * wv[j * k + p] as f64).sum();
+                    near(got, want, || format!("panels {} at {o}", copied.packed));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_weight_in_rows_that_changed_since_the_last_run_is_read_in_place() {
+        // A training step's weight in rows changes every run: packing it each time cost more
+        // than `gemm` reading it in place. One that stays the same is packed on its second run.
+        #[cfg(target_arch = "x86_64")]
+        if avx512_here() {
+            let (m, n, k) = (40, 48, 300);
+            let mut launch = weight_product(m, n, k);
+            launch.b = Strides { param: 1, offset: 0, batch: 0, row: n as isize, col: 1 };
+            let copied = launch.with_packed_b().expect("a weight in rows that qualifies for panels");
+            let weight = |seed: usize| Arc::new(HostData::F32((0..n * k).map(|i| ((i * seed) % 97) as f32).collect()));
+            let ptr = |w: &Arc<HostData>| match &**w {
+                HostData::F32(v) => v.as_ptr() as *mut u8,
+                _ => unreachable!(),
+            };
+            let (w1, w2) = (weight(7), weight(11));
+            let mut copy = None;
+            // SAFETY (each `refresh`): `ptr(w)` is the first element of the weight `w`.
+            let mut refresh = |w: &Arc<HostData>| unsafe {
+                PackedWeight::refresh(&mut copy, (&launch, &copied), w, ptr(w), false).is_null()
+            };
+            let in_place: Vec<bool> = [&w1, &w1, &w2, &w2, &w1, &w1].into_iter().map(&mut refresh).collect();
+            assert_eq!(in_place, [true, false, true, false, true, false]);
+        }
+    }
+
+    #[test]
     fn a_weight_is_read_in_place_on_a_steps_first_run_and_copied_from_its_second() {
         #[cfg(target_arch = "x86_64")]
         if avx512_here() {
@@ -1520,8 +1738,9 @@ mod tests {
                 b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
                 c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
                 accumulate: false,
+                packed: false,
             };
-            let copied = launch.with_rows_copy().expect("a weight that qualifies for a copy");
+            let copied = launch.with_packed_b().expect("a weight that qualifies for a copy");
             let weight = |seed: usize| {
                 Arc::new(HostData::F32((0..n * k).map(|i| ((i * seed) % 97) as f32 / 48.0 - 1.0).collect()))
             };
@@ -1547,10 +1766,10 @@ mod tests {
             let (w1, w2) = (weight(7), weight(11));
             let mut copy = None;
             // SAFETY (each `refresh`): `ptr(w)` is the first element of the weight `w`.
-            let first = unsafe { RowCopy::refresh(&mut copy, &launch, &w1, ptr(&w1), false) };
+            let first = unsafe { PackedWeight::refresh(&mut copy, (&launch, &copied), &w1, ptr(&w1), false) };
             assert!(first.is_null(), "a step's first run reads the weight in place");
             let in_place = product(&mut a, ptr(&w1), first);
-            let second = unsafe { RowCopy::refresh(&mut copy, &launch, &w1, ptr(&w1), false) };
+            let second = unsafe { PackedWeight::refresh(&mut copy, (&launch, &copied), &w1, ptr(&w1), false) };
             assert!(!second.is_null(), "the second run makes the copy");
             assert_eq!(second as usize % 64, 0, "the copy's rows start on cache lines");
             let from_copy = product(&mut a, ptr(&w1), second);
@@ -1570,10 +1789,10 @@ mod tests {
             };
             close(&in_place, &want, "in place");
             close(&from_copy, &want, "from the copy");
-            let third = unsafe { RowCopy::refresh(&mut copy, &launch, &w1, ptr(&w1), false) };
+            let third = unsafe { PackedWeight::refresh(&mut copy, (&launch, &copied), &w1, ptr(&w1), false) };
             assert_eq!(third, second, "the same weight keeps its copy");
             // Another weight is copied at once, into the same storage.
-            let other = unsafe { RowCopy::refresh(&mut copy, &launch, &w2, ptr(&w2), false) };
+            let other = unsafe { PackedWeight::refresh(&mut copy, (&launch, &copied), &w2, ptr(&w2), false) };
             assert_eq!(other, second);
             let (copy2, in_place2) =
                 (product(&mut a, ptr(&w2), other), product(&mut a, ptr(&w2), std::ptr::null_mut()));
@@ -1598,6 +1817,7 @@ mod tests {
             b: Strides { param: 1, offset: 0, batch: 0, row: 1, col: k as isize },
             c: Strides { param: 2, offset: 0, batch: (m * n) as isize, row: n as isize, col: 1 },
             accumulate: true,
+            packed: false,
         };
         assert!(launch.small_gathers() && launch.b_copied_once(batch) && launch.b_copied_once(1));
         let mut a: Vec<f32> = (0..batch * m * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
@@ -1714,6 +1934,7 @@ mod tests {
                     b,
                     c: matrix(2, m, n, c_cols, false),
                     accumulate: layout % 3 == 0,
+                    packed: false,
                 };
                 if !launch.is_dot_shaped() || launch.small_gathers() {
                     assert_eq!(launch.is_small(), avx512_here(), "{m}x{n}x{k} layout {layout}");

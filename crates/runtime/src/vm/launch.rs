@@ -51,14 +51,14 @@ pub(super) enum Launch {
     /// calibration may turn it off); `calibrate`: whether it is timed in the calibration runs
     /// (a launch that threads itself with little enough work that a wake-up of the pool may cost
     /// more than the split saves), with `calib_ns` (one thread) and `split_ns` (threaded).
-    /// `rows`: `mm` with its `b` (an input of the program, never written in place) read from a
-    /// copy in rows that `bind` keeps across runs ([`crate::matmul::RowCopy`]) and puts in the
-    /// table at `rows_at`, past every step's arguments (null where the run reads `b` in place).
+    /// `copied`: `mm` with its `b` (an input of the program, never written in place) read from a
+    /// packed copy that `bind` keeps across runs ([`crate::matmul::PackedWeight`]) and puts in
+    /// the table at `copy_at`, past every step's arguments (null where the run reads `b` in place).
     Matmul {
         arg_start: u32,
         mm: Box<MatmulLaunch>,
-        rows: Option<Box<MatmulLaunch>>,
-        rows_at: u32,
+        copied: Option<Box<MatmulLaunch>>,
+        copy_at: u32,
         threads: AtomicBool,
         calibrate: bool,
         calib_ns: AtomicU64,
@@ -86,9 +86,9 @@ pub(super) fn parallel_loop(k: &LoopKernel) -> Option<&IExpr> {
     }
 }
 
-/// The most elements of weight copies in rows ([`crate::matmul::RowCopy`]) one binding set keeps
+/// The most elements of packed weight copies ([`crate::matmul::PackedWeight`]) one binding set keeps
 /// (64 MiB); launches past it read their weights as they are.
-const ROW_COPIES_MAX: usize = 1 << 24;
+const WEIGHT_COPIES_MAX: usize = 1 << 24;
 
 /// The launch of every step for one binding set: loop ranges split by their work estimate
 /// (calibration candidates marked), matmul sizes and strides bounds-checked.
@@ -149,13 +149,13 @@ pub(super) fn launches(
                 // A weight: an input the program never writes in place.
                 let b = step.args[mm.b.param];
                 let weight = matches!(p.buffers[b.0 as usize].kind, BufferKind::Input(_)) && !written[b.0 as usize];
-                let rows = mm.with_rows_copy().filter(|_| weight && copied + mm.rows_copy_len() <= ROW_COPIES_MAX);
-                copied += rows.as_ref().map_or(0, |_| mm.rows_copy_len());
-                let rows_at = (table_len + copies) as u32;
-                copies += usize::from(rows.is_some());
+                let copy = mm.with_packed_b().filter(|c| weight && copied + c.copy_len() <= WEIGHT_COPIES_MAX);
+                copied += copy.as_ref().map_or(0, |c| c.copy_len());
+                let copy_at = (table_len + copies) as u32;
+                copies += usize::from(copy.is_some());
                 Launch::Matmul {
-                    rows: rows.map(Box::new),
-                    rows_at,
+                    copied: copy.map(Box::new),
+                    copy_at,
                     arg_start: code.arg_start,
                     threads: AtomicBool::new(mm.threads_itself() && !calibrate),
                     calibrate,
@@ -348,15 +348,15 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
                 true
             }
         }
-        Launch::Matmul { arg_start, ref mm, ref rows, rows_at, ref threads, .. } => {
+        Launch::Matmul { arg_start, ref mm, ref copied, copy_at, ref threads, .. } => {
             let threads = !alone && threads.load(Ordering::Relaxed);
             // SAFETY: `arg_start` indexes this step's arguments in the table (as above).
             let args = unsafe { table.add(arg_start as usize) };
             // `bind` put the copy of `b` in the table where this run has one.
-            let copy = rows.as_deref().map(|r| (r, unsafe { *table.add(rows_at as usize) }));
+            let copy = copied.as_deref().map(|r| (r, unsafe { *table.add(copy_at as usize) }));
             match copy {
                 // SAFETY: as above; `mm` was bounds-checked against these buffers' sizes, and
-                // the copy holds its `b` (`RowCopy::refresh`).
+                // the copy holds its `b` (`PackedWeight::refresh`).
                 Some((r, b)) if !b.is_null() => unsafe { mm.run_with_copy(r, args, b, threads) },
                 // SAFETY: as above.
                 _ => unsafe { mm.run_threads(args, threads) },
@@ -387,6 +387,7 @@ mod tests {
             b: s(1, n as isize),
             c: s(2, n as isize),
             accumulate: false,
+            packed: false,
         }
     }
 
@@ -405,8 +406,8 @@ mod tests {
         let matmul = Launch::Matmul {
             arg_start: 0,
             mm: Box::new(product(n)),
-            rows: None,
-            rows_at: 0,
+            copied: None,
+            copy_at: 0,
             threads: AtomicBool::new(false),
             calibrate: true,
             calib_ns: AtomicU64::new(u64::MAX),

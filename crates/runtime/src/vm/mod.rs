@@ -175,9 +175,9 @@ pub struct CpuLaunches {
     /// every element of it, so that it is allocated without zeroing.
     unwritten_ok: Vec<bool>,
     launches: Vec<Launch>,
-    /// The steps whose matmul reads its weight from a copy in rows (`Launch::Matmul::rows`), for
+    /// The steps whose matmul reads its weight from a copy (`Launch::Matmul::copied`), for
     /// `bind` to refresh without walking every launch.
-    row_copy_steps: Vec<u32>,
+    copy_steps: Vec<u32>,
     /// `Some` when some dependency level runs concurrently: the program then runs by levels.
     schedule: Option<LevelSchedule>,
     /// Runs started with this binding set (saturates at `2 * CALIBRATION_RUNS + 1`).
@@ -207,8 +207,8 @@ pub struct RunState {
     /// The run's status words (`lower::kir::STATUS_WORDS`), zeroed before each run; kernels
     /// record data-dependent failures here.
     status: Vec<i32>,
-    /// Per step: the copy in rows of its weight, for a matmul launch that reads one that way.
-    row_copies: Vec<Option<crate::matmul::RowCopy>>,
+    /// Per step: the packed copy of its weight, for a matmul launch that reads one.
+    weight_copies: Vec<Option<crate::matmul::PackedWeight>>,
 }
 
 // SAFETY: the raw pointers in a `RunState` are only dereferenced during a run, by the thread

@@ -14,7 +14,7 @@ use super::{CALIBRATE_AGAIN, CALIBRATION_RUNS, CpuCode, CpuLaunches, OutputSourc
 use crate::backend::{Backend, BindingSet};
 use crate::error::{Result, RuntimeError};
 use crate::levels::{self, Phase};
-use crate::matmul::RowCopy;
+use crate::matmul::PackedWeight;
 use crate::memory;
 use crate::parallel::{self, SendPtr};
 use crate::prepared::{Prepared, Preset, Sizes};
@@ -53,8 +53,8 @@ impl Backend for CpuCode {
             }
             None => None,
         };
-        let row_copy_steps = (0..launches.len() as u32)
-            .filter(|&s| matches!(launches[s as usize], Launch::Matmul { rows: Some(_), .. }))
+        let copy_steps = (0..launches.len() as u32)
+            .filter(|&s| matches!(launches[s as usize], Launch::Matmul { copied: Some(_), .. }))
             .collect();
         // Launches calibrated before in another binding set take that decision; when all of them
         // do, the first calibration window is skipped.
@@ -63,7 +63,7 @@ impl Backend for CpuCode {
         Ok(CpuLaunches {
             unwritten_ok,
             launches,
-            row_copy_steps,
+            copy_steps,
             schedule,
             runs: AtomicU32::new(runs),
             code_seen: AtomicU64::new(codegen::cpu::tier_ups_so_far()),
@@ -161,7 +161,7 @@ impl Backend for CpuCode {
         state.table.clear();
         state.table.extend(self.table_bufs.iter().map(|&b| state.buf_ptrs[b as usize]));
         // The weights' copies in rows, set below.
-        state.table.resize(self.table_bufs.len() + sized.launches.row_copy_steps.len(), std::ptr::null_mut());
+        state.table.resize(self.table_bufs.len() + sized.launches.copy_steps.len(), std::ptr::null_mut());
         // Per run, not per binding set: an offset may read a symbol that binding sets sharing
         // their launches differ in (a KV cache's write position).
         for (at, e, size) in &self.table_offsets {
@@ -177,10 +177,10 @@ impl Backend for CpuCode {
         // Weights read from their copies in rows (made on a step's second run, again when the
         // weight changed).
         let launches = &sized.launches.launches;
-        state.row_copies.resize_with(launches.len(), || None);
-        for &step in &sized.launches.row_copy_steps {
+        state.weight_copies.resize_with(launches.len(), || None);
+        for &step in &sized.launches.copy_steps {
             let step = step as usize;
-            let Launch::Matmul { arg_start, mm, rows_at, .. } = &launches[step] else { continue };
+            let Launch::Matmul { arg_start, mm, copied: Some(copied), copy_at, .. } = &launches[step] else { continue };
             let at = *arg_start as usize + mm.b.param;
             let BufferKind::Input(slot) = program.buffers[self.table_bufs[at] as usize].kind else {
                 return Err(RuntimeError::InvalidProgram(format!("step {step} copies a weight that is not an input")));
@@ -188,10 +188,17 @@ impl Backend for CpuCode {
             let b = state.table[at].wrapping_offset(mm.b.offset * mm.dtype.size_bytes() as isize);
             // SAFETY: `b` is the matmul's `b` inside the input's array (its strides were checked
             // against the buffer's size in `MatmulLaunch::new`, the input's size in
-            // `check_inputs`); `rows` launches come from `with_rows_copy`.
-            let copy =
-                unsafe { RowCopy::refresh(&mut state.row_copies[step], mm, &inputs[slot as usize].data, b, true) };
-            state.table[*rows_at as usize] = copy;
+            // `check_inputs`); `copied` came from `mm.with_packed_b()`.
+            let copy = unsafe {
+                PackedWeight::refresh(
+                    &mut state.weight_copies[step],
+                    (mm, copied),
+                    &inputs[slot as usize].data,
+                    b,
+                    true,
+                )
+            };
+            state.table[*copy_at as usize] = copy;
         }
         Ok(())
     }

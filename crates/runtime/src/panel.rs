@@ -1,0 +1,359 @@
+//! f32 GEMM against a weight packed once into panels of 32 columns (`matmul::PackedWeight`): the
+//! register-blocked AVX-512 kernel behind a `Linear`'s product on the CPU.
+//!
+//! `gemm` packs its `b` again on every call and its AVX-512 kernel reached about 145 GFLOP/s on
+//! one core of this project's Intel host (dense-large's 128x512x1024 half of a weight product),
+//! where the core's FMA peak is 215. A weight is packed here once per weight version (as ONNX
+//! Runtime prepacks constant weights when it creates a session): panel `p` holds columns
+//! `32p..32p + 32` of `b` as `k` rows of 32 floats, the last panel zero-padded. A product then
+//! packs only `a`, a block of [`KC`] steps of [`MC`] rows at a time into strips of [`MR`] rows
+//! (`[step][row]`, one contiguous stream), and runs [`kernel`] on each strip against each
+//! panel's block: 12 rows times two vectors of 16 columns are 24 accumulators, two vector loads
+//! of the panel and twelve broadcasts of `a` per step. A panel's block and the strips stream from
+//! L2; the next panel's block is prefetched into L2 while the current one's strips run.
+//! Threaded, the panels are split over the threads.
+//!
+//! Measured on the same host: one thread, median of 50, a standalone copy of this code against
+//! `gemm` 0.19: 128x512x1024 845 against 925 us, 128x512x784 633 against 683; dense-large's
+//! steady call (`kiln bench onnx`, two threads) 1.60-1.64 ms against 1.73-1.78 with the weights
+//! kept in rows for `gemm`. Two alternatives measured no faster: splitting the rows over the
+//! threads (each then packs only its rows of `a` but reads all of `b`: 1.71-1.81 against
+//! 1.62-1.78 ms), and an epilogue adding the bias and applying the ReLU as tiles are stored
+//! (the element-wise kernel it removed mostly paid for moving the product between the cores,
+//! which the next product's packing of `a` then paid: dense-large's predict unchanged, its fit
+//! step 6.8-6.9 against 6.2-6.4 ms, the RNNs' predict 3-8% slower).
+
+use crate::parallel::{self, SendPtr};
+
+/// Columns of a panel: two AVX-512 vectors.
+pub const NR: usize = 32;
+
+/// Rows of `a` per strip: 12 x 2 accumulators of the 32 vector registers, two for the panel's
+/// row, one for the broadcast.
+const MR: usize = 12;
+
+/// The most steps of `k` per block; a longer `k` is cut into equal blocks. A block as long as
+/// `k` stores each tile of `c` once, where shorter blocks load and store it again per block:
+/// with `c`'s rows 4 KiB apart (dense-large's 1024 columns), those 12 lines share an L1 set
+/// with the panel's. Measured against 256 steps (a 32 KiB block of the panel, L1-sized), two
+/// threads each computing half of 128x1024x1024 at once: 850 against 910-946 us per half.
+const KC: usize = 1024;
+
+/// Rows of `a` packed per block (768 KiB at `KC`: L2, with a panel's 128 KiB block).
+const MC: usize = 16 * MR;
+
+/// Floats of a packed `k x n` weight.
+pub fn packed_len(k: usize, n: usize) -> usize {
+    n.div_ceil(NR) * k * NR
+}
+
+/// Packs the `k x n` matrix at `b` (element `(p, j)` at `b[p * row + j * col]`, one of the two
+/// strides 1) into panels at `dst` ([`packed_len`] floats), split over the threads when
+/// `threaded`.
+///
+/// # Safety
+/// `b` holds the matrix with those strides; `dst` holds `packed_len(k, n)` floats and starts on a
+/// 64-byte boundary; the host has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+pub unsafe fn pack(b: *const f32, (row, col): (isize, isize), k: usize, n: usize, dst: *mut f32, threaded: bool) {
+    let (src, out) = (SendPtr(b as *mut u8), SendPtr(dst as *mut u8));
+    let panels = n.div_ceil(NR);
+    let one = |p: usize| {
+        let (b, dst) = (src.get() as *const f32, out.get() as *mut f32);
+        let cols = (n - p * NR).min(NR);
+        // SAFETY: the caller's contract; panel `p` reads columns `p * NR..p * NR + cols` and
+        // writes its own `k * NR` floats.
+        unsafe {
+            let (from, to) = (b.offset((p * NR) as isize * col), dst.add(p * k * NR));
+            if row == 1 {
+                crate::matmul::columns_to_rows(from, col as usize, k, cols, to, NR);
+            } else {
+                for s in 0..k {
+                    std::ptr::copy_nonoverlapping(from.offset(s as isize * row), to.add(s * NR), cols);
+                }
+            }
+            if cols < NR {
+                for s in 0..k {
+                    std::ptr::write_bytes(to.add(s * NR + cols), 0, NR - cols);
+                }
+            }
+        }
+    };
+    let threads = parallel::threads();
+    if threaded && threads > 1 && panels >= threads && k * n >= 1 << 16 {
+        parallel::for_chunks(panels, threads, &|lo, hi| (lo..hi).for_each(one));
+    } else {
+        (0..panels).for_each(one);
+    }
+}
+
+/// `c (+)= a b` for one `[m, k] x [k, n]` entry with `b` packed by [`pack`] at `panels`: `a`'s
+/// element `(i, p)` at `a[i * a_row + p * a_col]`, `c`'s `(i, j)` at `c[i * c_row + j]`. The
+/// panels are split over the threads when `threaded` (rows, in strips, where there are fewer
+/// panels than threads).
+///
+/// # Safety
+/// `a` and `c` hold their matrices with those strides, `panels` the packed `b`; nothing else
+/// writes `c` meanwhile; the host has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(
+    (m, n, k): (usize, usize, usize),
+    a: *const f32,
+    (a_row, a_col): (isize, isize),
+    panels: *const f32,
+    c: *mut f32,
+    c_row: isize,
+    accumulate: bool,
+    threaded: bool,
+) {
+    let (pa, pb, pc) = (SendPtr(a as *mut u8), SendPtr(panels as *mut u8), SendPtr(c as *mut u8));
+    // Rows `r0..r1` against panels `p0..p1`.
+    let block = |(r0, r1): (usize, usize), (p0, p1): (usize, usize)| {
+        let x = Operands {
+            a: pa.get() as *const f32,
+            a_row,
+            a_col,
+            b: pb.get() as *const f32,
+            c: pc.get() as *mut f32,
+            c_row,
+            n,
+            k,
+            accumulate,
+        };
+        // SAFETY: the caller's contract; distinct blocks write distinct elements of `c`.
+        unsafe { x.block((r0, r1), (p0, p1)) }
+    };
+    let count = n.div_ceil(NR);
+    let threads = if threaded { parallel::threads() } else { 1 };
+    if threads > 1 && count >= threads {
+        parallel::for_chunks(count, threads, &|lo, hi| block((0, m), (lo, hi)));
+    } else if threads > 1 && m >= 2 * MR {
+        let strips = m.div_ceil(MR);
+        parallel::for_chunks(strips, threads, &|lo, hi| block((lo * MR, (hi * MR).min(m)), (0, count)));
+    } else {
+        block((0, m), (0, count));
+    }
+}
+
+/// One entry's operands (see [`gemm`]).
+#[cfg(target_arch = "x86_64")]
+struct Operands {
+    a: *const f32,
+    a_row: isize,
+    a_col: isize,
+    b: *const f32,
+    c: *mut f32,
+    c_row: isize,
+    n: usize,
+    k: usize,
+    accumulate: bool,
+}
+
+/// One `[MC, KC]` block of `a` in strips, per thread (64-byte aligned).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    static STRIPS: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Operands {
+    /// Rows `r0..r1` of `c` against panels `p0..p1`.
+    ///
+    /// # Safety
+    /// As for [`gemm`], for that block.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block(&self, (r0, r1): (usize, usize), (p0, p1): (usize, usize)) {
+        // This thread's strips (the buffer stays put: nothing else on the thread resizes it while
+        // this runs). No closure runs the work: a closure does not inherit `target_feature`
+        // and, left out of line, would call every intrinsic.
+        let buf = STRIPS.with_borrow_mut(|strips| {
+            if strips.len() < MC * KC / 16 {
+                strips.resize(MC * KC / 16, Line([0.0; 16]));
+            }
+            strips.as_mut_ptr() as *mut f32
+        });
+        {
+            let blocks = self.k.div_ceil(KC);
+            let step = self.k.div_ceil(blocks);
+            for pc in (0..self.k).step_by(step) {
+                let kc = step.min(self.k - pc);
+                // The first block of `k` stores `c` unless the launch accumulates.
+                let load = pc > 0 || self.accumulate;
+                for ic in (r0..r1).step_by(MC) {
+                    let mc = MC.min(r1 - ic);
+                    // SAFETY: rows `ic..ic + mc` and steps `pc..pc + kc` of `a` are in bounds;
+                    // `buf` holds `MC * KC` floats.
+                    unsafe { self.pack_strips(ic, mc, pc, kc, buf) };
+                    for p in p0..p1 {
+                        let cols = (self.n - p * NR).min(NR);
+                        let masks = (lanes(cols), lanes(cols.saturating_sub(16)));
+                        // SAFETY: panel `p`'s block of steps `pc..pc + kc` lies inside the
+                        // packed `b`.
+                        let panel = unsafe { self.b.add((p * self.k + pc) * NR) };
+                        // The next panel's block, fetched into L2 a share per strip while this
+                        // one's strips run: a block read straight from L3 starves the kernel
+                        // through the first strip.
+                        let next =
+                            (p + 1 < p1).then(|| unsafe { self.b.add(((p + 1) * self.k + pc) * NR) as *const u8 });
+                        let lines = kc * NR * 4 / 64;
+                        let share = lines.div_ceil(mc.div_ceil(MR));
+                        let mut strip = buf as *const f32;
+                        for i in (0..mc).step_by(MR) {
+                            let rows = MR.min(mc - i);
+                            let first = (i / MR) * share;
+                            let pf = next.map_or((std::ptr::null(), 0), |b| {
+                                (b.wrapping_add(first * 64), share.min(lines.saturating_sub(first)))
+                            });
+                            // SAFETY: rows `ic + i..ic + i + rows`, columns `p * NR..p * NR +
+                            // cols` of `c` are in bounds (the masks stop at `cols`).
+                            unsafe {
+                                let c = self.c.offset((ic + i) as isize * self.c_row).add(p * NR);
+                                let t = Tile { kc, a: strip, b: panel, c, c_row: self.c_row, load, masks, pf };
+                                match rows {
+                                    12 => kernel::<12>(t),
+                                    11 => kernel::<11>(t),
+                                    10 => kernel::<10>(t),
+                                    9 => kernel::<9>(t),
+                                    8 => kernel::<8>(t),
+                                    7 => kernel::<7>(t),
+                                    6 => kernel::<6>(t),
+                                    5 => kernel::<5>(t),
+                                    4 => kernel::<4>(t),
+                                    3 => kernel::<3>(t),
+                                    2 => kernel::<2>(t),
+                                    _ => kernel::<1>(t),
+                                }
+                                strip = strip.add(kc * rows);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Packs rows `i0..i0 + mc`, steps `p0..p0 + kc` of `a` into strips of [`MR`] rows at `dst`
+    /// (`[step][row]`; the last strip has `mc % MR` rows).
+    ///
+    /// # Safety
+    /// The block lies inside `a`; `dst` holds `mc * kc` floats.
+    unsafe fn pack_strips(&self, i0: usize, mc: usize, p0: usize, kc: usize, dst: *mut f32) {
+        let mut out = dst;
+        for i in (i0..i0 + mc).step_by(MR) {
+            let rows = MR.min(i0 + mc - i);
+            // SAFETY: the caller's contract.
+            unsafe {
+                let first = self.a.offset(i as isize * self.a_row + p0 as isize * self.a_col);
+                for r in 0..rows {
+                    let src = first.offset(r as isize * self.a_row);
+                    if self.a_col == 1 {
+                        for s in 0..kc {
+                            *out.add(s * rows + r) = *src.add(s);
+                        }
+                    } else {
+                        for s in 0..kc {
+                            *out.add(s * rows + r) = *src.offset(s as isize * self.a_col);
+                        }
+                    }
+                }
+                out = out.add(kc * rows);
+            }
+        }
+    }
+}
+
+/// The first `cols` lanes of a vector of 16 (all from 16 on).
+#[cfg(target_arch = "x86_64")]
+fn lanes(cols: usize) -> u16 {
+    if cols >= 16 { u16::MAX } else { ((1u32 << cols) - 1) as u16 }
+}
+
+/// One call of [`kernel`]: `kc` steps of a strip at `a` (`[step][row]`) against a panel's block
+/// at `b` (`[step][NR]`), into the tile of `c` at `c` (rows `c_row` apart, columns masked by
+/// `masks`), added to the tile's values when `load`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Tile {
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    c_row: isize,
+    load: bool,
+    masks: (u16, u16),
+    /// Lines to prefetch into L2 meanwhile, one per iteration of the loop: `(first, count)`.
+    pf: (*const u8, usize),
+}
+
+/// Steps of the kernel's loop per iteration.
+#[cfg(target_arch = "x86_64")]
+const UNROLL: usize = 4;
+
+/// `R` rows of `c` times 32 columns, over `t.kc` steps, in 2R accumulators.
+///
+/// # Safety
+/// `t.a` holds `t.kc * R` floats, `t.b` `t.kc * NR`; the tile's `R` rows of masked columns lie
+/// inside `c`; the host has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn kernel<const R: usize>(t: Tile) {
+    use std::arch::x86_64::*;
+    let (m0, m1) = t.masks;
+    // SAFETY: the caller's contract: every load and store below stays inside `a`, `b` and the
+    // masked tile of `c`.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        if t.load {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let row = t.c.offset(r as isize * t.c_row);
+                *acc = [_mm512_maskz_loadu_ps(m0, row), _mm512_maskz_loadu_ps(m1, row.add(16))];
+            }
+        }
+        let (mut a, mut b) = (t.a, t.b);
+        // One step: a panel row against `R` broadcasts of `a` (a macro, not a closure: see
+        // `Operands::block`).
+        macro_rules! step {
+            ($acc:expr, $a:expr, $b:expr) => {{
+                let (a, b) = ($a, $b);
+                let (b0, b1) = (_mm512_loadu_ps(b), _mm512_loadu_ps(b.add(16)));
+                for (r, acc) in $acc.iter_mut().enumerate() {
+                    let x = _mm512_set1_ps(*a.add(r));
+                    acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
+                }
+            }};
+        }
+        let mut left = t.kc;
+        let (mut pf, mut pf_left) = t.pf;
+        while left >= UNROLL {
+            if pf_left > 0 {
+                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                pf = pf.add(64);
+                pf_left -= 1;
+            }
+            for u in 0..UNROLL {
+                step!(acc, a.add(u * R), b.add(u * NR));
+            }
+            a = a.add(UNROLL * R);
+            b = b.add(UNROLL * NR);
+            left -= UNROLL;
+        }
+        for _ in 0..left {
+            step!(acc, a, b);
+            a = a.add(R);
+            b = b.add(NR);
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            let row = t.c.offset(r as isize * t.c_row);
+            _mm512_mask_storeu_ps(row, m0, acc[0]);
+            _mm512_mask_storeu_ps(row.add(16), m1, acc[1]);
+        }
+    }
+}
