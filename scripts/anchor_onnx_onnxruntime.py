@@ -3,6 +3,7 @@ and steady `run` (median over at least 0.5 s, after 10 warm-up runs), CPU, 2 int
 
 Usage: python scripts/anchor_onnx_onnxruntime.py MODEL.onnx BATCH SHAPE
   e.g. python scripts/anchor_onnx_onnxruntime.py crates/onnx/tests/fixtures/cnn.onnx 3 3,8,8
+       python scripts/anchor_onnx_onnxruntime.py crates/onnx/tests/fixtures/gpt2.onnx 3 9
 The input is named `x` (as in crates/onnx/tests/fixtures/gen_onnx.py's exports).
 """
 import statistics
@@ -21,7 +22,12 @@ for _ in range(5):
     t0 = time.perf_counter()
     session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     created.append((time.perf_counter() - t0) * 1e3)
-x = {"x": np.sin(np.arange(batch * np.prod(shape), dtype=np.float32) * 0.731).reshape((batch,) + shape)}
+# The same inputs `kiln bench onnx` feeds (crates/cli/src/onnx_cmd.rs): sin(0.731 i) for floats,
+# zeros for integers (a token model's ids).
+if session.get_inputs()[0].type == "tensor(int64)":
+    x = {"x": np.zeros((batch,) + shape, dtype=np.int64)}
+else:
+    x = {"x": np.sin(np.arange(batch * np.prod(shape), dtype=np.float32) * 0.731).reshape((batch,) + shape)}
 for _ in range(10):
     session.run(None, x)
 runs = []
