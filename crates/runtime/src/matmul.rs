@@ -613,7 +613,8 @@ struct Line16([f32; 16]);
 
 /// A weight packed once and kept across runs while the weight is the same (ONNX Runtime
 /// prepacks constant weights when it creates a session): in panels of 32 columns for
-/// [`crate::panel`]'s kernel, or, for an entry small enough for [`small_avx512`], in rows. `gemm`
+/// [`crate::panel`]'s kernel, or in rows (a weight read by columns with a short `k` or in a small
+/// entry, for `gemm` or [`small_avx512`]; see [`MatmulLaunch::with_packed_b`]). `gemm`
 /// packs its `b` again on every call, and a column-major one slowly: dense-large's
 /// (128x784)@(784x1024) and (128x1024)@(1024x1024) with their `Linear` weights as read (`[out,
 /// in]`, columns of `b` contiguous) took 590 and 1955 us against about 565 and 700 from rows
@@ -706,16 +707,11 @@ impl PackedWeight {
                         dst,
                         threaded,
                     );
-                } else if launch.b.row == 1 {
+                } else {
+                    // A copy in rows is of a weight read by columns (`with_packed_b`).
                     launch.copy_b_to_rows(b, dst, threaded);
                     for p in 0..launch.k {
                         std::ptr::write_bytes(dst.add(p * (launch.n + B_ROWS_PAD) + launch.n), 0, B_ROWS_PAD);
-                    }
-                } else {
-                    let (src, ld) = (b as *const f32, launch.n + B_ROWS_PAD);
-                    for p in 0..launch.k {
-                        std::ptr::copy_nonoverlapping(src.offset(p as isize * launch.b.row), dst.add(p * ld), launch.n);
-                        std::ptr::write_bytes(dst.add(p * ld + launch.n), 0, B_ROWS_PAD);
                     }
                 }
             }
@@ -1160,12 +1156,12 @@ impl MatmulLaunch {
 
     /// This launch with its `b` replaced by a copy kept across runs, where one pays (see
     /// [`PackedWeight`]): f32, one `b` for every batch entry with its rows or its columns
-    /// contiguous, `c`'s columns contiguous, not dot-shaped, `b` at least 16x16 and at most
-    /// [`B_ROWS_ALIASED_MAX`] elements, an AVX-512F host. The copy is in panels
-    /// ([`crate::panel`], `packed`), or in rows `n + B_ROWS_PAD` apart for an entry that
-    /// [`small_avx512`] runs from rows (an RNN step's 16x128x32) and for a `k` below
-    /// [`PANEL_MIN_K`]. It runs on `[a, copy, c]` as its parameters 0, 1 and 2
-    /// ([`MatmulLaunch::run_with_copy`]).
+    /// contiguous, not dot-shaped, `b` at least 16x16 and at most [`B_ROWS_ALIASED_MAX`]
+    /// elements, an AVX-512F host. The copy is in panels ([`crate::panel`], `packed`; `k` at
+    /// least [`PANEL_MIN_K`], `c`'s columns contiguous), else, for a weight read by columns, in
+    /// rows `n + B_ROWS_PAD` apart (for `gemm`, or [`small_avx512`]: an RNN step's 16x128x32); a
+    /// weight read by rows gains nothing from a copy in rows. It runs on `[a, copy, c]` as its
+    /// parameters 0, 1 and 2 ([`MatmulLaunch::run_with_copy`]).
     pub fn with_packed_b(&self) -> Option<MatmulLaunch> {
         let b = &self.b;
         let columns = b.row == 1 && b.col >= self.k as isize;
@@ -1173,7 +1169,6 @@ impl MatmulLaunch {
         let fits = self.dtype == DType::F32
             && (self.batch == 1 || b.batch == 0)
             && (columns || rows)
-            && self.c.col == 1
             && self.k >= 16
             && self.n >= 16
             && self.k * self.n <= B_ROWS_ALIASED_MAX
@@ -1186,8 +1181,7 @@ impl MatmulLaunch {
         let (a, c) = (Strides { param: 0, ..self.a }, Strides { param: 2, ..self.c });
         let in_rows = Strides { param: 1, offset: 0, batch: 0, row: (self.n + B_ROWS_PAD) as isize, col: 1 };
         let copy = MatmulLaunch { a, b: in_rows, c, ..self.clone() };
-        if copy.is_small() || self.k < PANEL_MIN_K {
-            // A copy in rows of a weight already in rows would gain nothing.
+        if copy.is_small() || self.k < PANEL_MIN_K || self.c.col != 1 {
             return columns.then_some(copy);
         }
         Some(MatmulLaunch { b: Strides { row: crate::panel::NR as isize, ..in_rows }, packed: true, ..copy })
