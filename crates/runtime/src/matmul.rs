@@ -609,7 +609,7 @@ thread_local! {
 /// a 1024x1024 copy took 406 us against 333 aligned on this Intel host (one thread, best of 30).
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line16([f32; 16]);
+pub(crate) struct Line16(pub(crate) [f32; 16]);
 
 /// A weight packed once and kept across runs while the weight is the same (ONNX Runtime
 /// prepacks constant weights when it creates a session): in panels of 32 columns for

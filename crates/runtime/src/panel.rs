@@ -23,6 +23,8 @@
 //! which the next product's packing of `a` then paid: dense-large's predict unchanged, its fit
 //! step 6.8-6.9 against 6.2-6.4 ms, the RNNs' predict 3-8% slower).
 
+#[cfg(target_arch = "x86_64")]
+use crate::matmul::Line16;
 use crate::parallel::{self, SendPtr};
 
 /// Columns of a panel: two AVX-512 vectors.
@@ -150,15 +152,10 @@ struct Operands {
     accumulate: bool,
 }
 
-/// One `[MC, KC]` block of `a` in strips, per thread (64-byte aligned).
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([f32; 16]);
-
 #[cfg(target_arch = "x86_64")]
 thread_local! {
-    static STRIPS: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// One `[MC, KC]` block of `a` in strips, per thread (in cache lines).
+    static STRIPS: std::cell::RefCell<Vec<Line16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -174,7 +171,7 @@ impl Operands {
         // and, left out of line, would call every intrinsic.
         let buf = STRIPS.with_borrow_mut(|strips| {
             if strips.len() < MC * KC / 16 {
-                strips.resize(MC * KC / 16, Line([0.0; 16]));
+                strips.resize(MC * KC / 16, Line16([0.0; 16]));
             }
             strips.as_mut_ptr() as *mut f32
         });
