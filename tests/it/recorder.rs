@@ -9,9 +9,14 @@ fn vec2(rows: usize, cols: usize, seed: u32) -> Tensor {
     Tensor::from_vec(v, &[rows, cols])
 }
 
-/// `relu(x @ w + c)`, `c` captured.
+/// `relu(x @ w + c)`, built directly.
+fn direct(x: &Tensor, w: &Tensor, c: &Tensor) -> Tensor {
+    x.matmul(w).add(c).relu()
+}
+
+/// [`direct`] through `recorder`, `c` captured.
 fn mlp(recorder: &Recorder, x: &Tensor, w: &Tensor, c: &Tensor) -> Tensor {
-    recorder.call(&[x, w], |a| a[0].matmul(&a[1]).add(c).relu()).unwrap().remove(0)
+    recorder.call(&[x, w], |a| direct(&a[0], &a[1], c)).unwrap().remove(0)
 }
 
 #[test]
@@ -22,9 +27,9 @@ fn calls_after_the_second_are_the_recorded_graph() {
         let x = vec2(2, 4, 10 + i);
         let y = mlp(&recorder, &x, &w, &c);
         assert!(!y.is_realized(), "a call records, it does not compute");
-        let direct = x.matmul(&w).add(&c).relu();
-        assert_eq!(y.graph_text().unwrap(), direct.graph_text().unwrap(), "call {i}");
-        assert_eq!(y.to_vec::<f32>().unwrap(), direct.to_vec::<f32>().unwrap(), "call {i}");
+        let plain = direct(&x, &w, &c);
+        assert_eq!(y.graph_text().unwrap(), plain.graph_text().unwrap(), "call {i}");
+        assert_eq!(y.to_vec::<f32>().unwrap(), plain.to_vec::<f32>().unwrap(), "call {i}");
         assert_eq!(recorder.recordings(), usize::from(i >= 1), "recorded on the second call");
     }
 }
@@ -37,7 +42,7 @@ fn new_weights_are_arguments_and_captured_data_is_a_constant() {
     for i in 0..4 {
         // A new weight tensor per call, as an optimizer step makes.
         let w = vec2(4, 3, 20 + i);
-        let want = x.matmul(&w).add(&c).relu().to_vec::<f32>().unwrap();
+        let want = direct(&x, &w, &c).to_vec::<f32>().unwrap();
         assert_eq!(mlp(&recorder, &x, &w, &c).to_vec::<f32>().unwrap(), want, "call {i}");
     }
     assert_eq!(recorder.recordings(), 1);
@@ -45,7 +50,7 @@ fn new_weights_are_arguments_and_captured_data_is_a_constant() {
     let x = vec2(5, 4, 3);
     let w = vec2(4, 3, 1);
     for _ in 0..3 {
-        let want = x.matmul(&w).add(&c).relu().to_vec::<f32>().unwrap();
+        let want = direct(&x, &w, &c).to_vec::<f32>().unwrap();
         assert_eq!(mlp(&recorder, &x, &w, &c).to_vec::<f32>().unwrap(), want);
     }
     assert_eq!(recorder.recordings(), 2);
@@ -76,7 +81,7 @@ fn gradients_flow_through_a_recorded_call_and_share_its_forward() {
         let loss = mlp(&recorder, &x, &w, &c).mul(x.matmul(&w)).sum_all();
         let g = kiln::grad(&loss, &[&w]).unwrap().remove(0);
         let w2 = vec2(4, 3, 30 + i);
-        let loss2 = x.matmul(&w2).add(&c).relu().mul(x.matmul(&w2)).sum_all();
+        let loss2 = direct(&x, &w2, &c).mul(x.matmul(&w2)).sum_all();
         let g2 = kiln::grad(&loss2, &[&w2]).unwrap().remove(0);
         kiln::realize(&[&loss, &g]).unwrap();
         assert_eq!(loss.item::<f32>().unwrap(), loss2.item::<f32>().unwrap(), "call {i}");
@@ -94,7 +99,7 @@ fn gradients_flow_through_a_recorded_call_and_share_its_forward() {
     let loss = mlp(&recorder, &x, &w, &c).sum_all();
     let g = kiln::grad(&loss, &[&w]).unwrap().remove(0);
     let w2 = vec2(4, 3, 40);
-    let loss2 = x.matmul(&w2).add(&c).relu().sum_all();
+    let loss2 = direct(&x, &w2, &c).sum_all();
     let g2 = kiln::grad(&loss2, &[&w2]).unwrap().remove(0);
     let nodes = kiln::trace(&[&loss, &g]).unwrap().graph.len();
     assert_eq!(nodes, kiln::trace(&[&loss2, &g2]).unwrap().graph.len());

@@ -175,59 +175,44 @@ impl Operands {
             }
             strips.as_mut_ptr() as *mut f32
         });
-        {
-            let blocks = self.k.div_ceil(KC);
-            let step = self.k.div_ceil(blocks);
-            for pc in (0..self.k).step_by(step) {
-                let kc = step.min(self.k - pc);
-                // The first block of `k` stores `c` unless the launch accumulates.
-                let load = pc > 0 || self.accumulate;
-                for ic in (r0..r1).step_by(MC) {
-                    let mc = MC.min(r1 - ic);
-                    // SAFETY: rows `ic..ic + mc` and steps `pc..pc + kc` of `a` are in bounds;
-                    // `buf` holds `MC * KC` floats.
-                    unsafe { self.pack_strips(ic, mc, pc, kc, buf) };
-                    for p in p0..p1 {
-                        let cols = (self.n - p * NR).min(NR);
-                        let masks = (lanes(cols), lanes(cols.saturating_sub(16)));
-                        // SAFETY: panel `p`'s block of steps `pc..pc + kc` lies inside the
-                        // packed `b`.
-                        let panel = unsafe { self.b.add((p * self.k + pc) * NR) };
-                        // The next panel's block, fetched into L2 a share per strip while this
-                        // one's strips run: a block read straight from L3 starves the kernel
-                        // through the first strip.
-                        let next =
-                            (p + 1 < p1).then(|| unsafe { self.b.add(((p + 1) * self.k + pc) * NR) as *const u8 });
-                        let lines = kc * NR * 4 / 64;
-                        let share = lines.div_ceil(mc.div_ceil(MR));
-                        let mut strip = buf as *const f32;
-                        for i in (0..mc).step_by(MR) {
-                            let rows = MR.min(mc - i);
-                            let first = (i / MR) * share;
-                            let pf = next.map_or((std::ptr::null(), 0), |b| {
-                                (b.wrapping_add(first * 64), share.min(lines.saturating_sub(first)))
-                            });
-                            // SAFETY: rows `ic + i..ic + i + rows`, columns `p * NR..p * NR +
-                            // cols` of `c` are in bounds (the masks stop at `cols`).
-                            unsafe {
-                                let c = self.c.offset((ic + i) as isize * self.c_row).add(p * NR);
-                                let t = Tile { kc, a: strip, b: panel, c, c_row: self.c_row, load, masks, pf };
-                                match rows {
-                                    12 => kernel::<12>(t),
-                                    11 => kernel::<11>(t),
-                                    10 => kernel::<10>(t),
-                                    9 => kernel::<9>(t),
-                                    8 => kernel::<8>(t),
-                                    7 => kernel::<7>(t),
-                                    6 => kernel::<6>(t),
-                                    5 => kernel::<5>(t),
-                                    4 => kernel::<4>(t),
-                                    3 => kernel::<3>(t),
-                                    2 => kernel::<2>(t),
-                                    _ => kernel::<1>(t),
-                                }
-                                strip = strip.add(kc * rows);
-                            }
+        let blocks = self.k.div_ceil(KC);
+        let step = self.k.div_ceil(blocks);
+        for pc in (0..self.k).step_by(step) {
+            let kc = step.min(self.k - pc);
+            // The first block of `k` stores `c` unless the launch accumulates.
+            let load = pc > 0 || self.accumulate;
+            for ic in (r0..r1).step_by(MC) {
+                let mc = MC.min(r1 - ic);
+                // SAFETY: rows `ic..ic + mc` and steps `pc..pc + kc` of `a` are in bounds;
+                // `buf` holds `MC * KC` floats.
+                unsafe { self.pack_strips(ic, mc, pc, kc, buf) };
+                // A panel's block in cache lines, and each strip's share of the next one's.
+                let lines = kc * NR * 4 / 64;
+                let share = lines.div_ceil(mc.div_ceil(MR));
+                for p in p0..p1 {
+                    let cols = (self.n - p * NR).min(NR);
+                    let masks = (lanes(cols), lanes(cols.saturating_sub(16)));
+                    // SAFETY: panel `p`'s block of steps `pc..pc + kc` lies inside the
+                    // packed `b`.
+                    let panel = unsafe { self.b.add((p * self.k + pc) * NR) };
+                    // The next panel's block, fetched into L2 a share per strip while this
+                    // one's strips run: a block read straight from L3 starves the kernel
+                    // through the first strip.
+                    let next = (p + 1 < p1).then(|| unsafe { self.b.add(((p + 1) * self.k + pc) * NR) as *const u8 });
+                    let mut strip = buf as *const f32;
+                    for i in (0..mc).step_by(MR) {
+                        let rows = MR.min(mc - i);
+                        let first = (i / MR) * share;
+                        let pf = next.map_or((std::ptr::null(), 0), |b| {
+                            (b.wrapping_add(first * 64), share.min(lines.saturating_sub(first)))
+                        });
+                        // SAFETY: rows `ic + i..ic + i + rows`, columns `p * NR..p * NR +
+                        // cols` of `c` are in bounds (the masks stop at `cols`).
+                        unsafe {
+                            let c = self.c.offset((ic + i) as isize * self.c_row).add(p * NR);
+                            let t = Tile { kc, a: strip, b: panel, c, c_row: self.c_row, load, masks, pf };
+                            tile(rows, t);
+                            strip = strip.add(kc * rows);
                         }
                     }
                 }
@@ -286,6 +271,33 @@ struct Tile {
     masks: (u16, u16),
     /// Lines to prefetch into L2 meanwhile, one per iteration of the loop: `(first, count)`.
     pf: (*const u8, usize),
+}
+
+/// [`kernel`] for a strip of `rows` (1 to [`MR`]) rows.
+///
+/// # Safety
+/// As for [`kernel`] with `R = rows`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn tile(rows: usize, t: Tile) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match rows {
+            12 => kernel::<12>(t),
+            11 => kernel::<11>(t),
+            10 => kernel::<10>(t),
+            9 => kernel::<9>(t),
+            8 => kernel::<8>(t),
+            7 => kernel::<7>(t),
+            6 => kernel::<6>(t),
+            5 => kernel::<5>(t),
+            4 => kernel::<4>(t),
+            3 => kernel::<3>(t),
+            2 => kernel::<2>(t),
+            _ => kernel::<1>(t),
+        }
+    }
 }
 
 /// Steps of the kernel's loop per iteration.
