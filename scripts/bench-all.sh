@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs Kiln's benchmark suites (release) and, when ANCHOR_PYTHON names a Python with numpy/torch
-# (and optionally jax, transformers, onnx + onnxruntime), the peer anchors from ../shared/anchors right after
-# them, so the ratios in BENCHMARKS.md come from one run on one machine (~35 min).
+# (and optionally jax, transformers, onnx + onnxruntime), the peer anchors from ../shared/anchors
+# right after them, then the ONNX suite against onnxruntime (scripts/bench-onnx-suite.sh, one
+# round), so the ratios in BENCHMARKS.md come from one run on one machine (~35 min).
 #   ANCHOR_PYTHON=/path/to/venv/bin/python bash scripts/bench-all.sh [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,5 +70,8 @@ if [ -n "${ANCHOR_PYTHON:-}" ] && [ -d "$anchors" ]; then
         2> "$out/anchor_decode_onnxruntime.err" || true
     (cd "$anchors" && "$ANCHOR_PYTHON" bench_transformer.py --layers 1 2 8 --only jax --repeats 3) \
         > "$out/anchor_transformer.md" 2> "$out/anchor_transformer.err" || true
+    # ONNX import (issue #14): the nine-model suite and the three exported models, Kiln and
+    # onnxruntime alternating per model.
+    bash scripts/bench-onnx-suite.sh target/onnx-suite 1 > "$out/onnx-suite.txt" 2>&1 || true
 fi
 echo "results in $out/"
