@@ -128,6 +128,7 @@ pub fn compile(
     profile::set_memory(memory);
     profile::add_counter("loop kernels compiled", device.stats().kernels_compiled);
     profile::add_counter("loop kernels run natively", device.stats().kernels_native);
+    profile::add_counter("loop kernels compiled while lowering", device.stats().kernels_compiled_early);
     let kernels = exe.program().kernels.len();
     let loop_kernels = exe.program().kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();
     let launches = exe.launches();

@@ -14,7 +14,7 @@ pub mod lru;
 pub mod wgsl;
 
 pub use cpu::{
-    CacheStats, CompiledKernel, CpuCompiler, JIT_ENV, JitMode, KernelEntry, KernelFn, TileLevel, TileMode, Tiling,
-    clif_text, clif_text_with, wait_tier_up_all,
+    CacheStats, CompiledKernel, CpuCompiler, EARLY_COMPILE_ENV, EarlyCompile, JIT_ENV, JitMode, KernelEntry, KernelFn,
+    TileLevel, TileMode, Tiling, clif_text, clif_text_with, wait_tier_up_all,
 };
 pub use error::{CodegenError, Result};

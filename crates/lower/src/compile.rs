@@ -10,6 +10,7 @@ use std::fmt;
 use air::Graph;
 
 use crate::error::LowerError;
+use crate::kir::Kernel;
 use crate::program::Program;
 use crate::rewrite::RewriteStats;
 use crate::saturate::{SaturateOptions, SaturateStats};
@@ -149,6 +150,12 @@ pub trait PassObserver {
     fn output(&mut self, pass: Pass, output: PassOutput<'_>) {
         let _ = (pass, output);
     }
+    /// Called during `emit-kernels` with each kernel of the program as soon as it is made, in
+    /// the order of `Program::kernels` (a kernel is final once made): a backend may start
+    /// compiling it while the rest is lowered. Ignored by default.
+    fn kernel(&mut self, kernel: &Kernel) {
+        let _ = kernel;
+    }
 }
 
 /// An observer that does nothing.
@@ -221,11 +228,14 @@ pub fn compile_observed(
     };
     let decisions = pass(observer, Pass::DecideFusion, &mut g, |g| Ok(schedule::decide(g, fuse)))?;
     observer.output(Pass::DecideFusion, PassOutput::Graph(&g));
-    let program = pass(observer, Pass::EmitKernels, &mut g, |g| {
-        let mut program = schedule::emit(g, &decisions)?;
+    // Not through `pass`: emission lends each kernel to the observer as it makes it.
+    observer.begin(Pass::EmitKernels, g.len());
+    let program = schedule::emit_with(&g, &decisions, &mut |k| observer.kernel(k)).map(|mut program| {
         program.checks = checks;
-        Ok(program)
-    })?;
+        program
+    });
+    observer.end(Pass::EmitKernels, g.len());
+    let program = program?;
     observer.output(Pass::EmitKernels, PassOutput::Program(&program));
     Ok(program)
 }

@@ -35,6 +35,7 @@
 
 mod analysis;
 mod copy;
+mod early;
 mod emit;
 mod helpers;
 mod jit;
@@ -60,6 +61,7 @@ use lower::kir::{Kernel, LoopKernel, Stmt};
 use crate::error::{CodegenError, Result};
 use crate::lru::{Lru, capacity_from_env};
 use copy::CopyPlan;
+pub use early::EarlyCompile;
 use jit::{Arena, Code, Linker, Tier};
 use rustc_hash::FxHashMap;
 use smallvec::{SmallVec, smallvec};
@@ -231,10 +233,14 @@ pub struct CacheStats {
     pub compiled: u64,
     /// Kernels that are copy nests, run natively with no code compiled (see `copy`).
     pub native: u64,
+    /// Misses whose code (or error) an early compile made while the program was being lowered
+    /// (see `early`; counted in `compiled` or `failures` too).
+    pub early: u64,
     /// Compilations that returned an error.
     pub failures: u64,
     /// Time spent compiling (emission, Cranelift, linking), over all misses: wall-clock time, so
-    /// a batch compiled on several threads counts once, not once per thread.
+    /// a batch compiled on several threads counts once, not once per thread, plus the time of
+    /// the early compiles (`early`), which overlap the lowering.
     pub compile_time: Duration,
     /// JIT modules created so far.
     pub arenas: u64,
@@ -262,6 +268,10 @@ struct Inner {
     /// Per-thread compilation state, reused across compilations; `workers[0]` serves
     /// single compiles and the calling thread of a batch.
     workers: Vec<Worker>,
+    /// Whether [`CpuCompiler::early`] compiles ahead (unless `KILN_EARLY_COMPILE=0`).
+    early: bool,
+    /// The worker of [`EarlyCompile`]s, between them.
+    early_worker: Option<Worker>,
     /// The most threads a batch compiles on.
     max_threads: usize,
     /// When inner loops run over tiles with full-width routines (see `tile`).
@@ -270,6 +280,9 @@ struct Inner {
     /// `KILN_NATIVE_COPY=0` compiles them like any kernel; never under [`JitMode::Optimized`]).
     native_copies: bool,
 }
+
+/// Environment variable that turns early compiles (`early`) off (`0`) for comparisons.
+pub const EARLY_COMPILE_ENV: &str = "KILN_EARLY_COMPILE";
 
 /// Environment variable that turns native copies off (`0`) for comparisons.
 pub const NATIVE_COPY_ENV: &str = "KILN_NATIVE_COPY";
@@ -348,6 +361,8 @@ impl CpuCompiler {
                 cache: KernelCache(Lru::new(capacity_from_env(KERNEL_CACHE_ENV, KERNEL_CACHE_CAPACITY))),
                 stats: CacheStats::default(),
                 workers: vec![Worker::new()],
+                early: std::env::var(EARLY_COMPILE_ENV).map_or(true, |v| v.trim() != "0"),
+                early_worker: None,
                 max_threads,
                 tiling: Tiling::from_env(),
                 native_copies: std::env::var(NATIVE_COPY_ENV).map_or(true, |v| v.trim() != "0"),
@@ -436,7 +451,7 @@ impl CpuCompiler {
             inner.stats.hits += 1;
             return Ok(c);
         }
-        let mut results = inner.compile_misses(&[(hash, k)]);
+        let mut results = inner.compile_misses(&[(hash, k)], None);
         results.pop().unwrap_or_else(|| Err(CodegenError::Cranelift("kernel lost".into())))
     }
 
@@ -453,17 +468,51 @@ impl CpuCompiler {
     /// the batch. The compiler stays locked meanwhile: concurrent callers wait, then find the
     /// batch's kernels cached.
     pub fn compile_many(&self, kernels: &[&LoopKernel]) -> Vec<Result<Arc<CompiledKernel>>> {
+        // Hashed once: the cache and the batch's misses compare kernels in full only on an equal
+        // hash (a MobileNet's stencil kernels hashed four times, twice with SipHash, took 5% of
+        // its first call).
+        let hashed: Vec<(u64, &LoopKernel)> = kernels.iter().map(|&k| (k.structural_hash(), k)).collect();
+        self.compile_many_early(&hashed, None)
+    }
+
+    /// Starts compiling kernels ahead of the batch that needs them, on one task of rayon's pool
+    /// (see `early`): hand each loop kernel to [`send_early`](Self::send_early) as it is made,
+    /// then the handle to [`compile_many_early`](Self::compile_many_early) with the batch.
+    /// `None` where batches compile on one thread (nothing to overlap).
+    pub fn early(&self) -> Option<EarlyCompile> {
+        let mut inner = self.lock();
+        if inner.max_threads < 2 || !inner.early {
+            return None;
+        }
+        let worker = inner.early_worker.take().unwrap_or_else(Worker::new);
+        let native = inner.native_copies && inner.mode != JitMode::Optimized;
+        Some(EarlyCompile::new(worker, inner.isa.clone(), inner.tiling, disasm_wanted(), native))
+    }
+
+    /// Sends `k` (of structural hash `hash`) to be compiled early, unless the cache has it.
+    pub fn send_early(&self, early: &mut EarlyCompile, hash: u64, k: &LoopKernel) {
+        if self.lock().cache.get(hash, k).is_some() {
+            return;
+        }
+        early.send(hash, k);
+    }
+
+    /// [`compile_many`](Self::compile_many) for kernels already hashed
+    /// ([`LoopKernel::structural_hash`]), taking the codes of those that `early` compiled
+    /// ahead (the kernels it was sent and has not reached compile now, on every core, while it
+    /// finishes the one in flight).
+    pub fn compile_many_early(
+        &self,
+        kernels: &[(u64, &LoopKernel)],
+        early: Option<EarlyCompile>,
+    ) -> Vec<Result<Arc<CompiledKernel>>> {
         let mut inner = self.lock();
         let mut slots = Vec::with_capacity(kernels.len());
         let mut misses: Vec<(u64, &LoopKernel)> = Vec::new();
         // The misses of each hash: a repeat of one in the batch shares its compile.
         let mut first: FxHashMap<u64, SmallVec<[usize; 1]>> = FxHashMap::default();
-        for &k in kernels {
+        for &(hash, k) in kernels {
             air::work::tick();
-            // Hashed once: the cache and the batch's misses compare kernels in full only on
-            // an equal hash (a MobileNet's stencil kernels hashed four times, twice with SipHash,
-            // took 5% of its first call).
-            let hash = k.structural_hash();
             if let Some(c) = inner.cache.get(hash, k) {
                 slots.push(Slot::Hit(c));
                 inner.stats.hits += 1;
@@ -476,7 +525,7 @@ impl CpuCompiler {
                 misses.push((hash, k));
             }
         }
-        let compiled = if misses.is_empty() { Vec::new() } else { inner.compile_misses(&misses) };
+        let compiled = if misses.is_empty() { Vec::new() } else { inner.compile_misses(&misses, early) };
         slots
             .into_iter()
             .map(|slot| match slot {
@@ -522,7 +571,11 @@ impl Inner {
     /// Compiles distinct kernels that are not in the cache, caches the successes, sends them on
     /// to the background thread under [`JitMode::Tiered`] and counts everything; one result
     /// per kernel, in order.
-    fn compile_misses(&mut self, misses: &[(u64, &LoopKernel)]) -> Vec<Result<Arc<CompiledKernel>>> {
+    fn compile_misses(
+        &mut self,
+        misses: &[(u64, &LoopKernel)],
+        early: Option<EarlyCompile>,
+    ) -> Vec<Result<Arc<CompiledKernel>>> {
         self.stats.misses += misses.len() as u64;
         let t0 = Instant::now();
         // Copy nests need no code: they run natively, cached like compiled kernels.
@@ -530,14 +583,11 @@ impl Inner {
             .iter()
             .map(|&(_, k)| if self.native_copies && self.mode != JitMode::Optimized { CopyPlan::of(k) } else { None })
             .collect();
-        let kernels: Vec<&LoopKernel> =
-            misses.iter().zip(&plans).filter(|(_, p)| p.is_none()).map(|(&(_, k), _)| k).collect();
-        let threads = self.max_threads.min(kernels.len() / MIN_KERNELS_PER_THREAD).max(1);
-        while self.workers.len() < threads {
-            self.workers.push(Worker::new());
-        }
-        let disasm = std::env::var_os("KILN_DISASM").is_some();
-        let codes = compile_all(&*self.isa, &mut self.workers[..threads], &kernels, disasm, self.tiling);
+        let hashed: Vec<(u64, &LoopKernel)> =
+            misses.iter().zip(&plans).filter(|(_, p)| p.is_none()).map(|(&m, _)| m).collect();
+        let kernels: Vec<&LoopKernel> = hashed.iter().map(|&(_, k)| k).collect();
+        let disasm = disasm_wanted();
+        let codes = self.codes(&hashed, early, disasm);
         air::work::add(codes.iter().flatten().map(|c| c.work).sum());
         let optimized_first = self.mode.first_tier() == Tier::Optimized;
         let results: Vec<Result<Arc<CompiledKernel>>> = self
@@ -586,6 +636,54 @@ impl Inner {
         results
     }
 
+    /// Machine code for `kernels` (distinct; one result each, in order): the codes `early`
+    /// compiled ahead taken from it, the others compiled now on up to `max_threads` workers
+    /// while it finishes the kernel in flight, whose code it then brings.
+    fn codes(
+        &mut self,
+        kernels: &[(u64, &LoopKernel)],
+        early: Option<EarlyCompile>,
+        disasm: bool,
+    ) -> Vec<Result<Code>> {
+        let mut codes: Vec<Option<Result<Code>>> = kernels.iter().map(|_| None).collect();
+        // Early codes compiled with other settings (changed since) are not taken.
+        let mut early = early.filter(|e| e.compiles_like(self.tiling, disasm));
+        let mut index: FxHashMap<u64, SmallVec<[usize; 1]>> = FxHashMap::default();
+        let mut in_flight = None;
+        if let Some(e) = &mut early {
+            for (i, &(hash, _)) in kernels.iter().enumerate() {
+                index.entry(hash).or_default().push(i);
+            }
+            let (done, current) = e.close();
+            self.stats.early += take_codes(&mut codes, kernels, &index, done);
+            in_flight = current.and_then(|(hash, k)| find(kernels, &index, hash, &k));
+        }
+        let now: Vec<usize> = (0..kernels.len()).filter(|&i| codes[i].is_none() && in_flight != Some(i)).collect();
+        let refs: Vec<&LoopKernel> = now.iter().map(|&i| kernels[i].1).collect();
+        let threads = self.max_threads.min(refs.len() / MIN_KERNELS_PER_THREAD).max(1);
+        while self.workers.len() < threads {
+            self.workers.push(Worker::new());
+        }
+        let compiled = compile_all(&*self.isa, &mut self.workers[..threads], &refs, disasm, self.tiling);
+        for (i, code) in now.into_iter().zip(compiled) {
+            codes[i] = Some(code);
+        }
+        if let Some(e) = early {
+            let finished = e.finish();
+            self.stats.early += take_codes(&mut codes, kernels, &index, finished.done);
+            self.early_worker = finished.worker.or(self.early_worker.take());
+            self.stats.compile_time += finished.time;
+        }
+        let (isa, tiling) = (&*self.isa, self.tiling);
+        codes
+            .into_iter()
+            .zip(kernels)
+            // The kernel in flight when an early task was lost (a panic outside the worker's
+            // own guard): compiled here.
+            .map(|(code, &(_, k))| code.unwrap_or_else(|| self.workers[0].compile(isa, k, disasm, tiling)))
+            .collect()
+    }
+
     /// Arms a kernel just compiled for the background thread, under [`JitMode::Tiered`]: it
     /// goes there when a runner asks ([`KernelEntry::request_tier_up`]).
     fn tier_up(&mut self, k: &Arc<LoopKernel>, c: &Arc<CompiledKernel>, disasm: bool) {
@@ -593,6 +691,39 @@ impl Inner {
             self.tier_up.arm(k, c, self.tiling, disasm);
         }
     }
+}
+
+/// Whether `KILN_DISASM` asks for the machine code of every kernel compiled.
+fn disasm_wanted() -> bool {
+    std::env::var_os("KILN_DISASM").is_some()
+}
+
+/// The position in `kernels` (indexed by hash in `index`) of the kernel equal to `k`.
+fn find(
+    kernels: &[(u64, &LoopKernel)],
+    index: &FxHashMap<u64, SmallVec<[usize; 1]>>,
+    hash: u64,
+    k: &LoopKernel,
+) -> Option<usize> {
+    index.get(&hash)?.iter().copied().find(|&i| *kernels[i].1 == *k)
+}
+
+/// Puts each early code in `done` at its kernel's position in `codes` (a code for a kernel the
+/// batch does not have is dropped); returns how many it placed.
+fn take_codes(
+    codes: &mut [Option<Result<Code>>],
+    kernels: &[(u64, &LoopKernel)],
+    index: &FxHashMap<u64, SmallVec<[usize; 1]>>,
+    done: Vec<early::Compiled>,
+) -> u64 {
+    let mut placed = 0;
+    for (hash, k, code) in done {
+        if let Some(i) = find(kernels, index, hash, &k) {
+            codes[i] = Some(code);
+            placed += 1;
+        }
+    }
+    placed
 }
 
 /// Compiles `kernels` to machine code on the workers' threads (the caller's thread is

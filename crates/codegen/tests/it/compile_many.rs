@@ -350,3 +350,90 @@ fn a_programs_loop_kernels_in_one_batch() {
     let all: Result<Vec<_>, CodegenError> = compiler.compile_many(&[&ks[1], &b, &ks[2]]).into_iter().collect();
     assert!(all.is_err());
 }
+
+/// Waits (up to ten seconds) until `early` has compiled at least `n` kernels.
+fn wait_compiled(early: &kiln_codegen::EarlyCompile, n: usize) {
+    let t0 = std::time::Instant::now();
+    while early.compiled() < n {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "{} of {n} compiled early", early.compiled());
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// The runtime's pattern with early compiles: each kernel is sent as the lowering makes it (some
+/// twice), and the batch takes the codes compiled meanwhile, compiles the rest, and behaves as
+/// single compiles do, with the same counters.
+#[test]
+fn kernels_compiled_early_behave_as_a_batch_and_count_once() {
+    let ks = many_kernels();
+    let single = CpuCompiler::new().unwrap();
+    let compiler = CpuCompiler::new().unwrap();
+    compiler.set_compile_threads(2);
+    let mut early = compiler.early().expect("two compile threads compile early");
+    // The first half is sent (each kernel twice), the second is not.
+    let half = ks.len() / 2;
+    for k in ks[..half].iter().chain(&ks[..half]) {
+        compiler.send_early(&mut early, k.structural_hash(), k);
+    }
+    assert_eq!(early.sent(), half);
+    wait_compiled(&early, 3);
+    let batch: Vec<(u64, &LoopKernel)> = ks.iter().map(|k| (k.structural_hash(), k)).collect();
+    let got = compiler.compile_many_early(&batch, Some(early));
+    for (k, g) in ks.iter().zip(&got) {
+        let g = g.as_ref().unwrap_or_else(|e| panic!("{e}\n{}", lower::kir::Kernel::Loops(k.clone())));
+        assert_same_behaviour(g, &single.compile(k).unwrap(), k);
+    }
+    let s = compiler.stats();
+    let n = ks.len() as u64;
+    assert_eq!((s.hits, s.misses, s.compiled, s.failures), (0, n, n, 0));
+    assert!((3..=half as u64).contains(&s.early), "{} of {half} sent taken from the early compile", s.early);
+    assert_eq!(compiler.cached(), ks.len());
+    // A kernel the cache has is not sent again; a kernel sent but not asked for is dropped
+    // with its code, and compiled when a later batch asks.
+    let mut early = compiler.early().unwrap();
+    compiler.send_early(&mut early, ks[0].structural_hash(), &ks[0]);
+    assert_eq!(early.sent(), 0);
+    let extra = unary_kernel(UnaryOp::Sin, DType::F64, DType::F64, c(77));
+    compiler.send_early(&mut early, extra.structural_hash(), &extra);
+    wait_compiled(&early, 1);
+    let again = compiler.compile_many_early(&[(ks[0].structural_hash(), &ks[0])], Some(early));
+    assert!(Arc::ptr_eq(again[0].as_ref().unwrap(), got[0].as_ref().unwrap()));
+    assert_eq!(compiler.cached(), ks.len());
+    let later = compiler.compile_many(&[&extra]).pop().unwrap().unwrap();
+    assert_same_behaviour(&later, &single.compile(&extra).unwrap(), &extra);
+}
+
+#[test]
+fn an_early_error_stays_with_its_kernel_and_an_abandoned_early_compile_costs_nothing() {
+    let compiler = CpuCompiler::new().unwrap();
+    compiler.set_compile_threads(2);
+    let good = unary_kernel(UnaryOp::Erf, DType::F64, DType::F64, IExpr::Sym(0));
+    let (bad1, bad2) = (bad(5), bad(6));
+    let mut early = compiler.early().unwrap();
+    for k in [&bad1, &good, &bad2] {
+        compiler.send_early(&mut early, k.structural_hash(), k);
+    }
+    wait_compiled(&early, 3);
+    let batch: Vec<(u64, &LoopKernel)> = [&good, &bad1, &bad2].iter().map(|k| (k.structural_hash(), *k)).collect();
+    let got = compiler.compile_many_early(&batch, Some(early));
+    assert!(got[0].is_ok());
+    for g in &got[1..] {
+        assert!(g.as_ref().is_err_and(|e| e.to_string().contains("symbol")), "{:?}", g.as_ref().err());
+    }
+    let s = compiler.stats();
+    assert_eq!((s.misses, s.compiled, s.failures, s.early), (3, 1, 2, 3));
+    // Dropped with kernels queued (a lowering that failed): nothing waits, and the next batch
+    // compiles as usual.
+    let mut early = compiler.early().unwrap();
+    for n in 1..40 {
+        let k = unary_kernel(UnaryOp::Sin, DType::F64, DType::F64, c(n));
+        compiler.send_early(&mut early, k.structural_hash(), &k);
+    }
+    drop(early);
+    let k = unary_kernel(UnaryOp::Sin, DType::F64, DType::F64, c(3));
+    let single = CpuCompiler::new().unwrap();
+    assert_same_behaviour(&compiler.compile_many(&[&k]).pop().unwrap().unwrap(), &single.compile(&k).unwrap(), &k);
+    // One compile thread: nothing to overlap, no early compile.
+    compiler.set_compile_threads(1);
+    assert!(compiler.early().is_none());
+}

@@ -183,6 +183,12 @@ pub fn graph_symbols(g: &Graph, order: &[NodeId]) -> Vec<Symbol> {
 
 /// Emits the program for decided boundaries.
 pub fn emit<'g>(g: &'g Graph, dec: &'g Decisions) -> Result<Program, LowerError> {
+    emit_with(g, dec, &mut |_| {})
+}
+
+/// [`emit`], handing each kernel of the program to `made` as soon as it is made, in the order of
+/// `Program::kernels`.
+pub fn emit_with<'g>(g: &'g Graph, dec: &'g Decisions, made: &mut dyn FnMut(&Kernel)) -> Result<Program, LowerError> {
     let symbols = graph_symbols(g, &dec.order);
     let mut buffers: Vec<BufferInfo> = Vec::new();
     let mut bufs: Buffers = SecondaryMap::new();
@@ -280,11 +286,20 @@ pub fn emit<'g>(g: &'g Graph, dec: &'g Decisions) -> Result<Program, LowerError>
         }
         Ok(None)
     };
+    // Kernels are final once made: each goes to `made` before the next node is emitted.
+    let mut reported = 0;
+    let mut report = |out: &Launches| {
+        for k in &out.kernels[reported..] {
+            made(k);
+        }
+        reported = out.kernels.len();
+    };
     for (o, b) in copies {
         loops(&mut out, &mut memo, &mut checks, o, true, b, None, false)?;
     }
     for &n in &dec.order {
         air::work::tick();
+        report(&out);
         let Some(plan) = dec.plans.get(n) else { continue };
         let target = bufs[n];
         match plan {
@@ -347,6 +362,7 @@ pub fn emit<'g>(g: &'g Graph, dec: &'g Decisions) -> Result<Program, LowerError>
             }
         }
     }
+    report(&out);
     let Launches { kernels, mut steps, .. } = out;
     // The status buffer exists only when some kernel checks something.
     if !checks.is_empty() {

@@ -1,0 +1,225 @@
+//! Kernels compiled while the program that launches them is still being lowered: an
+//! [`EarlyCompile`] takes each loop kernel as `lower`'s emission makes it and compiles it to
+//! machine code on one task of rayon's pool, so that the code generator's cost (most of a small
+//! program's compile) overlaps the rest of the lowering on a second core.
+//!
+//! Only the first of [`CpuCompiler`](super::CpuCompiler)'s two steps (emit and compile to bytes,
+//! see the module docs above) runs early; linking, the cache and the counters stay with
+//! [`CpuCompiler::compile_many_early`](super::CpuCompiler::compile_many_early), which takes the
+//! finished codes, compiles what is left (kernels still queued, on every core) and waits for the
+//! one in flight. The task never takes the compiler's lock (the caller holds it while it waits),
+//! and a kernel sent twice, or already cached when sent, is compiled at most once.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cranelift_codegen::isa::OwnedTargetIsa;
+use lower::kir::LoopKernel;
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use super::copy::CopyPlan;
+use super::jit::Code;
+use super::{Tiling, Worker};
+use crate::error::Result;
+
+/// A kernel sent, with its structural hash.
+pub(super) type Sent = (u64, Arc<LoopKernel>);
+
+/// A kernel compiled early, with its structural hash and its code (or error).
+pub(super) type Compiled = (u64, Arc<LoopKernel>, Result<Code>);
+
+/// Kernels sent for compiling ahead of the batch that needs them (see the module docs). Made by
+/// [`CpuCompiler::early`](super::CpuCompiler::early); dropping it stops the task after the kernel
+/// it is compiling.
+pub struct EarlyCompile {
+    shared: Arc<Shared>,
+    /// The settings its codes are compiled with.
+    tiling: Tiling,
+    disasm: bool,
+}
+
+/// What compiling takes, as the compiler had it when the [`EarlyCompile`] was made.
+struct Setup {
+    isa: OwnedTargetIsa,
+    tiling: Tiling,
+    disasm: bool,
+    /// Copy nests run natively (no code to compile).
+    native_copies: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when the task stops.
+    stopped: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// Kernels waiting for the task, with their structural hashes.
+    queue: VecDeque<Sent>,
+    /// Every kernel sent, by hash (a repeat is not queued again).
+    sent: FxHashMap<u64, SmallVec<[Arc<LoopKernel>; 1]>>,
+    /// The kernel the task is compiling now.
+    current: Option<Sent>,
+    /// Kernels compiled, with their codes (or errors).
+    done: Vec<Compiled>,
+    /// Whether the task is running (queued to rayon's pool or compiling).
+    running: bool,
+    /// No more kernels: the task stops after the one it is compiling.
+    closed: bool,
+    /// The task's worker and setup while it is not running.
+    parked: Option<(Worker, Setup)>,
+    /// Wall time the task spent compiling.
+    time: Duration,
+}
+
+/// What [`EarlyCompile::finish`] hands back: the codes of the kernels compiled early, the
+/// worker, and the task's compile time.
+pub(super) struct Finished {
+    pub(super) done: Vec<Compiled>,
+    pub(super) worker: Option<Worker>,
+    pub(super) time: Duration,
+}
+
+impl EarlyCompile {
+    /// An early compile that compiles with `worker` and these settings.
+    pub(super) fn new(worker: Worker, isa: OwnedTargetIsa, tiling: Tiling, disasm: bool, native_copies: bool) -> Self {
+        let setup = Setup { isa, tiling, disasm, native_copies };
+        let shared = Arc::new(Shared::default());
+        lock(&shared.state).parked = Some((worker, setup));
+        EarlyCompile { shared, tiling, disasm }
+    }
+
+    /// Distinct kernels sent so far (a cached one is not sent).
+    pub fn sent(&self) -> usize {
+        lock(&self.shared.state).sent.values().map(|same| same.len()).sum()
+    }
+
+    /// Kernels compiled so far, whether to code or to an error (a copy nest, which runs
+    /// natively, is not compiled).
+    pub fn compiled(&self) -> usize {
+        lock(&self.shared.state).done.len()
+    }
+
+    /// Whether its codes are what a batch compiling with `tiling` and `disasm` would make.
+    pub(super) fn compiles_like(&self, tiling: Tiling, disasm: bool) -> bool {
+        self.tiling == tiling && self.disasm == disasm
+    }
+
+    /// Queues `kernel` (of structural hash `hash`) unless it was sent before, starting the task
+    /// if it is not running.
+    pub(super) fn send(&mut self, hash: u64, kernel: &LoopKernel) {
+        let mut state = lock(&self.shared.state);
+        let same = state.sent.entry(hash).or_default();
+        if same.iter().any(|k| **k == *kernel) {
+            return;
+        }
+        let kernel = Arc::new(kernel.clone());
+        same.push(kernel.clone());
+        state.queue.push_back((hash, kernel));
+        if !state.running && !state.closed {
+            state.running = true;
+            let shared = self.shared.clone();
+            drop(state);
+            rayon::spawn(move || run(&shared));
+        }
+    }
+
+    /// Stops the task, which takes no more kernels (those still queued are the caller's to
+    /// compile), and returns the codes compiled so far and the kernel in flight, if any, whose
+    /// code [`EarlyCompile::finish`] then brings.
+    pub(super) fn close(&mut self) -> (Vec<Compiled>, Option<Sent>) {
+        let mut state = lock(&self.shared.state);
+        state.closed = true;
+        state.queue.clear();
+        (std::mem::take(&mut state.done), state.current.clone())
+    }
+
+    /// Waits for the task to stop (after [`EarlyCompile::close`]) and takes what it compiled.
+    pub(super) fn finish(self) -> Finished {
+        let mut state = lock(&self.shared.state);
+        state.closed = true;
+        state.queue.clear();
+        while state.running {
+            state = self.shared.stopped.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        Finished {
+            done: std::mem::take(&mut state.done),
+            worker: state.parked.take().map(|(w, _)| w),
+            time: state.time,
+        }
+    }
+}
+
+impl Drop for EarlyCompile {
+    fn drop(&mut self) {
+        let mut state = lock(&self.shared.state);
+        state.closed = true;
+        state.queue.clear();
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Marks the task stopped in `state` and wakes [`EarlyCompile::finish`].
+fn stop(shared: &Shared, mut state: MutexGuard<'_, State>) {
+    state.running = false;
+    state.current = None;
+    drop(state);
+    shared.stopped.notify_all();
+}
+
+/// The task: compiles queued kernels until the queue is empty or closed, then parks its worker
+/// and stops in the same critical section (a kernel sent after that starts a new task). A
+/// panic outside the worker's own `catch_unwind` is not expected; should one happen, the guard
+/// still marks the task stopped, and the caller compiles the kernel that was in flight.
+fn run(shared: &Shared) {
+    struct Unwinding<'a>(Option<&'a Shared>);
+    impl Drop for Unwinding<'_> {
+        fn drop(&mut self) {
+            if let Some(shared) = self.0 {
+                stop(shared, lock(&shared.state));
+            }
+        }
+    }
+    let mut guard = Unwinding(Some(shared));
+    let Some((mut worker, setup)) = lock(&shared.state).parked.take() else {
+        return;
+    };
+    loop {
+        let (hash, kernel) = {
+            let mut state = lock(&shared.state);
+            let next = if state.closed { None } else { state.queue.pop_front() };
+            match next {
+                Some(job) => {
+                    state.current = Some(job.clone());
+                    job
+                }
+                None => {
+                    state.parked = Some((worker, setup));
+                    guard.0 = None;
+                    stop(shared, state);
+                    return;
+                }
+            }
+        };
+        let t0 = Instant::now();
+        // A copy nest runs natively: nothing to compile (the batch makes its plan).
+        let code = if setup.native_copies && CopyPlan::of(&kernel).is_some() {
+            None
+        } else {
+            Some(worker.compile(&*setup.isa, &kernel, setup.disasm, setup.tiling))
+        };
+        let mut state = lock(&shared.state);
+        state.time += t0.elapsed();
+        state.current = None;
+        if let Some(code) = code {
+            state.done.push((hash, kernel, code));
+        }
+    }
+}
