@@ -8,7 +8,8 @@
 //! [`CpuCompiler::compile_many_early`](super::CpuCompiler::compile_many_early), which takes the
 //! finished codes, compiles what is left (kernels still queued, on every core) and waits for the
 //! one in flight. The task never takes the compiler's lock (the caller holds it while it waits),
-//! and a kernel sent twice, or already cached when sent, is compiled at most once.
+//! and a kernel sent twice, or already cached when sent, is compiled at most once (early: a
+//! kernel whose hash was sent before is left to the batch, which compares kernels in full).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -16,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use cranelift_codegen::isa::OwnedTargetIsa;
 use lower::kir::LoopKernel;
-use rustc_hash::FxHashMap;
-use smallvec::SmallVec;
+use rustc_hash::FxHashSet;
 
 use super::copy::CopyPlan;
 use super::jit::Code;
@@ -60,8 +60,10 @@ struct Shared {
 struct State {
     /// Kernels waiting for the task, with their structural hashes.
     queue: VecDeque<Sent>,
-    /// Every kernel sent, by hash (a repeat is not queued again).
-    sent: FxHashMap<u64, SmallVec<[Arc<LoopKernel>; 1]>>,
+    /// The hash of every kernel sent: a kernel of a hash sent before is not queued (a repeat; a
+    /// distinct kernel of the same hash, rare, is left to the batch, which tells kernels apart
+    /// in full), so a repeat costs neither a copy nor a comparison.
+    sent: FxHashSet<u64>,
     /// The kernel the task is compiling now.
     current: Option<Sent>,
     /// Kernels compiled, with their codes (or errors).
@@ -95,7 +97,7 @@ impl EarlyCompile {
 
     /// Distinct kernels sent so far (a cached one is not sent).
     pub fn sent(&self) -> usize {
-        lock(&self.shared.state).sent.values().map(|same| same.len()).sum()
+        lock(&self.shared.state).sent.len()
     }
 
     /// Kernels compiled so far, whether to code or to an error (a copy nest, which runs
@@ -109,17 +111,19 @@ impl EarlyCompile {
         self.tiling == tiling && self.disasm == disasm
     }
 
-    /// Queues `kernel` (of structural hash `hash`) unless it was sent before, starting the task
-    /// if it is not running.
+    /// Whether a kernel of structural hash `hash` was sent.
+    pub(super) fn knows(&self, hash: u64) -> bool {
+        lock(&self.shared.state).sent.contains(&hash)
+    }
+
+    /// Queues `kernel` (of structural hash `hash`) unless a kernel of its hash was sent before,
+    /// starting the task if it is not running.
     pub(super) fn send(&mut self, hash: u64, kernel: &LoopKernel) {
         let mut state = lock(&self.shared.state);
-        let same = state.sent.entry(hash).or_default();
-        if same.iter().any(|k| **k == *kernel) {
+        if !state.sent.insert(hash) {
             return;
         }
-        let kernel = Arc::new(kernel.clone());
-        same.push(kernel.clone());
-        state.queue.push_back((hash, kernel));
+        state.queue.push_back((hash, Arc::new(kernel.clone())));
         if !state.running && !state.closed {
             state.running = true;
             let shared = self.shared.clone();

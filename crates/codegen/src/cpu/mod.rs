@@ -489,9 +489,10 @@ impl CpuCompiler {
         Some(EarlyCompile::new(worker, inner.isa.clone(), inner.tiling, disasm_wanted(), native))
     }
 
-    /// Sends `k` (of structural hash `hash`) to be compiled early, unless the cache has it.
+    /// Sends `k` (of structural hash `hash`) to be compiled early, unless a kernel of its hash
+    /// was sent before or the cache has it.
     pub fn send_early(&self, early: &mut EarlyCompile, hash: u64, k: &LoopKernel) {
-        if self.lock().cache.get(hash, k).is_some() {
+        if early.knows(hash) || self.lock().cache.get(hash, k).is_some() {
             return;
         }
         early.send(hash, k);
