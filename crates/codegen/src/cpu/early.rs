@@ -7,7 +7,8 @@
 //! see the module docs above) runs early; linking, the cache and the counters stay with
 //! [`CpuCompiler::compile_many_early`](super::CpuCompiler::compile_many_early), which takes the
 //! finished codes, compiles what is left (kernels still queued, on every core) and waits for the
-//! one in flight. The task never takes the compiler's lock (the caller holds it while it waits),
+//! one in flight (only for a kernel being compiled: a task still queued behind other work on the
+//! pool is not waited for). The task never takes the compiler's lock (the caller holds it while it waits),
 //! and a kernel sent twice, or already cached when sent, is compiled at most once (early: a
 //! kernel whose hash was sent before is left to the batch, which compares kernels in full).
 
@@ -52,7 +53,7 @@ struct Setup {
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
-    /// Signalled when the task stops.
+    /// Signalled when the task finishes a kernel or stops.
     stopped: Condvar,
 }
 
@@ -72,7 +73,8 @@ struct State {
     running: bool,
     /// No more kernels: the task stops after the one it is compiling.
     closed: bool,
-    /// The task's worker and setup while it is not running.
+    /// The task's worker and setup while it is not running (taken back by `finish`: a task
+    /// that starts after that stops at once).
     parked: Option<(Worker, Setup)>,
     /// Wall time the task spent compiling.
     time: Duration,
@@ -142,12 +144,14 @@ impl EarlyCompile {
         (std::mem::take(&mut state.done), state.current.clone())
     }
 
-    /// Waits for the task to stop (after [`EarlyCompile::close`]) and takes what it compiled.
+    /// Waits for the kernel in flight, if any, and takes what the task compiled. A task still
+    /// queued to rayon's pool is not waited for (it finds the compile closed and stops at once):
+    /// the caller holds the compiler's lock, which the pool's threads may be waiting for.
     pub(super) fn finish(self) -> Finished {
         let mut state = lock(&self.shared.state);
         state.closed = true;
         state.queue.clear();
-        while state.running {
+        while state.current.is_some() {
             state = self.shared.stopped.wait(state).unwrap_or_else(|p| p.into_inner());
         }
         Finished {
@@ -181,7 +185,7 @@ fn stop(shared: &Shared, mut state: MutexGuard<'_, State>) {
 /// The task: compiles queued kernels until the queue is empty or closed, then parks its worker
 /// and stops in the same critical section (a kernel sent after that starts a new task). A
 /// panic outside the worker's own `catch_unwind` is not expected; should one happen, the guard
-/// still marks the task stopped, and the caller compiles the kernel that was in flight.
+/// still marks the task stopped (no kernel in flight), and the caller compiles that kernel.
 fn run(shared: &Shared) {
     struct Unwinding<'a>(Option<&'a Shared>);
     impl Drop for Unwinding<'_> {
@@ -225,5 +229,7 @@ fn run(shared: &Shared) {
         if let Some(code) = code {
             state.done.push((hash, kernel, code));
         }
+        drop(state);
+        shared.stopped.notify_all();
     }
 }

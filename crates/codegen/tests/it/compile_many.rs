@@ -437,3 +437,45 @@ fn an_early_error_stays_with_its_kernel_and_an_abandoned_early_compile_costs_not
     compiler.set_compile_threads(1);
     assert!(compiler.early().is_none());
 }
+
+/// An early compile whose task never got a pool thread (every one busy, as when other threads'
+/// compiles wait for the compiler's lock that the batch holds): the batch compiles everything
+/// itself and never waits for the task.
+#[test]
+fn a_batch_does_not_wait_for_an_early_task_that_never_started() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let compiler = CpuCompiler::new().unwrap();
+    compiler.set_compile_threads(2);
+    let threads = rayon::current_num_threads();
+    let (started, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    for _ in 0..threads {
+        let (started, release) = (started.clone(), release.clone());
+        rayon::spawn(move || {
+            started.fetch_add(1, Ordering::SeqCst);
+            while !release.load(Ordering::SeqCst) {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        });
+    }
+    while started.load(Ordering::SeqCst) < threads {
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    // Two kernels: the batch compiles them on the calling thread (one thread per two kernels).
+    let ks = [
+        unary_kernel(UnaryOp::Exp2, DType::F32, DType::F32, c(40)),
+        row_reduce(DType::F32, ReduceOp::Sum, UnaryOp::Sin),
+    ];
+    let mut early = compiler.early().unwrap();
+    for k in &ks {
+        compiler.send_early(&mut early, k.structural_hash(), k);
+    }
+    let batch: Vec<(u64, &LoopKernel)> = ks.iter().map(|k| (k.structural_hash(), k)).collect();
+    let got = compiler.compile_many_early(&batch, Some(early));
+    release.store(true, Ordering::SeqCst);
+    let single = CpuCompiler::new().unwrap();
+    for (k, g) in ks.iter().zip(&got) {
+        assert_same_behaviour(g.as_ref().unwrap(), &single.compile(k).unwrap(), k);
+    }
+    let s = compiler.stats();
+    assert_eq!((s.misses, s.compiled, s.early), (2, 2, 0));
+}
