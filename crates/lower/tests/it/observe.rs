@@ -3,6 +3,7 @@
 //! emitted), so that a tool needs no replay of any pass.
 
 use air::Graph;
+use kiln_lower::kir::Kernel;
 use kiln_lower::rewrite::RewriteStats;
 use kiln_lower::{CompileOptions, Pass, PassObserver, PassOutput, compile, compile_observed};
 
@@ -17,6 +18,7 @@ struct Recorder {
     events: Vec<String>,
     optimized: Option<(String, RewriteStats)>,
     program: Option<String>,
+    kernels: Vec<Kernel>,
 }
 
 impl PassObserver for Recorder {
@@ -44,6 +46,30 @@ impl PassObserver for Recorder {
             }
         }
     }
+
+    fn kernel(&mut self, kernel: &Kernel) {
+        self.events.push("kernel".into());
+        self.kernels.push(kernel.clone());
+    }
+}
+
+#[test]
+fn emission_hands_over_each_kernel_of_the_program_once_in_order() {
+    // Two inputs' rows reduced alike into outputs (one kernel, launched twice), then a
+    // reduction of another shape with an element-wise tail: kernels of several structures.
+    let text = "graph {\n  n0 = input 0 : f32[4, 8]\n  n1 = input 1 : f32[4, 8]\n  \
+                n2 = reduce sum axes=[1] n0 : f32[4, 1]\n  n3 = reduce sum axes=[1] n1 : f32[4, 1]\n  \
+                n4 = add n2, n3 : f32[4, 1]\n  n5 = reduce max axes=[0] n4 : f32[1, 1]\n  \
+                n6 = exp2 n5 : f32[1, 1]\n  return n6, n2, n3\n}\n";
+    let g = air::text::parse(text).expect("the test graph parses");
+    let mut rec = Recorder::default();
+    let program = compile_observed(&g, &CompileOptions::default(), &mut rec).expect("compiles");
+    assert!(program.kernels.len() >= 2 && program.steps.len() > program.kernels.len(), "{program}");
+    assert_eq!(rec.kernels, program.kernels, "every kernel once, in the program's order");
+    // All of them during emission, none after it.
+    let events = rec.events.join("; ");
+    let kernels = vec!["kernel"; program.kernels.len()].join("; ");
+    assert!(events.contains(&format!("begin emit-kernels 7; {kernels}; end emit-kernels 7")), "{events}");
 }
 
 #[test]
@@ -57,7 +83,7 @@ fn observer_hears_every_pass_in_order_and_sees_its_result() {
         events,
         "begin verify 6; end verify 6; graph verify 6; begin optimize 6; end optimize 2; optimized optimize 2; \
          begin decide-fusion 2; end decide-fusion 2; graph decide-fusion 2; begin emit-kernels 2; \
-         end emit-kernels 2; program emit-kernels"
+         kernel; end emit-kernels 2; program emit-kernels"
     );
     let (text, stats) = rec.optimized.expect("optimize lends its graph");
     let mut replayed = g.clone();
