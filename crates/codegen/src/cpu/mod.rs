@@ -31,7 +31,10 @@
 //!    the relocations and makes the memory executable, once per batch.
 //!
 //! The compiler's mutex is held across both steps, so concurrent callers never compile the same
-//! kernel twice; they wait (the batch already uses every core).
+//! kernel twice; they wait (the batch already uses every core). Step 1 may also start before
+//! the batch, while the program is still being lowered ([`EarlyCompile`], `early.rs`): that
+//! task runs without the mutex, so it may repeat a concurrent caller's compile of a kernel,
+//! never its own.
 
 mod analysis;
 mod copy;
