@@ -236,20 +236,14 @@ impl CpuDevice {
         let mut lowering =
             Lowering { passes: Passes(&mut *observer), compiler, early: compiler.early(), loops: Vec::new() };
         let program = lower::compile_observed(graph, &self.inner.options, &mut lowering)?;
-        let Lowering { early, mut loops, .. } = lowering;
+        let Lowering { early, loops, .. } = lowering;
+        // Emission hands over every kernel it makes, in the program's order (the codes below
+        // are matched to the program's loop kernels by position).
+        let made = program.kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();
+        assert_eq!(loops.len(), made, "loop kernels handed over during emission against those in the program");
         // Every loop kernel in one batch: the codes compiled during the lowering taken, the
         // misses left compiled concurrently on all cores.
         observer.begin(Step::Codegen, None);
-        let made = program.kernels.iter().filter(|k| matches!(k, Kernel::Loops(_))).count();
-        if loops.len() != made {
-            // Not expected (emission hands over every kernel it makes): split them here.
-            debug_assert!(false, "{} loop kernels handed over, {made} in the program", loops.len());
-            loops = program
-                .kernels
-                .iter()
-                .filter_map(|k| if let Kernel::Loops(k) = k { Some(Split::of(k)) } else { None })
-                .collect();
-        }
         let refs: Vec<(u64, &LoopKernel)> = loops.iter().map(|s| (s.hash, &s.kernel)).collect();
         let code =
             compiler.compile_many_early(&refs, early).into_iter().collect::<Result<Vec<Arc<CompiledKernel>>, _>>();
