@@ -99,7 +99,10 @@ const SMALL_MAX_STEPS: usize = 512;
 /// rows for `gemm`. The panel kernel stores each tile once per call and packs `a` first, which a
 /// short `k` does not amortise: an attention's four `Linear`s (128x64x64, one thread) took 42 us
 /// from panels against 32 from rows (`kiln profile model attention --launches 300`), where
-/// dense-large's 784 and 1024 gained.
+/// dense-large's 784 and 1024 gained. Since the kernel reads `a` in place (s54), a 30x64x64
+/// product takes 1.5 us from panels against 2.2 packing `a`, yet a minimum of 16 left the cached
+/// Transformer's forward unchanged (`kiln bench transformer-compile --layers 2,8`, two
+/// alternations: 3.06-3.24 and 4.96-5.01 ms either way).
 const PANEL_MIN_K: usize = 256;
 
 /// A threaded GEMM is cut into blocks of at least this many columns (or rows) per thread.
@@ -1592,11 +1595,15 @@ mod tests {
         if avx512_here() {
             let cases = [(5, 16, 16), (13, 33, 17), (40, 100, 64), (25, 70, 1500), (128, 64, 300), (7, 512, 40)];
             for (case, &(m, n, k)) in cases.iter().enumerate() {
-                for layout in 0..4 {
+                // Layouts 4 and 5: `a`'s rows all one row (a broadcast view, row stride 0).
+                for layout in 0..6 {
                     let (a_cols, b_cols, accumulate) = (layout & 1 == 1, layout & 2 == 2, (case + layout) % 2 == 1);
+                    let (a_cols, b_cols) = if layout >= 4 { (false, layout == 5) } else { (a_cols, b_cols) };
                     let batch = if case % 2 == 0 { 1 } else { 3 };
                     let a = if a_cols {
                         Strides { param: 0, offset: 0, batch: (m * k) as isize, row: 1, col: m as isize }
+                    } else if layout >= 4 {
+                        Strides { param: 0, offset: 0, batch: (m * k) as isize, row: 0, col: 1 }
                     } else {
                         Strides { param: 0, offset: 0, batch: (m * k) as isize, row: k as isize, col: 1 }
                     };

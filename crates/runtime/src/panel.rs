@@ -6,12 +6,13 @@
 //! where the core's FMA peak is 215. A weight is packed here once per weight version (as ONNX
 //! Runtime prepacks constant weights when it creates a session): panel `p` holds columns
 //! `32p..32p + 32` of `b` as `k` rows of 32 floats, the last panel zero-padded. A product then
-//! packs only `a`, a block of [`KC`] steps of [`MC`] rows at a time into strips of [`MR`] rows
-//! (`[step][row]`, one contiguous stream), and runs [`kernel`] on each strip against each
-//! panel's block: 12 rows times two vectors of 16 columns are 24 accumulators, two vector loads
-//! of the panel and twelve broadcasts of `a` per step. A panel's block and the strips stream from
-//! L2; the next panel's block is prefetched into L2 while the current one's strips run.
-//! Threaded, the panels are split over the threads.
+//! runs [`kernel`] on strips of [`MR`] rows of `a`, [`KC`] steps at a time, against each panel's
+//! block: 12 rows times two vectors of 16 columns are 24 accumulators, two vector loads of the
+//! panel and twelve broadcasts of `a` per step. A row-major `a` is read in place (twelve rows,
+//! each read in order); a column-major one is packed first, a block of [`MC`] rows into strips
+//! (`[step][row]`). A panel's block and the strips stream from L2; the next panel's block is
+//! prefetched into L2 while the current one's strips run, and the next tile of `c` between two
+//! tiles. Threaded, the panels are split over the threads.
 //!
 //! Measured on the same host: one thread, median of 50, a standalone copy of this code against
 //! `gemm` 0.19: 128x512x1024 845 against 925 us, 128x512x784 633 against 683; dense-large's
@@ -22,6 +23,15 @@
 //! (the element-wise kernel it removed mostly paid for moving the product between the cores,
 //! which the next product's packing of `a` then paid: dense-large's predict unchanged, its fit
 //! step 6.8-6.9 against 6.2-6.4 ms, the RNNs' predict 3-8% slower).
+//!
+//! Reading a row-major `a` in place rather than packing it (s54; one thread, best of 200 calls
+//! with everything in cache): 128x256x512 (the tree of matmuls' products) 198 -> 187 us,
+//! 128x1024x1024 1581 -> 1487, 128x784x1024 1172 -> 1130, 30x64x64 2.2 -> 1.5; the kernel then
+//! runs at 179 GFLOP/s against the 214 that a loop of nothing but FMAs reaches on this core (the
+//! same loop as hand-written assembly ran no faster, and with the broadcasts folded into the
+//! FMAs slower). With 32 distinct products in turn (their operands and outputs out of cache, as
+//! in a tree of products), prefetching the next tile of `c` took a product from 248 to 220 us.
+//! The `kiln bench tree-matmul` tree realize: 3.66-3.69 -> 3.39-3.51 ms (alternating binaries).
 
 #[cfg(target_arch = "x86_64")]
 use crate::matmul::Line16;
@@ -175,6 +185,9 @@ impl Operands {
             }
             strips.as_mut_ptr() as *mut f32
         });
+        // A row-major `a` is read in place: its strips' rows are `a_row` apart, each read in
+        // order (a stream per row). Packing it cost more than it saved (see the module docs).
+        let direct = self.a_col == 1;
         let blocks = self.k.div_ceil(KC);
         let step = self.k.div_ceil(blocks);
         for pc in (0..self.k).step_by(step) {
@@ -183,34 +196,63 @@ impl Operands {
             let load = pc > 0 || self.accumulate;
             for ic in (r0..r1).step_by(MC) {
                 let mc = MC.min(r1 - ic);
-                // SAFETY: rows `ic..ic + mc` and steps `pc..pc + kc` of `a` are in bounds;
-                // `buf` holds `MC * KC` floats.
-                unsafe { self.pack_strips(ic, mc, pc, kc, buf) };
+                if !direct {
+                    // SAFETY: rows `ic..ic + mc` and steps `pc..pc + kc` of `a` are in bounds;
+                    // `buf` holds `MC * KC` floats.
+                    unsafe { self.pack_strips(ic, mc, pc, kc, buf) };
+                }
                 // A panel's block in cache lines, and each strip's share of the next one's.
                 let lines = kc * NR * 4 / 64;
                 let share = lines.div_ceil(mc.div_ceil(MR));
                 for p in p0..p1 {
                     let cols = (self.n - p * NR).min(NR);
                     let masks = (lanes(cols), lanes(cols.saturating_sub(16)));
-                    // SAFETY: panel `p`'s block of steps `pc..pc + kc` lies inside the
-                    // packed `b`.
+                    // SAFETY (pointer arithmetic below): panel `p`'s block of steps `pc..pc +
+                    // kc` lies inside the packed `b`, rows `ic..ic + mc` of `a` and `c` inside
+                    // theirs; prefetched addresses are only computed (wrapping), never read.
                     let panel = unsafe { self.b.add((p * self.k + pc) * NR) };
                     // The next panel's block, fetched into L2 a share per strip while this
                     // one's strips run: a block read straight from L3 starves the kernel
                     // through the first strip.
-                    let next = (p + 1 < p1).then(|| unsafe { self.b.add(((p + 1) * self.k + pc) * NR) as *const u8 });
+                    let next_panel = self.b.wrapping_add(((p + 1) * self.k + pc) * NR) as *const u8;
                     let mut strip = buf as *const f32;
                     for i in (0..mc).step_by(MR) {
                         let rows = MR.min(mc - i);
-                        let first = (i / MR) * share;
-                        let pf = next.map_or((std::ptr::null(), 0), |b| {
-                            (b.wrapping_add(first * 64), share.min(lines.saturating_sub(first)))
-                        });
-                        // SAFETY: rows `ic + i..ic + i + rows`, columns `p * NR..p * NR +
-                        // cols` of `c` are in bounds (the masks stop at `cols`).
+                        let c = self.c.wrapping_offset((ic + i) as isize * self.c_row).wrapping_add(p * NR);
+                        let a_at = self.a.wrapping_offset((ic + i) as isize * self.a_row + pc as isize);
+                        // The next tile of `c` (down the panel, or the next panel's first),
+                        // which a fresh output would otherwise fetch from L3 when it is stored.
+                        let c_bytes = self.c_row * 4;
+                        if i + MR < mc {
+                            let next = c.wrapping_offset(MR as isize * self.c_row) as *const u8;
+                            prefetch_rows(next, c_bytes, MR.min(mc - i - MR), cols * 4);
+                        } else if p + 1 < p1 {
+                            let next = self.c.wrapping_offset(ic as isize * self.c_row).wrapping_add((p + 1) * NR);
+                            let cols = (self.n - (p + 1) * NR).min(NR);
+                            prefetch_rows(next as *const u8, c_bytes, MR.min(mc), cols * 4);
+                        }
+                        let pf = if p + 1 < p1 {
+                            let first = (i / MR) * share;
+                            (next_panel.wrapping_add(first * 64), share.min(lines.saturating_sub(first)))
+                        } else {
+                            (std::ptr::null(), 0)
+                        };
+                        let t = Tile {
+                            kc,
+                            a: if direct { a_at } else { strip },
+                            direct,
+                            a_row: self.a_row,
+                            b: panel,
+                            c,
+                            c_row: self.c_row,
+                            load,
+                            masks,
+                            pf,
+                        };
+                        // SAFETY: rows `ic + i..ic + i + rows`, columns `p * NR..p * NR + cols`
+                        // of `c` are in bounds (the masks stop at `cols`); the strip's `kc`
+                        // steps of `a` and the panel's block are in theirs.
                         unsafe {
-                            let c = self.c.offset((ic + i) as isize * self.c_row).add(p * NR);
-                            let t = Tile { kc, a: strip, b: panel, c, c_row: self.c_row, load, masks, pf };
                             tile(rows, t);
                             strip = strip.add(kc * rows);
                         }
@@ -221,7 +263,8 @@ impl Operands {
     }
 
     /// Packs rows `i0..i0 + mc`, steps `p0..p0 + kc` of `a` into strips of [`MR`] rows at `dst`
-    /// (`[step][row]`; the last strip has `mc % MR` rows).
+    /// (`[step][row]`; the last strip has `mc % MR` rows), one step's rows after another: the
+    /// writes are in order, and a column-major `a` (the case that packs) is read in order too.
     ///
     /// # Safety
     /// The block lies inside `a`; `dst` holds `mc * kc` floats.
@@ -232,24 +275,17 @@ impl Operands {
             // SAFETY: the caller's contract.
             unsafe {
                 let first = self.a.offset(i as isize * self.a_row + p0 as isize * self.a_col);
-                for r in 0..rows {
-                    let src = first.offset(r as isize * self.a_row);
-                    if self.a_col == 1 {
-                        for s in 0..kc {
-                            *out.add(s * rows + r) = *src.add(s);
-                        }
-                    } else {
-                        for s in 0..kc {
-                            *out.add(s * rows + r) = *src.offset(s as isize * self.a_col);
-                        }
+                for s in 0..kc {
+                    let src = first.offset(s as isize * self.a_col);
+                    for r in 0..rows {
+                        *out.add(r) = *src.offset(r as isize * self.a_row);
                     }
+                    out = out.add(rows);
                 }
-                out = out.add(kc * rows);
             }
         }
     }
 }
-
 /// The first `cols` lanes of a vector of 16 (all from 16 on).
 #[cfg(target_arch = "x86_64")]
 fn lanes(cols: usize) -> u16 {
@@ -264,15 +300,34 @@ fn lanes(cols: usize) -> u16 {
 struct Tile {
     kc: usize,
     a: *const f32,
+    /// The strip is `a` read in place, its rows `a_row` elements apart and its steps 1 apart;
+    /// otherwise a packed strip (`[step][row]`).
+    direct: bool,
+    a_row: isize,
     b: *const f32,
     c: *mut f32,
     c_row: isize,
     load: bool,
     masks: (u16, u16),
-    /// Lines to prefetch into L2 meanwhile, one per iteration of the loop: `(first, count)`.
+    /// Lines to prefetch into L2 meanwhile, spread over the loop: `(first, count)`.
     pf: (*const u8, usize),
 }
 
+/// Fetches `rows` runs of `bytes` from `first`, `stride` bytes apart, into L2: a burst between
+/// two tiles, for the next tile of `c`. Spread over the kernel's loop instead, the bookkeeping
+/// cost the loop its registers (a tenth of its speed with the data in cache).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn prefetch_rows(first: *const u8, stride: isize, rows: usize, bytes: usize) {
+    use std::arch::x86_64::*;
+    for r in 0..rows {
+        let row = first.wrapping_offset(r as isize * stride);
+        for line in 0..bytes.div_ceil(64) {
+            // SAFETY: a prefetch of any address is harmless.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(line * 64) as *const i8) };
+        }
+    }
+}
 /// [`kernel`] for a strip of `rows` (1 to [`MR`]) rows.
 ///
 /// # Safety
@@ -283,20 +338,25 @@ struct Tile {
 unsafe fn tile(rows: usize, t: Tile) {
     // SAFETY: the caller's contract.
     unsafe {
-        match rows {
-            12 => kernel::<12>(t),
-            11 => kernel::<11>(t),
-            10 => kernel::<10>(t),
-            9 => kernel::<9>(t),
-            8 => kernel::<8>(t),
-            7 => kernel::<7>(t),
-            6 => kernel::<6>(t),
-            5 => kernel::<5>(t),
-            4 => kernel::<4>(t),
-            3 => kernel::<3>(t),
-            2 => kernel::<2>(t),
-            _ => kernel::<1>(t),
+        macro_rules! by_rows {
+            ($direct:literal) => {
+                match rows {
+                    12 => kernel::<12, $direct>(t),
+                    11 => kernel::<11, $direct>(t),
+                    10 => kernel::<10, $direct>(t),
+                    9 => kernel::<9, $direct>(t),
+                    8 => kernel::<8, $direct>(t),
+                    7 => kernel::<7, $direct>(t),
+                    6 => kernel::<6, $direct>(t),
+                    5 => kernel::<5, $direct>(t),
+                    4 => kernel::<4, $direct>(t),
+                    3 => kernel::<3, $direct>(t),
+                    2 => kernel::<2, $direct>(t),
+                    _ => kernel::<1, $direct>(t),
+                }
+            };
         }
+        if t.direct { by_rows!(true) } else { by_rows!(false) }
     }
 }
 
@@ -312,7 +372,7 @@ const UNROLL: usize = 4;
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn kernel<const R: usize>(t: Tile) {
+unsafe fn kernel<const R: usize, const DIRECT: bool>(t: Tile) {
     use std::arch::x86_64::*;
     let (m0, m1) = t.masks;
     // SAFETY: the caller's contract: every load and store below stays inside `a`, `b` and the
@@ -325,15 +385,29 @@ unsafe fn kernel<const R: usize>(t: Tile) {
                 *acc = [_mm512_maskz_loadu_ps(m0, row), _mm512_maskz_loadu_ps(m1, row.add(16))];
             }
         }
+        // `a`'s rows when read in place: one pointer per three rows, the other two `a_row` and
+        // `2 a_row` past it (an address mode's scaled index, so moving on costs four adds and
+        // no per-row arithmetic).
+        let mut bases = [t.a; 4];
+        if DIRECT {
+            for (q, base) in bases.iter_mut().enumerate() {
+                *base = t.a.offset((3 * q).min(R - 1) as isize * t.a_row);
+            }
+        }
         let (mut a, mut b) = (t.a, t.b);
         // One step: a panel row against `R` broadcasts of `a` (a macro, not a closure: see
         // `Operands::block`).
         macro_rules! step {
-            ($acc:expr, $a:expr, $b:expr) => {{
-                let (a, b) = ($a, $b);
+            ($acc:expr, $u:expr, $b:expr) => {{
+                let (u, b) = ($u, $b);
                 let (b0, b1) = (_mm512_loadu_ps(b), _mm512_loadu_ps(b.add(16)));
                 for (r, acc) in $acc.iter_mut().enumerate() {
-                    let x = _mm512_set1_ps(*a.add(r));
+                    let x = if DIRECT {
+                        *bases[r / 3].add(u).offset((r % 3) as isize * t.a_row)
+                    } else {
+                        *a.add(u * R + r)
+                    };
+                    let x = _mm512_set1_ps(x);
                     acc[0] = _mm512_fmadd_ps(x, b0, acc[0]);
                     acc[1] = _mm512_fmadd_ps(x, b1, acc[1]);
                 }
@@ -341,22 +415,39 @@ unsafe fn kernel<const R: usize>(t: Tile) {
         }
         let mut left = t.kc;
         let (mut pf, mut pf_left) = t.pf;
+        // Lines per iteration, so that a strip alone in its block (a product of a few rows)
+        // still fetches the whole next block.
+        let per = pf_left.div_ceil((t.kc / UNROLL).max(1));
         while left >= UNROLL {
             if pf_left > 0 {
-                _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
-                pf = pf.add(64);
-                pf_left -= 1;
+                for _ in 0..per {
+                    _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
+                    pf = pf.add(64);
+                }
+                pf_left = pf_left.saturating_sub(per);
             }
             for u in 0..UNROLL {
-                step!(acc, a.add(u * R), b.add(u * NR));
+                step!(acc, u, b.add(u * NR));
             }
-            a = a.add(UNROLL * R);
+            if DIRECT {
+                for base in bases.iter_mut() {
+                    *base = base.add(UNROLL);
+                }
+            } else {
+                a = a.add(UNROLL * R);
+            }
             b = b.add(UNROLL * NR);
             left -= UNROLL;
         }
         for _ in 0..left {
-            step!(acc, a, b);
-            a = a.add(R);
+            step!(acc, 0, b);
+            if DIRECT {
+                for base in bases.iter_mut() {
+                    *base = base.add(1);
+                }
+            } else {
+                a = a.add(R);
+            }
             b = b.add(NR);
         }
         for (r, acc) in acc.iter().enumerate() {
