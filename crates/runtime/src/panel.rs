@@ -176,18 +176,23 @@ impl Operands {
     /// As for [`gemm`], for that block.
     #[target_feature(enable = "avx512f")]
     unsafe fn block(&self, (r0, r1): (usize, usize), (p0, p1): (usize, usize)) {
-        // This thread's strips (the buffer stays put: nothing else on the thread resizes it while
-        // this runs). No closure runs the work: a closure does not inherit `target_feature`
-        // and, left out of line, would call every intrinsic.
-        let buf = STRIPS.with_borrow_mut(|strips| {
-            if strips.len() < MC * KC / 16 {
-                strips.resize(MC * KC / 16, Line16([0.0; 16]));
-            }
-            strips.as_mut_ptr() as *mut f32
-        });
         // A row-major `a` is read in place: its strips' rows are `a_row` apart, each read in
         // order (a stream per row). Packing it cost more than it saved (see the module docs).
         let direct = self.a_col == 1;
+        // This thread's strips for a packed `a` (the buffer stays put: nothing else on the
+        // thread resizes it while this runs; 768 KiB, so not made where nothing is packed). No
+        // closure runs the work: a closure does not inherit `target_feature` and, left out of
+        // line, would call every intrinsic.
+        let buf = if direct {
+            std::ptr::null_mut()
+        } else {
+            STRIPS.with_borrow_mut(|strips| {
+                if strips.len() < MC * KC / 16 {
+                    strips.resize(MC * KC / 16, Line16([0.0; 16]));
+                }
+                strips.as_mut_ptr() as *mut f32
+            })
+        };
         let blocks = self.k.div_ceil(KC);
         let step = self.k.div_ceil(blocks);
         for pc in (0..self.k).step_by(step) {
@@ -252,10 +257,9 @@ impl Operands {
                         // SAFETY: rows `ic + i..ic + i + rows`, columns `p * NR..p * NR + cols`
                         // of `c` are in bounds (the masks stop at `cols`); the strip's `kc`
                         // steps of `a` and the panel's block are in theirs.
-                        unsafe {
-                            tile(rows, t);
-                            strip = strip.add(kc * rows);
-                        }
+                        unsafe { tile(rows, t) };
+                        // (Only read when packed: `buf` is null otherwise.)
+                        strip = strip.wrapping_add(kc * rows);
                     }
                 }
             }
