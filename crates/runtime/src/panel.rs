@@ -290,6 +290,7 @@ impl Operands {
         }
     }
 }
+
 /// The first `cols` lanes of a vector of 16 (all from 16 on).
 #[cfg(target_arch = "x86_64")]
 fn lanes(cols: usize) -> u16 {
@@ -332,6 +333,7 @@ fn prefetch_rows(first: *const u8, stride: isize, rows: usize, bytes: usize) {
         }
     }
 }
+
 /// [`kernel`] for a strip of `rows` (1 to [`MR`]) rows.
 ///
 /// # Safety
@@ -426,7 +428,8 @@ unsafe fn kernel<const R: usize, const DIRECT: bool>(t: Tile) {
             if pf_left > 0 {
                 for _ in 0..per {
                     _mm_prefetch::<_MM_HINT_T1>(pf as *const i8);
-                    pf = pf.add(64);
+                    // (Wrapping: the last round may run past the block, and the panel.)
+                    pf = pf.wrapping_add(64);
                 }
                 pf_left = pf_left.saturating_sub(per);
             }
