@@ -488,8 +488,7 @@ impl CpuCompiler {
             return None;
         }
         let worker = inner.early_worker.take().unwrap_or_else(Worker::new);
-        let native = inner.native_copies && inner.mode != JitMode::Optimized;
-        Some(EarlyCompile::new(worker, inner.isa.clone(), inner.tiling, disasm_wanted(), native))
+        Some(EarlyCompile::new(worker, inner.isa.clone(), inner.tiling, disasm_wanted(), inner.runs_copies_natively()))
     }
 
     /// Sends `k` (of structural hash `hash`) to be compiled early, unless a kernel of its hash
@@ -572,6 +571,12 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Inner {
+    /// Whether copy nests run natively rather than compile (see `copy`): the batch and an early
+    /// compile decide alike.
+    fn runs_copies_natively(&self) -> bool {
+        self.native_copies && self.mode != JitMode::Optimized
+    }
+
     /// Compiles distinct kernels that are not in the cache, caches the successes, sends them on
     /// to the background thread under [`JitMode::Tiered`] and counts everything; one result
     /// per kernel, in order.
@@ -583,10 +588,8 @@ impl Inner {
         self.stats.misses += misses.len() as u64;
         let t0 = Instant::now();
         // Copy nests need no code: they run natively, cached like compiled kernels.
-        let plans: Vec<Option<CopyPlan>> = misses
-            .iter()
-            .map(|&(_, k)| if self.native_copies && self.mode != JitMode::Optimized { CopyPlan::of(k) } else { None })
-            .collect();
+        let plans: Vec<Option<CopyPlan>> =
+            misses.iter().map(|&(_, k)| if self.runs_copies_natively() { CopyPlan::of(k) } else { None }).collect();
         let hashed: Vec<(u64, &LoopKernel)> =
             misses.iter().zip(&plans).filter(|(_, p)| p.is_none()).map(|(&m, _)| m).collect();
         let kernels: Vec<&LoopKernel> = hashed.iter().map(|&(_, k)| k).collect();
