@@ -6,13 +6,23 @@
 //! Only the first of [`CpuCompiler`](super::CpuCompiler)'s two steps (emit and compile to bytes,
 //! see the module docs above) runs early; linking, the cache and the counters stay with
 //! [`CpuCompiler::compile_many_early`](super::CpuCompiler::compile_many_early), which takes the
-//! finished codes, compiles what is left (kernels still queued, on every core) and waits for the
-//! one in flight (only for a kernel being compiled: a task still queued behind other work on the
-//! pool is not waited for). The task never takes the compiler's lock (the caller holds it while it waits),
-//! and a kernel sent twice, or already cached when sent, is compiled at most once (early: a
-//! kernel whose hash was sent before is left to the batch, which compares kernels in full).
+//! finished codes, compiles what is left (kernels still queued: it takes them from the back of
+//! the queue while the task goes on from the front) and waits for the one in flight (only for a
+//! kernel being compiled or a task waiting for one: a task still queued behind other work on the
+//! pool is not waited for). The task never takes the compiler's lock (the caller holds it while
+//! it waits), and a kernel sent twice, or already cached when sent, is compiled at most once
+//! (early: a kernel whose hash was sent before is left to the batch, which compares kernels in
+//! full).
+//!
+//! The task starts when the early compile is made, at the start of the lowering, not at the
+//! first kernel, and waits for kernels spinning, up to [`IDLE_SPIN`] without one: a pool thread
+//! that sleeps takes long to wake on this virtual machine (the task of the LSTM import's first
+//! kernel started 0.06 to 2.2 ms after it was sent, so that most imports compiled every kernel
+//! on the lowering's thread after it), and the rewrite and fusion passes before emission hide
+//! the wake-up.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -24,6 +34,11 @@ use super::copy::CopyPlan;
 use super::jit::Code;
 use super::{Tiling, Worker};
 use crate::error::Result;
+
+/// How long the task waits for the next kernel, spinning, before it stops (a kernel sent later
+/// starts a new task): about a mid-sized model's lowering (LSTM's import lowers in 1.2 ms), so
+/// that a second core is kept busy at most that long for nothing.
+pub(super) const IDLE_SPIN: Duration = Duration::from_millis(3);
 
 /// A kernel sent, with its structural hash.
 pub(super) type Sent = (u64, Arc<LoopKernel>);
@@ -55,6 +70,9 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled when the task finishes a kernel or stops.
     stopped: Condvar,
+    /// Bumped when a kernel is queued or the compile closes: what a waiting task polls, without
+    /// taking the lock that `send` takes.
+    news: AtomicU64,
 }
 
 #[derive(Default)]
@@ -69,8 +87,11 @@ struct State {
     current: Option<Sent>,
     /// Kernels compiled, with their codes (or errors).
     done: Vec<Compiled>,
-    /// Whether the task is running (queued to rayon's pool or compiling).
+    /// Whether the task is running (queued to rayon's pool, compiling or waiting for a kernel).
     running: bool,
+    /// Whether the task is waiting for a kernel (spinning; it stops as soon as it sees the
+    /// compile closed).
+    waiting: bool,
     /// No more kernels: the task stops after the one it is compiling.
     closed: bool,
     /// The task's worker and setup while it is not running (taken back by `finish`: a task
@@ -89,11 +110,18 @@ pub(super) struct Finished {
 }
 
 impl EarlyCompile {
-    /// An early compile that compiles with `worker` and these settings.
+    /// An early compile that compiles with `worker` and these settings. Its task starts now,
+    /// to be awake when the first kernel comes (see the module docs).
     pub(super) fn new(worker: Worker, isa: OwnedTargetIsa, tiling: Tiling, disasm: bool, native_copies: bool) -> Self {
         let setup = Setup { isa, tiling, disasm, native_copies };
         let shared = Arc::new(Shared::default());
-        lock(&shared.state).parked = Some((worker, setup));
+        {
+            let mut state = lock(&shared.state);
+            state.parked = Some((worker, setup));
+            state.running = true;
+        }
+        let task = shared.clone();
+        rayon::spawn(move || run(&task));
         EarlyCompile { shared, tiling, disasm }
     }
 
@@ -126,6 +154,7 @@ impl EarlyCompile {
             return;
         }
         state.queue.push_back((hash, Arc::new(kernel.clone())));
+        self.shared.news.fetch_add(1, Ordering::Release);
         if !state.running && !state.closed {
             state.running = true;
             let shared = self.shared.clone();
@@ -134,13 +163,21 @@ impl EarlyCompile {
         }
     }
 
+    /// Takes the last kernel still queued, for the caller to compile on its own thread while
+    /// the task goes on from the front of the queue: what the lowering left queued is shared
+    /// between both cores (LSTM's import left its three gate kernels, 660 us of compiling, to
+    /// the lowering's thread alone).
+    pub(super) fn steal(&mut self) -> Option<Sent> {
+        let mut state = lock(&self.shared.state);
+        if state.closed { None } else { state.queue.pop_back() }
+    }
+
     /// Stops the task, which takes no more kernels (those still queued are the caller's to
     /// compile), and returns the codes compiled so far and the kernel in flight, if any, whose
     /// code [`EarlyCompile::finish`] then brings.
     pub(super) fn close(&mut self) -> (Vec<Compiled>, Option<Sent>) {
         let mut state = lock(&self.shared.state);
-        state.closed = true;
-        state.queue.clear();
+        close(&self.shared, &mut state);
         (std::mem::take(&mut state.done), state.current.clone())
     }
 
@@ -149,9 +186,9 @@ impl EarlyCompile {
     /// the caller holds the compiler's lock, which the pool's threads may be waiting for.
     pub(super) fn finish(self) -> Finished {
         let mut state = lock(&self.shared.state);
-        state.closed = true;
-        state.queue.clear();
-        while state.current.is_some() {
+        close(&self.shared, &mut state);
+        // A waiting task sees the close within a spin and parks its worker.
+        while state.current.is_some() || state.waiting {
             state = self.shared.stopped.wait(state).unwrap_or_else(|p| p.into_inner());
         }
         Finished {
@@ -164,10 +201,15 @@ impl EarlyCompile {
 
 impl Drop for EarlyCompile {
     fn drop(&mut self) {
-        let mut state = lock(&self.shared.state);
-        state.closed = true;
-        state.queue.clear();
+        close(&self.shared, &mut lock(&self.shared.state));
     }
+}
+
+/// Closes the compile: the task takes no more kernels, and a waiting one stops.
+fn close(shared: &Shared, state: &mut State) {
+    state.closed = true;
+    state.queue.clear();
+    shared.news.fetch_add(1, Ordering::Release);
 }
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -177,15 +219,17 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 /// Marks the task stopped in `state` and wakes [`EarlyCompile::finish`].
 fn stop(shared: &Shared, mut state: MutexGuard<'_, State>) {
     state.running = false;
+    state.waiting = false;
     state.current = None;
     drop(state);
     shared.stopped.notify_all();
 }
 
-/// The task: compiles queued kernels until the queue is empty or closed, then parks its worker
-/// and stops in the same critical section (a kernel sent after that starts a new task). A
-/// panic outside the worker's own `catch_unwind` is not expected; should one happen, the guard
-/// still marks the task stopped (no kernel in flight), and the caller compiles that kernel.
+/// The task: compiles queued kernels, waiting for the next one up to [`IDLE_SPIN`], until the
+/// compile is closed or that wait runs out, then parks its worker and stops in the same critical
+/// section (a kernel sent after that starts a new task). A panic outside the worker's own
+/// `catch_unwind` is not expected; should one happen, the guard still marks the task stopped (no
+/// kernel in flight), and the caller compiles that kernel.
 fn run(shared: &Shared) {
     struct Unwinding<'a>(Option<&'a Shared>);
     impl Drop for Unwinding<'_> {
@@ -199,20 +243,35 @@ fn run(shared: &Shared) {
     let Some((mut worker, setup)) = lock(&shared.state).parked.take() else {
         return;
     };
+    let mut idle_since = Instant::now();
     loop {
         let (hash, kernel) = {
             let mut state = lock(&shared.state);
             let next = if state.closed { None } else { state.queue.pop_front() };
             match next {
                 Some(job) => {
+                    state.waiting = false;
                     state.current = Some(job.clone());
                     job
                 }
-                None => {
+                None if state.closed || idle_since.elapsed() >= IDLE_SPIN => {
                     state.parked = Some((worker, setup));
                     guard.0 = None;
                     stop(shared, state);
                     return;
+                }
+                None => {
+                    // Nothing queued: wait for news spinning, awake (see the module docs). A
+                    // kernel queued or a close after this point changes `news`.
+                    state.waiting = true;
+                    let seen = shared.news.load(Ordering::Acquire);
+                    drop(state);
+                    while shared.news.load(Ordering::Acquire) == seen && idle_since.elapsed() < IDLE_SPIN {
+                        for _ in 0..64 {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    continue;
                 }
             }
         };
@@ -231,5 +290,6 @@ fn run(shared: &Shared) {
         }
         drop(state);
         shared.stopped.notify_all();
+        idle_since = Instant::now();
     }
 }

@@ -502,8 +502,8 @@ impl CpuCompiler {
 
     /// [`compile_many`](Self::compile_many) for kernels already hashed
     /// ([`LoopKernel::structural_hash`]), taking the codes of those that `early` compiled
-    /// ahead (the kernels it was sent and has not reached compile now, on every core, while it
-    /// finishes the one in flight).
+    /// ahead (the kernels it was sent and has not reached compile now, here and on its task,
+    /// while it finishes the one in flight).
     pub fn compile_many_early(
         &self,
         kernels: &[(u64, &LoopKernel)],
@@ -644,8 +644,10 @@ impl Inner {
     }
 
     /// Machine code for `kernels` (distinct; one result each, in order): the codes `early`
-    /// compiled ahead taken from it, the others compiled now on up to `max_threads` workers
-    /// while it finishes the kernel in flight, whose code it then brings.
+    /// compiled ahead taken from it, those still queued for it compiled here while its task
+    /// goes on with the rest of the queue, the others (never sent) compiled now on up to
+    /// `max_threads` workers while the task finishes the kernel in flight, whose code it then
+    /// brings.
     fn codes(
         &mut self,
         kernels: &[(u64, &LoopKernel)],
@@ -660,6 +662,16 @@ impl Inner {
         if let Some(e) = &mut early {
             for (i, &(hash, _)) in kernels.iter().enumerate() {
                 index.entry(hash).or_default().push(i);
+            }
+            // The kernels still queued are compiled here, from the back of the queue, while the
+            // task compiles on from the front (see `EarlyCompile::steal`).
+            if self.workers.is_empty() {
+                self.workers.push(Worker::new());
+            }
+            while let Some((hash, k)) = e.steal() {
+                if let Some(i) = find(kernels, &index, hash, &k).filter(|&i| codes[i].is_none()) {
+                    codes[i] = Some(self.workers[0].compile(&*self.isa, &k, disasm, self.tiling));
+                }
             }
             let (done, current) = e.close();
             self.stats.early += take_codes(&mut codes, kernels, &index, done);
