@@ -29,14 +29,15 @@ use crate::vm::{Executable, LoopCode};
 /// structural hash.
 struct Split {
     hash: u64,
-    kernel: LoopKernel,
+    /// Shared with the early compile's task.
+    kernel: Arc<LoopKernel>,
     offsets: Vec<IExpr>,
 }
 
 impl Split {
     fn of(k: &LoopKernel) -> Split {
         let (kernel, offsets) = lower::offsets::split_offsets(k);
-        Split { hash: kernel.structural_hash(), kernel, offsets }
+        Split { hash: kernel.structural_hash(), kernel: Arc::new(kernel), offsets }
     }
 }
 
@@ -244,7 +245,7 @@ impl CpuDevice {
         // Every loop kernel in one batch: the codes compiled during the lowering taken, the
         // misses left compiled concurrently on all cores.
         observer.begin(Step::Codegen, None);
-        let refs: Vec<(u64, &LoopKernel)> = loops.iter().map(|s| (s.hash, &s.kernel)).collect();
+        let refs: Vec<(u64, &LoopKernel)> = loops.iter().map(|s| (s.hash, &*s.kernel)).collect();
         let code =
             compiler.compile_many_early(&refs, early).into_iter().collect::<Result<Vec<Arc<CompiledKernel>>, _>>();
         observer.end(Step::Codegen, None);

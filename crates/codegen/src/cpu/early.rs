@@ -148,12 +148,12 @@ impl EarlyCompile {
 
     /// Queues `kernel` (of structural hash `hash`) unless a kernel of its hash was sent before,
     /// starting the task if it is not running.
-    pub(super) fn send(&mut self, hash: u64, kernel: &LoopKernel) {
+    pub(super) fn send(&mut self, hash: u64, kernel: &Arc<LoopKernel>) {
         let mut state = lock(&self.shared.state);
         if !state.sent.insert(hash) {
             return;
         }
-        state.queue.push_back((hash, Arc::new(kernel.clone())));
+        state.queue.push_back((hash, kernel.clone()));
         self.shared.news.fetch_add(1, Ordering::Release);
         if !state.running && !state.closed {
             state.running = true;

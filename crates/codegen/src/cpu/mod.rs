@@ -492,8 +492,8 @@ impl CpuCompiler {
     }
 
     /// Sends `k` (of structural hash `hash`) to be compiled early, unless a kernel of its hash
-    /// was sent before or the cache has it.
-    pub fn send_early(&self, early: &mut EarlyCompile, hash: u64, k: &LoopKernel) {
+    /// was sent before or the cache has it. The task shares `k` (no copy is made).
+    pub fn send_early(&self, early: &mut EarlyCompile, hash: u64, k: &Arc<LoopKernel>) {
         if early.knows(hash) || self.lock().cache.get(hash, k).is_some() {
             return;
         }

@@ -373,7 +373,7 @@ fn kernels_compiled_early_behave_as_a_batch_and_count_once() {
     // The first half is sent (each kernel twice), the second is not.
     let half = ks.len() / 2;
     for k in ks[..half].iter().chain(&ks[..half]) {
-        compiler.send_early(&mut early, k.structural_hash(), k);
+        compiler.send_early(&mut early, k.structural_hash(), &Arc::new(k.clone()));
     }
     assert_eq!(early.sent(), half);
     wait_compiled(&early, 3);
@@ -391,10 +391,10 @@ fn kernels_compiled_early_behave_as_a_batch_and_count_once() {
     // A kernel the cache has is not sent again; a kernel sent but not asked for is dropped
     // with its code, and compiled when a later batch asks.
     let mut early = compiler.early().unwrap();
-    compiler.send_early(&mut early, ks[0].structural_hash(), &ks[0]);
+    compiler.send_early(&mut early, ks[0].structural_hash(), &Arc::new(ks[0].clone()));
     assert_eq!(early.sent(), 0);
     let extra = unary_kernel(UnaryOp::Sin, DType::F64, DType::F64, c(77));
-    compiler.send_early(&mut early, extra.structural_hash(), &extra);
+    compiler.send_early(&mut early, extra.structural_hash(), &Arc::new(extra.clone()));
     wait_compiled(&early, 1);
     let again = compiler.compile_many_early(&[(ks[0].structural_hash(), &ks[0])], Some(early));
     assert!(Arc::ptr_eq(again[0].as_ref().unwrap(), got[0].as_ref().unwrap()));
@@ -411,7 +411,7 @@ fn an_early_error_stays_with_its_kernel_and_an_abandoned_early_compile_costs_not
     let (bad1, bad2) = (bad(5), bad(6));
     let mut early = compiler.early().unwrap();
     for k in [&bad1, &good, &bad2] {
-        compiler.send_early(&mut early, k.structural_hash(), k);
+        compiler.send_early(&mut early, k.structural_hash(), &Arc::new(k.clone()));
     }
     wait_compiled(&early, 3);
     let batch: Vec<(u64, &LoopKernel)> = [&good, &bad1, &bad2].iter().map(|k| (k.structural_hash(), *k)).collect();
@@ -427,7 +427,7 @@ fn an_early_error_stays_with_its_kernel_and_an_abandoned_early_compile_costs_not
     let mut early = compiler.early().unwrap();
     for n in 1..40 {
         let k = unary_kernel(UnaryOp::Sin, DType::F64, DType::F64, c(n));
-        compiler.send_early(&mut early, k.structural_hash(), &k);
+        compiler.send_early(&mut early, k.structural_hash(), &Arc::new(k.clone()));
     }
     drop(early);
     let k = unary_kernel(UnaryOp::Sin, DType::F64, DType::F64, c(3));
@@ -467,7 +467,7 @@ fn a_batch_does_not_wait_for_an_early_task_that_never_started() {
     ];
     let mut early = compiler.early().unwrap();
     for k in &ks {
-        compiler.send_early(&mut early, k.structural_hash(), k);
+        compiler.send_early(&mut early, k.structural_hash(), &Arc::new(k.clone()));
     }
     let batch: Vec<(u64, &LoopKernel)> = ks.iter().map(|k| (k.structural_hash(), k)).collect();
     let got = compiler.compile_many_early(&batch, Some(early));
