@@ -34,8 +34,9 @@
 //!
 //! Bytes allocated come from [`CountingAlloc`], a global allocator that counts every allocation.
 //! A program opts in with
-//! `#[global_allocator] static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;`
-//! (the `kiln` command does); without it the allocation columns read `-`.
+//! `#[global_allocator] static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc::SYSTEM;`
+//! or counts over an allocator of its own with [`CountingAlloc::over`] (the `kiln` command
+//! counts over mimalloc); without it the allocation columns read `-`.
 
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
@@ -81,9 +82,22 @@ thread_local! {
     static THREAD_SLOT: Cell<usize> = const { Cell::new(0) };
 }
 
-/// A global allocator (the system's) that counts allocations and bytes, process-wide and per
-/// thread. Install it in a binary or test with `#[global_allocator]`.
-pub struct CountingAlloc;
+/// A global allocator that counts allocations and bytes, process-wide and per thread, and
+/// leaves the allocating to an inner allocator (the system's: [`CountingAlloc::SYSTEM`]). Install
+/// it in a binary or test with `#[global_allocator]`.
+pub struct CountingAlloc<A = System>(A);
+
+impl CountingAlloc {
+    /// Counting over the system's allocator.
+    pub const SYSTEM: CountingAlloc = CountingAlloc(System);
+}
+
+impl<A: GlobalAlloc> CountingAlloc<A> {
+    /// Counting over `inner`.
+    pub const fn over(inner: A) -> CountingAlloc<A> {
+        CountingAlloc(inner)
+    }
+}
 
 #[inline]
 fn count(bytes: usize) {
@@ -115,31 +129,31 @@ fn count(bytes: usize) {
     }
 }
 
-// SAFETY: every method forwards to `System` unchanged; the counting touches only atomics and a
-// const thread-local `Cell`, neither of which allocates.
-unsafe impl GlobalAlloc for CountingAlloc {
+// SAFETY: every method forwards to the inner allocator unchanged; the counting touches only
+// atomics and a const thread-local `Cell`, neither of which allocates.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingAlloc<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
         // SAFETY: forwarded from the caller.
-        unsafe { System.alloc(layout) }
+        unsafe { self.0.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
         // SAFETY: forwarded from the caller.
-        unsafe { System.alloc_zeroed(layout) }
+        unsafe { self.0.alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded from the caller.
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { self.0.dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // Every realloc counts as one allocation, of the bytes it adds.
         count(new_size.saturating_sub(layout.size()));
         // SAFETY: forwarded from the caller.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { self.0.realloc(ptr, layout, new_size) }
     }
 }
 

@@ -5,7 +5,7 @@ use kiln::profile::{self, CountingAlloc, PassRow, Report};
 use kiln::{Device, Tensor};
 
 #[global_allocator]
-static ALLOC: CountingAlloc = CountingAlloc;
+static ALLOC: CountingAlloc = CountingAlloc::SYSTEM;
 
 /// A two-layer MLP with a softmax head on the CPU device; `seed` varies only the data.
 fn mlp(seed: f32) -> kiln::Result<Tensor> {

@@ -12,7 +12,7 @@ use kiln::{Device, Tensor};
 use nn::{Module, Transformer, TransformerConfig};
 
 #[global_allocator]
-static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;
+static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc::SYSTEM;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let layers: usize = std::env::args().nth(1).map_or(Ok(12), |s| s.parse())?;

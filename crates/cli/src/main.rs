@@ -30,8 +30,11 @@ use kiln_cli::runner::Runner;
 use kiln_cli::timing::Budget;
 use kiln_cli::{dump, onnx_cmd, profile_cmd};
 
+/// mimalloc under the profiler's counting: the compiler allocates many small, short-lived
+/// objects on two threads (lowering and Cranelift), where glibc's `malloc` spent 18% of an
+/// imported MobileNet's first call (BENCHMARKS.md, s55b).
 #[global_allocator]
-static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;
+static ALLOC: kiln::profile::CountingAlloc<mimalloc::MiMalloc> = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Kiln: profile compilations and run the benchmark suites")]

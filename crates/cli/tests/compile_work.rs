@@ -14,7 +14,7 @@ use lower::Pass;
 use runtime::Step;
 
 #[global_allocator]
-static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc;
+static ALLOC: kiln::profile::CountingAlloc = kiln::profile::CountingAlloc::SYSTEM;
 
 /// The depths compiled; the largest is `MAX_DEPTH`.
 const DEPTHS: [usize; 5] = [1, 2, 4, 8, 16];
