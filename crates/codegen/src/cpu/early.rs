@@ -7,9 +7,9 @@
 //! see the module docs above) runs early; linking, the cache and the counters stay with
 //! [`CpuCompiler::compile_many_early`](super::CpuCompiler::compile_many_early), which takes the
 //! finished codes, compiles what is left (kernels still queued: it takes them from the back of
-//! the queue while the task goes on from the front) and waits for the one in flight (only for a
-//! kernel being compiled or a task waiting for one: a task still queued behind other work on the
-//! pool is not waited for). The task never takes the compiler's lock (the caller holds it while
+//! the queue while the task goes on from the front) and waits for the task to stop (only for a
+//! task that started, compiling or waiting for kernels: a task still queued behind other work on
+//! the pool is not waited for). The task never takes the compiler's lock (the caller holds it while
 //! it waits), and a kernel sent twice, or already cached when sent, is compiled at most once
 //! (early: a kernel whose hash was sent before is left to the batch, which compares kernels in
 //! full).
@@ -36,8 +36,8 @@ use super::{Tiling, Worker};
 use crate::error::Result;
 
 /// How long the task waits for the next kernel, spinning, before it stops (a kernel sent later
-/// starts a new task): about a mid-sized model's lowering (LSTM's import lowers in 1.2 ms), so
-/// that a second core is kept busy at most that long for nothing.
+/// starts a new task): longer than a mid-sized model's lowering (LSTM's import lowers in about
+/// 1 ms), so that a second core is kept busy at most that long for nothing.
 pub(super) const IDLE_SPIN: Duration = Duration::from_millis(3);
 
 /// A kernel sent, with its structural hash.
@@ -89,9 +89,6 @@ struct State {
     done: Vec<Compiled>,
     /// Whether the task is running (queued to rayon's pool, compiling or waiting for a kernel).
     running: bool,
-    /// Whether the task is waiting for a kernel (spinning; it stops as soon as it sees the
-    /// compile closed).
-    waiting: bool,
     /// No more kernels: the task stops after the one it is compiling.
     closed: bool,
     /// The task's worker and setup while it is not running (taken back by `finish`: a task
@@ -181,14 +178,16 @@ impl EarlyCompile {
         (std::mem::take(&mut state.done), state.current.clone())
     }
 
-    /// Waits for the kernel in flight, if any, and takes what the task compiled. A task still
-    /// queued to rayon's pool is not waited for (it finds the compile closed and stops at once):
-    /// the caller holds the compiler's lock, which the pool's threads may be waiting for.
+    /// Waits until a task that started has stopped (after the kernel in flight, if any; a task
+    /// waiting for kernels sees the close within a spin) and parked its worker, and takes what
+    /// it compiled and the worker. A task still queued to rayon's pool is not waited for (it
+    /// finds the compile closed and stops at once): the caller holds the compiler's lock, which
+    /// the pool's threads may be waiting for.
     pub(super) fn finish(self) -> Finished {
         let mut state = lock(&self.shared.state);
         close(&self.shared, &mut state);
-        // A waiting task sees the close within a spin and parks its worker.
-        while state.current.is_some() || state.waiting {
+        // A started task holds the worker until it stops.
+        while state.running && state.parked.is_none() {
             state = self.shared.stopped.wait(state).unwrap_or_else(|p| p.into_inner());
         }
         Finished {
@@ -219,7 +218,6 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 /// Marks the task stopped in `state` and wakes [`EarlyCompile::finish`].
 fn stop(shared: &Shared, mut state: MutexGuard<'_, State>) {
     state.running = false;
-    state.waiting = false;
     state.current = None;
     drop(state);
     shared.stopped.notify_all();
@@ -250,7 +248,6 @@ fn run(shared: &Shared) {
             let next = if state.closed { None } else { state.queue.pop_front() };
             match next {
                 Some(job) => {
-                    state.waiting = false;
                     state.current = Some(job.clone());
                     job
                 }
@@ -263,7 +260,6 @@ fn run(shared: &Shared) {
                 None => {
                     // Nothing queued: wait for news spinning, awake (see the module docs). A
                     // kernel queued or a close after this point changes `news`.
-                    state.waiting = true;
                     let seen = shared.news.load(Ordering::Acquire);
                     drop(state);
                     while shared.news.load(Ordering::Acquire) == seen && idle_since.elapsed() < IDLE_SPIN {
