@@ -16,8 +16,8 @@
 //!
 //! `-v` (repeatable) or `RUST_LOG=info|debug|trace` shows the libraries' `log` records on stderr
 //! (the wgpu adapter, `KILN_DISASM` listings); Kiln's warnings and errors show by default. The command
-//! applies the host allocator tuning (`kiln::tune_host_allocator`) before anything runs, so its
-//! measurements match the benchmarks'.
+//! allocates through mimalloc (see `ALLOC`), not glibc's `malloc`, so it has no use for the
+//! library's glibc tuning (`kiln::tune_host_allocator`, which criterion's benches apply).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -431,7 +431,6 @@ fn main() -> ExitCode {
     if log::set_logger(Box::leak(Box::new(logger))).is_ok() {
         log::set_max_level(max);
     }
-    kiln::tune_host_allocator();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
