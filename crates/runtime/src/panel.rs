@@ -195,6 +195,7 @@ impl Operands {
         };
         let blocks = self.k.div_ceil(KC);
         let step = self.k.div_ceil(blocks);
+        let c_bytes = self.c_row * 4;
         for pc in (0..self.k).step_by(step) {
             let kc = step.min(self.k - pc);
             // The first block of `k` stores `c` unless the launch accumulates.
@@ -227,7 +228,6 @@ impl Operands {
                         let a_at = self.a.wrapping_offset((ic + i) as isize * self.a_row + pc as isize);
                         // The next tile of `c` (down the panel, or the next panel's first),
                         // which a fresh output would otherwise fetch from L3 when it is stored.
-                        let c_bytes = self.c_row * 4;
                         if i + MR < mc {
                             let next = c.wrapping_offset(MR as isize * self.c_row) as *const u8;
                             prefetch_rows(next, c_bytes, MR.min(mc - i - MR), cols * 4);
@@ -419,6 +419,18 @@ unsafe fn kernel<const R: usize, const DIRECT: bool>(t: Tile) {
                 }
             }};
         }
+        // Past `$n` steps of the strip.
+        macro_rules! advance {
+            ($n:expr) => {
+                if DIRECT {
+                    for base in bases.iter_mut() {
+                        *base = base.add($n);
+                    }
+                } else {
+                    a = a.add($n * R);
+                }
+            };
+        }
         let mut left = t.kc;
         let (mut pf, mut pf_left) = t.pf;
         // Lines per iteration, so that a strip alone in its block (a product of a few rows)
@@ -436,25 +448,13 @@ unsafe fn kernel<const R: usize, const DIRECT: bool>(t: Tile) {
             for u in 0..UNROLL {
                 step!(acc, u, b.add(u * NR));
             }
-            if DIRECT {
-                for base in bases.iter_mut() {
-                    *base = base.add(UNROLL);
-                }
-            } else {
-                a = a.add(UNROLL * R);
-            }
+            advance!(UNROLL);
             b = b.add(UNROLL * NR);
             left -= UNROLL;
         }
         for _ in 0..left {
             step!(acc, 0, b);
-            if DIRECT {
-                for base in bases.iter_mut() {
-                    *base = base.add(1);
-                }
-            } else {
-                a = a.add(R);
-            }
+            advance!(1);
             b = b.add(NR);
         }
         for (r, acc) in acc.iter().enumerate() {

@@ -112,13 +112,9 @@ impl EarlyCompile {
     pub(super) fn new(worker: Worker, isa: OwnedTargetIsa, tiling: Tiling, disasm: bool, native_copies: bool) -> Self {
         let setup = Setup { isa, tiling, disasm, native_copies };
         let shared = Arc::new(Shared::default());
-        {
-            let mut state = lock(&shared.state);
-            state.parked = Some((worker, setup));
-            state.running = true;
-        }
-        let task = shared.clone();
-        rayon::spawn(move || run(&task));
+        let mut state = lock(&shared.state);
+        state.parked = Some((worker, setup));
+        start(&shared, state);
         EarlyCompile { shared, tiling, disasm }
     }
 
@@ -153,10 +149,7 @@ impl EarlyCompile {
         state.queue.push_back((hash, kernel.clone()));
         self.shared.news.fetch_add(1, Ordering::Release);
         if !state.running && !state.closed {
-            state.running = true;
-            let shared = self.shared.clone();
-            drop(state);
-            rayon::spawn(move || run(&shared));
+            start(&self.shared, state);
         }
     }
 
@@ -213,6 +206,14 @@ fn close(shared: &Shared, state: &mut State) {
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Marks the task running in `state` and queues it to rayon's pool.
+fn start(shared: &Arc<Shared>, mut state: MutexGuard<'_, State>) {
+    state.running = true;
+    drop(state);
+    let task = shared.clone();
+    rayon::spawn(move || run(&task));
 }
 
 /// Marks the task stopped in `state` and wakes [`EarlyCompile::finish`].
