@@ -6,8 +6,10 @@
 //! Step `t` depends on an earlier step `s` when they touch a common buffer and one of them writes
 //! it (read-after-write, write-after-write, write-after-read, by `BufId`). A matmul that
 //! accumulates into `c` declares `c` as written, so it depends on the step that wrote the bias
-//! (write-after-write). The *level* of a step is 0 when it depends on nothing, else one more than
-//! the highest level it depends on. Steps of one level never depend on each other: a runtime may
+//! (write-after-write). The *level* of a step is one more than the highest level it depends on;
+//! a step that depends on nothing is at level 0 if it is a matmul or nothing depends on it, else
+//! one below its first dependent (what it writes then lives from just before its first use, not
+//! from the start of the run). Steps of one level never depend on each other: a runtime may
 //! run them in any order or at the same time, as long as level `l` finishes before level `l + 1`
 //! starts. Running by levels changes which buffers are alive together, so the memory plan for it
 //! is [`crate::memplan::plan_with_groups`] with the levels (or finer groups) as time slots.
@@ -34,7 +36,8 @@ use crate::program::{BufferKind, Program};
 pub struct Dependencies {
     /// `preds[t]`: the earlier steps step `t` depends on directly, sorted, without repeats.
     pub preds: Vec<Vec<u32>>,
-    /// `level[t]`: 0 for a step that depends on nothing, else 1 + the highest level of its preds.
+    /// `level[t]`: 1 + the highest level of its preds; for a step with none, 0, or for a loop
+    /// step that others depend on, 1 below the lowest level among them (see the module docs).
     pub level: Vec<u32>,
 }
 
@@ -97,7 +100,32 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
         level.push(p.iter().map(|&q| level[q as usize] + 1).max().unwrap_or(0));
         preds.push(p);
     }
+    sink_sources(program, &preds, &mut level);
     Ok(Dependencies { preds, level })
+}
+
+/// Moves each loop step that depends on nothing (it reads only the program's inputs and
+/// constants) from level 0 to just below its first dependent, so that what it writes lives from
+/// the level before its first use rather than from the start: a `Linear`'s bias broadcast into
+/// the product's output (`schedule::decide`) is such a step, one per layer, and at level 0 all of
+/// them were alive together until their layers came. A step that nothing depends on stays at 0.
+/// Matmul steps stay too: equal ones of one level become one grouped launch (an RNN's input
+/// projections of every time step).
+fn sink_sources(program: &Program, preds: &[Vec<u32>], level: &mut [u32]) {
+    let mut first_use = vec![u32::MAX; level.len()];
+    for (t, p) in preds.iter().enumerate() {
+        for &q in p {
+            let q = q as usize;
+            first_use[q] = first_use[q].min(level[t]);
+        }
+    }
+    for (s, step) in program.steps.iter().enumerate() {
+        let matmul = matches!(program.kernels.get(step.kernel as usize), Some(Kernel::Matmul(_)));
+        if preds[s].is_empty() && first_use[s] != u32::MAX && !matmul {
+            // Every dependent is above level 0 (it depends on this step), so this stays below it.
+            level[s] = first_use[s] - 1;
+        }
+    }
 }
 
 /// The steps of each dependency level of `program` (see the module docs).

@@ -276,3 +276,45 @@ fn grouped_planning_keeps_a_level_apart_but_reuses_across_levels() {
     assert_eq!(grouped.stats.arena_bytes, 16 * 256);
     check_levels(&g, &p, 7);
 }
+
+#[test]
+fn a_bias_copy_waits_below_its_product_rather_than_at_level_zero() {
+    // Three `Linear`s in a row: each bias is broadcast into its product's output by a step that
+    // reads only the bias (an input), then the product accumulates onto it.
+    let mut b = B::default();
+    let mut h = b.input(&[4, 8]);
+    for _ in 0..3 {
+        let (w, bias) = (b.input(&[8, 8]), b.input(&[8]));
+        let y = b.matmul(h, w);
+        let bias = b.op(Op::Reshape(Reshape { shape: shape_of(&[1, 8]) }), &[bias]);
+        let bias = b.op(Op::Expand(Expand { shape: shape_of(&[4, 8]) }), &[bias]);
+        h = b.op(Op::Binary(BinaryOp::Add), &[y, bias]);
+    }
+    let g = b.out(&[h]);
+    let p = compile(&g, &CompileOptions::default()).unwrap();
+    let deps = p.deps().unwrap();
+    let is_matmul = |s: usize| matches!(p.kernels[p.steps[s].kernel as usize], kiln_lower::kir::Kernel::Matmul(_));
+    let matmuls: Vec<usize> = (0..p.steps.len()).filter(|&s| is_matmul(s)).collect();
+    assert_eq!(matmuls.len(), 3, "{p}");
+    for &m in &matmuls {
+        // The matmul's one dependency that reads nothing computed: the bias copy, one level below.
+        let copies: Vec<u32> = deps.preds[m].iter().copied().filter(|&q| deps.preds[q as usize].is_empty()).collect();
+        assert!(!copies.is_empty(), "step {m} has no source step\n{p}");
+        for q in copies {
+            assert_eq!(deps.level[q as usize] + 1, deps.level[m], "bias copy {q} of step {m}\n{p}");
+        }
+    }
+    // By levels, a copy's output lives from the level before its product, so the three copies
+    // are never alive together: the arena is no larger than in order.
+    let bindings = Bindings::new();
+    let levels = p.levels().unwrap();
+    let in_order = memplan::plan(&p, &bindings).unwrap();
+    let grouped = memplan::plan_with_groups(&p, &bindings, &levels).unwrap();
+    assert!(
+        grouped.stats.arena_bytes <= in_order.stats.arena_bytes,
+        "{} > {}",
+        grouped.stats.arena_bytes,
+        in_order.stats.arena_bytes
+    );
+    check_levels(&g, &p, 11);
+}
