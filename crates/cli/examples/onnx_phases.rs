@@ -19,7 +19,7 @@ fn main() -> anyhow::Result<()> {
     let mut samples: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for _ in 0..n.max(1) {
         kiln::backend::cpu_device()?.clear_caches();
-        let (_, p) = onnx_cmd::profile(std::path::Path::new(&path), &dims, &options, false)?;
+        let (_, p) = onnx_cmd::profile(std::path::Path::new(&path), &dims, &options, false, true)?;
         for row in p.report.passes() {
             samples.entry(row.name).or_default().push(row.time.as_secs_f64() * 1e3);
         }

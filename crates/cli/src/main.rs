@@ -173,6 +173,22 @@ struct ProfileOut {
     /// Write the graph after each pass (air text, DOT), the kernel IR and the CLIF into DIR.
     #[arg(long, value_name = "DIR")]
     dump: Option<PathBuf>,
+    /// Profile the first compilation of the process, with its one-time start-up costs (by
+    /// default the same program is compiled and run once untimed first, on a device of its own;
+    /// the profiled compilation is still uncached).
+    #[arg(long)]
+    cold: bool,
+}
+
+impl ProfileOut {
+    /// The line under the table that says which compilation it shows.
+    fn footnote(&self) -> &'static str {
+        if self.cold {
+            "(cold: the first compilation of this process, start-up costs included)"
+        } else {
+            "(after one untimed compilation and run of the same program, so process start-up costs are left out; --cold includes them)"
+        }
+    }
 }
 
 #[derive(Args, Clone)]
@@ -446,15 +462,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Profile(ProfileTarget::Onnx { onnx, out }) => {
             let options = lower::CompileOptions { fuse: !out.no_fuse, ..lower::CompileOptions::default() };
             let dims = onnx_cmd::parse_dims(&onnx.dims)?;
-            let (_, profiled) = onnx_cmd::profile(&onnx.model, &dims, &options, out.dump.is_some())?;
+            let (_, profiled) = onnx_cmd::profile(&onnx.model, &dims, &options, out.dump.is_some(), out.cold)?;
             print!("{}", onnx_cmd::render_profile(&onnx.model, &profiled));
+            println!("{}", out.footnote());
             report_extras(&profiled, out.launches, out.trace.as_deref(), out.dump.as_deref())
         }
         Command::Profile(ProfileTarget::Model { name, fit, out }) => {
             let options = lower::CompileOptions { fuse: !out.no_fuse, ..lower::CompileOptions::default() };
-            let profiled = profile_cmd::profile_model(&name, fit, &options, out.dump.is_some())?;
+            let profiled = profile_cmd::profile_model(&name, fit, &options, out.dump.is_some(), out.cold)?;
             let what = if fit { "loss and gradients" } else { "predict" };
             print!("{}", profile_cmd::render_titled(&format!("kiln profile model: {name} ({what}) on cpu"), &profiled));
+            println!("{}", out.footnote());
             report_extras(&profiled, out.launches, out.trace.as_deref(), out.dump.as_deref())
         }
         Command::Onnx(OnnxCmd::Info { model }) => {

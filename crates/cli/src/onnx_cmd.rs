@@ -117,22 +117,24 @@ pub fn inputs(model: &Model, dims: &HashMap<String, usize>, device: Device) -> a
 /// Imports the model at `path` and compiles and runs it once under the profiler (the import's
 /// graph building is the `forward` span). The model is built under `kiln::no_grad`, as a
 /// [`kiln_onnx::Session`] builds it, so the profile shows the inference program that `kiln bench
-/// onnx` runs (a max pool is one reduce, with no winner kept for a backward pass).
+/// onnx` runs (a max pool is one reduce, with no winner kept for a backward pass). Unless
+/// `cold`, the same import is compiled and run once first ([`profile_cmd::warm_up`]).
 pub fn profile(
     path: &Path,
     dims: &HashMap<String, usize>,
     options: &CompileOptions,
     keep_graphs: bool,
+    cold: bool,
 ) -> anyhow::Result<(Model, Profiled)> {
     let model = Model::load(path)?;
-    let profiled = profile_cmd::profile_tensors(
-        || {
-            let x = inputs(&model, dims, Device::Cpu)?;
-            Ok(kiln::profile::span(kiln::profile::Step::Forward, || kiln::no_grad(|| model.run(&x)))?)
-        },
-        options,
-        keep_graphs,
-    )?;
+    let build = || -> anyhow::Result<Vec<Tensor>> {
+        let x = inputs(&model, dims, Device::Cpu)?;
+        Ok(kiln::profile::span(kiln::profile::Step::Forward, || kiln::no_grad(|| model.run(&x)))?)
+    };
+    if !cold {
+        profile_cmd::warm_up(build, options)?;
+    }
+    let profiled = profile_cmd::profile_tensors(build, options, keep_graphs)?;
     Ok((model, profiled))
 }
 

@@ -54,6 +54,21 @@ pub fn profile_tensors(
     profile_bound(|| Ok((build()?, Bindings::new())), options, keep_graphs)
 }
 
+/// Records, compiles (on a device of its own, as a profile does) and runs once what `build`
+/// returns, untimed: the warm-up before a profile, so that the profiled compilation pays none of
+/// the process's one-time start-up costs. One run only: a second would send the program's kernels
+/// to the JIT's optimising thread, still at work while the profiled compilation runs.
+pub fn warm_up(
+    build: impl FnOnce() -> anyhow::Result<Vec<kiln::Tensor>>,
+    options: &CompileOptions,
+) -> anyhow::Result<()> {
+    let outputs = build()?;
+    let traced = Traced::of(&outputs.iter().collect::<Vec<_>>())?;
+    let compiled = pipeline::compile(&traced.graph, &traced.bindings, options, false)?;
+    pipeline::first_run(&compiled, &traced)?;
+    Ok(())
+}
+
 /// [`profile_tensors`] for a `build` that also returns symbol values its inputs do not bind (a
 /// position), added to the traced program's bindings.
 pub fn profile_bound(
@@ -213,22 +228,32 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
 /// Builds the model `name` of `nn::zoo` and profiles its predict program (the forward pass under
 /// `kiln::no_grad`, as `nn::Predictor` runs it) or, with `fit`, its training program without the
 /// optimizer: the loss and the gradient of every parameter.
-pub fn profile_model(name: &str, fit: bool, options: &CompileOptions, keep_graphs: bool) -> anyhow::Result<Profiled> {
+/// Unless `cold`, the same program is compiled and run once first ([`warm_up`]).
+pub fn profile_model(
+    name: &str,
+    fit: bool,
+    options: &CompileOptions,
+    keep_graphs: bool,
+    cold: bool,
+) -> anyhow::Result<Profiled> {
     let mut case = nn::zoo::build(name)?;
-    profile_tensors(
-        || {
-            let forward = |model: &mut dyn nn::Module| profile::span(profile::Step::Forward, || model.forward(&case.x));
-            if !fit {
-                return Ok(vec![kiln::no_grad(|| forward(&mut *case.model))]);
-            }
-            let loss = case.loss.compute(&forward(&mut *case.model), &case.y);
-            let params = case.model.parameters();
-            let refs: Vec<&kiln::Tensor> = params.iter().collect();
-            let mut out = vec![loss.clone()];
-            out.extend(kiln::grad(&loss, &refs)?);
-            Ok(out)
-        },
-        options,
-        keep_graphs,
-    )
+    if !cold {
+        warm_up(|| zoo_outputs(&mut case, fit), options)?;
+    }
+    profile_tensors(|| zoo_outputs(&mut case, fit), options, keep_graphs)
+}
+
+/// What [`profile_model`] records: the prediction, or with `fit` the loss and its gradients.
+fn zoo_outputs(case: &mut nn::zoo::Case, fit: bool) -> anyhow::Result<Vec<kiln::Tensor>> {
+    let x = case.x.clone();
+    let forward = |model: &mut dyn nn::Module| profile::span(profile::Step::Forward, || model.forward(&x));
+    if !fit {
+        return Ok(vec![kiln::no_grad(|| forward(&mut *case.model))]);
+    }
+    let loss = case.loss.compute(&forward(&mut *case.model), &case.y);
+    let params = case.model.parameters();
+    let refs: Vec<&kiln::Tensor> = params.iter().collect();
+    let mut out = vec![loss.clone()];
+    out.extend(kiln::grad(&loss, &refs)?);
+    Ok(out)
 }

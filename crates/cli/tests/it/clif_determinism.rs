@@ -11,7 +11,7 @@ fn every_loop_kernel_of_the_zoo_emits_the_same_clif_twice() {
     let options = CompileOptions::default();
     let mut kernels = 0;
     for (name, fit) in [("lstm", false), ("gru", true), ("mobilenet", false), ("attention", true)] {
-        let p = profile_model(name, fit, &options, false).unwrap();
+        let p = profile_model(name, fit, &options, false, true).unwrap();
         for k in &p.compiled.exe.program().kernels {
             if let Kernel::Loops(k) = k {
                 let first = codegen::clif_text(k).unwrap();

@@ -111,7 +111,7 @@ fn profile_compiles_the_inference_program() {
     };
     let path = std::env::temp_dir().join(format!("kiln-cli-{}-pool.onnx", std::process::id()));
     std::fs::write(&path, m.encode_to_vec()).unwrap();
-    let (_, p) = onnx_cmd::profile(&path, &HashMap::new(), &lower::CompileOptions::default(), false).unwrap();
+    let (_, p) = onnx_cmd::profile(&path, &HashMap::new(), &lower::CompileOptions::default(), false, true).unwrap();
     let program = p.compiled.exe.program();
     assert!(program.buffers.iter().all(|b| b.dtype != air::DType::I32), "{program}");
     assert_eq!(p.compiled.kernels, 1, "{program}");
@@ -133,7 +133,7 @@ fn info_lists_io_ops_and_unsupported_ones() {
 fn profile_and_bench_run_the_imported_model() {
     let path = write_model("run.onnx", None);
     let dims: HashMap<String, usize> = onnx_cmd::parse_dims(&["batch=5".to_string()]).unwrap();
-    let (_, p) = onnx_cmd::profile(&path, &dims, &lower::CompileOptions::default(), false).unwrap();
+    let (_, p) = onnx_cmd::profile(&path, &dims, &lower::CompileOptions::default(), false, true).unwrap();
     let text = onnx_cmd::render_profile(&path, &p);
     assert!(text.contains("kiln profile onnx") && text.contains("codegen"), "{text}");
     let r = onnx_cmd::bench(&path, &dims, kiln::Device::Cpu, Budget::SMOKE).unwrap();

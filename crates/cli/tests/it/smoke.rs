@@ -154,8 +154,10 @@ fn profile_transformer_at_a_start_position() {
 fn profile_model_predict_and_fit_with_launches() {
     let predict = kiln(&["profile", "model", "conv-32", "--launches", "3"]);
     assert!(predict.contains("conv-32 (predict)") && predict.contains("top 3 kernels by time"), "{predict}");
-    let fit = kiln(&["profile", "model", "dense-tiny", "--fit"]);
+    assert!(predict.contains("after one untimed compilation and run of the same program"), "{predict}");
+    let fit = kiln(&["profile", "model", "dense-tiny", "--fit", "--cold"]);
     assert!(fit.contains("dense-tiny (loss and gradients)") && fit.contains("codegen"), "{fit}");
+    assert!(fit.contains("(cold: the first compilation of this process"), "{fit}");
     let bad = Command::new(env!("CARGO_BIN_EXE_kiln")).args(["profile", "model", "no-such-model"]).output().unwrap();
     assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("no-such-model"));
 }
