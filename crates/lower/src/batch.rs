@@ -113,12 +113,15 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
 /// projections of every time step).
 fn sink_sources(program: &Program, preds: &[Vec<u32>], level: &mut [u32]) {
     let mut first_use = vec![u32::MAX; level.len()];
+    let mut edges = 0;
     for (t, p) in preds.iter().enumerate() {
+        edges += p.len();
         for &q in p {
             let q = q as usize;
             first_use[q] = first_use[q].min(level[t]);
         }
     }
+    air::work::add((level.len() + edges) as u64);
     for (s, step) in program.steps.iter().enumerate() {
         let matmul = matches!(program.kernels.get(step.kernel as usize), Some(Kernel::Matmul(_)));
         if preds[s].is_empty() && first_use[s] != u32::MAX && !matmul {
