@@ -182,12 +182,18 @@ struct ProfileOut {
 
 impl ProfileOut {
     /// The line under the table that says which compilation it shows.
-    fn footnote(&self) -> &'static str {
-        if self.cold {
-            "(cold: the first compilation of this process, start-up costs included)"
-        } else {
-            "(after one untimed compilation and run of the same program, so process start-up costs are left out; --cold includes them)"
-        }
+    fn footnote(&self) -> String {
+        footnote(self.cold, "compilation and run of the same program")
+    }
+}
+
+/// The line under a profile's table: the process's first compilation (`cold`), or one after an
+/// untimed `warm_up`.
+fn footnote(cold: bool, warm_up: &str) -> String {
+    if cold {
+        "(cold: the first compilation of this process, start-up costs included)".into()
+    } else {
+        format!("(after one untimed {warm_up}, so process start-up costs are left out; --cold includes them)")
     }
 }
 
@@ -522,13 +528,7 @@ fn profile_transformer(args: ProfileArgs) -> anyhow::Result<()> {
     if let Some(s) = &profiled.compiled.saturate {
         println!("saturate: {s}");
     }
-    if args.cold {
-        println!("(cold: the first compilation of this process, start-up costs included)");
-    } else {
-        println!(
-            "(after one untimed 1-layer compilation, so process start-up costs are left out; --cold includes them)"
-        );
-    }
+    println!("{}", footnote(args.cold, "1-layer compilation"));
     report_extras(&profiled, args.launches, args.trace.as_deref(), args.dump.as_deref())
 }
 

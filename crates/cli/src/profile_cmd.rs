@@ -62,11 +62,27 @@ pub fn warm_up(
     build: impl FnOnce() -> anyhow::Result<Vec<kiln::Tensor>>,
     options: &CompileOptions,
 ) -> anyhow::Result<()> {
-    let outputs = build()?;
-    let traced = Traced::of(&outputs.iter().collect::<Vec<_>>())?;
-    let compiled = pipeline::compile(&traced.graph, &traced.bindings, options, false)?;
+    record_compile_run(|| Ok((build()?, Bindings::new())), options, false).map(drop)
+}
+
+/// Records what `build` returns (symbol values it returns added to the traced program's
+/// bindings), compiles it on a device of its own and runs it once: the `trace`, compile and
+/// `first-run` spans when a profile records.
+fn record_compile_run(
+    build: impl FnOnce() -> anyhow::Result<(Vec<kiln::Tensor>, Bindings)>,
+    options: &CompileOptions,
+    keep_graphs: bool,
+) -> anyhow::Result<(Traced, Compiled)> {
+    let (outputs, bindings) = build()?;
+    let refs: Vec<&kiln::Tensor> = outputs.iter().collect();
+    profile::begin(profile::Step::Trace, None);
+    let traced = Traced::of(&refs);
+    profile::end(traced.as_ref().ok().map(|t| t.graph.len()));
+    let mut traced = traced?;
+    traced.bindings.extend(bindings);
+    let compiled = pipeline::compile(&traced.graph, &traced.bindings, options, keep_graphs)?;
     pipeline::first_run(&compiled, &traced)?;
-    Ok(())
+    Ok((traced, compiled))
 }
 
 /// [`profile_tensors`] for a `build` that also returns symbol values its inputs do not bind (a
@@ -76,18 +92,7 @@ pub fn profile_bound(
     options: &CompileOptions,
     keep_graphs: bool,
 ) -> anyhow::Result<Profiled> {
-    let (result, mut report) = profile::profile(|| -> anyhow::Result<(Traced, Compiled)> {
-        let (outputs, bindings) = build()?;
-        let refs: Vec<&kiln::Tensor> = outputs.iter().collect();
-        profile::begin(profile::Step::Trace, None);
-        let traced = Traced::of(&refs);
-        profile::end(traced.as_ref().ok().map(|t| t.graph.len()));
-        let mut traced = traced?;
-        traced.bindings.extend(bindings);
-        let compiled = pipeline::compile(&traced.graph, &traced.bindings, options, keep_graphs)?;
-        pipeline::first_run(&compiled, &traced)?;
-        Ok((traced, compiled))
-    });
+    let (result, mut report) = profile::profile(|| record_compile_run(build, options, keep_graphs));
     let (traced, compiled) = result?;
     let t0 = Instant::now();
     compiled.exe.run(&traced.inputs, &traced.bindings)?;

@@ -61,6 +61,8 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
     let mut readers: Vec<Vec<u32>> = vec![Vec::new(); n_bufs];
     let mut preds = Vec::with_capacity(program.steps.len());
     let mut level = Vec::with_capacity(program.steps.len());
+    // Per step, the lowest level among the steps that depend on it (`u32::MAX`: none).
+    let mut first_use = vec![u32::MAX; program.steps.len()];
     for (s, step) in program.steps.iter().enumerate() {
         let kernel = program.step_kernel(s)?;
         air::work::add(1 + 2 * step.args.len() as u64);
@@ -97,10 +99,14 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
                 }
             }
         }
-        level.push(p.iter().map(|&q| level[q as usize] + 1).max().unwrap_or(0));
+        let l = p.iter().map(|&q| level[q as usize] + 1).max().unwrap_or(0);
+        for &q in &p {
+            first_use[q as usize] = first_use[q as usize].min(l);
+        }
+        level.push(l);
         preds.push(p);
     }
-    sink_sources(program, &preds, &mut level);
+    sink_sources(program, &preds, &first_use, &mut level);
     Ok(Dependencies { preds, level })
 }
 
@@ -111,17 +117,8 @@ pub fn dependencies(program: &Program) -> Result<Dependencies, LowerError> {
 /// them were alive together until their layers came. A step that nothing depends on stays at 0.
 /// Matmul steps stay too: equal ones of one level become one grouped launch (an RNN's input
 /// projections of every time step).
-fn sink_sources(program: &Program, preds: &[Vec<u32>], level: &mut [u32]) {
-    let mut first_use = vec![u32::MAX; level.len()];
-    let mut edges = 0;
-    for (t, p) in preds.iter().enumerate() {
-        edges += p.len();
-        for &q in p {
-            let q = q as usize;
-            first_use[q] = first_use[q].min(level[t]);
-        }
-    }
-    air::work::add((level.len() + edges) as u64);
+fn sink_sources(program: &Program, preds: &[Vec<u32>], first_use: &[u32], level: &mut [u32]) {
+    air::work::add(level.len() as u64);
     for (s, step) in program.steps.iter().enumerate() {
         let matmul = matches!(program.kernels.get(step.kernel as usize), Some(Kernel::Matmul(_)));
         if preds[s].is_empty() && first_use[s] != u32::MAX && !matmul {

@@ -665,9 +665,7 @@ impl Inner {
             }
             // The kernels still queued are compiled here, from the back of the queue, while the
             // task compiles on from the front (see `EarlyCompile::steal`).
-            if self.workers.is_empty() {
-                self.workers.push(Worker::new());
-            }
+            self.ensure_workers(1);
             while let Some((hash, k)) = e.steal() {
                 if let Some(i) = find(kernels, &index, hash, &k).filter(|&i| codes[i].is_none()) {
                     codes[i] = Some(self.workers[0].compile(&*self.isa, &k, disasm, self.tiling));
@@ -680,9 +678,7 @@ impl Inner {
         let now: Vec<usize> = (0..kernels.len()).filter(|&i| codes[i].is_none() && in_flight != Some(i)).collect();
         let refs: Vec<&LoopKernel> = now.iter().map(|&i| kernels[i].1).collect();
         let threads = self.max_threads.min(refs.len() / MIN_KERNELS_PER_THREAD).max(1);
-        while self.workers.len() < threads {
-            self.workers.push(Worker::new());
-        }
+        self.ensure_workers(threads);
         let compiled = compile_all(&*self.isa, &mut self.workers[..threads], &refs, disasm, self.tiling);
         for (i, code) in now.into_iter().zip(compiled) {
             codes[i] = Some(code);
@@ -701,6 +697,13 @@ impl Inner {
             // own guard): compiled here.
             .map(|(code, &(_, k))| code.unwrap_or_else(|| self.workers[0].compile(isa, k, disasm, tiling)))
             .collect()
+    }
+
+    /// Makes at least `n` workers.
+    fn ensure_workers(&mut self, n: usize) {
+        while self.workers.len() < n {
+            self.workers.push(Worker::new());
+        }
     }
 
     /// Arms a kernel just compiled for the background thread, under [`JitMode::Tiered`]: it
