@@ -2,6 +2,9 @@
 //! no program cache each time), and prints each pass's median per depth and the per-layer
 //! difference; also a steady target for a sampling profiler: `compile_loop [LAYERS_A LAYERS_B N]`.
 
+#[global_allocator]
+static ALLOC: kiln::profile::CountingAlloc<mimalloc::MiMalloc> = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);
+
 use std::collections::BTreeMap;
 
 use kiln_cli::model::GptConfig;

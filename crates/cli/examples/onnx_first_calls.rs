@@ -2,6 +2,9 @@
 //! warm process, every compile cache emptied before each, for a sampling profiler:
 //! `perf record ... onnx_first_calls MODEL.onnx N [name=size ...]`.
 
+#[global_allocator]
+static ALLOC: kiln::profile::CountingAlloc<mimalloc::MiMalloc> = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);
+
 use std::collections::HashMap;
 
 use kiln::{Device, Tensor};

@@ -3,6 +3,9 @@
 //! `onnx_phases MODEL.onnx N [name=size ...]` (the passes of `kiln bench onnx`'s "first call, warm
 //! process", which `examples/onnx_first_calls` times whole).
 
+#[global_allocator]
+static ALLOC: kiln::profile::CountingAlloc<mimalloc::MiMalloc> = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);
+
 use std::collections::BTreeMap;
 
 use kiln_cli::onnx_cmd;
