@@ -18,14 +18,14 @@ struct Line([u8; ARENA_ALIGN]);
 
 /// One allocation reused by every run; it only grows, and only when a run needs more. A dropped
 /// arena's memory goes to the process's spare arenas ([`SpareArenas`]), which the next arena to
-/// grow takes from (the smallest that fits, zeroed again) before it asks the allocator.
+/// grow takes from (zeroed again) before it asks the allocator.
 ///
 /// Why: fresh memory costs a page fault per 4 KiB page on its first write, and on this virtual
-/// machine a fault on memory the process had not touched before took 4 us: the exported
-/// conv-32's 0.87 MiB arena cost its first run 0.7 ms of faults when the program before it had
-/// been dropped (the allocator had released that memory), against 0.03 ms for the whole run
-/// without them. Every new program of a process (a new shape, an imported model, a cleared
-/// cache) starts with a first run.
+/// machine a fault on memory the process had not touched before took about 4 us: the exported
+/// conv-32's 0.87 MiB arena cost its first run up to 0.8 ms of faults when the program before it
+/// had been dropped (the allocator had released that memory), where the whole run takes about
+/// 0.05 ms without them. Every new program of a process (a new shape, an imported model, a
+/// cleared cache) starts with a first run.
 #[derive(Default)]
 pub struct Arena {
     lines: Vec<Line>,
@@ -91,8 +91,7 @@ impl Arena {
             return Ok(());
         }
         let spare = spare_arenas().take(lines);
-        let old = std::mem::take(&mut self.lines);
-        self.lines = match spare {
+        let grown = match spare {
             Some(mut spare) => {
                 spare.fill(Line([0; ARENA_ALIGN]));
                 spare
@@ -105,7 +104,7 @@ impl Arena {
                 fresh
             }
         };
-        spare_arenas().keep(old);
+        spare_arenas().keep(std::mem::replace(&mut self.lines, grown));
         Ok(())
     }
 
