@@ -1064,7 +1064,7 @@ impl MatmulLaunch {
     /// Whether a dot-shaped entry with a short `k` (below [`SMALL_GATHER_MAX_K`]) runs faster
     /// gathered: a block of up to four rows costs `k` gathers whatever its columns, the dots one
     /// horizontal sum per output, so the gathers pay from about `1.25 k` outputs and 4 columns.
-    /// Medians of 2000 launches of 80 entries, `b` column-major (`K^T`), AMD EPYC with AVX-512,
+    /// Medians of 2000 launches of 80 entries, `b` column-major (`K^T`), Intel Xeon with AVX-512,
     /// dots against gathers: 3x3x8 2.10 / 2.40 us, 3x4x8 2.76 / 2.35, 3x8x8 (the cached
     /// Transformer's attention scores) 4.92 / 2.38, 1x16x8 4.42 / 2.17, 3x5x16 3.56 / 3.84,
     /// 3x8x16 5.06 / 3.97, 3x5x24 3.44 / 4.09 (64 entries), 3x16x24 7.62 / 4.48.
