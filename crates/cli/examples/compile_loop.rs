@@ -3,7 +3,7 @@
 //! difference; also a steady target for a sampling profiler: `compile_loop [LAYERS_A LAYERS_B N]`.
 
 #[global_allocator]
-static ALLOC: kiln::profile::CountingAlloc<mimalloc::MiMalloc> = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);
+static ALLOC: kiln_cli::Allocator = kiln_cli::ALLOCATOR;
 
 use std::collections::BTreeMap;
 

@@ -3,7 +3,7 @@
 //! `perf record ... onnx_first_calls MODEL.onnx N [name=size ...]`.
 
 #[global_allocator]
-static ALLOC: kiln::profile::CountingAlloc<mimalloc::MiMalloc> = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);
+static ALLOC: kiln_cli::Allocator = kiln_cli::ALLOCATOR;
 
 use std::collections::HashMap;
 

@@ -4,7 +4,7 @@
 //! process", which `examples/onnx_first_calls` times whole).
 
 #[global_allocator]
-static ALLOC: kiln::profile::CountingAlloc<mimalloc::MiMalloc> = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);
+static ALLOC: kiln_cli::Allocator = kiln_cli::ALLOCATOR;
 
 use std::collections::BTreeMap;
 

@@ -26,3 +26,12 @@ pub mod tensor_file;
 pub mod timing;
 pub mod tokenizer;
 pub mod workloads;
+
+/// The `kiln` command's global allocator: mimalloc under the profiler's counting. The compiler
+/// allocates many small, short-lived objects on two threads (lowering and Cranelift), where
+/// glibc's `malloc` spent 18% of an imported MobileNet's first call (BENCHMARKS.md, s55b). The
+/// examples that time compiles declare it too, so that they measure what the command runs.
+pub type Allocator = kiln::profile::CountingAlloc<mimalloc::MiMalloc>;
+
+/// The one [`Allocator`]: `#[global_allocator] static ALLOC: Allocator = ALLOCATOR;`.
+pub const ALLOCATOR: Allocator = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);

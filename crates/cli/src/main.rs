@@ -30,11 +30,9 @@ use kiln_cli::runner::Runner;
 use kiln_cli::timing::Budget;
 use kiln_cli::{dump, onnx_cmd, profile_cmd};
 
-/// mimalloc under the profiler's counting: the compiler allocates many small, short-lived
-/// objects on two threads (lowering and Cranelift), where glibc's `malloc` spent 18% of an
-/// imported MobileNet's first call (BENCHMARKS.md, s55b).
+/// mimalloc under the profiler's counting ([`kiln_cli::Allocator`]).
 #[global_allocator]
-static ALLOC: kiln::profile::CountingAlloc<mimalloc::MiMalloc> = kiln::profile::CountingAlloc::over(mimalloc::MiMalloc);
+static ALLOC: kiln_cli::Allocator = kiln_cli::ALLOCATOR;
 
 #[derive(Parser)]
 #[command(name = "kiln", version, about = "Kiln: profile compilations and run the benchmark suites")]

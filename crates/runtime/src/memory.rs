@@ -77,6 +77,7 @@ impl SpareArenas {
     }
 }
 
+/// The process's spare arenas, locked (a poisoned lock still holds whole arenas).
 fn spare_arenas() -> std::sync::MutexGuard<'static, SpareArenas> {
     SPARE_ARENAS.lock().unwrap_or_else(PoisonError::into_inner)
 }
