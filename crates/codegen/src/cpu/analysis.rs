@@ -404,6 +404,12 @@ pub(crate) fn tile_binary_op(op: BinaryOp) -> Option<TileBinary> {
     })
 }
 
+/// Whether a statement of `body` (not of loops inside it) computes `exp2` or `log2`: what `Auto`
+/// mode tiles a loop for. A cheap scan that spares the tile analysis most loops.
+fn computes_exp2_or_log2(body: &[Stmt]) -> bool {
+    body.iter().any(|s| matches!(s, Stmt::Let { inst: Inst::Unary(UnaryOp::Exp2 | UnaryOp::Log2, _), .. }))
+}
+
 /// Decides whether the innermost loop `body` over `v` (which `vector_plan` accepted) runs over
 /// tiles. Rule: every register the body defines is f32, and is either uniform (independent of
 /// `v`: constants, broadcast loads, indices of outer variables and arithmetic on them) or varying
@@ -431,7 +437,7 @@ fn tile_plan_with(
     per_row: &[usize],
     select_ok: bool,
 ) -> Option<TilePlan> {
-    if mode == TileMode::Off {
+    if mode == TileMode::Off || (mode == TileMode::Auto && !computes_exp2_or_log2(body)) {
         return None;
     }
     let f32_buf = |b: u32| k.params.get(b as usize).is_some_and(|p| p.dtype == DType::F32);
@@ -827,6 +833,12 @@ pub(crate) fn tile_rows_plan(
     };
     let width = extent.as_const()?;
     if !(8..min_trips).contains(&width) || width % 4 != 0 || TILE % width != 0 {
+        return None;
+    }
+    // Turned down before the body is copied and its accesses analysed, as `tile_plan_with`
+    // would turn it down (the prefix computes nothing): most loops over short rows (a
+    // convolution's taps, a pool's window) compute neither.
+    if mode == TileMode::Auto && !computes_exp2_or_log2(inner_body) {
         return None;
     }
     let mut flat: Vec<Stmt> = body[..prefix].to_vec();

@@ -290,6 +290,17 @@ fn short_rows_of_heavy_work_run_as_routine_calls() {
     // exp2, the addition and recip are one exp2-recip call, writing the output rows in place.
     assert_eq!(calls(32), 1, "rows of 32 call the routine");
     assert_eq!(calls(60), 0, "rows of 60 stay in the JIT");
+    // Rows of cheap work (no exp2 or log2) stay in the JIT in `Auto` mode, and run as routine
+    // calls where every eligible loop does.
+    let cheap = Expr::Binary(BinaryOp::Add, Box::new(Expr::Input(0)), Box::new(Expr::Const(1.0)));
+    let cheap_calls = |mode: TileMode| {
+        let tiling = Tiling { mode, level: TileLevel::Avx512 };
+        let text =
+            kiln_codegen::clif_text_with(&rows_kernel(&cheap, 32, [128, 128, 128], [32, 32], false), tiling).unwrap();
+        text.lines().filter(|l| l.contains(" call ")).count()
+    };
+    assert_eq!(cheap_calls(TileMode::Auto), 0, "cheap rows stay in the JIT");
+    assert!(cheap_calls(TileMode::Always) > 0, "cheap rows are tiled when every loop may be");
 }
 
 /// A softmax's exponentials over rows of 16, `exp2((x - max_row) * log2 e)` with the row's
