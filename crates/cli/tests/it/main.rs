@@ -6,4 +6,5 @@ mod clif_determinism;
 mod generate;
 mod memory;
 mod onnx_cmd;
+mod pipeline;
 mod smoke;
