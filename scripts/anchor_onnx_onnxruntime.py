@@ -1,5 +1,7 @@
-"""onnxruntime on an ONNX file, the anchor of `kiln bench onnx`: session creation (median of 5)
-and steady `run` (median over at least 0.5 s, after 10 warm-up runs), CPU, 2 intra-op threads.
+"""onnxruntime on an ONNX file, the anchor of `kiln bench onnx`: session creation (median of 5, and
+the fastest of the 5: in one process onnxruntime alternates between a fast and a slow mode, see
+BENCHMARKS.md s58) and steady `run` (median over at least 0.5 s, after 10 warm-up runs), CPU, 2
+intra-op threads.
 
 Usage: python scripts/anchor_onnx_onnxruntime.py MODEL.onnx BATCH SHAPE
   e.g. python scripts/anchor_onnx_onnxruntime.py crates/onnx/tests/fixtures/cnn.onnx 3 3,8,8
@@ -36,5 +38,5 @@ while time.perf_counter() < end or len(runs) < 20:
     t0 = time.perf_counter()
     session.run(None, x)
     runs.append((time.perf_counter() - t0) * 1e3)
-print(f"onnxruntime {path.split('/')[-1]} batch {batch}: session {statistics.median(created):.3f} ms, "
-      f"run {statistics.median(runs):.4f} ms")
+print(f"onnxruntime {path.split('/')[-1]} batch {batch}: session {statistics.median(created):.3f} ms "
+      f"(fastest {min(created):.3f}), run {statistics.median(runs):.4f} ms")
