@@ -35,10 +35,11 @@ pub(crate) enum Helper {
     TileBinaryAvx512,
     StencilAvx512,
     StencilBase,
+    CopyRows,
 }
 
 impl Helper {
-    pub(crate) const ALL: [Helper; 18] = [
+    pub(crate) const ALL: [Helper; 19] = [
         Helper::F32ToF16,
         Helper::PowF32,
         Helper::FmodF32,
@@ -57,6 +58,7 @@ impl Helper {
         Helper::TileBinaryAvx512,
         Helper::StencilAvx512,
         Helper::StencilBase,
+        Helper::CopyRows,
     ];
 
     /// The helper's function index in every JIT module (its position in [`Helper::ALL`]).
@@ -98,6 +100,7 @@ impl Helper {
             Helper::TileBinaryBase => "kiln_tile_binary_base",
             Helper::StencilAvx512 => "kiln_stencil_avx512",
             Helper::StencilBase => "kiln_stencil_base",
+            Helper::CopyRows => "kiln_copy_rows",
         }
     }
 
@@ -121,6 +124,7 @@ impl Helper {
             Helper::TileBinaryBase => tile::binary_base as *const u8,
             Helper::StencilAvx512 => stencil::stencil_avx512 as *const u8,
             Helper::StencilBase => stencil::stencil_base as *const u8,
+            Helper::CopyRows => copy_rows as *const u8,
         }
     }
 
@@ -140,6 +144,8 @@ impl Helper {
             }
             // (args)
             Helper::StencilAvx512 | Helper::StencilBase => (&[types::I64][..], None),
+            // (dst, dst_step, src, src_step, rows, bytes)
+            Helper::CopyRows => (&[types::I64; 6][..], None),
             // (mode, dst, a, b, n)
             Helper::TileBinaryAvx512 | Helper::TileBinaryAvx2 | Helper::TileBinaryBase => {
                 (&[types::I32, types::I64, types::I64, types::I64, types::I64][..], None)
@@ -148,6 +154,26 @@ impl Helper {
         sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
         sig.returns.extend(ret.map(AbiParam::new));
         sig
+    }
+}
+
+/// `rows` rows of `bytes` bytes from `src` to `dst`, the rows `src_step` and `dst_step` bytes
+/// apart: a tiled loop's gather of strided rows into its scratch tile and scatter back
+/// (`Emitter::copy_rows`), one call instead of an unrolled copy per row in every kernel.
+///
+/// # Safety
+/// Kernels pass rows inside their buffers or scratch tiles, a source row never overlapping a
+/// destination row (a buffer and a stack tile).
+unsafe extern "C" fn copy_rows(dst: *mut u8, dst_step: i64, src: *const u8, src_step: i64, rows: i64, bytes: i64) {
+    for r in 0..rows.max(0) as isize {
+        // SAFETY: the caller's contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.offset(r * src_step as isize),
+                dst.offset(r * dst_step as isize),
+                bytes.max(0) as usize,
+            )
+        };
     }
 }
 

@@ -285,10 +285,15 @@ fn short_rows_of_heavy_work_run_as_routine_calls() {
         let text =
             kiln_codegen::clif_text_with(&rows_kernel(&heavy, width, [128, 128, 128], [width, width], false), auto)
                 .unwrap();
-        text.lines().filter(|l| l.contains(" call ")).count()
+        routine_calls(&text)
     };
     // exp2, the addition and recip are one exp2-recip call, writing the output rows in place.
     assert_eq!(calls(32), 1, "rows of 32 call the routine");
+    // The input's rows (128 apart) are gathered into the scratch tile by one call, not by
+    // loads and stores unrolled in the kernel.
+    let text = kiln_codegen::clif_text_with(&rows_kernel(&heavy, 32, [128, 128, 128], [32, 32], false), auto).unwrap();
+    assert_eq!(text.matches(" call ").count(), 2, "a row copy and the routine:\n{text}");
+    assert!(!text.contains("load.f32x4"), "no unrolled row copy:\n{text}");
     assert_eq!(calls(60), 0, "rows of 60 stay in the JIT");
     // Rows of cheap work (no exp2 or log2) stay in the JIT in `Auto` mode, and run as routine
     // calls where every eligible loop does.
@@ -297,7 +302,7 @@ fn short_rows_of_heavy_work_run_as_routine_calls() {
         let tiling = Tiling { mode, level: TileLevel::Avx512 };
         let text =
             kiln_codegen::clif_text_with(&rows_kernel(&cheap, 32, [128, 128, 128], [32, 32], false), tiling).unwrap();
-        text.lines().filter(|l| l.contains(" call ")).count()
+        routine_calls(&text)
     };
     assert_eq!(cheap_calls(TileMode::Auto), 0, "cheap rows stay in the JIT");
     assert!(cheap_calls(TileMode::Always) > 0, "cheap rows are tiled when every loop may be");
@@ -319,7 +324,7 @@ fn rows_with_a_value_per_row_run_as_routine_calls() {
     let k = rows_kernel(&e, 16, [16, 16, 16], [16, 16], false);
     let auto = Tiling { mode: TileMode::Auto, level: TileLevel::Avx512 };
     let text = kiln_codegen::clif_text_with(&k, auto).unwrap();
-    assert!(text.lines().any(|l| l.contains(" call ")), "rows of 16 with a per-row value call the routines");
+    assert!(routine_calls(&text) > 0, "rows of 16 with a per-row value call the routines");
     // And the values: the evaluator's, within the approximation (exp2 is not correctly rounded).
     let rows = 37;
     let mut want = rows_inputs(rows, 26, 7);
@@ -397,7 +402,7 @@ fn a_level_the_host_lacks_falls_back_to_the_best_it_has() {
 #[test]
 fn auto_tiles_loops_with_exp2_and_leaves_cheap_loops_to_the_jit() {
     let auto = Tiling { mode: TileMode::Auto, level: TileLevel::detect() };
-    let calls = |k: &LoopKernel, t: Tiling| kiln_codegen::clif_text_with(k, t).unwrap().matches(" call ").count();
+    let calls = |k: &LoopKernel, t: Tiling| routine_calls(&kiln_codegen::clif_text_with(k, t).unwrap());
     // One sigmoid: neg, mul, exp2, add and recip are two routine calls per tile (the
     // multiplication, the exp2 and the addition are folded into one exp2-recip routine); the
     // load is read in place and the routine writes the output directly.
@@ -542,7 +547,7 @@ fn a_masked_where_of_the_loop_index_runs_as_one_routine_call_and_matches_the_jit
     let clif = kiln_codegen::clif_text_with(&masked_exp2(f32::NEG_INFINITY), auto).unwrap();
     // The multiplication, the select and the exp2: three calls per tile, no index conversion
     // left in the loop.
-    assert_eq!(clif.matches(" call ").count(), 3, "{clif}");
+    assert_eq!(routine_calls(&clif), 3, "{clif}");
     assert!(clif.contains(&format!("iconst.i32 {}", kiln_codegen_select_code())), "{clif}");
     // Row lengths across a tile (512), index offsets that cross 2^24 (where f32 stops being
     // exact and the routine converts from i64), bounds before, inside and past each row.
@@ -626,4 +631,21 @@ fn symbolic_rows_pick_tiles_or_vectors_by_their_length() {
         assert_bufs_close(&got[1], &jit[1], 0.0, &format!("width {width} against the JIT-only code"));
         assert_bufs_close(&got[1], &want[1], 1e-6, &format!("width {width} against the evaluator"));
     }
+}
+
+/// Calls of the tile routines in a kernel's CLIF text (`(i32, i64, i64, i64, i64)`: an op code,
+/// then pointers and a count), not of the row copies that gather and scatter strided rows
+/// (six `i64`s).
+fn routine_calls(clif: &str) -> usize {
+    let sigs: Vec<&str> =
+        clif.lines().filter_map(|l| l.trim().split_once(" = (i32, i64, i64, i64, i64)").map(|(sig, _)| sig)).collect();
+    let routines: Vec<String> = clif
+        .lines()
+        .filter_map(|l| {
+            let (name, def) = l.trim().split_once(" = ")?;
+            (name.starts_with("fn") && sigs.iter().any(|s| def.ends_with(&format!(" {s}"))))
+                .then(|| format!("call {name}("))
+        })
+        .collect();
+    clif.lines().filter(|l| routines.iter().any(|r| l.contains(r.as_str()))).count()
 }
