@@ -1,6 +1,7 @@
 //! Tiny Rust functions the generated code calls where an inline sequence is not worth it: f64
 //! transcendentals (from `libm`, bit-identical to the reference interpreter), f32 `pow`/`fmod`,
-//! the slow path of f32 `sin`, f32 -> f16 rounding, and the full-width routines of `tile` and `stencil`.
+//! the slow path of f32 `sin`, f32 -> f16 rounding, the full-width routines of `tile` and `stencil`,
+//! and the copy of strided rows into and out of a tiled loop's scratch tiles.
 //!
 //! Each is registered with `JITBuilder::symbol` under a `kiln_` name, so nothing is looked up with
 //! `dlsym`. Every JIT module declares them first, in [`Helper::ALL`]'s order, so helper `h` is
