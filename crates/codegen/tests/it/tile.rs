@@ -649,3 +649,19 @@ fn routine_calls(clif: &str) -> usize {
         .collect();
     clif.lines().filter(|l| routines.iter().any(|r| l.contains(r.as_str()))).count()
 }
+
+/// The constant parameters of a tiled loop's routine calls are written once, before the loop,
+/// one block per distinct set: a chain of sigmoids has two sets (its first link reads the
+/// loaded value, the others a routine's result), not a block written before every call of
+/// every tile.
+#[test]
+fn constant_routine_parameters_are_written_once_before_the_loop() {
+    let t = Tiling { mode: TileMode::Auto, level: TileLevel::Avx512 };
+    let clif = kiln_codegen::clif_text_with(&sigmoid_chain(8), t).unwrap();
+    let lines: Vec<&str> = clif.lines().collect();
+    let first_call = lines.iter().position(|l| l.contains(" call ")).expect("routine calls");
+    let stores = |ls: &[&str]| ls.iter().filter(|l| l.trim_start().starts_with("store")).count();
+    assert_eq!(routine_calls(&clif), 16, "{clif}");
+    assert_eq!(stores(&lines[first_call..]), 0, "no store inside the loop:\n{clif}");
+    assert_eq!(stores(&lines[..first_call]), 2 * 7, "two blocks of seven parameters:\n{clif}");
+}

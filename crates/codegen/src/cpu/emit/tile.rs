@@ -22,7 +22,7 @@ impl<'f> Emitter<'_, 'f> {
     /// `for t in (lo..hi).step_by(TILE)`: the uniform statements as scalars, then each varying
     /// statement as one call over `min(TILE, hi - t)` elements.
     pub(super) fn tile_loop(&mut self, var: Var, lo: Value, hi: Value, body: &[Stmt], plan: &TilePlan) -> Result<()> {
-        let scratch = self.scratch(plan.slots);
+        let scratch = self.scratch(plan);
         let t = self.b.declare_var(types::I64);
         self.b.def_var(t, lo);
         self.counted_loop(t, hi, TILE, |s, tv| {
@@ -67,7 +67,7 @@ impl<'f> Emitter<'_, 'f> {
         let mut flat: Vec<Stmt> = body[..rows.prefix].to_vec();
         flat.extend(inner_body.iter().cloned());
         let plan = &rows.tiles;
-        let scratch = self.scratch(plan.slots);
+        let scratch = self.scratch(plan);
         let per_tile = TILE / rows.width;
         let t = self.b.declare_var(types::I64);
         self.b.def_var(t, lo);
@@ -175,18 +175,54 @@ impl<'f> Emitter<'_, 'f> {
         })
     }
 
-    /// A kernel's scratch tiles: `slots` tiles, then 4 bytes for a scalar operand and the
-    /// parameters of `around`; 32-byte aligned.
-    fn scratch(&mut self, slots: usize) -> Scratch {
-        let size = (slots as i64 * TILE_BYTES + 4 * (1 + PARAMS as i64)) as u32;
+    /// A tiled loop's scratch, made before the loop: `plan.slots` tiles, then 4 bytes for a
+    /// scalar operand and the parameters of one routine call, then one parameter block per
+    /// distinct set of constant `around` parameters, written here once. The `around` steps with
+    /// only constant parameters read their set's block: a gated cell's three sigmoids share
+    /// one, and none writes seven parameters before its call on every tile (LSTM's largest
+    /// kernel had 42 `f32const` and as many stores for them).
+    fn scratch(&mut self, plan: &TilePlan) -> Scratch {
+        // The sets in body order, so that a kernel always lays its scratch out alike.
+        let mut steps: Vec<usize> = plan
+            .around
+            .iter()
+            .filter(|(_, a)| a.params.iter().all(|p| !matches!(p, AroundParam::Reg { .. })))
+            .map(|(&i, _)| i)
+            .collect();
+        steps.sort_unstable();
+        let mut sets: Vec<[u32; PARAMS]> = Vec::new();
+        let mut set_of: HashMap<usize, usize> = HashMap::default();
+        for &i in &steps {
+            let mut set = NEUTRAL.map(f32::to_bits);
+            for (value, param) in set.iter_mut().zip(&plan.around[&i].params) {
+                if let AroundParam::Const(c) = param {
+                    *value = c.to_bits();
+                }
+            }
+            let j = sets.iter().position(|s| *s == set).unwrap_or_else(|| {
+                sets.push(set);
+                sets.len() - 1
+            });
+            set_of.insert(i, j);
+        }
+        let scalar_at = (plan.slots as i64 * TILE_BYTES) as i32;
+        let blocks_at = scalar_at + 4 * (1 + PARAMS as i32);
+        let size = (blocks_at + 4 * (PARAMS * sets.len()) as i32) as u32;
         let slot = self.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, size, 5));
-        let scalar_at = (slots as i64 * TILE_BYTES) as i32;
+        let block_at = |j: usize| blocks_at + 4 * (PARAMS * j) as i32;
+        for (j, set) in sets.iter().enumerate() {
+            for (k, &bits) in set.iter().enumerate() {
+                let v = self.b.ins().f32const(f32::from_bits(bits));
+                self.b.ins().stack_store(types::I64, v, slot, block_at(j) + 4 * k as i32);
+            }
+        }
+        let around_at = set_of.into_iter().map(|(i, j)| (i, block_at(j))).collect();
         let (unary, binary) = match self.tiling.level {
             TileLevel::Avx512 => (Helper::TileUnaryAvx512, Helper::TileBinaryAvx512),
             TileLevel::Avx2Fma => (Helper::TileUnaryAvx2, Helper::TileBinaryAvx2),
             TileLevel::Base => (Helper::TileUnaryBase, Helper::TileBinaryBase),
         };
-        Scratch { slot, scalar_at, params_at: scalar_at + 4, unary, binary }
+        Scratch { slot, scalar_at, params_at: scalar_at + 4, around_at, unary, binary }
     }
 
     /// `n` elements from `src` to `dst` by the copy routine.
@@ -225,7 +261,15 @@ impl<'f> Emitter<'_, 'f> {
                 match inst {
                     Inst::Unary(op, r) => {
                         let op = tile_unary_op(*op).ok_or_else(|| bad_plan("unary op"))?;
+                        let mut params_at = scratch.params_at;
                         let (code, src) = match plan.around.get(&i) {
+                            Some(around) if scratch.around_at.contains_key(&i) => {
+                                // Constant parameters, written before the loop (`scratch`).
+                                params_at = scratch.around_at[&i];
+                                reg = around.out;
+                                let src = at.get(&around.src).ok_or_else(|| bad_plan("operand around"))?;
+                                (around.code(op), *src)
+                            }
                             Some(around) => {
                                 for (k, (param, neutral)) in around.params.iter().zip(NEUTRAL).enumerate() {
                                     let v = match *param {
@@ -250,7 +294,7 @@ impl<'f> Emitter<'_, 'f> {
                             None => (op as i32, *at.get(r).ok_or_else(|| bad_plan("unary operand"))?),
                         };
                         let code = s.b.ins().iconst(types::I32, code as i64);
-                        let params = s.b.ins().stack_addr(types::I64, scratch.slot, scratch.params_at);
+                        let params = s.b.ins().stack_addr(types::I64, scratch.slot, params_at);
                         s.call_void(scratch.unary, &[code, dst, src, n, params]);
                     }
                     Inst::Binary(op, a, b) => {
@@ -302,6 +346,8 @@ struct Scratch {
     slot: StackSlot,
     scalar_at: i32,
     params_at: i32,
+    /// Where the `around` steps (by body index) with only constant parameters read them.
+    around_at: HashMap<usize, i32>,
     unary: Helper,
     binary: Helper,
 }
