@@ -196,8 +196,10 @@ impl<'f> Emitter<'_, 'f> {
             .map(|(&i, _)| i)
             .collect();
         steps.sort_unstable();
+        let scalar_at = (plan.slots as i64 * TILE_BYTES) as i32;
+        let blocks_at = scalar_at + 4 * (1 + PARAMS as i32);
         let mut sets: Vec<[u32; PARAMS]> = Vec::new();
-        let mut set_of: HashMap<usize, usize> = HashMap::default();
+        let mut around_at = HashMap::default();
         for &i in &steps {
             let mut set = NEUTRAL.map(f32::to_bits);
             for (value, param) in set.iter_mut().zip(&plan.around[&i].params) {
@@ -209,20 +211,16 @@ impl<'f> Emitter<'_, 'f> {
                 sets.push(set);
                 sets.len() - 1
             });
-            set_of.insert(i, j);
+            around_at.insert(i, blocks_at + 4 * (PARAMS * j) as i32);
         }
-        let scalar_at = (plan.slots as i64 * TILE_BYTES) as i32;
-        let blocks_at = scalar_at + 4 * (1 + PARAMS as i32);
         let size = (blocks_at + 4 * (PARAMS * sets.len()) as i32) as u32;
         let slot = self.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, size, 5));
-        let block_at = |j: usize| blocks_at + 4 * (PARAMS * j) as i32;
         for (j, set) in sets.iter().enumerate() {
             for (k, &bits) in set.iter().enumerate() {
                 let v = self.b.ins().f32const(f32::from_bits(bits));
-                self.b.ins().stack_store(types::I64, v, slot, block_at(j) + 4 * k as i32);
+                self.b.ins().stack_store(types::I64, v, slot, blocks_at + 4 * (PARAMS * j + k) as i32);
             }
         }
-        let around_at = set_of.into_iter().map(|(i, j)| (i, block_at(j))).collect();
         let (unary, binary) = match self.tiling.level {
             TileLevel::Avx512 => (Helper::TileUnaryAvx512, Helper::TileBinaryAvx512),
             TileLevel::Avx2Fma => (Helper::TileUnaryAvx2, Helper::TileBinaryAvx2),
@@ -269,15 +267,13 @@ impl<'f> Emitter<'_, 'f> {
                         let op = tile_unary_op(*op).ok_or_else(|| bad_plan("unary op"))?;
                         let mut params_at = scratch.params_at;
                         let (code, src) = match plan.around.get(&i) {
-                            Some(around) if scratch.around_at.contains_key(&i) => {
-                                // Constant parameters, written before the loop (`scratch`).
-                                params_at = scratch.around_at[&i];
-                                reg = around.out;
-                                let src = at.get(&around.src).ok_or_else(|| bad_plan("operand around"))?;
-                                (around.code(op), *src)
-                            }
                             Some(around) => {
-                                for (k, (param, neutral)) in around.params.iter().zip(NEUTRAL).enumerate() {
+                                // Constant parameters were written before the loop (`scratch`);
+                                // the others are written here, before every call.
+                                let written = scratch.around_at.get(&i);
+                                params_at = written.copied().unwrap_or(params_at);
+                                let each_call = if written.is_some() { &[][..] } else { &around.params[..] };
+                                for (k, (param, neutral)) in each_call.iter().zip(NEUTRAL).enumerate() {
                                     let v = match *param {
                                         AroundParam::Neutral => s.b.ins().f32const(neutral),
                                         AroundParam::Const(c) => s.b.ins().f32const(c),
