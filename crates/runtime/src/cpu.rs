@@ -174,6 +174,7 @@ impl CpuDevice {
 
     fn build(options: lower::CompileOptions, min_work: Option<u128>, mode: JitMode) -> Result<CpuDevice> {
         crate::memory::tune_host_allocator_if_requested();
+        crate::matmul::warm_up();
         let compiler = CpuCompiler::with_mode(mode)?;
         Ok(CpuDevice {
             inner: Arc::new(Inner {

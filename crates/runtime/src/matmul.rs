@@ -601,6 +601,21 @@ unsafe fn small_block<const R: usize, const V: usize, const U: usize, const GATH
     }
 }
 
+/// Starts, once per process, a background thread that reads the cache sizes `gemm` blocks its
+/// products for. `gemm` reads them on its first product, from a file per cache level of every
+/// CPU in `/sys/devices/system/cpu` (0.41-0.45 ms on this project's 2-CPU machine, more with more
+/// CPUs), so a process's first run of a program with a `gemm` product paid that inside one
+/// launch; a device calls this when it is made, well before its first run.
+pub fn warm_up() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        // Without the thread (none could be started) the first product reads them as before.
+        let _ = std::thread::Builder::new().name("kiln-gemm-init".into()).spawn(|| {
+            let _ = &*gemm_common::cache::CACHE_INFO;
+        });
+    });
+}
+
 thread_local! {
     /// A column-major `b` copied to rows (see [`MatmulLaunch::gemm_rows`]).
     static B_ROWS: std::cell::RefCell<Vec<Line16>> = const { std::cell::RefCell::new(Vec::new()) };
