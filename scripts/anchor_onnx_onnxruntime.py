@@ -1,6 +1,6 @@
-"""onnxruntime on an ONNX file, the anchor of `kiln bench onnx`: session creation (median of 5, and
-the fastest of the 5: in one process onnxruntime alternates between a fast and a slow mode, see
-BENCHMARKS.md s58) and steady `run` (median over at least 0.5 s, after 10 warm-up runs), CPU, 2
+"""onnxruntime on an ONNX file, the anchor of `kiln bench onnx`: session creation (median of 15, and
+the fastest of the 15: in one process onnxruntime alternates between a fast and a slow mode, see
+BENCHMARKS.md s58; `kiln bench onnx` times as many warm first calls) and steady `run` (median over at least 0.5 s, after 10 warm-up runs), CPU, 2
 intra-op threads.
 
 Usage: python scripts/anchor_onnx_onnxruntime.py MODEL.onnx BATCH SHAPE
@@ -20,7 +20,7 @@ opts = ort.SessionOptions()
 opts.intra_op_num_threads = 2
 opts.inter_op_num_threads = 1
 created = []
-for _ in range(5):
+for _ in range(15):
     t0 = time.perf_counter()
     session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
     created.append((time.perf_counter() - t0) * 1e3)

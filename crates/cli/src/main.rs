@@ -640,11 +640,12 @@ fn run_suite(suite: Suite) -> anyhow::Result<()> {
             println!("kiln bench onnx: {} on {}", onnx.model.display(), device.name());
             println!("  load (decode + validate)          {:>10.3} ms", r.load_ms);
             println!("  first call (import+compile+run)   {:>10.3} ms", r.first_call_ms);
-            if let Some(ms) = r.warm_first_call_ms {
+            if let Some((median, fastest)) = r.warm_first_call_ms {
                 println!(
-                    "  first call, warm process          {:>10.3} ms (median of {}, caches emptied before each)",
-                    ms,
-                    onnx_cmd::WARM_FIRST_CALLS
+                    "  first call, warm process          {:>10.3} ms (median of {}, fastest {:.3}; caches emptied before each)",
+                    median,
+                    onnx_cmd::WARM_FIRST_CALLS,
+                    fastest
                 );
             }
             println!("  steady call (median)              {:>10.3} ms", r.steady_ms);
