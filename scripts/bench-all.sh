@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs Kiln's benchmark suites (release) and, when ANCHOR_PYTHON names a Python with numpy/torch
-# (and optionally jax, transformers, onnx + onnxruntime), the peer anchors from ../shared/anchors
-# right after them, then the ONNX suite against onnxruntime (scripts/bench-onnx-suite.sh, one
-# round), so the ratios in BENCHMARKS.md come from one run on one machine (~35 min).
+# (and optionally jax, transformers, onnx + onnxruntime), each peer anchor from ../shared/anchors
+# right after the suite it is set against, then the ONNX suite against onnxruntime
+# (scripts/bench-onnx-suite.sh, one round), so the ratios in BENCHMARKS.md come from one run on
+# one machine (~10 min).
 #   ANCHOR_PYTHON=/path/to/venv/bin/python bash scripts/bench-all.sh [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,28 +49,45 @@ suite() {
     { wait_idle; "$kiln" bench "$@" --out "$out/$name"; } | tee "$out/$name.md"
 }
 
+anchors=../shared/anchors
+have_anchors=false
+if [ -n "${ANCHOR_PYTHON:-}" ] && [ -d "$anchors" ]; then
+    have_anchors=true
+    export ANCHOR_IDLE_WAIT="${ANCHOR_IDLE_WAIT:-60}"
+fi
+
+# `anchor NAME SCRIPT ARGS...`: the peer anchor SCRIPT of ../shared/anchors into OUT/anchor_NAME.md
+# (its stderr beside it), when ANCHOR_PYTHON is set. Each runs right after the Kiln suite it is
+# set against: the machine's speed drifts over minutes (a tree of products ran 2.58 ms and, half
+# an hour later, 2.92, torch's `bmm` alike), so a suite and its peer are measured minutes apart
+# at most, not a whole run apart.
+anchor() {
+    local name=$1 script=$2
+    shift 2
+    if $have_anchors; then
+        (cd "$anchors" && "$ANCHOR_PYTHON" "$script" "$@") > "$out/anchor_$name.md" 2> "$out/anchor_$name.err" || true
+    fi
+}
+
 suite transformer transformer-compile --layers 1,2,4,8,16,32 --fresh-process 5
+anchor transformer bench_transformer.py --layers 1 2 8 --only jax --repeats 3
 suite unary unary
+anchor unary bench_unary.py
 suite matmul matmul
+anchor matmul bench_matmul.py
 suite tree tree-matmul
-suite memory memory
+anchor tree bench_tree_matmul.py
 suite models models
+anchor models bench_models.py
+anchor onnxruntime bench_onnxruntime.py
+suite memory memory
 suite embedding embedding
 suite transformer-cached transformer-compile --layers 1,2,8 --start-pos 2 --repeats 51
 suite decode decode
-anchors=../shared/anchors
-if [ -n "${ANCHOR_PYTHON:-}" ] && [ -d "$anchors" ]; then
-    export ANCHOR_IDLE_WAIT="${ANCHOR_IDLE_WAIT:-60}"
-    (cd "$anchors" && "$ANCHOR_PYTHON" bench_unary.py) > "$out/anchor_unary.md" 2> "$out/anchor_unary.err" || true
-    (cd "$anchors" && "$ANCHOR_PYTHON" bench_matmul.py) > "$out/anchor_matmul.md" 2> "$out/anchor_matmul.err" || true
-    (cd "$anchors" && "$ANCHOR_PYTHON" bench_tree_matmul.py) > "$out/anchor_tree.md" 2> "$out/anchor_tree.err" || true
-    (cd "$anchors" && "$ANCHOR_PYTHON" bench_models.py) > "$out/anchor_models.md" 2> "$out/anchor_models.err" || true
-    (cd "$anchors" && "$ANCHOR_PYTHON" bench_onnxruntime.py) > "$out/anchor_onnxruntime.md" 2> "$out/anchor_onnxruntime.err" || true
-    (cd "$anchors" && "$ANCHOR_PYTHON" bench_decode.py) > "$out/anchor_decode.md" 2> "$out/anchor_decode.err" || true
+anchor decode bench_decode.py
+if $have_anchors; then
     "$ANCHOR_PYTHON" scripts/anchor_decode_onnxruntime.py > "$out/anchor_decode_onnxruntime.md" \
         2> "$out/anchor_decode_onnxruntime.err" || true
-    (cd "$anchors" && "$ANCHOR_PYTHON" bench_transformer.py --layers 1 2 8 --only jax --repeats 3) \
-        > "$out/anchor_transformer.md" 2> "$out/anchor_transformer.err" || true
     # ONNX import (issue #14): the nine-model suite and the three exported models, Kiln and
     # onnxruntime alternating per model.
     bash scripts/bench-onnx-suite.sh target/onnx-suite 1 > "$out/onnx-suite.txt" 2>&1 || true
