@@ -176,16 +176,18 @@ pub(crate) fn keeps_walked(walk: &Walk) -> SmallVec<[bool; 4]> {
     let mut reaches: Vec<bool> = Vec::with_capacity(walk.steps.len());
     for step in &walk.steps {
         let t = step.tensor();
-        let hit = marked.contains(&addr(t))
-            || if step.slot.is_some() || step.inputs.is_empty() {
+        let hit = if step.slot.is_some() || step.inputs.is_empty() {
+            marked.contains(&addr(t)) || {
                 let kept = !t.inner.inputs.lock().unwrap_or_else(PoisonError::into_inner).is_empty();
                 kept && {
                     let memo = below.get_or_insert_with(|| marked.iter().map(|&a| (a, true)).collect());
                     reaches_marked(t, memo)
                 }
-            } else {
-                step.inputs.iter().any(|&p| reaches[p as usize])
-            };
+            }
+        } else {
+            // The inputs first: a step below a marked weight (most of a model's) needs no lookup.
+            step.inputs.iter().any(|&p| reaches[p as usize]) || marked.contains(&addr(t))
+        };
         reaches.push(hit);
     }
     for (keep, &o) in keep.iter_mut().zip(&walk.outputs) {
