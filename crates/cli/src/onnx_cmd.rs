@@ -207,7 +207,7 @@ pub fn warm_first_calls(model: &Model, args: &[&Tensor], n: usize) -> anyhow::Re
 
 /// First calls timed in the warm process by `kiln bench onnx` (onnxruntime's anchor,
 /// `scripts/anchor_onnx_onnxruntime.py`, creates its session as many times). Fifteen, not five:
-/// the median of five moved by half (GRU 0.98 to 1.46 ms between two runs of the same code).
+/// GRU's median of five read 1.46 ms in one run where a median of sixty read 0.98.
 pub const WARM_FIRST_CALLS: usize = 15;
 
 /// What `kiln onnx run` is asked to do.
