@@ -97,18 +97,18 @@ impl Entry {
     /// a graph first realized from tensors computed directly (a model's first forward, before
     /// its blocks were recorded) is then compared with its recorded calls node by node, by
     /// address, instead of op by op on every later realize.
+    /// An entry built from `walk` takes them the same way (none when the walk has none).
     fn adopt(&mut self, walk: &Walk) {
-        self.recorded = walk.steps.iter().map(Step::recorded).collect();
-        self._recordings = walk.recordings();
+        let recordings = walk.recordings();
+        self.recorded = match recordings.is_empty() {
+            true => Vec::new(),
+            false => walk.steps.iter().map(Step::recorded).collect(),
+        };
+        self._recordings = recordings;
     }
 
     /// The entry for `graph`, built from `walk` (`Walk::build`'s graph and node ids).
     fn new(walk: &Walk, generation: u64, graph: Graph, ids: Vec<NodeId>, loaded: Loaded) -> Entry {
-        let recordings = walk.recordings();
-        let recorded = match recordings.is_empty() {
-            true => Vec::new(),
-            false => walk.steps.iter().map(Step::recorded).collect(),
-        };
         let mut inputs = Vec::new();
         let ends = walk
             .steps
@@ -118,7 +118,7 @@ impl Entry {
                 inputs.len() as u32
             })
             .collect();
-        Entry {
+        let mut entry = Entry {
             generation,
             graph,
             ids,
@@ -126,9 +126,11 @@ impl Entry {
             ends,
             outputs: walk.outputs.clone(),
             loaded,
-            recorded,
-            _recordings: recordings,
-        }
+            recorded: Vec::new(),
+            _recordings: Vec::new(),
+        };
+        entry.adopt(walk);
+        entry
     }
 }
 
