@@ -1,8 +1,9 @@
 //! Running an air graph on a device: the single place that dispatches on [`Device`].
 
+use std::borrow::Cow;
 use std::sync::{Arc, OnceLock};
 
-use air::{AirError, Bindings, BoundsError, Graph, HostTensor};
+use air::{AirError, Bindings, BoundsError, Graph, GraphKey, HostTensor, NodeId, Op, TensorType};
 use runtime::RuntimeError;
 
 use crate::device::Device;
@@ -60,41 +61,108 @@ pub(crate) fn execute_traced(
         crate::stats::record_execution(graph.len());
         return execute_profiled(device, graph, inputs, bindings, sites);
     }
-    let loaded = load(device, graph, sites)?;
-    run_loaded(&loaded, graph, &mut inputs, bindings, sites, Vec::new())
+    if device == Device::Interp {
+        crate::stats::record_execution(graph.len());
+        let located = |e: BoundsError| locate(e, graph.topo_order(), sites);
+        return interp(graph, &inputs, bindings).map_err(|e| interp_error(e, located));
+    }
+    let loaded = load(device, Cow::Borrowed(graph), sites)?;
+    run_loaded(&loaded, &mut inputs, bindings, sites, Vec::new())
 }
 
-/// A graph made ready to run on its device: compiled (or found in the device's program cache)
-/// for `cpu` and `wgpu`; the interpreter needs nothing. What `kiln::jit` keeps per signature.
-pub(crate) enum Loaded {
+/// A graph made ready to run on its device (compiled, or found in the device's program cache,
+/// for `cpu` and `wgpu`; the interpreter needs nothing), with what runs and `kiln`'s caches still
+/// ask of the graph: its topological order (a failed shape condition names its node by position
+/// in it) and each node's op and type (the realize cache compares later walks with them). The
+/// CPU device lowers the graph it is given in place and hands back its structural key, which
+/// answers those; the interpreter runs the graph itself and `wgpu` keeps no key, so theirs is
+/// kept. What `kiln::jit` keeps per signature.
+pub(crate) struct Loaded {
+    pub(crate) code: Code,
+    /// The traced graph's topological order.
+    order: Vec<NodeId>,
+    nodes: Nodes,
+}
+
+/// The program a [`Loaded`] runs.
+pub(crate) enum Code {
     Interp,
     Cpu(Arc<runtime::Executable>),
     #[cfg(feature = "wgpu")]
     Wgpu(Arc<runtime::wgpu::WgpuExecutable>),
 }
 
-/// Compiles `graph` for `device` (a cache hit when a structurally equal graph was compiled).
-pub(crate) fn load(device: Device, graph: &Graph, sites: &dyn SiteOf) -> Result<Loaded> {
-    let located = |e: BoundsError| locate(e, graph, sites);
-    Ok(match device {
-        Device::Interp => Loaded::Interp,
-        Device::Cpu => Loaded::Cpu(cpu_device()?.compile(graph).map_err(|e| runtime_error("cpu", e, located))?),
+/// Where a [`Loaded`] finds the traced graph's ops and types.
+enum Nodes {
+    Graph(Graph),
+    Key(Arc<GraphKey>),
+}
+
+impl Loaded {
+    /// The number of nodes of the traced graph.
+    pub(crate) fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// The traced graph's topological order.
+    pub(crate) fn order(&self) -> &[NodeId] {
+        &self.order
+    }
+
+    /// The op and type of the node at `position` of [`Loaded::order`].
+    pub(crate) fn node(&self, position: usize) -> Option<(&Op, &TensorType)> {
+        match &self.nodes {
+            Nodes::Graph(g) => self.order.get(position).map(|&id| {
+                let node = g.node(id);
+                (&node.op, &node.ty)
+            }),
+            Nodes::Key(key) => key.node(position),
+        }
+    }
+
+    /// The graph, where it is kept (the interpreter's and `wgpu`'s).
+    fn graph(&self) -> Option<&Graph> {
+        match &self.nodes {
+            Nodes::Graph(g) => Some(g),
+            Nodes::Key(_) => None,
+        }
+    }
+}
+
+/// Compiles `graph` for `device` (a cache hit when a structurally equal graph was compiled). A
+/// given graph is the CPU device's to lower in place (see [`Loaded`]); a lent one is copied.
+pub(crate) fn load(device: Device, graph: Cow<'_, Graph>, sites: &dyn SiteOf) -> Result<Loaded> {
+    let order = graph.topo_order().to_vec();
+    let located = |e: BoundsError| locate(e, &order, sites);
+    let (code, nodes) = match device {
+        Device::Interp => (Code::Interp, Nodes::Graph(graph.into_owned())),
+        Device::Cpu => {
+            let cpu = cpu_device()?;
+            let (exe, key) = cpu
+                .compile_taking(graph, &mut runtime::NoCompileObserver)
+                .map_err(|e| runtime_error("cpu", e, located))?;
+            (Code::Cpu(exe), Nodes::Key(key))
+        }
         #[cfg(feature = "wgpu")]
-        Device::Wgpu => Loaded::Wgpu(wgpu_device()?.compile(graph).map_err(|e| runtime_error("wgpu", e, located))?),
+        Device::Wgpu => {
+            let exe = wgpu_device()?.compile(&graph).map_err(|e| runtime_error("wgpu", e, located))?;
+            (Code::Wgpu(exe), Nodes::Graph(graph.into_owned()))
+        }
         #[cfg(not(feature = "wgpu"))]
         Device::Wgpu => return Err(Error::Device(crate::device::WGPU_NOT_COMPILED.into())),
-    })
+    };
+    Ok(Loaded { code, order, nodes })
 }
 
 /// The graph outputs of a loaded program that are written in place over an input's storage
 /// (`lower::Program::inits`), and the input slots they are written over: the outputs' arrays
 /// are the inputs' own, handed back, and a run takes those inputs' arrays.
 pub(crate) fn in_place(loaded: &Loaded) -> (Vec<usize>, Vec<usize>) {
-    let program = match loaded {
-        Loaded::Interp => return (Vec::new(), Vec::new()),
-        Loaded::Cpu(exe) => exe.program(),
+    let program = match &loaded.code {
+        Code::Interp => return (Vec::new(), Vec::new()),
+        Code::Cpu(exe) => exe.program(),
         #[cfg(feature = "wgpu")]
-        Loaded::Wgpu(exe) => exe.program(),
+        Code::Wgpu(exe) => exe.program(),
     };
     let targets: Vec<_> = program.inits.iter().map(|(out, _)| *out).collect();
     let outputs =
@@ -115,24 +183,27 @@ pub(crate) fn in_place(loaded: &Loaded) -> (Vec<usize>, Vec<usize>) {
 /// outputs that the caller no longer needs (see [`runtime::Runner::run_recycling`]).
 pub(crate) fn run_loaded(
     loaded: &Loaded,
-    graph: &Graph,
     inputs: &mut [HostTensor],
     bindings: &Bindings,
     sites: &dyn SiteOf,
     spare: Vec<air::HostData>,
 ) -> Result<Vec<HostTensor>> {
-    crate::stats::record_execution(graph.len());
-    let located = |e: BoundsError| locate(e, graph, sites);
-    let run = || match loaded {
-        Loaded::Interp => interp(graph, inputs, bindings).map_err(|e| interp_error(e, located)),
-        Loaded::Cpu(exe) => {
+    crate::stats::record_execution(loaded.len());
+    let located = |e: BoundsError| locate(e, loaded.order(), sites);
+    let run = || match &loaded.code {
+        Code::Interp => {
+            let graph =
+                loaded.graph().ok_or_else(|| Error::internal("an interpreted program keeps its graph".to_string()))?;
+            interp(graph, inputs, bindings).map_err(|e| interp_error(e, located))
+        }
+        Code::Cpu(exe) => {
             let before = exe.launches_run();
             let out = exe.run_taking(inputs, bindings, spare).map_err(|e| runtime_error("cpu", e, located))?;
             crate::stats::record_cpu_run(exe.launches_run() - before);
             Ok(out)
         }
         #[cfg(feature = "wgpu")]
-        Loaded::Wgpu(exe) => exe.run_taking(inputs, bindings, spare).map_err(|e| runtime_error("wgpu", e, located)),
+        Code::Wgpu(exe) => exe.run_taking(inputs, bindings, spare).map_err(|e| runtime_error("wgpu", e, located)),
     };
     if profile::is_active() { profile::span(profile::Step::Run, run) } else { run() }
 }
@@ -140,8 +211,8 @@ pub(crate) fn run_loaded(
 /// A bounds error as an [`Error::Op`] at the line that built its node (`narrow: axis 0: range
 /// end n = 1000 > size 4 at src/main.rs:7:13`); the air op is named too when the user called
 /// another (`narrow` records a `shrink`). A node no user op built (a source) keeps the air error.
-fn locate(e: BoundsError, graph: &Graph, sites: &dyn SiteOf) -> Error {
-    let site = graph.topo_order().get(e.position as usize).and_then(|&id| sites.site(id));
+fn locate(e: BoundsError, order: &[NodeId], sites: &dyn SiteOf) -> Error {
+    let site = order.get(e.position as usize).and_then(|&id| sites.site(id));
     match site {
         Some(site) if site.name == e.op => site.error(e.message),
         Some(site) => site.error(format!("{}: {}", e.op, e.message)),
@@ -187,7 +258,7 @@ fn execute_profiled(
     bindings: &Bindings,
     sites: &Sites,
 ) -> Result<Vec<HostTensor>> {
-    let located = |e: BoundsError| locate(e, graph, sites);
+    let located = |e: BoundsError| locate(e, graph.topo_order(), sites);
     let cpu = match device {
         Device::Interp => {
             return profile::span(profile::Step::Run, || interp(graph, &inputs, bindings))

@@ -38,6 +38,7 @@
 //! passes ~175 arguments, and after its kernels have streamed ~500 MB every object the call
 //! touches is a cache miss.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -118,7 +119,6 @@ where
 struct Entry {
     device: Device,
     signature: Vec<TensorType>,
-    graph: air::Graph,
     sites: Sites,
     loaded: Loaded,
     captured_bindings: Bindings,
@@ -185,7 +185,7 @@ impl JitCache {
 
     /// The number of nodes of the graph the last call ran (0 before the first call).
     pub fn last_graph_nodes(&self) -> usize {
-        self.last.map_or(0, |i| self.entries[i].graph.len())
+        self.last.map_or(0, |i| self.entries[i].loaded.len())
     }
 
     /// Forgets every trace (the next call traces again: after a captured value changed).
@@ -398,7 +398,7 @@ impl JitCache {
             *slot = draw().map_err(Error::Jit)?;
         }
         close_derived(&mut bindings)?;
-        let ran = backend::run_loaded(&entry.loaded, &entry.graph, &mut entry.bound, &bindings, &entry.sites, spare);
+        let ran = backend::run_loaded(&entry.loaded, &mut entry.bound, &bindings, &entry.sites, spare);
         // Only kept arguments and captured data stay bound between calls: the owned arguments'
         // and the state's slots, the borrowed ones bound for this call and the random draws are
         // emptied.
@@ -594,7 +594,8 @@ fn trace<R: JitOutput>(
     }
     let program = trace_roots(&roots, device, &all_args)?;
     let empty = HostTensor::from_arc(HostData::empty_shared(DType::F32), vec![0]).map_err(Error::internal)?;
-    let loaded = backend::load(device, &program.graph, &program.sites)?;
+    // The graph is the device's now (see `backend::Loaded`).
+    let loaded = backend::load(device, Cow::Owned(program.graph), &program.sites)?;
     let (in_place, taken_slots) = backend::in_place(&loaded);
     Ok(Entry {
         device,
@@ -608,7 +609,6 @@ fn trace<R: JitOutput>(
         kept: args.iter().map(|_| None).collect(),
         // Data the closure captured goes after the arguments and the random inputs.
         bound: std::iter::repeat_n(empty, args.len() + random.len()).chain(program.inputs).collect(),
-        graph: program.graph,
         sites: program.sites,
         loaded,
         captured_bindings: program.bindings,

@@ -19,12 +19,13 @@
 //! empties it as well (through the device's generation), so that clearing still means the next
 //! graph compiles.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use air::{Bindings, Graph, HostTensor, NodeId};
+use air::{Bindings, HostTensor, NodeId};
 use runtime::lru::{Lru, capacity_from_env};
 use smallvec::SmallVec;
 
@@ -44,13 +45,15 @@ pub const CAPACITY_ENV: &str = "KILN_REALIZE_CACHE";
 /// The most programs kept for one structural hash (the oldest goes first).
 const BUCKET_MAX: usize = 8;
 
-/// One realized structure: its graph and the program loaded from it.
+/// One realized structure: the program loaded from its graph (which keeps what the graph's nodes
+/// are, see `backend::Loaded`).
 struct Entry {
     /// The device's cache generation when the program was loaded.
     generation: u64,
-    graph: Graph,
     /// The node of each step of the walk it was built from.
     ids: Vec<NodeId>,
+    /// The position of each step's node in the graph's topological order ([`Loaded::node`]).
+    at: Vec<u32>,
     /// The input positions of every step of that walk, one after another: step `k`'s are
     /// `inputs[ends[k - 1]..ends[k]]` (node `ids[k]`'s inputs are the nodes at those positions,
     /// and no two steps share a node, so a walk's inputs compare by position).
@@ -83,8 +86,9 @@ impl Entry {
                 let recorded = step.recorded();
                 (recorded.is_some() && recorded == self.recorded.get(k).copied().flatten()) || {
                     unknown |= recorded.is_some();
-                    let node = self.graph.node(self.ids[k]);
-                    node.ty == step.tensor().inner.ty && step.same_op(&node.op)
+                    self.loaded
+                        .node(self.at[k] as usize)
+                        .is_some_and(|(op, ty)| *ty == step.tensor().inner.ty && step.same_op(op))
                 }
             };
             // Element by element: a slice `==` calls `memcmp`, a visible cost for 0 to 3 inputs.
@@ -107,8 +111,14 @@ impl Entry {
         self._recordings = recordings;
     }
 
-    /// The entry for `graph`, built from `walk` (`Walk::build`'s graph and node ids).
-    fn new(walk: &Walk, generation: u64, graph: Graph, ids: Vec<NodeId>, loaded: Loaded) -> Entry {
+    /// The entry for the program loaded from the graph `walk` built (`Walk::build`'s node ids).
+    fn new(walk: &Walk, generation: u64, ids: Vec<NodeId>, loaded: Loaded) -> Entry {
+        let order = loaded.order();
+        let mut position = vec![u32::MAX; order.iter().map(|id| id.index() as usize + 1).max().unwrap_or(0)];
+        for (i, id) in order.iter().enumerate() {
+            position[id.index() as usize] = i as u32;
+        }
+        let at = ids.iter().map(|id| position.get(id.index() as usize).copied().unwrap_or(u32::MAX)).collect();
         let mut inputs = Vec::new();
         let ends = walk
             .steps
@@ -120,8 +130,8 @@ impl Entry {
             .collect();
         let mut entry = Entry {
             generation,
-            graph,
             ids,
+            at,
             inputs,
             ends,
             outputs: walk.outputs.clone(),
@@ -193,8 +203,9 @@ pub(crate) fn realize_roots(
         }
         None => {
             let (graph, ids, sites) = walk.build()?;
-            let loaded = backend::load(device, &graph, &sites)?;
-            let entry = Rc::new(Entry::new(&walk, generation, graph, ids, loaded));
+            // The graph is the device's now: the entry keeps what the loaded program keeps of it.
+            let loaded = backend::load(device, Cow::Owned(graph), &sites)?;
+            let entry = Rc::new(Entry::new(&walk, generation, ids, loaded));
             CACHE.with(|cache| {
                 let mut cache = cache.borrow_mut();
                 match cache.get_mut(&key) {
@@ -212,8 +223,7 @@ pub(crate) fn realize_roots(
         }
     };
     let sites = WalkSites { steps: &walk.steps, ids: &entry.ids };
-    let outputs =
-        backend::run_loaded(&entry.loaded, &entry.graph, &mut walk.inputs, &walk.bindings, &sites, Vec::new());
+    let outputs = backend::run_loaded(&entry.loaded, &mut walk.inputs, &walk.bindings, &sites, Vec::new());
     let outputs = outputs?;
     let keep = crate::autograd::keeps_walked(&walk);
     let bindings = std::mem::take(&mut walk.bindings);
@@ -228,8 +238,9 @@ mod tests {
     /// The entry a realize of `roots` on the interpreter would keep.
     fn entry(roots: &[Tensor]) -> Entry {
         let walk = walk(roots, Device::Interp, &[]).unwrap();
-        let (graph, ids, _) = walk.build().unwrap();
-        Entry::new(&walk, 0, graph, ids, Loaded::Interp)
+        let (graph, ids, sites) = walk.build().unwrap();
+        let loaded = backend::load(Device::Interp, Cow::Owned(graph), &sites).unwrap();
+        Entry::new(&walk, 0, ids, loaded)
     }
 
     fn matches(entry: &Entry, roots: &[Tensor]) -> bool {

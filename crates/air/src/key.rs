@@ -128,6 +128,13 @@ impl GraphKey {
         self.nodes.is_empty()
     }
 
+    /// The op and type of the node at `position` of the topological order the key lists (that of
+    /// every graph with this key), if there is one: a key kept instead of its graph still
+    /// answers what each node is.
+    pub fn node(&self, position: usize) -> Option<(&Op, &TensorType)> {
+        self.nodes.get(position).map(|n| (&n.op, &n.ty))
+    }
+
     /// The type of each input slot (`None` for a slot no input node has), in slot order.
     pub fn input_types(&self) -> Vec<Option<TensorType>> {
         let mut slots: Vec<Option<TensorType>> = Vec::new();

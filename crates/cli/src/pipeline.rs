@@ -1,11 +1,12 @@
 //! The CPU compile pipeline as the `kiln` command measures it: `runtime`'s own
-//! `CpuDevice::compile_observed`, whose steps (graph key, every pass of `lower`, code generation,
+//! `CpuDevice::compile_taking`, whose steps (graph key, every pass of `lower`, code generation,
 //! prepare) become profiling spans through `kiln::profile::ProfileObserver`, then the memory plan
 //! and the first run, each a span too. What the passes produced (the rewriter's counters, and on
 //! request the graph after each graph pass) comes from the same observer, so nothing is compiled
 //! or rewritten twice. Each call of [`compile`] uses a fresh device, so nothing is cached between
 //! compilations.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use air::{Bindings, Graph, HostTensor};
@@ -106,15 +107,20 @@ impl CompileObserver for PipelineObserver {
 }
 
 /// Compiles `graph` on a fresh CPU device (`codegen-init`: the device and its code generator)
-/// through `CpuDevice::compile_observed`, every step of which is a span, and plans its memory
+/// through `CpuDevice::compile_taking`, every step of which is a span, and plans its memory
 /// for `bindings` (`memory-plan`, recorded in the profile). With `keep_graphs` the result also
 /// holds the graph after each pass that changed it (for `--dump`).
+///
+/// The device is given a copy of `graph`, made before the first span: `kiln::jit` and `realize`
+/// hand the graph they traced over to the device, which lowers it in place, and that is what is
+/// measured; the copy is this tool's, which keeps `graph` for its checks.
 pub fn compile(
     graph: &Graph,
     bindings: &Bindings,
     options: &CompileOptions,
     keep_graphs: bool,
 ) -> anyhow::Result<Compiled> {
+    let given = Cow::Owned(graph.clone());
     let device = profile::span(profile::Step::DeviceInit, || fresh_device(options))?;
     let mut observer = PipelineObserver {
         profile: ProfileObserver::default(),
@@ -123,7 +129,7 @@ pub fn compile(
         saturate: None,
         graphs: Vec::new(),
     };
-    let exe = device.compile_observed(graph, &mut observer)?;
+    let (exe, _) = device.compile_taking(given, &mut observer)?;
     let memory = profile::span(Step::MemoryPlan, || exe.memory(bindings))?;
     profile::set_memory(memory);
     profile::add_counter("loop kernels compiled", device.stats().kernels_compiled);
@@ -190,7 +196,7 @@ pub fn run_in_place(
 }
 
 /// The compile steps whose work [`compile_work`] counts, in order: the device's steps
-/// (`CpuDevice::compile_observed`) and then the memory plan of the first binding set.
+/// (`CpuDevice::compile_taking`) and then the memory plan of the first binding set.
 pub const WORK_STEPS: [Step; 9] = Step::COMPILE;
 
 /// Counts of the work a compilation does, for the compile-time regression guard: deterministic,
@@ -282,15 +288,16 @@ impl CompileObserver for WorkObserver {
     }
 }
 
-/// Compiles `graph` once on a fresh CPU device (as [`compile`] does, without spans), plans its
-/// memory for `bindings`, and counts the work. Code generation runs on this thread only, so the
-/// allocation counts are deterministic; they need `CountingAlloc` installed. The work counts do
-/// not.
+/// Compiles `graph` once on a fresh CPU device (as [`compile`] does, without spans, a copy of
+/// `graph` given to it), plans its memory for `bindings`, and counts the work. Code generation
+/// runs on this thread only, so the allocation counts are deterministic; they need
+/// `CountingAlloc` installed. The work counts do not.
 pub fn compile_work(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> anyhow::Result<WorkCounts> {
+    let given = Cow::Owned(graph.clone());
     let device = fresh_device(options)?;
     device.set_compile_threads(1);
     let mut work = WorkObserver::default();
-    let exe = device.compile_observed(graph, &mut work)?;
+    let (exe, _) = device.compile_taking(given, &mut work)?;
     if let Some(step) = work.unknown {
         anyhow::bail!("compile step `{step}` is not in WORK_STEPS");
     }

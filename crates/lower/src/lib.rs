@@ -20,7 +20,9 @@ pub mod schedule;
 pub mod view;
 
 pub use autodiff::{AutodiffError, grad, grad_with_seed};
-pub use compile::{CompileOptions, NoObserver, OptLevel, Pass, PassObserver, PassOutput, compile, compile_observed};
+pub use compile::{
+    CompileOptions, NoObserver, OptLevel, Pass, PassObserver, PassOutput, compile, compile_observed, compile_taking,
+};
 pub use error::LowerError;
 pub use memplan::{MemoryPlan, MemoryStats};
 pub use program::{BufId, BufferInfo, BufferKind, CheckKind, DataCheck, Program, Step};

@@ -11,6 +11,7 @@
 //! never frees code in use; the kernels themselves are bounded by the code generator's own cache
 //! (`codegen::cpu::KERNEL_CACHE_CAPACITY`, `KILN_KERNEL_CACHE`).
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -116,8 +117,8 @@ pub const PROGRAM_CACHE_CAPACITY: usize = 1024;
 /// of devices created afterwards.
 pub const PROGRAM_CACHE_ENV: &str = "KILN_PROGRAM_CACHE";
 
-/// The programs whose graphs share one structural hash (almost always one).
-type Bucket = Vec<(GraphKey, Arc<Executable>)>;
+/// The programs whose graphs share one structural hash (almost always one), with their keys.
+type Bucket = Vec<(Arc<GraphKey>, Arc<Executable>)>;
 
 struct Inner {
     options: lower::CompileOptions,
@@ -206,38 +207,61 @@ impl CpuDevice {
     }
 
     /// [`compile`](CpuDevice::compile), reporting each step to `observer`: `graph-key` (checking
-    /// the graph is acyclic, hashing it and looking it up), then either `cache-hit` (a
-    /// marker: the program was found) or every pass of `lower` (`verify`, `optimize`,
-    /// `decide-fusion`, `emit-kernels`), `codegen` (the one batch of loop kernels) and `prepare`
-    /// (the cache key, built only once the graph is verified, and the executable), with the
+    /// the graph is acyclic, hashing it, looking it up and, on a miss, building the key the cache
+    /// keeps), then either `cache-hit` (a marker: the program was found) or every pass of `lower`
+    /// (`verify`, which copies the lent graph, `optimize`, `decide-fusion`, `emit-kernels`),
+    /// `codegen` (the one batch of loop kernels) and `prepare` (the executable), with the
     /// counters `kernels`, `loop kernels` and `launches`.
     pub fn compile_observed(&self, graph: &Graph, observer: &mut dyn CompileObserver) -> Result<Arc<Executable>> {
+        Ok(self.compile_taking(Cow::Borrowed(graph), observer)?.0)
+    }
+
+    /// [`compile_observed`](CpuDevice::compile_observed) of a graph lent (copied for lowering,
+    /// in `verify`) or given (lowered in place, without the copy: `lower::compile_taking`),
+    /// returned with the program's structural key, which answers what each node of the graph
+    /// was (its op and type by topological position, `GraphKey::node`) once a given graph is
+    /// gone. On a hit the key is the cached program's (of a graph of the same structure).
+    pub fn compile_taking(
+        &self,
+        graph: Cow<'_, Graph>,
+        observer: &mut dyn CompileObserver,
+    ) -> Result<(Arc<Executable>, Arc<GraphKey>)> {
         let nodes = Some(graph.len());
         observer.begin(Step::GraphKey, nodes);
         // Hashing walks the topological order, which a cyclic graph does not have: check first
         // (free: the order is computed once and the check reads what that found). The rest of
-        // `air::verify` runs in `lower::compile` on a miss, before any key is built or stored; a
-        // hit compares the graph in full with the key of a graph that passed it.
+        // `air::verify` runs in `lower::compile` on a miss, before any program is stored; a hit
+        // compares the graph in full with the key of a graph that passed it.
         if let Err(e) = graph.check_acyclic() {
             observer.end(Step::GraphKey, nodes);
             return Err(lower::LowerError::from(e).into());
         }
-        let hash = GraphKey::structural_hash(graph);
+        let hash = GraphKey::structural_hash(&graph);
         let hit = {
             let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
-            programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(graph))).map(|(_, exe)| exe.clone())
+            programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(&graph))).cloned()
+        };
+        // On a miss the key is built now, from the graph as given: lowering rewrites a graph it
+        // was handed in place.
+        let key = match hit {
+            Some(_) => None,
+            None => Some(Arc::new(GraphKey::with_hash(&graph, hash))),
         };
         observer.end(Step::GraphKey, nodes);
-        if let Some(exe) = hit {
-            observer.begin(Step::CacheHit, nodes);
-            self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
-            observer.end(Step::CacheHit, nodes);
-            return Ok(exe);
-        }
+        let key = match (hit, key) {
+            (Some((key, exe)), _) => {
+                observer.begin(Step::CacheHit, nodes);
+                self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
+                observer.end(Step::CacheHit, nodes);
+                return Ok((exe, key));
+            }
+            (None, Some(key)) => key,
+            (None, None) => unreachable!("a miss builds its key"),
+        };
         let compiler = &self.inner.compiler;
         let mut lowering =
             Lowering { passes: Passes(&mut *observer), compiler, early: compiler.early(), loops: Vec::new() };
-        let program = lower::compile_observed(graph, &self.inner.options, &mut lowering)?;
+        let program = lower::compile_taking(graph, &self.inner.options, &mut lowering)?;
         let Lowering { early, loops, .. } = lowering;
         // Emission hands over every kernel it makes, in the program's order (the codes below
         // are matched to the program's loop kernels by position).
@@ -264,8 +288,6 @@ impl CpuDevice {
             })
             .collect();
         observer.begin(Step::Prepare, None);
-        // Built only now that `lower::compile` verified the graph, with the hash of the lookup.
-        let key = GraphKey::with_hash(graph, hash);
         let exe = Executable::new(program, key.input_types(), loop_fns, Arc::new(code)).and_then(|exe| {
             match self.inner.level_min_work {
                 Some(min_work) => exe.with_concurrency(min_work),
@@ -281,19 +303,19 @@ impl CpuDevice {
             match programs.get_mut(&key.hash_value()) {
                 Some(bucket) => {
                     // Another thread may have compiled the same graph meanwhile: keep the first.
-                    if let Some((_, first)) = bucket.iter().find(|(k, _)| *k == key) {
-                        return Ok(first.clone());
+                    if let Some(first) = bucket.iter().find(|(k, _)| **k == *key) {
+                        return Ok((first.1.clone(), first.0.clone()));
                     }
-                    bucket.push((key, exe.clone()));
+                    bucket.push((key.clone(), exe.clone()));
                     Vec::new()
                 }
-                None => programs.insert(key.hash_value(), vec![(key, exe.clone())]),
+                None => programs.insert(key.hash_value(), vec![(key.clone(), exe.clone())]),
             }
         };
         // Evicted executables (and, through them, kernels) drop here, outside the lock; one still
         // held by a caller lives on.
         drop(evicted);
-        Ok(exe)
+        Ok((exe, key))
     }
 
     /// Compiles (or finds) `graph` and runs it once.

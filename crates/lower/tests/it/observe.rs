@@ -5,7 +5,9 @@
 use air::Graph;
 use kiln_lower::kir::Kernel;
 use kiln_lower::rewrite::RewriteStats;
-use kiln_lower::{CompileOptions, Pass, PassObserver, PassOutput, compile, compile_observed};
+use std::borrow::Cow;
+
+use kiln_lower::{CompileOptions, Pass, PassObserver, PassOutput, compile, compile_observed, compile_taking};
 
 fn graph() -> Graph {
     let text = "graph {\n  n0 = input 0 : f32[4]\n  n1 = const 1.0 : f32[4]\n  n2 = mul n0, n1 : f32[4]\n  \
@@ -93,6 +95,20 @@ fn observer_hears_every_pass_in_order_and_sees_its_result() {
     assert!(stats.rewrites >= 2, "{stats}");
     assert_eq!(rec.program.as_deref(), Some(program.to_string().as_str()));
     assert_eq!(program.to_string(), compile(&g, &CompileOptions::default()).expect("compiles").to_string());
+}
+
+/// A graph given (rewritten in place) and the same graph lent (copied in `verify`) go through the
+/// same passes to the same program.
+#[test]
+fn a_given_graph_compiles_as_a_lent_one() {
+    let g = graph();
+    let (mut lent, mut given) = (Recorder::default(), Recorder::default());
+    let a = compile_observed(&g, &CompileOptions::default(), &mut lent).expect("compiles");
+    let b = compile_taking(Cow::Owned(graph()), &CompileOptions::default(), &mut given).expect("compiles");
+    assert_eq!(a.to_string(), b.to_string());
+    assert_eq!(lent.events, given.events);
+    assert_eq!(lent.optimized, given.optimized);
+    assert_eq!(air::text::print(&g), air::text::print(&graph()), "a lent graph is left as it was");
 }
 
 #[test]

@@ -9,7 +9,7 @@ use air::dim::shape_of;
 use air::op::{Cast, Pad, Shrink};
 use air::{BinaryOp, Bindings, DType, Dim, Graph, HostData, HostTensor, Op, ReduceOp, Scalar, Symbol, UnaryOp};
 use common::*;
-use kiln_runtime::{Backend, CpuDevice, Runner, RuntimeError};
+use kiln_runtime::{Backend, CpuDevice, NoCompileObserver, Runner, RuntimeError};
 
 #[test]
 fn elementwise_chain() {
@@ -266,6 +266,30 @@ fn same_graph_built_twice_compiles_once() {
     let dev2 = dev.clone();
     std::thread::spawn(move || dev2.compile(&seq_graph()).unwrap()).join().unwrap();
     assert_eq!(dev.stats().programs_compiled, 2);
+}
+
+/// A graph given to the device is lowered in place, and the key that comes back answers what its
+/// nodes were, by topological position; a structurally equal graph, lent or given, gets the
+/// cached program and that program's key.
+#[test]
+fn a_given_graph_comes_back_as_its_key() {
+    let dev = CpuDevice::new().unwrap();
+    let g = seq_graph();
+    let (exe, key) = dev.compile_taking(std::borrow::Cow::Owned(seq_graph()), &mut NoCompileObserver).unwrap();
+    assert_eq!(key.len(), g.len());
+    for (position, &id) in g.topo_order().iter().enumerate() {
+        let node = g.node(id);
+        assert_eq!(key.node(position), Some((&node.op, &node.ty)), "node at {position}");
+    }
+    assert_eq!(key.node(g.len()), None);
+    let (again, same_key) = dev.compile_taking(std::borrow::Cow::Owned(seq_graph()), &mut NoCompileObserver).unwrap();
+    assert!(Arc::ptr_eq(&exe, &again) && Arc::ptr_eq(&key, &same_key));
+    assert!(Arc::ptr_eq(&exe, &dev.compile(&g).unwrap()));
+    assert_eq!((dev.stats().programs_compiled, dev.stats().cache_hits), (1, 2));
+    // The program run from the given graph is the lent graph's program.
+    let bindings = [(Symbol::new("seq"), 3)].into_iter().collect();
+    check_with(&dev, &g, &[tensor(&[3, 4], 7), tensor(&[1, 4], 8)], &bindings, 1e-6);
+    assert_eq!(dev.stats().programs_compiled, 1);
 }
 
 #[test]
