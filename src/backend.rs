@@ -154,6 +154,18 @@ pub(crate) fn load(device: Device, graph: Cow<'_, Graph>, sites: &dyn SiteOf) ->
     Ok(Loaded { code, order, nodes })
 }
 
+/// Says a program for `device` may be compiled soon (a trace begins): the CPU device wakes a
+/// compile thread now (`runtime::CpuDevice::expect_compile`), so that its wake-up overlaps the
+/// tracing. Nothing for other devices, or when the CPU device cannot be made (the compile
+/// reports that).
+pub(crate) fn expect_compile(device: Device) {
+    if device == Device::Cpu
+        && let Ok(cpu) = cpu_device()
+    {
+        cpu.expect_compile();
+    }
+}
+
 /// The graph outputs of a loaded program that are written in place over an input's storage
 /// (`lower::Program::inits`), and the input slots they are written over: the outputs' arrays
 /// are the inputs' own, handed back, and a run takes those inputs' arrays.

@@ -537,6 +537,7 @@ fn trace<R: JitOutput>(
     f: impl FnOnce(&[Tensor]) -> R,
 ) -> std::result::Result<Entry, R::Error> {
     let placeholders: Vec<Tensor> = args.iter().map(|a| Tensor::placeholder(a.ty().clone(), a.device())).collect();
+    backend::expect_compile(device);
     TRACING.with(|t| t.borrow_mut().push(TraceState::default()));
     struct Pop;
     impl Drop for Pop {

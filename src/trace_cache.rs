@@ -202,6 +202,7 @@ pub(crate) fn realize_roots(
             entry
         }
         None => {
+            backend::expect_compile(device);
             let (graph, ids, sites) = walk.build()?;
             // The graph is the device's now: the entry keeps what the loaded program keeps of it.
             let loaded = backend::load(device, Cow::Owned(graph), &sites)?;

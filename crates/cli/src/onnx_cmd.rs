@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kiln::{DType, Device, HostData, HostTensor, Tensor};
 use kiln_onnx::Model;
@@ -193,10 +193,19 @@ pub fn bench(
 /// Milliseconds of `n` first calls of `model` on the CPU (import, trace, compile, run) in this
 /// warm process, every compile cache of the CPU device emptied before each.
 pub fn warm_first_calls(model: &Model, args: &[&Tensor], n: usize) -> anyhow::Result<Vec<f64>> {
+    warm_first_calls_after(model, args, n, Duration::ZERO)
+}
+
+/// [`warm_first_calls`], the process idle for `idle` before each (its pool threads asleep, as
+/// before an import in a process that was doing something else).
+pub fn warm_first_calls_after(model: &Model, args: &[&Tensor], n: usize, idle: Duration) -> anyhow::Result<Vec<f64>> {
     let cpu = kiln::backend::cpu_device()?;
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
         cpu.clear_caches();
+        if !idle.is_zero() {
+            std::thread::sleep(idle);
+        }
         let mut session = model.session();
         let t0 = Instant::now();
         session.run(args)?;

@@ -67,12 +67,14 @@ pub fn warm_up(
 
 /// Records what `build` returns (symbol values it returns added to the traced program's
 /// bindings), compiles it on a device of its own and runs it once: the `trace`, compile and
-/// `first-run` spans when a profile records.
+/// `first-run` spans when a profile records. A compile thread is woken first, as `kiln::jit`
+/// wakes one before it runs the closure it traces (`CpuDevice::expect_compile`).
 fn record_compile_run(
     build: impl FnOnce() -> anyhow::Result<(Vec<kiln::Tensor>, Bindings)>,
     options: &CompileOptions,
     keep_graphs: bool,
 ) -> anyhow::Result<(Traced, Compiled)> {
+    kiln::backend::cpu_device()?.expect_compile();
     let (outputs, bindings) = build()?;
     let refs: Vec<&kiln::Tensor> = outputs.iter().collect();
     profile::begin(profile::Step::Trace, None);

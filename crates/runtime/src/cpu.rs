@@ -216,6 +216,14 @@ impl CpuDevice {
         Ok(self.compile_taking(Cow::Borrowed(graph), observer)?.0)
     }
 
+    /// Says a compile may come soon (a trace has begun): a thread of the pool that compiles
+    /// kernels early is woken now, so that its wake-up overlaps the tracing
+    /// (`codegen::cpu::CpuCompiler::wake_early`). A program found in the cache frees it.
+    pub fn expect_compile(&self) {
+        crate::parallel::release();
+        self.inner.compiler.wake_early();
+    }
+
     /// [`compile_observed`](CpuDevice::compile_observed) of a graph lent (copied for lowering,
     /// in `verify`) or given (lowered in place, without the copy: `lower::compile_taking`),
     /// returned with the program's structural key, which answers what each node of the graph
@@ -251,6 +259,7 @@ impl CpuDevice {
         let key = match (hit, key) {
             (Some((key, exe)), _) => {
                 observer.begin(Step::CacheHit, nodes);
+                self.inner.compiler.settle_early();
                 self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
                 observer.end(Step::CacheHit, nodes);
                 return Ok((exe, key));

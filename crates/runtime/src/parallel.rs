@@ -86,6 +86,7 @@ static TEAM: Team = Team {
     generation: AtomicU64::new(0),
     active: AtomicUsize::new(0),
     spinning: AtomicUsize::new(0),
+    released: AtomicU64::new(0),
 };
 
 struct Team {
@@ -100,6 +101,17 @@ struct Team {
     active: AtomicUsize,
     /// Helpers in their loop (spinning or working).
     spinning: AtomicUsize,
+    /// Bumped by [`release`]: a spinning helper that sees it change leaves.
+    released: AtomicU64,
+}
+
+/// Sends the team's spinning helpers back to the pool now rather than after [`SPIN`]: no split
+/// is coming soon (a compile begins, whose early task needs a pool thread; a third thread
+/// spinning on two cores would take turns with the compile).
+pub fn release() {
+    if TEAM.spinning.load(Ordering::Relaxed) > 0 {
+        TEAM.released.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 /// One split: parts are claimed through `next`; `done` counts the finished ones (a part that
@@ -170,6 +182,7 @@ fn team_split(total: usize, chunks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
 /// and leaves after [`SPIN`] without one.
 fn helper() {
     TEAM.spinning.fetch_add(1, Ordering::SeqCst);
+    let released = TEAM.released.load(Ordering::SeqCst);
     let mut seen = None;
     let mut idle_since = Instant::now();
     let mut polls = 0u32;
@@ -192,7 +205,9 @@ fn helper() {
         }
         std::hint::spin_loop();
         polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(64) && idle_since.elapsed() >= SPIN {
+        if polls.is_multiple_of(64)
+            && (idle_since.elapsed() >= SPIN || TEAM.released.load(Ordering::Relaxed) != released)
+        {
             break;
         }
     }

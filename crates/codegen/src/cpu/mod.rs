@@ -478,6 +478,21 @@ impl CpuCompiler {
         self.compile_many_early(&hashed, None)
     }
 
+    /// Wakes a thread of rayon's pool for an early compile that may come soon (see
+    /// `early::wake`); nothing when this compiler compiles nothing early, or while it is
+    /// compiling (its lock held: the pool is awake).
+    pub fn wake_early(&self) {
+        let Ok(inner) = self.inner.try_lock() else { return };
+        if inner.max_threads >= 2 && inner.early {
+            early::wake();
+        }
+    }
+
+    /// Frees a pool thread that [`CpuCompiler::wake_early`] woke: no compile is coming.
+    pub fn settle_early(&self) {
+        early::settle();
+    }
+
     /// Starts compiling kernels ahead of the batch that needs them, on one task of rayon's pool
     /// (see `early`): hand each loop kernel to [`send_early`](Self::send_early) as it is made,
     /// then the handle to [`compile_many_early`](Self::compile_many_early) with the batch.
