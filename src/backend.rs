@@ -71,21 +71,21 @@ pub(crate) fn execute_traced(
 }
 
 /// A graph made ready to run on its device (compiled, or found in the device's program cache,
-/// for `cpu` and `wgpu`; the interpreter needs nothing), with what runs and `kiln`'s caches still
-/// ask of the graph: its topological order (a failed shape condition names its node by position
-/// in it) and each node's op and type (the realize cache compares later walks with them). The
-/// CPU device lowers the graph it is given in place and hands back its structural key, which
-/// answers those; the interpreter runs the graph itself and `wgpu` keeps no key, so theirs is
-/// kept. What `kiln::jit` keeps per signature.
+/// for `cpu` and `wgpu`), with what runs and `kiln`'s caches still ask of the graph: its
+/// topological order (a failed shape condition names its node by position in it) and each
+/// node's op and type (the realize cache compares later walks with them). The CPU device lowers
+/// the graph it is given in place and hands back its structural key, which answers those; the
+/// interpreter runs the graph itself and `wgpu` keeps no key, so theirs is kept. What
+/// `kiln::jit` keeps per signature.
 pub(crate) struct Loaded {
-    pub(crate) code: Code,
+    code: Code,
     /// The traced graph's topological order.
     order: Vec<NodeId>,
     nodes: Nodes,
 }
 
 /// The program a [`Loaded`] runs.
-pub(crate) enum Code {
+enum Code {
     Interp,
     Cpu(Arc<runtime::Executable>),
     #[cfg(feature = "wgpu")]

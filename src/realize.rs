@@ -661,6 +661,8 @@ pub fn realize(tensors: &[&Tensor]) -> Result<()> {
         // or compile, run); outside, the realize cache skips the steps a structure seen before
         // does not need.
         let (outputs, bindings, keep) = if crate::profile::is_active() {
+            // As a realize outside a profile does once it missed its cache.
+            backend::expect_compile(device);
             crate::profile::begin(crate::profile::Step::Trace, None);
             let program = trace_roots(roots, device, &[]);
             crate::profile::end(program.as_ref().ok().map(|p| p.graph.len()));
