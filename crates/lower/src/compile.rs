@@ -213,11 +213,8 @@ pub fn compile_taking(
     // (a shrink folded into a pad) whose conditions the caller's program needs. A graph built
     // only through checked additions passes by construction (see `Graph::is_verified`); a
     // debug build verifies it anyway.
-    let checks = match !g.is_verified() || cfg!(debug_assertions) {
-        true => air::verify(&g),
-        false => Ok(()),
-    }
-    .map(|()| air::constraints::collect(&g));
+    let verified = if !g.is_verified() || cfg!(debug_assertions) { air::verify(&g) } else { Ok(()) };
+    let checks = verified.map(|()| air::constraints::collect(&g));
     observer.end(Pass::Verify, g.len());
     let checks = checks?;
     observer.output(Pass::Verify, PassOutput::Graph(&g));

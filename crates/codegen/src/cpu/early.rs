@@ -56,9 +56,10 @@ static WAKING: AtomicBool = AtomicBool::new(false);
 /// Keeps one thread of rayon's pool awake, spinning, until the next early compile's task is
 /// queued (which the thread then takes at once), [`settle`] says none is coming, or
 /// [`WAKE_SPIN`] passes. A pool thread asleep for a while took 0.06 to 2.2 ms to start the task
-/// on this virtual machine: an import after 2 ms of idling took 1.23-1.46 ms (GRU) and
-/// 1.33-1.42 (LSTM) against 1.16-1.23 and 1.13-1.25 with a pool thread woken as its trace
-/// began (`examples/onnx_first_calls`, medians of 40).
+/// on this virtual machine: an import after 2 ms of idling took 1.31-1.43 ms (GRU), 1.23-1.62
+/// (LSTM) and 0.78-0.84 (conv-32) against 1.08-1.16, 1.15-1.21 and 0.61-0.68 with a pool thread
+/// woken as its trace began (`examples/onnx_first_calls MODEL 40 idle_us=2000`, medians, three
+/// alternations).
 pub fn wake() {
     if WAKING.swap(true, Ordering::AcqRel) {
         return;
