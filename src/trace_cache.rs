@@ -113,11 +113,7 @@ impl Entry {
 
     /// The entry for the program loaded from the graph `walk` built (`Walk::build`'s node ids).
     fn new(walk: &Walk, generation: u64, ids: Vec<NodeId>, loaded: Loaded) -> Entry {
-        let order = loaded.order();
-        let mut position = vec![u32::MAX; order.iter().map(|id| id.index() as usize + 1).max().unwrap_or(0)];
-        for (i, id) in order.iter().enumerate() {
-            position[id.index() as usize] = i as u32;
-        }
+        let position = air::key::positions(loaded.order());
         let at = ids.iter().map(|id| position.get(id.index() as usize).copied().unwrap_or(u32::MAX)).collect();
         let mut inputs = Vec::new();
         let ends = walk

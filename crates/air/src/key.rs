@@ -35,7 +35,7 @@ pub struct GraphKey {
 }
 
 /// The position of every node of `order` in it, indexed by `NodeId::index` (`u32::MAX`: absent).
-fn positions(order: &[NodeId]) -> Vec<u32> {
+pub fn positions(order: &[NodeId]) -> Vec<u32> {
     let len = order.iter().map(|id| id.index() as usize + 1).max().unwrap_or(0);
     let mut position = vec![u32::MAX; len];
     for (i, id) in order.iter().enumerate() {

@@ -183,7 +183,7 @@ pub fn bench(
     let warm_first_call_ms = match device {
         Device::Cpu => {
             let times = warm_first_calls(&model, &args, WARM_FIRST_CALLS)?;
-            Some((crate::timing::median(&times), times.iter().copied().fold(f64::INFINITY, f64::min)))
+            Some((crate::timing::median(&times), crate::timing::fastest(&times)))
         }
         _ => None,
     };

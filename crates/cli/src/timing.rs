@@ -14,6 +14,11 @@ pub fn median(samples: &[f64]) -> f64 {
     if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 }
 }
 
+/// The smallest of `samples` (infinity when there are none).
+pub fn fastest(samples: &[f64]) -> f64 {
+    samples.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
 /// How many times to run a measurement.
 #[derive(Clone, Copy, Debug)]
 pub struct Budget {

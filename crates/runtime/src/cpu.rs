@@ -249,24 +249,18 @@ impl CpuDevice {
             let mut programs = self.inner.programs.lock().unwrap_or_else(PoisonError::into_inner);
             programs.get(&hash).and_then(|b| b.iter().find(|(k, _)| k.matches(&graph))).cloned()
         };
+        if let Some((key, exe)) = hit {
+            observer.end(Step::GraphKey, nodes);
+            observer.begin(Step::CacheHit, nodes);
+            self.inner.compiler.settle_early();
+            self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
+            observer.end(Step::CacheHit, nodes);
+            return Ok((exe, key));
+        }
         // On a miss the key is built now, from the graph as given: lowering rewrites a graph it
         // was handed in place.
-        let key = match hit {
-            Some(_) => None,
-            None => Some(Arc::new(GraphKey::with_hash(&graph, hash))),
-        };
+        let key = Arc::new(GraphKey::with_hash(&graph, hash));
         observer.end(Step::GraphKey, nodes);
-        let key = match (hit, key) {
-            (Some((key, exe)), _) => {
-                observer.begin(Step::CacheHit, nodes);
-                self.inner.compiler.settle_early();
-                self.inner.cache_hits.fetch_add(1, Ordering::Relaxed);
-                observer.end(Step::CacheHit, nodes);
-                return Ok((exe, key));
-            }
-            (None, Some(key)) => key,
-            (None, None) => unreachable!("a miss builds its key"),
-        };
         let compiler = &self.inner.compiler;
         let mut lowering =
             Lowering { passes: Passes(&mut *observer), compiler, early: compiler.early(), loops: Vec::new() };

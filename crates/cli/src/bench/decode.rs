@@ -205,7 +205,7 @@ fn run_model(model_spec: Model, args: &Args) -> anyhow::Result<ModelResult> {
             prefill.push(t0.elapsed().as_secs_f64() * 1e3);
         }
         // The anchor keeps its last prefill, after warm-ups; the minimum of the last two here.
-        let prefill_ms = prefill[2..].iter().copied().fold(f64::INFINITY, f64::min);
+        let prefill_ms = crate::timing::fastest(&prefill[2..]);
         let times = decode(&mut model, &mut cache, &prompt, args.steps)?;
         pasts.push(PastRow { past, prefill_ms, ms_per_token: median(&times) });
     }
