@@ -1,20 +1,24 @@
 //! Copy kernels run by a native routine instead of JIT-ed code: a loop nest whose only work is
-//! one unmasked load stored unchanged (a transpose, a broadcast, a slice, a key/value cache
-//! write, a concatenation's piece), with every index affine in the loop variables.
+//! loads stored unchanged (a transpose, a broadcast, a slice, a key/value cache write, a
+//! concatenation's piece, an im2col's shifted windows, a zero-padded border), with every index
+//! affine in the loop variables and every load's mask a range of loop variables.
 //!
 //! Why: a program is full of them (the cached GPT forward launches 16 of its 62 steps at depth
-//! 2 as copies; an RNN imported from ONNX has 10-20 of its 24-33 kernels), each cost a Cranelift
-//! compile (the quick
-//! tier's code then ran index-heavy nests at 5-10x the optimised tier's time: a cache write of
-//! 1,920 floats took 5 us on a first run against 0.5), and the nest needs no code of its own: its
-//! extents, strides and offsets are a few numbers per call, and its innermost run is a `memmove`
-//! where both sides are contiguous. [`CopyPlan::of`] recognises the nest; [`CopyPlan::run`]
-//! evaluates it for the call's symbols and copies, with the JIT's calling convention (the
-//! arguments' pointers, the symbols, and the `[start, end)` range of a parallel outer loop).
-//! It is the copy's quick tier: the tiered JIT swaps optimised code in once the program runs
-//! again, which runs short rows (a head split's eight floats) without a call per row.
+//! 2 as copies; an RNN imported from ONNX has 10-20 of its 24-33 kernels; a convolution's im2col
+//! and padding are the largest kernels MobileNet compiles), each cost a Cranelift compile (the
+//! quick tier's code then ran index-heavy nests at 5-10x the optimised tier's time: a cache write
+//! of 1,920 floats took 5 us on a first run against 0.5), and the nest needs no code of its own:
+//! its extents, strides, offsets and mask bounds are a few numbers per call, and the innermost
+//! run of a single unmasked copy is a `memmove` where both sides are contiguous. [`CopyPlan::of`]
+//! recognises the nest; [`CopyPlan::run`] evaluates it for the call's symbols and copies, with
+//! the JIT's calling convention (the arguments' pointers, the symbols, and the `[start, end)`
+//! range of a parallel outer loop). It is the copy's quick tier: the tiered JIT swaps optimised
+//! code in once the program runs again, which runs short rows (a head split's eight floats)
+//! without a call per row.
 
-use lower::kir::{IExpr, Inst, LoopKernel, Stmt, Var};
+use air::{DType, Scalar};
+use lower::kir::{IExpr, Inst, LoopKernel, Reg, Stmt, Var};
+use smallvec::SmallVec;
 
 /// The most loop levels a copy nest may have (a view of rank 8 or less is the norm).
 const MAX_DEPTH: usize = 8;
@@ -60,6 +64,27 @@ struct Side {
     coefs: Vec<Num>,
 }
 
+/// Where a masked load reads: the loop variable of level `level` in `lo..hi` (elsewhere the
+/// copy stores zero, the load's `other`).
+#[derive(Debug)]
+struct Range {
+    level: usize,
+    lo: Num,
+    hi: Num,
+}
+
+/// One load stored unchanged.
+#[derive(Debug)]
+struct Pair {
+    src: Side,
+    dst: Side,
+    /// The load's mask as ranges of loop variables, all of which must hold (empty: unmasked).
+    ranges: Vec<Range>,
+}
+
+/// The most copies one nest may hold (an im2col of a 3x3 window holds nine).
+const MAX_PAIRS: usize = 16;
+
 /// A copy nest, recognised from a loop kernel (see the module docs).
 #[derive(Debug)]
 pub(crate) struct CopyPlan {
@@ -67,10 +92,10 @@ pub(crate) struct CopyPlan {
     extents: Vec<Num>,
     /// Whether the outermost loop is the kernel's parallel loop, which `[start, end)` ranges.
     parallel: bool,
-    /// Bytes per element (the two sides' dtype is the same).
+    /// Bytes per element (every side's dtype is the same).
     size: usize,
-    src: Side,
-    dst: Side,
+    /// The copies, in the order the kernel stores them.
+    pairs: Vec<Pair>,
     /// One past the largest loop variable number (the length of `eval`'s `vars`, at most
     /// `ZEROS.len()`).
     n_vars: usize,
@@ -78,23 +103,28 @@ pub(crate) struct CopyPlan {
     n_syms: usize,
 }
 
+/// A load the nest holds: its register, dtype, parameter, index and mask.
+type Load<'k> = (Reg, DType, u32, &'k IExpr, Option<&'k IExpr>);
+
 impl CopyPlan {
     /// The plan of `k` when its whole body is one copy nest: nested loops (at most
-    /// [`MAX_DEPTH`], the outermost possibly parallel, each extent free of loop variables), one
-    /// unmasked `load` of one parameter at any level and one `store` of that value into another
-    /// parameter of the same dtype in the innermost loop, both indices affine in the loop
-    /// variables with coefficients free of them.
+    /// [`MAX_DEPTH`], the outermost possibly parallel, each extent free of loop variables),
+    /// `load`s at any level and, in the innermost loop, at most [`MAX_PAIRS`] `store`s each of
+    /// one loaded value, every side of one dtype, no parameter both loaded and stored, every
+    /// index affine in the loop variables with coefficients free of them, and every mask a
+    /// conjunction of `c < i` and `i < c` for a loop variable `i` and a `c` free of them, with a
+    /// zero `other`.
     pub(crate) fn of(k: &LoopKernel) -> Option<CopyPlan> {
         let mut extents = Vec::new();
         let mut vars = Vec::new();
-        let mut load = None;
-        let mut store = None;
+        let mut loads: SmallVec<[Load<'_>; MAX_PAIRS]> = SmallVec::new();
+        let mut stores: SmallVec<[(u32, &IExpr, Reg); MAX_PAIRS]> = SmallVec::new();
         let mut level = k.body.as_slice();
         loop {
             let mut inner = None;
             for s in level {
                 match s {
-                    Stmt::Loop { var, extent, parallel: p, body } if inner.is_none() => {
+                    Stmt::Loop { var, extent, parallel: p, body } if inner.is_none() && stores.is_empty() => {
                         // `parallel` marks top-level loops only.
                         if *p && !extents.is_empty() {
                             return None;
@@ -106,18 +136,20 @@ impl CopyPlan {
                         }
                         inner = Some(body.as_slice());
                     }
-                    Stmt::Let { reg, dtype, inst: Inst::Load { buf, index, mask: None, .. } } if load.is_none() => {
-                        load = Some((*reg, *dtype, *buf, index));
+                    Stmt::Let { reg, dtype, inst: Inst::Load { buf, index, mask, other } }
+                        if loads.len() < MAX_PAIRS && is_zero(other) =>
+                    {
+                        loads.push((*reg, *dtype, *buf, index, mask.as_ref()));
                     }
-                    Stmt::Store { buf, index, value } if store.is_none() && inner.is_none() => {
-                        store = Some((*buf, index, *value));
+                    Stmt::Store { buf, index, value } if stores.len() < MAX_PAIRS && inner.is_none() => {
+                        stores.push((*buf, index, *value));
                     }
                     _ => return None,
                 }
             }
             match inner {
-                // A store must be the innermost level's; nothing may follow a nested loop.
-                Some(body) if store.is_none() && matches!(level.last(), Some(Stmt::Loop { .. })) => level = body,
+                // Stores are the innermost level's; nothing may follow a nested loop.
+                Some(body) if matches!(level.last(), Some(Stmt::Loop { .. })) => level = body,
                 Some(_) => return None,
                 None => break,
             }
@@ -125,25 +157,27 @@ impl CopyPlan {
         // As the JIT reads a kernel: `[start, end)` ranges the outer loop only when the body is
         // that one parallel loop (a load hoisted above it makes the launch one call of it all).
         let parallel = matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]);
-        let ((reg, dtype, src_buf, src_index), (dst_buf, dst_index, value)) = (load?, store?);
-        let (src_param, dst_param) = (k.params.get(src_buf as usize)?, k.params.get(dst_buf as usize)?);
-        if value != reg || src_buf == dst_buf || src_param.dtype != dtype || dst_param.dtype != dtype {
+        if extents.is_empty() || stores.is_empty() || extents.iter().any(IExpr::reads_vars) {
             return None;
         }
-        if extents.is_empty() || extents.iter().any(IExpr::reads_vars) {
+        let dtype = loads.first()?.1;
+        // No load reads what a store writes, so the loads may run in any order.
+        if loads.iter().any(|l| stores.iter().any(|s| s.0 == l.2)) {
             return None;
         }
-        // As the emitter checks: every symbol is one the kernel declares, every variable a loop's.
         let n_syms = k.n_syms as usize;
-        if !extents.iter().chain([src_index, dst_index]).all(|e| leaves_ok(e, &vars, n_syms)) {
-            return None;
-        }
         let n_vars = vars.iter().map(|v| v.0 as usize + 1).max().unwrap_or(0);
         if n_vars > ZEROS.len() {
             return None;
         }
         let zeros = &ZEROS[..n_vars];
+        // As the emitter checks: every symbol is one the kernel declares, every variable a loop's.
+        let ok = |e: &IExpr| leaves_ok(e, &vars, n_syms);
         let side = |param: u32, index: &IExpr| -> Option<Side> {
+            let p = k.params.get(param as usize)?;
+            if p.dtype != dtype || !ok(index) {
+                return None;
+            }
             let coefs: Vec<IExpr> = vars.iter().map(|&v| index.linear_coeff(v)).collect::<Option<_>>()?;
             if coefs.iter().any(IExpr::reads_vars) {
                 return None;
@@ -151,9 +185,24 @@ impl CopyPlan {
             let coefs = coefs.iter().map(|e| Num::of(e, zeros)).collect();
             Some(Side { param: param as usize, offset: Num::of(index, zeros), coefs })
         };
-        let (src, dst) = (side(src_buf, src_index)?, side(dst_buf, dst_index)?);
+        let mut pairs = Vec::with_capacity(stores.len());
+        for &(dst_buf, dst_index, value) in &stores {
+            let &(_, load_dtype, src_buf, src_index, mask) = loads.iter().find(|l| l.0 == value)?;
+            if load_dtype != dtype {
+                return None;
+            }
+            let ranges = match mask {
+                None => Vec::new(),
+                Some(m) if ok(m) => ranges(m, &vars, zeros)?,
+                Some(_) => return None,
+            };
+            pairs.push(Pair { src: side(src_buf, src_index)?, dst: side(dst_buf, dst_index)?, ranges });
+        }
+        if !extents.iter().all(ok) {
+            return None;
+        }
         let extents = extents.iter().map(|e| Num::of(e, zeros)).collect();
-        Some(CopyPlan { extents, parallel, size: dtype.size_bytes(), src, dst, n_vars, n_syms })
+        Some(CopyPlan { extents, parallel, size: dtype.size_bytes(), pairs, n_vars, n_syms })
     }
 
     /// Runs the copy: the JIT's calling convention (`bufs`: one pointer per parameter, already
@@ -170,13 +219,8 @@ impl CopyPlan {
         let vars = &ZEROS[..self.n_vars];
         let depth = self.extents.len();
         let mut extent = [0i64; MAX_DEPTH];
-        let mut src_step = [0isize; MAX_DEPTH];
-        let mut dst_step = [0isize; MAX_DEPTH];
-        let size = self.size as isize;
-        for d in 0..depth {
-            extent[d] = self.extents[d].eval(vars, syms).max(0);
-            src_step[d] = (self.src.coefs[d].eval(vars, syms) as isize).wrapping_mul(size);
-            dst_step[d] = (self.dst.coefs[d].eval(vars, syms) as isize).wrapping_mul(size);
+        for (d, e) in self.extents.iter().enumerate() {
+            extent[d] = e.eval(vars, syms).max(0);
         }
         let (mut first, mut last) = (0, extent[0]);
         if self.parallel {
@@ -185,33 +229,93 @@ impl CopyPlan {
         if first >= last || extent[1..depth].contains(&0) {
             return;
         }
-        // SAFETY: the caller passes one pointer per parameter.
-        let (src_base, dst_base) = unsafe { (*bufs.add(self.src.param), *bufs.add(self.dst.param)) };
-        let at_first = |side: &Side, step: isize| {
-            (side.offset.eval(vars, syms) as isize).wrapping_mul(size).wrapping_add((first as isize).wrapping_mul(step))
-        };
-        let (src0, dst0) = (at_first(&self.src, src_step[0]), at_first(&self.dst, dst_step[0]));
         extent[0] = last - first;
         let inner = depth - 1;
-        let n = extent[inner] as usize;
-        let contiguous = src_step[inner] == size && dst_step[inner] == size;
-        // An odometer over every level but the innermost, which is one run.
+        let n = extent[inner];
+        let size = self.size as isize;
+        let mut copies: SmallVec<[Cursor; 2]> = SmallVec::new();
+        for pair in &self.pairs {
+            let step = |side: &Side, d: usize| (side.coefs[d].eval(vars, syms) as isize).wrapping_mul(size);
+            let at_first = |side: &Side| {
+                let offset = (side.offset.eval(vars, syms) as isize).wrapping_mul(size);
+                offset.wrapping_add((first as isize).wrapping_mul(step(side, 0)))
+            };
+            let mut c = Cursor {
+                // SAFETY: the caller passes one pointer per parameter.
+                src: unsafe { *bufs.add(pair.src.param) }.wrapping_offset(at_first(&pair.src)),
+                dst: unsafe { *bufs.add(pair.dst.param) }.wrapping_offset(at_first(&pair.dst)),
+                src_steps: [0; MAX_DEPTH],
+                dst_steps: [0; MAX_DEPTH],
+                bounds: [(i64::MIN, i64::MAX); MAX_DEPTH],
+                masked: !pair.ranges.is_empty(),
+            };
+            for d in 0..depth {
+                (c.src_steps[d], c.dst_steps[d]) = (step(&pair.src, d), step(&pair.dst, d));
+            }
+            for r in &pair.ranges {
+                let b = &mut c.bounds[r.level];
+                *b = (b.0.max(r.lo.eval(vars, syms)), b.1.min(r.hi.eval(vars, syms)));
+            }
+            // Level 0 counts from `first`: its bounds too.
+            c.bounds[0] = (c.bounds[0].0.saturating_sub(first), c.bounds[0].1.saturating_sub(first));
+            copies.push(c);
+        }
+        // Copy after copy (each run a `memmove` where contiguous) when no two copies' runs of one
+        // iteration of the outer levels store into the same bytes, else element after element
+        // with the copies interleaved as the kernel stores them (the loads may run in any order:
+        // none reads a stored byte). Runs that move alike at every outer level keep their
+        // distance, so the first iteration's runs tell.
+        let in_turn = copies.len() == 1
+            || (copies.iter().all(|c| c.dst_steps[..inner] == copies[0].dst_steps[..inner]) && {
+                let mut spans: SmallVec<[(usize, usize); MAX_PAIRS]> = copies
+                    .iter()
+                    .map(|c| {
+                        let reach = c.dst_steps[inner].wrapping_mul((n - 1) as isize);
+                        let at = c.dst as usize;
+                        (
+                            at.wrapping_add_signed(reach.min(0)),
+                            at.wrapping_add_signed(reach.max(0)).wrapping_add(self.size),
+                        )
+                    })
+                    .collect();
+                spans.sort_unstable();
+                spans.windows(2).all(|w| w[0].1 <= w[1].0)
+            });
+        // An odometer over every level but the innermost, which is one run per copy.
         let mut at = [0i64; MAX_DEPTH];
-        let (mut src, mut dst) = (src0, dst0);
         loop {
-            // SAFETY: `src + j * src_step[inner]` and `dst + j * dst_step[inner]` for `j < n` are
-            // elements of this iteration, inside their buffers (the caller's contract).
-            unsafe {
-                let (s, t) = (src_base.wrapping_offset(src), dst_base.wrapping_offset(dst));
-                if contiguous {
-                    let bytes = n * self.size;
-                    if bytes <= SHORT_RUN {
-                        copy_short(s, t, bytes);
-                    } else {
-                        std::ptr::copy(s, t, bytes);
+            if in_turn {
+                for c in &copies {
+                    let (lo, hi) = c.reads(&at[..inner], inner, n);
+                    let (ss, ds) = (c.src_steps[inner], c.dst_steps[inner]);
+                    let t = |j: i64| c.dst.wrapping_offset((j as isize).wrapping_mul(ds));
+                    // SAFETY: elements `j < n` of the run are this iteration's stores, inside the
+                    // destination, and elements `lo..hi` its reads, inside the source (the
+                    // caller's contract; an element outside the mask is not read).
+                    unsafe {
+                        if lo > 0 {
+                            zeros(t(0), ds, lo as usize, self.size);
+                        }
+                        let from = c.src.wrapping_offset((lo as isize).wrapping_mul(ss));
+                        copy_run(from, ss, t(lo), ds, (hi - lo) as usize, self.size);
+                        if hi < n {
+                            zeros(t(hi), ds, (n - hi) as usize, self.size);
+                        }
                     }
-                } else {
-                    run(s, src_step[inner], t, dst_step[inner], n, self.size);
+                }
+            } else {
+                let mut reads = [(0i64, 0i64); MAX_PAIRS];
+                for (c, r) in copies.iter().zip(&mut reads) {
+                    *r = c.reads(&at[..inner], inner, n);
+                }
+                for j in 0..n {
+                    for (c, &(lo, hi)) in copies.iter().zip(&reads) {
+                        let t = c.dst.wrapping_offset((j as isize).wrapping_mul(c.dst_steps[inner]));
+                        let s = (j >= lo && j < hi)
+                            .then(|| c.src.wrapping_offset((j as isize).wrapping_mul(c.src_steps[inner])));
+                        // SAFETY: as above, for one element.
+                        unsafe { copy_one(s, t, self.size) };
+                    }
                 }
             }
             let mut d = inner;
@@ -221,15 +325,112 @@ impl CopyPlan {
                 }
                 d -= 1;
                 at[d] += 1;
-                src = src.wrapping_add(src_step[d]);
-                dst = dst.wrapping_add(dst_step[d]);
-                if at[d] < extent[d] {
+                let wrapped = at[d] == extent[d];
+                for c in copies.iter_mut() {
+                    let (s, t) = if wrapped {
+                        (
+                            c.src_steps[d].wrapping_mul(1 - extent[d] as isize),
+                            c.dst_steps[d].wrapping_mul(1 - extent[d] as isize),
+                        )
+                    } else {
+                        (c.src_steps[d], c.dst_steps[d])
+                    };
+                    c.src = c.src.wrapping_offset(s);
+                    c.dst = c.dst.wrapping_offset(t);
+                }
+                if !wrapped {
                     break;
                 }
-                src = src.wrapping_sub(src_step[d].wrapping_mul(extent[d] as isize));
-                dst = dst.wrapping_sub(dst_step[d].wrapping_mul(extent[d] as isize));
                 at[d] = 0;
             }
+        }
+    }
+}
+
+/// One copy of a [`CopyPlan`] during a call: where its current run starts, its steps per level
+/// (bytes) and its mask's bounds per level (`lo..hi`, level 0's counted from the call's first
+/// iteration).
+struct Cursor {
+    src: *mut u8,
+    dst: *mut u8,
+    src_steps: [isize; MAX_DEPTH],
+    dst_steps: [isize; MAX_DEPTH],
+    bounds: [(i64, i64); MAX_DEPTH],
+    masked: bool,
+}
+
+impl Cursor {
+    /// The values of the inner variable (below `n`) whose elements this copy reads at the outer
+    /// levels' values `outer`: all of them unmasked, none where an outer value is outside its
+    /// bounds.
+    #[inline]
+    fn reads(&self, outer: &[i64], inner: usize, n: i64) -> (i64, i64) {
+        if !self.masked {
+            return (0, n);
+        }
+        if outer.iter().zip(&self.bounds).any(|(&v, &(lo, hi))| v < lo || v >= hi) {
+            return (0, 0);
+        }
+        let (lo, hi) = self.bounds[inner];
+        let (lo, hi) = (lo.clamp(0, n), hi.clamp(0, n));
+        if lo < hi { (lo, hi) } else { (0, 0) }
+    }
+}
+
+/// Whether a masked load's `other` is zero in every dtype's bits (what a padded border reads).
+fn is_zero(other: &Scalar) -> bool {
+    match *other {
+        Scalar::Bool(b) => !b,
+        Scalar::Int(i) => i == 0,
+        Scalar::Float(f) => f.to_bits() == 0,
+    }
+}
+
+/// `mask` as ranges of loop variables: a conjunction of `c < i` (`i` from `c + 1`) and `i < c`
+/// (`i` below `c`), `i` one of `vars` and `c` free of them; `None` for any other mask.
+fn ranges(mask: &IExpr, vars: &[Var], zeros: &[i64]) -> Option<Vec<Range>> {
+    let mut out = Vec::new();
+    let mut todo = vec![mask];
+    while let Some(e) = todo.pop() {
+        match e {
+            IExpr::And(a, b) => todo.extend([&**a, &**b]),
+            IExpr::Lt(a, b) => {
+                let level = |e: &IExpr| match e {
+                    IExpr::Var(v) => vars.iter().position(|w| w == v),
+                    _ => None,
+                };
+                let range = match (level(a), level(b)) {
+                    (Some(level), None) if !b.reads_vars() => {
+                        Range { level, lo: Num::Known(i64::MIN), hi: Num::of(b, zeros) }
+                    }
+                    (None, Some(level)) if !a.reads_vars() => Range {
+                        level,
+                        lo: Num::of(&IExpr::add((**a).clone(), IExpr::Const(1)), zeros),
+                        hi: Num::Known(i64::MAX),
+                    },
+                    _ => return None,
+                };
+                out.push(range);
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Stores the element of `size` bytes at `src` into `dst`, or zero where `src` is `None`.
+///
+/// # Safety
+/// Both elements lie inside their buffers.
+#[inline]
+unsafe fn copy_one(src: Option<*mut u8>, dst: *mut u8, size: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (size, src) {
+            (4, Some(s)) => (dst as *mut u32).write_unaligned((s as *const u32).read_unaligned()),
+            (8, Some(s)) => (dst as *mut u64).write_unaligned((s as *const u64).read_unaligned()),
+            (_, Some(s)) => std::ptr::copy(s, dst, size),
+            (_, None) => std::ptr::write_bytes(dst, 0, size),
         }
     }
 }
@@ -241,6 +442,58 @@ fn leaves_ok(e: &IExpr, vars: &[Var], n_syms: usize) -> bool {
         IExpr::Sym(s) => (*s as usize) < n_syms,
         _ => true,
     })
+}
+
+/// Copies `n` elements of `size` bytes from `src` (`src_step` bytes apart) to `dst` (`dst_step`
+/// apart): one `memmove` (or an inline copy of a short run) where both are contiguous.
+///
+/// # Safety
+/// As for [`run`].
+#[inline]
+unsafe fn copy_run(src: *const u8, src_step: isize, dst: *mut u8, dst_step: isize, n: usize, size: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if src_step == size as isize && dst_step == size as isize {
+            let bytes = n * size;
+            if bytes <= SHORT_RUN {
+                copy_short(src, dst, bytes);
+            } else {
+                std::ptr::copy(src, dst, bytes);
+            }
+        } else {
+            run(src, src_step, dst, dst_step, n, size);
+        }
+    }
+}
+
+/// Stores zero into `n` elements of `size` bytes at `dst`, `dst_step` bytes apart.
+///
+/// # Safety
+/// Every element lies inside its buffer.
+#[inline]
+unsafe fn zeros(dst: *mut u8, dst_step: isize, n: usize, size: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if dst_step == size as isize && n * size > SHORT_RUN {
+            std::ptr::write_bytes(dst, 0, n * size);
+        } else if dst_step == size as isize {
+            // A padded row's border: a word or two, inline rather than a call.
+            let bytes = n * size;
+            let mut i = 0;
+            while i + 4 <= bytes {
+                (dst.add(i) as *mut u32).write_unaligned(0);
+                i += 4;
+            }
+            while i < bytes {
+                *dst.add(i) = 0;
+                i += 1;
+            }
+        } else {
+            for j in 0..n as isize {
+                std::ptr::write_bytes(dst.offset(j * dst_step), 0, size);
+            }
+        }
+    }
 }
 
 /// Contiguous runs up to this many bytes are copied inline: a head split's rows of 8 floats
@@ -279,6 +532,14 @@ unsafe fn run(src: *const u8, src_step: isize, dst: *mut u8, dst_step: isize, n:
     // SAFETY: forwarded to the caller, element by element.
     unsafe {
         match size {
+            // Every other element into a row (a stride-2 convolution's window, which the
+            // compiler vectorizes with shuffles when the stride is known).
+            4 if src_step == 8 && dst_step == 4 => {
+                for j in 0..n {
+                    let v = (src.add(8 * j) as *const u32).read_unaligned();
+                    (dst.add(4 * j) as *mut u32).write_unaligned(v);
+                }
+            }
             4 => {
                 for j in 0..n as isize {
                     let v = (src.offset(j * src_step) as *const u32).read_unaligned();
@@ -439,6 +700,75 @@ mod tests {
     }
 
     #[test]
+    fn an_im2col_of_strided_windows_matches_the_jit() {
+        // out[w][i0][i1] = in[i0 * 12 + i1 * 2 + w] for the three taps w of a stride-2 window
+        // over rows of 12 (a convolution's im2col: one store per tap, each strided).
+        let at = |w: i64| add(add(mul(v(0), c(12)), mul(v(1), c(2))), c(w));
+        let mut inner = Vec::new();
+        for w in 0..3 {
+            inner.push(load(w as u32, DType::F32, at(w)));
+            inner.push(store(add(add(mul(c(w), c(20)), mul(v(0), c(5))), v(1)), w as u32));
+        }
+        let body = vec![looped(0, c(4), true, vec![looped(1, c(5), false, inner)])];
+        let k = kernel(DType::F32, 0, body);
+        assert_eq!(CopyPlan::of(&k).map(|p| p.pairs.len()), Some(3));
+        same_as_jit(&k, 48 * 4, 60 * 4, &[], &[(0, 4), (1, 3), (3, 9)]);
+        // Two stores into overlapping elements (out[i] and out[i + 1]): the later iteration's
+        // store stays, as in the JIT's order.
+        let body = vec![looped(
+            0,
+            c(6),
+            true,
+            vec![
+                load(0, DType::F32, v(0)),
+                store(v(0), 0),
+                load(1, DType::F32, add(v(0), c(7))),
+                store(add(v(0), c(1)), 1),
+            ],
+        )];
+        same_as_jit(&kernel(DType::F32, 0, body), 13 * 4, 7 * 4, &[], &[(0, 6), (2, 5)]);
+    }
+
+    #[test]
+    fn a_zero_padded_border_matches_the_jit() {
+        // out[i0][i1] = in[(i0 - 1) * s0 + i1 - 1] inside a border of one (`0 < i < n - 1`),
+        // else 0.0: an image of s0 x s0 padded to (s0 + 2) x (s0 + 2), over any range of rows.
+        let lt = |a: IExpr, b: IExpr| IExpr::Lt(Box::new(a), Box::new(b));
+        let and = |a: IExpr, b: IExpr| IExpr::And(Box::new(a), Box::new(b));
+        let s0 = IExpr::Sym(0);
+        let side = add(s0.clone(), c(2));
+        let inside = |i: u32| and(lt(c(0), v(i)), lt(v(i), add(s0.clone(), c(1))));
+        let index = add(add(mul(v(0), s0.clone()), v(1)), mul(add(s0.clone(), c(1)), c(-1)));
+        let padded = Stmt::Let {
+            reg: Reg(0),
+            dtype: DType::F32,
+            inst: Inst::Load { buf: 1, index, mask: Some(and(inside(0), inside(1))), other: air::Scalar::Float(0.0) },
+        };
+        let body = vec![looped(
+            0,
+            side.clone(),
+            true,
+            vec![looped(1, side.clone(), false, vec![padded, store(add(mul(v(0), side), v(1)), 0)])],
+        )];
+        let k = kernel(DType::F32, 1, body);
+        assert!(CopyPlan::of(&k).is_some());
+        same_as_jit(&k, 9 * 4, 25 * 4, &[3], &[(0, 5), (1, 4), (2, 3), (4, 7)]);
+        // One level, the mask on the parallel loop's own variable: a range starting past 0.
+        let row = Stmt::Let {
+            reg: Reg(0),
+            dtype: DType::F32,
+            inst: Inst::Load {
+                buf: 1,
+                index: add(v(0), c(-2)),
+                mask: Some(and(lt(c(1), v(0)), lt(v(0), c(6)))),
+                other: air::Scalar::Float(0.0),
+            },
+        };
+        let k = kernel(DType::F32, 0, vec![looped(0, c(9), true, vec![row, store(v(0), 0)])]);
+        same_as_jit(&k, 4 * 4, 9 * 4, &[], &[(0, 9), (3, 9), (4, 5), (7, 9)]);
+    }
+
+    #[test]
     fn only_copy_nests_have_a_plan() {
         let copy = |inner: Vec<Stmt>| kernel(DType::F32, 0, vec![looped(0, c(4), true, inner)]);
         assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), store(v(0), 0)])).is_some());
@@ -449,11 +779,29 @@ mod tests {
             inst: Inst::Load { buf: 1, index: v(0), mask: Some(v(0)), other: air::Scalar::Float(0.0) },
         };
         assert!(CopyPlan::of(&copy(vec![masked, store(v(0), 0)])).is_none());
-        // A computed value, two loads, a division in an index, a product of variables.
+        // A mask that is not ranges of loop variables: a product of one, a comparison of two.
+        let masked_by = |mask: IExpr| Stmt::Let {
+            reg: Reg(0),
+            dtype: DType::F32,
+            inst: Inst::Load { buf: 1, index: v(0), mask: Some(mask), other: air::Scalar::Float(0.0) },
+        };
+        let lt = |a: IExpr, b: IExpr| IExpr::Lt(Box::new(a), Box::new(b));
+        assert!(CopyPlan::of(&copy(vec![masked_by(lt(mul(v(0), c(2)), c(5))), store(v(0), 0)])).is_none());
+        assert!(CopyPlan::of(&copy(vec![masked_by(lt(v(0), v(0))), store(v(0), 0)])).is_none());
+        assert!(CopyPlan::of(&copy(vec![masked_by(lt(c(0), v(0))), store(v(0), 0)])).is_some());
+        // A padded border's `other` that is not zero.
+        let ones = Stmt::Let {
+            reg: Reg(0),
+            dtype: DType::F32,
+            inst: Inst::Load { buf: 1, index: v(0), mask: Some(lt(c(0), v(0))), other: air::Scalar::Float(1.0) },
+        };
+        assert!(CopyPlan::of(&copy(vec![ones, store(v(0), 0)])).is_none());
+        // A computed value, a division in an index, a product of variables; a load nothing
+        // stores is left out.
         let twice = Stmt::Let { reg: Reg(1), dtype: DType::F32, inst: Inst::Binary(BinaryOp::Add, Reg(0), Reg(0)) };
         assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), twice, store(v(0), 1)])).is_none());
         assert!(
-            CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), load(1, DType::F32, v(0)), store(v(0), 1)])).is_none()
+            CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), load(1, DType::F32, v(0)), store(v(0), 1)])).is_some()
         );
         let div = IExpr::Div(Box::new(v(0)), Box::new(c(2)));
         assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, div), store(v(0), 0)])).is_none());
