@@ -155,6 +155,16 @@ enum ProfileTarget {
     },
 }
 
+impl ProfileTarget {
+    /// The launch table's kernel count, when asked for.
+    fn launches(&self) -> Option<usize> {
+        match self {
+            ProfileTarget::Transformer(args) => args.launches,
+            ProfileTarget::Model { out, .. } | ProfileTarget::Onnx { out, .. } => out.launches,
+        }
+    }
+}
+
 /// What `kiln profile model` and `kiln profile onnx` can add to the per-pass table.
 #[derive(Args, Clone)]
 struct ProfileOut {
@@ -164,8 +174,8 @@ struct ProfileOut {
     /// Write the spans as a Chrome trace-event file (opens in Perfetto).
     #[arg(long, value_name = "FILE.json")]
     trace: Option<PathBuf>,
-    /// Also time every launch of the compiled program (median of 11 runs) and list the N
-    /// kernels that take the most time.
+    /// Also time every launch of the compiled program (median of 11 runs, and its time in the
+    /// program's first run) and list the N kernels that take the most time.
     #[arg(long, value_name = "N")]
     launches: Option<usize>,
     /// Write the graph after each pass (air text, DOT), the kernel IR and the CLIF into DIR.
@@ -256,8 +266,8 @@ struct ProfileArgs {
     /// default an untimed 1-layer compilation runs first; the profiled one is still uncached).
     #[arg(long)]
     cold: bool,
-    /// Also time every launch of the compiled program (median of 11 runs) and list the N
-    /// kernels that take the most time.
+    /// Also time every launch of the compiled program (median of 11 runs, and its time in the
+    /// program's first run) and list the N kernels that take the most time.
     #[arg(long, value_name = "N")]
     launches: Option<usize>,
     /// Optimization level: 1 greedy rewrites only, 2 also equality saturation (exact rules),
@@ -461,6 +471,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Profile(target) = &cli.command {
+        // The launch table shows each kernel's first run too: its launches are timed then.
+        runtime::time_first_runs(target.launches().is_some());
+    }
     match cli.command {
         Command::Profile(ProfileTarget::Transformer(args)) => profile_transformer(args),
         Command::Profile(ProfileTarget::Onnx { onnx, out }) => {

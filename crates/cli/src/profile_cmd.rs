@@ -181,26 +181,31 @@ pub fn render_titled(title: &str, p: &Profiled) -> String {
 }
 
 /// The `top` kernels of a profiled program by their launches' total time (each launch's median
-/// over 11 runs, one launch at a time, after the calibration runs): where the run's time goes.
+/// over 11 runs, one launch at a time, after the calibration runs): where the run's time goes;
+/// beside it, the same launches' time in the program's first run, where they were timed
+/// (`runtime::time_first_runs` on before it): what a program called once pays.
 pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
     use std::fmt::Write as _;
     let exe = &p.compiled.exe;
+    let first = exe.first_run_times();
     // Past the runs that calibrate each launch's threading, as a steady state is.
     for _ in 0..2 * runtime::CALIBRATION_RUNS + 1 {
         exe.run(&p.traced.inputs, &p.traced.bindings)?;
     }
     let times = exe.launch_times(&p.traced.inputs, &p.traced.bindings, 11)?;
     let total: u64 = times.iter().map(|t| t.median_ns).sum();
-    // Per kernel: launches, total ns, the first launch's matmul sizes and threads.
-    type Row = (u32, usize, u64, Option<(usize, usize, usize, usize)>, u32);
+    // Per kernel: launches, total ns, first-run ns, the first launch's matmul sizes and threads.
+    type Row = (u32, usize, u64, u64, Option<(usize, usize, usize, usize)>, u32);
     let mut by_kernel: Vec<Row> = Vec::new();
     for t in &times {
+        let first_ns = first.get(t.step).copied().unwrap_or(0);
         match by_kernel.iter_mut().find(|k| k.0 == t.kernel) {
             Some(k) => {
                 k.1 += 1;
                 k.2 += t.median_ns;
+                k.3 += first_ns;
             }
-            None => by_kernel.push((t.kernel, 1, t.median_ns, t.matmul, t.threads)),
+            None => by_kernel.push((t.kernel, 1, t.median_ns, first_ns, t.matmul, t.threads)),
         }
     }
     by_kernel.sort_by_key(|k| std::cmp::Reverse(k.2));
@@ -210,8 +215,16 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
         total as f64 / 1e6,
         top.min(by_kernel.len())
     );
-    writeln!(out, "{:>6} {:>9} {:>10} {:>7} {:>8}  what", "kernel", "launches", "total us", "share", "threads")?;
-    for (kernel, count, ns, matmul, threads) in by_kernel.into_iter().take(top) {
+    let first_total: u64 = first.iter().sum();
+    if first.len() == times.len() {
+        writeln!(out, "first run: {:.3} ms (sum of its launches; `first us` below)", first_total as f64 / 1e6)?;
+    }
+    writeln!(
+        out,
+        "{:>6} {:>9} {:>10} {:>7} {:>10} {:>8}  what",
+        "kernel", "launches", "total us", "share", "first us", "threads"
+    )?;
+    for (kernel, count, ns, first_ns, matmul, threads) in by_kernel.into_iter().take(top) {
         let what = match (matmul, &exe.program().kernels[kernel as usize]) {
             (Some((b, m, n, k)), lower::kir::Kernel::Matmul(mk)) => {
                 let layout = |o: &lower::kir::MatOperand| {
@@ -221,13 +234,15 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
             }
             _ => "loops".to_string(),
         };
+        let first_us = if first.len() == times.len() { format!("{:.1}", first_ns as f64 / 1e3) } else { "-".into() };
         writeln!(
             out,
-            "{:>6} {:>9} {:>10.1} {:>6.1}% {:>8}  {what}",
+            "{:>6} {:>9} {:>10.1} {:>6.1}% {:>10} {:>8}  {what}",
             format!("k{kernel}"),
             count,
             ns as f64 / 1e3,
             100.0 * ns as f64 / total.max(1) as f64,
+            first_us,
             threads
         )?;
     }

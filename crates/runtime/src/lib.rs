@@ -49,4 +49,4 @@ pub use error::{ErrorKind, InputSpec, Result, RuntimeError};
 pub use lower::MemoryStats;
 pub use observe::{CompileObserver, NoCompileObserver, Step};
 pub use prepared::{Prepared, Sizes};
-pub use vm::{CALIBRATION_RUNS, CpuCode, Executable, LaunchTime, LoopCode};
+pub use vm::{CALIBRATION_RUNS, CpuCode, Executable, LaunchTime, LoopCode, time_first_runs};

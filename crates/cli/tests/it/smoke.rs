@@ -155,6 +155,11 @@ fn profile_model_predict_and_fit_with_launches() {
     let predict = kiln(&["profile", "model", "conv-32", "--launches", "3"]);
     assert!(predict.contains("conv-32 (predict)") && predict.contains("top 3 kernels by time"), "{predict}");
     assert!(predict.contains("after one untimed compilation and run of the same program"), "{predict}");
+    // Each listed kernel's time in the program's first run beside its steady time.
+    assert!(predict.contains("first run: ") && predict.contains("first us"), "{predict}");
+    let row = predict.lines().find(|l| l.trim_start().starts_with('k') && l.contains('%')).expect("a kernel row");
+    let first_us: f64 = row.split_whitespace().nth(4).and_then(|v| v.parse().ok()).expect("a first-run time");
+    assert!(first_us > 0.0, "{row}");
     let fit = kiln(&["profile", "model", "dense-tiny", "--fit", "--cold"]);
     assert!(fit.contains("dense-tiny (loss and gradients)") && fit.contains("codegen"), "{fit}");
     assert!(fit.contains("(cold: the first compilation of this process"), "{fit}");

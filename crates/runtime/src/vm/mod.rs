@@ -36,8 +36,8 @@
 mod launch;
 mod run;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use air::{Bindings, HostData, TensorType};
 use lower::kir::{Access, IExpr, Kernel};
@@ -167,6 +167,19 @@ pub struct CpuCode {
     split_launches: AtomicU64,
     /// Calibrated thread decisions, for later binding sets with the same launches.
     decisions: launch::Decisions,
+    /// Nanoseconds of each launch of the first run of the first binding set, where
+    /// [`time_first_runs`] asked for them before it (see [`Executable::first_run_times`]).
+    first_run_ns: Mutex<Vec<u64>>,
+}
+
+/// Whether runs from now on time each launch of a binding set's first run: one clock read per
+/// launch, off unless a profile asks (`kiln profile --launches`).
+static TIME_FIRST_RUNS: AtomicBool = AtomicBool::new(false);
+
+/// Turns the timing of first runs' launches on or off for every executable (see
+/// [`Executable::first_run_times`]).
+pub fn time_first_runs(on: bool) {
+    TIME_FIRST_RUNS.store(on, Ordering::Relaxed);
 }
 
 /// What the VM derives from one binding set.
@@ -312,6 +325,7 @@ impl CpuCode {
             launched: AtomicU64::new(0),
             split_launches: AtomicU64::new(0),
             decisions: launch::Decisions::default(),
+            first_run_ns: Mutex::new(Vec::new()),
         })
     }
 }
@@ -351,6 +365,14 @@ impl Runner<CpuCode> {
     /// to prove that native code ran, whatever other executables do meanwhile).
     pub fn launches_run(&self) -> u64 {
         self.backend.launched.load(Ordering::Relaxed)
+    }
+
+    /// Nanoseconds of each launch (in program order) of this executable's first run, when
+    /// [`time_first_runs`] was on before it; empty otherwise. The first run meets cold caches,
+    /// fresh pages and weights not yet copied (`matmul::PackedWeight`): beside
+    /// [`Executable::launch_times`]' steady medians it shows what a program called once pays.
+    pub fn first_run_times(&self) -> Vec<u64> {
+        lock(&self.backend.first_run_ns).clone()
     }
 
     /// How many loop launches of this executable's runs so far split their parallel loop over

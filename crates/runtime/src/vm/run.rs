@@ -247,12 +247,28 @@ impl Backend for CpuCode {
         }
         let pos = calibration_position(run);
         let calibrating = pos > 0;
+        // A first run's launches, timed where a profile asked (`time_first_runs`; each slot
+        // written by the one thread that runs its launch).
+        let timed: Vec<AtomicU64> = if run == 0 && super::TIME_FIRST_RUNS.load(Ordering::Relaxed) {
+            l.launches.iter().map(|_| AtomicU64::new(0)).collect()
+        } else {
+            Vec::new()
+        };
+        let clock = |s: usize, f: &dyn Fn()| match timed.get(s) {
+            Some(slot) => {
+                let t0 = std::time::Instant::now();
+                f();
+                slot.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+            None => f(),
+        };
         if pos == 1 && run > 1 {
             // A later calibration window: the candidates start again from one thread.
             l.launches.iter().for_each(launch::restart_calibration);
         }
         // SAFETY (both closures): the table holds every step's buffers (see `run_launch`).
-        let in_order = |launch: &Launch| {
+        let in_order = |s: usize| {
+            let launch = &l.launches[s];
             let split = unsafe {
                 if calibrating {
                     // The first split run wakes the pool's threads (up to 77 us, `parallel`):
@@ -266,12 +282,13 @@ impl Backend for CpuCode {
                 self.split_launches.fetch_add(1, Ordering::Relaxed);
             }
         };
+        let in_order = |s: usize| clock(s, &|| in_order(s));
         match &l.schedule {
-            None => l.launches.iter().for_each(in_order),
+            None => (0..l.launches.len()).for_each(in_order),
             Some(schedule) => {
                 for phase in &schedule.phases {
                     match phase {
-                        Phase::Step(s) => in_order(&l.launches[*s as usize]),
+                        Phase::Step(s) => in_order(*s as usize),
                         Phase::Concurrent { bins } => {
                             let (table, syms) = (SendPtr(table as *mut u8), SendPtr(syms as *mut u8));
                             parallel::for_chunks(bins.len(), bins.len(), &|lo, hi| {
@@ -281,14 +298,14 @@ impl Backend for CpuCode {
                                         // common bytes where one of them writes (`lower::batch`
                                         // levels, planned with the level as one time slot), so
                                         // they may run at the same time, each on one thread.
-                                        unsafe {
+                                        clock(s as usize, &|| unsafe {
                                             launch::run_launch(
                                                 &l.launches[s as usize],
                                                 table.get() as *const *mut u8,
                                                 syms.get() as *const i64,
                                                 true,
-                                            )
-                                        };
+                                            );
+                                        });
                                     }
                                 }
                             });
@@ -327,6 +344,12 @@ impl Backend for CpuCode {
             if pos == 2 * CALIBRATION_RUNS {
                 let costs = launch::launch_costs(prepared.program(), &l.launches, &sized.sizes.syms);
                 self.decisions.remember(&l.launches, &costs);
+            }
+        }
+        if !timed.is_empty() {
+            let mut first = super::lock(&self.first_run_ns);
+            if first.is_empty() {
+                *first = timed.iter().map(|t| t.load(Ordering::Relaxed)).collect();
             }
         }
         self.launched.fetch_add(l.launches.len() as u64, Ordering::Relaxed);

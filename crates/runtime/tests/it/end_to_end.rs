@@ -293,6 +293,36 @@ fn a_given_graph_comes_back_as_its_key() {
 }
 
 #[test]
+fn a_first_run_times_each_launch_once_asked() {
+    let dev = CpuDevice::new().unwrap();
+    let g = seq_graph();
+    let exe = dev.compile(&g).unwrap();
+    let bindings: Bindings = [(Symbol::new("seq"), 3)].into_iter().collect();
+    let inputs = [tensor(&[3, 4], 7), tensor(&[1, 4], 8)];
+    // (Other tests' executables may time their first runs too: a clock read per launch.)
+    kiln_runtime::time_first_runs(true);
+    exe.run(&inputs, &bindings).unwrap();
+    let first = exe.first_run_times();
+    let steady = exe.launch_times(&inputs, &bindings, 3).unwrap();
+    assert_eq!(first.len(), steady.len(), "one time per launch of the program");
+    assert!(first.iter().all(|&ns| ns > 0), "{first:?}");
+    // Later runs leave the first run's times as they were.
+    exe.run(&inputs, &bindings).unwrap();
+    assert_eq!(exe.first_run_times(), first);
+    // A program not run yet has no first run to show.
+    let untimed = dev
+        .compile(&{
+            let mut g = Graph::new();
+            let x = input_f32(&mut g, 0, &[8]);
+            let y = g.add(Op::Unary(UnaryOp::Neg), &[x]).unwrap();
+            g.add_output(y);
+            g
+        })
+        .unwrap();
+    assert!(untimed.first_run_times().is_empty());
+}
+
+#[test]
 fn inputs_zero_copy_outputs_owned_and_released() {
     let dev = CpuDevice::new().unwrap();
     let mut g = Graph::new();
