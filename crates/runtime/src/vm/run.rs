@@ -254,14 +254,6 @@ impl Backend for CpuCode {
         } else {
             Vec::new()
         };
-        let clock = |s: usize, f: &dyn Fn()| match timed.get(s) {
-            Some(slot) => {
-                let t0 = std::time::Instant::now();
-                f();
-                slot.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            }
-            None => f(),
-        };
         if pos == 1 && run > 1 {
             // A later calibration window: the candidates start again from one thread.
             l.launches.iter().for_each(launch::restart_calibration);
@@ -282,7 +274,7 @@ impl Backend for CpuCode {
                 self.split_launches.fetch_add(1, Ordering::Relaxed);
             }
         };
-        let in_order = |s: usize| clock(s, &|| in_order(s));
+        let in_order = |s: usize| clocked(timed.get(s), || in_order(s));
         match &l.schedule {
             None => (0..l.launches.len()).for_each(in_order),
             Some(schedule) => {
@@ -298,7 +290,7 @@ impl Backend for CpuCode {
                                         // common bytes where one of them writes (`lower::batch`
                                         // levels, planned with the level as one time slot), so
                                         // they may run at the same time, each on one thread.
-                                        clock(s as usize, &|| unsafe {
+                                        clocked(timed.get(s as usize), || unsafe {
                                             launch::run_launch(
                                                 &l.launches[s as usize],
                                                 table.get() as *const *mut u8,
@@ -426,6 +418,19 @@ impl CpuCode {
     /// How many loop steps run code the JIT has swapped (to its optimised tier).
     fn swapped_steps(&self) -> usize {
         self.steps.iter().filter(|s| matches!(&s.code, Code::Loop { entry, .. } if entry.is_swapped())).count()
+    }
+}
+
+/// Runs `f`, its wall time stored into `slot` when there is one (a first run's timed launch).
+#[inline(always)]
+fn clocked(slot: Option<&AtomicU64>, f: impl FnOnce()) {
+    match slot {
+        Some(slot) => {
+            let t0 = std::time::Instant::now();
+            f();
+            slot.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        None => f(),
     }
 }
 
