@@ -167,8 +167,8 @@ pub struct CpuCode {
     split_launches: AtomicU64,
     /// Calibrated thread decisions, for later binding sets with the same launches.
     decisions: launch::Decisions,
-    /// Nanoseconds of each launch of the first run of the first binding set, where
-    /// [`time_first_runs`] asked for them before it (see [`Executable::first_run_times`]).
+    /// Nanoseconds of each launch of the first binding set's first run made while
+    /// [`time_first_runs`] was on (see [`Executable::first_run_times`]).
     first_run_ns: Mutex<Vec<u64>>,
 }
 
@@ -367,8 +367,8 @@ impl Runner<CpuCode> {
         self.backend.launched.load(Ordering::Relaxed)
     }
 
-    /// Nanoseconds of each launch (in program order) of this executable's first run, when
-    /// [`time_first_runs`] was on before it; empty otherwise. The first run meets cold caches,
+    /// Nanoseconds of each launch (in program order) of the first binding set's first run made
+    /// while [`time_first_runs`] was on; empty when there was none. A first run meets cold caches,
     /// fresh pages and weights not yet copied (`matmul::PackedWeight`): beside
     /// [`Executable::launch_times`]' steady medians it shows what a program called once pays.
     pub fn first_run_times(&self) -> Vec<u64> {
