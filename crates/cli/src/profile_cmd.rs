@@ -216,7 +216,8 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
         top.min(by_kernel.len())
     );
     let first_total: u64 = first.iter().sum();
-    if first.len() == times.len() {
+    let first_timed = first.len() == times.len();
+    if first_timed {
         writeln!(out, "first run: {:.3} ms (sum of its launches; `first us` below)", first_total as f64 / 1e6)?;
     }
     writeln!(
@@ -234,7 +235,7 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
             }
             _ => "loops".to_string(),
         };
-        let first_us = if first.len() == times.len() { format!("{:.1}", first_ns as f64 / 1e3) } else { "-".into() };
+        let first_us = if first_timed { format!("{:.1}", first_ns as f64 / 1e3) } else { "-".into() };
         writeln!(
             out,
             "{:>6} {:>9} {:>10.1} {:>6.1}% {:>10} {:>8}  {what}",

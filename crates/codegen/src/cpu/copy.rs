@@ -311,10 +311,15 @@ impl CopyPlan {
                 for j in 0..n {
                     for (c, &(lo, hi)) in copies.iter().zip(&reads) {
                         let t = c.dst.wrapping_offset((j as isize).wrapping_mul(c.dst_steps[inner]));
-                        let s = (j >= lo && j < hi)
-                            .then(|| c.src.wrapping_offset((j as isize).wrapping_mul(c.src_steps[inner])));
                         // SAFETY: as above, for one element.
-                        unsafe { copy_one(s, t, self.size) };
+                        unsafe {
+                            if j >= lo && j < hi {
+                                let s = c.src.wrapping_offset((j as isize).wrapping_mul(c.src_steps[inner]));
+                                run(s, 0, t, 0, 1, self.size);
+                            } else {
+                                zeros(t, self.size as isize, 1, self.size);
+                            }
+                        }
                     }
                 }
             }
@@ -418,23 +423,6 @@ fn ranges(mask: &IExpr, vars: &[Var], zeros: &[i64]) -> Option<Vec<Range>> {
     Some(out)
 }
 
-/// Stores the element of `size` bytes at `src` into `dst`, or zero where `src` is `None`.
-///
-/// # Safety
-/// Both elements lie inside their buffers.
-#[inline]
-unsafe fn copy_one(src: Option<*mut u8>, dst: *mut u8, size: usize) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match (size, src) {
-            (4, Some(s)) => (dst as *mut u32).write_unaligned((s as *const u32).read_unaligned()),
-            (8, Some(s)) => (dst as *mut u64).write_unaligned((s as *const u64).read_unaligned()),
-            (_, Some(s)) => std::ptr::copy(s, dst, size),
-            (_, None) => std::ptr::write_bytes(dst, 0, size),
-        }
-    }
-}
-
 /// Whether every leaf of `e` is a constant, one of `vars` or a symbol below `n_syms`.
 fn leaves_ok(e: &IExpr, vars: &[Var], n_syms: usize) -> bool {
     e.all_leaves(&|l| match l {
@@ -532,14 +520,6 @@ unsafe fn run(src: *const u8, src_step: isize, dst: *mut u8, dst_step: isize, n:
     // SAFETY: forwarded to the caller, element by element.
     unsafe {
         match size {
-            // Every other element into a row (a stride-2 convolution's window, which the
-            // compiler vectorizes with shuffles when the stride is known).
-            4 if src_step == 8 && dst_step == 4 => {
-                for j in 0..n {
-                    let v = (src.add(8 * j) as *const u32).read_unaligned();
-                    (dst.add(4 * j) as *mut u32).write_unaligned(v);
-                }
-            }
             4 => {
                 for j in 0..n as isize {
                     let v = (src.offset(j * src_step) as *const u32).read_unaligned();
