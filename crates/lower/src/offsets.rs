@@ -10,6 +10,8 @@
 //! remaining kernel once for every launch that shares it. The memory touched is unchanged:
 //! every access is `offset + rest` for the same `offset + rest` as before, term for term.
 
+use smallvec::SmallVec;
+
 use crate::kir::{IExpr, Inst, LoopKernel, Stmt};
 
 /// `k` with each buffer parameter's shared base offset removed from its accesses, and those
@@ -36,28 +38,33 @@ pub fn split_offsets(k: &LoopKernel) -> (LoopKernel, Vec<IExpr>) {
             }
         }
     });
-    let offsets: Vec<(Vec<IExpr>, i64)> = shares
+    let offsets: Vec<(Terms, i64)> = shares
         .into_iter()
         .zip(&status)
         .map(|(s, &is_status)| match s {
             Some(s) if !is_status => (s.terms, s.least),
-            _ => (Vec::new(), 0),
+            _ => (Terms::new(), 0),
         })
         .collect();
     let body = rewrite(&k.body, &offsets);
-    let exprs = offsets.into_iter().map(|(terms, c)| sum(terms.into_iter().chain([IExpr::Const(c)]))).collect();
+    let exprs =
+        offsets.into_iter().map(|(terms, c)| sum(terms.into_iter().cloned().chain([IExpr::Const(c)]))).collect();
     (LoopKernel { params: k.params.clone(), n_syms: k.n_syms, body }, exprs)
 }
+
+/// Terms of an index's top-level sum, borrowed from the kernel: nothing is cloned until the
+/// canonical sum is built.
+type Terms<'a> = SmallVec<[&'a IExpr; 4]>;
 
 /// What a buffer's accesses have in common so far: the invariant terms every one of them has
 /// (with multiplicity) and the least constant.
 #[derive(Clone)]
-struct Share {
-    terms: Vec<IExpr>,
+struct Share<'a> {
+    terms: Terms<'a>,
     least: i64,
 }
 
-impl Share {
+impl Share<'_> {
     fn meet(&mut self, parts: &Parts) {
         let mut theirs = parts.invariant.clone();
         self.terms.retain(|t| match theirs.iter().position(|u| u == t) {
@@ -72,43 +79,43 @@ impl Share {
 }
 
 /// An index split into the terms of its top-level sum.
-struct Parts {
+struct Parts<'a> {
     /// Terms that read a loop variable, in order.
-    variant: Vec<IExpr>,
+    variant: Terms<'a>,
     /// Other non-constant terms (symbols), in order.
-    invariant: Vec<IExpr>,
+    invariant: Terms<'a>,
     /// The sum of the constant terms (wrapping, as the index arithmetic is).
     constant: i64,
 }
 
-impl Parts {
-    fn of(e: &IExpr) -> Parts {
-        let mut p = Parts { variant: Vec::new(), invariant: Vec::new(), constant: 0 };
+impl<'a> Parts<'a> {
+    fn of(e: &'a IExpr) -> Parts<'a> {
+        let mut p = Parts { variant: Terms::new(), invariant: Terms::new(), constant: 0 };
         p.add(e);
         p
     }
 
-    fn add(&mut self, e: &IExpr) {
+    fn add(&mut self, e: &'a IExpr) {
         match e {
             IExpr::Add(a, b) => {
                 self.add(a);
                 self.add(b);
             }
             IExpr::Const(c) => self.constant = self.constant.wrapping_add(*c),
-            e if e.reads_vars() => self.variant.push(e.clone()),
-            e => self.invariant.push(e.clone()),
+            e if e.reads_vars() => self.variant.push(e),
+            e => self.invariant.push(e),
         }
     }
 
     /// The index less `terms` (each present in `self.invariant`) and `least`, in canonical order.
-    fn without(mut self, terms: &[IExpr], least: i64) -> IExpr {
+    fn without(mut self, terms: &[&IExpr], least: i64) -> IExpr {
         for t in terms {
             if let Some(i) = self.invariant.iter().position(|u| u == t) {
                 self.invariant.remove(i);
             }
         }
         let c = self.constant.wrapping_sub(least);
-        sum(self.variant.into_iter().chain(self.invariant).chain([IExpr::Const(c)]))
+        sum(self.variant.into_iter().chain(self.invariant).cloned().chain([IExpr::Const(c)]))
     }
 }
 
@@ -146,7 +153,7 @@ fn visit<'a>(stmts: &'a [Stmt], f: &mut impl FnMut(Use, &'a IExpr)) {
 }
 
 /// `stmts` with every access address rewritten by [`Parts::without`] its buffer's offset.
-fn rewrite(stmts: &[Stmt], offsets: &[(Vec<IExpr>, i64)]) -> Vec<Stmt> {
+fn rewrite(stmts: &[Stmt], offsets: &[(Terms, i64)]) -> Vec<Stmt> {
     let at = |buf: u32, e: &IExpr| {
         let (terms, least) = &offsets[buf as usize];
         Parts::of(e).without(terms, *least)

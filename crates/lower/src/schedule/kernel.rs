@@ -80,6 +80,33 @@ enum KExpr {
 }
 
 impl KExpr {
+    /// Every view of the tree, with whether it is read inside the reduce loops, in the order
+    /// [`KExpr::for_each_view`] visits them.
+    fn views<'a>(&'a self, out: &mut Vec<(&'a ViewStack, bool)>) {
+        match self {
+            KExpr::Load { view, inner, .. } | KExpr::Iota { view, inner, .. } => out.push((view, *inner)),
+            KExpr::Pad { view, inner, x, .. } => {
+                out.push((view, *inner));
+                x.views(out);
+            }
+            KExpr::Const { .. } => {}
+            KExpr::Gather { view, inner, index, .. } => {
+                out.push((view, *inner));
+                index.views(out);
+            }
+            KExpr::Unary { x, .. } | KExpr::Cast { x, .. } | KExpr::Reduce { x, .. } => x.views(out),
+            KExpr::Binary { a, b, .. } => {
+                a.views(out);
+                b.views(out);
+            }
+            KExpr::Where { c, a, b, .. } => {
+                c.views(out);
+                a.views(out);
+                b.views(out);
+            }
+        }
+    }
+
     fn for_each_view(&mut self, f: &mut dyn FnMut(&mut ViewStack, bool)) {
         match self {
             KExpr::Load { view, inner, .. } | KExpr::Iota { view, inner, .. } => f(view, *inner),
@@ -669,29 +696,33 @@ pub(super) fn loop_kernel(
             .through(&[Movement::Shrink(w.to_vec()), Movement::Reshape(outer.iter().cloned().collect())]),
     };
     if tb.reduce.is_some() {
+        let reshape = Movement::Reshape(outer.iter().cloned().collect());
         tree.for_each_view(&mut |v, inner| {
             if !inner {
-                v.apply(&Movement::Reshape(outer.iter().cloned().collect()));
+                v.apply(&reshape);
             }
         });
     }
     // Merge adjacent loop dims that every view is contiguous across.
     let (n_o, n_r) = (outer.len(), red.len());
-    let mut tops: Vec<(ViewStack, bool)> = vec![(store.clone(), false)];
-    tree.for_each_view(&mut |v, inner| tops.push((v.clone(), inner)));
-    let outer_groups = merge_groups(0, n_o, |d| tops.iter().all(|(v, _)| v.mergeable(d)));
-    let red_groups =
-        merge_groups(n_o, n_o + n_r, |d| tops.iter().filter(|(_, inner)| *inner).all(|(v, _)| v.mergeable(d)));
+    let (outer_groups, red_groups) = {
+        let mut tops: Vec<(&ViewStack, bool)> = vec![(&store, false)];
+        tree.views(&mut tops);
+        (
+            merge_groups(0, n_o, |d| tops.iter().all(|(v, _)| v.mergeable(d))),
+            merge_groups(n_o, n_o + n_r, |d| tops.iter().filter(|(_, inner)| *inner).all(|(v, _)| v.mergeable(d))),
+        )
+    };
     let full: Vec<Dim> = outer.iter().chain(&red).cloned().collect();
     let sizes = |groups: &[(usize, usize)]| -> Vec<Dim> {
         groups.iter().map(|&(a, b)| product(&full[a..b])).filter(|d| d.as_const() != Some(1)).collect()
     };
     let (outer_sizes, red_sizes) = (sizes(&outer_groups), sizes(&red_groups));
     let all_sizes: Vec<Dim> = outer_sizes.iter().chain(&red_sizes).cloned().collect();
-    store.apply(&Movement::Reshape(outer_sizes.iter().cloned().collect()));
-    tree.for_each_view(&mut |v, inner| {
-        v.apply(&Movement::Reshape(if inner { &all_sizes } else { &outer_sizes }.iter().cloned().collect()));
-    });
+    let to_outer = Movement::Reshape(outer_sizes.iter().cloned().collect());
+    let to_all = Movement::Reshape(all_sizes.iter().cloned().collect());
+    store.apply(&to_outer);
+    tree.for_each_view(&mut |v, inner| v.apply(if inner { &to_all } else { &to_outer }));
 
     let (n_outer, n_total) = (outer_sizes.len(), all_sizes.len());
     let mut cx = IndexCx::new(symbols.to_vec());

@@ -14,7 +14,9 @@
 //! Matmul kernels likewise ([`MatmulKey`]): the contraction's space and axes, its output type,
 //! and each operand's buffer position, base type and movement chain are all it is built from.
 
-use rustc_hash::FxHashMap as HashMap;
+use std::hash::{Hash, Hasher};
+
+use rustc_hash::{FxHashMap as HashMap, FxHasher};
 use smallvec::SmallVec;
 
 use air::{Dim, Graph, NodeId, Op, TensorType};
@@ -25,13 +27,34 @@ use crate::program::BufId;
 use crate::view::Movement;
 
 /// What a root's kernel is built from, read off the graph (see the module docs).
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone)]
 pub(super) struct Key<'g> {
     items: Vec<Item<'g>>,
     /// The window of a concatenation's piece (its slice of the output).
     window: Option<Vec<(Dim, Dim)>>,
     /// Whether the root itself is expanded (built from its inputs though it has a buffer).
     expand: bool,
+    /// The hash of all of the above, fed item by item as the walk pushes them: a key is hashed
+    /// once, not again by each lookup, insertion and resize of the table (their ops and types
+    /// hashed deeply were a third of the memo's time in an unrolled GRU's lowering).
+    hash: u64,
+}
+
+impl PartialEq for Key<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash
+            && self.expand == other.expand
+            && self.window == other.window
+            && self.items == other.items
+    }
+}
+
+impl Eq for Key<'_> {}
+
+impl Hash for Key<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -42,10 +65,11 @@ enum Item<'g> {
     Buf(u8, &'g TensorType),
 }
 
-/// A key and the buffers at its positions.
+/// A key and the buffers at its positions, and the hasher its items are fed to.
 pub(super) struct Walk<'g> {
     key: Key<'g>,
     bufs: SmallVec<[BufId; 8]>,
+    hasher: FxHasher,
 }
 
 impl<'g> Walk<'g> {
@@ -61,11 +85,20 @@ impl<'g> Walk<'g> {
         window: Option<&[(Dim, Dim)]>,
     ) -> Option<Walk<'g>> {
         let mut w = Walk {
-            key: Key { items: Vec::new(), window: window.map(<[_]>::to_vec), expand },
+            key: Key { items: Vec::new(), window: window.map(<[_]>::to_vec), expand, hash: 0 },
             bufs: SmallVec::from_elem(target, 1),
+            hasher: FxHasher::default(),
         };
+        w.key.window.hash(&mut w.hasher);
+        expand.hash(&mut w.hasher);
         w.walk(g, bufs, root, expand)?;
+        w.key.hash = w.hasher.finish();
         Some(w)
+    }
+
+    fn push(&mut self, item: Item<'g>) {
+        item.hash(&mut self.hasher);
+        self.key.items.push(item);
     }
 
     fn buf(&mut self, b: BufId, ty: &'g TensorType) -> Option<()> {
@@ -76,7 +109,7 @@ impl<'g> Walk<'g> {
                 self.bufs.len() - 1
             }
         };
-        self.key.items.push(Item::Buf(u8::try_from(at).ok()?, ty));
+        self.push(Item::Buf(u8::try_from(at).ok()?, ty));
         Some(())
     }
 
@@ -91,13 +124,13 @@ impl<'g> Walk<'g> {
             Op::Input(_) => self.buf(*bufs.get(n)?, &node.ty),
             Op::ScatterAdd(_) => None,
             Op::Gather(_) => {
-                self.key.items.push(Item::Node(&node.op, &node.ty));
+                self.push(Item::Node(&node.op, &node.ty));
                 let src = node.inputs[0];
                 self.buf(*bufs.get(src)?, g.ty(src))?;
                 self.walk(g, bufs, node.inputs[1], false)
             }
             op => {
-                self.key.items.push(Item::Node(op, &node.ty));
+                self.push(Item::Node(op, &node.ty));
                 node.inputs.iter().try_for_each(|&i| self.walk(g, bufs, i, false))
             }
         }
