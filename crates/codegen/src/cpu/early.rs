@@ -32,9 +32,8 @@ use cranelift_codegen::isa::OwnedTargetIsa;
 use lower::kir::LoopKernel;
 use rustc_hash::FxHashSet;
 
-use super::copy::CopyPlan;
-use super::jit::Code;
-use super::{Tiling, Worker};
+use super::native::NativeKinds;
+use super::{Made, Tiling, Worker};
 use crate::error::Result;
 
 /// How long the task waits for the next kernel, spinning, before it stops (a kernel sent later
@@ -85,8 +84,8 @@ pub fn settle() {
 /// A kernel sent, with its structural hash.
 pub(super) type Sent = (u64, Arc<LoopKernel>);
 
-/// A kernel compiled early, with its structural hash and its code (or error).
-pub(super) type Compiled = (u64, Arc<LoopKernel>, Result<Code>);
+/// A kernel made early, with its structural hash and its code or native run (or error).
+pub(super) type Compiled = (u64, Arc<LoopKernel>, Result<Made>);
 
 /// Kernels sent for compiling ahead of the batch that needs them (see the module docs). Made by
 /// [`CpuCompiler::early`](super::CpuCompiler::early); dropping it stops the task after the kernel
@@ -96,6 +95,7 @@ pub struct EarlyCompile {
     /// The settings its codes are compiled with.
     tiling: Tiling,
     disasm: bool,
+    native: NativeKinds,
 }
 
 /// What compiling takes, as the compiler had it when the [`EarlyCompile`] was made.
@@ -103,8 +103,8 @@ struct Setup {
     isa: OwnedTargetIsa,
     tiling: Tiling,
     disasm: bool,
-    /// Copy nests run natively (no code to compile).
-    native_copies: bool,
+    /// The kernels that run natively (no code to compile).
+    native: NativeKinds,
 }
 
 #[derive(Default)]
@@ -151,13 +151,13 @@ pub(super) struct Finished {
 impl EarlyCompile {
     /// An early compile that compiles with `worker` and these settings. Its task starts now,
     /// to be awake when the first kernel comes (see the module docs).
-    pub(super) fn new(worker: Worker, isa: OwnedTargetIsa, tiling: Tiling, disasm: bool, native_copies: bool) -> Self {
-        let setup = Setup { isa, tiling, disasm, native_copies };
+    pub(super) fn new(worker: Worker, isa: OwnedTargetIsa, tiling: Tiling, disasm: bool, native: NativeKinds) -> Self {
+        let setup = Setup { isa, tiling, disasm, native };
         let shared = Arc::new(Shared::default());
         let mut state = lock(&shared.state);
         state.parked = Some((worker, setup));
         start(&shared, state);
-        EarlyCompile { shared, tiling, disasm }
+        EarlyCompile { shared, tiling, disasm, native }
     }
 
     /// Distinct kernels sent so far (a cached one is not sent).
@@ -165,15 +165,16 @@ impl EarlyCompile {
         lock(&self.shared.state).sent.len()
     }
 
-    /// Kernels compiled so far, whether to code or to an error (a copy nest, which runs
-    /// natively, is not compiled).
+    /// Kernels compiled so far, whether to code or to an error (a copy nest or a tiled kernel,
+    /// which runs natively, is not compiled).
     pub fn compiled(&self) -> usize {
-        lock(&self.shared.state).done.len()
+        lock(&self.shared.state).done.iter().filter(|d| !matches!(d.2, Ok(Made::Native(_)))).count()
     }
 
-    /// Whether its codes are what a batch compiling with `tiling` and `disasm` would make.
-    pub(super) fn compiles_like(&self, tiling: Tiling, disasm: bool) -> bool {
-        self.tiling == tiling && self.disasm == disasm
+    /// Whether what it makes is what a batch compiling with `tiling`, `disasm` and native `kinds`
+    /// would make.
+    pub(super) fn compiles_like(&self, tiling: Tiling, disasm: bool, kinds: NativeKinds) -> bool {
+        self.tiling == tiling && self.disasm == disasm && self.native == kinds
     }
 
     /// Whether a kernel of structural hash `hash` was sent.
@@ -317,18 +318,12 @@ fn run(shared: &Shared) {
             }
         };
         let t0 = Instant::now();
-        // A copy nest runs natively: nothing to compile (the batch makes its plan).
-        let code = if setup.native_copies && CopyPlan::of(&kernel).is_some() {
-            None
-        } else {
-            Some(worker.compile(&*setup.isa, &kernel, setup.disasm, setup.tiling))
-        };
+        // A copy nest or a tiled kernel runs natively: its plan, and nothing to compile.
+        let made = worker.make(&*setup.isa, &kernel, setup.disasm, setup.tiling, setup.native);
         let mut state = lock(&shared.state);
         state.time += t0.elapsed();
         state.current = None;
-        if let Some(code) = code {
-            state.done.push((hash, kernel, code));
-        }
+        state.done.push((hash, kernel, made));
         drop(state);
         shared.stopped.notify_all();
         idle_since = Instant::now();

@@ -86,12 +86,17 @@ enum ConstVal {
     F64(f64),
 }
 
-fn const_for(s: Scalar, d: DType) -> ConstVal {
-    let as_f32 = |s: Scalar| match s {
+/// The f32 value of a constant of dtype f32 (as the kernel's code holds it).
+pub(crate) fn f32_const(s: Scalar) -> f32 {
+    match s {
         Scalar::Float(x) => x as f32,
         Scalar::Int(i) => i as f32,
         Scalar::Bool(b) => b as i64 as f32,
-    };
+    }
+}
+
+fn const_for(s: Scalar, d: DType) -> ConstVal {
+    let as_f32 = f32_const;
     match d {
         DType::Bool => ConstVal::Int(s.as_bool() as i64),
         DType::I32 => ConstVal::Int(match s {

@@ -43,6 +43,7 @@ mod emit;
 mod helpers;
 mod jit;
 mod math;
+mod native;
 mod split;
 mod stencil;
 mod tier;
@@ -63,9 +64,9 @@ use lower::kir::{Kernel, LoopKernel, Stmt};
 
 use crate::error::{CodegenError, Result};
 use crate::lru::{Lru, capacity_from_env};
-use copy::CopyPlan;
 pub use early::EarlyCompile;
 use jit::{Arena, Code, Linker, Tier};
+use native::{Native, NativeKinds};
 use rustc_hash::FxHashMap;
 use smallvec::{SmallVec, smallvec};
 use tier::TierUp;
@@ -282,6 +283,9 @@ struct Inner {
     /// Whether copy nests run natively instead of compiling at the quick tier (see `copy`;
     /// `KILN_NATIVE_COPY=0` compiles them like any kernel; never under [`JitMode::Optimized`]).
     native_copies: bool,
+    /// Whether tiled kernels run natively at the quick tier (see `native`; `KILN_NATIVE_TILES=0`
+    /// compiles them; never under [`JitMode::Optimized`]).
+    native_tiles: bool,
 }
 
 /// Environment variable that turns early compiles (`early`) off (`0`) for comparisons.
@@ -289,6 +293,9 @@ pub const EARLY_COMPILE_ENV: &str = "KILN_EARLY_COMPILE";
 
 /// Environment variable that turns native copies off (`0`) for comparisons.
 pub const NATIVE_COPY_ENV: &str = "KILN_NATIVE_COPY";
+
+/// Environment variable that turns native tiled kernels off (`0`) for comparisons.
+pub const NATIVE_TILES_ENV: &str = "KILN_NATIVE_TILES";
 
 /// The compiled kernels by structural hash ([`LoopKernel::structural_hash`], computed once per
 /// lookup), least recently used first out; kernels of one hash are told apart in full.
@@ -369,6 +376,7 @@ impl CpuCompiler {
                 max_threads,
                 tiling: Tiling::from_env(),
                 native_copies: std::env::var(NATIVE_COPY_ENV).map_or(true, |v| v.trim() != "0"),
+                native_tiles: std::env::var(NATIVE_TILES_ENV).map_or(true, |v| v.trim() != "0"),
             }),
         })
     }
@@ -384,6 +392,12 @@ impl CpuCompiler {
     /// kernel.
     pub fn set_native_copies(&self, on: bool) {
         self.lock().native_copies = on;
+    }
+
+    /// Whether tiled kernels compiled from now on run natively until their optimised code (the
+    /// default, unless `KILN_NATIVE_TILES=0` or [`JitMode::Optimized`]) or are compiled.
+    pub fn set_native_tiles(&self, on: bool) {
+        self.lock().native_tiles = on;
     }
 
     /// Sets the most kernels the cache keeps (at least 1), evicting the least recently used
@@ -503,7 +517,7 @@ impl CpuCompiler {
             return None;
         }
         let worker = inner.early_worker.take().unwrap_or_else(Worker::new);
-        Some(EarlyCompile::new(worker, inner.isa.clone(), inner.tiling, disasm_wanted(), inner.runs_copies_natively()))
+        Some(EarlyCompile::new(worker, inner.isa.clone(), inner.tiling, disasm_wanted(), inner.native_kinds()))
     }
 
     /// Sends `k` (of structural hash `hash`) to be compiled early, unless a kernel of its hash
@@ -586,10 +600,13 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Inner {
-    /// Whether copy nests run natively rather than compile (see `copy`): the batch and an early
+    /// Which kernels run natively rather than compile (see `native`): the batch and an early
     /// compile decide alike.
-    fn runs_copies_natively(&self) -> bool {
-        self.native_copies && self.mode != JitMode::Optimized
+    fn native_kinds(&self) -> NativeKinds {
+        if self.mode == JitMode::Optimized {
+            return NativeKinds::NONE;
+        }
+        NativeKinds { copies: self.native_copies, tiles: self.native_tiles }
     }
 
     /// Compiles distinct kernels that are not in the cache, caches the successes, sends them on
@@ -602,14 +619,25 @@ impl Inner {
     ) -> Vec<Result<Arc<CompiledKernel>>> {
         self.stats.misses += misses.len() as u64;
         let t0 = Instant::now();
-        // Copy nests need no code: they run natively, cached like compiled kernels.
-        let plans: Vec<Option<CopyPlan>> =
-            misses.iter().map(|&(_, k)| if self.runs_copies_natively() { CopyPlan::of(k) } else { None }).collect();
-        let hashed: Vec<(u64, &LoopKernel)> =
-            misses.iter().zip(&plans).filter(|(_, p)| p.is_none()).map(|(&m, _)| m).collect();
-        let kernels: Vec<&LoopKernel> = hashed.iter().map(|&(_, k)| k).collect();
         let disasm = disasm_wanted();
-        let codes = self.codes(&hashed, early, disasm);
+        // Copy nests and tiled kernels need no code at first: they run natively, cached like
+        // compiled kernels; the codes of the others are linked together.
+        let mut plans: Vec<Option<Box<Native>>> = Vec::with_capacity(misses.len());
+        let mut codes = Vec::new();
+        let mut kernels: Vec<&LoopKernel> = Vec::new();
+        for (made, &(_, k)) in self.made(misses, early, disasm).into_iter().zip(misses) {
+            match made {
+                Ok(Made::Native(plan)) => plans.push(Some(plan)),
+                code => {
+                    plans.push(None);
+                    kernels.push(k);
+                    codes.push(code.map(|m| match m {
+                        Made::Code(c) => c,
+                        Made::Native(_) => unreachable!("matched above"),
+                    }));
+                }
+            }
+        }
         air::work::add(codes.iter().flatten().map(|c| c.work).sum());
         let optimized_first = self.mode.first_tier() == Tier::Optimized;
         let results: Vec<Result<Arc<CompiledKernel>>> = self
@@ -663,15 +691,11 @@ impl Inner {
     /// goes on with the rest of the queue, the others (never sent) compiled now on up to
     /// `max_threads` workers while the task finishes the kernel in flight, whose code it then
     /// brings.
-    fn codes(
-        &mut self,
-        kernels: &[(u64, &LoopKernel)],
-        early: Option<EarlyCompile>,
-        disasm: bool,
-    ) -> Vec<Result<Code>> {
-        let mut codes: Vec<Option<Result<Code>>> = kernels.iter().map(|_| None).collect();
-        // Early codes compiled with other settings (changed since) are not taken.
-        let mut early = early.filter(|e| e.compiles_like(self.tiling, disasm));
+    fn made(&mut self, kernels: &[(u64, &LoopKernel)], early: Option<EarlyCompile>, disasm: bool) -> Vec<Result<Made>> {
+        let kinds = self.native_kinds();
+        let mut codes: Vec<Option<Result<Made>>> = kernels.iter().map(|_| None).collect();
+        // Early codes made with other settings (changed since) are not taken.
+        let mut early = early.filter(|e| e.compiles_like(self.tiling, disasm, kinds));
         let mut index: FxHashMap<u64, SmallVec<[usize; 1]>> = FxHashMap::default();
         let mut in_flight = None;
         if let Some(e) = &mut early {
@@ -683,7 +707,7 @@ impl Inner {
             self.ensure_workers(1);
             while let Some((hash, k)) = e.steal() {
                 if let Some(i) = find(kernels, &index, hash, &k).filter(|&i| codes[i].is_none()) {
-                    codes[i] = Some(self.workers[0].compile(&*self.isa, &k, disasm, self.tiling));
+                    codes[i] = Some(self.workers[0].make(&*self.isa, &k, disasm, self.tiling, kinds));
                 }
             }
             let (done, current) = e.close();
@@ -694,7 +718,7 @@ impl Inner {
         let refs: Vec<&LoopKernel> = now.iter().map(|&i| kernels[i].1).collect();
         let threads = self.max_threads.min(refs.len() / MIN_KERNELS_PER_THREAD).max(1);
         self.ensure_workers(threads);
-        let compiled = compile_all(&*self.isa, &mut self.workers[..threads], &refs, disasm, self.tiling);
+        let compiled = make_all(&*self.isa, &mut self.workers[..threads], &refs, (disasm, self.tiling, kinds));
         for (i, code) in now.into_iter().zip(compiled) {
             codes[i] = Some(code);
         }
@@ -710,7 +734,7 @@ impl Inner {
             .zip(kernels)
             // The kernel in flight when an early task was lost (a panic outside the worker's
             // own guard): compiled here.
-            .map(|(code, &(_, k))| code.unwrap_or_else(|| self.workers[0].compile(isa, k, disasm, tiling)))
+            .map(|(code, &(_, k))| code.unwrap_or_else(|| self.workers[0].make(isa, k, disasm, tiling, kinds)))
             .collect()
     }
 
@@ -745,51 +769,50 @@ fn find(
     index.get(&hash)?.iter().copied().find(|&i| *kernels[i].1 == *k)
 }
 
-/// Puts each early code in `done` at its kernel's position in `codes` (a code for a kernel the
-/// batch does not have is dropped); returns how many it placed.
+/// Puts each early code (or native run) in `done` at its kernel's position in `codes` (one for
+/// a kernel the batch does not have is dropped); returns how many codes it placed.
 fn take_codes(
-    codes: &mut [Option<Result<Code>>],
+    codes: &mut [Option<Result<Made>>],
     kernels: &[(u64, &LoopKernel)],
     index: &FxHashMap<u64, SmallVec<[usize; 1]>>,
     done: Vec<early::Compiled>,
 ) -> u64 {
     let mut placed = 0;
-    for (hash, k, code) in done {
+    for (hash, k, made) in done {
         if let Some(i) = find(kernels, index, hash, &k) {
-            codes[i] = Some(code);
-            placed += 1;
+            placed += u64::from(!matches!(made, Ok(Made::Native(_))));
+            codes[i] = Some(made);
         }
     }
     placed
 }
 
-/// Compiles `kernels` to machine code on the workers' threads (the caller's thread is
+/// Makes the quick tier of `kernels` (`Worker::make`) on the workers' threads (the caller's thread is
 /// `workers[0]`; the others run as tasks on rayon's pool, whose threads already exist: starting
 /// a thread per batch cost 60-130 us before it compiled anything). Threads take the next kernel
 /// as they finish one, the costliest first (`analysis::compile_weight`), so a big kernel neither
 /// holds up the rest nor is left alone at the end. One result per kernel, in order.
-fn compile_all(
+fn make_all(
     isa: &dyn TargetIsa,
     workers: &mut [Worker],
     kernels: &[&LoopKernel],
-    disasm: bool,
-    tiling: Tiling,
-) -> Vec<Result<Code>> {
+    (disasm, tiling, kinds): (bool, Tiling, NativeKinds),
+) -> Vec<Result<Made>> {
     let Some((own, others)) = workers.split_first_mut() else {
         return Vec::new();
     };
     if others.is_empty() {
-        return kernels.iter().map(|k| own.compile(isa, k, disasm, tiling)).collect();
+        return kernels.iter().map(|k| own.make(isa, k, disasm, tiling, kinds)).collect();
     }
     let mut order: Vec<usize> = (0..kernels.len()).collect();
     order.sort_by_cached_key(|&i| std::cmp::Reverse(analysis::compile_weight(kernels[i])));
     let next = AtomicUsize::new(0);
-    let work = |w: &mut Worker, done: &mut Vec<(usize, Result<Code>)>| {
+    let work = |w: &mut Worker, done: &mut Vec<(usize, Result<Made>)>| {
         while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
-            done.push((i, w.compile(isa, kernels[i], disasm, tiling)));
+            done.push((i, w.make(isa, kernels[i], disasm, tiling, kinds)));
         }
     };
-    let mut done: Vec<Vec<(usize, Result<Code>)>> = (0..=others.len()).map(|_| Vec::new()).collect();
+    let mut done: Vec<Vec<(usize, Result<Made>)>> = (0..=others.len()).map(|_| Vec::new()).collect();
     let (mine, theirs) = done.split_first_mut().expect("one list per worker");
     // A task that panicked (outside the per-kernel `catch_unwind`) loses its kernels, which then
     // report an error below; the panic itself is caught here rather than re-raised by the scope.
@@ -802,7 +825,7 @@ fn compile_all(
             work(own, mine);
         })
     }));
-    let mut results: Vec<Option<Result<Code>>> = kernels.iter().map(|_| None).collect();
+    let mut results: Vec<Option<Result<Made>>> = kernels.iter().map(|_| None).collect();
     for (i, r) in done.into_iter().flatten() {
         results[i] = Some(r);
     }
@@ -812,9 +835,32 @@ fn compile_all(
         .collect()
 }
 
+/// A kernel's quick tier as a worker makes it: machine code, or a native run where the kernel
+/// needs none (`native`).
+pub(crate) enum Made {
+    Code(Code),
+    Native(Box<Native>),
+}
+
 impl Worker {
     fn new() -> Worker {
         Worker { fctx: FunctionBuilderContext::new(), ctx: Context::new() }
+    }
+
+    /// `k`'s quick tier: a native run where `kinds` allows one, else its code (decided once per
+    /// kernel, by whichever thread makes it: the early task's, or the batch's).
+    fn make(
+        &mut self,
+        isa: &dyn TargetIsa,
+        k: &LoopKernel,
+        disasm: bool,
+        tiling: Tiling,
+        kinds: NativeKinds,
+    ) -> Result<Made> {
+        match Native::of(k, kinds, tiling) {
+            Some(plan) => Ok(Made::Native(Box::new(plan))),
+            None => self.compile(isa, k, disasm, tiling).map(Made::Code),
+        }
     }
 
     /// Emits and compiles `k` to machine code; a failure leaves the worker ready for the next.

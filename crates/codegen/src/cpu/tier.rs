@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use lower::kir::LoopKernel;
 
-use super::copy::CopyPlan;
 use super::jit::{self, Linker, Tier};
+use super::native::Native;
 use super::{CompiledKernel, KernelFn, Tiling, Worker};
 
 /// Environment variable that picks the [`JitMode`]: `tiered`, `quick` or `optimized`.
@@ -70,9 +70,9 @@ impl JitMode {
 pub struct KernelEntry {
     /// The code's entry point; null while a native copy (`native`) has no code yet.
     func: AtomicPtr<u8>,
-    /// A copy nest run natively until optimised code is swapped in (see `copy`): the quick tier
-    /// of a copy kernel, with no compile at all.
-    native: Option<Box<CopyPlan>>,
+    /// A copy nest or a tiled kernel run natively until optimised code is swapped in (see
+    /// `native`): the quick tier of such a kernel, with no compile at all.
+    native: Option<Box<Native>>,
     swapped: AtomicBool,
     /// The job [`KernelEntry::request_tier_up`] sends, until it does.
     pending: Mutex<Option<Job>>,
@@ -106,10 +106,10 @@ impl KernelEntry {
     }
 
     /// An entry that runs `plan` natively.
-    pub(crate) fn native(plan: CopyPlan) -> KernelEntry {
+    pub(crate) fn native(plan: Box<Native>) -> KernelEntry {
         KernelEntry {
             func: AtomicPtr::new(std::ptr::null_mut()),
-            native: Some(Box::new(plan)),
+            native: Some(plan),
             swapped: AtomicBool::new(false),
             pending: Mutex::new(None),
         }

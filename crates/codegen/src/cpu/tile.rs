@@ -26,6 +26,10 @@ use super::math::{EXP2_POLY, IVLN2HI, IVLN2LO, LG1, LG2, LG3, LG4};
 /// a 32 KiB L1 data cache, and a kernel's scratch tiles (at most [`MAX_SLOTS`]) in L2 at worst.
 pub(crate) const TILE: i64 = 512;
 
+/// The fewest iterations a loop of known trip count needs to run over tiles (see
+/// `analysis::tile_plan`; `emit_loop` and the native run decide alike).
+pub(crate) const TILE_MIN_TRIPS: i64 = 64;
+
 /// The most scratch tiles a tiled kernel may use (each `TILE` f32, 32 KiB of stack in all);
 /// beyond, it stays JIT-only. 16, not 8: nn's GRU step (six gathered gate rows, three
 /// exponentials per element) needs 11 and ran in the 128-bit JIT loop at 2.5-2.9 us; tiled,

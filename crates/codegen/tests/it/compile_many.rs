@@ -11,6 +11,14 @@ use common::*;
 use kiln_codegen::{CompiledKernel, CpuCompiler};
 use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Stmt};
 
+/// A compiler that compiles tiled kernels too, rather than run them natively at first: these
+/// tests count compiles.
+fn compiling() -> CpuCompiler {
+    let c = CpuCompiler::new().unwrap();
+    c.set_native_tiles(false);
+    c
+}
+
 fn unary_ok(op: UnaryOp, d: DType) -> bool {
     match op {
         UnaryOp::Neg => !d.is_bool(),
@@ -134,9 +142,9 @@ fn assert_same_behaviour(got: &CompiledKernel, want: &CompiledKernel, k: &LoopKe
 fn a_batch_behaves_like_single_compiles_bit_for_bit() {
     let ks = many_kernels();
     assert!(ks.len() > 60, "{}", ks.len());
-    let single = CpuCompiler::new().unwrap();
+    let single = compiling();
     for threads in [4, 2, 1] {
-        let batch = CpuCompiler::new().unwrap();
+        let batch = compiling();
         batch.set_compile_threads(threads);
         let refs: Vec<&LoopKernel> = ks.iter().collect();
         let got = batch.compile_many(&refs);
@@ -154,7 +162,7 @@ fn a_batch_behaves_like_single_compiles_bit_for_bit() {
         assert_eq!(batch.cached(), ks.len());
     }
     // And the batch is checked against the reference evaluator, not only against itself.
-    let batch = CpuCompiler::new().unwrap();
+    let batch = compiling();
     let k = row_reduce(DType::F64, ReduceOp::Sum, UnaryOp::Exp2);
     let c = batch.compile_many(&[&k, &k]).pop().unwrap().unwrap();
     let (mut want, n) = buffers(&k);
@@ -165,7 +173,7 @@ fn a_batch_behaves_like_single_compiles_bit_for_bit() {
 
 #[test]
 fn duplicates_compile_once_and_cached_kernels_are_hits() {
-    let compiler = CpuCompiler::new().unwrap();
+    let compiler = compiling();
     compiler.set_compile_threads(2);
     let k = |n| unary_kernel(UnaryOp::Sin, DType::F64, DType::F64, c(n));
     let (a, b, d, e) = (k(10), k(11), k(12), k(13));
@@ -194,9 +202,9 @@ fn duplicates_compile_once_and_cached_kernels_are_hits() {
 
 #[test]
 fn an_error_stays_with_its_kernel() {
-    let compiler = CpuCompiler::new().unwrap();
+    let compiler = compiling();
     compiler.set_compile_threads(3);
-    let single = CpuCompiler::new().unwrap();
+    let single = compiling();
     let good: Vec<LoopKernel> = [UnaryOp::Exp2, UnaryOp::Erf, UnaryOp::Sqrt, UnaryOp::Sin]
         .into_iter()
         .map(|op| unary_kernel(op, DType::F64, DType::F64, IExpr::Sym(0)))
@@ -226,7 +234,7 @@ fn an_error_stays_with_its_kernel() {
 
 #[test]
 fn batches_from_many_threads_compile_each_kernel_once() {
-    let compiler = CpuCompiler::new().unwrap();
+    let compiler = compiling();
     compiler.set_compile_threads(2);
     let ks = many_kernels();
     let results: Vec<Vec<Arc<CompiledKernel>>> = std::thread::scope(|s| {
@@ -263,7 +271,7 @@ fn batches_from_many_threads_compile_each_kernel_once() {
             assert!(Arc::ptr_eq(&results[0][j], &r[j]), "kernel {j} compiled twice");
         }
     }
-    let single = CpuCompiler::new().unwrap();
+    let single = compiling();
     for (k, c) in ks.iter().zip(&results[0]) {
         assert_same_behaviour(c, &single.compile(k).unwrap(), k);
     }
@@ -271,7 +279,7 @@ fn batches_from_many_threads_compile_each_kernel_once() {
 
 #[test]
 fn a_batch_larger_than_an_arena_starts_another() {
-    let compiler = CpuCompiler::new().unwrap();
+    let compiler = compiling();
     compiler.set_compile_threads(2);
     let ks: Vec<LoopKernel> = (1..=300).map(|n| unary_kernel(UnaryOp::Neg, DType::F32, DType::F32, c(n))).collect();
     let refs: Vec<&LoopKernel> = ks.iter().collect();
@@ -322,7 +330,7 @@ fn a_programs_loop_kernels_in_one_batch() {
         Kernel::Matmul(mm),
         Kernel::Loops(ks[60].clone()),
     ];
-    let compiler = CpuCompiler::new().unwrap();
+    let compiler = compiling();
     let loops: Vec<&LoopKernel> = program
         .iter()
         .filter_map(|k| match k {
@@ -366,8 +374,8 @@ fn wait_compiled(early: &kiln_codegen::EarlyCompile, n: usize) {
 #[test]
 fn kernels_compiled_early_behave_as_a_batch_and_count_once() {
     let ks = many_kernels();
-    let single = CpuCompiler::new().unwrap();
-    let compiler = CpuCompiler::new().unwrap();
+    let single = compiling();
+    let compiler = compiling();
     compiler.set_compile_threads(2);
     let mut early = compiler.early().expect("two compile threads compile early");
     // The first half is sent (each kernel twice), the second is not.
@@ -405,7 +413,7 @@ fn kernels_compiled_early_behave_as_a_batch_and_count_once() {
 
 #[test]
 fn an_early_error_stays_with_its_kernel_and_an_abandoned_early_compile_costs_nothing() {
-    let compiler = CpuCompiler::new().unwrap();
+    let compiler = compiling();
     compiler.set_compile_threads(2);
     let good = unary_kernel(UnaryOp::Erf, DType::F64, DType::F64, IExpr::Sym(0));
     let (bad1, bad2) = (bad(5), bad(6));
@@ -431,7 +439,7 @@ fn an_early_error_stays_with_its_kernel_and_an_abandoned_early_compile_costs_not
     }
     drop(early);
     let k = unary_kernel(UnaryOp::Sin, DType::F64, DType::F64, c(3));
-    let single = CpuCompiler::new().unwrap();
+    let single = compiling();
     assert_same_behaviour(&compiler.compile_many(&[&k]).pop().unwrap().unwrap(), &single.compile(&k).unwrap(), &k);
     // One compile thread: nothing to overlap, no early compile.
     compiler.set_compile_threads(1);
@@ -444,7 +452,7 @@ fn an_early_error_stays_with_its_kernel_and_an_abandoned_early_compile_costs_not
 #[test]
 fn a_batch_does_not_wait_for_an_early_task_that_never_started() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-    let compiler = CpuCompiler::new().unwrap();
+    let compiler = compiling();
     compiler.set_compile_threads(2);
     let threads = rayon::current_num_threads();
     let (started, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
@@ -472,7 +480,7 @@ fn a_batch_does_not_wait_for_an_early_task_that_never_started() {
     let batch: Vec<(u64, &LoopKernel)> = ks.iter().map(|k| (k.structural_hash(), k)).collect();
     let got = compiler.compile_many_early(&batch, Some(early));
     release.store(true, Ordering::SeqCst);
-    let single = CpuCompiler::new().unwrap();
+    let single = compiling();
     for (k, g) in ks.iter().zip(&got) {
         assert_same_behaviour(g.as_ref().unwrap(), &single.compile(k).unwrap(), k);
     }

@@ -111,6 +111,14 @@ fn compiler(mode: TileMode, level: TileLevel) -> CpuCompiler {
     c
 }
 
+/// The two ways a tiled kernel runs at `level`: natively (its quick tier, `native.rs`), then as
+/// JIT-ed code that calls the routines (native tiles off).
+fn both_ways(mode: TileMode, level: TileLevel) -> [CpuCompiler; 2] {
+    let jit = compiler(mode, level);
+    jit.set_native_tiles(false);
+    [compiler(mode, level), jit]
+}
+
 fn inputs(n: usize, seed: u64) -> Vec<Buf> {
     (0..3)
         .map(|j| Buf::from_vals(DType::F32, &sample(DType::F32, n, seed + j)))
@@ -130,12 +138,13 @@ fn exact_case(e: &Expr, n: usize, seed: u64, split: usize, twice: bool) {
     let mut want = inputs(n, seed);
     eval(&k, &mut want, &[n as i64], 0, n as i64);
     for level in [TileLevel::Avx512, TileLevel::Avx2Fma, TileLevel::Base] {
-        let c = compiler(TileMode::Always, level);
-        let mut got = inputs(n, seed);
-        run_split(&c, &k, &mut got, n, split);
-        let what = format!("{e:?} at {:?}", c.tiling().level);
-        assert_bufs_close(&got[3], &want[3], 0.0, &what);
-        assert_bufs_close(&got[4], &want[4], 0.0, &what);
+        for c in both_ways(TileMode::Always, level) {
+            let mut got = inputs(n, seed);
+            run_split(&c, &k, &mut got, n, split);
+            let what = format!("{e:?} at {:?}", c.tiling().level);
+            assert_bufs_close(&got[3], &want[3], 0.0, &what);
+            assert_bufs_close(&got[4], &want[4], 0.0, &what);
+        }
     }
 }
 
@@ -167,9 +176,11 @@ proptest! {
         let mut want = inputs(n, seed);
         run_split(&compiler(TileMode::Off, TileLevel::Base), &k, &mut want, n, split);
         for level in [TileLevel::Avx512, TileLevel::Avx2Fma].into_iter().filter(|l| l.runs_here()) {
-            let mut got = inputs(n, seed);
-            run_split(&compiler(TileMode::Always, level), &k, &mut got, n, split);
-            assert_bufs_close(&got[3], &want[3], 0.0, &format!("{e:?} at {level:?}"));
+            for c in both_ways(TileMode::Always, level) {
+                let mut got = inputs(n, seed);
+                run_split(&c, &k, &mut got, n, split);
+                assert_bufs_close(&got[3], &want[3], 0.0, &format!("{e:?} at {level:?}"));
+            }
         }
     }
 }
@@ -255,14 +266,16 @@ proptest! {
         let k_heavy = rows_kernel(&heavy, width, strides, outs, false);
         let jit = run(&compiler(TileMode::Off, TileLevel::Base), &k_heavy);
         for level in [TileLevel::Avx512, TileLevel::Avx2Fma, TileLevel::Base] {
-            let c = compiler(TileMode::Always, level);
-            let got = run(&c, &k);
-            let what = format!("{exact:?} width {width} strides {strides:?} outs {outs:?} at {:?}", c.tiling().level);
-            assert_bufs_close(&got[3], &want[3], 0.0, &what);
-            assert_bufs_close(&got[4], &want[4], 0.0, &what);
-            if level.runs_here() && level != TileLevel::Base {
-                let got = run(&c, &k_heavy);
-                assert_bufs_close(&got[3], &jit[3], 0.0, &format!("{heavy:?} width {width} at {level:?}"));
+            for c in both_ways(TileMode::Always, level) {
+                let got = run(&c, &k);
+                let what =
+                    format!("{exact:?} width {width} strides {strides:?} outs {outs:?} at {:?}", c.tiling().level);
+                assert_bufs_close(&got[3], &want[3], 0.0, &what);
+                assert_bufs_close(&got[4], &want[4], 0.0, &what);
+                if level.runs_here() && level != TileLevel::Base {
+                    let got = run(&c, &k_heavy);
+                    assert_bufs_close(&got[3], &jit[3], 0.0, &format!("{heavy:?} width {width} at {level:?}"));
+                }
             }
         }
     }
@@ -664,4 +677,118 @@ fn constant_routine_parameters_are_written_once_before_the_loop() {
     assert_eq!(routine_calls(&clif), 16, "{clif}");
     assert_eq!(stores(&lines[first_call..]), 0, "no store inside the loop:\n{clif}");
     assert_eq!(stores(&lines[..first_call]), 2 * 7, "two blocks of seven parameters:\n{clif}");
+}
+
+/// Tiled kernels run natively at the quick tier (routine calls with no code of their own until
+/// the tier-up, `native.rs`) and compute what the JIT-ed tiles compute, bit for bit: flat tiles
+/// of a folded sigmoid chain, flat tiles with uniform loads, constants and a uniform `exp2`
+/// (computed once per tile by the routine), and rows tiled whole with strided inputs and
+/// outputs and a value per row; every kernel over lengths that cross tiles, split between two
+/// calls as the runtime's threads split it.
+#[test]
+fn tiled_kernels_run_natively_and_match_the_jit_ed_tiles() {
+    let level = TileLevel::detect();
+    if level == TileLevel::Base {
+        // Only routines with FMA run natively (the JIT-ed scalar statements use FMA too).
+        return;
+    }
+    let input = |b| Box::new(Expr::Input(b));
+    let uniform_exp2 = Expr::Binary(
+        BinaryOp::Mul,
+        input(0),
+        Box::new(Expr::Unary(
+            UnaryOp::Exp2,
+            Box::new(Expr::Binary(BinaryOp::Add, Box::new(Expr::Broadcast(1)), Box::new(Expr::Const(0.1)))),
+        )),
+    );
+    let broadcasts =
+        Expr::Unary(UnaryOp::Log2, Box::new(Expr::Binary(BinaryOp::Max, input(2), Box::new(Expr::Broadcast(0)))));
+    // Steps folded around the exp2 with uniform registers for parameters, one negated (a
+    // subtraction of a broadcast value).
+    let around = Expr::Unary(
+        UnaryOp::Exp2,
+        Box::new(Expr::Binary(
+            BinaryOp::Mul,
+            Box::new(Expr::Binary(BinaryOp::Sub, input(0), Box::new(Expr::Broadcast(1)))),
+            Box::new(Expr::Broadcast(2)),
+        )),
+    );
+    let per_row = Expr::Unary(UnaryOp::Exp2, Box::new(Expr::Binary(BinaryOp::Sub, input(0), Box::new(Expr::Row(1)))));
+    let check = |k: &LoopKernel, mode: TileMode, bufs: &dyn Fn() -> Vec<Buf>, syms: i64, split: i64| {
+        let [native, jit] = both_ways(mode, level);
+        assert!(native.compile(k).unwrap().is_native(), "{}", lower::kir::Kernel::Loops(k.clone()));
+        assert!(!jit.compile(k).unwrap().is_native());
+        let run = |c: &CpuCompiler| {
+            let mut b = bufs();
+            jit_with(c, k, &mut b, &[syms], 0, split);
+            jit_with(c, k, &mut b, &[syms], split, syms);
+            b
+        };
+        let (got, want) = (run(&native), run(&jit));
+        for o in [3, 4] {
+            assert_bufs_close(&got[o], &want[o], 0.0, &format!("output {o} of {syms} at {split}"));
+        }
+    };
+    for n in [1i64, 511, 513, 1300] {
+        let split = n / 3;
+        let chain = sigmoid_chain(8);
+        let [native, jit] = both_ways(TileMode::Auto, level);
+        assert!(native.compile(&chain).unwrap().is_native() && !jit.compile(&chain).unwrap().is_native());
+        let x: Vec<f32> = (0..n).map(|j| ((j % 97) as f32 - 48.0) / 16.0).collect();
+        let run = |c: &CpuCompiler| {
+            let mut bufs = vec![Buf::f32s(&x), Buf::zeros(DType::F32, n as usize)];
+            run_split(c, &chain, &mut bufs, n as usize, split as usize);
+            bufs.swap_remove(1)
+        };
+        assert_bufs_close(&run(&native), &run(&jit), 0.0, &format!("sigmoid chain of {n}"));
+        for e in [&uniform_exp2, &broadcasts, &around] {
+            check(&kernel(e, true), TileMode::Always, &|| inputs(n as usize, 3), n, split);
+        }
+    }
+    // A causal mask over the parallel loop itself: `where(f32(i + s1) < f32(s2) + 1, x * 0.5,
+    // -3)` then exp2, its bound a uniform index plus a constant (a uniform addition).
+    let d = DType::F32;
+    let masked = LoopKernel {
+        params: three_in_two_out(),
+        n_syms: 3,
+        body: vec![for_(
+            0,
+            IExpr::Sym(0),
+            true,
+            vec![
+                let_(0, d, Inst::Const(Scalar::Float(0.5))),
+                let_(1, d, Inst::Index(IExpr::Sym(2))),
+                let_(2, d, Inst::Const(Scalar::Float(1.0))),
+                let_(3, d, Inst::Binary(BinaryOp::Add, r(1), r(2))),
+                let_(4, d, Inst::Const(Scalar::Float(-3.0))),
+                let_(5, d, Inst::Index(IExpr::add(i(0), IExpr::Sym(1)))),
+                let_(6, DType::Bool, Inst::Binary(BinaryOp::CmpLt, r(5), r(3))),
+                load(7, d, 0, i(0)),
+                let_(8, d, Inst::Binary(BinaryOp::Mul, r(7), r(0))),
+                let_(9, d, Inst::Where(r(6), r(8), r(4))),
+                let_(10, d, Inst::Unary(UnaryOp::Exp2, r(9))),
+                store(3, i(0), 10),
+            ],
+        )],
+    };
+    for (n, s1, s2) in [(700i64, 3i64, 400i64), (1300, -20, 5), (90, 0, 1000)] {
+        let [native, jit] = both_ways(TileMode::Auto, level);
+        assert!(native.compile(&masked).unwrap().is_native() && !jit.compile(&masked).unwrap().is_native());
+        let run = |c: &CpuCompiler| {
+            let mut b = inputs(n as usize, 4);
+            jit_with(c, &masked, &mut b, &[n, s1, s2], 0, n / 2);
+            jit_with(c, &masked, &mut b, &[n, s1, s2], n / 2, n);
+            b
+        };
+        assert_bufs_close(&run(&native)[3], &run(&jit)[3], 0.0, &format!("masked {n} {s1} {s2}"));
+    }
+    for (width, rows) in [(16i64, 1usize), (16, 45), (32, 33), (8, 130)] {
+        let k = rows_kernel(&per_row, width, [width + 5, width, width], [width + 3, width], true);
+        let span = (width + 10) as usize;
+        check(&k, TileMode::Auto, &|| rows_inputs(rows, span, 9), rows as i64, rows as i64 / 2);
+    }
+    // Optimised code only: nothing runs natively.
+    let optimized = kiln_codegen::CpuCompiler::with_mode(kiln_codegen::JitMode::Optimized).unwrap();
+    optimized.set_tiling(Tiling { mode: TileMode::Auto, level });
+    assert!(!optimized.compile(&sigmoid_chain(1)).unwrap().is_native());
 }

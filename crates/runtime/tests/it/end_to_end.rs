@@ -241,8 +241,9 @@ fn kernels_differing_in_base_offsets_compile_once() {
         let b: Bindings = [(Symbol::new("seq"), n as i64)].into_iter().collect();
         check_with(&dev, &g, &[tensor(&[4, n, 8], n as u64)], &b, 1e-6);
     }
+    // One kernel made for the four launches: compiled, or (a tiled exp2) run natively.
     let stats = dev.stats();
-    assert_eq!((stats.programs_compiled, stats.kernels_compiled), (1, 1), "{stats:?}");
+    assert_eq!((stats.programs_compiled, stats.kernels_compiled + stats.kernels_native), (1, 1), "{stats:?}");
 }
 
 #[test]

@@ -12,11 +12,8 @@ use super::{Emitter, Indexed, LANES, Val, acc_ty, unroll_factor, vector_ty};
 use crate::cpu::analysis::{tile_plan, tile_rows_plan, unrolls_fully, vector_plan};
 use crate::cpu::split;
 use crate::cpu::stencil::{plane_plan, stencil_plan};
-use crate::cpu::tile::{TileLevel, TileMode};
+use crate::cpu::tile::{TILE_MIN_TRIPS, TileLevel, TileMode};
 use crate::error::Result;
-
-/// The fewest iterations a loop of known trip count needs to run over tiles (see `tile_plan`).
-const TILE_MIN_TRIPS: i64 = 64;
 
 /// The fewest iterations of a loop of symbolic trip count for its unrolled vector loop (4
 /// vectors of 4 per step); shorter, it runs one vector per step (see `emit_loop`).

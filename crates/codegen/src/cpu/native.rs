@@ -1,0 +1,460 @@
+//! Kernels run by native Rust instead of JIT-ed code, as the quick tier of the tiered JIT: copy
+//! nests (`copy`) and tiled kernels ([`TileRun`]), whose JIT-ed code would only call routines.
+//!
+//! A tiled kernel (`analysis::tile_plan`, `analysis::tile_rows_plan`) is a parallel loop whose
+//! JIT-ed code walks the loop in tiles of `tile::TILE` elements (or of whole short rows) and,
+//! per tile, calls one full-width routine per computed statement (`emit/tile.rs`): the code of
+//! its own is index arithmetic, a few scalar statements and the calls. [`TileRun`] walks the same
+//! plan in Rust and calls the same routines with the same arguments, so it computes what the
+//! JIT-ed code computes, bit for bit, with no Cranelift compile: an unrolled GRU's imported step
+//! (two gates and a candidate, three exponentials per element) was most of the code generator's
+//! work in its first call. The tiered JIT swaps the optimised code in once the program runs
+//! again, as for a copy.
+//!
+//! A kernel runs natively only where the plan is exactly the one the emitter takes for its loop
+//! (the same decisions, made by the same functions), its routines have FMA (the routines then
+//! give the JIT's results for its scalar statements too, `tile`'s docs), and every index is
+//! affine (no division or remainder).
+
+use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
+
+use air::DType;
+use lower::kir::{IExpr, Inst, LoopKernel, Reg, Stmt, Var};
+
+use super::Tiling;
+use super::analysis::{
+    AroundParam, KernelInfo, TilePlan, TileStep, tile_binary_op, tile_plan, tile_rows_plan, tile_unary_op, vector_plan,
+};
+use super::copy::CopyPlan;
+use super::emit::f32_const;
+use super::tile::{
+    A_SCALAR, B_SCALAR, MAX_SLOTS, NEUTRAL, PARAMS, SELECT_BOUND, SELECT_FIRST, SELECT_OTHER, TILE, TILE_MIN_TRIPS,
+    TileLevel, TileUnary, binary_avx2, binary_avx512, unary_avx2, unary_avx512,
+};
+
+/// A kernel's native quick tier.
+#[derive(Debug)]
+pub(crate) enum Native {
+    Copy(CopyPlan),
+    Tiles(TileRun),
+}
+
+/// Which kernels run natively (each kind on unless its environment variable is `0`; none under
+/// `JitMode::Optimized`, whose first code is the optimised one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NativeKinds {
+    pub(crate) copies: bool,
+    pub(crate) tiles: bool,
+}
+
+impl NativeKinds {
+    pub(crate) const NONE: NativeKinds = NativeKinds { copies: false, tiles: false };
+}
+
+impl Native {
+    /// How `k` runs natively (of the `kinds` allowed, its tiles as `tiling` says), if it can.
+    pub(crate) fn of(k: &LoopKernel, kinds: NativeKinds, tiling: Tiling) -> Option<Native> {
+        let copy = kinds.copies.then(|| CopyPlan::of(k)).flatten().map(Native::Copy);
+        copy.or_else(|| kinds.tiles.then(|| TileRun::of(k, tiling)).flatten().map(Native::Tiles))
+    }
+
+    /// Runs the kernel with the JIT's calling convention.
+    ///
+    /// # Safety
+    /// As for calling the kernel's code (see `KernelEntry::invoke`).
+    #[inline]
+    pub(crate) unsafe fn run(&self, bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
+        // SAFETY: forwarded to the caller.
+        unsafe {
+            match self {
+                Native::Copy(p) => p.run(bufs, syms, start, end),
+                Native::Tiles(t) => t.run(bufs, syms, start, end),
+            }
+        }
+    }
+}
+
+/// The routines of one [`TileLevel`] with FMA.
+type UnaryFn = extern "C" fn(i32, *mut f32, *const f32, i64, *const f32);
+type BinaryFn = extern "C" fn(i32, *mut f32, *const f32, *const f32, i64);
+
+/// Rows tiled whole (`analysis::RowsPlan`): the inner loop's variable and width, and the
+/// accesses copied row by row (strided) or filled with one value per row.
+#[derive(Debug)]
+struct Rows {
+    inner: Var,
+    width: i64,
+    strided: HashMap<usize, (IExpr, usize)>,
+    per_row: HashMap<usize, (IExpr, usize)>,
+}
+
+/// A tiled kernel run natively (see the module docs): its parallel loop, the statements the
+/// plan covers (the rows plan's prefix and inner body, flattened) and the plan.
+pub(crate) struct TileRun {
+    var: Var,
+    extent: IExpr,
+    rows: Option<Rows>,
+    body: Vec<Stmt>,
+    plan: TilePlan,
+    unary: UnaryFn,
+    binary: BinaryFn,
+    /// One past the largest loop variable and register numbers.
+    n_vars: usize,
+    n_regs: usize,
+    n_syms: usize,
+}
+
+impl std::fmt::Debug for TileRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TileRun").field("var", &self.var).field("rows", &self.rows).finish_non_exhaustive()
+    }
+}
+
+impl TileRun {
+    /// The native run of `k` where its JIT-ed code would be a tiled loop (see the module docs).
+    pub(crate) fn of(k: &LoopKernel, tiling: Tiling) -> Option<TileRun> {
+        let (unary, binary): (UnaryFn, BinaryFn) = match tiling.level {
+            TileLevel::Avx512 => (unary_avx512, binary_avx512),
+            TileLevel::Avx2Fma => (unary_avx2, binary_avx2),
+            TileLevel::Base => return None,
+        };
+        let [Stmt::Loop { var, extent, parallel: true, body }] = k.body.as_slice() else { return None };
+        let info = KernelInfo::new(k).ok()?;
+        // The decisions `Emitter::emit_loop` takes for the kernel's parallel loop (a range, no
+        // vector body around it): a rows plan first, then a tile plan where the loop vectorizes.
+        let rows = extent
+            .as_const()
+            .is_none_or(|n| n * 8 >= TILE_MIN_TRIPS)
+            .then(|| tile_rows_plan(k, &info, *var, body, tiling.mode, TILE_MIN_TRIPS))
+            .flatten();
+        let (rows, flat, plan) = match rows {
+            Some(r) => {
+                let Some(Stmt::Loop { body: inner, .. }) = body.get(r.prefix) else { return None };
+                let mut flat = body[..r.prefix].to_vec();
+                flat.extend(inner.iter().cloned());
+                let rows = Rows { inner: r.inner, width: r.width, strided: r.strided, per_row: r.per_row };
+                (Some(rows), flat, r.tiles)
+            }
+            None => {
+                vector_plan(k, &info, *var, body)?;
+                (None, body.clone(), tile_plan(k, &info, *var, body, tiling.mode)?)
+            }
+        };
+        if plan.slots > MAX_SLOTS || flat.len() != plan.steps.len() {
+            return None;
+        }
+        // Every index affine; every statement one the walk below runs.
+        let mut exprs: Vec<&IExpr> = vec![extent];
+        for (s, step) in flat.iter().zip(&plan.steps) {
+            match (s, step) {
+                (Stmt::Let { dtype: DType::F32, inst: Inst::Load { index, mask: None, .. }, .. }, _) => {
+                    exprs.push(index)
+                }
+                (Stmt::Let { dtype: DType::F32, inst: Inst::Index(e), .. }, TileStep::Uniform) => exprs.push(e),
+                (Stmt::Let { dtype: DType::F32, inst: Inst::Const(_), .. }, TileStep::Uniform) => {}
+                (Stmt::Let { dtype: DType::F32, inst: Inst::Unary(op, _), .. }, _) if tile_unary_op(*op).is_some() => {}
+                (Stmt::Let { dtype: DType::F32, inst: Inst::Binary(op, ..), .. }, _)
+                    if tile_binary_op(*op).is_some() => {}
+                (Stmt::Let { inst: Inst::Where(..), .. }, TileStep::Slot(_) | TileStep::Direct(_)) => {}
+                (Stmt::Store { index, .. }, _) => exprs.push(index),
+                (_, TileStep::Absorbed) => {}
+                _ => return None,
+            }
+        }
+        if let Some(r) = &rows {
+            exprs.extend(r.strided.values().chain(r.per_row.values()).map(|(e, _)| e));
+        }
+        exprs.extend(plan.selects.values().map(|s| &s.index));
+        if !exprs.iter().all(|e| affine(e)) {
+            return None;
+        }
+        let mut n_vars = var.0 as usize + 1;
+        if let Some(r) = &rows {
+            n_vars = n_vars.max(r.inner.0 as usize + 1);
+        }
+        let mut n_regs = 0;
+        for s in &flat {
+            let mut max_var = |e: &IExpr| n_vars = n_vars.max(max_var_of(e) + 1);
+            match s {
+                Stmt::Let { reg, inst, .. } => {
+                    n_regs = n_regs.max(reg.0 as usize + 1);
+                    for r in inst.operands() {
+                        n_regs = n_regs.max(r.0 as usize + 1);
+                    }
+                    match inst {
+                        Inst::Load { index, .. } | Inst::Index(index) => max_var(index),
+                        _ => {}
+                    }
+                }
+                Stmt::Store { index, value, .. } => {
+                    n_regs = n_regs.max(value.0 as usize + 1);
+                    max_var(index);
+                }
+                _ => {}
+            }
+        }
+        for a in plan.around.values() {
+            n_regs = n_regs.max(a.out.0 as usize + 1).max(a.src.0 as usize + 1);
+        }
+        Some(TileRun {
+            var: *var,
+            extent: extent.clone(),
+            rows,
+            body: flat,
+            plan,
+            unary,
+            binary,
+            n_vars,
+            n_regs,
+            n_syms: k.n_syms as usize,
+        })
+    }
+
+    /// Runs rows (or elements) `[start, end)` of the parallel loop, tile by tile, as the JIT-ed
+    /// code does (`Emitter::tile_loop`, `Emitter::tile_rows_loop`).
+    ///
+    /// # Safety
+    /// As for calling the kernel's code (see `KernelEntry::invoke`).
+    pub(crate) unsafe fn run(&self, bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
+        // SAFETY: the caller passes `n_syms` symbols.
+        let syms = unsafe { std::slice::from_raw_parts(syms, self.n_syms) };
+        let mut vars: SmallVec<[i64; 8]> = SmallVec::from_elem(0, self.n_vars);
+        let (lo, hi) = (start.max(0), end.min(self.extent.eval(&vars, syms)));
+        if lo >= hi {
+            return;
+        }
+        let mut scratch = Scratch::new(self.n_regs);
+        let (per_tile, width) = match &self.rows {
+            Some(r) => (TILE / r.width, r.width),
+            None => (TILE, 1),
+        };
+        let mut t = lo;
+        while t < hi {
+            vars[self.var.0 as usize] = t;
+            if let Some(r) = &self.rows {
+                vars[r.inner.0 as usize] = 0;
+            }
+            let count = (hi - t).min(per_tile);
+            // SAFETY: the caller's contract; the plan is the JIT's for this kernel.
+            unsafe { self.tile(bufs, syms, &vars, &mut scratch, count, count * width) };
+            t += per_tile;
+        }
+    }
+
+    /// One tile of `count` rows (`n` elements) at the loop variables `vars`.
+    ///
+    /// # Safety
+    /// As for [`TileRun::run`].
+    unsafe fn tile(&self, bufs: *const *mut u8, syms: &[i64], vars: &[i64], s: &mut Scratch, count: i64, n: i64) {
+        let addr = |buf: u32, index: &IExpr| -> *mut f32 {
+            // SAFETY: one pointer per parameter (the caller's contract); the kernel's indices for
+            // this tile lie inside the buffer.
+            unsafe { (*bufs.add(buf as usize) as *mut f32).wrapping_offset(index.eval(vars, syms) as isize) }
+        };
+        let rows = self.rows.as_ref();
+        let width = rows.map_or(1, |r| r.width);
+        for (i, (stmt, &step)) in self.body.iter().zip(&self.plan.steps).enumerate() {
+            match (stmt, step) {
+                (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) => {
+                    let mut a = addr(*buf, index);
+                    if let Some(r) = rows {
+                        if let Some((stride, slot)) = r.strided.get(&i) {
+                            let tile = s.tile(*slot);
+                            let step = 4 * stride.eval(vars, syms);
+                            // SAFETY: `count` rows of the source, `stride` apart, lie in the buffer;
+                            // the tile holds `TILE >= count * width` floats.
+                            unsafe { copy_rows(tile, 4 * width, a, step, count, 4 * width) };
+                            a = tile;
+                        } else if let Some((stride, slot)) = r.per_row.get(&i) {
+                            let tile = s.tile(*slot);
+                            let step = stride.eval(vars, syms) as isize;
+                            for row in 0..count as isize {
+                                // SAFETY: as above, one value per row.
+                                let v = unsafe { *a.wrapping_offset(row * step) };
+                                // SAFETY: the tile holds `count * width` floats.
+                                unsafe {
+                                    std::slice::from_raw_parts_mut(
+                                        tile.add(row as usize * width as usize),
+                                        width as usize,
+                                    )
+                                }
+                                .fill(v);
+                            }
+                            a = tile;
+                        }
+                    }
+                    s.at[reg.0 as usize] = a;
+                }
+                (Stmt::Store { buf, index, value }, TileStep::Copy) => {
+                    let src = s.at[value.0 as usize];
+                    let dst = addr(*buf, index);
+                    match rows.and_then(|r| r.strided.get(&i)) {
+                        // SAFETY: as for the loads, the store's rows lie in the buffer.
+                        Some((stride, _)) => unsafe {
+                            copy_rows(dst, 4 * stride.eval(vars, syms), src, 4 * width, count, 4 * width)
+                        },
+                        None => (self.unary)(TileUnary::Copy as i32, dst, src, n, NEUTRAL.as_ptr()),
+                    }
+                }
+                (Stmt::Let { reg, inst, .. }, TileStep::Uniform) => {
+                    let v = match inst {
+                        Inst::Const(c) => f32_const(*c),
+                        // The JIT's conversion of an index to f32 rounds to nearest, as `as` does.
+                        Inst::Index(e) => e.eval(vars, syms) as f32,
+                        // SAFETY: a uniform load's element lies in its buffer.
+                        Inst::Load { buf, index, .. } => unsafe { *addr(*buf, index) },
+                        Inst::Unary(op, r) => {
+                            let op = tile_unary_op(*op).expect("checked in `of`");
+                            let mut out = 0f32;
+                            (self.unary)(op as i32, &mut out, &s.scalar[r.0 as usize], 1, NEUTRAL.as_ptr());
+                            out
+                        }
+                        Inst::Binary(op, a, b) => {
+                            let op = tile_binary_op(*op).expect("checked in `of`");
+                            let mut out = 0f32;
+                            (self.binary)(op as i32, &mut out, &s.scalar[a.0 as usize], &s.scalar[b.0 as usize], 1);
+                            out
+                        }
+                        _ => unreachable!("`of` admits no other uniform statement"),
+                    };
+                    s.scalar[reg.0 as usize] = v;
+                }
+                (Stmt::Let { reg, inst, .. }, TileStep::Slot(_) | TileStep::Direct(_)) => {
+                    let dst = match step {
+                        TileStep::Slot(slot) => s.tile(slot),
+                        TileStep::Direct(j) => match &self.body[j] {
+                            Stmt::Store { buf, index, .. } => addr(*buf, index),
+                            _ => unreachable!("a direct step writes a store's tile (`tile_plan`)"),
+                        },
+                        _ => unreachable!(),
+                    };
+                    let mut out = *reg;
+                    match inst {
+                        Inst::Unary(op, r) => {
+                            let op = tile_unary_op(*op).expect("checked in `of`");
+                            let mut params = NEUTRAL;
+                            let (code, src) = match self.plan.around.get(&i) {
+                                Some(around) => {
+                                    for (p, param) in params.iter_mut().zip(&around.params) {
+                                        match *param {
+                                            AroundParam::Neutral => {}
+                                            AroundParam::Const(c) => *p = c,
+                                            AroundParam::Reg { reg, negate } => {
+                                                let v = s.scalar[reg.0 as usize];
+                                                *p = if negate { -v } else { v };
+                                            }
+                                        }
+                                    }
+                                    out = around.out;
+                                    (around.code(op), s.at[around.src.0 as usize])
+                                }
+                                None => (op as i32, s.at[r.0 as usize]),
+                            };
+                            (self.unary)(code, dst, src, n, params.as_ptr());
+                        }
+                        Inst::Binary(op, a, b) => {
+                            let mut mode = tile_binary_op(*op).expect("checked in `of`") as i32;
+                            let operand = |r: &Reg, bit: i32, mode: &mut i32| -> *const f32 {
+                                let p = s.at[r.0 as usize];
+                                if p.is_null() {
+                                    *mode |= bit;
+                                    &s.scalar[r.0 as usize]
+                                } else {
+                                    p
+                                }
+                            };
+                            let pa = operand(a, A_SCALAR, &mut mode);
+                            let pb = operand(b, B_SCALAR, &mut mode);
+                            (self.binary)(mode, dst, pa, pb, n);
+                        }
+                        Inst::Where(_, x, _) => {
+                            let sel = self.plan.selects.get(&i).expect("a select step has its select (`tile_plan`)");
+                            let mut params = [0f32; PARAMS];
+                            params[SELECT_BOUND] = s.scalar[sel.bound.0 as usize];
+                            params[SELECT_OTHER] = s.scalar[sel.other.0 as usize];
+                            let first = sel.index.eval(vars, syms);
+                            // SAFETY: slots `SELECT_FIRST` and the next hold the i64, as the routine
+                            // reads it (unaligned).
+                            unsafe {
+                                std::ptr::write_unaligned(params.as_mut_ptr().add(SELECT_FIRST) as *mut i64, first)
+                            };
+                            (self.unary)(TileUnary::SelectBelow as i32, dst, s.at[x.0 as usize], n, params.as_ptr());
+                        }
+                        _ => unreachable!("`of` admits no other computed statement"),
+                    }
+                    s.at[out.0 as usize] = dst;
+                }
+                (Stmt::Store { .. }, TileStep::Stored) | (_, TileStep::Absorbed) => {}
+                _ => unreachable!("`of` admits no other statement"),
+            }
+        }
+    }
+}
+
+/// A run's scratch: the tiles, and per register its tile (null for a scalar) and its scalar value.
+struct Scratch {
+    tiles: Box<[std::mem::MaybeUninit<Line>]>,
+    at: SmallVec<[*mut f32; 32]>,
+    scalar: SmallVec<[f32; 32]>,
+}
+
+/// 64 bytes, aligned as the JIT's scratch slot is (to 32 at least).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+impl Scratch {
+    fn new(n_regs: usize) -> Scratch {
+        let lines = MAX_SLOTS * TILE as usize / 16;
+        Scratch {
+            tiles: Box::new_uninit_slice(lines),
+            at: SmallVec::from_elem(std::ptr::null_mut(), n_regs),
+            scalar: SmallVec::from_elem(0.0, n_regs),
+        }
+    }
+
+    /// Scratch tile `slot` (`TILE` floats; the routines write before they read).
+    fn tile(&mut self, slot: usize) -> *mut f32 {
+        (self.tiles.as_mut_ptr() as *mut f32).wrapping_add(slot * TILE as usize)
+    }
+}
+
+/// Copies `rows` rows of `bytes` bytes, rows `src_step` and `dst_step` bytes apart (the JIT's
+/// `copy_rows` helper).
+///
+/// # Safety
+/// Every row lies inside its buffer; the two sides do not overlap.
+unsafe fn copy_rows(dst: *mut f32, dst_step: i64, src: *const f32, src_step: i64, rows: i64, bytes: i64) {
+    for r in 0..rows.max(0) as isize {
+        // SAFETY: the caller's contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (src as *const u8).offset(r * src_step as isize),
+                (dst as *mut u8).offset(r * dst_step as isize),
+                bytes.max(0) as usize,
+            )
+        };
+    }
+}
+
+/// Whether `e` is built of constants, variables, symbols, sums and products only.
+fn affine(e: &IExpr) -> bool {
+    match e {
+        IExpr::Const(_) | IExpr::Var(_) | IExpr::Sym(_) => true,
+        IExpr::Add(a, b) | IExpr::Mul(a, b) => affine(a) && affine(b),
+        IExpr::Div(..) | IExpr::Mod(..) | IExpr::Lt(..) | IExpr::And(..) => false,
+    }
+}
+
+/// The largest loop variable number in `e` (0 for none).
+fn max_var_of(e: &IExpr) -> usize {
+    let top = std::cell::Cell::new(0);
+    e.all_leaves(&|l| {
+        if let IExpr::Var(v) = l {
+            top.set(top.get().max(v.0 as usize));
+        }
+        true
+    });
+    top.get()
+}
