@@ -16,7 +16,6 @@
 //! give the JIT's results for its scalar statements too, `tile`'s docs), and every index is
 //! affine (no division or remainder).
 
-use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
 
 use air::DType;
@@ -79,14 +78,21 @@ impl Native {
 type UnaryFn = extern "C" fn(i32, *mut f32, *const f32, i64, *const f32);
 type BinaryFn = extern "C" fn(i32, *mut f32, *const f32, *const f32, i64);
 
-/// Rows tiled whole (`analysis::RowsPlan`): the inner loop's variable and width, and the
-/// accesses copied row by row (strided) or filled with one value per row.
+/// Rows tiled whole (`analysis::RowsPlan`): the inner loop's variable and width, and per step
+/// of the flattened body, whether its access is copied row by row (strided) or filled with one
+/// value per row, with the row stride and the scratch tile.
 #[derive(Debug)]
 struct Rows {
     inner: Var,
     width: i64,
-    strided: HashMap<usize, (IExpr, usize)>,
-    per_row: HashMap<usize, (IExpr, usize)>,
+    by_step: Vec<RowAccess>,
+}
+
+#[derive(Debug)]
+enum RowAccess {
+    InPlace,
+    Strided(IExpr, usize),
+    PerRow(IExpr, usize),
 }
 
 /// A tiled kernel run natively (see the module docs): its parallel loop, the statements the
@@ -133,8 +139,15 @@ impl TileRun {
                 let Some(Stmt::Loop { body: inner, .. }) = body.get(r.prefix) else { return None };
                 let mut flat = body[..r.prefix].to_vec();
                 flat.extend(inner.iter().cloned());
-                let rows = Rows { inner: r.inner, width: r.width, strided: r.strided, per_row: r.per_row };
-                (Some(rows), flat, r.tiles)
+                let (mut strided, mut per_row) = (r.strided, r.per_row);
+                let by_step = (0..flat.len())
+                    .map(|i| match (strided.remove(&i), per_row.remove(&i)) {
+                        (Some((e, slot)), _) => RowAccess::Strided(e, slot),
+                        (None, Some((e, slot))) => RowAccess::PerRow(e, slot),
+                        (None, None) => RowAccess::InPlace,
+                    })
+                    .collect();
+                (Some(Rows { inner: r.inner, width: r.width, by_step }), flat, r.tiles)
             }
             None => {
                 vector_plan(k, &info, *var, body)?;
@@ -163,7 +176,10 @@ impl TileRun {
             }
         }
         if let Some(r) = &rows {
-            exprs.extend(r.strided.values().chain(r.per_row.values()).map(|(e, _)| e));
+            exprs.extend(r.by_step.iter().filter_map(|a| match a {
+                RowAccess::Strided(e, _) | RowAccess::PerRow(e, _) => Some(e),
+                RowAccess::InPlace => None,
+            }));
         }
         exprs.extend(plan.selects.values().map(|s| &s.index));
         if !exprs.iter().all(|e| affine(e)) {
@@ -224,22 +240,23 @@ impl TileRun {
         if lo >= hi {
             return;
         }
-        let mut scratch = Scratch::new(self.n_regs);
         let (per_tile, width) = match &self.rows {
             Some(r) => (TILE / r.width, r.width),
             None => (TILE, 1),
         };
-        let mut t = lo;
-        while t < hi {
-            vars[self.var.0 as usize] = t;
-            if let Some(r) = &self.rows {
-                vars[r.inner.0 as usize] = 0;
+        Scratch::with(self.n_regs, |scratch| {
+            let mut t = lo;
+            while t < hi {
+                vars[self.var.0 as usize] = t;
+                if let Some(r) = &self.rows {
+                    vars[r.inner.0 as usize] = 0;
+                }
+                let count = (hi - t).min(per_tile);
+                // SAFETY: the caller's contract; the plan is the JIT's for this kernel.
+                unsafe { self.tile(bufs, syms, &vars, scratch, count, count * width) };
+                t += per_tile;
             }
-            let count = (hi - t).min(per_tile);
-            // SAFETY: the caller's contract; the plan is the JIT's for this kernel.
-            unsafe { self.tile(bufs, syms, &vars, &mut scratch, count, count * width) };
-            t += per_tile;
-        }
+        });
     }
 
     /// One tile of `count` rows (`n` elements) at the loop variables `vars`.
@@ -258,15 +275,16 @@ impl TileRun {
             match (stmt, step) {
                 (Stmt::Let { reg, inst: Inst::Load { buf, index, .. }, .. }, TileStep::Load) => {
                     let mut a = addr(*buf, index);
-                    if let Some(r) = rows {
-                        if let Some((stride, slot)) = r.strided.get(&i) {
+                    match rows.map(|r| &r.by_step[i]) {
+                        Some(RowAccess::Strided(stride, slot)) => {
                             let tile = s.tile(*slot);
                             let step = 4 * stride.eval(vars, syms);
                             // SAFETY: `count` rows of the source, `stride` apart, lie in the buffer;
                             // the tile holds `TILE >= count * width` floats.
                             unsafe { copy_rows(tile, 4 * width, a, step, count, 4 * width) };
                             a = tile;
-                        } else if let Some((stride, slot)) = r.per_row.get(&i) {
+                        }
+                        Some(RowAccess::PerRow(stride, slot)) => {
                             let tile = s.tile(*slot);
                             let step = stride.eval(vars, syms) as isize;
                             for row in 0..count as isize {
@@ -283,18 +301,19 @@ impl TileRun {
                             }
                             a = tile;
                         }
+                        Some(RowAccess::InPlace) | None => {}
                     }
                     s.at[reg.0 as usize] = a;
                 }
                 (Stmt::Store { buf, index, value }, TileStep::Copy) => {
                     let src = s.at[value.0 as usize];
                     let dst = addr(*buf, index);
-                    match rows.and_then(|r| r.strided.get(&i)) {
+                    match rows.map(|r| &r.by_step[i]) {
                         // SAFETY: as for the loads, the store's rows lie in the buffer.
-                        Some((stride, _)) => unsafe {
+                        Some(RowAccess::Strided(stride, _)) => unsafe {
                             copy_rows(dst, 4 * stride.eval(vars, syms), src, 4 * width, count, 4 * width)
                         },
-                        None => (self.unary)(TileUnary::Copy as i32, dst, src, n, NEUTRAL.as_ptr()),
+                        _ => (self.unary)(TileUnary::Copy as i32, dst, src, n, NEUTRAL.as_ptr()),
                     }
                 }
                 (Stmt::Let { reg, inst, .. }, TileStep::Uniform) => {
@@ -393,10 +412,11 @@ impl TileRun {
 }
 
 /// A run's scratch: the tiles, and per register its tile (null for a scalar) and its scalar value.
+/// One per thread, kept between runs (its tiles stay in cache, and a run allocates nothing).
 struct Scratch {
     tiles: Box<[std::mem::MaybeUninit<Line>]>,
-    at: SmallVec<[*mut f32; 32]>,
-    scalar: SmallVec<[f32; 32]>,
+    at: Vec<*mut f32>,
+    scalar: Vec<f32>,
 }
 
 /// 64 bytes, aligned as the JIT's scratch slot is (to 32 at least).
@@ -404,14 +424,30 @@ struct Scratch {
 #[repr(C, align(64))]
 struct Line([f32; 16]);
 
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Option<Scratch>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Scratch {
-    fn new(n_regs: usize) -> Scratch {
-        let lines = MAX_SLOTS * TILE as usize / 16;
-        Scratch {
-            tiles: Box::new_uninit_slice(lines),
-            at: SmallVec::from_elem(std::ptr::null_mut(), n_regs),
-            scalar: SmallVec::from_elem(0.0, n_regs),
-        }
+    /// Runs `f` on this thread's scratch with room for `n_regs` registers (every pointer null:
+    /// a register gets a tile only where its step runs).
+    fn with<R>(n_regs: usize, f: impl FnOnce(&mut Scratch) -> R) -> R {
+        SCRATCH.with(|cell| {
+            // Taken out for the run (a routine calls nothing back, so no run nests in another;
+            // should one, it would find the cell empty and make its own).
+            let mut s = cell.borrow_mut().take().unwrap_or_else(|| Scratch {
+                tiles: Box::new_uninit_slice(MAX_SLOTS * TILE as usize / 16),
+                at: Vec::new(),
+                scalar: Vec::new(),
+            });
+            s.at.clear();
+            s.at.resize(n_regs, std::ptr::null_mut());
+            s.scalar.clear();
+            s.scalar.resize(n_regs, 0.0);
+            let r = f(&mut s);
+            *cell.borrow_mut() = Some(s);
+            r
+        })
     }
 
     /// Scratch tile `slot` (`TILE` floats; the routines write before they read).
