@@ -96,7 +96,37 @@ struct Weights {
     w_t: Tensor,
     r_t: Tensor,
     bias: Option<(Tensor, Tensor)>,
+    /// The bias the input projection takes (`wb` plus the recurrent bias of every gate but
+    /// GRU's third), computed at import where `B` holds data (see `host_bias`).
+    input_bias: Option<Tensor>,
     peepholes: Option<Tensor>,
+}
+
+/// How many of the recurrent bias's elements the input projection takes: all of them but GRU's
+/// third gate's (added under the reset gate, see `Run::step`).
+fn recurrent_in_projection(cell: Cell, hidden: usize, gates: usize) -> usize {
+    match cell {
+        Cell::Gru => 2 * hidden,
+        Cell::Rnn | Cell::Lstm => gates,
+    }
+}
+
+/// Direction `d`'s input bias, `wb + rb` over the first `recurrent` elements and `wb` alone past
+/// them, computed now from `b`'s data (`[dirs, 2 * gates]`) where it holds some (an initializer:
+/// reading it realizes nothing), with the same f32 additions the program would make: the program
+/// then adds one bias row to the input projection rather than summing two per element, under a
+/// mask (a kernel to compile in every recurrent import). `None` for a computed `B` or another
+/// dtype.
+fn host_bias(b: &Tensor, d: usize, gates: usize, recurrent: usize) -> Option<Tensor> {
+    if !b.is_realized() || b.dtype() != kiln::DType::F32 {
+        return None;
+    }
+    let all = b.to_vec::<f32>().ok()?;
+    let row = all.get(d * 2 * gates..(d + 1) * 2 * gates)?;
+    let (wb, rb) = row.split_at(gates);
+    let sum: Vec<f32> =
+        wb.iter().zip(rb).enumerate().map(|(i, (&w, &r))| if i < recurrent { w + r } else { w }).collect();
+    Tensor::from_vec(sum, &[gates]).to_device(b.device()).ok()
 }
 
 /// RNN, GRU and LSTM (opsets 7 to 22): `layout` 0 (`[seq, batch, ...]`) or 1 (batch first),
@@ -198,6 +228,7 @@ pub(super) fn recurrent(ctx: &Ctx) -> OpResult<Vec<Tensor>> {
                 let b = b.narrow(0, d, 1).squeeze(0);
                 (b.narrow(0, 0, gates), b.narrow(0, gates, gates))
             }),
+            input_bias: ctx.opt(3).and_then(|b| host_bias(b, d, gates, recurrent_in_projection(cell, hidden, gates))),
             peepholes: peepholes.map(|p| p.narrow(0, d, 1).squeeze(0)),
         };
         let first = |s: &Option<Tensor>| match s {
@@ -242,7 +273,9 @@ impl Run<'_> {
         // bias and the recurrent bias, which is the same every step, except GRU's third gate's
         // (applied with the recurrent product, under the reset gate: see `step`).
         let mut projected = x.matmul(&wt.w_t);
-        if let Some((wb, rb)) = &wt.bias {
+        if let Some(bias) = &wt.input_bias {
+            projected = projected.add(bias);
+        } else if let Some((wb, rb)) = &wt.bias {
             let rb = match self.cell {
                 Cell::Gru => rb.narrow(0, 0, 2 * self.hidden).pad(&[(0, self.hidden)], 0.0),
                 Cell::Rnn | Cell::Lstm => rb.clone(),
