@@ -168,7 +168,8 @@ impl CompiledKernel {
         self.entry.get()
     }
 
-    /// Whether the kernel is a copy nest run natively now, with no code (see `copy`).
+    /// Whether the kernel runs natively now, with no code (a copy nest or a tiled kernel at the
+    /// quick tier, see `native`).
     pub fn is_native(&self) -> bool {
         self.entry.is_native()
     }
@@ -626,17 +627,17 @@ impl Inner {
         let mut codes = Vec::new();
         let mut kernels: Vec<&LoopKernel> = Vec::new();
         for (made, &(_, k)) in self.made(misses, early, disasm).into_iter().zip(misses) {
-            match made {
-                Ok(Made::Native(plan)) => plans.push(Some(plan)),
-                code => {
-                    plans.push(None);
-                    kernels.push(k);
-                    codes.push(code.map(|m| match m {
-                        Made::Code(c) => c,
-                        Made::Native(_) => unreachable!("matched above"),
-                    }));
+            let code = match made {
+                Ok(Made::Native(plan)) => {
+                    plans.push(Some(plan));
+                    continue;
                 }
-            }
+                Ok(Made::Code(c)) => Ok(c),
+                Err(e) => Err(e),
+            };
+            plans.push(None);
+            kernels.push(k);
+            codes.push(code);
         }
         air::work::add(codes.iter().flatten().map(|c| c.work).sum());
         let optimized_first = self.mode.first_tier() == Tier::Optimized;
@@ -686,8 +687,8 @@ impl Inner {
         results
     }
 
-    /// Machine code for `kernels` (distinct; one result each, in order): the codes `early`
-    /// compiled ahead taken from it, those still queued for it compiled here while its task
+    /// The quick tier of `kernels` (distinct; one result each, in order: machine code, or a
+    /// native run, `Worker::make`): what `early` made ahead taken from it, those still queued for it made here while its task
     /// goes on with the rest of the queue, the others (never sent) compiled now on up to
     /// `max_threads` workers while the task finishes the kernel in flight, whose code it then
     /// brings.

@@ -6,10 +6,10 @@
 //! per tile, calls one full-width routine per computed statement (`emit/tile.rs`): the code of
 //! its own is index arithmetic, a few scalar statements and the calls. [`TileRun`] walks the same
 //! plan in Rust and calls the same routines with the same arguments, so it computes what the
-//! JIT-ed code computes, bit for bit, with no Cranelift compile: an unrolled GRU's imported step
-//! (two gates and a candidate, three exponentials per element) was most of the code generator's
-//! work in its first call. The tiered JIT swaps the optimised code in once the program runs
-//! again, as for a copy.
+//! JIT-ed code computes, bit for bit, with no Cranelift compile: an imported LSTM's gate kernels
+//! (five exponentials per element, rows of 32 tiled whole) were most of the code generator's work
+//! in its first call. The tiered JIT swaps the optimised code in once the program runs again, as
+//! for a copy.
 //!
 //! A kernel runs natively only where the plan is exactly the one the emitter takes for its loop
 //! (the same decisions, made by the same functions), its routines have FMA (the routines then
@@ -185,28 +185,23 @@ impl TileRun {
         if !exprs.iter().all(|e| affine(e)) {
             return None;
         }
-        let mut n_vars = var.0 as usize + 1;
-        if let Some(r) = &rows {
-            n_vars = n_vars.max(r.inner.0 as usize + 1);
+        // The loop variables in scope: the parallel loop's and, for rows, the inner loop's (a
+        // kernel that reads another is left to the JIT, which reports it).
+        let in_scope = |v: &Var| *v == *var || rows.as_ref().is_some_and(|r| r.inner == *v);
+        if !exprs.iter().all(|e| e.all_leaves(&|l| !matches!(l, IExpr::Var(v) if !in_scope(v)))) {
+            return None;
         }
+        let n_vars = 1 + rows.as_ref().map_or(var.0, |r| r.inner.0.max(var.0)) as usize;
         let mut n_regs = 0;
         for s in &flat {
-            let mut max_var = |e: &IExpr| n_vars = n_vars.max(max_var_of(e) + 1);
             match s {
                 Stmt::Let { reg, inst, .. } => {
                     n_regs = n_regs.max(reg.0 as usize + 1);
                     for r in inst.operands() {
                         n_regs = n_regs.max(r.0 as usize + 1);
                     }
-                    match inst {
-                        Inst::Load { index, .. } | Inst::Index(index) => max_var(index),
-                        _ => {}
-                    }
                 }
-                Stmt::Store { index, value, .. } => {
-                    n_regs = n_regs.max(value.0 as usize + 1);
-                    max_var(index);
-                }
+                Stmt::Store { value, .. } => n_regs = n_regs.max(value.0 as usize + 1),
                 _ => {}
             }
         }
@@ -481,16 +476,4 @@ fn affine(e: &IExpr) -> bool {
         IExpr::Add(a, b) | IExpr::Mul(a, b) => affine(a) && affine(b),
         IExpr::Div(..) | IExpr::Mod(..) | IExpr::Lt(..) | IExpr::And(..) => false,
     }
-}
-
-/// The largest loop variable number in `e` (0 for none).
-fn max_var_of(e: &IExpr) -> usize {
-    let top = std::cell::Cell::new(0);
-    e.all_leaves(&|l| {
-        if let IExpr::Var(v) = l {
-            top.set(top.get().max(v.0 as usize));
-        }
-        true
-    });
-    top.get()
 }
