@@ -160,12 +160,20 @@ impl Helper {
 
 /// `rows` rows of `bytes` bytes from `src` to `dst`, the rows `src_step` and `dst_step` bytes
 /// apart: a tiled loop's gather of strided rows into its scratch tile and scatter back
-/// (`Emitter::copy_rows`), one call instead of an unrolled copy per row in every kernel.
+/// (`Emitter::copy_rows`), one call instead of an unrolled copy per row in every kernel; the
+/// native tiled run (`native`) calls it too.
 ///
 /// # Safety
 /// Kernels pass rows inside their buffers or scratch tiles, a source row never overlapping a
 /// destination row (a buffer and a stack tile).
-unsafe extern "C" fn copy_rows(dst: *mut u8, dst_step: i64, src: *const u8, src_step: i64, rows: i64, bytes: i64) {
+pub(crate) unsafe extern "C" fn copy_rows(
+    dst: *mut u8,
+    dst_step: i64,
+    src: *const u8,
+    src_step: i64,
+    rows: i64,
+    bytes: i64,
+) {
     for r in 0..rows.max(0) as isize {
         // SAFETY: the caller's contract.
         unsafe {

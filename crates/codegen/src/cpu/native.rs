@@ -27,6 +27,7 @@ use super::analysis::{
 };
 use super::copy::CopyPlan;
 use super::emit::f32_const;
+use super::helpers::copy_rows;
 use super::tile::{
     A_SCALAR, B_SCALAR, MAX_SLOTS, NEUTRAL, PARAMS, SELECT_BOUND, SELECT_FIRST, SELECT_OTHER, TILE, TILE_MIN_TRIPS,
     TileLevel, TileUnary, binary_avx2, binary_avx512, unary_avx2, unary_avx512,
@@ -276,7 +277,7 @@ impl TileRun {
                             let step = 4 * stride.eval(vars, syms);
                             // SAFETY: `count` rows of the source, `stride` apart, lie in the buffer;
                             // the tile holds `TILE >= count * width` floats.
-                            unsafe { copy_rows(tile, 4 * width, a, step, count, 4 * width) };
+                            unsafe { copy_rows(tile as *mut u8, 4 * width, a as *const u8, step, count, 4 * width) };
                             a = tile;
                         }
                         Some(RowAccess::PerRow(stride, slot)) => {
@@ -306,7 +307,14 @@ impl TileRun {
                     match rows.map(|r| &r.by_step[i]) {
                         // SAFETY: as for the loads, the store's rows lie in the buffer.
                         Some(RowAccess::Strided(stride, _)) => unsafe {
-                            copy_rows(dst, 4 * stride.eval(vars, syms), src, 4 * width, count, 4 * width)
+                            copy_rows(
+                                dst as *mut u8,
+                                4 * stride.eval(vars, syms),
+                                src as *const u8,
+                                4 * width,
+                                count,
+                                4 * width,
+                            )
                         },
                         _ => (self.unary)(TileUnary::Copy as i32, dst, src, n, NEUTRAL.as_ptr()),
                     }
@@ -448,24 +456,6 @@ impl Scratch {
     /// Scratch tile `slot` (`TILE` floats; the routines write before they read).
     fn tile(&mut self, slot: usize) -> *mut f32 {
         (self.tiles.as_mut_ptr() as *mut f32).wrapping_add(slot * TILE as usize)
-    }
-}
-
-/// Copies `rows` rows of `bytes` bytes, rows `src_step` and `dst_step` bytes apart (the JIT's
-/// `copy_rows` helper).
-///
-/// # Safety
-/// Every row lies inside its buffer; the two sides do not overlap.
-unsafe fn copy_rows(dst: *mut f32, dst_step: i64, src: *const f32, src_step: i64, rows: i64, bytes: i64) {
-    for r in 0..rows.max(0) as isize {
-        // SAFETY: the caller's contract.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (src as *const u8).offset(r * src_step as isize),
-                (dst as *mut u8).offset(r * dst_step as isize),
-                bytes.max(0) as usize,
-            )
-        };
     }
 }
 

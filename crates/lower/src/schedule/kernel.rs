@@ -80,33 +80,6 @@ enum KExpr {
 }
 
 impl KExpr {
-    /// Every view of the tree, with whether it is read inside the reduce loops, in the order
-    /// [`KExpr::for_each_view`] visits them.
-    fn views<'a>(&'a self, out: &mut Vec<(&'a ViewStack, bool)>) {
-        match self {
-            KExpr::Load { view, inner, .. } | KExpr::Iota { view, inner, .. } => out.push((view, *inner)),
-            KExpr::Pad { view, inner, x, .. } => {
-                out.push((view, *inner));
-                x.views(out);
-            }
-            KExpr::Const { .. } => {}
-            KExpr::Gather { view, inner, index, .. } => {
-                out.push((view, *inner));
-                index.views(out);
-            }
-            KExpr::Unary { x, .. } | KExpr::Cast { x, .. } | KExpr::Reduce { x, .. } => x.views(out),
-            KExpr::Binary { a, b, .. } => {
-                a.views(out);
-                b.views(out);
-            }
-            KExpr::Where { c, a, b, .. } => {
-                c.views(out);
-                a.views(out);
-                b.views(out);
-            }
-        }
-    }
-
     fn for_each_view(&mut self, f: &mut dyn FnMut(&mut ViewStack, bool)) {
         match self {
             KExpr::Load { view, inner, .. } | KExpr::Iota { view, inner, .. } => f(view, *inner),
@@ -705,14 +678,18 @@ pub(super) fn loop_kernel(
     }
     // Merge adjacent loop dims that every view is contiguous across.
     let (n_o, n_r) = (outer.len(), red.len());
-    let (outer_groups, red_groups) = {
-        let mut tops: Vec<(&ViewStack, bool)> = vec![(&store, false)];
-        tree.views(&mut tops);
-        (
-            merge_groups(0, n_o, |d| tops.iter().all(|(v, _)| v.mergeable(d))),
-            merge_groups(n_o, n_o + n_r, |d| tops.iter().filter(|(_, inner)| *inner).all(|(v, _)| v.mergeable(d))),
-        )
-    };
+    // Dim `d` merges with `d + 1` where every view allows it (a reduced dim: every view read
+    // inside the reduce loops), found in one walk of the tree's views.
+    let mut merges: Vec<bool> =
+        (0..n_o + n_r).map(|d| if d < n_o { d + 1 < n_o && store.mergeable(d) } else { d + 1 < n_o + n_r }).collect();
+    tree.for_each_view(&mut |v, inner| {
+        for (d, m) in merges.iter_mut().enumerate() {
+            if *m && (d < n_o || inner) {
+                *m = v.mergeable(d);
+            }
+        }
+    });
+    let (outer_groups, red_groups) = (merge_groups(0, n_o, |d| merges[d]), merge_groups(n_o, n_o + n_r, |d| merges[d]));
     let full: Vec<Dim> = outer.iter().chain(&red).cloned().collect();
     let sizes = |groups: &[(usize, usize)]| -> Vec<Dim> {
         groups.iter().map(|&(a, b)| product(&full[a..b])).filter(|d| d.as_const() != Some(1)).collect()
