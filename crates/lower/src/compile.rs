@@ -16,7 +16,7 @@ use std::fmt;
 use air::Graph;
 
 use crate::error::LowerError;
-use crate::kir::Kernel;
+use crate::kir::{IExpr, Kernel};
 use crate::program::Program;
 use crate::rewrite::RewriteStats;
 use crate::saturate::{SaturateOptions, SaturateStats};
@@ -163,6 +163,15 @@ pub trait PassObserver {
     fn kernel(&mut self, kernel: &Kernel) {
         let _ = kernel;
     }
+    /// [`PassObserver::kernel`] for a loop kernel that is the program's earlier kernel `from`
+    /// with each parameter `p`'s accesses moved `by[p]` elements further into its buffer (an
+    /// unrolled loop's later step, built from the first: `schedule::memo`), so that a backend
+    /// that takes such offsets out of its kernels may reuse what it made of `from`. By
+    /// default, `kernel`.
+    fn shifted_kernel(&mut self, kernel: &Kernel, from: usize, by: &[IExpr]) {
+        let _ = (from, by);
+        self.kernel(kernel);
+    }
 }
 
 /// An observer that does nothing.
@@ -247,7 +256,11 @@ pub fn compile_taking(
     observer.output(Pass::DecideFusion, PassOutput::Graph(&g));
     // Not through `pass`: emission lends each kernel to the observer as it makes it.
     observer.begin(Pass::EmitKernels, g.len());
-    let program = schedule::emit_with(&g, &decisions, &mut |k| observer.kernel(k)).map(|mut program| {
+    let program = schedule::emit_with(&g, &decisions, &mut |k, shifted| match shifted {
+        Some((from, by)) => observer.shifted_kernel(k, from, by),
+        None => observer.kernel(k),
+    })
+    .map(|mut program| {
         program.checks = checks;
         program
     });

@@ -46,7 +46,10 @@ pub fn split_offsets(k: &LoopKernel) -> (LoopKernel, Vec<IExpr>) {
             _ => (Terms::new(), 0),
         })
         .collect();
-    let body = rewrite(&k.body, &offsets);
+    let body = rewrite(&k.body, &|buf, e| {
+        let (terms, least) = &offsets[buf as usize];
+        Parts::of(e).without(terms, *least)
+    });
     let exprs =
         offsets.into_iter().map(|(terms, c)| sum(terms.into_iter().cloned().chain([IExpr::Const(c)]))).collect();
     (LoopKernel { params: k.params.clone(), n_syms: k.n_syms, body }, exprs)
@@ -152,12 +155,24 @@ fn visit<'a>(stmts: &'a [Stmt], f: &mut impl FnMut(Use, &'a IExpr)) {
     }
 }
 
-/// `stmts` with every access address rewritten by [`Parts::without`] its buffer's offset.
-fn rewrite(stmts: &[Stmt], offsets: &[(Terms, i64)]) -> Vec<Stmt> {
-    let at = |buf: u32, e: &IExpr| {
-        let (terms, least) = &offsets[buf as usize];
-        Parts::of(e).without(terms, *least)
-    };
+/// `k` with every access of parameter `p` moved `by[p]` elements further into its buffer (a
+/// kernel built for one step of an unrolled loop, made into the same kernel for another step
+/// without building it again: see `schedule::memo`). The caller counts any symbol `by` adds in
+/// `n_syms`.
+pub fn shift_accesses(k: &LoopKernel, by: &[IExpr]) -> LoopKernel {
+    let body = rewrite(&k.body, &|buf, e| match by.get(buf as usize) {
+        Some(IExpr::Const(0)) | None => e.clone(),
+        Some(d) => {
+            let mut parts = Parts::of(e);
+            parts.add(d);
+            parts.without(&[], 0)
+        }
+    });
+    LoopKernel { params: k.params.clone(), n_syms: k.n_syms, body }
+}
+
+/// `stmts` with every access address `e` of parameter `buf` rewritten to `at(buf, e)`.
+fn rewrite(stmts: &[Stmt], at: &impl Fn(u32, &IExpr) -> IExpr) -> Vec<Stmt> {
     stmts
         .iter()
         .map(|s| match s {
@@ -193,7 +208,7 @@ fn rewrite(stmts: &[Stmt], offsets: &[(Terms, i64)]) -> Vec<Stmt> {
                 check: *check,
             },
             Stmt::Loop { var, extent, parallel, body } => {
-                Stmt::Loop { var: *var, extent: extent.clone(), parallel: *parallel, body: rewrite(body, offsets) }
+                Stmt::Loop { var: *var, extent: extent.clone(), parallel: *parallel, body: rewrite(body, at) }
             }
             s => s.clone(),
         })

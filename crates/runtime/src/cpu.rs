@@ -51,6 +51,8 @@ struct Lowering<'a> {
     early: Option<EarlyCompile>,
     /// Every loop kernel made so far, in the program's order.
     loops: Vec<Split>,
+    /// Per kernel of the program made so far, its position in `loops` (a loop kernel's).
+    at: Vec<Option<usize>>,
 }
 
 impl lower::PassObserver for Lowering<'_> {
@@ -67,13 +69,33 @@ impl lower::PassObserver for Lowering<'_> {
     }
 
     fn kernel(&mut self, kernel: &Kernel) {
-        if let Kernel::Loops(k) = kernel {
-            let split = Split::of(k);
-            if let Some(early) = &mut self.early {
-                self.compiler.send_early(early, split.hash, &split.kernel);
+        let at = match kernel {
+            Kernel::Loops(k) => {
+                let split = Split::of(k);
+                if let Some(early) = &mut self.early {
+                    self.compiler.send_early(early, split.hash, &split.kernel);
+                }
+                self.loops.push(split);
+                Some(self.loops.len() - 1)
             }
-            self.loops.push(split);
+            Kernel::Matmul(_) => None,
+        };
+        self.at.push(at);
+    }
+
+    /// The split of kernel `from` with its offsets moved by `by`: the accesses `split_offsets`
+    /// leaves in a kernel are those of `from`'s, and each offset is `from`'s plus the move (the
+    /// same addresses as splitting `kernel` gives, without walking it again).
+    fn shifted_kernel(&mut self, kernel: &Kernel, from: usize, by: &[IExpr]) {
+        let Some(&Some(from)) = self.at.get(from) else { return self.kernel(kernel) };
+        let src = &self.loops[from];
+        if !matches!(kernel, Kernel::Loops(k) if k.params.len() == by.len() && by.len() == src.offsets.len()) {
+            return self.kernel(kernel);
         }
+        let offsets = src.offsets.iter().zip(by).map(|(o, d)| IExpr::add(o.clone(), d.clone())).collect();
+        let split = Split { hash: src.hash, kernel: src.kernel.clone(), offsets };
+        self.loops.push(split);
+        self.at.push(Some(self.loops.len() - 1));
     }
 }
 
@@ -262,8 +284,13 @@ impl CpuDevice {
         let key = Arc::new(GraphKey::with_hash(&graph, hash));
         observer.end(Step::GraphKey, nodes);
         let compiler = &self.inner.compiler;
-        let mut lowering =
-            Lowering { passes: Passes(&mut *observer), compiler, early: compiler.early(), loops: Vec::new() };
+        let mut lowering = Lowering {
+            passes: Passes(&mut *observer),
+            compiler,
+            early: compiler.early(),
+            loops: Vec::new(),
+            at: Vec::new(),
+        };
         let program = lower::compile_taking(graph, &self.inner.options, &mut lowering)?;
         let Lowering { early, loops, .. } = lowering;
         // Emission hands over every kernel it makes, in the program's order (the codes below

@@ -61,14 +61,25 @@ impl Hash for Key<'_> {
 enum Item<'g> {
     /// A node the builder expands: its op and type, then its inputs' items.
     Node(&'g Op, &'g TensorType),
-    /// A node read from its buffer: the buffer's position among those met, and its type.
-    Buf(u8, &'g TensorType),
+    /// A `Shrink` of a node read from its buffer, by its type alone: where it starts is the
+    /// read's offset (the next item's).
+    Shrunk(&'g TensorType),
+    /// A concatenation's piece that copies a node read from its buffer (the next item) into
+    /// its window of the output, of this type: where the window starts is the target's offset.
+    Piece(&'g TensorType),
+    /// A node read from its buffer: the buffer's position among those met, its type, and the
+    /// read's offset (in elements) from the first read of that position.
+    Buf(u8, &'g TensorType, Dim),
 }
 
 /// A key and the buffers at its positions, and the hasher its items are fed to.
 pub(super) struct Walk<'g> {
     key: Key<'g>,
     bufs: SmallVec<[BufId; 8]>,
+    /// The offset of the first read of each position (`Dim::Const(0)` where it starts the
+    /// buffer, or none is read): a kernel of an equal key built before reads each position at
+    /// its own bases, the same distance from these everywhere (see [`Memo::get`]).
+    bases: SmallVec<[Option<Dim>; 8]>,
     hasher: FxHasher,
 }
 
@@ -87,11 +98,25 @@ impl<'g> Walk<'g> {
         let mut w = Walk {
             key: Key { items: Vec::new(), window: window.map(<[_]>::to_vec), expand, hash: 0 },
             bufs: SmallVec::from_elem(target, 1),
+            bases: SmallVec::from_elem(None, 1),
             hasher: FxHasher::default(),
         };
+        let copy = window.and_then(|w| copied(g, bufs, root, w, target));
+        if let (Some(window), Some(_)) = (window, copy) {
+            // Keyed by the window's size: where it starts is where the kernel writes.
+            let sizes = window.iter().map(|(lo, hi)| Some((Dim::Const(0), hi.checked_sub(lo)?)));
+            w.key.window = Some(sizes.collect::<Option<_>>()?);
+            w.bases[0] = Some(offset(window, &g.ty(root).shape)?);
+        }
         w.key.window.hash(&mut w.hasher);
         expand.hash(&mut w.hasher);
-        w.walk(g, bufs, root, expand)?;
+        match copy {
+            Some(x) => {
+                w.push(Item::Piece(g.ty(root)));
+                w.buf(*bufs.get(x)?, g.ty(x), Dim::Const(0))?;
+            }
+            None => w.walk(g, bufs, root, expand)?,
+        }
         w.key.hash = w.hasher.finish();
         Some(w)
     }
@@ -101,15 +126,18 @@ impl<'g> Walk<'g> {
         self.key.items.push(item);
     }
 
-    fn buf(&mut self, b: BufId, ty: &'g TensorType) -> Option<()> {
+    /// A read of buffer `b` (of type `ty`) starting `offset` elements into it.
+    fn buf(&mut self, b: BufId, ty: &'g TensorType, offset: Dim) -> Option<()> {
         let at = match self.bufs.iter().position(|&x| x == b) {
             Some(at) => at,
             None => {
                 self.bufs.push(b);
+                self.bases.push(None);
                 self.bufs.len() - 1
             }
         };
-        self.push(Item::Buf(u8::try_from(at).ok()?, ty));
+        let base = *self.bases[at].get_or_insert(offset);
+        self.push(Item::Buf(u8::try_from(at).ok()?, ty, offset.checked_sub(&base)?));
         Some(())
     }
 
@@ -118,16 +146,25 @@ impl<'g> Walk<'g> {
         air::work::tick();
         let node = g.node(n);
         if !expand && let Some(&b) = bufs.get(n) {
-            return self.buf(b, &node.ty);
+            return self.buf(b, &node.ty, Dim::Const(0));
         }
         match &node.op {
-            Op::Input(_) => self.buf(*bufs.get(n)?, &node.ty),
+            Op::Input(_) => self.buf(*bufs.get(n)?, &node.ty, Dim::Const(0)),
             Op::ScatterAdd(_) => None,
             Op::Gather(_) => {
                 self.push(Item::Node(&node.op, &node.ty));
                 let src = node.inputs[0];
-                self.buf(*bufs.get(src)?, g.ty(src))?;
+                self.buf(*bufs.get(src)?, g.ty(src), Dim::Const(0))?;
                 self.walk(g, bufs, node.inputs[1], false)
+            }
+            // A slice read straight from a buffer (not the target's, which the kernel also
+            // writes) is that buffer read from an offset: an unrolled RNN's steps read the
+            // step's slice of one projection, in kernels otherwise the same.
+            Op::Shrink(s) if bufs.get(node.inputs[0]).is_some_and(|&b| b != self.bufs[0]) => {
+                let x = node.inputs[0];
+                let ty = g.ty(x);
+                self.push(Item::Shrunk(&node.ty));
+                self.buf(*bufs.get(x)?, ty, offset(&s.ranges, &ty.shape)?)
             }
             op => {
                 self.push(Item::Node(op, &node.ty));
@@ -135,6 +172,31 @@ impl<'g> Walk<'g> {
             }
         }
     }
+}
+
+/// The node whose buffer the concatenation's piece `root` copies into `window` of the target
+/// (not the target's own): `root` pads it to exactly that window. The builder then reads it
+/// in place (the pad folds into its load, the window cancelling it) and writes the window's
+/// part of the target, wherever the window starts.
+fn copied(g: &Graph, bufs: &Buffers, root: NodeId, window: &[(Dim, Dim)], target: BufId) -> Option<NodeId> {
+    let (Op::Pad(p), [x]) = (g.op(root), g.inputs(root)) else { return None };
+    let shape = &g.ty(root).shape;
+    let exact = p.padding.len() == window.len()
+        && p.padding.iter().zip(window).zip(shape.iter()).all(|(((before, after), (lo, hi)), size)| {
+            before == lo && size.checked_sub(after).is_some_and(|end| end == *hi)
+        });
+    (exact && bufs.get(*x).is_some_and(|&b| b != target)).then_some(*x)
+}
+
+/// The offset in elements of the window starting at `ranges`' starts of a row-major `shape`;
+/// `None` where it overflows.
+fn offset(ranges: &[(Dim, Dim)], shape: &[Dim]) -> Option<Dim> {
+    let (mut at, mut stride) = (Dim::Const(0), Dim::Const(1));
+    for ((start, _), size) in ranges.iter().zip(shape).rev() {
+        at = at.checked_add(&start.checked_mul(&stride)?)?;
+        stride = stride.checked_mul(size)?;
+    }
+    Some(at)
 }
 
 /// What a matmul kernel is built from (see the module docs), and the buffers at its positions.
@@ -196,25 +258,42 @@ pub(super) enum Built {
     Piece(Box<Kernel>),
 }
 
-/// A [`Built`] and which key position each of its parameters is bound to.
+/// A [`Built`], which key position each of its parameters is bound to, and the walk's
+/// [`Walk::bases`] it was built for.
 pub(super) struct Entry {
     pub(super) built: Built,
     params: SmallVec<[u8; 8]>,
+    bases: SmallVec<[Dim; 8]>,
+}
+
+/// A kernel built before for a walk's key: its arguments for this walk (the buffers at the
+/// positions its parameters were bound to), and, where this walk reads some of them from
+/// further in (an RNN's later step), how far further, per parameter in elements.
+pub(super) struct Hit<'m> {
+    pub(super) built: &'m Built,
+    pub(super) args: Vec<BufId>,
+    pub(super) shifts: Option<Vec<Dim>>,
 }
 
 impl<'g> Memo<'g> {
-    /// The kernel built for `walk`'s key and its arguments (the buffers at the positions its
-    /// parameters were bound to).
-    pub(super) fn get(&self, walk: &Walk<'g>) -> Option<(&Built, Vec<BufId>)> {
+    /// The kernel built for `walk`'s key (see [`Hit`]).
+    pub(super) fn get(&self, walk: &Walk<'g>) -> Option<Hit<'_>> {
         let entry = self.built.get(&walk.key)?;
-        Some((&entry.built, entry.params.iter().map(|&p| walk.bufs[p as usize]).collect()))
+        let args = entry.params.iter().map(|&p| walk.bufs[p as usize]).collect();
+        // Equal keys read each position at the same distances from its first read, so the
+        // first reads' distance is every read's.
+        let shift = |p: u8| walk.bases[p as usize].unwrap_or(Dim::Const(0)).checked_sub(&entry.bases[p as usize]);
+        let shifts: Vec<Dim> = entry.params.iter().map(|&p| shift(p)).collect::<Option<_>>()?;
+        let shifts = shifts.iter().any(|d| *d != Dim::Const(0)).then_some(shifts);
+        Some(Hit { built: &entry.built, args, shifts })
     }
 
     /// Remembers `built`, made for `walk` with arguments `args`, unless an argument is not one
     /// of the walk's buffers (the status buffer of a kernel that checks data).
     pub(super) fn insert(&mut self, walk: Walk<'g>, built: Built, args: &[BufId]) {
         if let Some(params) = positions(&walk.bufs, args) {
-            self.built.insert(walk.key, Entry { built, params });
+            let bases = walk.bases.iter().map(|b| b.unwrap_or(Dim::Const(0))).collect();
+            self.built.insert(walk.key, Entry { built, params, bases });
         }
     }
 

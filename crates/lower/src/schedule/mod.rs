@@ -95,14 +95,14 @@ use slotmap::SecondaryMap;
 use smallvec::SmallVec;
 
 use crate::error::LowerError;
-use crate::kir::Kernel;
+use crate::kir::{IExpr, Kernel};
 use crate::program::{BufId, BufferInfo, BufferKind, Program, Step};
-use crate::view::Movement;
+use crate::view::{IndexCx, Movement};
 
 use contraction::matmul_kernel;
 pub use decide::{Decisions, FuseOptions, MatmulOperand, Plan, decide};
 use kernel::{cat_pieces, loop_kernel, scatter_kernel};
-use memo::{Built, MatmulKey, Memo, Walk};
+use memo::{Built, Hit, MatmulKey, Memo, Walk};
 
 /// Element-wise nodes with several consumers are recomputed by each while their fused expression
 /// has at most this many ops.
@@ -183,12 +183,21 @@ pub fn graph_symbols(g: &Graph, order: &[NodeId]) -> Vec<Symbol> {
 
 /// Emits the program for decided boundaries.
 pub fn emit<'g>(g: &'g Graph, dec: &'g Decisions) -> Result<Program, LowerError> {
-    emit_with(g, dec, &mut |_| {})
+    emit_with(g, dec, &mut |_, _| {})
 }
 
+/// Where a kernel handed over during emission is an earlier one with its accesses moved: that
+/// kernel's index among the program's kernels, and the moves, per parameter, in elements (see
+/// [`crate::PassObserver::shifted_kernel`]).
+pub type Shifted<'a> = Option<(usize, &'a [IExpr])>;
+
 /// [`emit`], handing each kernel of the program to `made` as soon as it is made, in the order of
-/// `Program::kernels`.
-pub fn emit_with<'g>(g: &'g Graph, dec: &'g Decisions, made: &mut dyn FnMut(&Kernel)) -> Result<Program, LowerError> {
+/// `Program::kernels`, with where it is an earlier one moved ([`Shifted`]).
+pub fn emit_with<'g>(
+    g: &'g Graph,
+    dec: &'g Decisions,
+    made: &mut dyn FnMut(&Kernel, Shifted),
+) -> Result<Program, LowerError> {
     let symbols = graph_symbols(g, &dec.order);
     let mut buffers: Vec<BufferInfo> = Vec::new();
     let mut bufs: Buffers = SecondaryMap::new();
@@ -256,18 +265,27 @@ pub fn emit_with<'g>(g: &'g Graph, dec: &'g Decisions, made: &mut dyn FnMut(&Ker
                  piece: bool|
      -> Result<Option<(Kernel, Vec<BufId>)>, LowerError> {
         let walk = Walk::new(g, &bufs, root, expand, target, window);
-        if let Some((built, args)) = walk.as_ref().and_then(|w| memo.get(w)) {
+        if let Some(Hit { built, args, shifts }) = walk.as_ref().and_then(|w| memo.get(w)) {
+            let shifts = shifts.as_deref();
             return Ok(match (built, piece) {
-                (Built::Launched(id), false) => {
+                (Built::Launched(id), false) if shifts.is_none() => {
                     out.known(*id, args);
                     None
                 }
-                (Built::Launched(id), true) => Some((out.kernels[*id as usize].clone(), args)),
-                (Built::Piece(kernel), true) => Some(((**kernel).clone(), args)),
+                (Built::Launched(id), false) => {
+                    let by = shift_exprs(shifts, &symbols)?;
+                    let kernel = shifted(&out.kernels[*id as usize], &by);
+                    out.launch_shifted(kernel, args, (*id, by));
+                    None
+                }
+                (Built::Launched(id), true) => {
+                    Some((shifted(&out.kernels[*id as usize], &shift_exprs(shifts, &symbols)?), args))
+                }
+                (Built::Piece(kernel), true) => Some((shifted(kernel, &shift_exprs(shifts, &symbols)?), args)),
                 // Not met (a piece's key holds its window, a launched kernel's none), but were
                 // it, the kernel is launched all the same.
                 (Built::Piece(kernel), false) => {
-                    out.launch((**kernel).clone(), args);
+                    out.launch(shifted(kernel, &shift_exprs(shifts, &symbols)?), args);
                     None
                 }
             });
@@ -289,8 +307,8 @@ pub fn emit_with<'g>(g: &'g Graph, dec: &'g Decisions, made: &mut dyn FnMut(&Ker
     // Kernels are final once made: each goes to `made` before the next node is emitted.
     let mut reported = 0;
     let mut report = |out: &Launches| {
-        for k in &out.kernels[reported..] {
-            made(k);
+        for (k, shifted) in out.kernels[reported..].iter().zip(&out.shifted[reported..]) {
+            made(k, shifted.as_ref().map(|(from, by)| (*from as usize, by.as_slice())));
         }
         reported = out.kernels.len();
     };
@@ -379,10 +397,33 @@ pub fn emit_with<'g>(g: &'g Graph, dec: &'g Decisions, made: &mut dyn FnMut(&Ker
     Ok(Program { symbols, kernels, steps, buffers, outputs, inits, checks: Vec::new(), data_checks: checks })
 }
 
+/// A [`Hit`]'s shifts (none: all zero) as index expressions, one per parameter.
+fn shift_exprs(shifts: Option<&[Dim]>, symbols: &[Symbol]) -> Result<Vec<IExpr>, LowerError> {
+    let Some(shifts) = shifts else { return Ok(Vec::new()) };
+    let cx = IndexCx::new(symbols.to_vec());
+    shifts.iter().map(|d| cx.dim(d)).collect()
+}
+
+/// `kernel` (a loop kernel the memo holds) with each parameter `p`'s accesses moved `by[p]`
+/// elements further into its buffer (none where `by` is empty).
+fn shifted(kernel: &Kernel, by: &[IExpr]) -> Kernel {
+    match kernel {
+        Kernel::Loops(k) if !by.is_empty() => {
+            let mut k = crate::offsets::shift_accesses(k, by);
+            k.n_syms = by.iter().filter_map(kernel::max_sym_expr).map(|m| m + 1).fold(k.n_syms, u32::max);
+            Kernel::Loops(k)
+        }
+        _ => kernel.clone(),
+    }
+}
+
 /// The kernels of a program and its steps, each kernel stored once.
 #[derive(Default)]
 struct Launches {
     kernels: Vec<Kernel>,
+    /// Per kernel, the earlier kernel it was made from by moving its accesses, and the moves
+    /// ([`crate::PassObserver::shifted_kernel`]).
+    shifted: Vec<Option<(u32, Vec<IExpr>)>>,
     /// Kernels by structural hash: a launch of a kernel seen before is found without storing it
     /// again (a depth-8 Transformer launches 32 kernels 230 times).
     ids: HashMap<u64, SmallVec<[u32; 1]>>,
@@ -392,11 +433,21 @@ struct Launches {
 impl Launches {
     /// Launches `kernel` on `args`; returns its index among the kernels.
     fn launch(&mut self, kernel: Kernel, args: Vec<BufId>) -> u32 {
+        self.launch_made(kernel, args, None)
+    }
+
+    /// Launches `kernel`, kernel `from.0` with its accesses moved by `from.1`, on `args`.
+    fn launch_shifted(&mut self, kernel: Kernel, args: Vec<BufId>, from: (u32, Vec<IExpr>)) -> u32 {
+        self.launch_made(kernel, args, Some(from))
+    }
+
+    fn launch_made(&mut self, kernel: Kernel, args: Vec<BufId>, from: Option<(u32, Vec<IExpr>)>) -> u32 {
         let same = self.ids.entry(kernel.structural_hash()).or_default();
         let id = match same.iter().find(|&&id| self.kernels[id as usize] == kernel) {
             Some(&id) => id,
             None => {
                 self.kernels.push(kernel);
+                self.shifted.push(from);
                 same.push(self.kernels.len() as u32 - 1);
                 self.kernels.len() as u32 - 1
             }

@@ -548,6 +548,82 @@ fn cat_writes_each_piece_into_its_slice() {
 }
 
 #[test]
+fn cat_pieces_copying_buffers_reuse_the_first_pieces_kernel_moved_along() {
+    // An unrolled RNN's output: each step's state (its own buffer) copied into its window, of
+    // rows (`n` each, a symbolic offset) and of columns (strided writes). The later pieces take
+    // the first one's kernel with its writes moved to their windows (`schedule/memo.rs`), and
+    // each piece lands in its own window.
+    let n = Dim::sym("n");
+    let mut b = B::default();
+    let xs: Vec<NodeId> = (0..3).map(|_| b.input(DType::F32, &[n, Dim::Const(2)])).collect();
+    let rows = cat(&mut b, &xs, 0);
+    let cols = cat(&mut b, &xs, 1);
+    let g = b.out(&[rows, cols]);
+    let p = compile(&g, &fused()).unwrap();
+    let mut bindings = Bindings::new();
+    bindings.insert(Symbol::new("n"), 3);
+    agree(&g, &p, &bindings, 5).unwrap();
+    expect![[r#"
+        symbols n
+        buf0: f32[2*n] input 0
+        buf1: f32[2*n] input 1
+        buf2: f32[2*n] input 2
+        buf3: f32[6*n] output 0
+        buf4: f32[6*n] output 1
+        k0 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0*2 parallel {
+            r0: f32 = load b1[i0]
+            store b0[i0] = r0
+          }
+        }
+        k1 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0*2 parallel {
+            r0: f32 = load b1[i0]
+            store b0[(i0 + s0*2)] = r0
+          }
+        }
+        k2 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0*2 parallel {
+            r0: f32 = load b1[i0]
+            store b0[(i0 + s0*4)] = r0
+          }
+        }
+        k3 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0 parallel {
+            for i1 in 0..2 {
+              r0: f32 = load b1[(i0*2 + i1)]
+              store b0[(i0*6 + i1)] = r0
+            }
+          }
+        }
+        k4 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0 parallel {
+            for i1 in 0..2 {
+              r0: f32 = load b1[(i0*2 + i1)]
+              store b0[((i0*6 + i1) + 2)] = r0
+            }
+          }
+        }
+        k5 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0 parallel {
+            for i1 in 0..2 {
+              r0: f32 = load b1[(i0*2 + i1)]
+              store b0[((i0*6 + i1) + 4)] = r0
+            }
+          }
+        }
+        launch k0(buf3, buf0)
+        launch k1(buf3, buf1)
+        launch k2(buf3, buf2)
+        launch k3(buf4, buf0)
+        launch k4(buf4, buf1)
+        launch k5(buf4, buf2)
+        return buf3: f32[3*n, 2], buf4: f32[n, 6]
+    "#]]
+    .assert_eq(&p.to_string());
+}
+
+#[test]
 fn cat_pieces_over_one_loop_nest_share_a_kernel() {
     // im2col's shape: shifted windows of one input stacked on a new axis, one of them negated
     // (its registers renamed past the first piece's) and merged; one scaled by a constant,
@@ -1110,6 +1186,118 @@ proptest! {
             prop_assert!(false, "seed {seed}, {n_ops} ops: {e}");
         }
     }
+}
+
+/// `x`'s rows `t..t + 1`, columns `lo..lo + width`.
+fn row_slice(b: &mut B, x: NodeId, t: i64, lo: Dim, width: Dim) -> NodeId {
+    let ranges = vec![(Dim::Const(t), Dim::Const(t + 1)), (lo, lo + width)];
+    b.op(Op::Shrink(Shrink { ranges }), &[x])
+}
+
+#[test]
+fn slices_at_other_starts_reuse_the_kernel_built_for_the_first_moved_along() {
+    // An unrolled loop's steps: step `t` reads row `t` of `x` twice (columns 0..3 and 2..5) and
+    // row `t` of `y` ([3, n]: a symbolic row length). Each step after the first takes the first
+    // step's kernel with its reads moved on (`schedule/memo.rs`): the same loop nest, the same
+    // distance between the two reads of `x`, and each step computes its own rows.
+    let n = Dim::sym("n");
+    let mut b = B::default();
+    let x = b.f32(&[3, 6]);
+    let y = b.input(DType::F32, &[Dim::Const(3), n]);
+    let mut outs = Vec::new();
+    for t in 0..3 {
+        let (u, v) = (
+            row_slice(&mut b, x, t, Dim::Const(0), Dim::Const(3)),
+            row_slice(&mut b, x, t, Dim::Const(2), Dim::Const(3)),
+        );
+        let s = b.bin(BinaryOp::Mul, u, v);
+        outs.push(s);
+        let w = row_slice(&mut b, y, t, Dim::Const(0), n);
+        outs.push(b.un(UnaryOp::Neg, w));
+    }
+    // A read of `x` twice at another distance is another kernel, built on its own.
+    let (u, v) =
+        (row_slice(&mut b, x, 1, Dim::Const(0), Dim::Const(3)), row_slice(&mut b, x, 1, Dim::Const(3), Dim::Const(3)));
+    outs.push(b.bin(BinaryOp::Mul, u, v));
+    let g = b.out(&outs);
+    let p = compile(&g, &fused()).unwrap();
+    let mut bindings = Bindings::new();
+    bindings.insert(Symbol::new("n"), 5);
+    agree(&g, &p, &bindings, 3).unwrap();
+    expect![[r#"
+        symbols n
+        buf0: f32[18] input 0
+        buf1: f32[3*n] input 1
+        buf2: f32[3] output 0
+        buf3: f32[n] output 1
+        buf4: f32[3] output 2
+        buf5: f32[n] output 3
+        buf6: f32[3] output 4
+        buf7: f32[n] output 5
+        buf8: f32[3] output 6
+        k0 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..3 parallel {
+            r0: f32 = load b1[i0]
+            r1: f32 = load b1[(i0 + 2)]
+            r2: f32 = mul r0, r1
+            store b0[i0] = r2
+          }
+        }
+        k1 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0 parallel {
+            r0: f32 = load b1[i0]
+            r1: f32 = neg r0
+            store b0[i0] = r1
+          }
+        }
+        k2 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..3 parallel {
+            r0: f32 = load b1[(i0 + 6)]
+            r1: f32 = load b1[(i0 + 8)]
+            r2: f32 = mul r0, r1
+            store b0[i0] = r2
+          }
+        }
+        k3 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0 parallel {
+            r0: f32 = load b1[(i0 + s0)]
+            r1: f32 = neg r0
+            store b0[i0] = r1
+          }
+        }
+        k4 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..3 parallel {
+            r0: f32 = load b1[(i0 + 12)]
+            r1: f32 = load b1[(i0 + 14)]
+            r2: f32 = mul r0, r1
+            store b0[i0] = r2
+          }
+        }
+        k5 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..s0 parallel {
+            r0: f32 = load b1[(i0 + s0*2)]
+            r1: f32 = neg r0
+            store b0[i0] = r1
+          }
+        }
+        k6 = kernel(b0: out f32, b1: in f32) {
+          for i0 in 0..3 parallel {
+            r0: f32 = load b1[(i0 + 6)]
+            r1: f32 = load b1[(i0 + 9)]
+            r2: f32 = mul r0, r1
+            store b0[i0] = r2
+          }
+        }
+        launch k0(buf2, buf0)
+        launch k1(buf3, buf1)
+        launch k2(buf4, buf0)
+        launch k3(buf5, buf1)
+        launch k4(buf6, buf0)
+        launch k5(buf7, buf1)
+        launch k6(buf8, buf0)
+        return buf2: f32[1, 3], buf3: f32[1, n], buf4: f32[1, 3], buf5: f32[1, n], buf6: f32[1, 3], buf7: f32[1, n], buf8: f32[1, 3]
+    "#]]
+    .assert_eq(&p.to_string());
 }
 
 #[test]

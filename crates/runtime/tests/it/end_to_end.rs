@@ -221,18 +221,26 @@ fn symbolic_dims_compile_once() {
     assert!(matches!(&e, RuntimeError::Unbound(s) if s.name() == "seq"), "{e}");
 }
 
-/// Four steps of an unrolled loop, each reading its slice of one input at a symbolic offset
-/// (`t * seq * 8`) and writing its own output: the kernels differ only in that offset, which the
-/// VM adds to the argument's pointer (`lower::offsets`), so one kernel is compiled for all four.
+/// Four steps of an unrolled loop, each reading two slices of one input (its step's halves, at
+/// the symbolic offsets `t * seq * 8` and `t * seq * 8 + 4`) and writing its own output: the
+/// kernels differ only in those offsets, which the VM adds to the argument's pointer
+/// (`lower::offsets`), so one kernel is compiled for all four. The lowering builds the first
+/// step's kernel and moves its reads for the others (`schedule::memo`), and the CPU device takes
+/// their offsets from the first's (`PassObserver::shifted_kernel`).
 #[test]
 fn kernels_differing_in_base_offsets_compile_once() {
     let seq = Dim::sym("seq");
     let mut g = Graph::new();
     let x = input(&mut g, 0, DType::F32, &[Dim::Const(4), seq, Dim::Const(8)]);
     for t in 0..4 {
-        let ranges = vec![(Dim::Const(t), Dim::Const(t + 1)), (Dim::Const(0), seq), (Dim::Const(0), Dim::Const(8))];
-        let piece = g.add(Op::Shrink(Shrink { ranges }), &[x]).unwrap();
-        let a = g.add(Op::Unary(UnaryOp::Neg), &[piece]).unwrap();
+        let half = |g: &mut Graph, lo: i64| {
+            let ranges =
+                vec![(Dim::Const(t), Dim::Const(t + 1)), (Dim::Const(0), seq), (Dim::Const(lo), Dim::Const(lo + 4))];
+            g.add(Op::Shrink(Shrink { ranges }), &[x]).unwrap()
+        };
+        let (p, q) = (half(&mut g, 0), half(&mut g, 4));
+        let a = g.add(Op::Unary(UnaryOp::Neg), &[p]).unwrap();
+        let a = g.add(Op::Binary(BinaryOp::Add), &[a, q]).unwrap();
         let b = g.add(Op::Unary(UnaryOp::Exp2), &[a]).unwrap();
         g.add_output(b);
     }
