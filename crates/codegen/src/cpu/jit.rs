@@ -12,7 +12,7 @@
 //! executable once for the whole batch.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -40,8 +40,21 @@ pub(crate) enum Tier {
     Optimized,
 }
 
-/// Builds the host ISA with Kiln's flags for `tier` (non-PIC, as `cranelift-jit` needs).
+/// The host ISA with Kiln's flags for `tier` (non-PIC, as `cranelift-jit` needs), built once per
+/// process and shared (an ISA is immutable; building one looks its flags up by name and
+/// detects the CPU's features, a tenth of a fresh device's set-up).
 pub(crate) fn host_isa(tier: Tier) -> Result<OwnedTargetIsa> {
+    static QUICK: OnceLock<Result<OwnedTargetIsa>> = OnceLock::new();
+    static OPTIMIZED: OnceLock<Result<OwnedTargetIsa>> = OnceLock::new();
+    let cell = match tier {
+        Tier::Quick => &QUICK,
+        Tier::Optimized => &OPTIMIZED,
+    };
+    cell.get_or_init(|| build_host_isa(tier)).clone()
+}
+
+/// Builds [`host_isa`].
+fn build_host_isa(tier: Tier) -> Result<OwnedTargetIsa> {
     let mut flags = settings::builder();
     let set = |f: &mut settings::Builder, k: &str, v: &str| {
         f.set(k, v).map_err(|e| CodegenError::Isa(format!("setting {k}={v}: {e}")))

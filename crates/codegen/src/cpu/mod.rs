@@ -362,7 +362,7 @@ impl CpuCompiler {
     /// A compiler for the host CPU in `mode` (otherwise as [`new`](Self::new)).
     pub fn with_mode(mode: JitMode) -> Result<CpuCompiler> {
         let isa = jit::host_isa(mode.first_tier())?;
-        let max_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let max_threads = host_threads();
         Ok(CpuCompiler {
             inner: Mutex::new(Inner {
                 mode,
@@ -753,6 +753,14 @@ impl Inner {
             self.tier_up.arm(k, c, self.tiling, disasm);
         }
     }
+}
+
+/// The threads the host runs at once, asked once per process: `available_parallelism` reads
+/// the cgroup's CPU quota from `/proc` and `/sys` on every call, which was 60% of a fresh
+/// device's set-up (about 35 us of an imported GRU's 1 ms first call, `perf`).
+fn host_threads() -> usize {
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Whether `KILN_DISASM` asks for the machine code of every kernel compiled.
