@@ -563,7 +563,7 @@ impl Walk {
     /// The air graph of the walk (node `i` inserted `i`-th: `ids[i]`), with where each node was
     /// built.
     pub(crate) fn build(&self) -> Result<(Graph, Vec<NodeId>, Sites)> {
-        let mut graph = Graph::with_capacity(self.steps.len());
+        let mut graph = Graph::for_compile(self.steps.len());
         let mut ids = Vec::with_capacity(self.steps.len());
         let mut sites = Sites::default();
         for step in &self.steps {

@@ -120,7 +120,11 @@ pub fn compile(
     options: &CompileOptions,
     keep_graphs: bool,
 ) -> anyhow::Result<Compiled> {
-    let given = Cow::Owned(graph.clone());
+    // With the room for new nodes that a traced graph has (`Graph::for_compile`): a clone is
+    // sized exactly.
+    let mut given = graph.clone();
+    given.reserve(Graph::rewrite_room(given.len()));
+    let given = Cow::Owned(given);
     let device = profile::span(profile::Step::DeviceInit, || fresh_device(options))?;
     let mut observer = PipelineObserver {
         profile: ProfileObserver::default(),
@@ -293,7 +297,11 @@ impl CompileObserver for WorkObserver {
 /// runs on this thread only, so the allocation counts are deterministic; they need
 /// `CountingAlloc` installed. The work counts do not.
 pub fn compile_work(graph: &Graph, bindings: &Bindings, options: &CompileOptions) -> anyhow::Result<WorkCounts> {
-    let given = Cow::Owned(graph.clone());
+    // With the room for new nodes that a traced graph has (`Graph::for_compile`): a clone is
+    // sized exactly.
+    let mut given = graph.clone();
+    given.reserve(Graph::rewrite_room(given.len()));
+    let given = Cow::Owned(given);
     let device = fresh_device(options)?;
     device.set_compile_threads(1);
     let mut work = WorkObserver::default();
