@@ -1300,6 +1300,59 @@ fn slices_at_other_starts_reuse_the_kernel_built_for_the_first_moved_along() {
     .assert_eq(&p.to_string());
 }
 
+/// An unrolled loop of `seed`'s making: each step reads two windows of its slice of `x` (`[T,
+/// 6, 8]`, the second at a fixed random distance from the first, so that steps share a kernel
+/// moved along: `schedule/memo.rs`) and its slice of `y`, at a random step start, combines them
+/// with a random op, and the steps are also concatenated. Compiled fused and not, against the
+/// interpreter.
+fn check_unrolled(seed: u64) -> Result<(), String> {
+    let mut rng = Rng(seed | 1);
+    let steps = 2 + rng.below(4) as i64;
+    let mut b = B::default();
+    let x = b.f32(&[steps, 6, 8]);
+    let y = b.f32(&[steps, 1, 8]);
+    let (dr, dc) = (rng.below(3) as i64, rng.below(4) as i64);
+    let op = rng.pick(&[BinaryOp::Add, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Sub]);
+    let window = |b: &mut B, t: i64, r: i64, c: i64| {
+        let ranges = vec![
+            (Dim::Const(t), Dim::Const(t + 1)),
+            (Dim::Const(r), Dim::Const(r + 4)),
+            (Dim::Const(c), Dim::Const(c + 4)),
+        ];
+        b.op(Op::Shrink(Shrink { ranges }), &[x])
+    };
+    let mut outs = Vec::new();
+    for _ in 0..steps {
+        let t = rng.below(steps as usize) as i64;
+        let (u, v) = (window(&mut b, t, 0, 0), window(&mut b, t, dr, dc));
+        let w = b.bin(op, u, v);
+        let ranges =
+            vec![(Dim::Const(t), Dim::Const(t + 1)), (Dim::Const(0), Dim::Const(1)), (Dim::Const(0), Dim::Const(4))];
+        let yt = b.op(Op::Shrink(Shrink { ranges }), &[y]);
+        let yt = b.expand(yt, &dims(&[1, 4, 4]));
+        outs.push(b.bin(BinaryOp::Add, w, yt));
+    }
+    let cat_of = cat(&mut b, &outs, 0);
+    outs.push(cat_of);
+    let g = b.out(&outs);
+    for opts in [fused(), unfused()] {
+        let p = compile(&g, &opts).map_err(|e| format!("compile: {e}"))?;
+        agree(&g, &p, &Bindings::new(), seed)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    #[test]
+    fn unrolled_steps_match_the_interpreter(seed in any::<u64>()) {
+        if let Err(e) = check_unrolled(seed) {
+            prop_assert!(false, "seed {seed}: {e}");
+        }
+    }
+}
+
 #[test]
 fn kernels_of_one_structure_are_built_once_and_bound_to_their_own_buffers() {
     // Two launches of one structure on other buffers share a kernel; a structure that reads one
