@@ -254,7 +254,9 @@ pub fn emit_with<'g>(
     let mut memo = Memo::default();
     let mut checks = Vec::new();
     let mut inits = Vec::new();
-    // A loop kernel of a structure met before is not built again (`memo`).
+    // A loop kernel of a structure met before is not built again (`memo`); one met at other
+    // offsets is moved there, its moves made index expressions in `shift_cx`.
+    let shift_cx = IndexCx::new(symbols.clone());
     let loops = |out: &mut Launches,
                  memo: &mut Memo<'g>,
                  checks: &mut Vec<_>,
@@ -266,26 +268,27 @@ pub fn emit_with<'g>(
      -> Result<Option<(Kernel, Vec<BufId>)>, LowerError> {
         let walk = Walk::new(g, &bufs, root, expand, target, window);
         if let Some(Hit { built, args, shifts }) = walk.as_ref().and_then(|w| memo.get(w)) {
-            let shifts = shifts.as_deref();
+            // The moves as index expressions, one per parameter (none: all zero).
+            let by: Vec<IExpr> = match &shifts {
+                Some(shifts) => shifts.iter().map(|d| shift_cx.dim(d)).collect::<Result<_, _>>()?,
+                None => Vec::new(),
+            };
             return Ok(match (built, piece) {
-                (Built::Launched(id), false) if shifts.is_none() => {
+                (Built::Launched(id), false) if by.is_empty() => {
                     out.known(*id, args);
                     None
                 }
                 (Built::Launched(id), false) => {
-                    let by = shift_exprs(shifts, &symbols)?;
                     let kernel = shifted(&out.kernels[*id as usize], &by);
                     out.launch_shifted(kernel, args, (*id, by));
                     None
                 }
-                (Built::Launched(id), true) => {
-                    Some((shifted(&out.kernels[*id as usize], &shift_exprs(shifts, &symbols)?), args))
-                }
-                (Built::Piece(kernel), true) => Some((shifted(kernel, &shift_exprs(shifts, &symbols)?), args)),
+                (Built::Launched(id), true) => Some((shifted(&out.kernels[*id as usize], &by), args)),
+                (Built::Piece(kernel), true) => Some((shifted(kernel, &by), args)),
                 // Not met (a piece's key holds its window, a launched kernel's none), but were
                 // it, the kernel is launched all the same.
                 (Built::Piece(kernel), false) => {
-                    out.launch(shifted(kernel, &shift_exprs(shifts, &symbols)?), args);
+                    out.launch(shifted(kernel, &by), args);
                     None
                 }
             });
@@ -395,13 +398,6 @@ pub fn emit_with<'g>(
         }
     }
     Ok(Program { symbols, kernels, steps, buffers, outputs, inits, checks: Vec::new(), data_checks: checks })
-}
-
-/// A [`Hit`]'s shifts (none: all zero) as index expressions, one per parameter.
-fn shift_exprs(shifts: Option<&[Dim]>, symbols: &[Symbol]) -> Result<Vec<IExpr>, LowerError> {
-    let Some(shifts) = shifts else { return Ok(Vec::new()) };
-    let cx = IndexCx::new(symbols.to_vec());
-    shifts.iter().map(|d| cx.dim(d)).collect()
 }
 
 /// `kernel` (a loop kernel the memo holds) with each parameter `p`'s accesses moved `by[p]`
