@@ -13,8 +13,9 @@
 //! recognises the nest; [`CopyPlan::run`] evaluates it for the call's symbols and copies, with
 //! the JIT's calling convention (the arguments' pointers, the symbols, and the `[start, end)`
 //! range of a parallel outer loop). It is the copy's quick tier: the tiered JIT swaps optimised
-//! code in once the program runs again, which runs short rows (a head split's eight floats)
-//! without a call per row.
+//! code in once the program runs again. A nest of one unmasked copy walks its two levels around
+//! the innermost in plain loops with each run one move of a size fixed before them, so its short
+//! rows (a head split's eight floats) cost what the optimised code's do.
 
 use air::{DType, Scalar};
 use lower::kir::{IExpr, Inst, LoopKernel, Reg, Stmt, Var};
@@ -260,6 +261,13 @@ impl CopyPlan {
             c.bounds[0] = (c.bounds[0].0.saturating_sub(first), c.bounds[0].1.saturating_sub(first));
             copies.push(c);
         }
+        if let [c] = copies.as_slice()
+            && !c.masked
+        {
+            // SAFETY: the caller's contract, as below.
+            unsafe { self.run_one(c, &extent[..depth]) };
+            return;
+        }
         // Copy after copy (each run a `memmove` where contiguous) when no two copies' runs of one
         // iteration of the outer levels store into the same bytes, else element after element
         // with the copies interleaved as the kernel stores them (the loads may run in any order:
@@ -348,6 +356,93 @@ impl CopyPlan {
                 }
                 at[d] = 0;
             }
+        }
+    }
+}
+
+impl CopyPlan {
+    /// [`CopyPlan::run`] for a nest of one unmasked copy: the two levels around the innermost
+    /// walked in plain loops, each innermost run one move of a size known before them (a head
+    /// split's rows of eight floats are one 32-byte move each), the levels outside those by an
+    /// odometer. The general walk spent about 15 ns per such row (a cache write of 240 rows,
+    /// 3.6 us against 1 for the optimised tier's code).
+    ///
+    /// # Safety
+    /// As for [`CopyPlan::run`]; `c` is the call's cursor, `extent` its extents (none zero).
+    unsafe fn run_one(&self, c: &Cursor, extent: &[i64]) {
+        let inner = extent.len() - 1;
+        let (n, size) = (extent[inner] as usize, self.size);
+        let (ss, ds) = (c.src_steps[inner], c.dst_steps[inner]);
+        // SAFETY (every arm): each run's elements are the nest's, inside their buffers (the
+        // caller's contract); no parameter is both read and written, so the runs do not overlap.
+        unsafe {
+            if ss != size as isize || ds != size as isize {
+                return walk(c, extent, |s, d| run(s, ss, d, ds, n, size));
+            }
+            match n * size {
+                4 => walk(c, extent, |s, d| std::ptr::copy_nonoverlapping(s as *const [u8; 4], d as *mut [u8; 4], 1)),
+                8 => walk(c, extent, |s, d| std::ptr::copy_nonoverlapping(s as *const [u8; 8], d as *mut [u8; 8], 1)),
+                16 => {
+                    walk(c, extent, |s, d| std::ptr::copy_nonoverlapping(s as *const [u8; 16], d as *mut [u8; 16], 1))
+                }
+                32 => {
+                    walk(c, extent, |s, d| std::ptr::copy_nonoverlapping(s as *const [u8; 32], d as *mut [u8; 32], 1))
+                }
+                64 => {
+                    walk(c, extent, |s, d| std::ptr::copy_nonoverlapping(s as *const [u8; 64], d as *mut [u8; 64], 1))
+                }
+                bytes if bytes <= SHORT_RUN => walk(c, extent, |s, d| copy_short(s, d, bytes)),
+                bytes => walk(c, extent, |s, d| std::ptr::copy_nonoverlapping(s, d, bytes)),
+            }
+        }
+    }
+}
+
+/// Calls `each(src, dst)` at the start of every innermost run of `c`'s nest (`extent`, none
+/// zero), in the nest's order: the two levels around the innermost in plain loops, those outside
+/// by an odometer.
+///
+/// # Safety
+/// `each` is safe to call at every run's start.
+#[inline(always)]
+unsafe fn walk(c: &Cursor, extent: &[i64], each: impl Fn(*const u8, *mut u8)) {
+    let inner = extent.len() - 1;
+    let outer = inner.saturating_sub(2);
+    // The plain levels `outer..inner`, outermost first, padded with levels of one step.
+    let mut plain = [(1i64, 0isize, 0isize); 2];
+    for (i, d) in (outer..inner).enumerate() {
+        plain[2 - (inner - outer) + i] = (extent[d], c.src_steps[d], c.dst_steps[d]);
+    }
+    let [(rows_a, sa, da), (rows_b, sb, db)] = plain;
+    let (mut src, mut dst) = (c.src as *const u8, c.dst);
+    let mut at = [0i64; MAX_DEPTH];
+    loop {
+        let (mut s1, mut d1) = (src, dst);
+        for _ in 0..rows_a {
+            let (mut s2, mut d2) = (s1, d1);
+            for _ in 0..rows_b {
+                each(s2, d2);
+                (s2, d2) = (s2.wrapping_offset(sb), d2.wrapping_offset(db));
+            }
+            (s1, d1) = (s1.wrapping_offset(sa), d1.wrapping_offset(da));
+        }
+        let mut d = outer;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            at[d] += 1;
+            if at[d] < extent[d] {
+                (src, dst) = (src.wrapping_offset(c.src_steps[d]), dst.wrapping_offset(c.dst_steps[d]));
+                break;
+            }
+            let back = 1 - extent[d] as isize;
+            (src, dst) = (
+                src.wrapping_offset(c.src_steps[d].wrapping_mul(back)),
+                dst.wrapping_offset(c.dst_steps[d].wrapping_mul(back)),
+            );
+            at[d] = 0;
         }
     }
 }
@@ -677,6 +772,36 @@ mod tests {
             )],
         )];
         same_as_jit(&kernel(DType::F32, 0, body), 120 * 4, 120 * 4, &[], &[(0, 2), (1, 2)]);
+    }
+
+    #[test]
+    fn a_head_split_of_rows_of_every_length_matches_the_jit() {
+        // out[i0][i1][i2][i3] = in[i0][i2][i1][i3] (tokens x heads -> heads x tokens) for rows
+        // of 1 to 40 floats: each fixed-size move, an inline short run and a `memmove`, under
+        // an outer level walked by the odometer.
+        for row in [1, 2, 3, 4, 8, 16, 20, 40] {
+            let (b, h, t) = (3, 2, 5);
+            let idx = add(add(add(mul(v(0), c(t * h * row)), mul(v(2), c(h * row))), mul(v(1), c(row))), v(3));
+            let out = add(add(add(mul(v(0), c(h * t * row)), mul(v(1), c(t * row))), mul(v(2), c(row))), v(3));
+            let body = vec![looped(
+                0,
+                c(b),
+                true,
+                vec![looped(
+                    1,
+                    c(h),
+                    false,
+                    vec![looped(
+                        2,
+                        c(t),
+                        false,
+                        vec![looped(3, c(row), false, vec![load(0, DType::F32, idx), store(out, 0)])],
+                    )],
+                )],
+            )];
+            let bytes = (b * h * t * row) as usize * 4;
+            same_as_jit(&kernel(DType::F32, 0, body), bytes, bytes, &[], &[(0, 3), (1, 2), (2, 9)]);
+        }
     }
 
     #[test]
