@@ -7,7 +7,7 @@
 
 use std::collections::BTreeSet;
 
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use air::{DType, Scalar};
 use lower::kir::{IExpr, Inst, Reg, Stmt, Var};
@@ -65,7 +65,39 @@ fn collect(e: &IExpr, v: Var, out: &mut BTreeSet<i64>) {
 /// a constant, and a `where` on such a constant is the operand it picks (a padded copy's border
 /// is stores of zeros, its interior the copy alone).
 pub(crate) fn segment(body: &[Stmt], v: Var, lo: i64, hi: Option<i64>) -> Vec<Stmt> {
-    segment_known(body, v, lo, hi, &mut HashMap::default())
+    let mut seg = segment_known(body, v, lo, hi, &mut HashMap::default());
+    drop_unused(&mut seg, &mut HashSet::default());
+    seg
+}
+
+/// Removes from `body` (nested loops included) every `let` whose register nothing after it
+/// reads, `used` holding the registers read after `body`. What folding leaves in a border
+/// segment is mostly such: the `where` that picks the border's value leaves the interior's
+/// arithmetic (a bias added to a padded zero, its ReLU) unread, and each `let` costs the code
+/// generator instructions to emit and compile. Every `let` but a gather (which records a bad
+/// index) computes a value and nothing else.
+fn drop_unused(body: &mut Vec<Stmt>, used: &mut HashSet<Reg>) {
+    let mut keep = vec![true; body.len()];
+    for (s, keep) in body.iter_mut().zip(&mut keep).rev() {
+        match s {
+            Stmt::Let { reg, inst, .. } => {
+                if used.contains(reg) || matches!(inst, Inst::Gather { .. }) {
+                    used.extend(inst.operands());
+                } else {
+                    *keep = false;
+                }
+            }
+            Stmt::Loop { body, .. } => drop_unused(body, used),
+            Stmt::AccUpdate { value, .. } | Stmt::Store { value, .. } => {
+                used.insert(*value);
+            }
+            Stmt::ScatterAdd { index, value, .. } => used.extend([*index, *value]),
+            Stmt::Check { cond, value, .. } => used.extend([*cond, *value]),
+            Stmt::AccInit { .. } => {}
+        }
+    }
+    let mut keep = keep.into_iter();
+    body.retain(|_| keep.next().unwrap_or(true));
 }
 
 /// [`segment`], with `known` the registers folded to constants so far (in enclosing bodies).
@@ -123,5 +155,67 @@ fn fold(e: &IExpr, v: Var, lo: i64, hi: Option<i64>) -> IExpr {
         },
         IExpr::And(a, b) => IExpr::and(f(a), f(b)),
         other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use air::BinaryOp;
+
+    use super::*;
+
+    fn let_(reg: u32, dtype: DType, inst: Inst) -> Stmt {
+        Stmt::Let { reg: Reg(reg), dtype, inst }
+    }
+
+    /// `out[i] = 0 < i < 4 ? max(in[i - 1] * s + t, 0) : -5` (a padded BatchNorm+ReLU), as
+    /// the statements of the loop over `i` (variable 0).
+    fn padded_relu() -> Vec<Stmt> {
+        let i = || IExpr::Var(Var(0));
+        let inside = IExpr::and(IExpr::lt(IExpr::Const(0), i()), IExpr::lt(i(), IExpr::Const(4)));
+        let masked =
+            |buf: u32, index: IExpr| Inst::Load { buf, index, mask: Some(inside.clone()), other: Scalar::Float(0.0) };
+        vec![
+            let_(0, DType::F32, masked(0, IExpr::add(i(), IExpr::Const(-1)))),
+            let_(1, DType::F32, masked(1, IExpr::Const(0))),
+            let_(2, DType::F32, masked(1, IExpr::Const(1))),
+            let_(3, DType::F32, Inst::Binary(BinaryOp::Mul, Reg(0), Reg(1))),
+            let_(4, DType::F32, Inst::Binary(BinaryOp::Add, Reg(3), Reg(2))),
+            let_(5, DType::F32, Inst::Const(Scalar::Float(0.0))),
+            let_(6, DType::F32, Inst::Binary(BinaryOp::Max, Reg(4), Reg(5))),
+            let_(7, DType::Bool, Inst::Index(inside.clone())),
+            let_(8, DType::F32, Inst::Const(Scalar::Float(-5.0))),
+            let_(9, DType::F32, Inst::Where(Reg(7), Reg(6), Reg(8))),
+            Stmt::Store { buf: 2, index: i(), value: Reg(9) },
+        ]
+    }
+
+    #[test]
+    fn a_border_segment_keeps_only_what_its_stores_read() {
+        let body = padded_relu();
+        assert_eq!(cuts(&body, Var(0), Some(5)), vec![1, 4]);
+        // On the border the `where` picks -5: the loads and the arithmetic are unread.
+        let border = segment(&body, Var(0), 0, Some(1));
+        assert_eq!(
+            border,
+            vec![
+                let_(8, DType::F32, Inst::Const(Scalar::Float(-5.0))),
+                let_(9, DType::F32, Inst::Cast(Reg(8))),
+                Stmt::Store { buf: 2, index: IExpr::Var(Var(0)), value: Reg(9) },
+            ]
+        );
+        assert_eq!(segment(&body, Var(0), 4, None), border);
+        // Inside, the masks fold to true and the `where` to the ReLU: only the -5 and the
+        // folded condition go unread.
+        let interior = segment(&body, Var(0), 1, Some(4));
+        let regs: Vec<u32> = interior
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::Let { reg, .. } => Some(reg.0),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(regs, vec![0, 1, 2, 3, 4, 5, 6, 9]);
+        assert!(interior.iter().all(|s| !matches!(s, Stmt::Let { inst: Inst::Load { mask: Some(_), .. }, .. })));
     }
 }
