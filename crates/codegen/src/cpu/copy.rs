@@ -358,9 +358,7 @@ impl CopyPlan {
             }
         }
     }
-}
 
-impl CopyPlan {
     /// [`CopyPlan::run`] for a nest of one unmasked copy: the two levels around the innermost
     /// walked in plain loops, each innermost run one move of a size known before them (a head
     /// split's rows of eight floats are one 32-byte move each), the levels outside those by an
@@ -400,12 +398,9 @@ impl CopyPlan {
 
 /// Calls `each(src, dst)` at the start of every innermost run of `c`'s nest (`extent`, none
 /// zero), in the nest's order: the two levels around the innermost in plain loops, those outside
-/// by an odometer.
-///
-/// # Safety
-/// `each` is safe to call at every run's start.
+/// by an odometer. Only `each` touches memory.
 #[inline(always)]
-unsafe fn walk(c: &Cursor, extent: &[i64], each: impl Fn(*const u8, *mut u8)) {
+fn walk(c: &Cursor, extent: &[i64], each: impl Fn(*const u8, *mut u8)) {
     let inner = extent.len() - 1;
     let outer = inner.saturating_sub(2);
     // The plain levels `outer..inner`, outermost first, padded with levels of one step.
