@@ -287,6 +287,9 @@ struct Inner {
     /// Whether tiled kernels run natively at the quick tier (see `native`; `KILN_NATIVE_TILES=0`
     /// compiles them; never under [`JitMode::Optimized`]).
     native_tiles: bool,
+    /// Whether stencil kernels run natively at the quick tier (see `native`;
+    /// `KILN_NATIVE_STENCILS=0` compiles them; never under [`JitMode::Optimized`]).
+    native_stencils: bool,
 }
 
 /// Environment variable that turns early compiles (`early`) off (`0`) for comparisons.
@@ -297,6 +300,9 @@ pub const NATIVE_COPY_ENV: &str = "KILN_NATIVE_COPY";
 
 /// Environment variable that turns native tiled kernels off (`0`) for comparisons.
 pub const NATIVE_TILES_ENV: &str = "KILN_NATIVE_TILES";
+
+/// Environment variable that turns native stencil kernels off (`0`) for comparisons.
+pub const NATIVE_STENCILS_ENV: &str = "KILN_NATIVE_STENCILS";
 
 /// The compiled kernels by structural hash ([`LoopKernel::structural_hash`], computed once per
 /// lookup), least recently used first out; kernels of one hash are told apart in full.
@@ -378,6 +384,7 @@ impl CpuCompiler {
                 tiling: Tiling::from_env(),
                 native_copies: std::env::var(NATIVE_COPY_ENV).map_or(true, |v| v.trim() != "0"),
                 native_tiles: std::env::var(NATIVE_TILES_ENV).map_or(true, |v| v.trim() != "0"),
+                native_stencils: std::env::var(NATIVE_STENCILS_ENV).map_or(true, |v| v.trim() != "0"),
             }),
         })
     }
@@ -399,6 +406,12 @@ impl CpuCompiler {
     /// default, unless `KILN_NATIVE_TILES=0` or [`JitMode::Optimized`]) or are compiled.
     pub fn set_native_tiles(&self, on: bool) {
         self.lock().native_tiles = on;
+    }
+
+    /// Whether stencil kernels compiled from now on run natively until their optimised code (the
+    /// default, unless `KILN_NATIVE_STENCILS=0` or [`JitMode::Optimized`]) or are compiled.
+    pub fn set_native_stencils(&self, on: bool) {
+        self.lock().native_stencils = on;
     }
 
     /// Sets the most kernels the cache keeps (at least 1), evicting the least recently used
@@ -607,7 +620,7 @@ impl Inner {
         if self.mode == JitMode::Optimized {
             return NativeKinds::NONE;
         }
-        NativeKinds { copies: self.native_copies, tiles: self.native_tiles }
+        NativeKinds { copies: self.native_copies, tiles: self.native_tiles, stencils: self.native_stencils }
     }
 
     /// Compiles distinct kernels that are not in the cache, caches the successes, sends them on

@@ -1,5 +1,6 @@
 //! Kernels run by native Rust instead of JIT-ed code, as the quick tier of the tiered JIT: copy
-//! nests (`copy`) and tiled kernels ([`TileRun`]), whose JIT-ed code would only call routines.
+//! nests (`copy`), tiled kernels ([`TileRun`]) and stencils ([`StencilRun`]), whose JIT-ed code
+//! would only call routines.
 //!
 //! A tiled kernel (`analysis::tile_plan`, `analysis::tile_rows_plan`) is a parallel loop whose
 //! JIT-ed code walks the loop in tiles of `tile::TILE` elements (or of whole short rows) and,
@@ -28,9 +29,10 @@ use super::analysis::{
 use super::copy::CopyPlan;
 use super::emit::f32_const;
 use super::helpers::copy_rows;
+use super::stencil::{Operand, StencilArgs, StencilPlan, plane_plan, stencil_avx512, stencil_base, stencil_plan};
 use super::tile::{
     A_SCALAR, B_SCALAR, MAX_SLOTS, NEUTRAL, PARAMS, SELECT_BOUND, SELECT_FIRST, SELECT_OTHER, TILE, TILE_MIN_TRIPS,
-    TileLevel, TileUnary, binary_avx2, binary_avx512, unary_avx2, unary_avx512,
+    TileLevel, TileMode, TileUnary, binary_avx2, binary_avx512, unary_avx2, unary_avx512,
 };
 
 /// A kernel's native quick tier.
@@ -38,6 +40,7 @@ use super::tile::{
 pub(crate) enum Native {
     Copy(CopyPlan),
     Tiles(TileRun),
+    Stencil(Box<StencilRun>),
 }
 
 /// Which kernels run natively (each kind on unless its environment variable is `0`; none under
@@ -46,17 +49,20 @@ pub(crate) enum Native {
 pub(crate) struct NativeKinds {
     pub(crate) copies: bool,
     pub(crate) tiles: bool,
+    pub(crate) stencils: bool,
 }
 
 impl NativeKinds {
-    pub(crate) const NONE: NativeKinds = NativeKinds { copies: false, tiles: false };
+    pub(crate) const NONE: NativeKinds = NativeKinds { copies: false, tiles: false, stencils: false };
 }
 
 impl Native {
     /// How `k` runs natively (of the `kinds` allowed, its tiles as `tiling` says), if it can.
     pub(crate) fn of(k: &LoopKernel, kinds: NativeKinds, tiling: Tiling) -> Option<Native> {
         let copy = kinds.copies.then(|| CopyPlan::of(k)).flatten().map(Native::Copy);
-        copy.or_else(|| kinds.tiles.then(|| TileRun::of(k, tiling)).flatten().map(Native::Tiles))
+        copy.or_else(|| kinds.tiles.then(|| TileRun::of(k, tiling)).flatten().map(Native::Tiles)).or_else(|| {
+            kinds.stencils.then(|| StencilRun::of(k, tiling)).flatten().map(|s| Native::Stencil(Box::new(s)))
+        })
     }
 
     /// Runs the kernel with the JIT's calling convention.
@@ -70,7 +76,101 @@ impl Native {
             match self {
                 Native::Copy(p) => p.run(bufs, syms, start, end),
                 Native::Tiles(t) => t.run(bufs, syms, start, end),
+                Native::Stencil(t) => t.run(bufs, syms, start, end),
             }
+        }
+    }
+}
+
+/// A stencil kernel run natively: a parallel loop whose body is constants and then a loop that
+/// `Emitter::stencil_loop` emits as one routine call (`stencil::plane_plan`,
+/// `stencil::stencil_plan`), so its JIT-ed code only fills the routine's arguments per iteration
+/// of the parallel loop and calls it. [`StencilRun::run`] fills the same arguments
+/// ([`StencilPlan::args`]) and calls the same routine: a depthwise convolution's kernel
+/// (MobileNet has three) needs no Cranelift compile at the quick tier.
+pub(crate) struct StencilRun {
+    var: Var,
+    extent: IExpr,
+    plan: StencilPlan,
+    /// The values of the constants the plan's uniform operands name.
+    consts: Vec<(Reg, f32)>,
+    routine: unsafe extern "C" fn(*const StencilArgs),
+    n_syms: usize,
+}
+
+impl std::fmt::Debug for StencilRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StencilRun").field("var", &self.var).field("plan", &self.plan).finish_non_exhaustive()
+    }
+}
+
+impl StencilRun {
+    /// The native run of `k` where its JIT-ed code would be one stencil routine call per
+    /// iteration of its parallel loop (the decisions `Emitter::emit_loop` takes, in its order).
+    pub(crate) fn of(k: &LoopKernel, tiling: Tiling) -> Option<StencilRun> {
+        let routine: unsafe extern "C" fn(*const StencilArgs) = match (tiling.mode, tiling.level) {
+            (TileMode::Always, TileLevel::Avx512) | (TileMode::Auto, TileLevel::Avx512) => stencil_avx512,
+            (TileMode::Always, _) => stencil_base,
+            _ => return None,
+        };
+        let [Stmt::Loop { var, extent, parallel: true, body }] = k.body.as_slice() else { return None };
+        let info = KernelInfo::new(k).ok()?;
+        // The parallel loop: no rows plan and no vector plan, so a plain loop over its body.
+        let rows = extent.as_const().is_none_or(|n| n * 8 >= TILE_MIN_TRIPS)
+            && tile_rows_plan(k, &info, *var, body, tiling.mode, TILE_MIN_TRIPS).is_some();
+        if rows || vector_plan(k, &info, *var, body).is_some() {
+            return None;
+        }
+        // Its body: constants, then the stencil's loop.
+        let (last, prefix) = body.split_last()?;
+        let Stmt::Loop { var: inner, extent: inner_extent, parallel: false, body: inner_body } = last else {
+            return None;
+        };
+        let mut consts = Vec::with_capacity(prefix.len());
+        for s in prefix {
+            match s {
+                Stmt::Let { reg, dtype: DType::F32, inst: Inst::Const(c) } => consts.push((*reg, f32_const(*c))),
+                _ => return None,
+            }
+        }
+        let plan =
+            plane_plan(*inner, inner_extent, inner_body).or_else(|| stencil_plan(*inner, inner_extent, inner_body))?;
+        let known = |o: &Operand| match o {
+            Operand::Const(_) => true,
+            Operand::Reg(r) => consts.iter().any(|(c, _)| c == r),
+        };
+        // Every uniform a constant above; every index reads the parallel loop's variable alone.
+        let reads_var_alone = |e: &IExpr| e.all_leaves(&|l| !matches!(l, IExpr::Var(v) if v != var));
+        if !plan.operands().iter().all(known) || !plan.exprs().into_iter().chain([extent]).all(reads_var_alone) {
+            return None;
+        }
+        Some(StencilRun { var: *var, extent: extent.clone(), plan, consts, routine, n_syms: k.n_syms as usize })
+    }
+
+    /// Runs iterations `[start, end)` of the parallel loop, one routine call each, as the JIT-ed
+    /// code does.
+    ///
+    /// # Safety
+    /// As for calling the kernel's code (see `KernelEntry::invoke`).
+    pub(crate) unsafe fn run(&self, bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
+        // SAFETY: the caller passes `n_syms` symbols.
+        let syms = unsafe { std::slice::from_raw_parts(syms, self.n_syms) };
+        let mut vars: SmallVec<[i64; 8]> = SmallVec::from_elem(0, self.var.0 as usize + 1);
+        let (lo, hi) = (start.max(0), end.min(self.extent.eval(&vars, syms)));
+        let operand = |o: Operand| match o {
+            Operand::Const(x) => x,
+            Operand::Reg(r) => self.consts.iter().find(|(c, _)| *c == r).map_or(0.0, |&(_, x)| x),
+        };
+        for i in lo..hi {
+            vars[self.var.0 as usize] = i;
+            let value = |e: &IExpr| e.eval(&vars, syms);
+            // SAFETY: the caller passes one pointer per parameter; the offset is the kernel's.
+            let addr =
+                |buf: u32, e: &IExpr| unsafe { *bufs.add(buf as usize) as *mut f32 }.wrapping_offset(value(e) as isize);
+            let args = self.plan.args(&value, &addr, &operand);
+            // SAFETY: the arguments are those the JIT-ed code passes (the caller's contract
+            // covers every element they reach).
+            unsafe { (self.routine)(&args) };
         }
     }
 }

@@ -191,6 +191,114 @@ pub(crate) struct StencilPlan {
     pub(crate) planes: IExpr,
 }
 
+impl StencilPlan {
+    /// The routine's [`StencilArgs::flags`].
+    pub(crate) fn flags(&self) -> i64 {
+        (if self.max { FLAG_MAX } else { 0 })
+            | if self.bias.is_some() { FLAG_BIAS } else { 0 }
+            | if self.post.is_some() { FLAG_POST } else { 0 }
+            | if self.scale.is_some() { FLAG_SCALE } else { 0 }
+    }
+
+    /// The arguments of one call, as the code generator's stores fill them (`emit/stencil.rs`):
+    /// `value` evaluates an index expression, `addr` gives the address of element `e` of
+    /// parameter `buf`, `operand` a uniform operand's value. What the flags leave unread is zero.
+    pub(crate) fn args(
+        &self,
+        value: &dyn Fn(&IExpr) -> i64,
+        addr: &dyn Fn(u32, &IExpr) -> *mut f32,
+        operand: &dyn Fn(Operand) -> f32,
+    ) -> StencilArgs {
+        let mut a = StencilArgs {
+            dst: addr(self.dst_buf, &self.dst_base),
+            src: addr(self.src_buf, &self.src_base),
+            dst_row: value(&self.dst_row),
+            src_row: value(&self.src_row),
+            rows: value(&self.rows),
+            width: self.width,
+            stride: self.stride,
+            taps: self.offsets.len() as i64,
+            flags: self.flags(),
+            planes: value(&self.planes),
+            dst_plane: value(&self.dst_plane),
+            src_plane: value(&self.src_plane),
+            bias: 0.0,
+            bias_at: std::ptr::null(),
+            bias_plane: 0,
+            scale: 0.0,
+            scale_at: std::ptr::null(),
+            scale_plane: 0,
+            post: self.post.map_or(0.0, operand),
+            offsets: [0; MAX_TAPS],
+            weights: [0.0; MAX_TAPS],
+            weights_at: std::ptr::null(),
+            weights_plane: 0,
+            weight_offsets: [0; MAX_TAPS],
+        };
+        a.offsets[..self.offsets.len()].copy_from_slice(&self.offsets);
+        for (per_plane, (v, at, plane)) in [
+            (&self.bias, (&mut a.bias, &mut a.bias_at, &mut a.bias_plane)),
+            (&self.scale, (&mut a.scale, &mut a.scale_at, &mut a.scale_plane)),
+        ] {
+            match per_plane {
+                Some(PerPlane::Value(o)) => *v = operand(*o),
+                Some(PerPlane::Loaded { buf, base, plane: p }) => (*at, *plane) = (addr(*buf, base), value(p)),
+                None => {}
+            }
+        }
+        match &self.weights {
+            Weights::None => {}
+            Weights::Values(ws) => {
+                for (w, &o) in a.weights.iter_mut().zip(ws) {
+                    *w = operand(o);
+                }
+            }
+            Weights::Loaded { buf, base, plane, offsets } => {
+                (a.weights_at, a.weights_plane) = (addr(*buf, base), value(plane));
+                a.weight_offsets[..offsets.len()].copy_from_slice(offsets);
+            }
+        }
+        a
+    }
+
+    /// Every index expression the plan holds (for the loop variables they may read).
+    pub(crate) fn exprs(&self) -> Vec<&IExpr> {
+        let mut out = vec![
+            &self.src_base,
+            &self.src_row,
+            &self.src_plane,
+            &self.dst_base,
+            &self.dst_row,
+            &self.dst_plane,
+            &self.rows,
+            &self.planes,
+        ];
+        for per_plane in [&self.bias, &self.scale] {
+            if let Some(PerPlane::Loaded { base, plane, .. }) = per_plane {
+                out.extend([base, plane]);
+            }
+        }
+        if let Weights::Loaded { base, plane, .. } = &self.weights {
+            out.extend([base, plane]);
+        }
+        out
+    }
+
+    /// Every uniform operand the plan reads.
+    pub(crate) fn operands(&self) -> Vec<Operand> {
+        let mut out: Vec<Operand> = self.post.into_iter().collect();
+        for per_plane in [&self.bias, &self.scale] {
+            if let Some(PerPlane::Value(o)) = per_plane {
+                out.push(*o);
+            }
+        }
+        if let Weights::Values(ws) = &self.weights {
+            out.extend(ws.iter().copied());
+        }
+        out
+    }
+}
+
 /// The value of a register inside the column loop, as far as the pattern needs it.
 #[derive(Clone, Debug)]
 enum Val {

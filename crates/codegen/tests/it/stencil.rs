@@ -181,9 +181,10 @@ fn bufs(s: &Spec, batch: i64, seed: u64) -> Vec<Buf> {
     ]
 }
 
-fn compiler(mode: TileMode, level: TileLevel) -> CpuCompiler {
+fn compiler(mode: TileMode, level: TileLevel, native: bool) -> CpuCompiler {
     let c = CpuCompiler::new().expect("host ISA");
     c.set_tiling(Tiling { mode, level });
+    c.set_native_stencils(native);
     c
 }
 
@@ -212,13 +213,13 @@ fn case(s: &Spec, batch: i64, split: i64, seed: u64) {
         (TileMode::Auto, TileLevel::detect()),
         (TileMode::Always, TileLevel::detect()),
     ];
-    for (mode, level) in modes {
-        let c = compiler(mode, level);
+    for ((mode, level), native) in modes.into_iter().flat_map(|m| [(m, false), (m, true)]) {
+        let c = compiler(mode, level, native);
         let mut got = bufs(s, batch, seed);
         let split = split.min(batch);
         jit_with(&c, &k, &mut got, &[batch], 0, split);
         jit_with(&c, &k, &mut got, &[batch], split, batch);
-        assert_same(&got[0], &want[0], &format!("{s:?} at {mode:?} {level:?}"));
+        assert_same(&got[0], &want[0], &format!("{s:?} at {mode:?} {level:?}, native stencils {native}"));
     }
 }
 
@@ -281,6 +282,28 @@ fn depthwise_and_pooling_run_as_routine_calls() {
         let auto = Tiling { mode: TileMode::Auto, level: TileLevel::detect() };
         assert_eq!(calls_routine(&k, auto), TileLevel::detect() == TileLevel::Avx512, "{s:?}");
         case(&s, 2, 1, 7);
+    }
+}
+
+/// Where the code would be one routine call per batch entry, the kernel runs natively at the
+/// quick tier (the same routine, its arguments filled in Rust: no compile) unless told not to,
+/// and gives the same bits as the compiled call.
+#[test]
+fn a_routine_call_per_entry_runs_natively() {
+    for s in [depthwise(), pool()] {
+        let k = kernel(&s);
+        for (mode, level) in [(TileMode::Always, TileLevel::Base), (TileMode::Auto, TileLevel::detect())] {
+            let routine = calls_routine(&k, Tiling { mode, level });
+            let (native, compiled) = (compiler(mode, level, true), compiler(mode, level, false));
+            assert_eq!(native.compile(&k).expect("compile").is_native(), routine, "{s:?} {mode:?} {level:?}");
+            assert!(!compiled.compile(&k).expect("compile").is_native(), "{s:?} {mode:?} {level:?}");
+            let (mut a, mut b) = (bufs(&s, 3, 11), bufs(&s, 3, 11));
+            jit_with(&native, &k, &mut a, &[3], 0, 3);
+            jit_with(&compiled, &k, &mut b, &[3], 0, 3);
+            assert_same(&a[0], &b[0], &format!("{s:?} {mode:?} {level:?}"));
+        }
+        let off = compiler(TileMode::Off, TileLevel::Base, true);
+        assert!(!off.compile(&k).expect("compile").is_native(), "{s:?}");
     }
 }
 

@@ -1,11 +1,12 @@
 //! A loop nest that is a stencil (`stencil::stencil_plan`, `stencil::plane_plan`) as one call of
-//! the stencil routine: its arguments stored into a `StencilArgs` on the stack.
+//! the stencil routine: its arguments stored into a `StencilArgs` on the stack, as
+//! `StencilPlan::args` fills them for a native run.
 
 use cranelift_codegen::ir::{InstBuilder, StackSlotData, StackSlotKind, Value, types};
 
 use super::Emitter;
 use crate::cpu::helpers::Helper;
-use crate::cpu::stencil::{FLAG_BIAS, FLAG_MAX, FLAG_POST, FLAG_SCALE, Operand, PerPlane, StencilPlan, Weights, at};
+use crate::cpu::stencil::{Operand, PerPlane, StencilPlan, Weights, at};
 use crate::cpu::tile::TileLevel;
 use crate::error::Result;
 
@@ -24,15 +25,11 @@ impl<'f> Emitter<'_, 'f> {
             (at::DST_PLANE, self.iexpr(&plan.dst_plane)?),
             (at::SRC_PLANE, self.iexpr(&plan.src_plane)?),
         ];
-        let flags = if plan.max { FLAG_MAX } else { 0 }
-            | if plan.bias.is_some() { FLAG_BIAS } else { 0 }
-            | if plan.post.is_some() { FLAG_POST } else { 0 }
-            | if plan.scale.is_some() { FLAG_SCALE } else { 0 };
         let mut consts = vec![
             (at::WIDTH, plan.width),
             (at::STRIDE, plan.stride),
             (at::TAPS, plan.offsets.len() as i64),
-            (at::FLAGS, flags),
+            (at::FLAGS, plan.flags()),
             (at::BIAS_AT, 0),
             (at::SCALE_AT, 0),
             (at::WEIGHTS_AT, 0),
