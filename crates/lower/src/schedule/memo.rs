@@ -64,8 +64,9 @@ enum Item<'g> {
     /// A `Shrink` of a node read from its buffer, by its type alone: where it starts is the
     /// read's offset (the next item's).
     Shrunk(&'g TensorType),
-    /// A concatenation's piece that copies a node read from its buffer (the next item) into
-    /// its window of the output, of this type: where the window starts is the target's offset.
+    /// A concatenation's piece that pads a node (the next items: its buffer's read, or its
+    /// expression) to exactly its window of the output, of this type: where the window starts
+    /// is the target's offset.
     Piece(&'g TensorType),
     /// A node read from its buffer: the buffer's position among those met, its type, and the
     /// read's offset (in elements) from the first read of that position.
@@ -101,8 +102,8 @@ impl<'g> Walk<'g> {
             bases: SmallVec::from_elem(None, 1),
             hasher: FxHasher::default(),
         };
-        let copy = window.and_then(|w| copied(g, bufs, root, w, target));
-        if let (Some(window), Some(_)) = (window, copy) {
+        let piece = window.and_then(|w| window_pad(g, bufs, root, w, target));
+        if let (Some(window), Some(_)) = (window, piece) {
             // Keyed by the window's size: where it starts is where the kernel writes.
             let sizes = window.iter().map(|(lo, hi)| Some((Dim::Const(0), hi.checked_sub(lo)?)));
             w.key.window = Some(sizes.collect::<Option<_>>()?);
@@ -110,10 +111,12 @@ impl<'g> Walk<'g> {
         }
         w.key.window.hash(&mut w.hasher);
         expand.hash(&mut w.hasher);
-        match copy {
+        match piece {
+            // The pad's own amounts are the window's start (keyed by the target's offset) and
+            // what follows it: the piece is what it pads, wherever the window lies.
             Some(x) => {
                 w.push(Item::Piece(g.ty(root)));
-                w.buf(*bufs.get(x)?, g.ty(x), Dim::Const(0))?;
+                w.walk(g, bufs, x, false)?;
             }
             None => w.walk(g, bufs, root, expand)?,
         }
@@ -174,18 +177,19 @@ impl<'g> Walk<'g> {
     }
 }
 
-/// The node whose buffer the concatenation's piece `root` copies into `window` of the target
-/// (not the target's own): `root` pads it to exactly that window. The builder then reads it
-/// in place (the pad folds into its load, the window cancelling it) and writes the window's
-/// part of the target, wherever the window starts.
-fn copied(g: &Graph, bufs: &Buffers, root: NodeId, window: &[(Dim, Dim)], target: BufId) -> Option<NodeId> {
+/// The node the concatenation's piece `root` pads to exactly `window` of the target (a node with
+/// its own buffer, not the target's, or an expression): the builder computes it at the
+/// window's positions (the pad folds into each of its loads, the window cancelling it) and
+/// writes the window's part of the target, wherever the window starts. An unrolled RNN's
+/// output stacks each step's state, computed in its piece: one kernel for every step.
+fn window_pad(g: &Graph, bufs: &Buffers, root: NodeId, window: &[(Dim, Dim)], target: BufId) -> Option<NodeId> {
     let (Op::Pad(p), [x]) = (g.op(root), g.inputs(root)) else { return None };
     let shape = &g.ty(root).shape;
     let exact = p.padding.len() == window.len()
         && p.padding.iter().zip(window).zip(shape.iter()).all(|(((before, after), (lo, hi)), size)| {
             before == lo && size.checked_sub(after).is_some_and(|end| end == *hi)
         });
-    (exact && bufs.get(*x).is_some_and(|&b| b != target)).then_some(*x)
+    (exact && bufs.get(*x).is_none_or(|&b| b != target)).then_some(*x)
 }
 
 /// The offset in elements of the window starting at `ranges`' starts of a row-major `shape`;

@@ -1300,11 +1300,43 @@ fn slices_at_other_starts_reuse_the_kernel_built_for_the_first_moved_along() {
     .assert_eq(&p.to_string());
 }
 
+#[test]
+fn cat_pieces_computing_their_steps_write_their_own_windows() {
+    // An unrolled RNN's output with no step's state materialized: each piece computes its step
+    // (`exp2(-x_t + y)`, each `x_t` an input of its own) into its window. The pieces after the
+    // first are keyed as the first (`schedule/memo.rs`: a pad to exactly the piece's window is
+    // keyed by the window's size) and take its kernel with the writes moved to their windows;
+    // every window holds its own step.
+    let n = Dim::sym("n");
+    let mut b = B::default();
+    let xs: Vec<NodeId> = (0..3).map(|_| b.input(DType::F32, &[Dim::Const(1), n, Dim::Const(4)])).collect();
+    let y = b.input(DType::F32, &[Dim::Const(1), n, Dim::Const(4)]);
+    let steps: Vec<NodeId> = xs
+        .iter()
+        .map(|&xt| {
+            let neg = b.un(UnaryOp::Neg, xt);
+            let sum = b.bin(BinaryOp::Add, neg, y);
+            b.un(UnaryOp::Exp2, sum)
+        })
+        .collect();
+    let out = cat(&mut b, &steps, 0);
+    let g = b.out(&[out]);
+    let p = compile(&g, &fused()).unwrap();
+    let stores: Vec<String> =
+        p.to_string().lines().filter(|l| l.contains("store")).map(|l| l.trim().to_string()).collect();
+    assert_eq!(stores, ["store b0[i0] = r4", "store b0[(i0 + s0*4)] = r4", "store b0[(i0 + s0*8)] = r4"], "{p}");
+    let mut bindings = Bindings::new();
+    bindings.insert(Symbol::new("n"), 3);
+    agree(&g, &p, &bindings, 9).unwrap();
+    agree(&g, &compile(&g, &unfused()).unwrap(), &bindings, 9).unwrap();
+}
+
 /// An unrolled loop of `seed`'s making: each step reads two windows of its slice of `x` (`[T,
 /// 6, 8]`, the second at a fixed random distance from the first, so that steps share a kernel
 /// moved along: `schedule/memo.rs`) and its slice of `y`, at a random step start, combines them
-/// with a random op, and the steps are also concatenated. Compiled fused and not, against the
-/// interpreter.
+/// with a random op, and the steps are also concatenated: with the steps outputs of their own
+/// (each concatenation piece a copy) or not (each piece computes its step). Compiled fused and
+/// not, against the interpreter.
 fn check_unrolled(seed: u64) -> Result<(), String> {
     let mut rng = Rng(seed | 1);
     let steps = 2 + rng.below(4) as i64;
@@ -1333,6 +1365,9 @@ fn check_unrolled(seed: u64) -> Result<(), String> {
         outs.push(b.bin(BinaryOp::Add, w, yt));
     }
     let cat_of = cat(&mut b, &outs, 0);
+    if rng.below(2) == 0 {
+        outs.clear();
+    }
     outs.push(cat_of);
     let g = b.out(&outs);
     for opts in [fused(), unfused()] {
