@@ -331,30 +331,14 @@ impl CopyPlan {
                     }
                 }
             }
-            let mut d = inner;
-            loop {
-                if d == 0 {
-                    return;
-                }
-                d -= 1;
-                at[d] += 1;
-                let wrapped = at[d] == extent[d];
+            let moved = advance(&mut at, &extent, inner, |d, by| {
                 for c in copies.iter_mut() {
-                    let (s, t) = if wrapped {
-                        (
-                            c.src_steps[d].wrapping_mul(1 - extent[d] as isize),
-                            c.dst_steps[d].wrapping_mul(1 - extent[d] as isize),
-                        )
-                    } else {
-                        (c.src_steps[d], c.dst_steps[d])
-                    };
-                    c.src = c.src.wrapping_offset(s);
-                    c.dst = c.dst.wrapping_offset(t);
+                    c.src = c.src.wrapping_offset(c.src_steps[d].wrapping_mul(by));
+                    c.dst = c.dst.wrapping_offset(c.dst_steps[d].wrapping_mul(by));
                 }
-                if !wrapped {
-                    break;
-                }
-                at[d] = 0;
+            });
+            if !moved {
+                return;
             }
         }
     }
@@ -421,25 +405,31 @@ fn walk(c: &Cursor, extent: &[i64], each: impl Fn(*const u8, *mut u8)) {
             }
             (s1, d1) = (s1.wrapping_offset(sa), d1.wrapping_offset(da));
         }
-        let mut d = outer;
-        loop {
-            if d == 0 {
-                return;
-            }
-            d -= 1;
-            at[d] += 1;
-            if at[d] < extent[d] {
-                (src, dst) = (src.wrapping_offset(c.src_steps[d]), dst.wrapping_offset(c.dst_steps[d]));
-                break;
-            }
-            let back = 1 - extent[d] as isize;
-            (src, dst) = (
-                src.wrapping_offset(c.src_steps[d].wrapping_mul(back)),
-                dst.wrapping_offset(c.dst_steps[d].wrapping_mul(back)),
-            );
-            at[d] = 0;
+        let moved = advance(&mut at, extent, outer, |d, by| {
+            src = src.wrapping_offset(c.src_steps[d].wrapping_mul(by));
+            dst = dst.wrapping_offset(c.dst_steps[d].wrapping_mul(by));
+        });
+        if !moved {
+            return;
         }
     }
+}
+
+/// One step of an odometer over levels `..levels` of `extent` (the last the fastest) at `at`:
+/// `move_by(d, by)` moves the cursors `by` steps along level `d` (one on, or `1 - extent` back to
+/// the level's start when it wraps). False once every level has wrapped: the nest is done.
+#[inline(always)]
+fn advance(at: &mut [i64; MAX_DEPTH], extent: &[i64], levels: usize, mut move_by: impl FnMut(usize, isize)) -> bool {
+    for d in (0..levels).rev() {
+        at[d] += 1;
+        if at[d] < extent[d] {
+            move_by(d, 1);
+            return true;
+        }
+        move_by(d, 1 - extent[d] as isize);
+        at[d] = 0;
+    }
+    false
 }
 
 /// One copy of a [`CopyPlan`] during a call: where its current run starts, its steps per level
