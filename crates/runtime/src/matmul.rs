@@ -95,6 +95,10 @@ const FEW_ROWS_MAX_MACS: u128 = 1 << 18;
 /// lanes each over a long `k` (a dot product of thousands) stays with `gemm` or the dots.
 const SMALL_MAX_STEPS: usize = 512;
 
+/// The most rows of `a` an entry may have to run through [`columns_avx512`] (see
+/// [`MatmulLaunch::reads_columns`]).
+const COLUMNS_MAX_M: usize = 64;
+
 /// The shortest `k` whose weight is packed in panels ([`crate::panel`]); a shorter one is kept in
 /// rows for `gemm`. The panel kernel stores each tile once per call and packs `a` first, which a
 /// short `k` does not amortise: an attention's four `Linear`s (128x64x64, one thread) took 42 us
@@ -462,6 +466,166 @@ pub(crate) unsafe fn columns_to_rows(src: *const f32, col: usize, k: usize, n: u
     }
 }
 
+/// `c (+)= a b` for an entry with `b`'s columns contiguous along `k` (a `Linear`'s `[out, in]`
+/// weight read as `[in, out]`), read in place, with no copy of `b`: `a` is transposed into `at`
+/// (rows padded to a multiple of 16), and each tile of `16 R` rows by `16 / R` columns keeps
+/// `c`'s tile transposed in registers, one step `R` vectors of rows of `a^T` times each
+/// column's element broadcast. `b` is read once per `16 R` rows, its columns in order along `k`
+/// side by side; the tile is transposed back ([`transpose16`]) and stored row by row. Each
+/// output is one chain of fused multiply-adds in `k` order, whatever its tile.
+///
+/// # Safety
+/// `a`, `b`, `c` point to the entry's matrices with the launch's strides, inside their
+/// buffers; `b.row == 1`, `c.col == 1`, `m <= COLUMNS_MAX_M`; AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn columns_avx512(l: &MatmulLaunch, a: *const f32, b: *const f32, c: *mut f32, at: &mut Vec<Line16>) {
+    let mp = l.m.div_ceil(16) * 16;
+    let lines = l.k * mp / 16;
+    if at.len() < lines {
+        at.resize(lines, Line16([0.0; 16]));
+    }
+    let t = at.as_mut_ptr() as *mut f32;
+    // SAFETY: `at` holds `k * mp` elements; the caller's contract for the rest.
+    unsafe {
+        transpose_rows(l, a, t, mp);
+        let mut i0 = 0;
+        while i0 < l.m {
+            if l.m - i0 > 16 {
+                columns_rows::<2, 8>(l, t, mp, i0, b, c);
+                i0 += 32;
+            } else {
+                columns_rows::<1, 16>(l, t, mp, i0, b, c);
+                i0 += 16;
+            }
+        }
+    }
+}
+
+/// `at[p * mp + i] = a[i][p]` for `i < m` (rows up to `mp` filled with copies of the last: lanes
+/// [`columns_rows`] computes and never stores), `p < k`, by 16x16 blocks.
+///
+/// # Safety
+/// `a` holds the entry's `m x k` matrix with the launch's strides; `at` holds `k * mp`
+/// elements, `mp` a multiple of 16 at least `m`; AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_rows(l: &MatmulLaunch, a: *const f32, at: *mut f32, mp: usize) {
+    use std::arch::x86_64::*;
+    let (m, k) = (l.m, l.k);
+    // SAFETY: every read is of `a`'s element `(min(i, m - 1), p)` with `p < k`; every write
+    // below `k * mp`.
+    unsafe {
+        if l.a.col != 1 {
+            for i in 0..mp {
+                let row = a.offset(i.min(m - 1) as isize * l.a.row);
+                for p in 0..k {
+                    *at.add(p * mp + i) = *row.offset(p as isize * l.a.col);
+                }
+            }
+            return;
+        }
+        let mut block = Line16s([Line16([0.0; 16]); 16]);
+        for i0 in (0..mp).step_by(16) {
+            for p0 in (0..k).step_by(16) {
+                let mask: __mmask16 = if k - p0 >= 16 { 0xffff } else { (1u16 << (k - p0)) - 1 };
+                for (r, line) in block.0.iter_mut().enumerate() {
+                    let row = a.offset((i0 + r).min(m - 1) as isize * l.a.row + p0 as isize);
+                    _mm512_storeu_ps(line.0.as_mut_ptr(), _mm512_maskz_loadu_ps(mask, row));
+                }
+                if k - p0 >= 16 {
+                    transpose16(block.0.as_ptr() as *const f32, 16, at.add(p0 * mp + i0), mp);
+                } else {
+                    let mut out = Line16s([Line16([0.0; 16]); 16]);
+                    transpose16(block.0.as_ptr() as *const f32, 16, out.0.as_mut_ptr() as *mut f32, 16);
+                    for p in 0..k - p0 {
+                        _mm512_storeu_ps(at.add((p0 + p) * mp + i0), _mm512_loadu_ps(out.0[p].0.as_ptr()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tiles of [`columns_avx512`] in rows `i0..i0 + 16 R` (those below `m` stored): `R`
+/// vectors of rows by `N = 16 / R` columns, `R * N = 16` accumulators.
+///
+/// # Safety
+/// As for [`columns_avx512`], with `at` its transposed `a` (`mp` apart).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn columns_rows<const R: usize, const N: usize>(
+    l: &MatmulLaunch,
+    at: *const f32,
+    mp: usize,
+    i0: usize,
+    b: *const f32,
+    c: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    let (m, n, k) = (l.m, l.n, l.k);
+    let rows = (m - i0).min(16 * R);
+    // SAFETY: `at` rows `i0..i0 + 16 R <= mp`; `b`'s columns clamped below `n`; `c`'s rows
+    // below `m` and columns below `n` (masked).
+    unsafe {
+        let mut tile = Line16s([Line16([0.0; 16]); 16]);
+        let mut out = Line16s([Line16([0.0; 16]); 16]);
+        for j0 in (0..n).step_by(N) {
+            let width = (n - j0).min(N);
+            let mut cols = [b; N];
+            for (jj, col) in cols.iter_mut().enumerate() {
+                *col = b.offset((j0 + jj.min(width - 1)) as isize * l.b.col);
+            }
+            // The next tile's columns, one line of them asked for every step (their lines are
+            // at most `k`: `N * k.div_ceil(16)`): a short column (four lines at `k = 64`) is
+            // over before the hardware's prefetcher takes it up.
+            let next = (j0 + N).min(n - 1);
+            let mut acc = [[_mm512_setzero_ps(); R]; N];
+            let mut x = at.add(i0);
+            for p in 0..k {
+                let (jj, line) = (p % N, 16 * (p / N));
+                if line < k {
+                    let col = b.offset((next + jj).min(n - 1) as isize * l.b.col);
+                    _mm_prefetch::<_MM_HINT_T0>(col.add(line) as *const i8);
+                }
+                let mut v = [_mm512_setzero_ps(); R];
+                for (r, v) in v.iter_mut().enumerate() {
+                    *v = _mm512_loadu_ps(x.add(16 * r));
+                }
+                for jj in 0..N {
+                    let w = _mm512_set1_ps(*cols[jj].add(p));
+                    for r in 0..R {
+                        acc[jj][r] = _mm512_fmadd_ps(w, v[r], acc[jj][r]);
+                    }
+                }
+                x = x.add(mp);
+            }
+            let mask: __mmask16 = if width == 16 { 0xffff } else { (1u16 << width) - 1 };
+            for r in 0..R {
+                // Tile line `jj` is column `j0 + jj` of rows `i0 + 16 r ..`; transposed, line
+                // `q` is row `i0 + 16 r + q`'s columns.
+                for (line, column) in tile.0.iter_mut().zip(&acc) {
+                    _mm512_storeu_ps(line.0.as_mut_ptr(), column[r]);
+                }
+                transpose16(tile.0.as_ptr() as *const f32, 16, out.0.as_mut_ptr() as *mut f32, 16);
+                for q in 0..rows.saturating_sub(16 * r).min(16) {
+                    let dst = c.offset((i0 + 16 * r + q) as isize * l.c.row + j0 as isize);
+                    let mut v = _mm512_loadu_ps(out.0[q].0.as_ptr());
+                    if l.accumulate {
+                        v = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dst), v);
+                    }
+                    _mm512_mask_storeu_ps(dst, mask, v);
+                }
+            }
+        }
+    }
+}
+
+/// Sixteen lines: a 16x16 tile.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line16s([Line16; 16]);
+
 /// The call of [`small_block`] for a block's `(rows, vectors, gather)`, one arm per listed
 /// `(R, V, U)` with `b` loaded and one with it gathered.
 #[cfg(target_arch = "x86_64")]
@@ -644,6 +808,8 @@ pub fn warm_up() {
 thread_local! {
     /// A column-major `b` copied to rows (see [`MatmulLaunch::gemm_rows`]).
     static B_ROWS: std::cell::RefCell<Vec<Line16>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// `a` transposed for [`columns_avx512`], kept for the next call.
+    static A_COLUMNS: std::cell::RefCell<Vec<Line16>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Sixteen f32 on a 64-byte boundary: the storage unit of a copy in rows, so that a row whose
@@ -1030,6 +1196,19 @@ impl MatmulLaunch {
             }
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if !threaded && self.reads_columns() {
+            A_COLUMNS.with_borrow_mut(|buf| {
+                for entry in lo..hi {
+                    let (a, b, c) =
+                        (at(&ptrs.0, &self.a, entry), at(&ptrs.1, &self.b, entry), at(&ptrs.2, &self.c, entry));
+                    // SAFETY: the entry's operands lie inside their buffers (checked in `new`);
+                    // `reads_columns` checked the layout, `m` and AVX-512F.
+                    unsafe { columns_avx512(self, a as *const f32, b as *const f32, c as *mut f32, buf) };
+                }
+            });
+            return;
+        }
         if self.dtype == DType::F32 && !self.is_dot_shaped() && self.b_to_rows() {
             // SAFETY: as below; `gemm_rows` copies each distinct `b` once.
             unsafe {
@@ -1080,6 +1259,21 @@ impl MatmulLaunch {
             && ((macs <= SMALL_MACS as u128 && steps <= SMALL_MAX_STEPS as u128) || wide)
             && (self.b.col == 1 || self.small_gathers() || self.k * self.n <= SMALL_COPY_MAX)
             && (self.small_gathers() || !self.is_dot_shaped())
+            && avx512_here()
+    }
+
+    /// Whether an f32 entry whose `b` has its columns contiguous along `k` (a `Linear`'s weight)
+    /// runs through [`columns_avx512`], which reads `b` in place: more rows than the dot
+    /// products take and at most [`COLUMNS_MAX_M`], at least 16 columns, not small, `c`'s
+    /// columns contiguous, an AVX-512F host.
+    fn reads_columns(&self) -> bool {
+        self.dtype == DType::F32
+            && self.b.row == 1
+            && self.c.col == 1
+            && self.m <= COLUMNS_MAX_M
+            && self.n >= 16
+            && !self.is_dot_shaped()
+            && !self.is_small()
             && avx512_here()
     }
 
@@ -1524,6 +1718,65 @@ mod tests {
         unsafe { launch.run(args.as_ptr()) };
         for (e, (&got, &want)) in c.iter().zip(&want).enumerate() {
             assert!((got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at {e}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn a_weight_read_by_columns_in_place_matches_the_definition_at_every_edge() {
+        // `columns_avx512`: rows on either side of one and two vectors, columns on either side
+        // of a tile, `k` on either side of a transposed block, `a` in rows or columns, every
+        // matrix with padded strides, `c` accumulated or not.
+        if !avx512_here() {
+            return;
+        }
+        let value = |i: usize, salt: usize| ((i * 31 + salt * 17) % 23) as f32 / 8.0 - 1.0;
+        for &(m, n, k) in
+            &[(5, 112, 64), (16, 17, 130), (17, 129, 16), (30, 64, 64), (33, 100, 17), (40, 60, 15), (64, 23, 70)]
+        {
+            for (a_columns, accumulate) in [(false, false), (false, true), (true, false)] {
+                let (lda, ldb, ldc) = (if a_columns { m + 2 } else { k + 2 }, k + 3, n + 5);
+                let launch = MatmulLaunch {
+                    dtype: DType::F32,
+                    batch: 1,
+                    m,
+                    n,
+                    k,
+                    a: if a_columns {
+                        Strides { param: 0, offset: 1, batch: 0, row: 1, col: lda as isize }
+                    } else {
+                        Strides { param: 0, offset: 1, batch: 0, row: lda as isize, col: 1 }
+                    },
+                    b: Strides { param: 1, offset: 2, batch: 0, row: 1, col: ldb as isize },
+                    c: Strides { param: 2, offset: 3, batch: 0, row: ldc as isize, col: 1 },
+                    accumulate,
+                    packed: false,
+                };
+                assert!(launch.reads_columns(), "{m}x{n}x{k}");
+                let len = |s: &Strides, rows: usize, cols: usize| {
+                    (s.offset + (rows as isize - 1) * s.row + (cols as isize - 1) * s.col + 1) as usize
+                };
+                let mut a: Vec<f32> = (0..len(&launch.a, m, k)).map(|i| value(i, 1)).collect();
+                let mut b: Vec<f32> = (0..len(&launch.b, k, n)).map(|i| value(i, 2)).collect();
+                let mut c: Vec<f32> = (0..len(&launch.c, m, n)).map(|i| value(i, 3)).collect();
+                let at =
+                    |s: &Strides, r: usize, col: usize| (s.offset + r as isize * s.row + col as isize * s.col) as usize;
+                let mut want: Vec<f64> = c.iter().map(|&x| x as f64).collect();
+                for i in 0..m {
+                    for j in 0..n {
+                        let dot: f64 =
+                            (0..k).map(|p| a[at(&launch.a, i, p)] as f64 * b[at(&launch.b, p, j)] as f64).sum();
+                        let e = at(&launch.c, i, j);
+                        want[e] = dot + if accumulate { want[e] } else { 0.0 };
+                    }
+                }
+                let args = [a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8, c.as_mut_ptr() as *mut u8];
+                // SAFETY: three buffers of the sizes the strides describe.
+                unsafe { launch.run_threads(args.as_ptr(), false) };
+                for (e, (&got, &want)) in c.iter().zip(&want).enumerate() {
+                    // Elements between `c`'s rows are left as they were.
+                    near(got, want, || format!("{m}x{n}x{k} a_columns {a_columns} accumulate {accumulate} at {e}"));
+                }
+            }
         }
     }
 
