@@ -89,8 +89,9 @@ struct Decider<'a> {
     /// With `max_reads`: the buffers a non-materialized node's expression reads (at most
     /// `max_reads` of them).
     reads: SecondaryMap<NodeId, Reads>,
-    /// The cuts (chain lengths) of the operands a matmul's search found, by its signature.
-    searches: HashMap<Signature<'a>, (usize, usize)>,
+    /// What [`Decider::plan_matmul`] found for a product, by its signature: the layers of a
+    /// model repeat their products, and only the first of each is searched.
+    products: HashMap<Signature<'a>, Option<Cuts>>,
 }
 
 /// The distinct buffers an expression reads.
@@ -99,8 +100,8 @@ type Reads = SmallVec<[NodeId; 8]>;
 /// See [`Decider::search_signature`].
 type Signature<'a> = SmallVec<[(&'a Op, &'a TensorType); 16]>;
 
-/// A matmul operand and the view it is read through.
-type Candidate = (MatmulOperand, ViewStack);
+/// A matmul operand, the view it is read through, and its cut of its chain.
+type Candidate = (MatmulOperand, ViewStack, usize);
 
 /// An operand's movement nodes, from the product's input down (none where the input is not a
 /// movement node or has a buffer), and the node below them.
@@ -117,7 +118,9 @@ impl Chain {
 }
 
 /// A matmul's two operands, `a` then `b`.
-type Pair = (MatmulOperand, MatmulOperand);
+/// A matmul's operands as cuts of their chains (see [`Decider::operand`]): `(p, q, swapped)`,
+/// `a` read through `p`'s chain and `b` through `q`'s, or the other way round when `swapped`.
+type Cuts = (usize, usize, bool);
 
 /// Whether a matmul can read `op` through `view`: from a buffer (not a constant or an index
 /// ramp, which have none), at affine positions.
@@ -364,19 +367,26 @@ impl<'a> Decider<'a> {
     }
 
     /// The operand that reads `chain.nodes[cut]` (or `chain.below`, for the whole chain) through
-    /// the movement ops above it, and its view.
-    fn operand_at(&self, chain: &Chain, cut: usize) -> Candidate {
+    /// the movement ops above it.
+    fn operand(&self, chain: &Chain, cut: usize) -> MatmulOperand {
         let g = self.g;
         air::work::add(1 + cut as u64);
         let base = chain.nodes.get(cut).copied().unwrap_or(chain.below);
         let moves: Vec<Movement> = chain.nodes[..cut].iter().filter_map(|&m| movement(g.op(m))).collect();
-        let view = ViewStack::contiguous(&g.ty(base).shape).through(moves.iter().rev());
-        (MatmulOperand { base, chain: moves }, view)
+        MatmulOperand { base, chain: moves }
     }
 
-    /// What decides a matmul's search over shorter operand views: the reduce, the product's
-    /// type, and each operand's chain of ops and types down to its buffer or first non-movement
-    /// node. Equal signatures have equal candidates, views and contractions.
+    /// [`Decider::operand`] and its view.
+    fn operand_at(&self, chain: &Chain, cut: usize) -> Candidate {
+        let op = self.operand(chain, cut);
+        let view = ViewStack::contiguous(&self.g.ty(op.base).shape).through(op.chain.iter().rev());
+        (op, view, cut)
+    }
+
+    /// What decides a matmul's plan ([`Decider::plan_matmul`]): the reduce, the product's type,
+    /// and each operand's chain of ops and types down to its buffer or first non-movement node
+    /// (inputs' slots left out). Equal signatures have equal candidates, views and contractions,
+    /// so equal cuts.
     fn search_signature(&self, n: NodeId, x: NodeId, chains: &[Chain; 2]) -> Signature<'a> {
         let g = self.g;
         let mut sig: Signature<'a> = smallvec::smallvec![(g.op(n), g.ty(x))];
@@ -403,26 +413,26 @@ impl<'a> Decider<'a> {
         let shape = &g.ty(chain.top()).shape;
         let broadcast = |v: &ViewStack, d: usize| !is_one(&shape[d]) && is_zero(&v.top().strides[d]);
         // The longest chain first; shorter ones while they keep every broadcast axis of it.
-        let (op, full) = view_at(chain.nodes.len());
+        let longest = view_at(chain.nodes.len());
         let mut out = Vec::new();
-        if usable(g, &op, &full) {
+        let full = longest.1.clone();
+        if usable(g, &longest.0, &longest.1) {
+            out.push(longest);
             if first_only {
-                out.push((op, full));
                 return out;
             }
-            out.push((op, full.clone()));
         }
         for cut in (0..chain.nodes.len()).rev() {
             if first_only && !out.is_empty() {
                 break;
             }
-            let (op, view) = view_at(cut);
-            let lost = (0..shape.len()).any(|d| broadcast(&full, d) && !broadcast(&view, d));
+            let candidate = view_at(cut);
+            let lost = (0..shape.len()).any(|d| broadcast(&full, d) && !broadcast(&candidate.1, d));
             if lost {
                 break;
             }
-            if usable(g, &op, &view) {
-                out.push((op, view));
+            if usable(g, &candidate.0, &candidate.1) {
+                out.push(candidate);
             }
         }
         out
@@ -431,6 +441,8 @@ impl<'a> Decider<'a> {
     /// `reduce sum(mul(x, y))` over affine views of buffers whose axes split into GEMM groups
     /// (see `contraction`) becomes a matmul; its operands' bases are materialized. Where the
     /// longest views do not fit, an operand is read from a copy of a movement node in between.
+    /// A product with the signature of one planned before (the same product in the layer
+    /// before) takes its cuts without building a view ([`Decider::search_signature`]).
     fn try_matmul(&mut self, n: NodeId) -> bool {
         let g = self.g;
         let Op::Reduce(r) = g.op(n) else { return false };
@@ -438,31 +450,19 @@ impl<'a> Decider<'a> {
         if r.op != ReduceOp::Sum || g.ty(n).dtype != DType::F32 || g.op(x) != &Op::Binary(BinaryOp::Mul) {
             return false;
         }
-        let space = g.ty(x).shape.to_vec();
-        let try_pair = |(op_p, vp): &Candidate, (op_q, vq): &Candidate| {
-            air::work::tick();
-            let (sp, sq) = (&vp.top().strides, &vq.top().strides);
-            match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
-                (Some(c), Some(swapped)) if !c.row_major_c(&space, &r.axes) && swapped.row_major_c(&space, &r.axes) => {
-                    Some((op_q.clone(), op_p.clone()))
-                }
-                (Some(_), _) => Some((op_p.clone(), op_q.clone())),
-                (None, Some(_)) => Some((op_q.clone(), op_p.clone())),
-                (None, None) => None,
+        let chains = [self.operand_chain(g.inputs(x)[0]), self.operand_chain(g.inputs(x)[1])];
+        let sig = self.search_signature(n, x, &chains);
+        let cuts = match self.products.get(&sig) {
+            Some(&cuts) => cuts,
+            None => {
+                let cuts = self.plan_matmul(n, x, &chains);
+                self.products.insert(sig, cuts);
+                cuts
             }
         };
-        // The longest views first, alone: they nearly always fit, and the shorter cuts cost a
-        // view each to build.
-        let chains = [self.operand_chain(g.inputs(x)[0]), self.operand_chain(g.inputs(x)[1])];
-        let (first_p, first_q) = (self.matmul_operands(&chains[0], true), self.matmul_operands(&chains[1], true));
-        let (Some(p0), Some(q0)) = (first_p.first(), first_q.first()) else { return false };
-        let mut plan = try_pair(p0, q0);
-        // Shorter cuts exist only in a chain of movement nodes (a layer norm's `sum(d * d)` has
-        // none).
-        if plan.is_none() && chains.iter().any(|c| !c.nodes.is_empty()) {
-            plan = self.search_shorter(n, x, &chains, &try_pair);
-        }
-        let Some((a, b)) = plan else { return false };
+        let Some((cut_p, cut_q, swapped)) = cuts else { return false };
+        let (p, q) = (self.operand(&chains[0], cut_p), self.operand(&chains[1], cut_q));
+        let (a, b) = if swapped { (q, p) } else { (p, q) };
         for op in [&a, &b] {
             if !matches!(g.op(op.base), Op::Input(_)) {
                 self.materialize(op.base);
@@ -473,37 +473,40 @@ impl<'a> Decider<'a> {
         true
     }
 
-    /// The first pair of operand candidates of product `n` (`x = mul(p, q)` below its reduce)
-    /// that `try_pair` accepts, fewest copies first, after the longest pair failed. The cuts a
-    /// search found for a product of the same signature (the layer before's) are tried first,
-    /// checked like any pair; otherwise every pair is, and the cuts found are remembered.
-    fn search_shorter(
-        &mut self,
-        n: NodeId,
-        x: NodeId,
-        chains: &[Chain; 2],
-        try_pair: &dyn Fn(&Candidate, &Candidate) -> Option<Pair>,
-    ) -> Option<Pair> {
+    /// The cuts of product `n` (`x = mul(p, q)` below its reduce) whose views split into GEMM
+    /// groups, fewest copies first: the longest views alone (they nearly always fit, and the
+    /// shorter cuts cost a view each to build), then every pair of candidates.
+    fn plan_matmul(&self, n: NodeId, x: NodeId, chains: &[Chain; 2]) -> Option<Cuts> {
         let g = self.g;
-        let sig = self.search_signature(n, x, chains);
-        if let Some(&(cut_p, cut_q)) = self.searches.get(&sig) {
-            let (p, q) = (self.operand_at(&chains[0], cut_p), self.operand_at(&chains[1], cut_q));
-            if usable(g, &p.0, &p.1)
-                && usable(g, &q.0, &q.1)
-                && let Some(pair) = try_pair(&p, &q)
-            {
-                return Some(pair);
-            }
+        let Op::Reduce(r) = g.op(n) else { return None };
+        let space = g.ty(x).shape.to_vec();
+        let try_pair = |(_, vp, cut_p): &Candidate, (_, vq, cut_q): &Candidate| {
+            air::work::tick();
+            let (sp, sq) = (&vp.top().strides, &vq.top().strides);
+            let swapped = match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
+                (Some(c), Some(swapped)) => !c.row_major_c(&space, &r.axes) && swapped.row_major_c(&space, &r.axes),
+                (Some(_), None) => false,
+                (None, Some(_)) => true,
+                (None, None) => return None,
+            };
+            Some((*cut_p, *cut_q, swapped))
+        };
+        let (first_p, first_q) = (self.matmul_operands(&chains[0], true), self.matmul_operands(&chains[1], true));
+        let (p0, q0) = (first_p.first()?, first_q.first()?);
+        if let Some(cuts) = try_pair(p0, q0) {
+            return Some(cuts);
+        }
+        // Shorter cuts exist only in a chain of movement nodes (a layer norm's `sum(d * d)` has
+        // none).
+        if chains.iter().all(|c| c.nodes.is_empty()) {
+            return None;
         }
         let (cands_p, cands_q) = (self.matmul_operands(&chains[0], false), self.matmul_operands(&chains[1], false));
         let mut pairs: Vec<(usize, usize)> =
             (0..cands_p.len()).flat_map(|i| (0..cands_q.len()).map(move |j| (i, j))).collect();
         pairs.sort_by_key(|&(i, j)| (usize::from(i > 0) + usize::from(j > 0), i + j));
-        // (0, 0), the pair the caller tried, sorts first.
-        let ((i, j), pair) =
-            pairs.into_iter().skip(1).find_map(|(i, j)| Some(((i, j), try_pair(&cands_p[i], &cands_q[j])?)))?;
-        self.searches.insert(sig, (cands_p[i].0.chain.len(), cands_q[j].0.chain.len()));
-        Some(pair)
+        // (0, 0), the pair tried above, sorts first.
+        pairs.into_iter().skip(1).find_map(|(i, j)| try_pair(&cands_p[i], &cands_q[j]))
     }
 
     /// Outputs that are reshapes of a materialized node read nowhere else take that node's place.
@@ -622,7 +625,7 @@ pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
         transcendental: SecondaryMap::with_capacity(slots),
         plans: SecondaryMap::with_capacity(slots),
         reads: SecondaryMap::new(),
-        searches: HashMap::default(),
+        products: HashMap::default(),
     };
     d.run(&order);
     let aliases = d.alias_outputs();

@@ -419,6 +419,32 @@ fn a_search_remembered_from_one_product_decides_its_twin_alike() {
 }
 
 #[test]
+fn products_of_one_structure_but_other_shapes_are_planned_apart() {
+    // The same ops as a heads split, once with three heads (the permuted view needs a copy) and
+    // once with one (it collapses into one batch stride: no copy). The second product's
+    // signature differs in its types, so it is planned afresh, not given the first's cuts: the
+    // program has exactly the kernels of the two compiled alone.
+    let layer = |b: &mut B, heads: i64| {
+        let q = b.f32(&[2, 5, heads, 4]);
+        let k = b.f32(&[2, heads, 4, 6]);
+        let qh = b.permute(q, &[0, 2, 1, 3]);
+        b.matmul(qh, k)
+    };
+    let steps = |heads: &[i64]| {
+        let mut b = B::default();
+        let ys: Vec<NodeId> = heads.iter().map(|&h| layer(&mut b, h)).collect();
+        let g = b.out(&ys);
+        let p = compile(&g, &options(true)).unwrap();
+        agree(&g, &p, 11).unwrap();
+        (matmuls(&p), p.steps.len())
+    };
+    let (three, one) = (steps(&[3]), steps(&[1]));
+    assert_eq!(three, (1, 2));
+    assert_eq!(one, (1, 1));
+    assert_eq!(steps(&[3, 1]), (2, 3));
+}
+
+#[test]
 fn several_reduced_axes_collapse_into_k() {
     // sum over [k1, k2] of x: [m, k1, k2] and y: [k1, k2, n] in a [m, k1, k2, n] layout.
     let mut b = B::default();
