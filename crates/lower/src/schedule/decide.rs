@@ -117,7 +117,6 @@ impl Chain {
     }
 }
 
-/// A matmul's two operands, `a` then `b`.
 /// A matmul's operands as cuts of their chains (see [`Decider::operand`]): `(p, q, swapped)`,
 /// `a` read through `p`'s chain and `b` through `q`'s, or the other way round when `swapped`.
 type Cuts = (usize, usize, bool);
