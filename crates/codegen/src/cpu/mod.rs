@@ -304,6 +304,11 @@ pub const NATIVE_TILES_ENV: &str = "KILN_NATIVE_TILES";
 /// Environment variable that turns native stencil kernels off (`0`) for comparisons.
 pub const NATIVE_STENCILS_ENV: &str = "KILN_NATIVE_STENCILS";
 
+/// Whether the switch in environment variable `name` is on: unset or anything but `0`.
+fn on_unless_zero(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v.trim() != "0")
+}
+
 /// The compiled kernels by structural hash ([`LoopKernel::structural_hash`], computed once per
 /// lookup), least recently used first out; kernels of one hash are told apart in full.
 struct KernelCache(Lru<u64, Bucket>);
@@ -378,13 +383,13 @@ impl CpuCompiler {
                 cache: KernelCache(Lru::new(capacity_from_env(KERNEL_CACHE_ENV, KERNEL_CACHE_CAPACITY))),
                 stats: CacheStats::default(),
                 workers: vec![Worker::new()],
-                early: std::env::var(EARLY_COMPILE_ENV).map_or(true, |v| v.trim() != "0"),
+                early: on_unless_zero(EARLY_COMPILE_ENV),
                 early_worker: None,
                 max_threads,
                 tiling: Tiling::from_env(),
-                native_copies: std::env::var(NATIVE_COPY_ENV).map_or(true, |v| v.trim() != "0"),
-                native_tiles: std::env::var(NATIVE_TILES_ENV).map_or(true, |v| v.trim() != "0"),
-                native_stencils: std::env::var(NATIVE_STENCILS_ENV).map_or(true, |v| v.trim() != "0"),
+                native_copies: on_unless_zero(NATIVE_COPY_ENV),
+                native_tiles: on_unless_zero(NATIVE_TILES_ENV),
+                native_stencils: on_unless_zero(NATIVE_STENCILS_ENV),
             }),
         })
     }

@@ -97,7 +97,7 @@ struct Decider<'a> {
 /// The distinct buffers an expression reads.
 type Reads = SmallVec<[NodeId; 8]>;
 
-/// See [`Decider::search_signature`].
+/// See [`Decider::signature`].
 type Signature<'a> = SmallVec<[(&'a Op, &'a TensorType); 16]>;
 
 /// A matmul operand, the view it is read through, and its cut of its chain.
@@ -386,7 +386,7 @@ impl<'a> Decider<'a> {
     /// and each operand's chain of ops and types down to its buffer or first non-movement node
     /// (inputs' slots left out). Equal signatures have equal candidates, views and contractions,
     /// so equal cuts.
-    fn search_signature(&self, n: NodeId, x: NodeId, chains: &[Chain; 2]) -> Signature<'a> {
+    fn signature(&self, n: NodeId, x: NodeId, chains: &[Chain; 2]) -> Signature<'a> {
         let g = self.g;
         let mut sig: Signature<'a> = smallvec::smallvec![(g.op(n), g.ty(x))];
         // Which input slot an operand reads does not change its views.
@@ -441,7 +441,7 @@ impl<'a> Decider<'a> {
     /// (see `contraction`) becomes a matmul; its operands' bases are materialized. Where the
     /// longest views do not fit, an operand is read from a copy of a movement node in between.
     /// A product with the signature of one planned before (the same product in the layer
-    /// before) takes its cuts without building a view ([`Decider::search_signature`]).
+    /// before) takes its cuts without building a view ([`Decider::signature`]).
     fn try_matmul(&mut self, n: NodeId) -> bool {
         let g = self.g;
         let Op::Reduce(r) = g.op(n) else { return false };
@@ -450,11 +450,11 @@ impl<'a> Decider<'a> {
             return false;
         }
         let chains = [self.operand_chain(g.inputs(x)[0]), self.operand_chain(g.inputs(x)[1])];
-        let sig = self.search_signature(n, x, &chains);
+        let sig = self.signature(n, x, &chains);
         let cuts = match self.products.get(&sig) {
             Some(&cuts) => cuts,
             None => {
-                let cuts = self.plan_matmul(n, x, &chains);
+                let cuts = self.plan_matmul(&r.axes, x, &chains);
                 self.products.insert(sig, cuts);
                 cuts
             }
@@ -472,18 +472,17 @@ impl<'a> Decider<'a> {
         true
     }
 
-    /// The cuts of product `n` (`x = mul(p, q)` below its reduce) whose views split into GEMM
+    /// The cuts of a product summing `axes` of `x = mul(p, q)` whose views split into GEMM
     /// groups, fewest copies first: the longest views alone (they nearly always fit, and the
     /// shorter cuts cost a view each to build), then every pair of candidates.
-    fn plan_matmul(&self, n: NodeId, x: NodeId, chains: &[Chain; 2]) -> Option<Cuts> {
+    fn plan_matmul(&self, axes: &[usize], x: NodeId, chains: &[Chain; 2]) -> Option<Cuts> {
         let g = self.g;
-        let Op::Reduce(r) = g.op(n) else { return None };
         let space = g.ty(x).shape.to_vec();
         let try_pair = |(_, vp, cut_p): &Candidate, (_, vq, cut_q): &Candidate| {
             air::work::tick();
             let (sp, sq) = (&vp.top().strides, &vq.top().strides);
-            let swapped = match (contraction(&space, &r.axes, sp, sq), contraction(&space, &r.axes, sq, sp)) {
-                (Some(c), Some(swapped)) => !c.row_major_c(&space, &r.axes) && swapped.row_major_c(&space, &r.axes),
+            let swapped = match (contraction(&space, axes, sp, sq), contraction(&space, axes, sq, sp)) {
+                (Some(c), Some(swapped)) => !c.row_major_c(&space, axes) && swapped.row_major_c(&space, axes),
                 (Some(_), None) => false,
                 (None, Some(_)) => true,
                 (None, None) => return None,
