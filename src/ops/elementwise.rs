@@ -394,6 +394,22 @@ impl Tensor {
         if self.error().is_some() || self.dtype().is_float() { self.clone() } else { self.p_cast(site, DType::F32) }
     }
 
+    /// `self` as the operand of a composite float op (several IR ops), and the dtype of the op's
+    /// result, to which the caller casts it at the end: integers and bools become `f32` (and so
+    /// does the result, as in PyTorch); `f16` and `bf16` are widened to `f32` and the result is
+    /// rounded back once, which is PyTorch's "opmath" for these ops. Every IR op rounds a half
+    /// result, so steps computed in the half dtype would each round: `tanh(3)` in bf16 would be
+    /// 1.0 (`1 + exp(-6)` rounds to 1) where PyTorch gives 0.9961.
+    pub(crate) fn opmath(&self, site: Site) -> (Tensor, DType) {
+        let x = self.float_input(site);
+        let dtype = x.dtype();
+        if x.error().is_none() && matches!(dtype, DType::F16 | DType::BF16) {
+            (x.p_cast(site, DType::F32), dtype)
+        } else {
+            (x, dtype)
+        }
+    }
+
     fn float_unary(&self, site: Site, op: UnaryOp) -> Tensor {
         self.float_input(site).p_unary(site, op)
     }
@@ -433,16 +449,17 @@ impl Tensor {
     #[track_caller]
     pub fn exp(&self) -> Tensor {
         let site = Site::here("exp");
-        let x = self.float_input(site);
-        x.p_binary(site, BinaryOp::Mul, &x.splat(site, LOG2_E)).p_unary(site, UnaryOp::Exp2)
+        let (x, dtype) = self.opmath(site);
+        x.p_binary(site, BinaryOp::Mul, &x.splat(site, LOG2_E)).p_unary(site, UnaryOp::Exp2).p_cast(site, dtype)
     }
 
     /// The natural logarithm, as `log2(x) * ln(2)`.
     #[track_caller]
     pub fn log(&self) -> Tensor {
         let site = Site::here("log");
-        let x = self.float_input(site).p_unary(site, UnaryOp::Log2);
-        x.p_binary(site, BinaryOp::Mul, &x.splat(site, LN_2))
+        let (x, dtype) = self.opmath(site);
+        let x = x.p_unary(site, UnaryOp::Log2);
+        x.p_binary(site, BinaryOp::Mul, &x.splat(site, LN_2)).p_cast(site, dtype)
     }
 
     /// Square root.
@@ -455,7 +472,8 @@ impl Tensor {
     #[track_caller]
     pub fn rsqrt(&self) -> Tensor {
         let site = Site::here("rsqrt");
-        self.float_unary(site, UnaryOp::Sqrt).p_unary(site, UnaryOp::Recip)
+        let (x, dtype) = self.opmath(site);
+        x.p_unary(site, UnaryOp::Sqrt).p_unary(site, UnaryOp::Recip).p_cast(site, dtype)
     }
 
     /// `1 / x`.
@@ -481,8 +499,8 @@ impl Tensor {
     #[track_caller]
     pub fn cos(&self) -> Tensor {
         let site = Site::here("cos");
-        let x = self.float_input(site);
-        x.p_binary(site, BinaryOp::Add, &x.splat(site, FRAC_PI_2)).p_unary(site, UnaryOp::Sin)
+        let (x, dtype) = self.opmath(site);
+        x.p_binary(site, BinaryOp::Add, &x.splat(site, FRAC_PI_2)).p_unary(site, UnaryOp::Sin).p_cast(site, dtype)
     }
 
     /// Arctangent, in `(-pi/2, pi/2)`: `|x|` reduced to `[-tan(pi/8), tan(pi/8)]` by `pi/4 + atan((x - 1) /
@@ -492,7 +510,8 @@ impl Tensor {
     /// gradient is a number everywhere.
     #[track_caller]
     pub fn atan(&self) -> Tensor {
-        let x = self.float_input(Site::here("atan"));
+        let site = Site::here("atan");
+        let (x, dtype) = self.opmath(site);
         let a = x.abs();
         let big = a.gt(2.414_213_562_373_095);
         let mid = a.gt(0.414_213_562_373_095).logical_and(big.logical_not());
@@ -510,22 +529,24 @@ impl Tensor {
         let poly = poly.sub(3.333_294_915_39e-1).mul(&z).mul(&t).add(&t);
         let r = base.add(poly);
         let reduced = big.logical_or(&mid);
-        reduced.logical_and(x.lt(0.0)).where_cond(r.neg(), r)
+        reduced.logical_and(x.lt(0.0)).where_cond(r.neg(), r).p_cast(site, dtype)
     }
 
     /// Arcsine, as `atan(x / sqrt((1 - x)(1 + x)))` (`±pi/2` at `±1`, NaN outside `[-1, 1]`).
     #[track_caller]
     pub fn asin(&self) -> Tensor {
-        let x = self.float_input(Site::here("asin"));
-        x.div(x.neg().add(1.0).mul(x.add(1.0)).sqrt()).atan()
+        let site = Site::here("asin");
+        let (x, dtype) = self.opmath(site);
+        x.div(x.neg().add(1.0).mul(x.add(1.0)).sqrt()).atan().p_cast(site, dtype)
     }
 
     /// Arccosine, as `2 atan(sqrt((1 - x) / (1 + x)))` (accurate near `1`, `pi` at `-1`, NaN
     /// outside `[-1, 1]`).
     #[track_caller]
     pub fn acos(&self) -> Tensor {
-        let x = self.float_input(Site::here("acos"));
-        x.neg().add(1.0).div(x.add(1.0)).sqrt().atan().mul(2.0)
+        let site = Site::here("acos");
+        let (x, dtype) = self.opmath(site);
+        x.neg().add(1.0).div(x.add(1.0)).sqrt().atan().mul(2.0).p_cast(site, dtype)
     }
 
     /// The error function.
@@ -586,16 +607,17 @@ impl Tensor {
     #[track_caller]
     pub fn tanh(&self) -> Tensor {
         let site = Site::here("tanh");
-        let x = self.float_input(site);
+        let (x, dtype) = self.opmath(site);
         let t = x.mul(-2.0);
         let e = t.p_binary(site, BinaryOp::Min, &t.splat(site, 80.0)).exp();
         let s = e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip);
-        s.p_binary(site, BinaryOp::Mul, &s.splat(site, 2.0)).p_binary(site, BinaryOp::Sub, &s.splat(site, 1.0))
+        let y = s.p_binary(site, BinaryOp::Mul, &s.splat(site, 2.0)).p_binary(site, BinaryOp::Sub, &s.splat(site, 1.0));
+        y.p_cast(site, dtype)
     }
 
     /// `1 / (1 + exp2(min(x * -log2(e), cap)))`; saturates cleanly to 0 and 1. The exponent is
-    /// capped just below where `exp2` overflows in the dtype (127 in f32 and bf16, 15 in f16, 1022
-    /// in f64), so `1 + exp` stays finite: the gradient, whose chain rule multiplies `exp`'s
+    /// capped just below where `exp2` overflows (127 in f32, where halves compute, and 1022 in
+    /// f64), so `1 + exp` stays finite: the gradient, whose chain rule multiplies `exp`'s
     /// derivative by `recip`'s, is 0 rather than `0 * inf = NaN` far left (PyTorch gives 0 there
     /// too), and the value there is `sigmoid` at the cap (`2^-127` in f32) instead of a subnormal.
     /// Multiplying by `-log2(e)` rounds exactly as negating and then multiplying by `log2(e)`, and
@@ -603,15 +625,11 @@ impl Tensor {
     #[track_caller]
     pub fn sigmoid(&self) -> Tensor {
         let site = Site::here("sigmoid");
-        let x = self.float_input(site);
-        let cap = match x.dtype() {
-            DType::F16 => 15.0,
-            DType::F64 => 1022.0,
-            _ => 127.0,
-        };
+        let (x, dtype) = self.opmath(site);
+        let cap = if x.dtype() == DType::F64 { 1022.0 } else { 127.0 };
         let t = x.p_binary(site, BinaryOp::Mul, &x.splat(site, -LOG2_E));
         let e = t.p_binary(site, BinaryOp::Min, &t.splat(site, cap)).p_unary(site, UnaryOp::Exp2);
-        e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip)
+        e.p_binary(site, BinaryOp::Add, &e.splat(site, 1.0)).p_unary(site, UnaryOp::Recip).p_cast(site, dtype)
     }
 
     /// `max(x, 0)`: NaN stays NaN, and the gradient is 0 at `x == 0`, as PyTorch's `relu` (a
@@ -638,25 +656,25 @@ impl Tensor {
     #[track_caller]
     pub fn gelu_with(&self, approximate: GeluApprox) -> Tensor {
         let site = Site::here("gelu");
-        let x = self.float_input(site);
-        let inner = match approximate {
-            GeluApprox::None => x.mul(FRAC_1_SQRT_2).erf(),
+        let (x, dtype) = self.opmath(site);
+        let y = match approximate {
+            GeluApprox::None => x.mul(0.5).mul(x.mul(FRAC_1_SQRT_2).erf().add(1.0)),
             // `0.5 x (1 + tanh(u)) = x sigmoid(2u)`: the same function in five ops fewer.
             GeluApprox::Tanh => {
                 let cube = x.p_binary(site, BinaryOp::Mul, &x).p_binary(site, BinaryOp::Mul, &x);
                 let u2 = x.add(cube.mul(0.044715)).mul(2.0 * FRAC_2_PI.sqrt());
-                return x.p_binary(site, BinaryOp::Mul, &u2.sigmoid());
+                x.p_binary(site, BinaryOp::Mul, &u2.sigmoid())
             }
         };
-        x.mul(0.5).mul(inner.add(1.0))
+        y.p_cast(site, dtype)
     }
 
     /// `x * sigmoid(x)`.
     #[track_caller]
     pub fn silu(&self) -> Tensor {
         let site = Site::here("silu");
-        let x = self.float_input(site);
-        x.p_binary(site, BinaryOp::Mul, &x.sigmoid())
+        let (x, dtype) = self.opmath(site);
+        x.p_binary(site, BinaryOp::Mul, &x.sigmoid()).p_cast(site, dtype)
     }
 
     /// Clamps to `[min, max]`: `minimum(maximum(x, min), max)` (`max` wins where `min > max`;

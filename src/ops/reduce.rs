@@ -119,7 +119,7 @@ fn mean(site: Site, t: &Tensor, axes: &[isize], keepdim: bool) -> Tensor {
         Ok(a) => a,
         Err(e) => return e,
     };
-    let x = t.float_input(site);
+    let (x, dtype) = t.opmath(site);
     let sum = x.p_reduce(site, ReduceOp::Sum, axes.clone());
     let mean = match count(&x, &axes).as_const() {
         // `0 * (1 / 0)` is NaN, but a GPU compiler may fold `0 * inf` to 0: say NaN directly.
@@ -130,12 +130,12 @@ fn mean(site: Site, t: &Tensor, axes: &[isize], keepdim: bool) -> Tensor {
             sum.p_binary(site, BinaryOp::Div, &n)
         }
     };
-    finish(site, mean, &axes, keepdim)
+    finish(site, mean.p_cast(site, dtype), &axes, keepdim)
 }
 
 /// `logsumexp` over `axes`, the reduced axes kept or removed.
 fn logsumexp(site: Site, t: &Tensor, axes: &[isize], keepdim: bool) -> Tensor {
-    let x = t.float_input(site);
+    let (x, dtype) = t.opmath(site);
     let axes = match reduce_axes(site, &x, axes) {
         Ok(a) => a,
         Err(e) => return e,
@@ -145,7 +145,7 @@ fn logsumexp(site: Site, t: &Tensor, axes: &[isize], keepdim: bool) -> Tensor {
     let finite = m.abs().lt(f64::INFINITY);
     let m = finite.where_cond(&m, 0.0);
     let lse = x.sub(&m).exp().p_reduce(site, ReduceOp::Sum, axes.clone()).log().add(&m);
-    finish(site, lse, &axes, keepdim)
+    finish(site, lse.p_cast(site, dtype), &axes, keepdim)
 }
 
 impl Tensor {
@@ -261,27 +261,27 @@ impl Tensor {
     #[track_caller]
     pub fn softmax(&self, dim: impl Axis) -> Tensor {
         let site = Site::here("softmax");
-        let x = self.float_input(site);
+        let (x, dtype) = self.opmath(site);
         let axes = match reduce_axes(site, &x, &[dim.to_isize()]) {
             Ok(a) => a,
             Err(e) => return e,
         };
         let shifted = x.sub(max_kept(site, &x, &axes));
         let e = shifted.exp();
-        e.mul(e.p_reduce(site, ReduceOp::Sum, axes).p_unary(site, UnaryOp::Recip))
+        e.mul(e.p_reduce(site, ReduceOp::Sum, axes).p_unary(site, UnaryOp::Recip)).p_cast(site, dtype)
     }
 
     /// `log(softmax(x))` along `dim`, computed stably: `(x - max) - log(sum(exp(x - max)))`.
     #[track_caller]
     pub fn log_softmax(&self, dim: impl Axis) -> Tensor {
         let site = Site::here("log_softmax");
-        let x = self.float_input(site);
+        let (x, dtype) = self.opmath(site);
         let axes = match reduce_axes(site, &x, &[dim.to_isize()]) {
             Ok(a) => a,
             Err(e) => return e,
         };
         let shifted = x.sub(max_kept(site, &x, &axes));
-        shifted.sub(shifted.exp().p_reduce(site, ReduceOp::Sum, axes).log())
+        shifted.sub(shifted.exp().p_reduce(site, ReduceOp::Sum, axes).log()).p_cast(site, dtype)
     }
 
     /// `log(sum(exp(x)))` over `axes`, removing them, computed stably around the maximum.

@@ -297,3 +297,24 @@ fn a_sum_over_an_empty_input_reads_nothing() {
         }
     }
 }
+
+#[test]
+fn recorded_and_direct_programs_agree_on_half_composites_and_folded_transcendentals() {
+    // Found by `random_programs_called_as_recordings_give_their_own_results`. Each source is a
+    // scalar `f32`; the direct program sees it as a constant, the recording as a parameter.
+    let step = |op: u8, a: usize, args: [i64; 4]| Step { op, a, b: 0, args, list: vec![] };
+    // `tanh` of a bf16 cast: its steps rounded to bf16 where the graph was folded or split into
+    // kernels, and not where one kernel computed them (0x3F80 against 0x3F7F).
+    run_recorded(&[(0, vec![])], &[step(117, 0, [-6, 0, 0, 3]), step(151, 3238572392533664149, [0, -1, 0, 0])])
+        .unwrap();
+    // `sigmoid` of a constant `-6`: folded with `libm`'s `exp2` directly, computed with the CPU
+    // kernel's approximation in the recording (an ulp apart).
+    let steps = [
+        step(57, 0, [2, 0, 0, -6]),
+        step(0, 0, [0; 4]),
+        step(94, 0, [0; 4]),
+        step(162, 0, [0; 4]),
+        step(30, 15988273428126641551, [0, -3, 0, 0]),
+    ];
+    run_recorded(&[(0, vec![])], &steps).unwrap();
+}

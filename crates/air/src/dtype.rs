@@ -4,7 +4,8 @@ use std::fmt;
 
 /// The element type of a tensor.
 ///
-/// `F16` and `BF16` are storage types: backends may compute them in `f32` but store them natively.
+/// `F16` and `BF16` are storage types: every op computes them in `f32` and rounds its result to
+/// storage (the facade computes its composite ops, `tanh`, `softmax`, the norms, wholly in `f32`).
 /// `F64` exists so that gradient checks can run in double precision through the interpreter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {

@@ -15,7 +15,8 @@
 //!   iterate that loop over `start..end` instead of `0..extent`. Kernels without a top-level
 //!   parallel loop are called once with `start = 0, end = 1` and ignore the range.
 //! - `IExpr::Div`/`Mod` are floor division/remainder on non-negative operands (indices).
-//! - F16/BF16 values may be computed in f32: loads widen, stores narrow.
+//! - F16/BF16 values are computed in f32 and rounded to storage after every op, as the
+//!   interpreter's: loads widen, stores narrow.
 //! - Data-dependent failures (an index out of range, an integer division by zero) never trap and
 //!   never touch memory out of bounds: the faulting element uses a safe substitute (index 0,
 //!   divisor 1) and the kernel records the failure in the run's status buffer, a parameter of

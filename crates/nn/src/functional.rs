@@ -228,7 +228,24 @@ pub fn layer_norm(
         Ok(axes) => axes,
         Err(e) => return e,
     };
-    affine(standardize(input, &axes, eps), weight, bias)
+    narrowed(affine(standardize(&widened(input), &axes, eps), weight, bias), input)
+}
+
+/// `x` widened to `f32` when it is `f16` or `bf16`: a norm computes in `f32` and rounds its
+/// result back once ([`narrowed`]), as PyTorch's do (each step in the half dtype would round).
+#[track_caller]
+fn widened(x: &Tensor) -> Tensor {
+    if is_half(x) { x.cast(DType::F32) } else { x.clone() }
+}
+
+/// `y` rounded back to `input`'s dtype when that is `f16` or `bf16` (see [`widened`]).
+#[track_caller]
+fn narrowed(y: Tensor, input: &Tensor) -> Tensor {
+    if is_half(input) { y.cast(input.dtype()) } else { y }
+}
+
+fn is_half(x: &Tensor) -> bool {
+    x.error().is_none() && matches!(x.dtype(), DType::F16 | DType::BF16)
 }
 
 /// `(x - mean) / sqrt(var + eps)` over `axes`, with the biased variance.
@@ -275,7 +292,8 @@ pub fn rms_norm(input: &Tensor, normalized_shape: &[usize], weight: Option<&Tens
         Err(e) => return e,
     };
     let eps = eps.unwrap_or_else(|| finfo_eps(input.dtype()));
-    affine(input.mul(input.square().mean_keepdim(&axes).add(eps).rsqrt()), weight, None)
+    let x = widened(input);
+    narrowed(affine(x.mul(x.square().mean_keepdim(&axes).add(eps).rsqrt()), weight, None), input)
 }
 
 /// `F.group_norm(input, num_groups, weight=None, bias=None, eps=1e-5)`: `input` is `[N, C, *]`;
@@ -308,12 +326,12 @@ pub fn group_norm(
             );
         }
     }
-    let grouped = input.reshape(vec![input.shape()[0], Dim::from(num_groups), Dim::Const(-1)]);
+    let grouped = widened(input).reshape(vec![input.shape()[0], Dim::from(num_groups), Dim::Const(-1)]);
     let y = standardize(&grouped, &[-1], eps).reshape(input.shape().to_vec());
     let mut per_channel = vec![Dim::Const(-1)];
     per_channel.extend((2..input.ndim()).map(|_| Dim::Const(1)));
     let per_channel = |t: &Tensor| t.reshape(per_channel.clone());
-    affine(y, weight.map(per_channel).as_ref(), bias.map(per_channel).as_ref())
+    narrowed(affine(y, weight.map(per_channel).as_ref(), bias.map(per_channel).as_ref()), input)
 }
 
 // ---------------------------------------------------------------------------------- attention

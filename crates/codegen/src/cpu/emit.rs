@@ -1,8 +1,8 @@
 //! kir `LoopKernel` -> Cranelift IR.
 //!
 //! Values: a register of dtype `bool` is an `i8` holding 0 or 1, `i32`/`i64` are themselves,
-//! `f16`/`bf16`/`f32` are `f32` (half types are exact in `f32`; they are rounded to storage at
-//! casts and stores) and `f64` is `f64`. In a vectorized loop (see `analysis`) a register is
+//! `f16`/`bf16`/`f32` are `f32` (half types are exact in `f32`; every op's half result is
+//! rounded to storage, as the interpreter's) and `f64` is `f64`. In a vectorized loop (see `analysis`) a register is
 //! `f32x4` or `i32x4`, and a `bool` is an `i32x4` lane mask (all ones or zero); registers defined
 //! outside the loop are splatted where they are used.
 //!

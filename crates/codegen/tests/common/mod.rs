@@ -271,8 +271,9 @@ impl Eval<'_> {
             }
             Inst::Const(s) => scalar_const(*s, d),
             Inst::Index(e) => cast(V::I64(e.eval(&self.vars, self.syms)), d),
-            Inst::Unary(op, r) => unary(*op, self.regs[r].1),
-            Inst::Binary(op, a, b) => binary(*op, self.regs[a].1, self.regs[b].1),
+            // Halves are held as f32 and round to storage after every op (`cast` to `d`).
+            Inst::Unary(op, r) => cast(unary(*op, self.regs[r].1), d),
+            Inst::Binary(op, a, b) => cast(binary(*op, self.regs[a].1, self.regs[b].1), d),
             Inst::Where(c, a, b) => {
                 if self.regs[c].1 == V::B(true) {
                     self.regs[a].1

@@ -77,6 +77,48 @@ fn every_binary_op_and_dtype() {
 }
 
 #[test]
+fn a_chain_of_half_ops_rounds_after_every_op_as_the_evaluator() {
+    // Halves compute in f32 and round to storage after every op (the interpreter's semantics):
+    // a chain seen through a cast to f64 has the evaluator's bits exactly, not the unrounded
+    // f32 values of its steps.
+    for d in [DType::F16, DType::BF16] {
+        let k = elementwise(
+            vec![p(d, Access::Read), p(DType::F64, Access::Write)],
+            IExpr::Sym(0),
+            vec![
+                load(0, d, 0, i(0)),
+                let_(1, d, Inst::Const(Scalar::Float(0.3).cast(d))),
+                let_(2, d, Inst::Binary(BinaryOp::Mul, r(0), r(1))),
+                let_(3, d, Inst::Const(Scalar::Float(0.1).cast(d))),
+                let_(4, d, Inst::Binary(BinaryOp::Add, r(2), r(3))),
+                let_(5, d, Inst::Unary(UnaryOp::Recip, r(4))),
+                let_(6, d, Inst::Binary(BinaryOp::Sub, r(5), r(0))),
+                let_(7, DType::F64, Inst::Cast(r(6))),
+                store(1, i(0), 7),
+            ],
+        );
+        let n = 200;
+        let bufs = [Buf::from_vals(d, &sample(d, n, 11)), Buf::zeros(DType::F64, n)];
+        for (j, g, w) in jit_and_evaluator_outputs(&k, &bufs) {
+            assert!(
+                g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                "{d} element {j}: jit {g}, evaluator {w}"
+            );
+        }
+    }
+}
+
+/// Runs the one-loop kernel `k` (extent `s0` = the first buffer's length) with the JIT and the
+/// evaluator on copies of `bufs`; the elements of buffer 1 as `(index, jit, evaluator)`.
+fn jit_and_evaluator_outputs(k: &lower::kir::LoopKernel, bufs: &[Buf]) -> Vec<(usize, f64, f64)> {
+    let n = bufs[0].len();
+    let (mut got, mut want) = (bufs.to_vec(), bufs.to_vec());
+    jit(k, &mut got, &[n as i64], 0, n as i64);
+    eval(k, &mut want, &[n as i64], 0, n as i64);
+    (0..n).map(|j| (j, got[1].get(j).f64(), want[1].get(j).f64())).collect()
+}
+
+#[test]
 fn min_and_max_against_a_constant_keep_nans_and_signed_zeros() {
     // With one operand a constant (a ReLU's `max(x, 0)`, a clamp), the JIT takes a compare and a
     // select (`Math::min_max_const`): ties of signed zeros, NaNs and infinities must come out as
@@ -102,11 +144,7 @@ fn min_and_max_against_a_constant_keep_nans_and_signed_zeros() {
                     for n in [xs.len(), 1001] {
                         let vals: Vec<V> = (0..n).map(|j| cast(V::D(xs[j % xs.len()]), d)).collect();
                         let bufs = [Buf::from_vals(d, &vals), Buf::zeros(d, n)];
-                        let (mut got, mut want) = (bufs.to_vec(), bufs.to_vec());
-                        jit(&k, &mut got, &[n as i64], 0, n as i64);
-                        eval(&k, &mut want, &[n as i64], 0, n as i64);
-                        for j in 0..n {
-                            let (g, w) = (got[1].get(j).f64(), want[1].get(j).f64());
+                        for (j, g, w) in jit_and_evaluator_outputs(&k, &bufs) {
                             assert!(
                                 (g.is_nan() && w.is_nan()) || g.to_bits() == w.to_bits(),
                                 "{} {d} of {} and {k_const} (constant first: {const_first}), n={n}: {g} vs {w}",

@@ -13,6 +13,7 @@ mod functional;
 mod fuzz_safetensors;
 mod generate;
 mod gpt2;
+mod half;
 mod kernels;
 mod layers;
 mod lookup;

@@ -175,7 +175,9 @@ impl<'f> Emitter<'_, 'f> {
                 let a = self.reg(*r)?;
                 let sd = self.info.reg(*r)?;
                 let v = self.unary(*op, sd, a.v)?;
-                Ok(val(v))
+                // A half result rounds to storage after every op, as the interpreter's does
+                // (halves never run in vector loops).
+                Ok(val(self.round_half(d, v)))
             }
             Inst::Binary(op, a, b) => {
                 let (da, db) = (self.info.reg(*a)?, self.info.reg(*b)?);
@@ -184,7 +186,7 @@ impl<'f> Emitter<'_, 'f> {
                 }
                 let (va, vb) = (self.reg(*a)?, self.reg(*b)?);
                 let v = self.binary(*op, da, va.v, vb.v)?;
-                Ok(val(v))
+                Ok(val(self.round_half(d, v)))
             }
             Inst::Where(c, a, b) => {
                 if self.info.reg(*c)? != DType::Bool || self.info.reg(*a)? != self.info.reg(*b)? {
