@@ -22,31 +22,31 @@ use lower::kir::{IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 use smallvec::SmallVec;
 
 /// The most loop levels a copy nest may have (a view of rank 8 or less is the norm).
-const MAX_DEPTH: usize = 8;
+pub(super) const MAX_DEPTH: usize = 8;
 
 /// Loop variables at 0: a plan's variables are numbered below its length (kernels number theirs
 /// from 0; a nest past it gets no plan).
-static ZEROS: [i64; 64] = [0; 64];
+pub(super) static ZEROS: [i64; 64] = [0; 64];
 
 /// A number of the plan: known when the kernel is compiled, or an expression of the symbols (and
 /// of loop variables at 0) evaluated per call. Most are constants: a call then evaluates little
 /// (a decoding step's copies are a few hundred elements each).
 #[derive(Debug)]
-enum Num {
+pub(super) enum Num {
     Known(i64),
     PerCall(IExpr),
 }
 
 impl Num {
     /// `e` with every loop variable at 0 (`vars` zeros), folded where it reads no symbol.
-    fn of(e: &IExpr, vars: &[i64]) -> Num {
+    pub(super) fn of(e: &IExpr, vars: &[i64]) -> Num {
         let mut syms = Vec::new();
         e.symbols(&mut syms);
         if syms.is_empty() { Num::Known(e.eval(vars, &[])) } else { Num::PerCall(e.clone()) }
     }
 
     #[inline]
-    fn eval(&self, vars: &[i64], syms: &[i64]) -> i64 {
+    pub(super) fn eval(&self, vars: &[i64], syms: &[i64]) -> i64 {
         match self {
             Num::Known(v) => *v,
             Num::PerCall(e) => e.eval(vars, syms),
@@ -57,21 +57,46 @@ impl Num {
 /// One side of a copy: element `(i0, i1, ...)` is at `offset + sum(coefs[d] * i_d)` of parameter
 /// `param`.
 #[derive(Debug)]
-struct Side {
-    param: usize,
+pub(super) struct Side {
+    pub(super) param: usize,
     /// The index with every loop variable 0: the element of the first iteration.
-    offset: Num,
+    pub(super) offset: Num,
     /// Per loop level, outermost first: how far one step of its variable moves the index.
-    coefs: Vec<Num>,
+    pub(super) coefs: Vec<Num>,
+}
+
+impl Side {
+    /// Element `index` of parameter `param` of `k`, which must be of `dtype`, in the nest of loop
+    /// variables `vars` (`zeros`: as many zeros): `None` unless the index is affine in them with
+    /// coefficients free of them, and reads only those variables and `k`'s symbols.
+    pub(super) fn of(
+        k: &LoopKernel,
+        param: u32,
+        index: &IExpr,
+        dtype: DType,
+        vars: &[Var],
+        zeros: &[i64],
+    ) -> Option<Side> {
+        let p = k.params.get(param as usize)?;
+        if p.dtype != dtype || !leaves_ok(index, vars, k.n_syms as usize) {
+            return None;
+        }
+        let coefs: Vec<IExpr> = vars.iter().map(|&v| index.linear_coeff(v)).collect::<Option<_>>()?;
+        if coefs.iter().any(IExpr::reads_vars) {
+            return None;
+        }
+        let coefs = coefs.iter().map(|e| Num::of(e, zeros)).collect();
+        Some(Side { param: param as usize, offset: Num::of(index, zeros), coefs })
+    }
 }
 
 /// Where a masked load reads: the loop variable of level `level` in `lo..hi` (elsewhere the
 /// copy stores zero, the load's `other`).
 #[derive(Debug)]
-struct Range {
-    level: usize,
-    lo: Num,
-    hi: Num,
+pub(super) struct Range {
+    pub(super) level: usize,
+    pub(super) lo: Num,
+    pub(super) hi: Num,
 }
 
 /// One load stored unchanged.
@@ -174,18 +199,7 @@ impl CopyPlan {
         let zeros = &ZEROS[..n_vars];
         // As the emitter checks: every symbol is one the kernel declares, every variable a loop's.
         let ok = |e: &IExpr| leaves_ok(e, &vars, n_syms);
-        let side = |param: u32, index: &IExpr| -> Option<Side> {
-            let p = k.params.get(param as usize)?;
-            if p.dtype != dtype || !ok(index) {
-                return None;
-            }
-            let coefs: Vec<IExpr> = vars.iter().map(|&v| index.linear_coeff(v)).collect::<Option<_>>()?;
-            if coefs.iter().any(IExpr::reads_vars) {
-                return None;
-            }
-            let coefs = coefs.iter().map(|e| Num::of(e, zeros)).collect();
-            Some(Side { param: param as usize, offset: Num::of(index, zeros), coefs })
-        };
+        let side = |param: u32, index: &IExpr| Side::of(k, param, index, dtype, &vars, zeros);
         let mut pairs = Vec::with_capacity(stores.len());
         for &(dst_buf, dst_index, value) in &stores {
             let &(_, load_dtype, src_buf, src_index, mask) = loads.iter().find(|l| l.0 == value)?;
@@ -473,7 +487,7 @@ fn is_zero(other: &Scalar) -> bool {
 
 /// `mask` as ranges of loop variables: a conjunction of `c < i` (`i` from `c + 1`) and `i < c`
 /// (`i` below `c`), `i` one of `vars` and `c` free of them; `None` for any other mask.
-fn ranges(mask: &IExpr, vars: &[Var], zeros: &[i64]) -> Option<Vec<Range>> {
+pub(super) fn ranges(mask: &IExpr, vars: &[Var], zeros: &[i64]) -> Option<Vec<Range>> {
     let mut out = Vec::new();
     let mut todo = vec![mask];
     while let Some(e) = todo.pop() {
@@ -504,7 +518,7 @@ fn ranges(mask: &IExpr, vars: &[Var], zeros: &[i64]) -> Option<Vec<Range>> {
 }
 
 /// Whether every leaf of `e` is a constant, one of `vars` or a symbol below `n_syms`.
-fn leaves_ok(e: &IExpr, vars: &[Var], n_syms: usize) -> bool {
+pub(super) fn leaves_ok(e: &IExpr, vars: &[Var], n_syms: usize) -> bool {
     e.all_leaves(&|l| match l {
         IExpr::Var(v) => vars.contains(v),
         IExpr::Sym(s) => (*s as usize) < n_syms,
@@ -663,6 +677,8 @@ mod tests {
         native.set_native_copies(true);
         let jit = CpuCompiler::new().unwrap();
         jit.set_native_copies(false);
+        // A padded copy is a masked element-wise nest too (`map`).
+        jit.set_native_maps(false);
         let (a, b) = (native.compile(k).unwrap(), jit.compile(k).unwrap());
         assert!(a.is_native() && !b.is_native(), "{k:?}");
         // Bools hold 0 or 1 (what kernels store), other dtypes any bytes.

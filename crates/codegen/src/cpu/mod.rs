@@ -42,6 +42,7 @@ mod early;
 mod emit;
 mod helpers;
 mod jit;
+mod map;
 mod math;
 mod native;
 mod split;
@@ -290,6 +291,9 @@ struct Inner {
     /// Whether stencil kernels run natively at the quick tier (see `native`;
     /// `KILN_NATIVE_STENCILS=0` compiles them; never under [`JitMode::Optimized`]).
     native_stencils: bool,
+    /// Whether masked element-wise nests run natively at the quick tier (see `map`;
+    /// `KILN_NATIVE_MAPS=0` compiles them; never under [`JitMode::Optimized`]).
+    native_maps: bool,
 }
 
 /// Environment variable that turns early compiles (`early`) off (`0`) for comparisons.
@@ -303,6 +307,9 @@ pub const NATIVE_TILES_ENV: &str = "KILN_NATIVE_TILES";
 
 /// Environment variable that turns native stencil kernels off (`0`) for comparisons.
 pub const NATIVE_STENCILS_ENV: &str = "KILN_NATIVE_STENCILS";
+
+/// Environment variable that turns native masked element-wise nests off (`0`) for comparisons.
+pub const NATIVE_MAPS_ENV: &str = "KILN_NATIVE_MAPS";
 
 /// Whether the switch in environment variable `name` is on: unset or anything but `0`.
 fn on_unless_zero(name: &str) -> bool {
@@ -390,6 +397,7 @@ impl CpuCompiler {
                 native_copies: on_unless_zero(NATIVE_COPY_ENV),
                 native_tiles: on_unless_zero(NATIVE_TILES_ENV),
                 native_stencils: on_unless_zero(NATIVE_STENCILS_ENV),
+                native_maps: on_unless_zero(NATIVE_MAPS_ENV),
             }),
         })
     }
@@ -417,6 +425,13 @@ impl CpuCompiler {
     /// default, unless `KILN_NATIVE_STENCILS=0` or [`JitMode::Optimized`]) or are compiled.
     pub fn set_native_stencils(&self, on: bool) {
         self.lock().native_stencils = on;
+    }
+
+    /// Whether masked element-wise nests compiled from now on run natively until their
+    /// optimised code (the default, unless `KILN_NATIVE_MAPS=0` or [`JitMode::Optimized`]) or
+    /// are compiled.
+    pub fn set_native_maps(&self, on: bool) {
+        self.lock().native_maps = on;
     }
 
     /// Sets the most kernels the cache keeps (at least 1), evicting the least recently used
@@ -625,7 +640,12 @@ impl Inner {
         if self.mode == JitMode::Optimized {
             return NativeKinds::NONE;
         }
-        NativeKinds { copies: self.native_copies, tiles: self.native_tiles, stencils: self.native_stencils }
+        NativeKinds {
+            copies: self.native_copies,
+            tiles: self.native_tiles,
+            stencils: self.native_stencils,
+            maps: self.native_maps,
+        }
     }
 
     /// Compiles distinct kernels that are not in the cache, caches the successes, sends them on

@@ -1,6 +1,6 @@
 //! Kernels run by native Rust instead of JIT-ed code, as the quick tier of the tiered JIT: copy
 //! nests (`copy`), tiled kernels ([`TileRun`]) and stencils ([`StencilRun`]), whose JIT-ed code
-//! would only call routines.
+//! would only call routines, and masked element-wise nests (`map`).
 //!
 //! A tiled kernel (`analysis::tile_plan`, `analysis::tile_rows_plan`) is a parallel loop whose
 //! JIT-ed code walks the loop in tiles of `tile::TILE` elements (or of whole short rows) and,
@@ -29,6 +29,7 @@ use super::analysis::{
 use super::copy::CopyPlan;
 use super::emit::f32_const;
 use super::helpers::copy_rows;
+use super::map::MapPlan;
 use super::stencil::{Operand, StencilArgs, StencilPlan, plane_plan, stencil_avx512, stencil_base, stencil_plan};
 use super::tile::{
     A_SCALAR, B_SCALAR, MAX_SLOTS, NEUTRAL, PARAMS, SELECT_BOUND, SELECT_FIRST, SELECT_OTHER, TILE, TILE_MIN_TRIPS,
@@ -41,6 +42,7 @@ pub(crate) enum Native {
     Copy(CopyPlan),
     Tiles(TileRun),
     Stencil(Box<StencilRun>),
+    Map(MapPlan),
 }
 
 /// Which kernels run natively (each kind on unless its environment variable is `0`; none under
@@ -50,19 +52,22 @@ pub(crate) struct NativeKinds {
     pub(crate) copies: bool,
     pub(crate) tiles: bool,
     pub(crate) stencils: bool,
+    pub(crate) maps: bool,
 }
 
 impl NativeKinds {
-    pub(crate) const NONE: NativeKinds = NativeKinds { copies: false, tiles: false, stencils: false };
+    pub(crate) const NONE: NativeKinds = NativeKinds { copies: false, tiles: false, stencils: false, maps: false };
 }
 
 impl Native {
     /// How `k` runs natively (of the `kinds` allowed, its tiles as `tiling` says), if it can.
     pub(crate) fn of(k: &LoopKernel, kinds: NativeKinds, tiling: Tiling) -> Option<Native> {
         let copy = kinds.copies.then(|| CopyPlan::of(k)).flatten().map(Native::Copy);
-        copy.or_else(|| kinds.tiles.then(|| TileRun::of(k, tiling)).flatten().map(Native::Tiles)).or_else(|| {
-            kinds.stencils.then(|| StencilRun::of(k, tiling)).flatten().map(|s| Native::Stencil(Box::new(s)))
-        })
+        copy.or_else(|| kinds.tiles.then(|| TileRun::of(k, tiling)).flatten().map(Native::Tiles))
+            .or_else(|| {
+                kinds.stencils.then(|| StencilRun::of(k, tiling)).flatten().map(|s| Native::Stencil(Box::new(s)))
+            })
+            .or_else(|| kinds.maps.then(|| MapPlan::of(k)).flatten().map(Native::Map))
     }
 
     /// Runs the kernel with the JIT's calling convention.
@@ -77,6 +82,7 @@ impl Native {
                 Native::Copy(p) => p.run(bufs, syms, start, end),
                 Native::Tiles(t) => t.run(bufs, syms, start, end),
                 Native::Stencil(t) => t.run(bufs, syms, start, end),
+                Native::Map(m) => m.run(bufs, syms, start, end),
             }
         }
     }

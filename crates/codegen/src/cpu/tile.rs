@@ -380,7 +380,7 @@ pub(crate) fn fmax(a: f32, b: f32) -> f32 {
 
 /// Cranelift's `fmin`: NaN if either is NaN, and `-0 < +0`.
 #[inline(always)]
-fn fmin(a: f32, b: f32) -> f32 {
+pub(crate) fn fmin(a: f32, b: f32) -> f32 {
     let same = f32::from_bits(a.to_bits() | b.to_bits());
     let m = if a < b { a } else { b };
     let m = if a == b { same } else { m };

@@ -8,6 +8,7 @@ mod checks;
 mod clif;
 mod compile_many;
 mod loops;
+mod map;
 mod ops;
 mod prop;
 mod stencil;

@@ -1,0 +1,426 @@
+//! Masked element-wise nests run by native Rust instead of JIT-ed code, at the quick tier: a loop
+//! nest whose innermost body computes `f32` values from loads with exact IEEE operations (`+ - *
+//! /`, `max`, `min`, negation, reciprocal, square root, truncation, `where`) and stores them, some
+//! of its loads masked, or its values picked by a mask, over ranges of the loop variables: a
+//! padded bias and ReLU (`where(0 < i < 17 && 0 < j < 17, max(x[i - 1, j - 1] + b[c], 0), 0)`),
+//! the input of a depthwise convolution.
+//!
+//! Why: MobileNet's first call compiled three such kernels with Cranelift (175-225 us each, more
+//! than its whole run), and the nest needs no code of its own: its extents, strides and mask
+//! bounds are a few numbers per call ([`copy`](super::copy)'s, which this reuses), and its
+//! arithmetic a handful of operations per element. [`MapPlan::of`] recognises the nest;
+//! [`MapPlan::run`] walks it with the JIT's calling convention, each innermost run in chunks of
+//! [`CHUNK`] elements, one statement at a time over the chunk. The tiered JIT swaps optimised code
+//! in once the program runs again, as for a copy; both compute the same bits (the operations are
+//! IEEE's, with Cranelift's `max` and `min`: NaN if either operand is, and `-0 < +0`).
+
+use rustc_hash::FxHashMap as HashMap;
+use smallvec::SmallVec;
+
+use air::{BinaryOp, DType, Scalar, UnaryOp};
+use lower::kir::{IExpr, Inst, LoopKernel, Reg, Stmt, Var};
+
+use super::copy::{MAX_DEPTH, Num, Range, Side, ZEROS, leaves_ok, ranges};
+use super::tile::{fmax, fmin};
+
+/// Elements of an innermost run computed together, one statement at a time.
+const CHUNK: usize = 64;
+
+/// The most registers a plan holds (a chunk of values each).
+const MAX_SLOTS: usize = 32;
+
+/// A masked element-wise nest, recognised from a loop kernel (see the module docs).
+#[derive(Debug)]
+pub(crate) struct MapPlan {
+    /// Loop extents, outermost first (the outermost is the kernel's parallel loop).
+    extents: Vec<Num>,
+    /// The statements, in the kernel's order, constants left out (`consts`).
+    steps: Vec<Step>,
+    /// The slots of the constants, and their values: filled once per call.
+    consts: Vec<(usize, f32)>,
+    slots: usize,
+    /// One past the largest loop variable number.
+    n_vars: usize,
+    n_syms: usize,
+}
+
+/// One statement of the nest; `to` and the operands are slots (one per register).
+#[derive(Debug)]
+enum Step {
+    /// Element `side` of its parameter where every range holds, `other` elsewhere.
+    Load {
+        to: usize,
+        side: Side,
+        ranges: Vec<Range>,
+        other: f32,
+    },
+    /// 1 where every range holds, else 0 (a mask's `index`).
+    Inside {
+        to: usize,
+        ranges: Vec<Range>,
+    },
+    Unary {
+        to: usize,
+        op: UnaryOp,
+        a: usize,
+    },
+    Binary {
+        to: usize,
+        op: BinaryOp,
+        a: usize,
+        b: usize,
+    },
+    /// `c != 0 ? a : b`.
+    Select {
+        to: usize,
+        c: usize,
+        a: usize,
+        b: usize,
+    },
+    Store {
+        side: Side,
+        value: usize,
+    },
+}
+
+impl MapPlan {
+    /// The plan of `k` when its whole body is one masked element-wise nest: a parallel loop and
+    /// at least one loop inside it (at most [`MAX_DEPTH`] levels, each extent free of loop
+    /// variables), `let`s before each level's nested loop, the innermost level `let`s and then
+    /// one `store`; every value `f32` (a mask `bool`), every op one of the module docs', every
+    /// access of an `f32` parameter at an index affine in the loop variables (as a copy's), no
+    /// parameter both loaded and stored, every mask a conjunction of ranges of loop variables
+    /// (as a copy's), and at least one mask (a nest without one is the vectorised loop's).
+    pub(crate) fn of(k: &LoopKernel) -> Option<MapPlan> {
+        let [Stmt::Loop { parallel: true, .. }] = k.body.as_slice() else { return None };
+        let mut extents = Vec::new();
+        let mut vars: SmallVec<[Var; MAX_DEPTH]> = SmallVec::new();
+        let mut lets = Vec::new();
+        let mut stores = Vec::new();
+        let mut level = k.body.as_slice();
+        loop {
+            let mut inner = None;
+            for s in level {
+                match s {
+                    Stmt::Loop { var, extent, parallel, body } if inner.is_none() && stores.is_empty() => {
+                        if (*parallel != extents.is_empty()) || extents.len() == MAX_DEPTH {
+                            return None;
+                        }
+                        extents.push(extent);
+                        vars.push(*var);
+                        inner = Some(body.as_slice());
+                    }
+                    Stmt::Let { reg, dtype, inst } if inner.is_none() && stores.is_empty() => {
+                        lets.push((*reg, *dtype, inst))
+                    }
+                    Stmt::Store { buf, index, value } if inner.is_none() => stores.push((*buf, index, *value)),
+                    _ => return None,
+                }
+            }
+            match inner {
+                Some(body) => level = body,
+                None => break,
+            }
+        }
+        if extents.len() < 2 || stores.is_empty() || extents.iter().any(|e| e.reads_vars()) {
+            return None;
+        }
+        let n_syms = k.n_syms as usize;
+        let n_vars = vars.iter().map(|v| v.0 as usize + 1).max()?;
+        if n_vars > ZEROS.len() || !extents.iter().all(|e| leaves_ok(e, &vars, n_syms)) {
+            return None;
+        }
+        let zeros = &ZEROS[..n_vars];
+        let mask = |m: &IExpr| if leaves_ok(m, &vars, n_syms) { ranges(m, &vars, zeros) } else { None };
+        let mut slot: HashMap<Reg, (usize, DType)> = HashMap::default();
+        let mut steps = Vec::with_capacity(lets.len() + stores.len());
+        let mut consts = Vec::new();
+        let mut loaded = SmallVec::<[u32; 8]>::new();
+        let mut masked = false;
+        for (reg, dtype, inst) in lets {
+            let to = slot.len();
+            let operand = |r: &Reg, want: DType| slot.get(r).filter(|s| s.1 == want).map(|s| s.0);
+            let step = match (dtype, inst) {
+                (DType::F32, Inst::Const(Scalar::Float(v))) => {
+                    consts.push((to, *v as f32));
+                    None
+                }
+                (DType::F32, Inst::Load { buf, index, mask: m, other }) => {
+                    let (ranges, other) = match (m, other) {
+                        (Some(m), Scalar::Float(other)) => (mask(m)?, *other),
+                        (None, _) => (Vec::new(), 0.0),
+                        _ => return None,
+                    };
+                    masked |= !ranges.is_empty();
+                    loaded.push(*buf);
+                    let side = Side::of(k, *buf, index, DType::F32, &vars, zeros)?;
+                    Some(Step::Load { to, side, ranges, other: other as f32 })
+                }
+                (DType::Bool, Inst::Index(m)) => {
+                    masked = true;
+                    Some(Step::Inside { to, ranges: mask(m)? })
+                }
+                (DType::F32, Inst::Unary(op @ (UnaryOp::Neg | UnaryOp::Recip | UnaryOp::Sqrt | UnaryOp::Trunc), a)) => {
+                    Some(Step::Unary { to, op: *op, a: operand(a, DType::F32)? })
+                }
+                (
+                    DType::F32,
+                    Inst::Binary(
+                        op @ (BinaryOp::Add
+                        | BinaryOp::Sub
+                        | BinaryOp::Mul
+                        | BinaryOp::Div
+                        | BinaryOp::Max
+                        | BinaryOp::Min),
+                        a,
+                        b,
+                    ),
+                ) => Some(Step::Binary { to, op: *op, a: operand(a, DType::F32)?, b: operand(b, DType::F32)? }),
+                (DType::F32, Inst::Where(c, a, b)) => Some(Step::Select {
+                    to,
+                    c: operand(c, DType::Bool)?,
+                    a: operand(a, DType::F32)?,
+                    b: operand(b, DType::F32)?,
+                }),
+                _ => return None,
+            };
+            if slot.insert(reg, (to, dtype)).is_some() || slot.len() > MAX_SLOTS {
+                return None;
+            }
+            steps.extend(step);
+        }
+        // One store: the nest then writes each element once, whatever order it runs in.
+        let [(buf, index, value)] = stores[..] else { return None };
+        {
+            if loaded.contains(&buf) {
+                return None;
+            }
+            let value = slot.get(&value).filter(|s| s.1 == DType::F32)?.0;
+            steps.push(Step::Store { side: Side::of(k, buf, index, DType::F32, &vars, zeros)?, value });
+        }
+        if !masked {
+            return None;
+        }
+        let extents = extents.iter().map(|e| Num::of(e, zeros)).collect();
+        Some(MapPlan { extents, steps, consts, slots: slot.len(), n_vars, n_syms })
+    }
+
+    /// Runs the nest: the JIT's calling convention (`bufs`: one pointer per parameter; `syms`:
+    /// the symbol values; `[start, end)`: the iterations of the parallel outer loop to run,
+    /// clamped to its extent).
+    ///
+    /// # Safety
+    /// As for a compiled kernel: every element the nest reads (where its masks hold) or writes
+    /// for these symbols lies inside its parameter's buffer, and nothing else touches the
+    /// destinations' elements meanwhile.
+    pub(crate) unsafe fn run(&self, bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
+        // SAFETY: the caller passes `n_syms` symbols.
+        let syms = unsafe { std::slice::from_raw_parts(syms, self.n_syms) };
+        let vars = &ZEROS[..self.n_vars];
+        let depth = self.extents.len();
+        let inner = depth - 1;
+        let mut extent = [0i64; MAX_DEPTH];
+        for (d, e) in self.extents.iter().enumerate() {
+            extent[d] = e.eval(vars, syms).max(0);
+        }
+        let (first, last) = (start.max(0), end.min(extent[0]));
+        if first >= last || extent[1..depth].contains(&0) {
+            return;
+        }
+        // SAFETY: the caller passes one pointer per parameter.
+        let live: SmallVec<[Live; 16]> = self.steps.iter().map(|s| unsafe { Live::of(s, bufs, vars, syms) }).collect();
+        let mut slots = vec![[0f32; CHUNK]; self.slots];
+        for &(s, v) in &self.consts {
+            slots[s] = [v; CHUNK];
+        }
+        let slots = slots.as_mut_ptr();
+        let n = extent[inner];
+        let mut at = [0i64; MAX_DEPTH];
+        at[0] = first;
+        loop {
+            let mut j0 = 0;
+            while j0 < n {
+                let m = (n - j0).min(CHUNK as i64) as usize;
+                for (step, live) in self.steps.iter().zip(&live) {
+                    // SAFETY: the caller's contract for the accesses; every step writes a slot
+                    // of its own register, which no operand of it is (SSA).
+                    unsafe { step.apply(live, &at[..depth], j0, m, slots) };
+                }
+                j0 += m as i64;
+            }
+            // The next row: an odometer over the levels outside the innermost.
+            let mut d = inner;
+            loop {
+                if d == 0 {
+                    return;
+                }
+                d -= 1;
+                at[d] += 1;
+                if at[d] < if d == 0 { last } else { extent[d] } {
+                    break;
+                }
+                at[d] = 0;
+            }
+        }
+    }
+}
+
+/// A step's numbers for one call: its parameter's pointer, the index's offset and coefficients,
+/// and its ranges' bounds per level (`lo..hi`).
+struct Live {
+    ptr: *mut f32,
+    offset: i64,
+    coefs: [i64; MAX_DEPTH],
+    bounds: [(i64, i64); MAX_DEPTH],
+}
+
+impl Live {
+    /// # Safety
+    /// `bufs` holds a pointer for every parameter.
+    unsafe fn of(step: &Step, bufs: *const *mut u8, vars: &[i64], syms: &[i64]) -> Live {
+        let mut live = Live {
+            ptr: std::ptr::null_mut(),
+            offset: 0,
+            coefs: [0; MAX_DEPTH],
+            bounds: [(i64::MIN, i64::MAX); MAX_DEPTH],
+        };
+        let (side, ranges) = match step {
+            Step::Load { side, ranges, .. } => (Some(side), &ranges[..]),
+            Step::Store { side, .. } => (Some(side), &[][..]),
+            Step::Inside { ranges, .. } => (None, &ranges[..]),
+            _ => (None, &[][..]),
+        };
+        if let Some(side) = side {
+            // SAFETY: the caller's contract.
+            live.ptr = unsafe { *bufs.add(side.param) } as *mut f32;
+            live.offset = side.offset.eval(vars, syms);
+            for (c, e) in live.coefs.iter_mut().zip(&side.coefs) {
+                *c = e.eval(vars, syms);
+            }
+        }
+        for r in ranges {
+            let b = &mut live.bounds[r.level];
+            *b = (b.0.max(r.lo.eval(vars, syms)), b.1.min(r.hi.eval(vars, syms)));
+        }
+        live
+    }
+
+    /// The part `a..b` of a chunk of `m` elements from `j0` in the row at `at` (the innermost
+    /// level's value ignored) where every range holds.
+    #[inline]
+    fn inside(&self, at: &[i64], j0: i64, m: usize) -> (usize, usize) {
+        let inner = at.len() - 1;
+        if at[..inner].iter().zip(&self.bounds).any(|(&v, &(lo, hi))| v < lo || v >= hi) {
+            return (0, 0);
+        }
+        let (lo, hi) = self.bounds[inner];
+        let a = lo.saturating_sub(j0).clamp(0, m as i64) as usize;
+        let b = hi.saturating_sub(j0).clamp(0, m as i64) as usize;
+        if a < b { (a, b) } else { (0, 0) }
+    }
+
+    /// The index of the chunk's first element, and how far one element moves it.
+    #[inline]
+    fn start(&self, at: &[i64], j0: i64) -> (isize, isize) {
+        let inner = at.len() - 1;
+        let mut i = self.offset;
+        for (&v, &c) in at[..inner].iter().zip(&self.coefs) {
+            i = i.wrapping_add(v.wrapping_mul(c));
+        }
+        let step = self.coefs[inner];
+        (i.wrapping_add(j0.wrapping_mul(step)) as isize, step as isize)
+    }
+}
+
+impl Step {
+    /// Computes the chunk of `m` elements from `j0` of the row at `at`.
+    ///
+    /// # Safety
+    /// `slots` holds the plan's slots; the step's accesses are inside their buffers (where its
+    /// ranges hold, for a load), and its own slot is none of its operands'.
+    #[inline]
+    unsafe fn apply(&self, live: &Live, at: &[i64], j0: i64, m: usize, slots: *mut [f32; CHUNK]) {
+        // SAFETY: the caller's contract (distinct slots; accesses inside their buffers).
+        unsafe {
+            let slot = |s: usize| &*slots.add(s);
+            match *self {
+                Step::Load { to, other, .. } => {
+                    let out = &mut *slots.add(to);
+                    let (a, b) = live.inside(at, j0, m);
+                    out[..a].fill(other);
+                    out[b..m].fill(other);
+                    let (i, step) = live.start(at, j0);
+                    let out = &mut out[a..b];
+                    let src = |j: usize| live.ptr.wrapping_offset(i.wrapping_add(step.wrapping_mul(j as isize)));
+                    if step == 1 {
+                        out.copy_from_slice(std::slice::from_raw_parts(src(a), b - a));
+                    } else {
+                        for (j, o) in (a..b).zip(out) {
+                            *o = *src(j);
+                        }
+                    }
+                }
+                Step::Inside { to, .. } => {
+                    let out = &mut *slots.add(to);
+                    let (a, b) = live.inside(at, j0, m);
+                    out[..m].fill(0.0);
+                    out[a..b].fill(1.0);
+                }
+                Step::Unary { to, op, a } => {
+                    let (out, x) = (&mut (&mut *slots.add(to))[..m], slot(a));
+                    match op {
+                        UnaryOp::Neg => map1(out, x, |x| -x),
+                        UnaryOp::Recip => map1(out, x, |x| 1.0 / x),
+                        UnaryOp::Sqrt => map1(out, x, f32::sqrt),
+                        _ => map1(out, x, f32::trunc),
+                    }
+                }
+                Step::Binary { to, op, a, b } => {
+                    let (out, x, y) = (&mut (&mut *slots.add(to))[..m], slot(a), slot(b));
+                    match op {
+                        BinaryOp::Add => map2(out, x, y, |x, y| x + y),
+                        BinaryOp::Sub => map2(out, x, y, |x, y| x - y),
+                        BinaryOp::Mul => map2(out, x, y, |x, y| x * y),
+                        BinaryOp::Div => map2(out, x, y, |x, y| x / y),
+                        BinaryOp::Max => map2(out, x, y, fmax),
+                        _ => map2(out, x, y, fmin),
+                    }
+                }
+                Step::Select { to, c, a, b } => {
+                    let (out, c, x, y) = (&mut *slots.add(to), slot(c), slot(a), slot(b));
+                    for (j, o) in out[..m].iter_mut().enumerate() {
+                        *o = if c[j] != 0.0 { x[j] } else { y[j] };
+                    }
+                }
+                Step::Store { value, .. } => {
+                    let v = &slot(value)[..m];
+                    let (i, step) = live.start(at, j0);
+                    let dst = |j: usize| live.ptr.wrapping_offset(i.wrapping_add(step.wrapping_mul(j as isize)));
+                    if step == 1 {
+                        std::ptr::copy_nonoverlapping(v.as_ptr(), dst(0), m);
+                    } else {
+                        for (j, &v) in v.iter().enumerate() {
+                            *dst(j) = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `out[j] = f(x[j])`.
+#[inline(always)]
+fn map1(out: &mut [f32], x: &[f32], f: impl Fn(f32) -> f32) {
+    for (o, &x) in out.iter_mut().zip(x) {
+        *o = f(x);
+    }
+}
+
+/// `out[j] = f(x[j], y[j])`.
+#[inline(always)]
+fn map2(out: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for (o, (&x, &y)) in out.iter_mut().zip(x.iter().zip(y)) {
+        *o = f(x, y);
+    }
+}

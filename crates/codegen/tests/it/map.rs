@@ -1,0 +1,202 @@
+//! Masked element-wise nests (a padded bias and ReLU, the input of a depthwise convolution) run
+//! natively at the quick tier (`cpu/map.rs`): the same bits as the evaluator and as the compiled
+//! code, at every pad, size and batch split, and only where the nest is one such.
+
+use crate::common;
+
+use air::{BinaryOp, DType, Scalar, UnaryOp};
+use common::*;
+use lower::kir::{Access, IExpr, Inst, LoopKernel};
+use proptest::prelude::*;
+
+use kiln_codegen::{CpuCompiler, JitMode};
+
+/// The nest's shape: `channels` planes of `rows` x `cols` padded by `pad` on every side (the
+/// output `rows + 2 pad` x `cols + 2 pad`), the input read with column stride `stride`, `op`
+/// applied with the per-channel bias, then `max(_, 0)` (or `neg` and `sqrt` on the way when
+/// `unary`), `fill` on the border.
+#[derive(Clone, Debug)]
+struct Spec {
+    channels: i64,
+    rows: i64,
+    cols: i64,
+    pad: i64,
+    stride: i64,
+    op: BinaryOp,
+    unary: bool,
+    fill: f64,
+}
+
+impl Spec {
+    fn out_rows(&self) -> i64 {
+        self.rows + 2 * self.pad
+    }
+    fn out_cols(&self) -> i64 {
+        self.cols + 2 * self.pad
+    }
+}
+
+/// `out[n, c, y, x] = inside ? relu(op(in[n, c, y - pad, (x - pad) * stride], bias[c])) : fill`.
+fn kernel(s: &Spec) -> LoopKernel {
+    let (pad, rows, cols) = (s.pad, s.rows, s.cols);
+    let inside = |v: u32, n: i64| IExpr::and(IExpr::lt(c(pad - 1), i(v)), IExpr::lt(i(v), c(n + pad)));
+    let mask = IExpr::and(inside(2, rows), inside(3, cols));
+    let masked =
+        |buf: u32, index: IExpr| Inst::Load { buf, index, mask: Some(mask.clone()), other: Scalar::Float(0.0) };
+    let plane = rows * cols * s.stride;
+    let src = IExpr::add(
+        IExpr::add(IExpr::mul(i(0), c(s.channels * plane)), IExpr::mul(i(1), c(plane))),
+        IExpr::add(
+            IExpr::mul(IExpr::add(i(2), c(-pad)), c(cols * s.stride)),
+            IExpr::mul(IExpr::add(i(3), c(-pad)), c(s.stride)),
+        ),
+    );
+    let out_plane = s.out_rows() * s.out_cols();
+    let dst = IExpr::add(
+        IExpr::add(IExpr::mul(i(0), c(s.channels * out_plane)), IExpr::mul(i(1), c(out_plane))),
+        IExpr::add(IExpr::mul(i(2), c(s.out_cols())), i(3)),
+    );
+    let mut body = vec![
+        let_(1, DType::F32, masked(1, src)),
+        let_(2, DType::F32, masked(2, i(1))),
+        let_(3, DType::F32, Inst::Binary(s.op, r(1), r(2))),
+    ];
+    if s.unary {
+        body.push(let_(4, DType::F32, Inst::Unary(UnaryOp::Neg, r(3))));
+        body.push(let_(5, DType::F32, Inst::Unary(UnaryOp::Sqrt, r(4))));
+    } else {
+        body.push(let_(5, DType::F32, Inst::Binary(BinaryOp::Max, r(3), r(0))));
+    }
+    body.extend([
+        let_(6, DType::Bool, Inst::Index(mask.clone())),
+        let_(7, DType::F32, Inst::Const(Scalar::Float(s.fill))),
+        let_(8, DType::F32, Inst::Where(r(6), r(5), r(7))),
+        store(0, dst, 8),
+    ]);
+    let nest = for_(
+        1,
+        c(s.channels),
+        false,
+        vec![for_(2, c(s.out_rows()), false, vec![for_(3, c(s.out_cols()), false, body)])],
+    );
+    LoopKernel {
+        params: vec![p(DType::F32, Access::Write), p(DType::F32, Access::Read), p(DType::F32, Access::Read)],
+        n_syms: 1,
+        body: vec![for_(0, IExpr::Sym(0), true, vec![let_(0, DType::F32, Inst::Const(Scalar::Float(0.0))), nest])],
+    }
+}
+
+fn bufs(s: &Spec, batch: i64, seed: u64) -> Vec<Buf> {
+    let n_in = (batch * s.channels * s.rows * s.cols * s.stride) as usize;
+    vec![
+        Buf::from_vals(
+            DType::F32,
+            &sample(DType::F32, (batch * s.channels * s.out_rows() * s.out_cols()) as usize, seed),
+        ),
+        Buf::from_vals(DType::F32, &sample(DType::F32, n_in, seed + 1)),
+        Buf::from_vals(DType::F32, &sample(DType::F32, s.channels as usize, seed + 2)),
+    ]
+}
+
+fn compiler(native: bool) -> CpuCompiler {
+    let c = CpuCompiler::with_mode(JitMode::Quick).expect("host ISA");
+    c.set_native_maps(native);
+    c
+}
+
+/// Every element the same bits, or both NaN.
+fn assert_same(got: &Buf, want: &Buf, what: &str) {
+    for (k, (g, w)) in got.vals().iter().zip(want.vals()).enumerate() {
+        let (g, w) = (g.f64() as f32, w.f64() as f32);
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}: element {k}: {g} against {w}");
+    }
+}
+
+/// The native run and the compiled code each give the evaluator's bits, the batch split in two
+/// calls; the nest runs natively exactly when asked to.
+fn case(s: &Spec, batch: i64, split: i64, seed: u64) {
+    let k = kernel(s);
+    let mut want = bufs(s, batch, seed);
+    eval(&k, &mut want, &[batch], 0, batch);
+    for native in [true, false] {
+        let c = compiler(native);
+        assert_eq!(c.compile(&k).expect("compile").is_native(), native, "{s:?}");
+        let mut got = bufs(s, batch, seed);
+        let split = split.min(batch);
+        jit_with(&c, &k, &mut got, &[batch], 0, split);
+        jit_with(&c, &k, &mut got, &[batch], split, batch);
+        assert_same(&got[0], &want[0], &format!("{s:?} batch {batch}, native {native}"));
+    }
+}
+
+fn relu_pad() -> Spec {
+    Spec { channels: 3, rows: 5, cols: 16, pad: 1, stride: 1, op: BinaryOp::Add, unary: false, fill: 0.0 }
+}
+
+#[test]
+fn a_padded_bias_and_relu_runs_natively_with_the_evaluators_bits() {
+    case(&relu_pad(), 3, 1, 5);
+    // Rows longer than a chunk, a strided read, a border of its own value, NaNs from `sqrt`.
+    case(&Spec { cols: 150, pad: 2, ..relu_pad() }, 2, 1, 9);
+    case(&Spec { stride: 3, fill: -1.5, op: BinaryOp::Mul, ..relu_pad() }, 2, 2, 13);
+    case(&Spec { unary: true, op: BinaryOp::Sub, ..relu_pad() }, 1, 0, 17);
+}
+
+#[test]
+fn nests_without_a_mask_or_with_other_work_are_compiled() {
+    let native = compiler(true);
+    // No mask: the vectorised loop's.
+    let plain = elementwise(
+        vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
+        IExpr::Sym(0),
+        vec![load(0, DType::F32, 0, i(0)), let_(1, DType::F32, Inst::Unary(UnaryOp::Neg, r(0))), store(1, i(0), 1)],
+    );
+    assert!(!native.compile(&plain).expect("compile").is_native());
+    // An approximated op (`exp2`) is the JIT's: the native run could not give its bits.
+    let mut k = kernel(&relu_pad());
+    fn retarget(stmts: &mut [lower::kir::Stmt]) {
+        for s in stmts {
+            match s {
+                lower::kir::Stmt::Let { inst: Inst::Binary(BinaryOp::Max, a, _), .. } => {
+                    *s = let_(5, DType::F32, Inst::Unary(UnaryOp::Exp2, *a))
+                }
+                lower::kir::Stmt::Loop { body, .. } => retarget(body),
+                _ => {}
+            }
+        }
+    }
+    retarget(&mut k.body);
+    assert!(!native.compile(&k).expect("compile").is_native());
+}
+
+fn spec() -> impl Strategy<Value = Spec> {
+    (
+        1i64..4,
+        1i64..6,
+        1i64..70,
+        0i64..3,
+        1i64..3,
+        proptest::sample::select(vec![BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Min]),
+        any::<bool>(),
+        proptest::sample::select(vec![0.0, -2.5]),
+    )
+        .prop_map(|(channels, rows, cols, pad, stride, op, unary, fill)| Spec {
+            channels,
+            rows,
+            cols,
+            pad,
+            stride,
+            op,
+            unary,
+            fill,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn masked_nests_match_the_evaluator_bit_for_bit(s in spec(), batch in 1i64..4, split in 0i64..4, seed in 0u64..1000) {
+        case(&s, batch, split, seed);
+    }
+}
