@@ -340,6 +340,9 @@ impl Step {
     /// ranges hold, for a load), and its own slot is none of its operands'.
     #[inline]
     unsafe fn apply(&self, live: &Live, at: &[i64], j0: i64, m: usize, slots: *mut [f32; CHUNK]) {
+        // Computing statements run over whole vectors of lanes: past `m` (up to the chunk's
+        // end) they compute on what the slots held, which nothing stores.
+        let lanes = m.next_multiple_of(4).min(CHUNK);
         // SAFETY: the caller's contract (distinct slots; accesses inside their buffers).
         unsafe {
             let slot = |s: usize| &*slots.add(s);
@@ -363,11 +366,11 @@ impl Step {
                 Step::Inside { to, .. } => {
                     let out = &mut *slots.add(to);
                     let (a, b) = live.inside(at, j0, m);
-                    out[..m].fill(0.0);
-                    out[a..b].fill(1.0);
+                    out[..m].fill(FALSE);
+                    out[a..b].fill(TRUE);
                 }
                 Step::Unary { to, op, a } => {
-                    let (out, x) = (&mut (&mut *slots.add(to))[..m], slot(a));
+                    let (out, x) = (&mut (&mut *slots.add(to))[..lanes], slot(a));
                     match op {
                         UnaryOp::Neg => map1(out, x, |x| -x),
                         UnaryOp::Recip => map1(out, x, |x| 1.0 / x),
@@ -376,7 +379,7 @@ impl Step {
                     }
                 }
                 Step::Binary { to, op, a, b } => {
-                    let (out, x, y) = (&mut (&mut *slots.add(to))[..m], slot(a), slot(b));
+                    let (out, x, y) = (&mut (&mut *slots.add(to))[..lanes], slot(a), slot(b));
                     match op {
                         BinaryOp::Add => map2(out, x, y, |x, y| x + y),
                         BinaryOp::Sub => map2(out, x, y, |x, y| x - y),
@@ -387,9 +390,10 @@ impl Step {
                     }
                 }
                 Step::Select { to, c, a, b } => {
-                    let (out, c, x, y) = (&mut *slots.add(to), slot(c), slot(a), slot(b));
-                    for (j, o) in out[..m].iter_mut().enumerate() {
-                        *o = if c[j] != 0.0 { x[j] } else { y[j] };
+                    let (out, c, x, y) = (&mut (&mut *slots.add(to))[..lanes], slot(c), slot(a), slot(b));
+                    for (((o, c), x), y) in out.iter_mut().zip(c).zip(x).zip(y) {
+                        let c = c.to_bits();
+                        *o = f32::from_bits((x.to_bits() & c) | (y.to_bits() & !c));
                     }
                 }
                 Step::Store { value, .. } => {
@@ -408,6 +412,10 @@ impl Step {
         }
     }
 }
+
+/// A mask's lanes: every bit set where it holds (so a `where` is a bit select), clear elsewhere.
+const TRUE: f32 = f32::from_bits(u32::MAX);
+const FALSE: f32 = 0.0;
 
 /// `out[j] = f(x[j])`.
 #[inline(always)]

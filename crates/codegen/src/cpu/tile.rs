@@ -369,13 +369,14 @@ pub(crate) fn log2<const FMA: bool>(x: f32) -> f32 {
     if x.is_nan() { x } else { y }
 }
 
-/// Cranelift's `fmax`: NaN if either is NaN, and `+0 > -0`.
+/// Cranelift's `fmax`: NaN if either is NaN, and `+0 > -0` (no short-circuit `||`: a loop of
+/// it then vectorizes, as `map`'s do).
 #[inline(always)]
 pub(crate) fn fmax(a: f32, b: f32) -> f32 {
     let same = f32::from_bits(a.to_bits() & b.to_bits());
     let m = if a > b { a } else { b };
     let m = if a == b { same } else { m };
-    if a.is_nan() || b.is_nan() { a + b } else { m }
+    if a.is_nan() | b.is_nan() { a + b } else { m }
 }
 
 /// Cranelift's `fmin`: NaN if either is NaN, and `-0 < +0`.
@@ -384,7 +385,7 @@ pub(crate) fn fmin(a: f32, b: f32) -> f32 {
     let same = f32::from_bits(a.to_bits() | b.to_bits());
     let m = if a < b { a } else { b };
     let m = if a == b { same } else { m };
-    if a.is_nan() || b.is_nan() { a + b } else { m }
+    if a.is_nan() | b.is_nan() { a + b } else { m }
 }
 
 /// `around(x) = f(min(x * a1 + b1, c1) * a2) * a3 + b3` with `p = [a1, b1, c1, a2, a3, b3, ..]`,
