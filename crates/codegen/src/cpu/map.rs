@@ -9,8 +9,9 @@
 //! than its whole run), and the nest needs no code of its own: its extents, strides and mask
 //! bounds are a few numbers per call ([`copy`](super::copy)'s, which this reuses), and its
 //! arithmetic a handful of operations per element. [`MapPlan::of`] recognises the nest;
-//! [`MapPlan::run`] walks it with the JIT's calling convention, each innermost run in chunks of
-//! [`CHUNK`] elements, one statement at a time over the chunk. The tiered JIT swaps optimised code
+//! [`MapPlan::run`] walks it with the JIT's calling convention in blocks of up to [`CHUNK`]
+//! elements (a long row in pieces, short rows several to a block), one statement at a time over
+//! the block, its computing statements over whole vectors of lanes. The tiered JIT swaps optimised code
 //! in once the program runs again, as for a copy; both compute the same bits (the operations are
 //! IEEE's, with Cranelift's `max` and `min`: NaN if either operand is, and `-0 < +0`).
 
@@ -235,21 +236,33 @@ impl MapPlan {
         }
         let slots = slots.as_mut_ptr();
         let n = extent[inner];
+        // Short rows go several to a block (one row of the level around the innermost after
+        // the other), so that each statement runs over more elements per dispatch: the rows of
+        // a padded 10 x 10 plane cost 40 ns each one at a time.
+        let mid = inner - 1;
+        let per_block = if n <= CHUNK as i64 / 2 { CHUNK as i64 / n } else { 1 };
+        let (mid_first, mid_last) = if mid == 0 { (first, last) } else { (0, extent[mid]) };
         let mut at = [0i64; MAX_DEPTH];
         at[0] = first;
         loop {
-            let mut j0 = 0;
-            while j0 < n {
-                let m = (n - j0).min(CHUNK as i64) as usize;
-                for (step, live) in self.steps.iter().zip(&live) {
-                    // SAFETY: the caller's contract for the accesses; every step writes a slot
-                    // of its own register, which no operand of it is (SSA).
-                    unsafe { step.apply(live, &at[..depth], j0, m, slots) };
+            at[mid] = mid_first;
+            while at[mid] < mid_last {
+                let rows = per_block.min(mid_last - at[mid]) as usize;
+                let mut j0 = 0;
+                while j0 < n {
+                    let m = (n - j0).min(CHUNK as i64) as usize;
+                    let block = Block { at: &at, depth, rows, j0, m };
+                    for (step, live) in self.steps.iter().zip(&live) {
+                        // SAFETY: the caller's contract for the accesses; every step writes
+                        // a slot of its own register, which no operand of it is (SSA).
+                        unsafe { step.apply(live, &block, slots) };
+                    }
+                    j0 += m as i64;
                 }
-                j0 += m as i64;
+                at[mid] += rows as i64;
             }
-            // The next row: an odometer over the levels outside the innermost.
-            let mut d = inner;
+            // The next block of rows: an odometer over the levels outside `mid`.
+            let mut d = mid;
             loop {
                 if d == 0 {
                     return;
@@ -263,6 +276,17 @@ impl MapPlan {
             }
         }
     }
+}
+
+/// Elements `j0..j0 + m` of the innermost level in `rows` rows: those of the level around it
+/// from `at[mid]` on (`at` holds the levels' values, the innermost's ignored). Row `r`'s
+/// elements are lanes `r * m..(r + 1) * m` of a slot.
+struct Block<'a> {
+    at: &'a [i64; MAX_DEPTH],
+    depth: usize,
+    rows: usize,
+    j0: i64,
+    m: usize,
 }
 
 /// A step's numbers for one call: its parameter's pointer, the index's offset and coefficients,
@@ -305,69 +329,107 @@ impl Live {
         live
     }
 
-    /// The part `a..b` of a chunk of `m` elements from `j0` in the row at `at` (the innermost
-    /// level's value ignored) where every range holds.
+    /// Where the block's rows are: per row `r`, elements `a..b` of the chunk (where every range
+    /// holds: all rows alike but those outside the ranges of the level around the innermost,
+    /// which read none) from index `base + r * row_step` on, `step` apart.
     #[inline]
-    fn inside(&self, at: &[i64], j0: i64, m: usize) -> (usize, usize) {
-        let inner = at.len() - 1;
-        if at[..inner].iter().zip(&self.bounds).any(|(&v, &(lo, hi))| v < lo || v >= hi) {
-            return (0, 0);
-        }
+    fn rows(&self, block: &Block<'_>) -> Rows {
+        let (at, depth) = (block.at, block.depth);
+        let (mid, inner) = (depth - 2, depth - 1);
+        let outer_ok = at[..mid].iter().zip(&self.bounds).all(|(&v, &(lo, hi))| lo <= v && v < hi);
         let (lo, hi) = self.bounds[inner];
-        let a = lo.saturating_sub(j0).clamp(0, m as i64) as usize;
-        let b = hi.saturating_sub(j0).clamp(0, m as i64) as usize;
-        if a < b { (a, b) } else { (0, 0) }
-    }
-
-    /// The index of the chunk's first element, and how far one element moves it.
-    #[inline]
-    fn start(&self, at: &[i64], j0: i64) -> (isize, isize) {
-        let inner = at.len() - 1;
-        let mut i = self.offset;
+        let m = block.m as i64;
+        let a = lo.saturating_sub(block.j0).clamp(0, m) as usize;
+        let b = hi.saturating_sub(block.j0).clamp(0, m) as usize;
+        let span = if outer_ok && a < b { (a, b) } else { (0, 0) };
+        let mut base = self.offset;
         for (&v, &c) in at[..inner].iter().zip(&self.coefs) {
-            i = i.wrapping_add(v.wrapping_mul(c));
+            base = base.wrapping_add(v.wrapping_mul(c));
         }
         let step = self.coefs[inner];
-        (i.wrapping_add(j0.wrapping_mul(step)) as isize, step as isize)
+        let (mid_lo, mid_hi) = self.bounds[mid];
+        Rows {
+            span,
+            // Rows `r` with `mid_lo <= at[mid] + r < mid_hi` (clamped to the block).
+            first: mid_lo.saturating_sub(at[mid]).clamp(0, block.rows as i64) as usize,
+            end: mid_hi.saturating_sub(at[mid]).clamp(0, block.rows as i64) as usize,
+            base: base.wrapping_add(block.j0.wrapping_mul(step)) as isize,
+            step: step as isize,
+            row_step: self.coefs[mid] as isize,
+        }
+    }
+}
+
+/// A step's rows in a block ([`Live::rows`]).
+struct Rows {
+    span: (usize, usize),
+    first: usize,
+    end: usize,
+    base: isize,
+    step: isize,
+    row_step: isize,
+}
+
+impl Rows {
+    /// Row `r`'s elements where every range holds.
+    #[inline(always)]
+    fn span(&self, r: usize) -> (usize, usize) {
+        if (self.first..self.end).contains(&r) { self.span } else { (0, 0) }
+    }
+
+    /// The address of element `j` of row `r` of `ptr`'s buffer (not dereferenced).
+    #[inline(always)]
+    fn at(&self, ptr: *mut f32, r: usize, j: usize) -> *mut f32 {
+        let i = self
+            .base
+            .wrapping_add(self.row_step.wrapping_mul(r as isize))
+            .wrapping_add(self.step.wrapping_mul(j as isize));
+        ptr.wrapping_offset(i)
     }
 }
 
 impl Step {
-    /// Computes the chunk of `m` elements from `j0` of the row at `at`.
+    /// Computes the block.
     ///
     /// # Safety
     /// `slots` holds the plan's slots; the step's accesses are inside their buffers (where its
     /// ranges hold, for a load), and its own slot is none of its operands'.
     #[inline]
-    unsafe fn apply(&self, live: &Live, at: &[i64], j0: i64, m: usize, slots: *mut [f32; CHUNK]) {
-        // Computing statements run over whole vectors of lanes: past `m` (up to the chunk's
-        // end) they compute on what the slots held, which nothing stores.
-        let lanes = m.next_multiple_of(4).min(CHUNK);
+    unsafe fn apply(&self, live: &Live, block: &Block<'_>, slots: *mut [f32; CHUNK]) {
+        let m = block.m;
+        // Computing statements run over whole vectors of lanes: past the block (up to the
+        // chunk's end) they compute on what the slots held, which nothing stores.
+        let lanes = (block.rows * m).next_multiple_of(4).min(CHUNK);
         // SAFETY: the caller's contract (distinct slots; accesses inside their buffers).
         unsafe {
             let slot = |s: usize| &*slots.add(s);
             match *self {
                 Step::Load { to, other, .. } => {
-                    let out = &mut *slots.add(to);
-                    let (a, b) = live.inside(at, j0, m);
-                    out[..a].fill(other);
-                    out[b..m].fill(other);
-                    let (i, step) = live.start(at, j0);
-                    let out = &mut out[a..b];
-                    let src = |j: usize| live.ptr.wrapping_offset(i.wrapping_add(step.wrapping_mul(j as isize)));
-                    if step == 1 {
-                        out.copy_from_slice(std::slice::from_raw_parts(src(a), b - a));
-                    } else {
-                        for (j, o) in (a..b).zip(out) {
-                            *o = *src(j);
+                    let slot = &mut *slots.add(to);
+                    let rows = live.rows(block);
+                    for (r, out) in slot.chunks_exact_mut(m).take(block.rows).enumerate() {
+                        let (a, b) = rows.span(r);
+                        out[..a].fill(other);
+                        out[b..].fill(other);
+                        let src = |j: usize| rows.at(live.ptr, r, j);
+                        match rows.step {
+                            _ if a == b => {}
+                            0 => out[a..b].fill(*src(a)),
+                            1 => copy(src(a), out[a..b].as_mut_ptr(), b - a),
+                            _ => (a..b).zip(&mut out[a..b]).for_each(|(j, o)| *o = *src(j)),
                         }
                     }
                 }
                 Step::Inside { to, .. } => {
-                    let out = &mut *slots.add(to);
-                    let (a, b) = live.inside(at, j0, m);
-                    out[..m].fill(FALSE);
-                    out[a..b].fill(TRUE);
+                    let slot = &mut *slots.add(to);
+                    let rows = live.rows(block);
+                    for (r, out) in slot.chunks_exact_mut(m).take(block.rows).enumerate() {
+                        let (a, b) = rows.span(r);
+                        // A select per lane rather than two fills: short rows, no `memset` calls.
+                        for (j, o) in out.iter_mut().enumerate() {
+                            *o = if a <= j && j < b { TRUE } else { FALSE };
+                        }
+                    }
                 }
                 Step::Unary { to, op, a } => {
                     let (out, x) = (&mut (&mut *slots.add(to))[..lanes], slot(a));
@@ -391,20 +453,25 @@ impl Step {
                 }
                 Step::Select { to, c, a, b } => {
                     let (out, c, x, y) = (&mut (&mut *slots.add(to))[..lanes], slot(c), slot(a), slot(b));
-                    for (((o, c), x), y) in out.iter_mut().zip(c).zip(x).zip(y) {
+                    let pick = |c: f32, x: f32, y: f32| {
                         let c = c.to_bits();
-                        *o = f32::from_bits((x.to_bits() & c) | (y.to_bits() & !c));
+                        f32::from_bits((x.to_bits() & c) | (y.to_bits() & !c))
+                    };
+                    for (o, (c, (x, y))) in
+                        out.chunks_exact_mut(4).zip(c.chunks_exact(4).zip(x.chunks_exact(4).zip(y.chunks_exact(4))))
+                    {
+                        for k in 0..4 {
+                            o[k] = pick(c[k], x[k], y[k]);
+                        }
                     }
                 }
                 Step::Store { value, .. } => {
-                    let v = &slot(value)[..m];
-                    let (i, step) = live.start(at, j0);
-                    let dst = |j: usize| live.ptr.wrapping_offset(i.wrapping_add(step.wrapping_mul(j as isize)));
-                    if step == 1 {
-                        std::ptr::copy_nonoverlapping(v.as_ptr(), dst(0), m);
-                    } else {
-                        for (j, &v) in v.iter().enumerate() {
-                            *dst(j) = v;
+                    let rows = live.rows(block);
+                    for (r, v) in slot(value).chunks_exact(m).take(block.rows).enumerate() {
+                        if rows.step == 1 {
+                            copy(v.as_ptr(), rows.at(live.ptr, r, 0), m);
+                        } else {
+                            v.iter().enumerate().for_each(|(j, &v)| *rows.at(live.ptr, r, j) = v);
                         }
                     }
                 }
@@ -413,22 +480,46 @@ impl Step {
     }
 }
 
+/// Copies `n` floats from `src` to `dst` (not overlapping): inline for a short row, where a call
+/// of `memcpy` would cost more than the copy.
+///
+/// # Safety
+/// Both ranges lie inside their buffers.
+#[inline(always)]
+unsafe fn copy(src: *const f32, dst: *mut f32, n: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if n <= 16 {
+            for j in 0..n {
+                *dst.add(j) = *src.add(j);
+            }
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst, n);
+        }
+    }
+}
+
 /// A mask's lanes: every bit set where it holds (so a `where` is a bit select), clear elsewhere.
 const TRUE: f32 = f32::from_bits(u32::MAX);
 const FALSE: f32 = 0.0;
 
-/// `out[j] = f(x[j])`.
+/// `out[j] = f(x[j])`, four lanes at a time (`out`'s length is a multiple of 4: the loop
+/// vectorizes).
 #[inline(always)]
 fn map1(out: &mut [f32], x: &[f32], f: impl Fn(f32) -> f32) {
-    for (o, &x) in out.iter_mut().zip(x) {
-        *o = f(x);
+    for (o, x) in out.chunks_exact_mut(4).zip(x.chunks_exact(4)) {
+        for k in 0..4 {
+            o[k] = f(x[k]);
+        }
     }
 }
 
-/// `out[j] = f(x[j], y[j])`.
+/// `out[j] = f(x[j], y[j])`, four lanes at a time (as [`map1`]).
 #[inline(always)]
 fn map2(out: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32) {
-    for (o, (&x, &y)) in out.iter_mut().zip(x.iter().zip(y)) {
-        *o = f(x, y);
+    for (o, (x, y)) in out.chunks_exact_mut(4).zip(x.chunks_exact(4).zip(y.chunks_exact(4))) {
+        for k in 0..4 {
+            o[k] = f(x[k], y[k]);
+        }
     }
 }

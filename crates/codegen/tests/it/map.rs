@@ -200,3 +200,57 @@ proptest! {
         case(&s, batch, split, seed);
     }
 }
+
+/// A nest of two levels, the parallel one masked with a symbolic bound: rows go several to a
+/// block along the parallel loop itself, within each call's `[start, end)`.
+#[test]
+fn a_two_level_nest_masked_along_its_parallel_loop() {
+    let (rows, cols) = (7i64, 5i64);
+    // out[y, x] = 0 < y < s0 - 1 && 0 < x < cols + 1 ? in[y - 1, x - 1] * 2 : 0, y < s0 = rows + 2.
+    let mask = IExpr::and(
+        IExpr::and(IExpr::lt(c(0), i(0)), IExpr::lt(i(0), IExpr::add(IExpr::Sym(0), c(-1)))),
+        IExpr::and(IExpr::lt(c(0), i(1)), IExpr::lt(i(1), c(cols + 1))),
+    );
+    let src = IExpr::add(IExpr::mul(IExpr::add(i(0), c(-1)), c(cols)), IExpr::add(i(1), c(-1)));
+    let k = LoopKernel {
+        params: vec![p(DType::F32, Access::Write), p(DType::F32, Access::Read)],
+        n_syms: 1,
+        body: vec![for_(
+            0,
+            IExpr::Sym(0),
+            true,
+            vec![for_(
+                1,
+                c(cols + 2),
+                false,
+                vec![
+                    let_(0, DType::F32, Inst::Load { buf: 1, index: src, mask: Some(mask), other: Scalar::Float(0.0) }),
+                    let_(1, DType::F32, Inst::Const(Scalar::Float(2.0))),
+                    let_(2, DType::F32, Inst::Binary(BinaryOp::Mul, r(0), r(1))),
+                    store(0, IExpr::add(IExpr::mul(i(0), c(cols + 2)), i(1)), 2),
+                ],
+            )],
+        )],
+    };
+    let syms = [rows + 2];
+    let fresh = || {
+        vec![
+            Buf::from_vals(DType::F32, &sample(DType::F32, ((rows + 2) * (cols + 2)) as usize, 3)),
+            Buf::from_vals(DType::F32, &sample(DType::F32, (rows * cols) as usize, 4)),
+        ]
+    };
+    for native in [true, false] {
+        let c = compiler(native);
+        assert_eq!(c.compile(&k).expect("compile").is_native(), native);
+        for split in [0, 1, 4, rows + 2] {
+            // The first call alone writes its rows and no others; the second the rest.
+            let (mut got, mut want) = (fresh(), fresh());
+            jit_with(&c, &k, &mut got, &syms, 0, split);
+            eval(&k, &mut want, &syms, 0, split);
+            assert_same(&got[0], &want[0], &format!("native {native}, rows below {split}"));
+            jit_with(&c, &k, &mut got, &syms, split, rows + 2);
+            eval(&k, &mut want, &syms, split, rows + 2);
+            assert_same(&got[0], &want[0], &format!("native {native}, split at {split}"));
+        }
+    }
+}
