@@ -11,9 +11,10 @@
 //! arithmetic a handful of operations per element. [`MapPlan::of`] recognises the nest;
 //! [`MapPlan::run`] walks it with the JIT's calling convention in blocks of up to [`CHUNK`]
 //! elements (a long row in pieces, short rows several to a block), one statement at a time over
-//! the block, its computing statements over whole vectors of lanes. The tiered JIT swaps optimised code
-//! in once the program runs again, as for a copy; both compute the same bits (the operations are
-//! IEEE's, with Cranelift's `max` and `min`: NaN if either operand is, and `-0 < +0`).
+//! the block, its computing statements over whole vectors of lanes. The tiered JIT swaps
+//! optimised code in once the program runs again, as for a copy; both compute the same bits (the
+//! operations are IEEE's, with Cranelift's `max` and `min`: NaN if either operand is, and
+//! `-0 < +0`).
 
 use rustc_hash::FxHashMap as HashMap;
 use smallvec::SmallVec;
@@ -39,6 +40,7 @@ pub(crate) struct MapPlan {
     steps: Vec<Step>,
     /// The slots of the constants, and their values: filled once per call.
     consts: Vec<(usize, f32)>,
+    /// Registers, one slot (a block of values) each.
     slots: usize,
     /// One past the largest loop variable number.
     n_vars: usize,
@@ -55,7 +57,7 @@ enum Step {
         ranges: Vec<Range>,
         other: f32,
     },
-    /// 1 where every range holds, else 0 (a mask's `index`).
+    /// Every bit set where every range holds, none elsewhere (a mask's `index`).
     Inside {
         to: usize,
         ranges: Vec<Range>,
@@ -71,7 +73,7 @@ enum Step {
         a: usize,
         b: usize,
     },
-    /// `c != 0 ? a : b`.
+    /// `a` where `c`'s bits are set, `b` where they are clear (`where`).
     Select {
         to: usize,
         c: usize,
@@ -192,16 +194,11 @@ impl MapPlan {
         }
         // One store: the nest then writes each element once, whatever order it runs in.
         let [(buf, index, value)] = stores[..] else { return None };
-        {
-            if loaded.contains(&buf) {
-                return None;
-            }
-            let value = slot.get(&value).filter(|s| s.1 == DType::F32)?.0;
-            steps.push(Step::Store { side: Side::of(k, buf, index, DType::F32, &vars, zeros)?, value });
-        }
-        if !masked {
+        if loaded.contains(&buf) || !masked {
             return None;
         }
+        let value = slot.get(&value).filter(|s| s.1 == DType::F32)?.0;
+        steps.push(Step::Store { side: Side::of(k, buf, index, DType::F32, &vars, zeros)?, value });
         let extents = extents.iter().map(|e| Num::of(e, zeros)).collect();
         Some(MapPlan { extents, steps, consts, slots: slot.len(), n_vars, n_syms })
     }
