@@ -367,8 +367,11 @@ pub fn batch_norm(
     per_channel.extend((2..nd).map(|_| Dim::Const(1)));
     let per_channel = |t: &Tensor| t.reshape(per_channel.clone());
     let axes: Vec<isize> = std::iter::once(0).chain(2..nd as isize).collect();
+    // Half inputs compute in f32 and round once (`super::widened`), their parameters too.
+    let x = super::widened(input);
+    let (weight, bias) = (weight.map(super::widened), bias.map(super::widened));
     let y = if training {
-        let centered = input.sub(input.mean_keepdim(&axes));
+        let centered = x.sub(x.mean_keepdim(&axes));
         let biased = centered.square().mean_keepdim(&axes);
         if running_mean.is_some() || running_var.is_some() {
             // Bessel's correction `n / (n - 1)`, `n` the elements per channel (symbolic when the
@@ -378,12 +381,12 @@ pub fn batch_norm(
             let unbiased = match n.as_const() {
                 Some(n) => batch_var.mul(n as f64 / (n as f64 - 1.0)),
                 None => {
-                    let n = input.ones_like().cast(input.dtype()).sum(&axes);
+                    let n = x.ones_like().sum(&axes);
                     batch_var.mul(n.div(n.sub(1.0)))
                 }
             }
             .detach();
-            let batch_mean = input.mean(&axes).detach();
+            let batch_mean = x.mean(&axes).detach();
             let blend = |running: &mut Tensor, batch: Tensor| {
                 *running = running.mul(1.0 - momentum).add(batch.mul(momentum).cast(running.dtype()));
             };
@@ -400,11 +403,14 @@ pub fn batch_norm(
             return Tensor::op_error("batch_norm", fail("eval mode needs running_mean and running_var".into()));
         };
         // Folded into one scale and one shift per channel: two ops per element.
-        let scale = var.add(eps).rsqrt();
-        let scale = weight.map_or(scale.clone(), |w| scale.mul(w));
-        let shifted = mean.mul(&scale);
-        let shift = bias.map_or_else(|| shifted.neg(), |b| b.sub(&shifted));
-        return input.mul(per_channel(&scale)).add(per_channel(&shift));
+        let scale = super::widened(var).add(eps).rsqrt();
+        let scale = weight.as_ref().map_or(scale.clone(), |w| scale.mul(w));
+        let shifted = super::widened(mean).mul(&scale);
+        let shift = bias.as_ref().map_or_else(|| shifted.neg(), |b| b.sub(&shifted));
+        return super::narrowed(x.mul(per_channel(&scale)).add(per_channel(&shift)), input);
     };
-    affine(y, weight.map(per_channel).as_ref(), bias.map(per_channel).as_ref())
+    super::narrowed(
+        affine(y, weight.as_ref().map(per_channel).as_ref(), bias.as_ref().map(per_channel).as_ref()),
+        input,
+    )
 }

@@ -46,6 +46,11 @@ fn build(op: &str, f: &Fixture) -> Option<Tensor> {
         "layer_norm" => F::layer_norm(&x, &[20], Some(&f.get("w")), Some(&f.get("b")), 1e-5),
         "rms_norm" => F::rms_norm(&x, &[20], Some(&f.get("w")), Some(1e-5)),
         "group_norm" => F::group_norm(&x, 4, Some(&f.get("w")), Some(&f.get("b")), 1e-5),
+        "batch_norm_train" => F::batch_norm(&x, None, None, Some(&f.get("w")), Some(&f.get("b")), true, 0.1, 1e-5),
+        "batch_norm_eval" => {
+            let (mut mean, mut var) = (f.get("m"), f.get("v"));
+            F::batch_norm(&x, Some(&mut mean), Some(&mut var), Some(&f.get("w")), Some(&f.get("b")), false, 0.1, 1e-5)
+        }
         _ => return None,
     })
 }
@@ -54,7 +59,7 @@ fn build(op: &str, f: &Fixture) -> Option<Tensor> {
 fn check(device: Device) -> Vec<String> {
     let file = fixture_file("half.safetensors");
     let names: BTreeSet<&str> = file.keys().filter_map(|k| k.split_once('.').map(|(n, _)| n)).collect();
-    assert_eq!(names.len(), 38, "19 ops in two dtypes");
+    assert_eq!(names.len(), 42, "21 ops in two dtypes");
     let mut failures = Vec::new();
     for name in names {
         let mut f = Fixture::new(&file, name);
@@ -83,7 +88,7 @@ fn check(device: Device) -> Vec<String> {
             }
         };
         let want = values(name, &f.get("ref"));
-        let inputs = ["x", "w", "b"].iter().filter_map(|r| f.tensors.get(*r)).flat_map(|t| values(name, t));
+        let inputs = ["x", "w", "b", "m", "v"].iter().filter_map(|r| f.tensors.get(*r)).flat_map(|t| values(name, t));
         let scale = inputs.chain(want.iter().copied()).fold(1.0f64, |m, v| m.max(v.abs()));
         assert_eq!(got.len(), want.len(), "{name}");
         let worst = got.iter().zip(&want).map(|(&g, &w)| ((g - w).abs() - SLACK * scale) / ulp(w, dtype));
