@@ -320,6 +320,15 @@ pub fn jit_with(c: &CpuCompiler, k: &LoopKernel, bufs: &mut [Buf], syms: &[i64],
     unsafe { compiled.run(&ptrs, syms, start, end).expect("arity") };
 }
 
+/// Asserts every `f32` element of `got` has `want`'s bits, or both are NaN (the native runs
+/// against the compiled code and the evaluator).
+pub fn assert_same(got: &Buf, want: &Buf, what: &str) {
+    for (k, (g, w)) in got.vals().iter().zip(want.vals()).enumerate() {
+        let (g, w) = (g.f64() as f32, w.f64() as f32);
+        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}: element {k}: {g} against {w}");
+    }
+}
+
 /// Asserts `got` matches `want` through `air::testing`: floats within `tol * (1 + |want|)` (NaN
 /// only where `want` is NaN, infinities equal), integers and bools exactly. Two empty buffers (a
 /// kernel over zero elements) match; anything else must compare at least one element.

@@ -104,14 +104,6 @@ fn compiler(native: bool) -> CpuCompiler {
     c
 }
 
-/// Every element the same bits, or both NaN.
-fn assert_same(got: &Buf, want: &Buf, what: &str) {
-    for (k, (g, w)) in got.vals().iter().zip(want.vals()).enumerate() {
-        let (g, w) = (g.f64() as f32, w.f64() as f32);
-        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}: element {k}: {g} against {w}");
-    }
-}
-
 /// The native run and the compiled code each give the evaluator's bits, the batch split in two
 /// calls; the nest runs natively exactly when asked to.
 fn case(s: &Spec, batch: i64, split: i64, seed: u64) {

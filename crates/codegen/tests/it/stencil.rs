@@ -188,14 +188,6 @@ fn compiler(mode: TileMode, level: TileLevel, native: bool) -> CpuCompiler {
     c
 }
 
-/// Every element the same bits, or both NaN.
-fn assert_same(got: &Buf, want: &Buf, what: &str) {
-    for (k, (g, w)) in got.vals().iter().zip(want.vals()).enumerate() {
-        let (g, w) = (g.f64() as f32, w.f64() as f32);
-        assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{what}: element {k}: {g} against {w}");
-    }
-}
-
 /// Whether the kernel compiles to a call of a stencil routine: helpers 16 (AVX-512) and 17
 /// (portable) of `cpu/helpers.rs`, declared as `u0:16` / `u0:17` in the CLIF.
 fn calls_routine(k: &LoopKernel, tiling: Tiling) -> bool {
