@@ -17,6 +17,9 @@
 //! Polynomials use fused multiply-add where the host has it (`has_fma`).
 //! Measured errors are in `tests/it/approx.rs` and the crate's report.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use rustc_hash::FxHashMap as HashMap;
 
 use cranelift_codegen::cursor::{Cursor, FuncCursor};
@@ -107,17 +110,69 @@ pub(crate) const IVLN2LO: f32 = -1.760_528_5e-4; // 0xb9389ad4
 /// The larger magnitude that `sin` handles inline.
 pub(crate) const SIN_FAST_LIMIT: f32 = 4096.0;
 
+/// Room in [`SPLATS`]: more than the distinct constants of this file's functions, the only
+/// values it holds.
+const SPLAT_SLOTS: usize = 128;
+
+/// The constants of the vector math, each splatted to four 32-bit lanes, 16 bytes apart: vector
+/// code loads a constant where it uses it ([`Math::k`]) rather than keeping it in a register. A
+/// polynomial's dozen constants held in registers from the entry block on outnumber x86's 16
+/// vector registers: the register allocator spilled them and stored them back on every loop
+/// edge (the softmax `exp` of a 3-token decoder step, whose inner loops run 5 elements, took 10
+/// us for 1,200 of them). A load folds into the instruction that uses it.
+#[repr(C, align(16))]
+struct Splats([AtomicU32; 4 * SPLAT_SLOTS]);
+
+static SPLATS: Splats = Splats([const { AtomicU32::new(0) }; 4 * SPLAT_SLOTS]);
+
+/// The lane bit patterns that [`SPLATS`]' slots hold, in slot order. A slot is written before
+/// its index is handed out (under this lock), and its code is published after that.
+static SPLAT_BITS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// The byte offset in [`SPLATS`] of the slot that holds `bits` in every lane (filled on first
+/// use), or `None` when every slot holds another constant.
+fn splat_offset(bits: u32) -> Option<i32> {
+    let mut slots = SPLAT_BITS.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = match slots.iter().position(|&b| b == bits) {
+        Some(slot) => slot,
+        None if slots.len() < SPLAT_SLOTS => {
+            let slot = slots.len();
+            for lane in &SPLATS.0[4 * slot..4 * slot + 4] {
+                lane.store(bits, Ordering::Relaxed);
+            }
+            slots.push(bits);
+            slot
+        }
+        None => return None,
+    };
+    Some(16 * slot as i32)
+}
+
 impl Math<'_, '_> {
     fn ity(&self) -> Type {
         if self.ty.is_vector() { types::I32X4 } else { types::I32 }
     }
     pub(crate) fn f(&mut self, c: f32) -> Value {
         let ty = self.ty;
-        self.consts.get(self.b, ty, c.to_bits() as u64)
+        self.k(ty, c.to_bits())
     }
     fn i(&mut self, c: i32) -> Value {
         let ity = self.ity();
-        self.consts.get(self.b, ity, c as i64 as u64)
+        self.k(ity, c as u32)
+    }
+    /// The constant of 32-bit lanes `bits` as `ty`: a scalar from the entry block's constants
+    /// (Cranelift rematerializes those where they are used); a vector loaded from [`SPLATS`]
+    /// at the point of use.
+    fn k(&mut self, ty: Type, bits: u32) -> Value {
+        let offset = if ty.is_vector() { splat_offset(bits) } else { None };
+        let Some(offset) = offset else {
+            // An integer constant is its value, sign-extended (`ConstPool::get`).
+            let value = if ty.lane_type() == types::I32 { bits as i32 as i64 as u64 } else { u64::from(bits) };
+            return self.consts.get(self.b, ty, value);
+        };
+        let base = self.consts.get(self.b, types::I64, SPLATS.0.as_ptr() as u64);
+        let flags = MemFlagsData::new().with_notrap().with_aligned().with_readonly();
+        self.b.ins().load(ty, flags, base, offset)
     }
     fn int_bits(&mut self, x: Value) -> Value {
         let ity = self.ity();

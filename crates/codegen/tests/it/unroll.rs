@@ -76,7 +76,7 @@ fn constants_are_emitted_once_per_kernel() {
     // 0.25 appears in the kernel twice and in both the vector and the scalar bodies.
     assert_eq!(consts.iter().filter(|l| l.ends_with("0x1.000000p-2")).count(), 1, "{text}");
     // Vector accesses of the second unrolled copy use an immediate offset, not a new index.
-    assert!(text.contains("+16"), "{text}");
+    assert!(buffer_accesses(&text).contains("+16"), "{text}");
 }
 
 #[test]
@@ -141,6 +141,12 @@ fn sigmoid_chain(count: u32) -> LoopKernel {
 }
 
 /// The JIT-only tiling (no routine calls) and a compiler set to it.
+/// `clif`'s lines but the vector math's constants, read-only loads from the table of splats
+/// at offsets of their own: what is left of offsets is the buffers' accesses.
+fn buffer_accesses(clif: &str) -> String {
+    clif.lines().filter(|l| !l.contains("readonly")).collect::<Vec<_>>().join("\n")
+}
+
 fn jit_only() -> (Tiling, CpuCompiler) {
     let tiling = Tiling { mode: TileMode::Off, level: TileLevel::Base };
     let compiler = CpuCompiler::new().unwrap();
@@ -157,7 +163,7 @@ fn long_bodies_interleave_four_copies_and_match_the_interpreter() {
     let chain = sigmoid_chain(3);
     // Four interleaved copies: the second copy's first load (+16 bytes) comes before the first
     // copy's second statement, and the fourth copy's store is at +48.
-    let text = clif_text_with(&chain, jit_only).unwrap();
+    let text = buffer_accesses(&clif_text_with(&chain, jit_only).unwrap());
     assert!(text.contains("+48"), "{text}");
     for n in [0usize, 1, 15, 16, 17, 33, 47, 100] {
         let a: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin() * 8.0).collect();
@@ -213,7 +219,7 @@ fn expensive_bodies_keep_two_copies_and_match_the_interpreter() {
     let f = DType::F32;
     let (jit_only, compiler) = jit_only();
     let chain = sigmoid_chain(8);
-    let text = clif_text_with(&chain, jit_only).unwrap();
+    let text = buffer_accesses(&clif_text_with(&chain, jit_only).unwrap());
     assert!(text.contains("+16") && !text.contains("+32"), "{text}");
     for n in [0usize, 1, 7, 8, 9, 33] {
         let a: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin() * 8.0).collect();
