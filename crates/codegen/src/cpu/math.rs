@@ -489,3 +489,50 @@ impl Math<'_, '_> {
         self.float_of_bits(yb)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use cranelift_codegen::ir::Function;
+    use cranelift_frontend::FunctionBuilderContext;
+
+    use super::*;
+
+    #[test]
+    fn a_splat_slot_holds_its_constant_in_every_lane_and_serves_every_use() {
+        let (x, y) = (1.5f32.to_bits(), (-2.25f32).to_bits());
+        let (a, b) = (splat_offset(x).unwrap(), splat_offset(y).unwrap());
+        assert_ne!(a, b);
+        assert_eq!(splat_offset(x), Some(a));
+        for (offset, bits) in [(a, x), (b, y)] {
+            let slot = offset as usize / 16;
+            for lane in &SPLATS.0[4 * slot..4 * slot + 4] {
+                assert_eq!(lane.load(Ordering::Relaxed), bits);
+            }
+        }
+    }
+
+    /// Every constant of the vector math is a load from the table, none a splat held in a
+    /// register, and the table has room for all of them.
+    #[test]
+    fn the_vector_math_reads_its_constants_from_the_table() {
+        let mut func = Function::new();
+        let mut ctx = FunctionBuilderContext::new();
+        let mut b = FunctionBuilder::new(&mut func, &mut ctx);
+        let entry = b.create_block();
+        let x = b.append_block_param(entry, types::F32X4);
+        b.switch_to_block(entry);
+        let mut consts = ConstPool::new(entry);
+        for fma in [false, true] {
+            let mut m = Math { b: &mut b, consts: &mut consts, ty: types::F32X4, fma };
+            let e = m.exp2(x);
+            let l = m.log2(e);
+            let s = m.sin(l);
+            m.erf(s);
+        }
+        let text = b.func.display().to_string();
+        assert!(!text.contains("splat"), "{text}");
+        assert!(text.contains("readonly"), "{text}");
+        let used = SPLAT_BITS.lock().unwrap_or_else(|e| e.into_inner()).len();
+        assert!(used < SPLAT_SLOTS, "{used} constants");
+    }
+}
