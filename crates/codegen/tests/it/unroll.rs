@@ -140,13 +140,13 @@ fn sigmoid_chain(count: u32) -> LoopKernel {
     }
 }
 
-/// The JIT-only tiling (no routine calls) and a compiler set to it.
 /// `clif`'s lines but the vector math's constants, read-only loads from the table of splats
 /// at offsets of their own: what is left of offsets is the buffers' accesses.
 fn buffer_accesses(clif: &str) -> String {
     clif.lines().filter(|l| !l.contains("readonly")).collect::<Vec<_>>().join("\n")
 }
 
+/// The JIT-only tiling (no routine calls) and a compiler set to it.
 fn jit_only() -> (Tiling, CpuCompiler) {
     let tiling = Tiling { mode: TileMode::Off, level: TileLevel::Base };
     let compiler = CpuCompiler::new().unwrap();
