@@ -403,11 +403,7 @@ impl Tensor {
     pub(crate) fn opmath(&self, site: Site) -> (Tensor, DType) {
         let x = self.float_input(site);
         let dtype = x.dtype();
-        if x.error().is_none() && matches!(dtype, DType::F16 | DType::BF16) {
-            (x.p_cast(site, DType::F32), dtype)
-        } else {
-            (x, dtype)
-        }
+        if x.error().is_none() && dtype.is_half() { (x.p_cast(site, DType::F32), dtype) } else { (x, dtype) }
     }
 
     fn float_unary(&self, site: Site, op: UnaryOp) -> Tensor {

@@ -44,6 +44,11 @@ impl DType {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
+    /// Whether this is a half-width float (`f16`, `bf16`): a storage type computed in `f32`.
+    pub fn is_half(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16)
+    }
+
     /// Whether this is an integer dtype (`i32`, `i64`).
     pub fn is_int(self) -> bool {
         matches!(self, DType::I32 | DType::I64)

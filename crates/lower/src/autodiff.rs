@@ -461,7 +461,7 @@ fn vjp(b: &mut Builder<'_>, id: NodeId, node: &air::Node, g: NodeId, needs: &[bo
             let (src, index) = (in_ty(b, 0), in_ty(b, 1));
             let mut shape = index.shape.clone();
             shape[ga.axis] = src.shape[ga.axis];
-            let half = matches!(src.dtype, DType::F16 | DType::BF16);
+            let half = src.dtype.is_half();
             let gf = if half { b.add(id, Op::Cast(Cast { to: DType::F32 }), &[g])? } else { g };
             let scatter = Op::ScatterAdd(Box::new(ScatterAdd { axis: ga.axis, shape: shape.clone() }));
             let mut gx = b.add(id, scatter, &[inputs[1], gf])?;

@@ -245,7 +245,7 @@ fn narrowed(y: Tensor, input: &Tensor) -> Tensor {
 }
 
 fn is_half(x: &Tensor) -> bool {
-    x.error().is_none() && matches!(x.dtype(), DType::F16 | DType::BF16)
+    x.error().is_none() && x.dtype().is_half()
 }
 
 /// `(x - mean) / sqrt(var + eps)` over `axes`, with the biased variance.

@@ -450,7 +450,7 @@ impl Emitter {
                 self.let_(*dtype, Inst::Cast(x.reg), &[x])
             }
             KExpr::Reduce { op, dtype, x } => {
-                let half = matches!(dtype, DType::F16 | DType::BF16);
+                let half = dtype.is_half();
                 let acc_dtype = if half { DType::F32 } else { *dtype };
                 let acc = Acc(self.next_acc);
                 self.next_acc += 1;
