@@ -327,8 +327,10 @@ pub(crate) fn exp2<const FMA: bool>(x: f32) -> f32 {
 /// that is not NaN, in one comparison.
 #[inline(always)]
 fn exp2_capped<const FMA: bool>(x: f32, hi: f32) -> f32 {
-    let x = if x < -160.0 { -160.0 } else { x };
     let x = if x > hi { hi } else { x };
+    // Below -150 the result is 0, given without an underflowing product (`math.rs`'s `exp2`).
+    let zero = x < -150.0;
+    let x = if zero { 0.0 } else { x };
     const MAGIC: f32 = 12_582_912.0;
     let t = x + MAGIC;
     let n = t - MAGIC;
@@ -339,7 +341,8 @@ fn exp2_capped<const FMA: bool>(x: f32, hi: f32) -> f32 {
     let n1 = ni >> 1;
     let n2 = ni.wrapping_sub(n1);
     let scale = |e: i32| f32::from_bits((e.wrapping_add(127) << 23) as u32);
-    p * scale(n1) * scale(n2)
+    let r = p * scale(n1) * scale(n2);
+    if zero { 0.0 } else { r }
 }
 
 /// `math.rs`'s `log2` (musl's `log2f` kernel), step for step.
@@ -516,9 +519,9 @@ unsafe fn unary_avx512_fma(op: i32, dst: *mut f32, src: *const f32, n: usize, p:
 /// The exponential routines written with AVX-512 intrinsics, where LLVM's vectorized plain loop
 /// cannot reach `vscalefps`: [`exp2_capped`]'s final `p * 2^(n/2) * 2^(n - n/2)` (ten integer
 /// and float steps per vector) is one `p * 2^n` that rounds once. The two agree bit for bit:
-/// for `n` in `[-160, 130]` and `p` in `[0.7, 1.5]`, `p * 2^(n/2)` is a normal float, so it is
-/// exact, and the second product rounds once, as `vscalefps` does (below `x = -150`, where both
-/// round to 0, the lanes are zeroed rather than scaled: see `exp2_capped`). Every other step is
+/// for `n` in `[-150, 130]` and `p` in `[0.7, 1.5]`, `p * 2^(n/2)` is a normal float, so it is
+/// exact, and the second product rounds once, as `vscalefps` does (below `x = -150` both zero
+/// the lanes rather than scale them: see `exp2_capped`). Every other step is
 /// the scalar routine's, operation for operation (the test below sweeps the f32 line against it).
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
