@@ -657,45 +657,57 @@ impl IndexCx {
             return Ok(if small { q } else { IExpr::add(q, IExpr::div(r, IExpr::Const(c))) });
         }
         let divisor = self.dim(d)?;
-        if let Some(q) = self.split_symbolic(&e, &divisor) {
+        if let Some((q, _)) = self.split_symbolic(&e, &divisor) {
             return Ok(q);
         }
         Ok(IExpr::div(e, divisor))
     }
 
-    /// `e / d` as a constant `q`, where `e = d * q + r` with `0 <= r < d` proven, for `d = c * s`
-    /// (a constant `c > 0` times a symbol `s`): `q` comes from the parts `k * s` of `e` with
+    /// `(q, r)` with `e = d * q + r` and `0 <= r < d` proven, for `d = c * s` (a constant
+    /// `c > 0` times a symbol `s`): `q` comes from the parts `k * s` and `k * s * x` of `e` with
     /// `c | k`, and the rest `r` must be loop variables with non-negative coefficients plus a
     /// non-negative constant, whose largest value (each variable at its extent minus one) is `d`
     /// minus a positive constant, with every symbol cancelled. A stacked piece's window
-    /// (`(i0*32 + i1 + s*288) / (s*32)` with `i0 < s`, `i1 < 32`) is `9`.
-    fn split_symbolic(&self, e: &IExpr, d: &IExpr) -> Option<IExpr> {
+    /// (`(i0*32 + i1 + s*288) / (s*32)` with `i0 < s`, `i1 < 32`) is `9`; a row of a symbolic
+    /// length read by its position (`(i0*s + i1) % s` with `i1 < s`) is `i1`.
+    fn split_symbolic(&self, e: &IExpr, d: &IExpr) -> Option<(IExpr, IExpr)> {
         let ds = Sum::of(d)?;
         let [(IExpr::Sym(sym), c)] = ds.parts.as_slice() else { return None };
         let es = Sum::of(e)?;
         if ds.constant != 0 || *c <= 0 || es.constant < 0 {
             return None;
         }
-        let mut q = 0i64;
+        let mut q = Sum::default();
+        let mut r = Sum { parts: Vec::new(), constant: es.constant };
         // `max(r) - d`, built up as a sum over the symbols.
         let mut over = Sum { parts: Vec::new(), constant: es.constant };
+        let is_sym = |x: &IExpr| matches!(x, IExpr::Sym(n) if n == sym);
         for (part, k) in &es.parts {
-            match part {
-                IExpr::Sym(n) if n == sym && k % c == 0 => q = q.checked_add(k / c)?,
-                IExpr::Var(v) if *k >= 0 => {
+            // The part as `s * x`.
+            let x = match part {
+                IExpr::Sym(n) if n == sym => Some(IExpr::Const(1)),
+                IExpr::Mul(a, b) if is_sym(b) => Some((**a).clone()),
+                IExpr::Mul(a, b) if is_sym(a) => Some((**b).clone()),
+                _ => None,
+            };
+            match (x, part) {
+                (Some(x), _) if k % c == 0 => q.add(&x, k / c)?,
+                (_, IExpr::Var(v)) if *k >= 0 => {
                     // k * (extent - 1)
                     over.add(self.extent_exprs.get(v.0 as usize)?, *k)?;
                     over.constant = over.constant.checked_sub(*k)?;
+                    r.add(part, *k)?;
                 }
                 _ => return None,
             }
         }
         over.add(d, -1)?;
-        (over.parts.iter().all(|(_, k)| *k == 0) && over.constant < 0).then_some(IExpr::Const(q))
+        (over.parts.iter().all(|(_, k)| *k == 0) && over.constant < 0).then(|| (q.expr(), r.expr()))
     }
 
     /// `e % d`, simplified to `e` when its known bounds lie in `[0, d)`, or, for a constant `d`,
-    /// to the remainder of the parts of `e` that are not multiples of `d`.
+    /// to the remainder of the parts of `e` that are not multiples of `d`; for a symbolic `d`
+    /// as [`Self::split_symbolic`] allows.
     ///
     /// # Errors
     /// `LowerError::InvalidGraph` if `d` cannot be written as an index expression.
@@ -710,8 +722,13 @@ impl IndexCx {
             if let Some((_, r, small)) = self.split(&e, c) {
                 return Ok(if small { r } else { IExpr::rem(r, IExpr::Const(c)) });
             }
+            return Ok(IExpr::rem(e, IExpr::Const(c)));
         }
-        Ok(IExpr::rem(e, self.dim(d)?))
+        let divisor = self.dim(d)?;
+        if let Some((_, r)) = self.split_symbolic(&e, &divisor) {
+            return Ok(r);
+        }
+        Ok(IExpr::rem(e, divisor))
     }
 
     /// The row-major multi-index of linear position `lin` in `shape`. The first dim needs no

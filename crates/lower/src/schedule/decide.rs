@@ -8,7 +8,9 @@ use slotmap::SecondaryMap;
 use smallvec::SmallVec;
 
 use super::contraction::{contraction, is_one, is_zero};
-use super::{BROADCAST_MAX, MAX_DEPTH, RECOMPUTE_MAX, STENCIL_READS, TILE_ROWS_MIN, is_movement, movement};
+use super::{
+    BROADCAST_MAX, MAX_DEPTH, RECOMPUTE_MAX, ROW_READERS, STENCIL_READS, TILE_ROWS_MIN, is_movement, movement,
+};
 use crate::view::{Movement, ViewStack};
 
 /// What to fuse.
@@ -62,6 +64,10 @@ pub struct Decisions {
     /// `base -> output`: the materialized `base` is written straight into the buffer of the graph
     /// output, a reshape (chain) of it that nothing else reads, instead of being copied there.
     pub aliases: SecondaryMap<NodeId, NodeId>,
+    /// Row reduces: reduces over trailing axes whose result (through its element-wise
+    /// epilogue) is broadcast back over those axes, computed per row inside each kernel that
+    /// reads them instead of in a kernel of their own ([`Decider::fuse_rows`]).
+    pub rows: SecondaryMap<NodeId, ()>,
 }
 
 struct Decider<'a> {
@@ -92,6 +98,9 @@ struct Decider<'a> {
     /// What [`Decider::plan_matmul`] found for a product, by its signature: the layers of a
     /// model repeat their products, and only the first of each is searched.
     products: HashMap<Signature<'a>, Option<Cuts>>,
+    /// Materialized loop-kernel roots that compute a fused reduce: root -> the reduce.
+    reduce_roots: SecondaryMap<NodeId, NodeId>,
+    rows: SecondaryMap<NodeId, ()>,
 }
 
 /// The distinct buffers an expression reads.
@@ -139,6 +148,9 @@ impl<'a> Decider<'a> {
         }
         if !self.plans.contains_key(n) {
             self.plans.insert(n, Plan::Loops);
+        }
+        if let Some(&r) = self.carries.get(n) {
+            self.reduce_roots.insert(n, r);
         }
         self.cost.insert(n, 1);
         self.depth.insert(n, 0);
@@ -335,6 +347,7 @@ impl<'a> Decider<'a> {
                     self.carries.insert(n, n);
                 } else {
                     self.materialize(n);
+                    self.reduce_roots.insert(n, n);
                 }
             }
             OpClass::Index => {
@@ -507,6 +520,120 @@ impl<'a> Decider<'a> {
         pairs.into_iter().skip(1).find_map(|(i, j)| try_pair(&cands_p[i], &cands_q[j]))
     }
 
+    /// Row fusion: a loop kernel computing a reduce over trailing axes (with its element-wise
+    /// epilogue), read by the rest of the graph only broadcast back over those axes (softmax's
+    /// maximum and its sum's reciprocal, a layer norm's mean and its inverse deviation), gets no
+    /// kernel of its own: each kernel that reads it computes it per row, in loops of its own
+    /// before the loops over the row's elements (`kernel`'s `KExpr::Row`). That saves a launch
+    /// and a buffer's round trip per reduce, and costs each reading kernel one pass over the
+    /// row, so it is done only where at most [`ROW_READERS`] kernels read it and each reads it
+    /// with the row's axes innermost: an element-wise kernel of the broadcast shape, or one
+    /// reducing exactly the broadcast axes. Only over rows of a symbolic length (a decoder's
+    /// attention over its past): rows of a known length keep their kernels, which codegen's row
+    /// plans run faster than a fused kernel's generic loops. Not under a binding limit
+    /// (`max_reads`): the reading kernel binds the reduce's inputs too.
+    fn fuse_rows(&mut self, order: &[NodeId]) {
+        if !self.opts.fuse || self.opts.max_reads.is_some() {
+            return;
+        }
+        for &c in order {
+            air::work::tick();
+            let Some(&r) = self.reduce_roots.get(c) else { continue };
+            if self.plans.get(c) != Some(&Plan::Loops) || self.outputs.contains_key(c) {
+                continue;
+            }
+            if self.row_readers(c, r).is_some_and(|k| k <= ROW_READERS) {
+                self.plans.remove(c);
+                self.rows.insert(r, ());
+            }
+        }
+    }
+
+    /// The number of kernels that read `c` (carrying the reduce `r`), if every one reads it
+    /// in a row's geometry (see [`Decider::fuse_rows`]).
+    fn row_readers(&self, c: NodeId, r: NodeId) -> Option<u32> {
+        let g = self.g;
+        let Op::Reduce(red) = g.op(r) else { return None };
+        let shape = &g.ty(c).shape;
+        let rank = shape.len();
+        let trailing = red.axes.iter().enumerate().all(|(i, &a)| a + red.axes.len() == rank + i);
+        let in_shape = &g.ty(g.inputs(r)[0]).shape;
+        // Rows of a known length keep kernels of their own, which codegen runs with row plans
+        // of their own (whole short rows in one vector, long ones through full-width tiles).
+        if !trailing || red.axes.is_empty() || red.axes.iter().all(|&a| in_shape[a].as_const().is_some()) {
+            return None;
+        }
+        let mut seen: rustc_hash::FxHashSet<NodeId> = Default::default();
+        let mut kernels = 0;
+        let mut stack = vec![(c, ViewStack::contiguous(shape))];
+        while let Some((m, view)) = stack.pop() {
+            for u in self.users(m) {
+                let op = g.op(u);
+                if m == c && !is_movement(op) {
+                    // Read at its own shape: not a broadcast over a row.
+                    return None;
+                }
+                if is_movement(op) {
+                    if self.is_buffer(u) {
+                        return None;
+                    }
+                    stack.push((u, view.clone().through([&movement(op)?])));
+                    continue;
+                }
+                if op.class() != OpClass::Elementwise || !view.is_affine() {
+                    return None;
+                }
+                // The read's broadcast axes, which must all come after the axes it varies along.
+                let top = view.top();
+                let mut bcast: SmallVec<[usize; 4]> = SmallVec::new();
+                for d in 0..top.shape.len() {
+                    if is_one(&top.shape[d]) {
+                        continue;
+                    }
+                    if is_zero(&top.strides[d]) {
+                        bcast.push(d);
+                    } else if !bcast.is_empty() {
+                        return None;
+                    }
+                }
+                if bcast.is_empty() {
+                    return None;
+                }
+                kernels += self.row_kernels(u, &bcast, &mut seen)?;
+            }
+        }
+        Some(kernels)
+    }
+
+    /// The kernels that compute the element-wise `u` (an operand of which is read broadcast over
+    /// the axes `bcast`), if each loops over `u`'s axes in order: `u` or an element-wise node
+    /// fed by it with a loop kernel of its own, or a reduce over exactly `bcast` fused into its
+    /// reader's kernel.
+    fn row_kernels(&self, u: NodeId, bcast: &[usize], seen: &mut rustc_hash::FxHashSet<NodeId>) -> Option<u32> {
+        let g = self.g;
+        if !seen.insert(u) {
+            return Some(0);
+        }
+        if self.is_buffer(u) {
+            return (self.plans.get(u) == Some(&Plan::Loops) && !matches!(g.op(u), Op::ScatterAdd(_))).then_some(1);
+        }
+        let mut kernels = 0;
+        for w in self.users(u) {
+            match g.op(w) {
+                op if op.class() == OpClass::Elementwise => kernels += self.row_kernels(w, bcast, seen)?,
+                Op::Reduce(red)
+                    if red.axes.as_slice() == bcast && !matches!(self.plans.get(w), Some(Plan::Matmul { .. })) =>
+                {
+                    if seen.insert(w) {
+                        kernels += 1;
+                    }
+                }
+                _ => return None,
+            }
+        }
+        Some(kernels)
+    }
+
     /// Outputs that are reshapes of a materialized node read nowhere else take that node's place.
     fn alias_outputs(&mut self) -> SecondaryMap<NodeId, NodeId> {
         let g = self.g;
@@ -624,8 +751,11 @@ pub fn decide(g: &Graph, opts: FuseOptions) -> Decisions {
         plans: SecondaryMap::with_capacity(slots),
         reads: SecondaryMap::new(),
         products: HashMap::default(),
+        reduce_roots: SecondaryMap::new(),
+        rows: SecondaryMap::new(),
     };
     d.run(&order);
+    d.fuse_rows(&order);
     let aliases = d.alias_outputs();
-    Decisions { plans: d.plans, order, aliases }
+    Decisions { plans: d.plans, order, aliases, rows: d.rows }
 }

@@ -4,6 +4,7 @@
 //! the scatter-add kernel.
 
 use rustc_hash::FxHashMap as HashMap;
+use slotmap::SecondaryMap;
 use smallvec::SmallVec;
 
 use air::{BinaryOp, DType, Dim, Graph, NodeId, Op, ReduceOp, Scalar, Symbol, UnaryOp};
@@ -68,6 +69,21 @@ enum KExpr {
         dtype: DType,
         x: Box<KExpr>,
     },
+    /// A row reduce (`Decisions::rows`): the reduce `node` over the trailing `reduced` dims of
+    /// its input (after the `kept` ones), read through `view` (its output's shape seen through
+    /// the reader's movement ops), computed in loops of its own at the loop level of the row it
+    /// reads. `x` is the reduce's input expression, its views indexed by the row's coordinates
+    /// and then the reduced dims' own loop variables ([`Frame`]).
+    Row {
+        node: NodeId,
+        op: ReduceOp,
+        dtype: DType,
+        view: ViewStack,
+        inner: bool,
+        kept: Vec<Dim>,
+        reduced: Vec<Dim>,
+        x: Box<KExpr>,
+    },
     Gather {
         buf: BufId,
         dtype: DType,
@@ -88,6 +104,8 @@ impl KExpr {
                 x.for_each_view(f);
             }
             KExpr::Const { .. } => {}
+            // The row's own views are indexed by the row's loops, not the kernel's.
+            KExpr::Row { view, inner, .. } => f(view, *inner),
             KExpr::Gather { view, inner, index, .. } => {
                 f(view, *inner);
                 index.for_each_view(f);
@@ -120,6 +138,7 @@ struct ReduceInfo {
 struct TreeBuilder<'a> {
     g: &'a Graph,
     bufs: &'a Buffers,
+    rows: &'a SecondaryMap<NodeId, ()>,
     reduce: Option<ReduceInfo>,
 }
 
@@ -188,6 +207,24 @@ impl TreeBuilder<'_> {
                 KExpr::Where { dtype, c, a, b: Box::new(sub(self, 2, pending)?) }
             }
             Op::Cast(_) => KExpr::Cast { dtype, x: Box::new(sub(self, 0, pending)?) },
+            Op::Reduce(r) if self.rows.contains_key(n) => {
+                let in_shape = &g.ty(node.inputs[0]).shape;
+                let kept = in_shape.len() - r.axes.len();
+                if r.axes.iter().enumerate().any(|(i, &a)| a != kept + i) {
+                    return Err(LowerError::InvalidGraph(format!("{n}: a row reduce over axes that are not trailing")));
+                }
+                let x = self.build(node.inputs[0], &mut Vec::new(), None, true, false)?;
+                KExpr::Row {
+                    node: n,
+                    op: r.op,
+                    dtype,
+                    view: self.view(n, pending),
+                    inner,
+                    kept: in_shape[..kept].to_vec(),
+                    reduced: in_shape[kept..].to_vec(),
+                    x: Box::new(x),
+                }
+            }
             Op::Reduce(r) => {
                 if inner || !pending.is_empty() || self.reduce.is_some() {
                     return Err(LowerError::Unsupported(format!("{n}: a reduce read through a view inside a kernel")));
@@ -293,6 +330,24 @@ struct Emitter {
     /// there fires only where they hold, because the padded positions are never computed in the
     /// graph (the kernel computes them with masked loads and selects the pad value afterwards).
     guards: Vec<IExpr>,
+    /// The row reduces being emitted, innermost last.
+    frames: Vec<Frame>,
+    /// The row reduces emitted so far, by node and row: each is computed once per row however
+    /// many reads of it the kernel has.
+    row_slots: HashMap<(NodeId, IExpr), Slot>,
+}
+
+/// The index space of a row reduce's input expression ([`KExpr::Row`]): its views, over the
+/// reduce's input shape, are indexed by the row's coordinates and then `vars`, the reduced dims'
+/// loop variables; or, where a view takes the reshape `rows` (the kept dims as one) without a
+/// view of its own, by the row's position `row` and `vars`. The kernel's loops may have merged
+/// the row's dims (`row` is one variable, its coordinates divisions of it) or not (`row` is a
+/// sum over the coordinates): each view is indexed the way that is plain for it.
+struct Frame {
+    row: IExpr,
+    coords: Vec<IExpr>,
+    rows: Movement,
+    vars: Vec<IExpr>,
 }
 
 fn var_level(e: &IExpr) -> usize {
@@ -328,6 +383,26 @@ impl Emitter {
     fn vars(&self, inner: bool) -> Vec<IExpr> {
         let n = if inner { self.n_total } else { self.n_outer };
         (0..n as u32).map(|v| IExpr::Var(Var(v))).collect()
+    }
+
+    /// `view`'s buffer index and mask at the loop point ([`ViewStack::index`]; in a row
+    /// reduce's input, see [`Frame`]).
+    fn index(&self, view: &ViewStack, inner: bool) -> Result<(IExpr, Option<IExpr>), LowerError> {
+        let Some(frame) = self.frames.last() else { return view.index(&self.vars(inner), &self.cx) };
+        let rows = view.clone().through([&frame.rows]);
+        if rows.views.len() == view.views.len() {
+            let at: Vec<IExpr> = std::iter::once(frame.row.clone()).chain(frame.vars.iter().cloned()).collect();
+            rows.index(&at, &self.cx)
+        } else {
+            let at: Vec<IExpr> = frame.coords.iter().chain(&frame.vars).cloned().collect();
+            view.index(&at, &self.cx)
+        }
+    }
+
+    /// `view`'s indices along its base dims and mask at the loop point ([`ViewStack::indices`]).
+    fn indices(&self, view: &ViewStack, inner: bool) -> Result<(Vec<IExpr>, Option<IExpr>), LowerError> {
+        let (lin, valid) = self.index(view, inner)?;
+        Ok((self.cx.delinearize(&lin, &view.base)?, valid))
     }
 
     /// The slot of an equal `Let` emitted before, if any (`hash` is `cse_hash(dtype, inst)`).
@@ -368,18 +443,18 @@ impl Emitter {
     fn emit(&mut self, e: &KExpr) -> Result<Slot, LowerError> {
         Ok(match e {
             KExpr::Load { buf, dtype, view, other, inner } => {
-                let (index, mask) = view.index(&self.vars(*inner), &self.cx)?;
+                let (index, mask) = self.index(view, *inner)?;
                 let p = self.param(*buf, *dtype, Access::Read);
                 let other = if mask.is_some() { *other } else { zero_of(*dtype) };
                 self.let_(*dtype, Inst::Load { buf: p, index, mask, other }, &[])
             }
             KExpr::Const { dtype, value } => self.let_(*dtype, Inst::Const(*value), &[]),
             KExpr::Iota { dtype, view, axis, inner } => {
-                let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let (idx, _) = self.indices(view, *inner)?;
                 self.let_(*dtype, Inst::Index(idx[*axis].clone()), &[])
             }
             KExpr::Pad { dtype, view, ranges, value, inner, x } => {
-                let (idx, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let (idx, _) = self.indices(view, *inner)?;
                 let mut cond: Option<IExpr> = None;
                 for (d, range) in ranges.iter().enumerate() {
                     if let Some(c) = self.cx.range_cond(&idx[d], range, &view.base[d])? {
@@ -427,7 +502,7 @@ impl Emitter {
             }
             KExpr::Gather { buf, dtype, src_shape, axis, view, inner, index } => {
                 let i = self.emit(index)?;
-                let (coords, _) = view.indices(&self.vars(*inner), &self.cx)?;
+                let (coords, _) = self.indices(view, *inner)?;
                 let strides = row_major(src_shape);
                 let mut base = IExpr::Const(0);
                 for (d, c) in coords.iter().enumerate().filter(|&(d, _)| d != *axis) {
@@ -485,7 +560,94 @@ impl Emitter {
                 let read = Slot { reg, level: self.n_outer, post: true };
                 if half { self.let_(*dtype, Inst::Cast(read.reg), &[read]) } else { read }
             }
+            KExpr::Row { node, op, dtype, view, inner, kept, reduced, x } => {
+                self.row(*node, *op, *dtype, view, *inner, (kept, reduced), x)?
+            }
         })
+    }
+
+    /// Emits a row reduce (see [`KExpr::Row`]): its accumulator, its loops (each reduced dim
+    /// a loop variable of its own, numbered after every variable so far) and its read, at the
+    /// loop level of the row's coordinates, before anything at that level reads it.
+    #[allow(clippy::too_many_arguments)]
+    fn row(
+        &mut self,
+        node: NodeId,
+        op: ReduceOp,
+        dtype: DType,
+        view: &ViewStack,
+        inner: bool,
+        (kept, reduced): (&[Dim], &[Dim]),
+        x: &KExpr,
+    ) -> Result<Slot, LowerError> {
+        let (row, _) = self.index(view, inner)?;
+        let key = (node, row);
+        if let Some(&slot) = self.row_slots.get(&key) {
+            return Ok(slot);
+        }
+        let level = var_level(&key.1).max(self.min_level);
+        let half = dtype.is_half();
+        let acc_dtype = if half { DType::F32 } else { dtype };
+        let acc = Acc(self.next_acc);
+        self.next_acc += 1;
+        self.pre[level].push(Stmt::AccInit { acc, dtype: acc_dtype, op });
+        // The reduced dims' loop variables and the levels inside them: `first + 1 ..= last`.
+        let first = self.cx.extents.len();
+        // The row's coordinates: its output's (whose reduced dims, the trailing ones, are 1).
+        let (mut coords, _) = self.indices(view, inner)?;
+        coords.truncate(kept.len());
+        let mut frame = Frame {
+            row: key.1.clone(),
+            coords,
+            rows: Movement::Reshape(std::iter::once(product(kept)).chain(reduced.iter().cloned()).collect()),
+            vars: Vec::with_capacity(reduced.len()),
+        };
+        let mut extents = Vec::with_capacity(reduced.len());
+        for d in reduced {
+            let e = self.cx.dim(d)?;
+            frame.vars.push(IExpr::Var(Var(self.cx.extents.len() as u32)));
+            self.cx.extents.push(d.as_const());
+            self.cx.extent_exprs.push(e.clone());
+            extents.push(e);
+        }
+        let last = first + reduced.len();
+        self.pre.resize_with(self.pre.len().max(last + 1), Vec::new);
+        self.post.resize_with(self.post.len().max(last + 1), Vec::new);
+        self.frames.push(frame);
+        let v = self.emit(x);
+        self.frames.pop();
+        let mut v = v?;
+        if half {
+            v = self.let_(DType::F32, Inst::Cast(v.reg), &[v]);
+        }
+        self.pre[last].push(Stmt::AccUpdate { acc, value: v.reg });
+        let loops = self.nest(first, &extents);
+        self.pre[level].push(loops);
+        // What the row's loops hold is gone from the levels: nothing after may reuse it.
+        self.cse.retain(|_, entries| {
+            entries.retain(|e| e.slot.level <= first);
+            !entries.is_empty()
+        });
+        self.row_slots.retain(|_, slot| slot.level <= first);
+        let reg = Reg(self.next_reg);
+        self.next_reg += 1;
+        self.pre[level].push(Stmt::Let { reg, dtype: acc_dtype, inst: Inst::ReadAcc(acc) });
+        let read = Slot { reg, level, post: false };
+        let slot = if half { self.let_(dtype, Inst::Cast(read.reg), &[read]) } else { read };
+        self.row_slots.insert(key, slot);
+        Ok(slot)
+    }
+
+    /// The loop of variable `var` (its statements at level `var + 1`) over `extents[0]`, around
+    /// those of the next variables over the rest.
+    fn nest(&mut self, var: usize, extents: &[IExpr]) -> Stmt {
+        let mut body = std::mem::take(&mut self.pre[var + 1]);
+        if extents.len() > 1 {
+            let inner = self.nest(var + 1, &extents[1..]);
+            body.push(inner);
+        }
+        body.append(&mut self.post[var + 1]);
+        Stmt::Loop { var: Var(var as u32), extent: extents[0].clone(), parallel: false, body }
     }
 
     fn assemble(&mut self, level: usize, extents: &[IExpr]) -> Vec<Stmt> {
@@ -641,9 +803,10 @@ pub(super) fn loop_kernel(
     expand: bool,
     target: BufId,
     window: Option<&[(Dim, Dim)]>,
+    rows: &SecondaryMap<NodeId, ()>,
     checks: &mut Vec<DataCheck>,
 ) -> Result<(Kernel, Vec<BufId>), LowerError> {
-    let mut tb = TreeBuilder { g, bufs, reduce: None };
+    let mut tb = TreeBuilder { g, bufs, rows, reduce: None };
     let mut pending: Vec<Movement> = window.iter().map(|w| Movement::Shrink(w.to_vec())).collect();
     let mut tree = tb.build(root, &mut pending, None, false, expand)?;
     let root_shape: Vec<Dim> = match window {
@@ -724,6 +887,8 @@ pub(super) fn loop_kernel(
         n_total,
         checks: std::mem::take(checks),
         guards: Vec::new(),
+        frames: Vec::new(),
+        row_slots: HashMap::default(),
     };
     let dtype = g.ty(root).dtype;
     em.param(target, dtype, Access::Write);

@@ -31,7 +31,11 @@
 //!   by the normalization, are one element-wise kernel that codegen runs at full vector width
 //!   (tile routines) instead of an `exp2` in each reader;
 //! - it is element-wise and carries a fused reduce but has several consumers or is read through a
-//!   view (a reduce result cannot be recomputed or re-indexed inside another loop);
+//!   view (a reduce result cannot be recomputed or re-indexed inside another loop), unless it is
+//!   a *row reduce*: a reduce over trailing axes of a symbolic length, read only broadcast back
+//!   over them by at most `ROW_READERS` kernels whose loops take its rows outermost; each of
+//!   those computes it per row in loops of its own (`decide`'s `fuse_rows`, `kernel`'s
+//!   `KExpr::Row`);
 //! - it is a `pad` read by `STENCIL_READS` or more consumers (the windows of a convolution or a
 //!   pooling): one kernel writes the padded tensor, and the windows read it without masks;
 //! - its fused expression tree would be deeper than `MAX_DEPTH` (bounds kernel size and the
@@ -121,6 +125,10 @@ pub const STENCIL_READS: u32 = 3;
 /// read by a reduce and by something else gets a kernel of its own (see `decide`): rows of 8 are
 /// the shortest codegen runs as whole-row tiles.
 pub const TILE_ROWS_MIN: i64 = 8;
+
+/// The most kernels that may each compute a row reduce for themselves (`decide`'s row fusion)
+/// rather than read it from a kernel of its own.
+pub const ROW_READERS: u32 = 2;
 
 /// The placeholder of the status buffer while kernels are emitted (replaced at the end of `emit`).
 const STATUS_BUF: BufId = BufId(u32::MAX);
@@ -293,7 +301,7 @@ pub fn emit_with<'g>(
                 }
             });
         }
-        let (kernel, args) = loop_kernel(g, &bufs, &symbols, root, expand, target, window, checks)?;
+        let (kernel, args) = loop_kernel(g, &bufs, &symbols, root, expand, target, window, &dec.rows, checks)?;
         if piece {
             if let Some(w) = walk {
                 memo.insert(w, Built::Piece(Box::new(kernel.clone())), &args);

@@ -862,6 +862,136 @@ fn short_softmax_rows_recompute_their_exponentials() {
     assert_eq!(prog.to_string().matches(" exp2 ").count(), 2, "{prog}");
 }
 
+/// Softmax over rows of a symbolic length (a decoder's attention over its past): the row maximum
+/// and the sum of the exponentials are row reduces computed inside the one kernel that reads
+/// them, in loops of their own before the loop over the row, with plain indices (no division by
+/// the symbolic length). Checked against the interpreter at lengths 1, 3 and 7.
+#[test]
+fn symbolic_softmax_rows_are_computed_by_their_reader() {
+    let mut b = B::default();
+    let seq = Dim::sym("seq");
+    let x = b.input(DType::F32, &[Dim::Const(4), seq]);
+    let y = softmax(&mut b, x, 1);
+    let g = b.out(&[y]);
+    let p = compile(&g, &fused()).unwrap();
+    expect![[r#"
+        symbols seq
+        buf0: f32[4*seq] input 0
+        buf1: f32[4*seq] output 0
+        k0 = kernel(b0: out f32, b1: in f32; syms 1) {
+          for i0 in 0..4 parallel {
+            acc0: f32 = max.init
+            for i2 in 0..s0 {
+              r0: f32 = load b1[(i0*s0 + i2)]
+              acc0 <- r0
+            }
+            r1: f32 = read acc0
+            r2: f32 = const 1.4426950216293335
+            acc1: f32 = sum.init
+            for i3 in 0..s0 {
+              r3: f32 = load b1[(i0*s0 + i3)]
+              r4: f32 = sub r3, r1
+              r5: f32 = mul r4, r2
+              r6: f32 = exp2 r5
+              acc1 <- r6
+            }
+            r7: f32 = read acc1
+            r8: f32 = recip r7
+            for i1 in 0..s0 {
+              r9: f32 = load b1[(i0*s0 + i1)]
+              r10: f32 = sub r9, r1
+              r11: f32 = mul r10, r2
+              r12: f32 = exp2 r11
+              r13: f32 = mul r12, r8
+              store b0[(i0*s0 + i1)] = r13
+            }
+          }
+        }
+        launch k0(buf1, buf0)
+        return buf1: f32[4, seq]
+    "#]]
+    .assert_eq(&p.to_string());
+    for s in [1, 3, 7] {
+        let bind = Bindings::from([(Symbol::new("seq"), s)]);
+        agree(&g, &p, &bind, s as u64).unwrap();
+    }
+}
+
+/// A layer norm over a symbolic axis: the mean is a row reduce of the variance's row reduce,
+/// which is one of the normalization's kernel, and the row reduces index the rows without
+/// dividing by the symbolic length. The element count (a sum of ones, read at its own shape by
+/// both divisions) keeps a kernel of its own. Checked at empty rows and no rows too.
+#[test]
+fn symbolic_layer_norm_computes_its_statistics_per_row() {
+    let mut b = B::default();
+    let (n, seq) = (Dim::sym("n"), Dim::sym("seq"));
+    let x = b.input(DType::F32, &[Dim::Const(3), n, seq]);
+    let s = b.reduce(ReduceOp::Sum, x, &[2]);
+    let x_shape = b.shape(x);
+    let one = b.konst(1.0, &x_shape);
+    let count = b.reduce(ReduceOp::Sum, one, &[2]);
+    let mean = b.bin(BinaryOp::Div, s, count);
+    let me = b.expand_like(mean, x);
+    let d = b.bin(BinaryOp::Sub, x, me);
+    let sq = b.bin(BinaryOp::Mul, d, d);
+    let v = b.reduce(ReduceOp::Sum, sq, &[2]);
+    let var = b.bin(BinaryOp::Div, v, count);
+    let eps = b.konst(1e-5, &b.shape(var));
+    let ve = b.bin(BinaryOp::Add, var, eps);
+    let r = b.un(UnaryOp::Sqrt, ve);
+    let r = b.un(UnaryOp::Recip, r);
+    let re = b.expand_like(r, x);
+    let y = b.bin(BinaryOp::Mul, d, re);
+    let g = b.out(&[y]);
+    let p = compile(&g, &fused()).unwrap();
+    assert_eq!(p.steps.len(), 2, "{p}");
+    let text = p.to_string();
+    assert_eq!(text.matches("sum.init").count(), 3, "{text}");
+    assert!(!text.contains(" / ") && !text.contains(" % "), "{text}");
+    for (n, s) in [(1, 1), (2, 5), (3, 0), (0, 4)] {
+        let bind = Bindings::from([(Symbol::new("n"), n), (Symbol::new("seq"), s)]);
+        agree(&g, &p, &bind, (n * 10 + s) as u64).unwrap();
+    }
+}
+
+/// Where a reduce over a symbolic axis is not read as rows, it keeps its kernel: a sum over the
+/// first axis broadcast back along it (its reader would loop over the reduced axis outside the
+/// rows), a sum read at its own shape, and a sum read by three kernels.
+#[test]
+fn reduces_not_read_as_rows_keep_their_kernels() {
+    let seq = Dim::sym("seq");
+    // Over the first axis.
+    let mut b = B::default();
+    let x = b.input(DType::F32, &[seq, Dim::Const(4)]);
+    let s = b.reduce(ReduceOp::Sum, x, &[0]);
+    let se = b.expand_like(s, x);
+    let y = b.bin(BinaryOp::Sub, x, se);
+    let first = b.out(&[y]);
+    // Read at its own shape, and broadcast.
+    let mut b = B::default();
+    let x = b.input(DType::F32, &[Dim::Const(4), seq]);
+    let s = b.reduce(ReduceOp::Max, x, &[1]);
+    let t = b.un(UnaryOp::Neg, s);
+    let se = b.expand_like(s, x);
+    let y = b.bin(BinaryOp::Sub, x, se);
+    let own = b.out(&[y, t]);
+    // Read by three kernels (three outputs).
+    let mut b = B::default();
+    let x = b.input(DType::F32, &[Dim::Const(4), seq]);
+    let s = b.reduce(ReduceOp::Sum, x, &[1]);
+    let se = b.expand_like(s, x);
+    let ys: Vec<NodeId> =
+        [BinaryOp::Sub, BinaryOp::Add, BinaryOp::Mul].into_iter().map(|op| b.bin(op, x, se)).collect();
+    let three = b.out(&ys);
+    for (g, kernels) in [(first, 2), (own, 3), (three, 4)] {
+        let p = compile(&g, &fused()).unwrap();
+        assert_eq!(p.steps.len(), kernels, "{p}");
+        for s in [1, 5] {
+            agree(&g, &p, &Bindings::from([(Symbol::new("seq"), s)]), s as u64).unwrap();
+        }
+    }
+}
+
 #[test]
 fn symbolic_attention_runs_for_two_lengths() {
     let mut b = B::default();
