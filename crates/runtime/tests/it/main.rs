@@ -8,5 +8,6 @@ mod end_to_end;
 mod error_kinds;
 mod gather;
 mod parallel;
+mod rows;
 mod third_backend;
 mod vm;
