@@ -2,6 +2,7 @@
 //! (kernel count, no per-element divide) and their values and gradients against the reference
 //! interpreter and against the formulas computed here in f64.
 
+use air::Dim;
 use air::testing::{Tol, assert_close};
 use kiln::{Device, Tensor};
 
@@ -113,4 +114,39 @@ fn causal_masked_softmax_matches_the_interpreter() {
         assert!(row[q + 1..].iter().all(|&v| v == 0.0), "row {i}: {row:?}");
     }
     assert!(got.chunks(11).step_by(11).all(|row| row[0] == 1.0));
+}
+
+/// Over a symbolic row (the reduces of softmax, log_softmax, a layer norm and their gradients
+/// computed per row by the kernels that read them: `lower`'s row reduces), values and gradients
+/// on the CPU match the interpreter, at two row lengths, with one program per device for both.
+#[test]
+fn symbolic_row_reductions_and_their_gradients_match_the_interpreter() {
+    let run = |device: Device, n: usize| -> Vec<Vec<f32>> {
+        let host = Tensor::randn_seeded(&[3, n], n as u64).mul(3.0);
+        host.realize().expect("realize");
+        let x = on(device, host.with_dims(vec![Dim::Const(3), Dim::sym("seq")]));
+        let w = on(device, Tensor::randn_seeded(&[3, n], 7 + n as u64));
+        let w = w.with_dims(vec![Dim::Const(3), Dim::sym("seq")]);
+        let s = x.softmax(-1);
+        let ls = x.log_softmax(-1);
+        let mean = x.mean_keepdim(1);
+        let d = x.sub(&mean);
+        let norm = d.mul(&d.mul(&d).mean_keepdim(1).add(1e-5f32).rsqrt());
+        let loss = s.mul(&w).sum_all().add(ls.mul(&w).sum_all()).add(norm.mul(&w).sum_all());
+        let grads = kiln::grad(&loss, &[&x]).expect("grad");
+        vec![values(&s), values(&ls), values(&norm), values(&loss), values(&grads[0])]
+    };
+    // The forward softmax alone is one launch: both of its reduces computed per row inside it.
+    let host = Tensor::randn_seeded(&[3, 6], 1);
+    host.realize().expect("realize");
+    let x = on(Device::Cpu, host.with_dims(vec![Dim::Const(3), Dim::sym("seq")]));
+    let (program, launches) = cpu_program(&[&x.softmax(-1)]);
+    assert_eq!(launches, 1, "{program}");
+    for n in [5, 23] {
+        let want = run(Device::Interp, n);
+        let got = run(Device::Cpu, n);
+        for ((name, g), w) in ["softmax", "log_softmax", "layer norm", "loss", "grad x"].iter().zip(&got).zip(&want) {
+            assert_close(&format!("{name} over a symbolic row of {n} on cpu vs interp"), g, w, Tol::both(1e-5));
+        }
+    }
 }
