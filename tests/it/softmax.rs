@@ -131,7 +131,7 @@ fn symbolic_row_reductions_and_their_gradients_match_the_interpreter() {
         let ls = x.log_softmax(-1);
         let mean = x.mean_keepdim(1);
         let d = x.sub(&mean);
-        let norm = d.mul(&d.mul(&d).mean_keepdim(1).add(1e-5f32).rsqrt());
+        let norm = d.mul(d.mul(&d).mean_keepdim(1).add(1e-5f32).rsqrt());
         let loss = s.mul(&w).sum_all().add(ls.mul(&w).sum_all()).add(norm.mul(&w).sum_all());
         let grads = kiln::grad(&loss, &[&x]).expect("grad");
         vec![values(&s), values(&ls), values(&norm), values(&loss), values(&grads[0])]
