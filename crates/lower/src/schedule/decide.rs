@@ -560,7 +560,10 @@ impl<'a> Decider<'a> {
         let in_shape = &g.ty(g.inputs(r)[0]).shape;
         // Rows of a known length keep kernels of their own, which codegen runs with row plans
         // of their own (whole short rows in one vector, long ones through full-width tiles).
-        if !trailing || red.axes.is_empty() || red.axes.iter().all(|&a| in_shape[a].as_const().is_some()) {
+        // A reduced dim of constant extent 0 does too: folding indices over its empty range
+        // could hoist a load of the empty input out of the row's loops (see `KExpr::Reduce`).
+        let known = |a: &usize| in_shape[*a].as_const();
+        if !trailing || red.axes.iter().all(|a| known(a).is_some()) || red.axes.iter().any(|a| known(a) == Some(0)) {
             return None;
         }
         let mut seen: rustc_hash::FxHashSet<NodeId> = Default::default();

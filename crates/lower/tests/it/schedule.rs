@@ -956,7 +956,9 @@ fn symbolic_layer_norm_computes_its_statistics_per_row() {
 
 /// Where a reduce over a symbolic axis is not read as rows, it keeps its kernel: a sum over the
 /// first axis broadcast back along it (its reader would loop over the reduced axis outside the
-/// rows), a sum read at its own shape, and a sum read by three kernels.
+/// rows), a sum read at its own shape, a sum read by three kernels, and a sum over an empty axis
+/// beside the symbolic one, broadcast to a wider shape (its reader's loops run, the row's
+/// input is empty).
 #[test]
 fn reduces_not_read_as_rows_keep_their_kernels() {
     let seq = Dim::sym("seq");
@@ -983,7 +985,16 @@ fn reduces_not_read_as_rows_keep_their_kernels() {
     let ys: Vec<NodeId> =
         [BinaryOp::Sub, BinaryOp::Add, BinaryOp::Mul].into_iter().map(|op| b.bin(op, x, se)).collect();
     let three = b.out(&ys);
-    for (g, kernels) in [(first, 2), (own, 3), (three, 4)] {
+    // Over an empty axis and the symbolic one, read broadcast to `[3, 4, seq]`.
+    let mut b = B::default();
+    let x = b.input(DType::F32, &[Dim::Const(3), Dim::Const(0), seq]);
+    let s = b.reduce(ReduceOp::Sum, x, &[1, 2]);
+    let wide = [Dim::Const(3), Dim::Const(4), seq];
+    let se = b.expand(s, &wide);
+    let y = b.input(DType::F32, &wide);
+    let z = b.bin(BinaryOp::Add, y, se);
+    let empty = b.out(&[z]);
+    for (g, kernels) in [(first, 2), (own, 3), (three, 4), (empty, 2)] {
         let p = compile(&g, &fused()).unwrap();
         assert_eq!(p.steps.len(), kernels, "{p}");
         for s in [1, 5] {
