@@ -70,8 +70,8 @@ enum KExpr {
         x: Box<KExpr>,
     },
     /// A row reduce (`Decisions::rows`): the reduce `node` over the trailing `reduced` dims of
-    /// its input (after the `kept` ones), read through `view` (its output's shape seen through
-    /// the reader's movement ops), computed in loops of its own at the loop level of the row it
+    /// its input, read through `view` (its output's shape, the kept dims then a 1 per reduced
+    /// one, seen through the reader's movement ops), computed in loops of its own at the loop level of the row it
     /// reads. `x` is the reduce's input expression, its views indexed by the row's coordinates
     /// and then the reduced dims' own loop variables ([`Frame`]).
     Row {
@@ -80,7 +80,6 @@ enum KExpr {
         dtype: DType,
         view: ViewStack,
         inner: bool,
-        kept: Vec<Dim>,
         reduced: Vec<Dim>,
         x: Box<KExpr>,
     },
@@ -220,7 +219,6 @@ impl TreeBuilder<'_> {
                     dtype,
                     view: self.view(n, pending),
                     inner,
-                    kept: in_shape[..kept].to_vec(),
                     reduced: in_shape[kept..].to_vec(),
                     x: Box::new(x),
                 }
@@ -560,8 +558,8 @@ impl Emitter {
                 let read = Slot { reg, level: self.n_outer, post: true };
                 if half { self.let_(*dtype, Inst::Cast(read.reg), &[read]) } else { read }
             }
-            KExpr::Row { node, op, dtype, view, inner, kept, reduced, x } => {
-                self.row(*node, *op, *dtype, view, *inner, (kept, reduced), x)?
+            KExpr::Row { node, op, dtype, view, inner, reduced, x } => {
+                self.row(*node, *op, *dtype, view, *inner, reduced, x)?
             }
         })
     }
@@ -577,7 +575,7 @@ impl Emitter {
         dtype: DType,
         view: &ViewStack,
         inner: bool,
-        (kept, reduced): (&[Dim], &[Dim]),
+        reduced: &[Dim],
         x: &KExpr,
     ) -> Result<Slot, LowerError> {
         let (row, _) = self.index(view, inner)?;
@@ -594,7 +592,8 @@ impl Emitter {
         // The reduced dims' loop variables and the levels inside them: `first + 1 ..= last`.
         let first = self.cx.extents.len();
         // The row's coordinates: its output's (whose reduced dims, the trailing ones, are 1).
-        let (mut coords, _) = self.indices(view, inner)?;
+        let kept = &view.base[..view.base.len() - reduced.len()];
+        let mut coords = self.cx.delinearize(&key.1, &view.base)?;
         coords.truncate(kept.len());
         let mut frame = Frame {
             row: key.1.clone(),
