@@ -230,8 +230,9 @@ impl MapPlan {
     /// [`MapPlan::run`] compiled with AVX-512F: the computing statements' loops over
     /// [`LANES`] lanes become one 512-bit operation each (the same IEEE operations, so the same
     /// bits), the rows' loads, fills and stores wider vectors. MobileNet's three padded inputs
-    /// of depthwise convolutions: 42, 37 and 19 us at 128 bits (`KILN_JIT=quick kiln profile
-    /// onnx mobilenet.onnx --dim batch=4 --launches 30`).
+    /// of depthwise convolutions: 40-42, 35-37 and 20-21 us at 128 bits, 34-40, 31-35 and
+    /// 17-20 us with it (`KILN_JIT=quick kiln profile onnx mobilenet.onnx --dim batch=4
+    /// --launches 30`, alternating binaries).
     ///
     /// # Safety
     /// As for [`MapPlan::run`], on a host with AVX-512F.

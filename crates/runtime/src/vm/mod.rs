@@ -95,7 +95,7 @@ pub const CALIBRATE_MIN_WORK: u128 = 1 << 13;
 /// tried split over the threads: where a split saves half the time, it pays past about twice
 /// the fork-join cost, and a split that does not gain 15% is undone by the calibration anyway.
 /// With the hot team (`parallel`) spinning, a split costs 0.3-0.4 us back to back: 2 us of work
-/// took 1.42 us split in two, 4 us 2.47 (`examples/split_cost`, 3 us between splits); this was
+/// took 1.51 us split in two, 4 us 2.45 (`examples/split_cost`, 3 us between splits); this was
 /// 12 us when a split cost 4.5, which left every kernel of the suite's convolutions and
 /// attention on one core (`kiln bench models`, alternating binaries: attention's predict
 /// 0.103-0.126 -> 0.082-0.113 ms). Measured (`kiln bench unary`): a sigmoid over 59,049
