@@ -23,7 +23,7 @@ use air::{BinaryOp, DType, Scalar, UnaryOp};
 use lower::kir::{IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 
 use super::copy::{MAX_DEPTH, Num, Range, Side, ZEROS, leaves_ok, ranges};
-use super::tile::{fmax, fmin};
+use super::tile::{TileLevel, fmax, fmin};
 
 /// Elements of an innermost run computed together, one statement at a time: 256, so that the
 /// per-block work of each statement (its rows' bounds and addresses) is spread over more
@@ -51,6 +51,9 @@ pub(crate) struct MapPlan {
     /// One past the largest loop variable number.
     n_vars: usize,
     n_syms: usize,
+    /// Runs the AVX-512F instantiation ([`MapPlan::run_avx512`]): the compiler's tile level is
+    /// [`TileLevel::Avx512`], which it picks only on a host that has it.
+    wide: bool,
 }
 
 /// One statement of the nest; `to` and the operands are slots (one per register).
@@ -100,7 +103,8 @@ impl MapPlan {
     /// access of an `f32` parameter at an index affine in the loop variables (as a copy's), no
     /// parameter both loaded and stored, every mask a conjunction of ranges of loop variables
     /// (as a copy's), and at least one mask (a nest without one is the vectorised loop's).
-    pub(crate) fn of(k: &LoopKernel) -> Option<MapPlan> {
+    /// `tile`: the compiler's tile level, which picks the instantiation `run` calls.
+    pub(crate) fn of(k: &LoopKernel, tile: TileLevel) -> Option<MapPlan> {
         let [Stmt::Loop { parallel: true, .. }] = k.body.as_slice() else { return None };
         let mut extents = Vec::new();
         let mut vars: SmallVec<[Var; MAX_DEPTH]> = SmallVec::new();
@@ -206,7 +210,8 @@ impl MapPlan {
         let value = slot.get(&value).filter(|s| s.1 == DType::F32)?.0;
         steps.push(Step::Store { side: Side::of(k, buf, index, DType::F32, &vars, zeros)?, value });
         let extents = extents.iter().map(|e| Num::of(e, zeros)).collect();
-        Some(MapPlan { extents, steps, consts, slots: slot.len(), n_vars, n_syms })
+        let wide = cfg!(target_arch = "x86_64") && tile == TileLevel::Avx512;
+        Some(MapPlan { extents, steps, consts, slots: slot.len(), n_vars, n_syms, wide })
     }
 
     /// Runs the nest: the JIT's calling convention (`bufs`: one pointer per parameter; `syms`:
@@ -219,8 +224,8 @@ impl MapPlan {
     /// destinations' elements meanwhile.
     pub(crate) unsafe fn run(&self, bufs: *const *mut u8, syms: *const i64, start: i64, end: i64) {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the caller's contract; the host has AVX-512F.
+        if self.wide {
+            // SAFETY: the caller's contract; `wide` only where the host has AVX-512F (`of`).
             return unsafe { self.run_avx512(bufs, syms, start, end) };
         }
         // SAFETY: the caller's contract.

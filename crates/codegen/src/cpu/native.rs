@@ -67,7 +67,7 @@ impl Native {
             .or_else(|| {
                 kinds.stencils.then(|| StencilRun::of(k, tiling)).flatten().map(|s| Native::Stencil(Box::new(s)))
             })
-            .or_else(|| kinds.maps.then(|| MapPlan::of(k)).flatten().map(Native::Map))
+            .or_else(|| kinds.maps.then(|| MapPlan::of(k, tiling.level)).flatten().map(Native::Map))
     }
 
     /// Runs the kernel with the JIT's calling convention.
