@@ -536,10 +536,21 @@ impl<'a> Decider<'a> {
         if !self.opts.fuse || self.opts.max_reads.is_some() {
             return;
         }
+        // A matmul reads its operands from their buffers, not through a reading kernel: a node
+        // that is one keeps its kernel.
+        let operands: rustc_hash::FxHashSet<NodeId> = self
+            .plans
+            .values()
+            .filter_map(|p| match p {
+                Plan::Matmul { a, b, .. } => Some([a.base, b.base]),
+                Plan::Loops => None,
+            })
+            .flatten()
+            .collect();
         for &c in order {
             air::work::tick();
             let Some(&r) = self.reduce_roots.get(c) else { continue };
-            if self.plans.get(c) != Some(&Plan::Loops) || self.outputs.contains_key(c) {
+            if self.plans.get(c) != Some(&Plan::Loops) || self.outputs.contains_key(c) || operands.contains(&c) {
                 continue;
             }
             if self.row_readers(c, r).is_some_and(|k| k <= ROW_READERS) {
