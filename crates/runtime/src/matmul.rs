@@ -90,6 +90,21 @@ const FEW_ROWS_MAX_K: usize = 64;
 /// against 10.0 threaded through `gemm`).
 const FEW_ROWS_MAX_MACS: u128 = 1 << 18;
 
+/// Entries of at most this many steps of `k`, against a `b` in rows, with at least
+/// [`TINY_K_MIN_M`] rows and [`TINY_K_MIN_N`] columns, run through [`tiny_k_avx512`]: a strip of 16
+/// columns of `b`, all of `k`, is held in registers and every row of `a` runs against it, each
+/// output one chain over `k`. `gemm` packs both operands and keeps `c`'s tile in registers over a
+/// `k` too short to pay for either: the im2col product of a convolution of one input channel
+/// (32x9x5408, conv-32's) took 30 us on two threads.
+const TINY_K_MAX: usize = 16;
+
+/// See [`TINY_K_MAX`]: rows enough that loading `b`'s strip once pays (fewer run through
+/// [`small_avx512`] or `gemm`).
+const TINY_K_MIN_M: usize = 8;
+
+/// See [`TINY_K_MAX`].
+const TINY_K_MIN_N: usize = 64;
+
 /// The most steps of `k` a small entry may take over all its blocks: one step broadcasts a few
 /// elements of `a` against at most four vectors of `b`, so a product whose blocks use a few
 /// lanes each over a long `k` (a dot product of thousands) stays with `gemm` or the dots.
@@ -640,6 +655,114 @@ unsafe fn columns_rows<const R: usize, const N: usize>(
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line16s([Line16; 16]);
+
+/// `c (+)= a b` for columns `cols.0..cols.1` of an entry with a short `k` (see [`TINY_K_MAX`]),
+/// `b`'s rows and `c`'s columns contiguous: panels of [`TINY_K_PANEL`] columns, each copied into
+/// one contiguous block on the stack (`b`'s rows of a power-of-two width would otherwise share
+/// L1's sets: 64x16x4096 ran at a third of the speed) and run four rows of `a` at a time, strip by
+/// strip of 16 columns: the strip's `k` vectors, four chains of fused multiply-adds, each output
+/// one chain in `k` order from zero as in [`small_block`]. Which columns a call takes never
+/// changes an output's bits.
+///
+/// # Safety
+/// `a`, `b`, `c` point to the entry's `[m, k]`, `[k, n]` and `[m, n]` matrices with the launch's
+/// strides, inside their buffers; `b.col == 1`, `c.col == 1`, `1 <= k <= TINY_K_MAX`;
+/// `cols.0 <= cols.1 <= n`; AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tiny_k_avx512(l: &MatmulLaunch, a: *const f32, b: *const f32, c: *mut f32, cols: (usize, usize)) {
+    macro_rules! by_k {
+        ($($k:literal)*) => {
+            match l.k {
+                // SAFETY: the caller's contract, with `K == k`.
+                $($k => unsafe { tiny_k_panels::<$k>(l, a, b, c, cols) },)*
+                _ => unreachable!("tiny_k checked 1 <= k <= TINY_K_MAX"),
+            }
+        };
+    }
+    by_k!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+}
+
+/// Strips of 16 columns in one panel of [`tiny_k_avx512`] (at most 16 KiB of `b`).
+const TINY_K_PANEL: usize = 16;
+
+/// [`tiny_k_avx512`] for `k == K`, its loops over `k` unrolled.
+///
+/// # Safety
+/// As for [`tiny_k_avx512`], with `l.k == K`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline(never)]
+unsafe fn tiny_k_panels<const K: usize>(
+    l: &MatmulLaunch,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    cols: (usize, usize),
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: masked loads and stores touch only the columns below `cols.1 <= n`; every row and
+    // `k` index is inside the entry (the caller's contract); the panel's reads stay below the
+    // strips it filled.
+    unsafe {
+        let zero = _mm512_setzero_ps();
+        let x = |i: usize, p: usize| _mm512_set1_ps(*a.offset(i as isize * l.a.row + p as isize * l.a.col));
+        let mask = |j: usize| ((1u32 << (cols.1 - j).min(16)) - 1) as __mmask16;
+        let store = |i: usize, j: usize, sum: __m512| {
+            let out = c.offset(i as isize * l.c.row).add(j);
+            let v = if l.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(mask(j), out), sum) } else { sum };
+            _mm512_mask_storeu_ps(out, mask(j), v);
+        };
+        // Strip `s` of the panel, step `p`: line `s * K + p`.
+        let mut panel = [Line16([0.0; 16]); TINY_K_PANEL * TINY_K_MAX];
+        let lines = panel.as_mut_ptr() as *mut f32;
+        let mut j0 = cols.0;
+        while j0 < cols.1 {
+            let strips = (cols.1 - j0).div_ceil(16).min(TINY_K_PANEL);
+            for s in 0..strips {
+                let j = j0 + 16 * s;
+                for p in 0..K {
+                    let v = _mm512_maskz_loadu_ps(mask(j), b.offset(p as isize * l.b.row).add(j));
+                    _mm512_storeu_ps(lines.add(16 * (s * K + p)), v);
+                }
+            }
+            let strip = |s: usize| {
+                let mut bv = [zero; K];
+                for (p, v) in bv.iter_mut().enumerate() {
+                    *v = _mm512_loadu_ps(lines.add(16 * (s * K + p)));
+                }
+                bv
+            };
+            let mut i = 0;
+            while i + 4 <= l.m {
+                for s in 0..strips {
+                    let bv = strip(s);
+                    let mut acc = [zero; 4];
+                    for (p, v) in bv.iter().enumerate() {
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            *acc = _mm512_fmadd_ps(x(i + r, p), *v, *acc);
+                        }
+                    }
+                    for (r, &sum) in acc.iter().enumerate() {
+                        store(i + r, j0 + 16 * s, sum);
+                    }
+                }
+                i += 4;
+            }
+            while i < l.m {
+                for s in 0..strips {
+                    let mut acc = zero;
+                    for (p, v) in strip(s).iter().enumerate() {
+                        acc = _mm512_fmadd_ps(x(i, p), *v, acc);
+                    }
+                    store(i, j0 + 16 * s, acc);
+                }
+                i += 1;
+            }
+            j0 += 16 * strips;
+        }
+    }
+}
 
 /// The call of [`small_block`] for a block's `(rows, vectors, gather)`, one arm per listed
 /// `(R, V, U)` with `b` loaded and one with it gathered.
@@ -1212,6 +1335,34 @@ impl MatmulLaunch {
             return;
         }
         #[cfg(target_arch = "x86_64")]
+        if self.tiny_k() {
+            let strips = self.n.div_ceil(16);
+            for entry in lo..hi {
+                let (a, b, c) = (at(&ptrs.0, &self.a, entry), at(&ptrs.1, &self.b, entry), at(&ptrs.2, &self.c, entry));
+                let (a, b, c) = (SendPtr(a), SendPtr(b), SendPtr(c));
+                let part = |s0: usize, s1: usize| {
+                    // SAFETY: the entry's operands lie inside their buffers (checked in `new`);
+                    // `tiny_k` checked the layout, `k` and AVX-512F; columns `16 s0..` below
+                    // `n`, disjoint between parts.
+                    unsafe {
+                        tiny_k_avx512(
+                            self,
+                            a.get() as *const f32,
+                            b.get() as *const f32,
+                            c.get() as *mut f32,
+                            (16 * s0, (16 * s1).min(self.n)),
+                        )
+                    }
+                };
+                if threaded {
+                    parallel::for_chunks(strips, parallel::threads(), &part);
+                } else {
+                    part(0, strips);
+                }
+            }
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
         if !threaded && self.reads_columns() {
             A_COLUMNS.with_borrow_mut(|buf| {
                 for entry in lo..hi {
@@ -1288,6 +1439,19 @@ impl MatmulLaunch {
             && self.m <= COLUMNS_MAX_M
             && self.n >= 16
             && !self.is_dot_shaped()
+            && !self.is_small()
+            && avx512_here()
+    }
+
+    /// Whether an f32 entry runs through [`tiny_k_avx512`] (see [`TINY_K_MAX`]): `b`'s rows and
+    /// `c`'s columns contiguous, not small, an AVX-512F host.
+    fn tiny_k(&self) -> bool {
+        self.dtype == DType::F32
+            && (1..=TINY_K_MAX).contains(&self.k)
+            && self.m >= TINY_K_MIN_M
+            && self.n >= TINY_K_MIN_N
+            && self.b.col == 1
+            && self.c.col == 1
             && !self.is_small()
             && avx512_here()
     }
@@ -1901,6 +2065,56 @@ mod tests {
                     let want = dot + if launch.accumulate { start[i * n + j] as f64 } else { 0.0 };
                     let got = c[i * n + j] as f64;
                     assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at {i},{j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_k_against_wide_rows_of_b_matches_the_definition_and_splits_to_the_same_bits() {
+        // `tiny_k_avx512`: an im2col product (32x5408x9), every `k` edge (1, 16), rows past a
+        // multiple of four, columns past a panel and a strip (700, 300), a power-of-two width
+        // (4096), `a` by columns, accumulating or not.
+        for (m, n, k, a_by_columns) in
+            [(32, 5408, 9, false), (16, 4096, 1, false), (13, 700, 16, true), (9, 4096, 3, false), (64, 300, 12, true)]
+        {
+            let launch = MatmulLaunch {
+                dtype: DType::F32,
+                batch: 1,
+                m,
+                n,
+                k,
+                a: if a_by_columns {
+                    Strides { param: 0, offset: 0, batch: 0, row: 1, col: m as isize }
+                } else {
+                    Strides { param: 0, offset: 0, batch: 0, row: k as isize, col: 1 }
+                },
+                b: Strides { param: 1, offset: 0, batch: 0, row: n as isize, col: 1 },
+                c: Strides { param: 2, offset: 0, batch: 0, row: n as isize, col: 1 },
+                accumulate: m % 2 == 1,
+                packed: false,
+            };
+            assert_eq!(launch.tiny_k(), avx512_here(), "{m}x{n}x{k}");
+            let mut a: Vec<f32> = (0..m * k).map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0).collect();
+            let mut b: Vec<f32> = (0..k * n).map(|i| ((i * 53) % 89) as f32 / 44.0 - 1.0).collect();
+            let start: Vec<f32> = (0..m * n).map(|i| ((i * 29) % 13) as f32 / 8.0).collect();
+            let mut outs = Vec::new();
+            for threads in [false, true] {
+                let mut c = start.clone();
+                let args = [a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8, c.as_mut_ptr() as *mut u8];
+                // SAFETY: three buffers of the sizes the strides describe.
+                unsafe { launch.run_threads(args.as_ptr(), threads) };
+                outs.push(c);
+            }
+            assert!(outs[0].iter().zip(&outs[1]).all(|(x, y)| x.to_bits() == y.to_bits()), "{m}x{n}x{k}: split");
+            let c = &outs[0];
+            for i in 0..m {
+                for j in 0..n {
+                    let x = |p: usize| if a_by_columns { a[p * m + i] } else { a[i * k + p] };
+                    let dot: f64 = (0..k).map(|p| x(p) as f64 * b[p * n + j] as f64).sum();
+                    let want = dot + if launch.accumulate { start[i * n + j] as f64 } else { 0.0 };
+                    let got = c[i * n + j] as f64;
+                    assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at {i},{j}: {got} vs {want}");
                 }
             }
         }
