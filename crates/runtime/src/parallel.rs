@@ -10,6 +10,11 @@
 //! chunk, which is what OpenMP runtimes do by default (`GOMP_SPINCOUNT`), then goes back to the
 //! pool (so other rayon work in the process waits at most that long for a pool thread). GEMMs
 //! split through here too (`matmul`), one single-threaded `gemm` call per part.
+//!
+//! While the JIT's background thread has kernels to optimise (`codegen::cpu::tier_up_pending`),
+//! no helper is started and spinning ones leave: that thread runs at idle priority and gets a
+//! core only when nothing spins on it, and a loop of runs otherwise never reached optimised
+//! code. The calling thread takes every part itself meanwhile (a few milliseconds).
 
 use std::any::Any;
 use std::panic::AssertUnwindSafe;
@@ -163,7 +168,8 @@ fn team_split(total: usize, chunks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
     let unpublish = Unpublish;
     TEAM.job.store(ptr, Ordering::SeqCst);
     TEAM.generation.fetch_add(1, Ordering::SeqCst);
-    let wanted = chunks.min(threads()) - 1;
+    // No helper while the JIT's thread needs the core (see the module docs).
+    let wanted = if codegen::cpu::tier_up_pending() { 0 } else { chunks.min(threads()) - 1 };
     for _ in TEAM.spinning.load(Ordering::SeqCst)..wanted {
         rayon::spawn(helper);
     }
@@ -206,7 +212,9 @@ fn helper() {
         std::hint::spin_loop();
         polls = polls.wrapping_add(1);
         if polls.is_multiple_of(64)
-            && (idle_since.elapsed() >= SPIN || TEAM.released.load(Ordering::Relaxed) != released)
+            && (idle_since.elapsed() >= SPIN
+                || TEAM.released.load(Ordering::Relaxed) != released
+                || codegen::cpu::tier_up_pending())
         {
             break;
         }

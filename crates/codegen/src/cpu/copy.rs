@@ -21,6 +21,8 @@ use air::{DType, Scalar};
 use lower::kir::{IExpr, Inst, LoopKernel, Reg, Stmt, Var};
 use smallvec::SmallVec;
 
+use super::tile::TileLevel;
+
 /// The most loop levels a copy nest may have (a view of rank 8 or less is the norm).
 pub(super) const MAX_DEPTH: usize = 8;
 
@@ -127,6 +129,9 @@ pub(crate) struct CopyPlan {
     n_vars: usize,
     /// Symbols the expressions read (`LoopKernel::n_syms`).
     n_syms: usize,
+    /// Moves runs of 4-byte elements with AVX-512F ([`move_words_avx512`]): the compiler's tile
+    /// level is [`TileLevel::Avx512`], which it picks only on a host that has it.
+    wide: bool,
 }
 
 /// A load the nest holds: its register, dtype, parameter, index and mask.
@@ -140,7 +145,7 @@ impl CopyPlan {
     /// index affine in the loop variables with coefficients free of them, and every mask a
     /// conjunction of `c < i` and `i < c` for a loop variable `i` and a `c` free of them, with a
     /// zero `other`.
-    pub(crate) fn of(k: &LoopKernel) -> Option<CopyPlan> {
+    pub(crate) fn of(k: &LoopKernel, tile: TileLevel) -> Option<CopyPlan> {
         let mut extents = Vec::new();
         let mut vars = Vec::new();
         let mut loads: SmallVec<[Load<'_>; MAX_PAIRS]> = SmallVec::new();
@@ -217,7 +222,8 @@ impl CopyPlan {
             return None;
         }
         let extents = extents.iter().map(|e| Num::of(e, zeros)).collect();
-        Some(CopyPlan { extents, parallel, size: dtype.size_bytes(), pairs, n_vars, n_syms })
+        let wide = tile == TileLevel::Avx512;
+        Some(CopyPlan { extents, parallel, size: dtype.size_bytes(), pairs, n_vars, n_syms, wide })
     }
 
     /// Runs the copy: the JIT's calling convention (`bufs`: one pointer per parameter, already
@@ -303,6 +309,14 @@ impl CopyPlan {
                 spans.sort_unstable();
                 spans.windows(2).all(|w| w[0].1 <= w[1].0)
             });
+        if in_turn && copies.iter().all(|c| !c.masked && self.moves_words(c.src_steps[inner], c.dst_steps[inner], n)) {
+            // Copy after copy, each walked on its own in vector moves (an im2col's windows).
+            for c in &copies {
+                // SAFETY: as below, a copy at a time; `moves_words` checked the host.
+                unsafe { walk_words_avx512(c, &extent[..depth], n as usize) };
+            }
+            return;
+        }
         // An odometer over every level but the innermost, which is one run per copy.
         let mut at = [0i64; MAX_DEPTH];
         loop {
@@ -319,7 +333,7 @@ impl CopyPlan {
                             zeros(t(0), ds, lo as usize, self.size);
                         }
                         let from = c.src.wrapping_offset((lo as isize).wrapping_mul(ss));
-                        copy_run(from, ss, t(lo), ds, (hi - lo) as usize, self.size);
+                        self.copy_run(from, ss, t(lo), ds, (hi - lo) as usize);
                         if hi < n {
                             zeros(t(hi), ds, (n - hi) as usize, self.size);
                         }
@@ -357,6 +371,56 @@ impl CopyPlan {
         }
     }
 
+    /// Whether the kernel stays on this plan rather than tiering up: every copy unmasked, its
+    /// runs of at most [`WORD_RUN_MAX`] 4-byte elements moved by [`move_words_avx512`], the copies
+    /// stepping alike outside the runs (so they take turns, `run`), all of it known when the
+    /// kernel is compiled. Such a nest moves its short rows in two or three vector moves each,
+    /// where the optimised tier's 128-bit code takes one move per four elements (conv-32's
+    /// im2col, 1,872 rows of 26 floats: 6 us natively against 10-12; MobileNet's stem, every other
+    /// float: 6.4 against 9.8).
+    pub(crate) fn stays(&self) -> bool {
+        let inner = self.extents.len() - 1;
+        let known = |n: &Num| match n {
+            Num::Known(v) => Some(*v),
+            Num::PerCall(_) => None,
+        };
+        let first = &self.pairs[0].dst.coefs;
+        self.wide
+            && self.size == 4
+            && matches!(known(&self.extents[inner]), Some(1..=WORD_RUN_MAX))
+            && self.pairs.iter().all(|p| {
+                p.ranges.is_empty()
+                    && known(&p.dst.coefs[inner]) == Some(1)
+                    && matches!(known(&p.src.coefs[inner]), Some(1 | 2))
+                    && p.dst.coefs.iter().zip(first).all(|(a, b)| known(a).is_some() && known(a) == known(b))
+            })
+    }
+
+    /// Whether runs of `n` elements `src_step` and `dst_step` bytes apart go through
+    /// [`move_words_avx512`]: at most [`WORD_RUN_MAX`] 4-byte elements, stored contiguously, read
+    /// contiguously or every other one (an im2col's windows, stride 1 or 2), on an AVX-512F host
+    /// (a longer contiguous run is one `memmove`).
+    #[inline]
+    fn moves_words(&self, src_step: isize, dst_step: isize, n: i64) -> bool {
+        self.wide && self.size == 4 && dst_step == 4 && matches!(src_step, 4 | 8) && n <= WORD_RUN_MAX
+    }
+
+    /// Copies one run of `n` elements ([`copy_run`], or [`move_words_avx512`] where it takes it).
+    ///
+    /// # Safety
+    /// As for [`run`].
+    #[inline]
+    unsafe fn copy_run(&self, src: *const u8, src_step: isize, dst: *mut u8, dst_step: isize, n: usize) {
+        // SAFETY: the caller's contract; `moves_words` checked the host and the steps.
+        unsafe {
+            if self.moves_words(src_step, dst_step, n as i64) {
+                move_words_avx512(src, src_step, dst, n)
+            } else {
+                copy_run(src, src_step, dst, dst_step, n, self.size)
+            }
+        }
+    }
+
     /// [`CopyPlan::run`] for a nest of one unmasked copy: the two levels around the innermost
     /// walked in plain loops, each innermost run one move of a size known before them (a head
     /// split's rows of eight floats are one 32-byte move each), the levels outside those by an
@@ -372,6 +436,9 @@ impl CopyPlan {
         // SAFETY (every arm): each run's elements are the nest's, inside their buffers (the
         // caller's contract); no parameter is both read and written, so the runs do not overlap.
         unsafe {
+            if self.moves_words(ss, ds, n as i64) {
+                return walk_words_avx512(c, extent, n);
+            }
             if ss != size as isize || ds != size as isize {
                 return walk(c, extent, |s, d| run(s, ss, d, ds, n, size));
             }
@@ -526,6 +593,68 @@ pub(super) fn leaves_ok(e: &IExpr, vars: &[Var], n_syms: usize) -> bool {
     })
 }
 
+/// The longest run [`move_words_avx512`] moves (see [`CopyPlan::moves_words`]).
+const WORD_RUN_MAX: i64 = 256;
+
+/// Copies `n` 4-byte elements from `src` (`src_step` bytes apart, 4 or 8) to `dst` (contiguous)
+/// 16 at a time with AVX-512F: masked loads and stores (no byte outside the run is touched, a
+/// masked-off lane does not fault), every other element picked by one lane permutation at a
+/// `src_step` of 8. The bits move unchanged. A native im2col row of 26 floats took 9 moves of
+/// 13 words each; this is two.
+///
+/// # Safety
+/// The run's elements lie inside their buffers and do not overlap; AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn move_words_avx512(src: *const u8, src_step: isize, dst: *mut u8, n: usize) {
+    use std::arch::x86_64::*;
+    let mask = |lanes: usize| ((1u32 << lanes.min(16)) - 1) as __mmask16;
+    let (src, dst) = (src as *const f32, dst as *mut f32);
+    let mut j = 0;
+    // SAFETY: lane `l` of a load at element `j` reads the run's element `j + l` (or, every other
+    // one, source word `2 j + l`), only below `n` elements (`2 n - 1` words): the masks.
+    unsafe {
+        if src_step == 4 {
+            while j < n {
+                let m = mask(n - j);
+                _mm512_mask_storeu_ps(dst.add(j), m, _mm512_maskz_loadu_ps(m, src.add(j)));
+                j += 16;
+            }
+        } else {
+            let evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            while j < n {
+                let lanes = (n - j).min(16);
+                let words = 2 * lanes - 1;
+                let at = src.add(2 * j);
+                let lo = _mm512_maskz_loadu_ps(mask(words), at);
+                let hi = _mm512_maskz_loadu_ps(mask(words.saturating_sub(16)), at.add(16));
+                _mm512_mask_storeu_ps(dst.add(j), mask(lanes), _mm512_permutex2var_ps(lo, evens, hi));
+                j += 16;
+            }
+        }
+    }
+}
+
+/// Every run of `c`'s nest ([`walk`]) moved by [`move_words_avx512`], inlined into one loop.
+///
+/// # Safety
+/// As for [`CopyPlan::run`], `c` a cursor of the call whose innermost steps
+/// [`CopyPlan::moves_words`] took; AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn walk_words_avx512(c: &Cursor, extent: &[i64], n: usize) {
+    let ss = c.src_steps[extent.len() - 1];
+    // SAFETY: the caller's contract, run by run.
+    walk(c, extent, |s, d| unsafe { move_words_avx512(s, ss, d, n) });
+}
+
+/// [`walk_words_avx512`] off x86-64: never called (no plan is `wide` there).
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn walk_words_avx512(_: &Cursor, _: &[i64], _: usize) {
+    unreachable!("a wide copy plan on a host without AVX-512F")
+}
+
 /// Copies `n` elements of `size` bytes from `src` (`src_step` bytes apart) to `dst` (`dst_step`
 /// apart): one `memmove` (or an inline copy of a short run) where both are contiguous.
 ///
@@ -663,6 +792,9 @@ mod tests {
     }
     fn looped(var: u32, extent: IExpr, parallel: bool, body: Vec<Stmt>) -> Stmt {
         Stmt::Loop { var: Var(var), extent, parallel, body }
+    }
+    fn plan(k: &LoopKernel) -> Option<CopyPlan> {
+        CopyPlan::of(k, TileLevel::Base)
     }
     fn kernel(dtype: DType, n_syms: u32, body: Vec<Stmt>) -> LoopKernel {
         let params = vec![Param { dtype, access: Access::Write }, Param { dtype, access: Access::Read }];
@@ -817,7 +949,7 @@ mod tests {
         }
         let body = vec![looped(0, c(4), true, vec![looped(1, c(5), false, inner)])];
         let k = kernel(DType::F32, 0, body);
-        assert_eq!(CopyPlan::of(&k).map(|p| p.pairs.len()), Some(3));
+        assert_eq!(CopyPlan::of(&k, TileLevel::Base).map(|p| p.pairs.len()), Some(3));
         same_as_jit(&k, 48 * 4, 60 * 4, &[], &[(0, 4), (1, 3), (3, 9)]);
         // Two stores into overlapping elements (out[i] and out[i + 1]): the later iteration's
         // store stays, as in the JIT's order.
@@ -833,6 +965,32 @@ mod tests {
             ],
         )];
         same_as_jit(&kernel(DType::F32, 0, body), 13 * 4, 7 * 4, &[], &[(0, 6), (2, 5)]);
+    }
+
+    #[test]
+    fn an_im2col_of_short_rows_moved_in_vectors_matches_the_jit_and_stays_native() {
+        // A 3x3 window's nine taps over batch 2, three output rows of `ow` (past one vector and
+        // not a multiple of 16), stride 1 and 2: each tap's rows contiguous in the output, read
+        // contiguously or every other element (`move_words_avx512`).
+        for (stride, ow) in [(1i64, 26i64), (2, 16), (2, 13), (1, 33), (2, 33)] {
+            let (oh, iw) = (3, stride * 33 + 2);
+            let ih = stride * oh + 2;
+            let mut inner = Vec::new();
+            for t in 0..9 {
+                let (dy, dx) = (t / 3, t % 3);
+                let row = add(mul(v(1), c(stride)), c(dy));
+                let at = add(add(mul(v(0), c(ih * iw)), mul(row, c(iw))), add(mul(v(2), c(stride)), c(dx)));
+                inner.push(load(t as u32, DType::F32, at));
+                let to = add(add(c(t * 2 * oh * ow), mul(v(0), c(oh * ow))), add(mul(v(1), c(ow)), v(2)));
+                inner.push(store(to, t as u32));
+            }
+            let body = vec![looped(0, c(2), true, vec![looped(1, c(oh), false, vec![looped(2, c(ow), false, inner)])])];
+            let k = kernel(DType::F32, 0, body);
+            assert!(CopyPlan::of(&k, TileLevel::Avx512).is_some_and(|p| p.stays()), "stride {stride}, {ow}");
+            assert!(!plan(&k).is_some_and(|p| p.stays()), "the baseline plan tiers up");
+            let (in_bytes, out_bytes) = ((2 * ih * iw * 4) as usize, (9 * 2 * oh * ow * 4) as usize);
+            same_as_jit(&k, in_bytes, out_bytes, &[], &[(0, 2), (1, 2)]);
+        }
     }
 
     #[test]
@@ -857,7 +1015,7 @@ mod tests {
             vec![looped(1, side.clone(), false, vec![padded, store(add(mul(v(0), side), v(1)), 0)])],
         )];
         let k = kernel(DType::F32, 1, body);
-        assert!(CopyPlan::of(&k).is_some());
+        assert!(CopyPlan::of(&k, TileLevel::Base).is_some());
         same_as_jit(&k, 9 * 4, 25 * 4, &[3], &[(0, 5), (1, 4), (2, 3), (4, 7)]);
         // One level, the mask on the parallel loop's own variable: a range starting past 0.
         let row = Stmt::Let {
@@ -877,14 +1035,14 @@ mod tests {
     #[test]
     fn only_copy_nests_have_a_plan() {
         let copy = |inner: Vec<Stmt>| kernel(DType::F32, 0, vec![looped(0, c(4), true, inner)]);
-        assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), store(v(0), 0)])).is_some());
+        assert!(plan(&copy(vec![load(0, DType::F32, v(0)), store(v(0), 0)])).is_some());
         // A masked load (padding).
         let masked = Stmt::Let {
             reg: Reg(0),
             dtype: DType::F32,
             inst: Inst::Load { buf: 1, index: v(0), mask: Some(v(0)), other: air::Scalar::Float(0.0) },
         };
-        assert!(CopyPlan::of(&copy(vec![masked, store(v(0), 0)])).is_none());
+        assert!(plan(&copy(vec![masked, store(v(0), 0)])).is_none());
         // A mask that is not ranges of loop variables: a product of one, a comparison of two.
         let masked_by = |mask: IExpr| Stmt::Let {
             reg: Reg(0),
@@ -892,27 +1050,25 @@ mod tests {
             inst: Inst::Load { buf: 1, index: v(0), mask: Some(mask), other: air::Scalar::Float(0.0) },
         };
         let lt = |a: IExpr, b: IExpr| IExpr::Lt(Box::new(a), Box::new(b));
-        assert!(CopyPlan::of(&copy(vec![masked_by(lt(mul(v(0), c(2)), c(5))), store(v(0), 0)])).is_none());
-        assert!(CopyPlan::of(&copy(vec![masked_by(lt(v(0), v(0))), store(v(0), 0)])).is_none());
-        assert!(CopyPlan::of(&copy(vec![masked_by(lt(c(0), v(0))), store(v(0), 0)])).is_some());
+        assert!(plan(&copy(vec![masked_by(lt(mul(v(0), c(2)), c(5))), store(v(0), 0)])).is_none());
+        assert!(plan(&copy(vec![masked_by(lt(v(0), v(0))), store(v(0), 0)])).is_none());
+        assert!(plan(&copy(vec![masked_by(lt(c(0), v(0))), store(v(0), 0)])).is_some());
         // A padded border's `other` that is not zero.
         let ones = Stmt::Let {
             reg: Reg(0),
             dtype: DType::F32,
             inst: Inst::Load { buf: 1, index: v(0), mask: Some(lt(c(0), v(0))), other: air::Scalar::Float(1.0) },
         };
-        assert!(CopyPlan::of(&copy(vec![ones, store(v(0), 0)])).is_none());
+        assert!(plan(&copy(vec![ones, store(v(0), 0)])).is_none());
         // A computed value, a division in an index, a product of variables; a load nothing
         // stores is left out.
         let twice = Stmt::Let { reg: Reg(1), dtype: DType::F32, inst: Inst::Binary(BinaryOp::Add, Reg(0), Reg(0)) };
-        assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), twice, store(v(0), 1)])).is_none());
-        assert!(
-            CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), load(1, DType::F32, v(0)), store(v(0), 1)])).is_some()
-        );
+        assert!(plan(&copy(vec![load(0, DType::F32, v(0)), twice, store(v(0), 1)])).is_none());
+        assert!(plan(&copy(vec![load(0, DType::F32, v(0)), load(1, DType::F32, v(0)), store(v(0), 1)])).is_some());
         let div = IExpr::Div(Box::new(v(0)), Box::new(c(2)));
-        assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, div), store(v(0), 0)])).is_none());
+        assert!(plan(&copy(vec![load(0, DType::F32, div), store(v(0), 0)])).is_none());
         let square = mul(v(0), v(0));
-        assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), store(square, 0)])).is_none());
+        assert!(plan(&copy(vec![load(0, DType::F32, v(0)), store(square, 0)])).is_none());
         // Reading and writing one parameter; the store's value not the load's.
         let mut same = copy(vec![load(0, DType::F32, v(0)), store(v(0), 0)]);
         if let Stmt::Loop { body, .. } = &mut same.body[0]
@@ -920,11 +1076,11 @@ mod tests {
         {
             *buf = 0;
         }
-        assert!(CopyPlan::of(&same).is_none());
-        assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, v(0)), store(v(0), 3)])).is_none());
+        assert!(plan(&same).is_none());
+        assert!(plan(&copy(vec![load(0, DType::F32, v(0)), store(v(0), 3)])).is_none());
         // A symbol the kernel does not declare, a variable no loop defines (left to the
         // emitter, which reports them).
-        assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, IExpr::Sym(0)), store(v(0), 0)])).is_none());
-        assert!(CopyPlan::of(&copy(vec![load(0, DType::F32, v(7)), store(v(0), 0)])).is_none());
+        assert!(plan(&copy(vec![load(0, DType::F32, IExpr::Sym(0)), store(v(0), 0)])).is_none());
+        assert!(plan(&copy(vec![load(0, DType::F32, v(7)), store(v(0), 0)])).is_none());
     }
 }

@@ -71,7 +71,7 @@ use native::{Native, NativeKinds};
 use rustc_hash::FxHashMap;
 use smallvec::{SmallVec, smallvec};
 use tier::TierUp;
-pub use tier::{JIT_ENV, JitMode, KernelEntry, tier_ups_so_far, wait_tier_up_all};
+pub use tier::{JIT_ENV, JitMode, KernelEntry, tier_up_pending, tier_ups_so_far, wait_tier_up_all};
 pub use tile::{TILE_ENV, TileLevel, TileMode, Tiling};
 
 /// A batch compiles on one thread unless each thread gets at least this many kernels: a thread
@@ -712,9 +712,12 @@ impl Inner {
                         self.stats.compiled += 1;
                     }
                     // One copy of the kernel, shared by the cache's key and the tier-up job
-                    // (a native copy's too: its optimised code replaces it in steady state).
+                    // (a native copy's too: its optimised code replaces it in steady state,
+                    // unless the native run is the faster, `KernelEntry::stays_native`).
                     let k = Arc::new(k.clone());
-                    self.tier_up(&k, c, disasm);
+                    if !c.entry.stays_native() {
+                        self.tier_up(&k, c, disasm);
+                    }
                     // An evicted kernel's code stays valid while anything else holds it.
                     drop(self.cache.insert(hash, k, c.clone()));
                 }

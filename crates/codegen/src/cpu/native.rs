@@ -62,12 +62,17 @@ impl NativeKinds {
 impl Native {
     /// How `k` runs natively (of the `kinds` allowed, its tiles as `tiling` says), if it can.
     pub(crate) fn of(k: &LoopKernel, kinds: NativeKinds, tiling: Tiling) -> Option<Native> {
-        let copy = kinds.copies.then(|| CopyPlan::of(k)).flatten().map(Native::Copy);
+        let copy = kinds.copies.then(|| CopyPlan::of(k, tiling.level)).flatten().map(Native::Copy);
         copy.or_else(|| kinds.tiles.then(|| TileRun::of(k, tiling)).flatten().map(Native::Tiles))
             .or_else(|| {
                 kinds.stencils.then(|| StencilRun::of(k, tiling)).flatten().map(|s| Native::Stencil(Box::new(s)))
             })
             .or_else(|| kinds.maps.then(|| MapPlan::of(k, tiling.level)).flatten().map(Native::Map))
+    }
+
+    /// Whether the kernel keeps this native run rather than tiering up (see `CopyPlan::stays`).
+    pub(crate) fn stays(&self) -> bool {
+        matches!(self, Native::Copy(p) if p.stays())
     }
 
     /// Runs the kernel with the JIT's calling convention.

@@ -82,6 +82,45 @@ fn tiered_kernels_swap_to_optimised_code_behind_their_entry() {
 }
 
 #[test]
+fn an_im2col_moved_in_vectors_stays_native_and_sends_nothing() {
+    // out[t][i0][i1] = in[i0][i1 + t]: a 1-D window's three taps over rows of 26, each tap's rows
+    // contiguous. On an AVX-512 host its native run moves each row in two vectors and beats the
+    // optimised tier's code, so no optimised code is made for it (`CopyPlan::stays`).
+    let mut body = Vec::new();
+    for t in 0..3 {
+        let at = IExpr::Add(
+            Box::new(IExpr::Add(Box::new(IExpr::Mul(Box::new(i(0)), Box::new(c(28)))), Box::new(i(1)))),
+            Box::new(c(t)),
+        );
+        let to = IExpr::Add(
+            Box::new(IExpr::Add(Box::new(IExpr::Mul(Box::new(i(0)), Box::new(c(26)))), Box::new(i(1)))),
+            Box::new(c(t * 104)),
+        );
+        body.push(load(t as u32, DType::F32, 1, at));
+        body.push(store(0, to, t as u32));
+    }
+    let k = LoopKernel {
+        params: vec![p(DType::F32, Access::Write), p(DType::F32, Access::Read)],
+        n_syms: 0,
+        body: vec![for_(0, c(4), true, vec![for_(1, c(26), false, body)])],
+    };
+    let jit = CpuCompiler::with_mode(JitMode::Tiered).expect("host ISA");
+    let compiled = jit.compile(&k).expect("compiles");
+    assert!(compiled.is_native());
+    compiled.request_tier_up();
+    jit.wait_tier_up();
+    let wide = jit.tiling().level == kiln_codegen::TileLevel::Avx512;
+    assert_eq!(compiled.is_native(), wide, "stays native exactly where it moves vectors");
+    assert_eq!(jit.stats().tier_up_queued, u64::from(!wide));
+    let input = sample(DType::F32, 4 * 28, 3);
+    let mut bufs = vec![Buf::zeros(DType::F32, 3 * 104), Buf::from_vals(DType::F32, &input)];
+    let mut want = bufs.clone();
+    jit_with(&jit, &k, &mut bufs, &[], 0, 4);
+    eval(&k, &mut want, &[], 0, 4);
+    assert_same(&bufs[0], &want[0], "the im2col");
+}
+
+#[test]
 fn quick_and_optimized_modes_do_not_tier_up() {
     for (mode, optimized) in [(JitMode::Quick, false), (JitMode::Optimized, true)] {
         let jit = CpuCompiler::with_mode(mode).expect("host ISA");
