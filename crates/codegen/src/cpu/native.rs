@@ -125,14 +125,8 @@ impl StencilRun {
             _ => return None,
         };
         let [Stmt::Loop { var, extent, parallel: true, body }] = k.body.as_slice() else { return None };
-        let info = KernelInfo::new(k).ok()?;
-        // The parallel loop: no rows plan and no vector plan, so a plain loop over its body.
-        let rows = extent.as_const().is_none_or(|n| n * 8 >= TILE_MIN_TRIPS)
-            && tile_rows_plan(k, &info, *var, body, tiling.mode, TILE_MIN_TRIPS).is_some();
-        if rows || vector_plan(k, &info, *var, body).is_some() {
-            return None;
-        }
-        // Its body: constants, then the stencil's loop.
+        // Its body: constants, then the stencil's loop (checked first: the parallel loop's
+        // analyses below cost more, and most kernels are no stencil).
         let (last, prefix) = body.split_last()?;
         let Stmt::Loop { var: inner, extent: inner_extent, parallel: false, body: inner_body } = last else {
             return None;
@@ -153,6 +147,13 @@ impl StencilRun {
         // Every uniform a constant above; every index reads the parallel loop's variable alone.
         let reads_var_alone = |e: &IExpr| e.all_leaves(&|l| !matches!(l, IExpr::Var(v) if v != var));
         if !plan.operands().iter().all(known) || !plan.exprs().into_iter().chain([extent]).all(reads_var_alone) {
+            return None;
+        }
+        // The parallel loop: no rows plan and no vector plan, so a plain loop over its body.
+        let info = KernelInfo::new(k).ok()?;
+        let rows = extent.as_const().is_none_or(|n| n * 8 >= TILE_MIN_TRIPS)
+            && tile_rows_plan(k, &info, *var, body, tiling.mode, TILE_MIN_TRIPS).is_some();
+        if rows || vector_plan(k, &info, *var, body).is_some() {
             return None;
         }
         Some(StencilRun { var: *var, extent: extent.clone(), plan, consts, routine, n_syms: k.n_syms as usize })
