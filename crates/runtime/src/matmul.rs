@@ -713,8 +713,9 @@ unsafe fn tiny_k_panels<const K: usize>(
             let v = if l.accumulate { _mm512_add_ps(_mm512_maskz_loadu_ps(mask(j), out), sum) } else { sum };
             _mm512_mask_storeu_ps(out, mask(j), v);
         };
-        // Strip `s` of the panel, step `p`: line `s * K + p`.
-        let mut panel = [Line16([0.0; 16]); TINY_K_PANEL * TINY_K_MAX];
+        // Strip `s` of the panel, step `p`: line `s * K + p` (left uninitialized: a panel reads
+        // only the lines it wrote, and zeroing 16 KiB per call would cost a small product more).
+        let mut panel = std::mem::MaybeUninit::<[Line16; TINY_K_PANEL * TINY_K_MAX]>::uninit();
         let lines = panel.as_mut_ptr() as *mut f32;
         let mut j0 = cols.0;
         while j0 < cols.1 {

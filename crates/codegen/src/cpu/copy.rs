@@ -349,8 +349,13 @@ impl CopyPlan {
                 spans.sort_unstable();
                 spans.windows(2).all(|w| w[0].1 <= w[1].0)
             });
-        if in_turn && copies.iter().all(|c| !c.masked && self.moves_words(c.src_steps[inner], c.dst_steps[inner], n)) {
-            // Copy after copy, each walked on its own in vector moves (an im2col's windows).
+        if in_turn
+            && copies.iter().all(|c| !c.masked && self.moves_words(c.src_steps[inner], c.dst_steps[inner], n))
+            && disjoint_nests(&copies, &extent[..depth], self.size)
+        {
+            // Copy after copy, each walked on its own in vector moves (an im2col's windows):
+            // no two copies store into the same bytes anywhere in the nest, so their order
+            // across iterations does not matter.
             for c in &copies {
                 // SAFETY: as below, a copy at a time; `moves_words` checked the host.
                 unsafe { walk_words_avx512(c, &extent[..depth], n as usize) };
@@ -631,6 +636,26 @@ pub(super) fn leaves_ok(e: &IExpr, vars: &[Var], n_syms: usize) -> bool {
         IExpr::Sym(s) => (*s as usize) < n_syms,
         _ => true,
     })
+}
+
+/// Whether the bytes each copy of `copies` stores over the whole nest (`extent`, elements of
+/// `size` bytes) lie apart from every other copy's: from its first store to its last, whatever
+/// the steps' signs.
+fn disjoint_nests(copies: &[Cursor], extent: &[i64], size: usize) -> bool {
+    let mut spans: SmallVec<[(usize, usize); MAX_PAIRS]> = copies
+        .iter()
+        .map(|c| {
+            let (mut lo, mut hi) = (0isize, 0isize);
+            for (d, &e) in extent.iter().enumerate() {
+                let reach = c.dst_steps[d].wrapping_mul((e - 1) as isize);
+                (lo, hi) = (lo.wrapping_add(reach.min(0)), hi.wrapping_add(reach.max(0)));
+            }
+            let at = c.dst as usize;
+            (at.wrapping_add_signed(lo), at.wrapping_add_signed(hi).wrapping_add(size))
+        })
+        .collect();
+    spans.sort_unstable();
+    spans.windows(2).all(|w| w[0].1 <= w[1].0)
 }
 
 /// The longest run [`move_words_avx512`] moves (see [`CopyPlan::moves_words`]).
@@ -1031,6 +1056,21 @@ mod tests {
             let (in_bytes, out_bytes) = ((2 * ih * iw * 4) as usize, (9 * 2 * oh * ow * 4) as usize);
             same_as_jit(&k, in_bytes, out_bytes, &[], &[(0, 2), (1, 2)]);
         }
+    }
+
+    #[test]
+    fn copies_that_overlap_across_iterations_store_in_the_kernels_order() {
+        // out[8 i + j] = in[8 i + j] and out[8 i + 8 + j] = in[100 + 8 i + j]: apart within an
+        // iteration, but the first copy at i + 1 stores where the second stored at i, so the
+        // first's later store must win, as in the JIT's order (not copy after copy).
+        let inner = vec![
+            load(0, DType::F32, add(mul(v(0), c(8)), v(1))),
+            store(add(mul(v(0), c(8)), v(1)), 0),
+            load(1, DType::F32, add(add(mul(v(0), c(8)), v(1)), c(100))),
+            store(add(add(mul(v(0), c(8)), v(1)), c(8)), 1),
+        ];
+        let body = vec![looped(0, c(4), true, vec![looped(1, c(8), false, inner)])];
+        same_as_jit(&kernel(DType::F32, 0, body), 132 * 4, 40 * 4, &[], &[(0, 4), (1, 3)]);
     }
 
     #[test]
