@@ -421,8 +421,8 @@ impl CopyPlan {
     /// stepping alike outside the runs (so they take turns, `run`), all of it known when the
     /// kernel is compiled. Such a nest moves its short rows in two or three vector moves each,
     /// where the optimised tier's 128-bit code takes one move per four elements (conv-32's
-    /// im2col, 1,872 rows of 26 floats: 6 us natively against 10-12; MobileNet's stem, every other
-    /// float: 6.4 against 9.8).
+    /// im2col, 1,872 rows of 26 floats: 5.4-10 us natively against 11-15; MobileNet's stem,
+    /// every other float: 8-11 against 9.8-10.9).
     pub(crate) fn stays(&self) -> bool {
         let inner = self.extents.len() - 1;
         let known = |n: &Num| match n {
