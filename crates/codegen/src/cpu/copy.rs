@@ -13,9 +13,11 @@
 //! recognises the nest; [`CopyPlan::run`] evaluates it for the call's symbols and copies, with
 //! the JIT's calling convention (the arguments' pointers, the symbols, and the `[start, end)`
 //! range of a parallel outer loop). It is the copy's quick tier: the tiered JIT swaps optimised
-//! code in once the program runs again. A nest of one unmasked copy walks its two levels around
-//! the innermost in plain loops with each run one move of a size fixed before them, so its short
-//! rows (a head split's eight floats) cost what the optimised code's do.
+//! code in once the program runs again, except for a nest whose every copy moves short runs in
+//! AVX-512 vectors ([`CopyPlan::stays`]: an im2col's windows), which is faster than that code and
+//! stays. A nest of one unmasked copy walks its two levels around the innermost in plain loops
+//! with each run one move of a size fixed before them, so its short rows (a head split's eight
+//! floats) cost what the optimised code's do.
 
 use air::{DType, Scalar};
 use lower::kir::{IExpr, Inst, LoopKernel, Reg, Stmt, Var};

@@ -1,6 +1,7 @@
 //! Kernels run by native Rust instead of JIT-ed code, as the quick tier of the tiered JIT: copy
-//! nests (`copy`), tiled kernels ([`TileRun`]) and stencils ([`StencilRun`]), whose JIT-ed code
-//! would only call routines, and masked element-wise nests (`map`).
+//! nests (`copy`; those that move short rows in vectors for good, [`Native::stays`]), tiled
+//! kernels ([`TileRun`]) and stencils ([`StencilRun`]), whose JIT-ed code would only call
+//! routines, and masked element-wise nests (`map`).
 //!
 //! A tiled kernel (`analysis::tile_plan`, `analysis::tile_rows_plan`) is a parallel loop whose
 //! JIT-ed code walks the loop in tiles of `tile::TILE` elements (or of whole short rows) and,
