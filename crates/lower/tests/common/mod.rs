@@ -1,6 +1,9 @@
-//! Helpers shared by lower's test binaries: seeded inputs for a graph's input nodes.
+//! Helpers shared by lower's test binaries: seeded inputs for a graph's input nodes, and the
+//! seeded generator the random-graph tests draw from.
 
 use air::{Bindings, DType, Graph, HostData, HostTensor};
+use proptest::prelude::{Rng as _, RngExt as _};
+use proptest::test_runner::{RngAlgorithm, TestRng};
 
 /// Deterministic pseudo-random inputs for every input node of `g` (shapes evaluated under
 /// `bindings`): floats in [-1, 1), integers that value times `int_scale` (truncated), bools
@@ -30,4 +33,38 @@ pub fn inputs_for(g: &Graph, bindings: &Bindings, seed: u64, int_scale: f64) -> 
             HostTensor::new(data, shape).unwrap()
         })
         .collect()
+}
+
+/// Draws for the random-graph tests from proptest's seeded generator (`TestRng`, XorShift), so
+/// that a failing seed replays exactly.
+pub struct Rng(TestRng);
+
+#[allow(dead_code)] // each test binary uses some of the draws
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(TestRng::from_seed(RngAlgorithm::XorShift, &[seed.to_le_bytes(), (!seed).to_le_bytes()].concat()))
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// Below `n` (0 where `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0.random_range(0..n.max(1))
+    }
+
+    pub fn pick<T: Clone>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len())].clone()
+    }
+
+    /// True `percent` times in 100.
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        self.0.random_range(lo..hi)
+    }
 }

@@ -8,29 +8,12 @@ use air::{BinaryOp, Bindings, DType, Dim, Graph, HostTensor, NodeId, Op, ReduceO
 use kiln_lower::autodiff::{AutodiffError, grad, grad_with_seed};
 use proptest::prelude::*;
 
+use crate::common::Rng;
+
 const EPS: f64 = 1e-6;
 /// Central differences of deep random chains (exp2 of exp2, pow) carry truncation error near 1e-6;
 /// a wrong VJP rule gives errors of order one, so 1e-5 still catches every broken rule.
 const TOL: f64 = 1e-5;
-
-/// A small deterministic generator (splitmix64), so that the tests need no extra crate.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-}
 
 /// Builds an f64 graph and remembers the differentiable inputs and their data.
 struct Net {
@@ -42,7 +25,7 @@ struct Net {
 
 impl Net {
     fn new(seed: u64) -> Net {
-        Net { g: Graph::new(), inputs: Vec::new(), data: Vec::new(), rng: Rng(seed) }
+        Net { g: Graph::new(), inputs: Vec::new(), data: Vec::new(), rng: Rng::new(seed) }
     }
 
     /// An input with values drawn uniformly from `lo..hi`.
@@ -819,7 +802,7 @@ proptest! {
 
     #[test]
     fn random_chains_match_finite_differences(seed in any::<u64>(), len in 1usize..=15) {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         // Redraw (a bounded number of times) until every value is modest and most elements have
         // a usable finite difference (a chain too curved for central differences is no reference).
         for _ in 0..50 {

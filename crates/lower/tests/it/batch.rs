@@ -12,6 +12,8 @@ use kiln_lower::kir::Access;
 use kiln_lower::memplan;
 use kiln_lower::{BufferKind, CompileOptions, Program, compile, exec};
 
+use crate::common::Rng;
+
 #[derive(Default)]
 struct B {
     g: Graph,
@@ -193,21 +195,9 @@ fn a_matmul_with_bias_waits_for_the_bias_and_readers_wait_for_writers() {
     check_levels(&g, &p, 2);
 }
 
-/// A small deterministic generator (xorshift).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n.max(1) as u64) as usize
-    }
-}
-
 /// A random wide DAG: element-wise ops and matmuls over `[4, 4]` tensors, many outputs.
 fn random_dag(seed: u64) -> Graph {
-    let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
+    let mut rng = Rng::new(seed);
     let mut b = B::default();
     let mut pool: Vec<NodeId> = (0..2 + rng.below(4)).map(|_| b.input(&[4, 4])).collect();
     let half =

@@ -2,6 +2,7 @@
 //! `exec::run(compile(g))` agrees with `air::interp::eval(g)` on random graphs, fused and not.
 
 use crate::common;
+use crate::common::Rng;
 
 use air::op::{Cast, Const, Expand, Input, Iota, Pad, Permute, Reduce, Reshape, Shrink};
 use air::{BinaryOp, Bindings, DType, Dim, Graph, NodeId, Op, ReduceOp, Scalar, Symbol, TensorType, UnaryOp};
@@ -1080,27 +1081,6 @@ fn long_chains_are_cut_into_bounded_kernels() {
     agree(&g, &p, &Bindings::new(), 3).unwrap();
 }
 
-/// A small deterministic generator (xorshift), so that a failing seed replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<T: Clone>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len())].clone()
-    }
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-}
-
 fn consts(shape: &[Dim]) -> Vec<i64> {
     shape.iter().map(|d| d.as_const().unwrap()).collect()
 }
@@ -1139,7 +1119,7 @@ fn random_reshape(rng: &mut Rng, numel: i64) -> Vec<Dim> {
 
 /// Builds a random graph of about `n_ops` ops over f32 (or i32) tensors.
 fn random_graph(seed: u64, n_ops: usize) -> Graph {
-    let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
+    let mut rng = Rng::new(seed);
     let int = rng.chance(20);
     let dtype = if int { DType::I32 } else { DType::F32 };
     let mut b = B::default();
@@ -1479,7 +1459,7 @@ fn cat_pieces_computing_their_steps_write_their_own_windows() {
 /// (each concatenation piece a copy) or not (each piece computes its step). Compiled fused and
 /// not, against the interpreter.
 fn check_unrolled(seed: u64) -> Result<(), String> {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let steps = 2 + rng.below(4) as i64;
     let mut b = B::default();
     let x = b.f32(&[steps, 6, 8]);

@@ -28,8 +28,9 @@ use common::{expand_dims, permute, reduce, reshape_dims};
 use kiln_runtime::CpuDevice;
 use kiln_runtime::vm::PARALLEL_MIN_WORK;
 use kiln_runtime::wgpu::WgpuDevice;
+use proptest::prelude::Rng as _;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 /// What a backend computes, and how exactly.
 #[derive(Clone, Copy, Debug)]
@@ -440,19 +441,21 @@ fn canonical_matmul(g: &mut Graph, a: NodeId, b: NodeId) -> NodeId {
     reshape_dims(g, summed, &out)
 }
 
-/// xorshift64* values.
-struct Rng(u64);
+/// Values from proptest's seeded generator (`TestRng`, XorShift), so that a seed replays exactly.
+struct Rng(TestRng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    fn new(seed: u64) -> Rng {
+        Rng(TestRng::from_seed(RngAlgorithm::XorShift, &[seed.to_le_bytes(), (!seed).to_le_bytes()].concat()))
     }
 
+    fn next(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// Uniform in `[0, 1)`.
     fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.random_range(0.0..1.0)
     }
 }
 
@@ -471,7 +474,7 @@ fn mixed<T: Copy + air::Element>(n: usize, rng: &mut Rng, specials: &[T], common
 /// infinities, -0, integers for floats when the backend allows them; extremes for ints).
 fn input_tensor(dtype: DType, shape: &[usize], seed: u64, backend: &Backend) -> HostTensor {
     let n: usize = shape.iter().product();
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let shape = shape.to_vec();
     let t = match dtype {
         DType::F32 => {
