@@ -336,24 +336,11 @@ impl CopyPlan {
         // none reads a stored byte). Runs that move alike at every outer level keep their
         // distance, so the first iteration's runs tell.
         let in_turn = copies.len() == 1
-            || (copies.iter().all(|c| c.dst_steps[..inner] == copies[0].dst_steps[..inner]) && {
-                let mut spans: SmallVec<[(usize, usize); MAX_PAIRS]> = copies
-                    .iter()
-                    .map(|c| {
-                        let reach = c.dst_steps[inner].wrapping_mul((n - 1) as isize);
-                        let at = c.dst as usize;
-                        (
-                            at.wrapping_add_signed(reach.min(0)),
-                            at.wrapping_add_signed(reach.max(0)).wrapping_add(self.size),
-                        )
-                    })
-                    .collect();
-                spans.sort_unstable();
-                spans.windows(2).all(|w| w[0].1 <= w[1].0)
-            });
+            || (copies.iter().all(|c| c.dst_steps[..inner] == copies[0].dst_steps[..inner])
+                && stores_apart(&copies, &extent[..depth], inner, self.size));
         if in_turn
             && copies.iter().all(|c| !c.masked && self.moves_words(c.src_steps[inner], c.dst_steps[inner], n))
-            && disjoint_nests(&copies, &extent[..depth], self.size)
+            && stores_apart(&copies, &extent[..depth], 0, self.size)
         {
             // Copy after copy, each walked on its own in vector moves (an im2col's windows):
             // no two copies store into the same bytes anywhere in the nest, so their order
@@ -640,15 +627,16 @@ pub(super) fn leaves_ok(e: &IExpr, vars: &[Var], n_syms: usize) -> bool {
     })
 }
 
-/// Whether the bytes each copy of `copies` stores over the whole nest (`extent`, elements of
-/// `size` bytes) lie apart from every other copy's: from its first store to its last, whatever
-/// the steps' signs.
-fn disjoint_nests(copies: &[Cursor], extent: &[i64], size: usize) -> bool {
+/// Whether the bytes each copy of `copies` stores over levels `from..` of the nest (`extent`,
+/// elements of `size` bytes; the levels before `from` at their current values) lie apart from
+/// every other copy's: from its first store to its last, whatever the steps' signs. From the
+/// innermost level: one iteration's runs; from level 0: the whole nest.
+fn stores_apart(copies: &[Cursor], extent: &[i64], from: usize, size: usize) -> bool {
     let mut spans: SmallVec<[(usize, usize); MAX_PAIRS]> = copies
         .iter()
         .map(|c| {
             let (mut lo, mut hi) = (0isize, 0isize);
-            for (d, &e) in extent.iter().enumerate() {
+            for (d, &e) in extent.iter().enumerate().skip(from) {
                 let reach = c.dst_steps[d].wrapping_mul((e - 1) as isize);
                 (lo, hi) = (lo.wrapping_add(reach.min(0)), hi.wrapping_add(reach.max(0)));
             }
