@@ -35,7 +35,7 @@ pub(super) static ZEROS: [i64; 64] = [0; 64];
 /// A number of the plan: known when the kernel is compiled, or an expression of the symbols (and
 /// of loop variables at 0) evaluated per call. Most are constants: a call then evaluates little
 /// (a decoding step's copies are a few hundred elements each).
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub(super) enum Num {
     Known(i64),
     PerCall(IExpr),
@@ -340,7 +340,7 @@ impl CopyPlan {
                 && stores_apart(&copies, &extent[..depth], inner, self.size));
         if in_turn
             && copies.iter().all(|c| !c.masked && self.moves_words(c.src_steps[inner], c.dst_steps[inner], n))
-            && stores_apart(&copies, &extent[..depth], 0, self.size)
+            && stores_never_meet(&copies, &extent[..depth], self.size)
         {
             // Copy after copy, each walked on its own in vector moves (an im2col's windows):
             // no two copies store into the same bytes anywhere in the nest, so their order
@@ -406,12 +406,14 @@ impl CopyPlan {
     }
 
     /// Whether the kernel stays on this plan rather than tiering up: every copy unmasked, its
-    /// runs of at most [`WORD_RUN_MAX`] 4-byte elements moved by [`move_words_avx512`], the copies
-    /// stepping alike outside the runs (so they take turns, `run`), all of it known when the
-    /// kernel is compiled. Such a nest moves its short rows in two or three vector moves each,
-    /// where the optimised tier's 128-bit code takes one move per four elements (conv-32's
-    /// im2col, 1,872 rows of 26 floats: 5.4-10 us natively against 11-15; MobileNet's stem,
-    /// every other float: 8-11 against 9.8-10.9).
+    /// runs of at most [`WORD_RUN_MAX`] 4-byte elements (a length known when the kernel is
+    /// compiled) moved by [`move_words_avx512`], the copies stepping alike at every level (the
+    /// same numbers, or the same expressions of the symbols: so they take turns, `run`, and are
+    /// walked copy after copy where they never meet, [`stores_never_meet`]). Such a nest moves its
+    /// short rows in two or three vector moves each, where the optimised tier's 128-bit code takes
+    /// one move per four elements (conv-32's im2col, 1,872 rows of 26 floats: 5.4-10 us natively
+    /// against 11-15; MobileNet's stem, every other float: 7.1-7.6 against 10.8-13.5, its batch
+    /// known or a symbol).
     pub(crate) fn stays(&self) -> bool {
         let inner = self.extents.len() - 1;
         let known = |n: &Num| match n {
@@ -426,7 +428,7 @@ impl CopyPlan {
                 p.ranges.is_empty()
                     && known(&p.dst.coefs[inner]) == Some(1)
                     && matches!(known(&p.src.coefs[inner]), Some(1 | 2))
-                    && p.dst.coefs.iter().zip(first).all(|(a, b)| known(a).is_some() && known(a) == known(b))
+                    && p.dst.coefs == *first
             })
     }
 
@@ -646,6 +648,58 @@ fn stores_apart(copies: &[Cursor], extent: &[i64], from: usize, size: usize) -> 
         .collect();
     spans.sort_unstable();
     spans.windows(2).all(|w| w[0].1 <= w[1].0)
+}
+
+/// Whether no two copies of `copies` store into the same bytes anywhere in the nest (`extent`,
+/// elements of `size` bytes): [`stores_apart`] over the whole nest, or, for copies that step
+/// alike at every level and differ only where they start, an exact answer. Such copies meet iff
+/// the distance between their starts is a sum of steps `x_d * step_d` with `|x_d| < extent_d`
+/// ([`reaches`]). An im2col that puts each input channel's taps side by side (`[c][tap][pixel]`)
+/// interleaves its copies' spans, which the span test takes for a clash: MobileNet's stem then
+/// moved its 1,728 rows one call at a time, 21-24 us against 5-10 walked copy after copy.
+fn stores_never_meet(copies: &[Cursor], extent: &[i64], size: usize) -> bool {
+    if stores_apart(copies, extent, 0, size) {
+        return true;
+    }
+    let depth = extent.len();
+    let steps = &copies[0].dst_steps[..depth];
+    let unit = size as isize;
+    if copies.iter().any(|c| c.dst_steps[..depth] != *steps) || steps.iter().any(|s| s % unit != 0) {
+        return false;
+    }
+    // In elements, largest step first: the distances an element's store can move.
+    let mut levels: SmallVec<[(i64, i64); MAX_DEPTH]> =
+        steps.iter().zip(extent).map(|(&s, &e)| ((s / unit).unsigned_abs() as i64, e)).filter(|l| l.0 != 0).collect();
+    levels.sort_unstable_by_key(|l| std::cmp::Reverse(l.0));
+    for (i, a) in copies.iter().enumerate() {
+        for b in &copies[i + 1..] {
+            let apart = (b.dst as isize).wrapping_sub(a.dst as isize);
+            if apart % unit != 0 || reaches((apart / unit) as i64, &levels, &mut 4096) != Some(false) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Whether some `x` with `|x_d| < extent_d` makes `sum x_d * step_d` equal `target`, over
+/// `levels` of `(step, extent)` (steps positive, largest first), searching digit by digit with
+/// what the inner levels can still reach as the bound; `None` once `budget` visits run out (steps
+/// that share so much that the search branches widely).
+fn reaches(target: i64, levels: &[(i64, i64)], budget: &mut u32) -> Option<bool> {
+    let Some((&(step, extent), inner)) = levels.split_first() else { return Some(target == 0) };
+    *budget = budget.checked_sub(1)?;
+    let reach: i64 = inner.iter().map(|&(s, e)| s.saturating_mul(e - 1)).fold(0, i64::saturating_add);
+    // `x` such that `|target - x * step| <= reach`, within the level's extent.
+    let lo = (target.saturating_sub(reach)).div_euclid(step)
+        + i64::from((target.saturating_sub(reach)).rem_euclid(step) != 0);
+    let hi = (target.saturating_add(reach)).div_euclid(step);
+    for x in lo.max(1 - extent)..=hi.min(extent - 1) {
+        if reaches(target - x * step, inner, budget)? {
+            return Some(true);
+        }
+    }
+    Some(false)
 }
 
 /// The longest run [`move_words_avx512`] moves (see [`CopyPlan::moves_words`]).
@@ -1046,6 +1100,57 @@ mod tests {
             let (in_bytes, out_bytes) = ((2 * ih * iw * 4) as usize, (9 * 2 * oh * ow * 4) as usize);
             same_as_jit(&k, in_bytes, out_bytes, &[], &[(0, 2), (1, 2)]);
         }
+    }
+
+    #[test]
+    fn an_im2col_with_each_channels_taps_side_by_side_matches_the_jit_and_stays_native() {
+        // MobileNet's stem: out[c][tap][b][y][x] = in[b][c][2 y + dy][2 x + dx] over a symbolic
+        // batch `s0`, the copies' spans interleaved (tap inside channel) though they never meet.
+        let (oh, ow, ih, iw) = (3i64, 16i64, 8i64, 34i64);
+        let s0 = || IExpr::Sym(0);
+        let mut inner = Vec::new();
+        for t in 0..9 {
+            let (dy, dx) = (t / 3, t % 3);
+            let row = add(mul(v(2), c(2)), c(dy));
+            let at = add(
+                add(add(mul(v(1), c(2 * ih * iw)), mul(v(0), c(ih * iw))), mul(row, c(iw))),
+                add(mul(v(3), c(2)), c(dx)),
+            );
+            inner.push(load(t as u32, DType::F32, at));
+            let plane = mul(s0(), c(oh * ow));
+            let to = add(
+                add(mul(v(0), mul(s0(), c(9 * oh * ow))), mul(plane, c(t))),
+                add(mul(v(1), c(oh * ow)), add(mul(v(2), c(ow)), v(3))),
+            );
+            inner.push(store(to, t as u32));
+        }
+        let nest = looped(1, s0(), false, vec![looped(2, c(oh), false, vec![looped(3, c(ow), false, inner)])]);
+        let k = kernel(DType::F32, 1, vec![looped(0, c(2), true, vec![nest])]);
+        assert!(CopyPlan::of(&k, TileLevel::Avx512).is_some_and(|p| p.stays()));
+        for batch in [1i64, 3] {
+            let (in_bytes, out_bytes) = ((batch * 2 * ih * iw * 4) as usize, (2 * 9 * batch * oh * ow * 4) as usize);
+            same_as_jit(&k, in_bytes, out_bytes, &[batch], &[(0, 2), (1, 2)]);
+        }
+    }
+
+    #[test]
+    fn a_distance_is_reached_by_the_nests_steps_only_where_some_iterations_cover_it() {
+        // The stem's store steps (elements): channel 9216, batch 256, row 16, column 1; taps
+        // 1,024 apart never meet, one batch entry apart (256) or a row and a column do.
+        let stem = [(9216, 3), (256, 4), (16, 16), (1, 16)];
+        let reached = |d: i64| reaches(d, &stem, &mut 4096);
+        for taps in 1..9 {
+            assert_eq!(reached(1024 * taps), Some(false), "{taps} taps apart");
+        }
+        assert_eq!(reached(256), Some(true));
+        assert_eq!(reached(17), Some(true));
+        assert_eq!(reached(-9216 - 3), Some(true));
+        assert_eq!(reached(3 * 9216), Some(false), "past the channels");
+        // Steps that overlap: rows of 8 stepping 8 reach every distance below 32.
+        assert_eq!(reaches(13, &[(8, 4), (1, 8)], &mut 4096), Some(true));
+        assert_eq!(reaches(32, &[(8, 4), (1, 8)], &mut 4096), Some(false));
+        // A search that branches past its budget says it cannot tell.
+        assert_eq!(reaches(1001, &[(2, 1000), (2, 1000), (2, 1000)], &mut 16), None);
     }
 
     #[test]
