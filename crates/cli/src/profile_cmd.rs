@@ -195,7 +195,7 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
     let times = exe.launch_times(&p.traced.inputs, &p.traced.bindings, 11)?;
     let total: u64 = times.iter().map(|t| t.median_ns).sum();
     // Per kernel: launches, total ns, first-run ns, the first launch's matmul sizes and threads.
-    type Row = (u32, usize, u64, u64, Option<(usize, usize, usize, usize)>, u32);
+    type Row = (u32, usize, u64, u64, Option<(usize, usize, usize, usize)>, u32, Option<runtime::InPlace>);
     let mut by_kernel: Vec<Row> = Vec::new();
     for t in &times {
         let first_ns = first.get(t.step).copied().unwrap_or(0);
@@ -205,7 +205,7 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
                 k.2 += t.median_ns;
                 k.3 += first_ns;
             }
-            None => by_kernel.push((t.kernel, 1, t.median_ns, first_ns, t.matmul, t.threads)),
+            None => by_kernel.push((t.kernel, 1, t.median_ns, first_ns, t.matmul, t.threads, t.in_place)),
         }
     }
     by_kernel.sort_by_key(|k| std::cmp::Reverse(k.2));
@@ -225,13 +225,20 @@ pub fn launch_table(p: &Profiled, top: usize) -> anyhow::Result<String> {
         "{:>6} {:>9} {:>10} {:>7} {:>10} {:>8}  what",
         "kernel", "launches", "total us", "share", "first us", "threads"
     )?;
-    for (kernel, count, ns, first_ns, matmul, threads) in by_kernel.into_iter().take(top) {
+    for (kernel, count, ns, first_ns, matmul, threads, in_place) in by_kernel.into_iter().take(top) {
         let what = match (matmul, &exe.program().kernels[kernel as usize]) {
             (Some((b, m, n, k)), lower::kir::Kernel::Matmul(mk)) => {
                 let layout = |o: &lower::kir::MatOperand| {
                     if o.col_stride == lower::kir::IExpr::Const(1) { "row" } else { "col" }
                 };
-                format!("matmul batch {b} m {m} n {n} k {k} (a {}-major, b {}-major)", layout(&mk.a), layout(&mk.b))
+                let b_read = match in_place {
+                    Some(runtime::InPlace::Window) => "read in place from the copy's source".to_string(),
+                    _ => format!("{}-major", layout(&mk.b)),
+                };
+                format!("matmul batch {b} m {m} n {n} k {k} (a {}-major, b {b_read})", layout(&mk.a))
+            }
+            _ if in_place == Some(runtime::InPlace::Skipped) => {
+                "loops (a copy skipped: its product reads its source)".into()
             }
             _ => "loops".to_string(),
         };

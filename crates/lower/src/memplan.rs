@@ -142,7 +142,8 @@ fn naive_temp_bytes(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> Re
 }
 
 /// The inclusive time-slot interval of every temp (`None` for inputs and outputs). A temp no
-/// step touches lives in slot 0.
+/// step touches lives in slot 0. The temps a skippable copy reads live until its product's slot
+/// ([`Program::skippable_copies`]: a runtime may read them there instead of the copy's output).
 pub fn lifetimes(program: &Program, groups: &[Vec<usize>]) -> Result<Vec<Option<(usize, usize)>>, LowerError> {
     let mut slot = vec![usize::MAX; program.steps.len()];
     for (t, group) in groups.iter().enumerate() {
@@ -179,6 +180,18 @@ pub fn lifetimes(program: &Program, groups: &[Vec<usize>]) -> Result<Vec<Option<
                 }
                 Some((lo, hi)) => (lo.min(t), hi.max(t)),
             });
+        }
+    }
+    // A copy a runtime may skip, its product reading the copy's source in place: what the copy
+    // reads lives until the product (`Program::skippable_copies`).
+    for (i, j) in program.skippable_copies() {
+        let kernel = program.step_kernel(i)?;
+        for (p, &b) in kernel.params().iter().zip(&program.steps[i].args) {
+            if p.access == Access::Read
+                && let Some(Some((_, hi))) = out.get_mut(b.0 as usize)
+            {
+                *hi = (*hi).max(slot[j]);
+            }
         }
     }
     for (i, b) in program.buffers.iter().enumerate() {
@@ -368,6 +381,74 @@ mod tests {
 
     /// Buffer sizes and lifetimes, as `place` takes them.
     type Buffers = (Vec<usize>, Vec<Option<(usize, usize)>>);
+
+    #[test]
+    fn what_a_skippable_copy_reads_lives_until_its_product() {
+        use crate::kir::{IExpr, Kernel, LoopKernel, MatOperand, MatmulKernel, Param};
+        use crate::program::{BufId, BufferInfo, Step};
+        use air::{DType, Dim};
+        let param = |access| Param { dtype: DType::F32, access };
+        // Loop kernels with no body: only their parameters matter here.
+        let loops = |n_params: usize| {
+            let mut params = vec![param(Access::Write)];
+            params.extend((1..n_params).map(|_| param(Access::Read)));
+            Kernel::Loops(LoopKernel { params, n_syms: 0, body: Vec::new() })
+        };
+        let operand = |buf| MatOperand {
+            buf,
+            offset: IExpr::Const(0),
+            batch_stride: IExpr::Const(0),
+            row_stride: IExpr::Const(4),
+            col_stride: IExpr::Const(1),
+        };
+        let product = Kernel::Matmul(MatmulKernel {
+            params: vec![param(Access::Write), param(Access::Read), param(Access::Read)],
+            n_syms: 0,
+            dtype: DType::F32,
+            batch: IExpr::Const(1),
+            m: IExpr::Const(4),
+            n: IExpr::Const(4),
+            k: IExpr::Const(4),
+            a: operand(1),
+            b: operand(2),
+            c: operand(0),
+            accumulate: false,
+        });
+        let buffer = |kind| BufferInfo { dtype: DType::F32, numel: Dim::Const(16), kind };
+        let step = |kernel, args: &[u32]| Step { kernel, args: args.iter().map(|&b| BufId(b)).collect() };
+        // buf0 input; pad: buf1 = f(buf0); copy: buf2 = g(buf1); product: buf3 = buf0 @ buf2;
+        // then buf4 = h(buf3), and the output buf5 = h(buf4).
+        let mut program = Program {
+            symbols: Vec::new(),
+            kernels: vec![loops(2), product],
+            steps: vec![step(0, &[1, 0]), step(0, &[2, 1]), step(1, &[3, 0, 2]), step(0, &[4, 3]), step(0, &[5, 4])],
+            buffers: vec![
+                buffer(BufferKind::Input(0)),
+                buffer(BufferKind::Temp),
+                buffer(BufferKind::Temp),
+                buffer(BufferKind::Temp),
+                buffer(BufferKind::Temp),
+                buffer(BufferKind::Output(0)),
+            ],
+            outputs: Vec::new(),
+            inits: Vec::new(),
+            checks: Vec::new(),
+            data_checks: Vec::new(),
+        };
+        let groups: Vec<Vec<usize>> = (0..5).map(|s| vec![s]).collect();
+        assert_eq!(program.skippable_copies(), [(1, 2)]);
+        let lives = lifetimes(&program, &groups).unwrap();
+        // The pad's output, read by the copy at step 1, lives until the product at step 2.
+        assert_eq!(lives[1..5], [Some((0, 2)), Some((1, 2)), Some((2, 3)), Some((3, 4))]);
+        // A second reader of the copy's output: no skipping, and the pad's output dies at 1.
+        program.steps[3] = step(0, &[4, 2]);
+        assert!(program.skippable_copies().is_empty());
+        assert_eq!(lifetimes(&program, &groups).unwrap()[1], Some((0, 1)));
+        // The copy's output as the product's `a` instead: not a window's.
+        program.steps[3] = step(0, &[4, 3]);
+        program.steps[2] = step(1, &[3, 2, 0]);
+        assert!(program.skippable_copies().is_empty());
+    }
 
     /// The original O(T^2) placement, kept as the reference `place` must match exactly.
     fn place_reference(sizes: &[usize], intervals: &[Option<(usize, usize)>]) -> (Vec<Option<usize>>, usize) {

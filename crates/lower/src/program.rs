@@ -4,7 +4,7 @@ use std::fmt;
 
 use air::{Bindings, BoundsError, Check, DType, Dim, Symbol, TensorType};
 
-use crate::kir::Kernel;
+use crate::kir::{Access, Kernel};
 
 /// A buffer of the program (`buf3`): an input, an output, or a temporary placed by the planner.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -218,6 +218,50 @@ impl Program {
             return Err(crate::LowerError::Malformed(format!("step {s}: argument count differs from the kernel's")));
         }
         Ok(kernel)
+    }
+
+    /// The pairs `(i, j)` of a copy step `i` that a runtime may skip, its product step `j`
+    /// reading the copy's source in place (the CPU's window products, `runtime::window`): `j` is
+    /// a matmul whose `b` (and neither `a` nor `c`) is a temp that exactly the two steps touch,
+    /// the loop kernel `i < j` that writes it and `j`. What `i` is (an unmasked copy nest whose
+    /// stores are exactly `b`) is the runtime's to check for each binding set; for every such
+    /// pair the memory planner keeps the temps `i` reads alive until `j` ([`memplan::lifetimes`]),
+    /// so that skipping `i` is safe wherever the runtime finds it sound. One walk over the steps'
+    /// arguments.
+    ///
+    /// [`memplan::lifetimes`]: crate::memplan::lifetimes
+    pub fn skippable_copies(&self) -> Vec<(usize, usize)> {
+        // Per buffer: how many argument slots name it, and the first two steps that do.
+        let mut touched: Vec<(u32, usize, usize)> = vec![(0, usize::MAX, usize::MAX); self.buffers.len()];
+        for (s, step) in self.steps.iter().enumerate() {
+            for b in &step.args {
+                if let Some(t) = touched.get_mut(b.0 as usize) {
+                    t.0 += 1;
+                    if t.1 == usize::MAX {
+                        t.1 = s;
+                    } else if t.2 == usize::MAX && t.1 != s {
+                        t.2 = s;
+                    }
+                }
+            }
+        }
+        let mut pairs = Vec::new();
+        for (j, step) in self.steps.iter().enumerate() {
+            let Some(Kernel::Matmul(m)) = self.kernels.get(step.kernel as usize) else { continue };
+            let Some(&t) = step.args.get(m.b.buf as usize) else { continue };
+            let Some(&(count, i, second)) = touched.get(t.0 as usize) else { continue };
+            let is_temp = self.buffers.get(t.0 as usize).is_some_and(|b| b.kind == BufferKind::Temp);
+            if !is_temp || count != 2 || second != j || i >= j {
+                continue;
+            }
+            let Some(copy) = self.steps.get(i) else { continue };
+            let Some(Kernel::Loops(k)) = self.kernels.get(copy.kernel as usize) else { continue };
+            let writes_only_t = k.params.iter().zip(&copy.args).all(|(p, &b)| (p.access == Access::Write) == (b == t));
+            if writes_only_t {
+                pairs.push((i, j));
+            }
+        }
+        pairs
     }
 }
 

@@ -40,6 +40,7 @@ pub mod prepared;
 pub mod vm;
 #[cfg(feature = "wgpu")]
 pub mod wgpu;
+pub mod window;
 
 pub use air::GraphKey;
 pub use backend::{Backend, BindingSet, Runner};
@@ -49,4 +50,4 @@ pub use error::{ErrorKind, InputSpec, Result, RuntimeError};
 pub use lower::MemoryStats;
 pub use observe::{CompileObserver, NoCompileObserver, Step};
 pub use prepared::{Prepared, Sizes};
-pub use vm::{CALIBRATION_RUNS, CpuCode, Executable, LaunchTime, LoopCode, time_first_runs};
+pub use vm::{CALIBRATION_RUNS, CpuCode, Executable, InPlace, LaunchTime, LoopCode, time_first_runs};

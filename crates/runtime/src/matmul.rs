@@ -201,8 +201,8 @@ fn prefetch(p: *const u8, bytes: usize) {
     let _ = (p, bytes);
 }
 
-/// Whether this CPU has AVX-512F ([`dotrxn_avx512`], [`columns_to_rows`]).
-fn avx512_here() -> bool {
+/// Whether this CPU has AVX-512F ([`dotrxn_avx512`], [`columns_to_rows`], `crate::window`).
+pub(crate) fn avx512_here() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")

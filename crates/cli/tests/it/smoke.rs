@@ -160,6 +160,14 @@ fn profile_model_predict_and_fit_with_launches() {
     let row = predict.lines().find(|l| l.trim_start().starts_with('k') && l.contains('%')).expect("a kernel row");
     let first_us: f64 = row.split_whitespace().nth(4).and_then(|v| v.parse().ok()).expect("a first-run time");
     assert!(first_us > 0.0, "{row}");
+    // The im2col product reads its `b` from the padded input in place on AVX-512F hosts
+    // (`runtime::window`), and says so; its copy is skipped.
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        assert!(predict.contains("matmul batch 1 m 32 n 5408 k 9 (a row-major, b read in place"), "{predict}");
+        let all = kiln(&["profile", "model", "conv-32", "--launches", "8"]);
+        assert!(all.contains("loops (a copy skipped: its product reads its source)"), "{all}");
+    }
     let fit = kiln(&["profile", "model", "dense-tiny", "--fit", "--cold"]);
     assert!(fit.contains("dense-tiny (loss and gradients)") && fit.contains("codegen"), "{fit}");
     assert!(fit.contains("(cold: the first compilation of this process"), "{fit}");

@@ -176,6 +176,29 @@ pub(crate) struct CopyPlan {
     wide: bool,
 }
 
+/// One copy of a [`CopyNest`]: element `(i_0, i_1, ..)` of the nest is read at `src_offset +
+/// sum(i_d * src_steps[d])` of parameter `src_param` and stored at `dst_offset + sum(i_d *
+/// dst_steps[d])` of parameter `dst_param` (elements, not bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyMove {
+    pub src_param: usize,
+    pub dst_param: usize,
+    pub src_offset: i64,
+    pub dst_offset: i64,
+    pub src_steps: Vec<i64>,
+    pub dst_steps: Vec<i64>,
+}
+
+/// A copy kernel's nest for one call's symbols, none of its copies masked: the loop extents
+/// (outermost first, the whole parallel loop) and its copies in the kernel's order. What a
+/// runner needs to read the copy's source in place instead of running it (see
+/// `KernelEntry::copy_nest`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyNest {
+    pub extents: Vec<i64>,
+    pub moves: Vec<CopyMove>,
+}
+
 /// A load the nest holds: its register, dtype, parameter, index and mask.
 type Load<'k> = (Reg, DType, u32, &'k IExpr, Option<&'k IExpr>);
 
@@ -403,6 +426,28 @@ impl CopyPlan {
                 return;
             }
         }
+    }
+
+    /// The nest for the symbols `syms` (at least the kernel's), if no copy is masked.
+    pub(crate) fn nest(&self, syms: &[i64]) -> Option<CopyNest> {
+        if syms.len() < self.n_syms || self.pairs.iter().any(|p| !p.ranges.is_empty()) {
+            return None;
+        }
+        let vars = &ZEROS[..self.n_vars];
+        let eval = |n: &Num| n.eval(vars, syms);
+        let moves = self
+            .pairs
+            .iter()
+            .map(|p| CopyMove {
+                src_param: p.src.param,
+                dst_param: p.dst.param,
+                src_offset: eval(&p.src.offset),
+                dst_offset: eval(&p.dst.offset),
+                src_steps: p.src.coefs.iter().map(eval).collect(),
+                dst_steps: p.dst.coefs.iter().map(eval).collect(),
+            })
+            .collect();
+        Some(CopyNest { extents: self.extents.iter().map(|e| eval(e).max(0)).collect(), moves })
     }
 
     /// Whether the kernel stays on this plan rather than tiering up: every copy unmasked, its

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use lower::kir::LoopKernel;
 
+use super::copy::CopyNest;
 use super::jit::{self, Linker, Tier};
 use super::native::Native;
 use super::{CompiledKernel, KernelFn, Tiling, Worker};
@@ -136,6 +137,16 @@ impl KernelEntry {
         // acquire load pairs with their release, so the code bytes are visible. `native` stores
         // null, which is never transmuted.
         (!ptr.is_null()).then(|| unsafe { std::mem::transmute::<*mut u8, KernelFn>(ptr) })
+    }
+
+    /// The kernel's copy nest for the symbols `syms`, where it is an unmasked copy nest
+    /// (`copy::CopyPlan`), whichever tier runs it: what the runtime needs to read the copy's
+    /// source in place, skipping the copy (an im2col read by a product).
+    pub fn copy_nest(&self, syms: &[i64]) -> Option<CopyNest> {
+        match self.native.as_deref() {
+            Some(Native::Copy(p)) => p.nest(syms),
+            _ => None,
+        }
     }
 
     /// Whether the kernel runs natively for good: its native run beats optimised code, so it is

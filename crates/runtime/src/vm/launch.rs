@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lower::kir::{IExpr, Kernel, LoopKernel, Stmt};
+use lower::kir::{Access, IExpr, Kernel, LoopKernel, Stmt};
 use lower::{BufferKind, Program};
 
 use super::{CALIBRATE_MIN_WORK, KernelEntry, MATMUL_ALWAYS_SPLIT_MACS, PARALLEL_MIN_WORK};
@@ -14,6 +14,7 @@ use crate::levels::{self, StepCost};
 use crate::matmul::MatmulLaunch;
 use crate::parallel::{self, SendPtr};
 use crate::prepared::{Sizes, var_count};
+use crate::window::Window;
 
 /// How one step runs, fixed per executable.
 #[derive(Clone)]
@@ -38,6 +39,7 @@ pub(super) enum Launch {
     /// `chunks`: how many parts the parallel loop is cut into (1: the calling thread alone); it
     /// starts from the work estimate and calibration may raise it to `split` (0: not a candidate).
     /// `calib_ns`: the shortest time seen in a calibration run on one thread; `split_ns`: split.
+    /// `skipped`: a copy whose product reads its source in place (`window` below) does not run.
     Loop {
         entry: Arc<KernelEntry>,
         arg_start: u32,
@@ -46,6 +48,7 @@ pub(super) enum Launch {
         split: u32,
         calib_ns: AtomicU64,
         split_ns: AtomicU64,
+        skipped: bool,
     },
     /// `threads`: whether the GEMM spreads over the pool (it starts from the work estimate;
     /// calibration may turn it off); `calibrate`: whether it is timed in the calibration runs
@@ -54,6 +57,8 @@ pub(super) enum Launch {
     /// `copied`: `mm` with its `b` (an input of the program, never written in place) read from a
     /// packed copy that `bind` keeps across runs ([`crate::matmul::PackedWeight`]) and puts in
     /// the table at `copy_at`, past every step's arguments (null where the run reads `b` in place).
+    /// `window`: `mm` with its `b` read in place from the source of the copy that wrote it (a
+    /// skipped step), whose pointer is at that index of the table ([`crate::window`]).
     Matmul {
         arg_start: u32,
         mm: Box<MatmulLaunch>,
@@ -63,6 +68,7 @@ pub(super) enum Launch {
         calibrate: bool,
         calib_ns: AtomicU64,
         split_ns: AtomicU64,
+        window: Option<(Box<Window>, u32)>,
     },
 }
 
@@ -138,6 +144,7 @@ pub(super) fn launches(
                     split,
                     calib_ns: AtomicU64::new(u64::MAX),
                     split_ns: AtomicU64::new(u64::MAX),
+                    skipped: false,
                 }
             }
             (_, Kernel::Matmul(m)) => {
@@ -162,6 +169,7 @@ pub(super) fn launches(
                     mm: Box::new(mm),
                     calib_ns: AtomicU64::new(u64::MAX),
                     split_ns: AtomicU64::new(u64::MAX),
+                    window: None,
                 }
             }
             (Code::Matmul, Kernel::Loops(_)) => {
@@ -169,7 +177,56 @@ pub(super) fn launches(
             }
         });
     }
+    read_windows(p, steps, sizes, &mut launches);
     Ok(launches)
+}
+
+/// Makes each product that can read its `b` from the source of the copy that wrote it do so,
+/// and skips the copy ([`crate::window`]): the pairs the program allows
+/// (`Program::skippable_copies`, for which the memory plan keeps the copy's source alive until
+/// the product), where the copy runs as a copy nest, every store of it is `b` exactly
+/// ([`Window::of`]), and no step after the copy writes the source.
+fn read_windows(p: &Program, steps: &[StepCode], sizes: &Sizes, launches: &mut [Launch]) {
+    let pairs = p.skippable_copies();
+    if pairs.is_empty() {
+        return;
+    }
+    // The last step that writes each buffer.
+    let mut last_write = vec![0usize; p.buffers.len()];
+    for (s, (step, code)) in p.steps.iter().zip(steps).enumerate() {
+        for (q, &b) in p.kernels[code.kernel as usize].params().iter().zip(&step.args) {
+            if q.access == Access::Write {
+                last_write[b.0 as usize] = s;
+            }
+        }
+    }
+    for (i, j) in pairs {
+        let Launch::Loop { entry, arg_start, .. } = &launches[i] else { continue };
+        let Some(nest) = entry.copy_nest(&sizes.syms) else { continue };
+        let Some(src) = nest.moves.first().map(|m| m.src_param) else { continue };
+        let Some(&source) = p.steps[i].args.get(src) else { continue };
+        let source_at = *arg_start + src as u32;
+        // No later step writes the source (not only none before the product: with the level
+        // schedule, a step after it may run beside it).
+        let Launch::Matmul { mm, copied: None, .. } = &launches[j] else { continue };
+        if last_write[source.0 as usize] > i {
+            continue;
+        }
+        let Some(w) = Window::of(mm, &nest, sizes.buf_numel[source.0 as usize]) else { continue };
+        // A product the window would split is calibrated as any other (it starts on one thread):
+        // waking the pool for a split of a few tens of microseconds may cost more than it saves.
+        let (splits, macs) = (Window::splits(mm), mm.macs());
+        if let Launch::Matmul { window, calibrate, threads, .. } = &mut launches[j] {
+            *window = Some((Box::new(w), source_at));
+            *calibrate = splits && macs < MATMUL_ALWAYS_SPLIT_MACS;
+            *threads.get_mut() = splits && !*calibrate;
+        }
+        if let Launch::Loop { skipped, split, chunks, .. } = &mut launches[i] {
+            // Neither run nor timed for the thread split.
+            (*skipped, *split) = (true, 0);
+            *chunks.get_mut() = 1;
+        }
+    }
 }
 
 /// The work estimate of every launch, for the level schedule.
@@ -178,6 +235,7 @@ pub(super) fn launch_costs(p: &Program, launches: &[Launch], syms: &[i64]) -> Ve
         .iter()
         .zip(&p.steps)
         .map(|(launch, step)| match (launch, &p.kernels[step.kernel as usize]) {
+            (Launch::Loop { skipped: true, .. }, _) => StepCost { work: 1, splits: false },
             (Launch::Loop { chunks, .. }, Kernel::Loops(k)) => {
                 let vars = vec![0i64; var_count(&k.body)];
                 StepCost { work: nest_work(&k.body, &vars, syms).max(1), splits: chunks.load(Ordering::Relaxed) > 1 }
@@ -324,6 +382,7 @@ pub(super) unsafe fn run_calibrating(launch: &Launch, table: *const *mut u8, sym
 /// program says; `syms` holds every symbol value; no other thread writes what this step touches.
 pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *const i64, alone: bool) -> bool {
     match *launch {
+        Launch::Loop { skipped: true, .. } => false,
         Launch::Loop { ref entry, arg_start, end, ref chunks, .. } => {
             let chunks = chunks.load(Ordering::Relaxed);
             // SAFETY: `arg_start` indexes this step's arguments in the table, one valid
@@ -348,10 +407,17 @@ pub(super) unsafe fn run_launch(launch: &Launch, table: *const *mut u8, syms: *c
                 true
             }
         }
-        Launch::Matmul { arg_start, ref mm, ref copied, copy_at, ref threads, .. } => {
+        Launch::Matmul { arg_start, ref mm, ref copied, copy_at, ref threads, ref window, .. } => {
             let threads = !alone && threads.load(Ordering::Relaxed);
             // SAFETY: `arg_start` indexes this step's arguments in the table (as above).
             let args = unsafe { table.add(arg_start as usize) };
+            if let Some((w, source_at)) = window {
+                // SAFETY: as above; the table holds the copy's source at `source_at`, with the
+                // elements `Window::of` checked, unchanged since the copy's step would have run
+                // (`read_windows`) and alive (the memory plan, `Program::skippable_copies`).
+                unsafe { w.run(mm, args, *table.add(*source_at as usize), threads) };
+                return false;
+            }
             // `bind` put the copy of `b` in the table where this run has one.
             let copy = copied.as_deref().map(|r| (r, unsafe { *table.add(copy_at as usize) }));
             match copy {
@@ -402,6 +468,7 @@ mod tests {
             split,
             calib_ns: AtomicU64::new(u64::MAX),
             split_ns: AtomicU64::new(u64::MAX),
+            skipped: false,
         };
         let matmul = Launch::Matmul {
             arg_start: 0,
@@ -412,6 +479,7 @@ mod tests {
             calibrate: true,
             calib_ns: AtomicU64::new(u64::MAX),
             split_ns: AtomicU64::new(u64::MAX),
+            window: None,
         };
         vec![loop_(2), matmul, loop_(0)]
     }

@@ -431,14 +431,18 @@ impl Runner<CpuCode> {
             .enumerate()
             .map(|(step, ((l, code), times))| {
                 times.sort_unstable();
-                let (matmul, threads) = match l {
-                    Launch::Loop { chunks, .. } => (None, chunks.load(Ordering::Relaxed)),
-                    Launch::Matmul { mm, threads, .. } => (
+                let (matmul, threads, in_place) = match l {
+                    Launch::Loop { chunks, skipped, .. } => {
+                        (None, chunks.load(Ordering::Relaxed), skipped.then_some(InPlace::Skipped))
+                    }
+                    Launch::Matmul { mm, threads, window, .. } => (
                         Some((mm.batch, mm.m, mm.n, mm.k)),
                         if threads.load(Ordering::Relaxed) { parallel::threads() as u32 } else { 1 },
+                        window.is_some().then_some(InPlace::Window),
                     ),
                 };
-                LaunchTime { step, kernel: code.kernel, matmul, threads, median_ns: times[times.len() / 2] }
+                let median_ns = times[times.len() / 2];
+                LaunchTime { step, kernel: code.kernel, matmul, threads, median_ns, in_place }
             })
             .collect())
     }
@@ -457,4 +461,17 @@ pub struct LaunchTime {
     pub threads: u32,
     /// Median wall time, nanoseconds.
     pub median_ns: u64,
+    /// Whether the step is one of a copy and its product that read the copy's source in place
+    /// ([`crate::window`]), and which.
+    pub in_place: Option<InPlace>,
+}
+
+/// A step's part in a product that reads its `b` from a copy's source in place
+/// ([`crate::window`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InPlace {
+    /// The copy: it does not run.
+    Skipped,
+    /// The product: its `b` read through the windows of the copy's source.
+    Window,
 }
