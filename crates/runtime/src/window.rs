@@ -62,7 +62,7 @@ impl Window {
             return None;
         }
         let (k, n, row) = (mm.k, mm.n, mm.b.row as i64);
-        if k == 0 || n == 0 || row <= 0 {
+        if k == 0 || n == 0 || row <= 0 || nest.extents.contains(&0) {
             return None;
         }
         // Levels of more than one step: those moving across `b`'s rows, those along its columns.
@@ -388,6 +388,10 @@ mod tests {
         let mut third = nest.clone();
         third.moves.iter_mut().for_each(|m| m.src_steps[3] = 3);
         assert!(Window::of(&mm, &third, 4 * source_len).is_none());
+        // A nest that runs no iteration stores nothing.
+        let mut empty = nest.clone();
+        empty.extents[1] = 0;
+        assert!(Window::of(&mm, &empty, source_len).is_none());
         // Copies that disagree on a column's step.
         let mut apart = nest.clone();
         apart.moves[2].src_steps[2] += 1;
