@@ -7,14 +7,15 @@
 //! short `k` (a stem of 3 input channels, 27 rows; one input channel, 9) the copy writes as many
 //! bytes as the product reads, and the product is a few microseconds: MobileNet's stem copied
 //! 27,648 floats in 8-9 us before its 8x27x1024 product of 5 us; read in place, the product takes
-//! about what it did and the copy is gone (see BENCHMARKS.md).
+//! 4.5 us and the copy is gone (see BENCHMARKS.md).
 //!
 //! [`Window::of`] proves the fusion sound for one binding set: the copy's stores cover `b`'s
 //! `k x n` elements exactly once, its rows each one window (a base in the source and a walk of
 //! the columns common to all rows, at most three levels with the innermost contiguous or every
-//! other element), and every element read lies inside the source. The VM
-//! (`vm::launch::launches`) checks the rest: the copy's output is a temporary that only the
-//! product reads, and nothing writes the source between the two.
+//! other element), and every element read lies inside the source. `lower` names the candidate
+//! pairs (`Program::skippable_copies`: the copy's output is a temporary that only the product
+//! reads) and keeps the copy's source alive until the product; the VM
+//! (`vm::launch::read_windows`) checks that no later step writes the source.
 
 use codegen::cpu::CopyNest;
 
