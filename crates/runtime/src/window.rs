@@ -51,14 +51,14 @@ impl Window {
             return None;
         }
         let first = nest.moves.first()?;
-        let (src, dst) = (first.src_param, first.dst_param);
+        let (src, dst) = (first.src.param, first.dst.param);
         let depth = nest.extents.len();
         if nest.moves.iter().any(|m| {
-            m.src_param != src
-                || m.dst_param != dst
-                || m.dst_steps != first.dst_steps
-                || m.src_steps.len() != depth
-                || m.dst_steps.len() != depth
+            m.src.param != src
+                || m.dst.param != dst
+                || m.dst.steps != first.dst.steps
+                || m.src.steps.len() != depth
+                || m.dst.steps.len() != depth
         }) {
             return None;
         }
@@ -69,7 +69,7 @@ impl Window {
         // Levels of more than one step: those moving across `b`'s rows, those along its columns.
         let (mut rows, mut cols) = (Vec::new(), Vec::new());
         for d in (0..depth).filter(|&d| nest.extents[d] > 1) {
-            match first.dst_steps[d] {
+            match first.dst.steps[d] {
                 s if s > 0 && s % row == 0 => rows.push(d),
                 s if s > 0 && s < row => cols.push(d),
                 _ => return None,
@@ -77,10 +77,10 @@ impl Window {
         }
         // The columns: a row-major walk of all `n` of them, each level's source step the same
         // for every copy.
-        cols.sort_by_key(|&d| std::cmp::Reverse(first.dst_steps[d]));
+        cols.sort_by_key(|&d| std::cmp::Reverse(first.dst.steps[d]));
         let mut span = 1i64;
         for &d in cols.iter().rev() {
-            if first.dst_steps[d] != span || nest.moves.iter().any(|m| m.src_steps[d] != first.src_steps[d]) {
+            if first.dst.steps[d] != span || nest.moves.iter().any(|m| m.src.steps[d] != first.src.steps[d]) {
                 return None;
             }
             span = span.checked_mul(nest.extents[d])?;
@@ -90,7 +90,7 @@ impl Window {
         }
         let level = |i: usize| -> Option<(usize, isize)> {
             match cols.len().checked_sub(3 - i) {
-                Some(j) => Some((usize::try_from(nest.extents[cols[j]]).ok()?, first.src_steps[cols[j]] as isize)),
+                Some(j) => Some((usize::try_from(nest.extents[cols[j]]).ok()?, first.src.steps[cols[j]] as isize)),
                 None => Some((1, 0)),
             }
         };
@@ -106,14 +106,14 @@ impl Window {
         }
         let mut bases = vec![None; k];
         for m in &nest.moves {
-            let start = m.dst_offset - mm.b.offset as i64;
+            let start = m.dst.offset - mm.b.offset as i64;
             if start < 0 || start % row != 0 {
                 return None;
             }
             let mut at = vec![0i64; rows.len()];
             loop {
-                let r = start / row + rows.iter().zip(&at).map(|(&d, &v)| v * (m.dst_steps[d] / row)).sum::<i64>();
-                let base = m.src_offset + rows.iter().zip(&at).map(|(&d, &v)| v * m.src_steps[d]).sum::<i64>();
+                let r = start / row + rows.iter().zip(&at).map(|(&d, &v)| v * (m.dst.steps[d] / row)).sum::<i64>();
+                let base = m.src.offset + rows.iter().zip(&at).map(|(&d, &v)| v * m.src.steps[d]).sum::<i64>();
                 let slot = bases.get_mut(usize::try_from(r).ok()?)?;
                 if slot.replace(base as isize).is_some() {
                     return None;
@@ -273,7 +273,7 @@ struct Cols {
 #[cfg(test)]
 mod tests {
     use air::DType;
-    use codegen::cpu::{CopyMove, CopyNest};
+    use codegen::cpu::{CopyMove, CopyNest, CopySide};
 
     use super::*;
     use crate::matmul::Strides;
@@ -287,12 +287,12 @@ mod tests {
         let n = batch * oh * ow;
         let moves = (0..9)
             .map(|t| CopyMove {
-                src_param: 1,
-                dst_param: 0,
-                src_offset: (t / 3) * w + t % 3,
-                dst_offset: t * n,
-                src_steps: vec![h * w, channels * h * w, stride * w, stride],
-                dst_steps: vec![9 * n, oh * ow, ow, 1],
+                src: CopySide {
+                    param: 1,
+                    offset: (t / 3) * w + t % 3,
+                    steps: vec![h * w, channels * h * w, stride * w, stride],
+                },
+                dst: CopySide { param: 0, offset: t * n, steps: vec![9 * n, oh * ow, ow, 1] },
             })
             .collect();
         (CopyNest { extents: vec![channels, batch, oh, ow], moves }, (oh, ow))
@@ -325,7 +325,7 @@ mod tests {
                         for i3 in 0..e[3] {
                             let at =
                                 |off: i64, s: &[i64]| (off + i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3]) as usize;
-                            b[at(mv.dst_offset, &mv.dst_steps)] = source[at(mv.src_offset, &mv.src_steps)];
+                            b[at(mv.dst.offset, &mv.dst.steps)] = source[at(mv.src.offset, &mv.src.steps)];
                         }
                     }
                 }
@@ -381,13 +381,13 @@ mod tests {
         assert!(Window::of(&mm, &nest, source_len - 1).is_none());
         // Two copies into the same rows (and so none into others).
         let mut twice = nest.clone();
-        twice.moves[1].dst_offset = twice.moves[0].dst_offset;
+        twice.moves[1].dst.offset = twice.moves[0].dst.offset;
         assert!(Window::of(&mm, &twice, source_len).is_none());
         // A `b` with a row more than the copy writes.
         assert!(Window::of(&product(4, k + 1, n, false), &nest, source_len).is_none());
         // Columns every third element: no window routine reads those.
         let mut third = nest.clone();
-        third.moves.iter_mut().for_each(|m| m.src_steps[3] = 3);
+        third.moves.iter_mut().for_each(|m| m.src.steps[3] = 3);
         assert!(Window::of(&mm, &third, 4 * source_len).is_none());
         // A nest that runs no iteration stores nothing.
         let mut empty = nest.clone();
@@ -395,7 +395,7 @@ mod tests {
         assert!(Window::of(&mm, &empty, source_len).is_none());
         // Copies that disagree on a column's step.
         let mut apart = nest.clone();
-        apart.moves[2].src_steps[2] += 1;
+        apart.moves[2].src.steps[2] += 1;
         assert!(Window::of(&mm, &apart, 4 * source_len).is_none());
     }
 }

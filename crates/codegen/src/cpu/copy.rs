@@ -176,17 +176,20 @@ pub(crate) struct CopyPlan {
     wide: bool,
 }
 
-/// One copy of a [`CopyNest`]: element `(i_0, i_1, ..)` of the nest is read at `src_offset +
-/// sum(i_d * src_steps[d])` of parameter `src_param` and stored at `dst_offset + sum(i_d *
-/// dst_steps[d])` of parameter `dst_param` (elements, not bytes).
+/// One side of a [`CopyMove`]: element `(i_0, i_1, ..)` of the nest is at `offset + sum(i_d *
+/// steps[d])` of parameter `param` (elements, not bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopySide {
+    pub param: usize,
+    pub offset: i64,
+    pub steps: Vec<i64>,
+}
+
+/// One copy of a [`CopyNest`]: each element of the nest read at `src` and stored at `dst`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CopyMove {
-    pub src_param: usize,
-    pub dst_param: usize,
-    pub src_offset: i64,
-    pub dst_offset: i64,
-    pub src_steps: Vec<i64>,
-    pub dst_steps: Vec<i64>,
+    pub src: CopySide,
+    pub dst: CopySide,
 }
 
 /// A copy kernel's nest for one call's symbols, none of its copies masked: the loop extents
@@ -435,18 +438,9 @@ impl CopyPlan {
         }
         let vars = &ZEROS[..self.n_vars];
         let eval = |n: &Num| n.eval(vars, syms);
-        let moves = self
-            .pairs
-            .iter()
-            .map(|p| CopyMove {
-                src_param: p.src.param,
-                dst_param: p.dst.param,
-                src_offset: eval(&p.src.offset),
-                dst_offset: eval(&p.dst.offset),
-                src_steps: p.src.coefs.iter().map(eval).collect(),
-                dst_steps: p.dst.coefs.iter().map(eval).collect(),
-            })
-            .collect();
+        let side =
+            |s: &Side| CopySide { param: s.param, offset: eval(&s.offset), steps: s.coefs.iter().map(eval).collect() };
+        let moves = self.pairs.iter().map(|p| CopyMove { src: side(&p.src), dst: side(&p.dst) }).collect();
         Some(CopyNest { extents: self.extents.iter().map(|e| eval(e).max(0)).collect(), moves })
     }
 

@@ -65,7 +65,7 @@ use lower::kir::{Kernel, LoopKernel, Stmt};
 
 use crate::error::{CodegenError, Result};
 use crate::lru::{Lru, capacity_from_env};
-pub use copy::{CopyMove, CopyNest};
+pub use copy::{CopyMove, CopyNest, CopySide};
 pub use early::EarlyCompile;
 use jit::{Arena, Code, Linker, Tier};
 use native::{Native, NativeKinds};

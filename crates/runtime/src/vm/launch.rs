@@ -203,7 +203,7 @@ fn read_windows(p: &Program, steps: &[StepCode], sizes: &Sizes, launches: &mut [
     for (i, j) in pairs {
         let Launch::Loop { entry, arg_start, .. } = &launches[i] else { continue };
         let Some(nest) = entry.copy_nest(&sizes.syms) else { continue };
-        let Some(src) = nest.moves.first().map(|m| m.src_param) else { continue };
+        let Some(src) = nest.moves.first().map(|m| m.src.param) else { continue };
         let Some(&source) = p.steps[i].args.get(src) else { continue };
         let source_at = *arg_start + src as u32;
         // No later step writes the source (not only none before the product: with the level
