@@ -25,6 +25,12 @@ struct Spec {
     op: BinaryOp,
     unary: bool,
     fill: f64,
+    /// How the bias is loaded: 0 under the nest's mask (every masked statement then holds over
+    /// one box, which the native run computes apart from its border), 1 unmasked, 2 masked by
+    /// the rows' range alone (both of which it runs row by row, every mask looked at).
+    bias_mask: u8,
+    /// Elements left between output rows (0: the rows follow each other).
+    gap: i64,
 }
 
 impl Spec {
@@ -34,6 +40,9 @@ impl Spec {
     fn out_cols(&self) -> i64 {
         self.cols + 2 * self.pad
     }
+    fn out_row(&self) -> i64 {
+        self.out_cols() + self.gap
+    }
 }
 
 /// `out[n, c, y, x] = inside ? relu(op(in[n, c, y - pad, (x - pad) * stride], bias[c])) : fill`.
@@ -42,7 +51,7 @@ fn kernel(s: &Spec) -> LoopKernel {
     let inside = |v: u32, n: i64| IExpr::and(IExpr::lt(c(pad - 1), i(v)), IExpr::lt(i(v), c(n + pad)));
     let mask = IExpr::and(inside(2, rows), inside(3, cols));
     let masked =
-        |buf: u32, index: IExpr| Inst::Load { buf, index, mask: Some(mask.clone()), other: Scalar::Float(0.0) };
+        |buf: u32, index: IExpr, mask: Option<IExpr>| Inst::Load { buf, index, mask, other: Scalar::Float(0.0) };
     let plane = rows * cols * s.stride;
     let src = IExpr::add(
         IExpr::add(IExpr::mul(i(0), c(s.channels * plane)), IExpr::mul(i(1), c(plane))),
@@ -51,14 +60,26 @@ fn kernel(s: &Spec) -> LoopKernel {
             IExpr::mul(IExpr::add(i(3), c(-pad)), c(s.stride)),
         ),
     );
-    let out_plane = s.out_rows() * s.out_cols();
+    let out_plane = s.out_rows() * s.out_row();
     let dst = IExpr::add(
         IExpr::add(IExpr::mul(i(0), c(s.channels * out_plane)), IExpr::mul(i(1), c(out_plane))),
-        IExpr::add(IExpr::mul(i(2), c(s.out_cols())), i(3)),
+        IExpr::add(IExpr::mul(i(2), c(s.out_row())), i(3)),
     );
     let mut body = vec![
-        let_(1, DType::F32, masked(1, src)),
-        let_(2, DType::F32, masked(2, i(1))),
+        let_(1, DType::F32, masked(1, src, Some(mask.clone()))),
+        let_(
+            2,
+            DType::F32,
+            masked(
+                2,
+                i(1),
+                match s.bias_mask {
+                    0 => Some(mask.clone()),
+                    1 => None,
+                    _ => Some(inside(2, rows)),
+                },
+            ),
+        ),
         let_(3, DType::F32, Inst::Binary(s.op, r(1), r(2))),
     ];
     if s.unary {
@@ -91,7 +112,7 @@ fn bufs(s: &Spec, batch: i64, seed: u64) -> Vec<Buf> {
     vec![
         Buf::from_vals(
             DType::F32,
-            &sample(DType::F32, (batch * s.channels * s.out_rows() * s.out_cols()) as usize, seed),
+            &sample(DType::F32, (batch * s.channels * s.out_rows() * s.out_row()) as usize, seed),
         ),
         Buf::from_vals(DType::F32, &sample(DType::F32, n_in, seed + 1)),
         Buf::from_vals(DType::F32, &sample(DType::F32, s.channels as usize, seed + 2)),
@@ -122,7 +143,18 @@ fn case(s: &Spec, batch: i64, split: i64, seed: u64) {
 }
 
 fn relu_pad() -> Spec {
-    Spec { channels: 3, rows: 5, cols: 16, pad: 1, stride: 1, op: BinaryOp::Add, unary: false, fill: 0.0 }
+    Spec {
+        channels: 3,
+        rows: 5,
+        cols: 16,
+        pad: 1,
+        stride: 1,
+        op: BinaryOp::Add,
+        unary: false,
+        fill: 0.0,
+        bias_mask: 0,
+        gap: 0,
+    }
 }
 
 #[test]
@@ -132,6 +164,12 @@ fn a_padded_bias_and_relu_runs_natively_with_the_evaluators_bits() {
     case(&Spec { cols: 150, pad: 2, ..relu_pad() }, 2, 1, 9);
     case(&Spec { stride: 3, fill: -1.5, op: BinaryOp::Mul, ..relu_pad() }, 2, 2, 13);
     case(&Spec { unary: true, op: BinaryOp::Sub, ..relu_pad() }, 1, 0, 17);
+    // Masks that differ between statements: each row's masks looked at.
+    case(&Spec { bias_mask: 1, ..relu_pad() }, 2, 1, 21);
+    case(&Spec { bias_mask: 2, fill: 3.0, ..relu_pad() }, 2, 1, 23);
+    // Output rows apart: the border filled row by row, the elements between rows untouched.
+    case(&Spec { gap: 3, ..relu_pad() }, 2, 1, 25);
+    case(&Spec { gap: 2, bias_mask: 1, ..relu_pad() }, 2, 1, 27);
 }
 
 #[test]
@@ -171,8 +209,9 @@ fn spec() -> impl Strategy<Value = Spec> {
         proptest::sample::select(vec![BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Min]),
         any::<bool>(),
         proptest::sample::select(vec![0.0, -2.5]),
+        (0u8..3, 0i64..3),
     )
-        .prop_map(|(channels, rows, cols, pad, stride, op, unary, fill)| Spec {
+        .prop_map(|(channels, rows, cols, pad, stride, op, unary, fill, (bias_mask, gap))| Spec {
             channels,
             rows,
             cols,
@@ -181,6 +220,8 @@ fn spec() -> impl Strategy<Value = Spec> {
             op,
             unary,
             fill,
+            bias_mask,
+            gap,
         })
 }
 
