@@ -11,11 +11,12 @@ use common::*;
 use kiln_codegen::{CompiledKernel, CpuCompiler};
 use lower::kir::{Acc, Access, IExpr, Inst, LoopKernel, Stmt};
 
-/// A compiler that compiles tiled kernels too, rather than run them natively at first: these
-/// tests count compiles.
+/// A compiler that compiles tiled and element-wise kernels too, rather than run them natively
+/// at first: these tests count compiles.
 fn compiling() -> CpuCompiler {
     let c = CpuCompiler::new().unwrap();
     c.set_native_tiles(false);
+    c.set_native_maps(false);
     c
 }
 

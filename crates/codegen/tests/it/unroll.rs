@@ -42,6 +42,8 @@ fn mixed() -> LoopKernel {
 #[test]
 fn unrolled_copies_and_tails_match_the_interpreter() {
     let compiler = CpuCompiler::new().unwrap();
+    // The unrolled code itself: element-wise nests compile rather than run natively at first.
+    compiler.set_native_maps(false);
     let neg = unary_kernel(UnaryOp::Neg, DType::F32, DType::F32, IExpr::Sym(0));
     let mixed = mixed();
     for n in 0..=41usize {
@@ -82,8 +84,9 @@ fn constants_are_emitted_once_per_kernel() {
 #[test]
 fn compiler_recovers_after_errors_and_reuses_its_context() {
     let compiler = CpuCompiler::new().unwrap();
-    // Counts compiles: tiled kernels compile rather than run natively at first.
+    // Counts compiles: tiled and element-wise kernels compile rather than run natively at first.
     compiler.set_native_tiles(false);
+    compiler.set_native_maps(false);
     let bad = LoopKernel {
         params: vec![p(DType::F32, Access::Read), p(DType::F32, Access::Write)],
         n_syms: 1,
