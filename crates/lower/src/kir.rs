@@ -509,6 +509,77 @@ impl LoopKernel {
     }
 }
 
+/// Removes the loops of `body` (at any depth) whose extent is the constant 0 or less, which run
+/// nothing, and then the accumulators that no update is left for: each read of one becomes the
+/// constant it was initialised to (its reduction's identity). A reduction over an empty axis (the
+/// zero an ONNX import ties to a tensor, a sum over none of its elements) is then a store of that
+/// constant, which the code generator need not compile a loop for.
+pub fn drop_empty_loops(body: &mut Vec<Stmt>) {
+    fn drop_loops(body: &mut Vec<Stmt>) {
+        body.retain(|s| !matches!(s, Stmt::Loop { extent: IExpr::Const(n), .. } if *n <= 0));
+        for s in body.iter_mut() {
+            if let Stmt::Loop { body, .. } = s {
+                drop_loops(body);
+            }
+        }
+    }
+    fn updated(body: &[Stmt], accs: &mut Vec<Acc>) {
+        for s in body {
+            match s {
+                Stmt::AccUpdate { acc, .. } => accs.push(*acc),
+                Stmt::Loop { body, .. } => updated(body, accs),
+                _ => {}
+            }
+        }
+    }
+    /// Drops the inits of accumulators not in `live`, recording their identities.
+    fn drop_inits(body: &mut Vec<Stmt>, live: &[Acc], idle: &mut Vec<(Acc, Scalar)>) {
+        body.retain(|s| match s {
+            Stmt::AccInit { acc, dtype, op } if !live.contains(acc) => {
+                let identity = match (op, dtype) {
+                    (ReduceOp::Sum, d) if d.is_float() => Scalar::Float(0.0),
+                    (ReduceOp::Sum, _) => Scalar::Int(0),
+                    (ReduceOp::Max, d) if d.is_float() => Scalar::Float(f64::NEG_INFINITY),
+                    (ReduceOp::Max, DType::I32) => Scalar::Int(i64::from(i32::MIN)),
+                    (ReduceOp::Max, _) => Scalar::Int(i64::MIN),
+                };
+                idle.push((*acc, identity));
+                false
+            }
+            _ => true,
+        });
+        for s in body.iter_mut() {
+            if let Stmt::Loop { body, .. } = s {
+                drop_inits(body, live, idle);
+            }
+        }
+    }
+    fn reads(body: &mut [Stmt], idle: &[(Acc, Scalar)]) {
+        for s in body {
+            match s {
+                Stmt::Let { inst, .. } => {
+                    if let Inst::ReadAcc(acc) = inst
+                        && let Some((_, value)) = idle.iter().find(|(a, _)| a == acc)
+                    {
+                        *inst = Inst::Const(*value);
+                    }
+                }
+                Stmt::Loop { body, .. } => reads(body, idle),
+                _ => {}
+            }
+        }
+    }
+    let before = body.len();
+    drop_loops(body);
+    let mut live = Vec::new();
+    updated(body, &mut live);
+    let mut idle = Vec::new();
+    drop_inits(body, &live, &mut idle);
+    if !idle.is_empty() || body.len() != before {
+        reads(body, &idle);
+    }
+}
+
 fn fx_hash(t: &impl Hash) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
     t.hash(&mut h);
@@ -616,6 +687,73 @@ impl fmt::Display for Kernel {
                 }
                 writeln!(f, "}}")
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn let_(reg: u32, dtype: DType, inst: Inst) -> Stmt {
+        Stmt::Let { reg: Reg(reg), dtype, inst }
+    }
+
+    fn sum_over(extent: i64, acc: u32, read: u32) -> Vec<Stmt> {
+        vec![
+            Stmt::AccInit { acc: Acc(acc), dtype: DType::F32, op: ReduceOp::Sum },
+            Stmt::Loop {
+                var: Var(acc),
+                extent: IExpr::Const(extent),
+                parallel: false,
+                body: vec![
+                    let_(
+                        10 + acc,
+                        DType::F32,
+                        Inst::Load { buf: 1, index: IExpr::Var(Var(acc)), mask: None, other: Scalar::Float(0.0) },
+                    ),
+                    Stmt::AccUpdate { acc: Acc(acc), value: Reg(10 + acc) },
+                ],
+            },
+            let_(read, DType::F32, Inst::ReadAcc(Acc(acc))),
+        ]
+    }
+
+    /// A sum over nothing becomes its identity; a sum over something, and a maximum's identity
+    /// at each integer width, are as they should be.
+    #[test]
+    fn empty_loops_go_and_their_accumulators_read_as_identities() {
+        let mut body = sum_over(0, 0, 1);
+        body.extend(sum_over(4, 1, 2));
+        body.push(let_(3, DType::F32, Inst::Binary(BinaryOp::Add, Reg(1), Reg(2))));
+        body.push(Stmt::Store { buf: 0, index: IExpr::Const(0), value: Reg(3) });
+        drop_empty_loops(&mut body);
+        assert!(matches!(body[0], Stmt::Let { reg: Reg(1), inst: Inst::Const(Scalar::Float(z)), .. } if z == 0.0));
+        assert!(matches!(body[1], Stmt::AccInit { acc: Acc(1), .. }));
+        assert!(matches!(body[2], Stmt::Loop { extent: IExpr::Const(4), .. }));
+        assert!(matches!(body[3], Stmt::Let { inst: Inst::ReadAcc(Acc(1)), .. }));
+        assert_eq!(body.len(), 6);
+
+        for (dtype, want) in [
+            (DType::F32, Scalar::Float(f64::NEG_INFINITY)),
+            (DType::I32, Scalar::Int(i64::from(i32::MIN))),
+            (DType::I64, Scalar::Int(i64::MIN)),
+        ] {
+            let mut body = vec![Stmt::Loop {
+                var: Var(0),
+                extent: IExpr::Const(3),
+                parallel: true,
+                body: vec![
+                    Stmt::AccInit { acc: Acc(0), dtype, op: ReduceOp::Max },
+                    Stmt::Loop { var: Var(1), extent: IExpr::Const(0), parallel: false, body: Vec::new() },
+                    let_(0, dtype, Inst::ReadAcc(Acc(0))),
+                    Stmt::Store { buf: 0, index: IExpr::Var(Var(0)), value: Reg(0) },
+                ],
+            }];
+            drop_empty_loops(&mut body);
+            let Stmt::Loop { body: inner, .. } = &body[0] else { panic!("the parallel loop stays") };
+            assert_eq!(inner.len(), 2, "{dtype:?}");
+            assert!(matches!(&inner[0], Stmt::Let { inst: Inst::Const(v), .. } if *v == want), "{dtype:?}");
         }
     }
 }

@@ -186,7 +186,8 @@ enum Step {
 
 impl MapPlan {
     /// The plan of `k` when its whole body is one element-wise nest: a parallel loop and any
-    /// loops inside it (at most [`MAX_DEPTH`] levels, each extent free of loop variables),
+    /// loops inside it (at most [`MAX_DEPTH`] levels, each extent free of loop variables), or no
+    /// loop at all (one element: a reduction over an empty axis left a constant's store),
     /// `let`s before each level's nested loop, the innermost level `let`s and then one `store`;
     /// every value `f32` (a mask `bool`), every op one of the module docs', every access of an
     /// `f32` parameter at an index affine in the loop variables (as a copy's), no parameter both
@@ -196,7 +197,11 @@ impl MapPlan {
     /// call, 0.42 -> 0.19 ms), and the vectorised loop comes with the tier-up.
     /// `tile`: the compiler's tile level, which picks the instantiation `run` calls.
     pub(crate) fn of(k: &LoopKernel, tile: TileLevel) -> Option<MapPlan> {
-        let [Stmt::Loop { parallel: true, .. }] = k.body.as_slice() else { return None };
+        // A parallel loop around the nest, or no loop at all (one element, a kernel called once).
+        let looped = matches!(k.body.as_slice(), [Stmt::Loop { parallel: true, .. }]);
+        if !looped && k.body.iter().any(|s| matches!(s, Stmt::Loop { .. })) {
+            return None;
+        }
         let mut extents = Vec::new();
         let mut vars: SmallVec<[Var; MAX_DEPTH]> = SmallVec::new();
         let mut lets = Vec::new();
@@ -230,7 +235,7 @@ impl MapPlan {
             return None;
         }
         let n_syms = k.n_syms as usize;
-        let n_vars = vars.iter().map(|v| v.0 as usize + 1).max()?;
+        let n_vars = vars.iter().map(|v| v.0 as usize + 1).max().unwrap_or(0);
         if n_vars > ZEROS.len() || !extents.iter().all(|e| leaves_ok(e, &vars, n_syms)) {
             return None;
         }
@@ -350,8 +355,9 @@ impl MapPlan {
         for (d, e) in self.extents.iter().enumerate() {
             extent[d] = e.eval(vars, syms).max(0);
         }
-        let (first, last) = (start.max(0), end.min(extent[0]));
-        if first >= last || extent[1..depth].contains(&0) {
+        // No loop: one element, the kernel called once (`start = 0, end = 1`).
+        let (first, last) = if depth == 0 { (start.max(0), end.min(1)) } else { (start.max(0), end.min(extent[0])) };
+        if first >= last || extent[1..depth.max(1)].contains(&0) {
             return;
         }
         // SAFETY: the caller passes one pointer per parameter.
@@ -368,6 +374,14 @@ impl MapPlan {
         }
         let slots = slots.as_mut_ptr();
         let at = [0i64; MAX_DEPTH];
+        if depth == 0 {
+            let block = Block { at: &at, depth, rows: 1, j0: 0, m: 1 };
+            for (step, live) in self.steps.iter().zip(&live) {
+                // SAFETY: as below.
+                unsafe { step.apply(live, &block, slots) };
+            }
+            return;
+        }
         if depth == 1 {
             // One row: the parallel level's `first..last`, a chunk at a time.
             let mut j0 = first;
@@ -612,8 +626,19 @@ impl Live {
     #[inline(always)]
     fn rows(&self, block: &Block<'_>) -> Rows {
         let (at, depth) = (block.at, block.depth);
+        let Some(inner) = depth.checked_sub(1) else {
+            // No loop: the one element, at the index's offset (no range: no loop variable).
+            return Rows {
+                span: (0, block.m),
+                first: 0,
+                end: block.rows,
+                base: self.offset as isize,
+                step: 0,
+                row_step: 0,
+            };
+        };
         // The level around the innermost, if any: a nest of one level is one row.
-        let (mid, inner) = (depth.checked_sub(2), depth - 1);
+        let mid = depth.checked_sub(2);
         let outer_ok = at[..mid.unwrap_or(0)].iter().zip(&self.bounds).all(|(&v, &(lo, hi))| lo <= v && v < hi);
         let (lo, hi) = self.bounds[inner];
         let m = block.m as i64;

@@ -338,3 +338,33 @@ fn a_two_level_nest_masked_along_its_parallel_loop() {
         }
     }
 }
+
+/// A kernel with no loop (one element, called once): a scalar's bias, and the constant a sum
+/// over an empty axis leaves (`kir::drop_empty_loops`), run natively with the evaluator's bits.
+#[test]
+fn a_kernel_without_a_loop_runs_natively() {
+    let native = compiler(true);
+    let biased = LoopKernel {
+        params: vec![p(DType::F32, Access::Write), p(DType::F32, Access::Read)],
+        n_syms: 0,
+        body: vec![
+            load(0, DType::F32, 1, c(2)),
+            let_(1, DType::F32, Inst::Const(Scalar::Float(1.5))),
+            let_(2, DType::F32, Inst::Binary(BinaryOp::Add, r(0), r(1))),
+            store(0, c(1), 2),
+        ],
+    };
+    let zero = LoopKernel {
+        params: vec![p(DType::F32, Access::Write), p(DType::F32, Access::Read)],
+        n_syms: 0,
+        body: vec![let_(0, DType::F32, Inst::Const(Scalar::Float(0.0))), store(0, c(0), 0)],
+    };
+    for k in [&biased, &zero] {
+        assert!(native.compile(k).expect("compile").is_native());
+        let bufs = || vec![Buf::f32s(&[7.0, 7.0, 7.0]), Buf::f32s(&[0.25, -1.0, 2.75])];
+        let (mut got, mut want) = (bufs(), bufs());
+        eval(k, &mut want, &[], 0, 1);
+        jit_with(&native, k, &mut got, &[], 0, 1);
+        assert_same(&got[0], &want[0], &format!("{}", lower::kir::Kernel::Loops(k.clone())));
+    }
+}

@@ -895,6 +895,7 @@ pub(super) fn loop_kernel(
     let (index, _) = store.index(&em.vars(false), &em.cx)?;
     em.post[n_outer].push(Stmt::Store { buf: 0, index, value: value.reg });
     let mut body = em.assemble(0, &extents);
+    crate::kir::drop_empty_loops(&mut body);
     renumber(&mut body, &mut vec![Reg(u32::MAX); em.next_reg as usize], &mut 0);
     let n_syms = max_sym_stmts(&body).map_or(0, |m| m + 1);
     *checks = em.checks;
