@@ -368,3 +368,62 @@ fn a_kernel_without_a_loop_runs_natively() {
         assert_same(&got[0], &want[0], &format!("{}", lower::kir::Kernel::Loops(k.clone())));
     }
 }
+
+/// A one-channel 3x3 convolution with its bias and ReLU, its weights loaded before the row loop
+/// (an imported `Conv`, which the stencil routine does not take): forty registers, run natively
+/// with the evaluator's bits.
+#[test]
+fn a_convolution_with_its_weights_loaded_runs_natively() {
+    let (h, w) = (7i64, 9i64);
+    let (ih, iw) = (h + 2, w + 2);
+    let mut pre: Vec<lower::kir::Stmt> = (0..9).map(|t| load(t, DType::F32, 2, c(t as i64))).collect();
+    pre.push(load(9, DType::F32, 3, c(0)));
+    pre.push(let_(10, DType::F32, Inst::Const(Scalar::Float(0.0))));
+    let base = IExpr::add(IExpr::add(IExpr::mul(i(0), c(ih * iw)), IExpr::mul(i(1), c(iw))), i(2));
+    let mut body = Vec::new();
+    let mut sum = None;
+    for t in 0..9u32 {
+        let (dy, dx) = ((t / 3) as i64, (t % 3) as i64);
+        let (x, p) = (11 + 3 * t, 12 + 3 * t);
+        body.push(load(x, DType::F32, 1, IExpr::add(base.clone(), c(dy * iw + dx))));
+        body.push(let_(p, DType::F32, Inst::Binary(BinaryOp::Mul, r(x), r(t))));
+        sum = Some(match sum {
+            None => p,
+            Some(s) => {
+                body.push(let_(13 + 3 * t, DType::F32, Inst::Binary(BinaryOp::Add, r(s), r(p))));
+                13 + 3 * t
+            }
+        });
+    }
+    body.push(let_(40, DType::F32, Inst::Binary(BinaryOp::Add, r(sum.unwrap()), r(9))));
+    body.push(let_(41, DType::F32, Inst::Binary(BinaryOp::Max, r(40), r(10))));
+    let dst = IExpr::add(IExpr::add(IExpr::mul(i(0), c(h * w)), IExpr::mul(i(1), c(w))), i(2));
+    body.push(store(0, dst, 41));
+    pre.push(for_(1, c(h), false, vec![for_(2, c(w), false, body)]));
+    let k = LoopKernel {
+        params: vec![
+            p(DType::F32, Access::Write),
+            p(DType::F32, Access::Read),
+            p(DType::F32, Access::Read),
+            p(DType::F32, Access::Read),
+        ],
+        n_syms: 1,
+        body: vec![for_(0, IExpr::Sym(0), true, pre)],
+    };
+    let native = compiler(true);
+    assert!(native.compile(&k).expect("compile").is_native());
+    let batch = 3i64;
+    let bufs = || {
+        vec![
+            Buf::zeros(DType::F32, (batch * h * w) as usize),
+            Buf::from_vals(DType::F32, &sample(DType::F32, (batch * ih * iw) as usize, 41)),
+            Buf::from_vals(DType::F32, &sample(DType::F32, 9, 42)),
+            Buf::from_vals(DType::F32, &sample(DType::F32, 1, 43)),
+        ]
+    };
+    let (mut got, mut want) = (bufs(), bufs());
+    eval(&k, &mut want, &[batch], 0, batch);
+    jit_with(&native, &k, &mut got, &[batch], 0, 1);
+    jit_with(&native, &k, &mut got, &[batch], 1, batch);
+    assert_same(&got[0], &want[0], "a 3x3 convolution");
+}

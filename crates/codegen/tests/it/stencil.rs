@@ -185,6 +185,9 @@ fn compiler(mode: TileMode, level: TileLevel, native: bool) -> CpuCompiler {
     let c = CpuCompiler::new().expect("host ISA");
     c.set_tiling(Tiling { mode, level });
     c.set_native_stencils(native);
+    // The stencil's own run or its compiled code: not the element-wise map, which takes the
+    // nests the routine does not (`cpu/map.rs`).
+    c.set_native_maps(false);
     c
 }
 
