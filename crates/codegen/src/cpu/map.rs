@@ -42,7 +42,7 @@ const LANES: usize = 16;
 /// onnx conv-1.onnx --dim batch=8`, warm process, 0.59-0.61 -> 0.45-0.47 ms).
 const MAX_SLOTS: usize = 64;
 
-/// A masked element-wise nest, recognised from a loop kernel (see the module docs).
+/// An element-wise nest, recognised from a loop kernel (see the module docs).
 #[derive(Debug)]
 pub(crate) struct MapPlan {
     /// Loop extents, outermost first (the outermost is the kernel's parallel loop).
@@ -59,7 +59,8 @@ pub(crate) struct MapPlan {
     /// Runs the AVX-512F instantiation ([`MapPlan::run_avx512`]): the compiler's tile level is
     /// [`TileLevel::Avx512`], which it picks only on a host that has it.
     wide: bool,
-    /// Set when every load is masked and every mask holds over one box (see [`Boxed`]).
+    /// Set when the nest has two levels or more, every load is masked and every mask holds over
+    /// one box (see [`Boxed`]).
     boxed: Option<Boxed>,
 }
 
@@ -303,9 +304,10 @@ impl MapPlan {
         }
         let value = slot.get(&value).filter(|s| s.1 == DType::F32)?.0;
         steps.push(Step::Store { side: Side::of(k, buf, index, DType::F32, &vars, zeros)?, value });
-        let extents = extents.iter().map(|e| Num::of(e, zeros)).collect();
+        let extents: Vec<Num> = extents.iter().map(|e| Num::of(e, zeros)).collect();
         let wide = cfg!(target_arch = "x86_64") && tile == TileLevel::Avx512;
-        let boxed = Boxed::of(&steps, &consts, slot.len());
+        // A box needs a row level around the innermost (`run_boxed` packs rows of it).
+        let boxed = if extents.len() >= 2 { Boxed::of(&steps, &consts, slot.len()) } else { None };
         Some(MapPlan { extents, steps, consts, slots: slot.len(), n_vars, n_syms, wide, boxed })
     }
 
@@ -369,9 +371,7 @@ impl MapPlan {
         for &(s, v) in &self.consts {
             slots[s] = [v; CHUNK];
         }
-        if let Some(boxed) = &self.boxed
-            && depth >= 2
-        {
+        if let Some(boxed) = &self.boxed {
             // SAFETY: the caller's contract.
             return unsafe { self.run_boxed(boxed, &live, &mut slots, &extent, (first, last)) };
         }
