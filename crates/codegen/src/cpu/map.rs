@@ -355,7 +355,6 @@ impl MapPlan {
         let syms = unsafe { std::slice::from_raw_parts(syms, self.n_syms) };
         let vars = &ZEROS[..self.n_vars];
         let depth = self.extents.len();
-        let inner = depth - 1;
         let mut extent = [0i64; MAX_DEPTH];
         for (d, e) in self.extents.iter().enumerate() {
             extent[d] = e.eval(vars, syms).max(0);
@@ -399,6 +398,8 @@ impl MapPlan {
             }
             return;
         }
+        // Two levels or more from here: rows of the innermost level in the one around it.
+        let inner = depth - 1;
         let n = extent[inner];
         // Short rows go several to a block (one row of the level around the innermost after
         // the other), so that each statement runs over more elements per dispatch: the rows of
