@@ -413,12 +413,9 @@ impl Frame<'_> {
                     }
                 }
                 Stmt::AccInit { acc, dtype, op } => {
-                    let init = match (op, dtype) {
-                        (ReduceOp::Sum, _) => Val::I(0).cast(*dtype),
-                        (ReduceOp::Max, d) if d.is_float() => Val::F(f64::NEG_INFINITY),
-                        (ReduceOp::Max, DType::I32) => Val::I(i32::MIN as i64),
-                        (ReduceOp::Max, DType::I64) => Val::I(i64::MIN),
-                        (ReduceOp::Max, d) => return Err(unsupported("max accumulator", *d)),
+                    let init = match crate::kir::acc_start(*op, *dtype) {
+                        Some(s) => Val::from_scalar(s),
+                        None => return Err(unsupported("max accumulator", *dtype)),
                     };
                     let i = acc.0 as usize;
                     if self.accs.len() <= i {

@@ -535,17 +535,13 @@ pub fn drop_empty_loops(body: &mut Vec<Stmt>) {
     /// Drops the inits of accumulators not in `live`, recording their identities.
     fn drop_inits(body: &mut Vec<Stmt>, live: &[Acc], idle: &mut Vec<(Acc, Scalar)>) {
         body.retain(|s| match s {
-            Stmt::AccInit { acc, dtype, op } if !live.contains(acc) => {
-                let identity = match (op, dtype) {
-                    (ReduceOp::Sum, d) if d.is_float() => Scalar::Float(0.0),
-                    (ReduceOp::Sum, _) => Scalar::Int(0),
-                    (ReduceOp::Max, d) if d.is_float() => Scalar::Float(f64::NEG_INFINITY),
-                    (ReduceOp::Max, DType::I32) => Scalar::Int(i64::from(i32::MIN)),
-                    (ReduceOp::Max, _) => Scalar::Int(i64::MIN),
-                };
-                idle.push((*acc, identity));
-                false
-            }
+            Stmt::AccInit { acc, dtype, op } if !live.contains(acc) => match acc_start(*op, *dtype) {
+                Some(identity) => {
+                    idle.push((*acc, identity));
+                    false
+                }
+                None => true,
+            },
             _ => true,
         });
         for s in body.iter_mut() {
@@ -569,15 +565,29 @@ pub fn drop_empty_loops(body: &mut Vec<Stmt>) {
             }
         }
     }
-    let before = body.len();
     drop_loops(body);
     let mut live = Vec::new();
     updated(body, &mut live);
     let mut idle = Vec::new();
     drop_inits(body, &live, &mut idle);
-    if !idle.is_empty() || body.len() != before {
+    if !idle.is_empty() {
         reads(body, &idle);
     }
+}
+
+/// What [`Stmt::AccInit`] sets an accumulator of `dtype` to: its reduction's identity (0 for a
+/// sum, the lowest value for a maximum), as a scalar of `dtype`'s kind; `None` for a maximum of
+/// a type without one (bool).
+pub fn acc_start(op: ReduceOp, dtype: DType) -> Option<Scalar> {
+    Some(match (op, dtype) {
+        (ReduceOp::Sum, d) if d.is_float() => Scalar::Float(0.0),
+        (ReduceOp::Sum, DType::Bool) => Scalar::Bool(false),
+        (ReduceOp::Sum, _) => Scalar::Int(0),
+        (ReduceOp::Max, d) if d.is_float() => Scalar::Float(f64::NEG_INFINITY),
+        (ReduceOp::Max, DType::I32) => Scalar::Int(i64::from(i32::MIN)),
+        (ReduceOp::Max, DType::I64) => Scalar::Int(i64::MIN),
+        (ReduceOp::Max, _) => return None,
+    })
 }
 
 fn fx_hash(t: &impl Hash) -> u64 {

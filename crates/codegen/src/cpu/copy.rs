@@ -136,7 +136,7 @@ fn affine_known(e: &IExpr, vars: &[Var]) -> Option<(i64, [i64; MAX_DEPTH])> {
 
 /// Where a masked load reads: the loop variable of level `level` in `lo..hi` (elsewhere the
 /// copy stores zero, the load's `other`).
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub(super) struct Range {
     pub(super) level: usize,
     pub(super) lo: Num,

@@ -94,11 +94,7 @@ impl Boxed {
         for step in steps {
             match *step {
                 Step::Load { ref ranges, .. } | Step::Inside { ref ranges, .. } => {
-                    let same = |a: &[Range]| {
-                        a.len() == ranges.len()
-                            && a.iter().zip(ranges).all(|(x, y)| x.level == y.level && x.lo == y.lo && x.hi == y.hi)
-                    };
-                    if ranges.is_empty() || !shared.is_none_or(same) {
+                    if ranges.is_empty() || !shared.is_none_or(|a| a == ranges.as_slice()) {
                         return None;
                     }
                     shared = Some(ranges);
@@ -375,25 +371,22 @@ impl MapPlan {
             return unsafe { self.run_boxed(boxed, &live, &mut slots, &extent, (first, last)) };
         }
         let slots = slots.as_mut_ptr();
-        let at = [0i64; MAX_DEPTH];
-        if depth == 0 {
-            let block = Block { at: &at, depth, rows: 1, j0: 0, m: 1 };
+        // Every step over one block, in the kernel's order.
+        let run_block = |block: &Block<'_>| {
             for (step, live) in self.steps.iter().zip(&live) {
-                // SAFETY: as below.
-                unsafe { step.apply(live, &block, slots) };
+                // SAFETY: the caller's contract for the accesses; every step writes a slot of
+                // its own register, which no operand of it is (SSA).
+                unsafe { step.apply(live, block, slots) };
             }
-            return;
-        }
-        if depth == 1 {
-            // One row: the parallel level's `first..last`, a chunk at a time.
+        };
+        let mut at = [0i64; MAX_DEPTH];
+        if depth <= 1 {
+            // One row: the parallel level's `first..last` a chunk at a time (no loop: the one
+            // element, `0..1`).
             let mut j0 = first;
             while j0 < last {
                 let m = (last - j0).min(CHUNK as i64) as usize;
-                let block = Block { at: &at, depth, rows: 1, j0, m };
-                for (step, live) in self.steps.iter().zip(&live) {
-                    // SAFETY: as below.
-                    unsafe { step.apply(live, &block, slots) };
-                }
+                run_block(&Block { at: &at, depth, rows: 1, j0, m });
                 j0 += m as i64;
             }
             return;
@@ -407,7 +400,6 @@ impl MapPlan {
         let mid = inner - 1;
         let per_block = if n <= CHUNK as i64 / 2 { CHUNK as i64 / n } else { 1 };
         let (mid_first, mid_last) = if mid == 0 { (first, last) } else { (0, extent[mid]) };
-        let mut at = at;
         at[0] = first;
         loop {
             at[mid] = mid_first;
@@ -416,12 +408,7 @@ impl MapPlan {
                 let mut j0 = 0;
                 while j0 < n {
                     let m = (n - j0).min(CHUNK as i64) as usize;
-                    let block = Block { at: &at, depth, rows, j0, m };
-                    for (step, live) in self.steps.iter().zip(&live) {
-                        // SAFETY: the caller's contract for the accesses; every step writes
-                        // a slot of its own register, which no operand of it is (SSA).
-                        unsafe { step.apply(live, &block, slots) };
-                    }
+                    run_block(&Block { at: &at, depth, rows, j0, m });
                     j0 += m as i64;
                 }
                 at[mid] += rows as i64;
@@ -520,10 +507,10 @@ impl MapPlan {
                 let mut v = box_lo;
                 while v < box_hi {
                     let rows = per_block.min(box_hi - v) as usize;
+                    at[mid] = v;
                     let mut j0 = a;
                     while j0 < b {
                         let m = (b - j0).min(CHUNK as i64) as usize;
-                        at[mid] = v;
                         let block = Block { at: &at, depth, rows, j0, m };
                         for ((step, live), &r0) in self.steps.iter().zip(live).zip(&row0) {
                             let base = r0.wrapping_add(v.wrapping_mul(live.coefs[mid]));
